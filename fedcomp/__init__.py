@@ -1,0 +1,36 @@
+"""fedcomp -- a Ray-based experiment platform for federated nested stochastic optimisation.
+
+Public API::
+
+    fedcomp.run(config_or_preset, **overrides) -> RunResult
+    fedcomp.resume(run_dir) -> RunResult
+    fedcomp.load_results(path) -> pandas.DataFrame
+    fedcomp.load_config(source, overrides) -> Config
+"""
+
+__version__ = "0.1.0"
+
+from fedcomp.api import resume, run
+from fedcomp.platform.config import Config, load_config, preset_names
+from fedcomp.platform.errors import ClientFailure, ConfigError, PlatformError, ResourceError
+from fedcomp.platform.registry import ALGORITHMS, TASKS, register_algorithm, register_task
+from fedcomp.platform.results import load_results
+from fedcomp.platform.runner import RunResult
+
+__all__ = [
+    "ALGORITHMS",
+    "TASKS",
+    "ClientFailure",
+    "Config",
+    "ConfigError",
+    "PlatformError",
+    "ResourceError",
+    "RunResult",
+    "load_config",
+    "load_results",
+    "preset_names",
+    "register_algorithm",
+    "register_task",
+    "resume",
+    "run",
+]

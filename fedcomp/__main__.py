@@ -1,0 +1,3 @@
+from fedcomp.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,38 @@
+"""The client actor: a thin Ray shell around :class:`ClientHost` (the clients' data, task and private state)."""
+
+from __future__ import annotations
+
+import os
+from typing import Sequence
+
+import numpy as np
+import ray
+import torch
+
+from fedcomp.platform.algorithms.base import State
+from fedcomp.platform.config import Config
+from fedcomp.platform.federation import ClientHost, Layout, Partial
+
+
+class ClientActor:
+    """Hosts ``clients`` on the GPU Ray assigned to it, if any, else on the CPU."""
+
+    def __init__(self, config: Config, clients: Sequence[int], incarnation: int = 0) -> None:
+        torch.set_num_threads(1)
+        device = "cuda" if ray.get_gpu_ids() and torch.cuda.is_available() else "cpu"
+        self.host = ClientHost(config, clients, device)
+        self.incarnation = incarnation
+        # Fault injection for the reliability tests: FEDCOMP_FAULT_KILL="<round>:<first client of the actor>"
+        # makes the first incarnation of that actor die (a real process exit) in that round.
+        self._kill = os.environ.get("FEDCOMP_FAULT_KILL", "")
+
+    def ready(self) -> str:
+        return self.host.device
+
+    def load_private(self, states: dict[int, State]) -> None:
+        self.host.load_private(states)
+
+    def run(self, program: str, round: int, cohort: Sequence[int], payload: np.ndarray, layout: Layout) -> Partial:
+        if self._kill == f"{round}:{self.host.clients[0]}" and self.incarnation == 0:
+            os._exit(1)
+        return self.host.run(program, round, cohort, payload, layout)

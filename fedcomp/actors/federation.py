@@ -1,0 +1,142 @@
+"""RayFederation: client actors hosting clients, driven from the server.
+
+Per call: the payload is packed into one flat float32 buffer and ``ray.put`` once; every actor that hosts
+cohort members gets the ObjectRef and returns one float64 partial sum over its clients; replies are
+collected with ``ray.wait`` under a deadline and combined in actor order (so the averages do not depend
+on arrival order or packing). An actor that dies is replaced by a fresh one that gets its clients'
+private state from the server's mirror, and only its share of the round is run again -- which gives the
+same numbers as an undisturbed round, because every random draw is keyed by (seed, client, step).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import ray
+from ray.exceptions import GetTimeoutError, RayActorError
+
+from fedcomp.actors.client_actor import ClientActor
+from fedcomp.actors.cluster import ActorPlan, actor_options, describe_resources, plan_actors
+from fedcomp.platform.algorithms.base import Outcome, State
+from fedcomp.platform.config import Config
+from fedcomp.platform.errors import ClientFailure, ResourceError
+from fedcomp.platform.federation import Layout, Partial, combine
+
+RemoteClient = ray.remote(ClientActor)
+
+
+def wait_ready(actors: list[Any], what: list[str], timeout: float) -> None:
+    """Block until every actor answers ``ready``; name the ones that could not be placed in time."""
+    refs = [a.ready.remote() for a in actors]
+    done, pending = ray.wait(refs, num_returns=len(refs), timeout=timeout)
+    if pending:
+        missing = [what[refs.index(r)] for r in pending]
+        raise ResourceError(
+            f"{len(pending)} of {len(refs)} actors did not start within {timeout:g}s "
+            f"({'; '.join(missing[:3])}{' ...' if len(missing) > 3 else ''}); available now: {describe_resources()}"
+        )
+    ray.get(done)
+
+
+class RayFederation:
+    """Clients packed ``clients_per_actor`` to a Ray actor (one per actor by default)."""
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.plan: ActorPlan = plan_actors(config.federation, ray.cluster_resources())
+        self.owner = {c: i for i, group in enumerate(self.plan.groups) for c in group}
+        self.incarnations = [0] * len(self.plan.groups)
+        self.actors = [self._spawn(i) for i in range(len(self.plan.groups))]
+        wait_ready(self.actors, [self._describe(i) for i in range(len(self.actors))], self.timeout)
+        self.private: dict[int, State] = {}
+        self.restarts = 0
+
+    @property
+    def timeout(self) -> float:
+        return self.config.federation.actor_timeout_s
+
+    def _describe(self, i: int) -> str:
+        return f"client actor {i} asking for {self.plan.resources(i)}"
+
+    def _spawn(self, i: int) -> Any:
+        options = actor_options(self.plan.resources(i))
+        return RemoteClient.options(**options).remote(self.config, self.plan.groups[i], self.incarnations[i])
+
+    def _replace(self, i: int) -> None:
+        self.incarnations[i] += 1
+        self.restarts += 1
+        self.actors[i] = self._spawn(i)
+        wait_ready([self.actors[i]], [self._describe(i)], self.timeout)
+        mine = {c: s for c, s in self.private.items() if self.owner[c] == i}
+        if mine:
+            ray.get(self.actors[i].load_private.remote(mine))
+
+    def call(self, program: str, round: int, cohort: list[int], payload: State) -> Outcome:
+        layout = Layout.of(payload)
+        ref = ray.put(layout.pack(payload))
+        members: dict[int, list[int]] = {}
+        for c in cohort:
+            members.setdefault(self.owner[c], []).append(c)
+        partials: dict[int, Partial] = {}
+        todo = sorted(members)
+        for attempt in range(self.config.federation.max_retries + 1):
+            failed = self._collect(program, round, members, todo, ref, layout, partials)
+            if not failed:
+                break
+            if attempt == self.config.federation.max_retries:
+                raise ClientFailure(
+                    f"client actors {failed} died in round {round} {attempt + 1} times; "
+                    f"federation.max_retries = {self.config.federation.max_retries}"
+                )
+            for i in failed:
+                self._replace(i)
+            todo = failed
+        for p in partials.values():
+            self.private.update(p.private)
+        return combine([partials[i] for i in sorted(partials)], layout.total)
+
+    def _collect(
+        self,
+        program: str,
+        round: int,
+        members: dict[int, list[int]],
+        todo: list[int],
+        ref: Any,
+        layout: Layout,
+        partials: dict[int, Partial],
+    ) -> list[int]:
+        """Run the actors in ``todo``; store their partials; return the ones whose actor died."""
+        pending = {self.actors[i].run.remote(program, round, members[i], ref, layout): i for i in todo}
+        failed: list[int] = []
+        while pending:
+            ready, _ = ray.wait(list(pending), num_returns=1, timeout=self.timeout)
+            if not ready:
+                late = sorted(pending.values())
+                raise ClientFailure(f"client actors {late} did not answer round {round} within {self.timeout:g}s")
+            for r in ready:
+                i = pending.pop(r)
+                try:
+                    partials[i] = ray.get(r)
+                except RayActorError:
+                    failed.append(i)
+        return sorted(failed)
+
+    def private_states(self) -> dict[int, State]:
+        return dict(self.private)
+
+    def load_private_states(self, states: dict[int, State]) -> None:
+        self.private = dict(states)
+        refs = []
+        for i, actor in enumerate(self.actors):
+            mine = {c: s for c, s in states.items() if self.owner[c] == i}
+            if mine:
+                refs.append(actor.load_private.remote(mine))
+        ray.get(refs, timeout=self.timeout)
+
+    def close(self) -> None:
+        for actor in self.actors:
+            ray.kill(actor)
+        self.actors = []
+
+
+__all__ = ["RayFederation", "wait_ready", "GetTimeoutError"]

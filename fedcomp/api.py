@@ -1,0 +1,56 @@
+"""The Python API: ``fedcomp.run(...)`` and the backend choice (the one place that knows both backends)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Mapping
+
+from fedcomp.platform.config import Config, load_config
+from fedcomp.platform.federation import LocalFederation
+from fedcomp.platform.runner import RunResult, execute, resume_config
+from fedcomp.platform.server import Server, ServerLike
+
+
+def make_server(config: Config) -> ServerLike:
+    """An in-process server for ``federation.backend: local``, else a Ray server actor."""
+    if config.federation.backend == "local":
+        return Server(config, LocalFederation)
+    from fedcomp.actors.server_actor import RayServer
+
+    return RayServer(config)
+
+
+def _backend_info(config: Config) -> dict[str, Any]:
+    return {"name": config.federation.backend, "clients_per_actor": config.federation.clients_per_actor}
+
+
+def run(
+    config: str | Path | Mapping[str, Any] | Config | None = None,
+    overrides: Mapping[str, Any] | None = None,
+    **kwargs: Any,
+) -> RunResult:
+    """Run one federated experiment and return its results.
+
+    Args:
+        config: a preset name (``"quickstart"``), a YAML file, a dict with the four sections, or a
+            :class:`Config`; default ``"quickstart"``.
+        overrides: ``{"algorithm.lr": 0.01, ...}``.
+        **kwargs: more overrides spelt ``section__key`` (``algorithm__lr=0.01``).
+
+    Example:
+        >>> import fedcomp
+        >>> result = fedcomp.run("quickstart", federation__backend="local", run__rounds=2)  # doctest: +SKIP
+        >>> result.final["test_accuracy"]  # doctest: +SKIP
+    """
+    all_overrides = {**(overrides or {}), **kwargs}
+    if isinstance(config, Config):
+        config = config.replace(**all_overrides) if all_overrides else config
+    else:
+        config = load_config(config, all_overrides)
+    return execute(config, make_server, _backend_info(config))
+
+
+def resume(run_dir: str | Path) -> RunResult:
+    """Continue the run in ``run_dir`` from its last checkpoint to its configured number of rounds."""
+    config = resume_config(run_dir)
+    return execute(config, make_server, _backend_info(config), resume_dir=run_dir)

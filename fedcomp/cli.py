@@ -1,0 +1,122 @@
+"""The ``fedcomp`` command line: run, list, report, bench."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Sequence
+
+from fedcomp.platform.config import parse_value
+from fedcomp.platform.errors import PlatformError
+
+
+def _overrides(pairs: Sequence[str]) -> dict[str, object]:
+    out: dict[str, object] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise PlatformError(f"--set {pair!r}: expected section.key=value, e.g. --set algorithm.lr=0.01")
+        out[key.strip()] = parse_value(value)
+    return out
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    import fedcomp
+
+    if args.resume:
+        if args.config or args.set:
+            raise PlatformError("--resume RUN_DIR continues a run with its stored config; drop the preset and --set")
+        result = fedcomp.resume(args.resume)
+    else:
+        overrides = _overrides(args.set)
+        if args.ray_address:
+            overrides["federation.ray_address"] = args.ray_address
+        result = fedcomp.run(args.config or "quickstart", overrides)
+    final = result.final
+    metrics = {k: final[k] for k in ("round", "comm_rounds") if k in final}
+    headline = {k: round(float(v), 4) for k, v in final.items() if k.startswith(("test_", "train_"))}
+    print(f"run {result.run_dir.name} done: {metrics} {headline}")
+    print(f"results: {result.run_dir}")
+    return 0
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    from fedcomp.platform.config import preset_description, preset_names
+    from fedcomp.platform.problems import KIND_DESCRIPTIONS
+    from fedcomp.platform.registry import ALGORITHMS, TASKS, load_builtins
+
+    load_builtins()
+    print("algorithms:")
+    for name, cls in sorted(ALGORITHMS.items()):
+        print(f"  {name:<26} [{cls.kind}] {cls.description}")
+    print("tasks:")
+    for name, cls in sorted(TASKS.items()):
+        print(f"  {name:<26} [{', '.join(sorted(cls.kinds))}] {cls.description}")
+    print("presets:")
+    for name in preset_names():
+        print(f"  {name:<26} {preset_description(name)}")
+    print("problem kinds:")
+    for name, text in KIND_DESCRIPTIONS.items():
+        print(f"  {name:<26} {text}")
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from fedcomp.platform.report import report
+
+    try:
+        png, md = report(args.results_dir, metric=args.metric, x=args.x, out=args.out)
+    except (FileNotFoundError, ValueError) as error:
+        raise PlatformError(str(error)) from None
+    print(md.read_text())
+    print(f"plot: {png}\ntable: {md}")
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from fedcomp.bench import main as bench_main
+
+    return bench_main(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="fedcomp", description="Federated nested stochastic optimisation on Ray.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="run one experiment (default preset: quickstart)")
+    run.add_argument("config", nargs="?", help="preset name or YAML file (see `fedcomp list`)")
+    run.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="override a config value")
+    run.add_argument("--resume", metavar="RUN_DIR", help="continue an interrupted run from its last checkpoint")
+    run.add_argument("--ray-address", metavar="ADDR", help="join this Ray cluster (default: $RAY_ADDRESS, else local)")
+    run.set_defaults(func=cmd_run)
+
+    sub.add_parser("list", help="list algorithms, tasks and presets").set_defaults(func=cmd_list)
+
+    rep = sub.add_parser("report", help="plot and tabulate the runs under a results folder")
+    rep.add_argument("results_dir")
+    rep.add_argument("--metric", default="test_accuracy")
+    rep.add_argument("--x", default="comm_rounds", help="x axis column (comm_rounds, local_steps, samples, wall_time)")
+    rep.add_argument("--out", help="where to write report.png / report.md (default: RESULTS_DIR)")
+    rep.set_defaults(func=cmd_report)
+
+    bench = sub.add_parser("bench", help="time the Ray and local backends against a plain PyTorch loop")
+    bench.add_argument("--clients", type=int, nargs="+", default=[100, 1000], help="registered clients")
+    bench.add_argument("--cohort", type=int, default=10)
+    bench.add_argument("--rounds", type=int, default=20)
+    bench.add_argument("--local-steps", type=int, default=5)
+    bench.add_argument("--repeats", type=int, default=3)
+    bench.add_argument("--markdown", action="store_true", help="print the table as markdown")
+    bench.set_defaults(func=cmd_bench)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except PlatformError as error:
+        print(f"fedcomp: error: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("fedcomp: interrupted", file=sys.stderr)
+        return 130

@@ -1,0 +1,155 @@
+"""What every algorithm is: frozen hyperparameters, an explicit per-client state, a local step, and a
+round program that says what each communication round does.
+
+The common round -- every cohort client runs ``q`` local steps from the broadcast state, then the server
+averages the state keys named in ``synced`` -- is :meth:`Algorithm.round` plus the client program
+:meth:`Algorithm.local_steps`; an algorithm that follows it only writes ``init_state`` and ``local_step``.
+Algorithms with other communication patterns (per-step exchanges, sub-rounds) override ``round`` and add
+client programs; the federation runs any client program by name. Nothing here imports Ray.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, Callable, ClassVar, Protocol
+
+import torch
+from pydantic import Field
+from torch import Tensor
+
+from fedcomp.platform.config import Params
+
+State = dict[str, Tensor]
+"""A client's (or the server's) algorithm state: named flat float32 tensors."""
+
+
+class CommonHParams(Params):
+    """Hyperparameters every local-steps algorithm has (the design card's grid axes)."""
+
+    lr: float = Field(0.01, gt=0, description="step size (alpha)")
+    local_steps: int = Field(50, ge=1, description="local steps per communication round (q / p / I)")
+    outer_batch: int = Field(1, ge=1, description="outer samples (or examples) per local step (b)")
+
+
+@dataclass
+class StepInfo:
+    """What one client program reports besides its outputs: oracle calls made and its mean training loss."""
+
+    samples: int = 0
+    loss: float = 0.0
+
+
+@dataclass(frozen=True)
+class ClientContext:
+    """Everything a client program may use besides the state: who it is, which round, and its random streams."""
+
+    client: int
+    round: int
+    rng: Callable[[int], torch.Generator]
+    """``rng(step)`` -> the generator for this client's local step ``step`` (global step index)."""
+
+
+@dataclass
+class Outcome:
+    """The server's view of one client program run over a cohort: means of outputs plus counters."""
+
+    means: State
+    clients: int
+    samples: int
+    loss: float
+    floats_up: int = 0
+    """Floats each participating client uploaded."""
+    floats_down: int = 0
+    """Floats each participating client downloaded."""
+    extra: dict[str, float] = field(default_factory=dict)
+
+
+class Federation(Protocol):
+    """Where client programs run (in-process or on Ray actors); identical numbers either way."""
+
+    def call(self, program: str, round: int, cohort: list[int], payload: State) -> Outcome:
+        """Run ``algorithm.<program>`` on every cohort client with ``payload``; return the means of its outputs."""
+        ...
+
+    def private_states(self) -> dict[int, State]:
+        """Copies of every client's private (unsynchronised) state, for checkpoints."""
+        ...
+
+    def load_private_states(self, states: dict[int, State]) -> None:
+        """Restore the clients' private states from a checkpoint."""
+        ...
+
+    def close(self) -> None:
+        """Release processes and resources."""
+        ...
+
+
+@dataclass
+class RoundRecord:
+    """Counters one round adds (per participating client where the name says so)."""
+
+    comm_rounds: int
+    local_steps: int
+    samples: int
+    floats_up: int
+    floats_down: int
+    train_loss: float
+
+
+class Algorithm(ABC):
+    """Base class: subclasses set ``kind``, ``HParams``, ``synced`` and write ``init_state``/``local_step``."""
+
+    name: ClassVar[str]
+    kind: ClassVar[str]
+    HParams: ClassVar[type[Params]]
+    synced: ClassVar[tuple[str, ...]]
+    """State keys averaged over the cohort at each communication; the rest of the state stays on the client."""
+    description: ClassVar[str] = ""
+
+    def __init__(self, hparams: Params) -> None:
+        self.hp: Any = hparams
+
+    # -- client side ------------------------------------------------------------------------------
+    @abstractmethod
+    def init_state(self, x0: Tensor) -> State:
+        """The state every client starts from (also the server's initial global state for ``synced``)."""
+
+    @abstractmethod
+    def local_step(
+        self, problem: Any, client: int, state: State, step: int, gen: torch.Generator
+    ) -> tuple[State, StepInfo]:
+        """One local update of one client at global step index ``step`` (0-based); returns a new state."""
+
+    def local_steps(self, problem: Any, state: State, ctx: ClientContext) -> tuple[State, State, StepInfo]:
+        """Client program: ``q`` local steps from the broadcast state; outputs the ``synced`` keys."""
+        q = self.hp.local_steps
+        total = StepInfo()
+        for s in range(q):
+            step = ctx.round * q + s
+            state, info = self.local_step(problem, ctx.client, state, step, ctx.rng(step))
+            total.samples += info.samples
+            total.loss += info.loss / q
+        return state, {k: state[k] for k in self.synced}, total
+
+    # -- server side ------------------------------------------------------------------------------
+    def round(self, federation: Federation, state: State, round: int, cohort: list[int]) -> tuple[State, RoundRecord]:
+        """One communication round: q local steps on every cohort client, then average ``synced``."""
+        out = federation.call("local_steps", round, cohort, {k: state[k] for k in self.synced})
+        record = RoundRecord(
+            comm_rounds=1,
+            local_steps=self.hp.local_steps,
+            samples=out.samples,
+            floats_up=out.floats_up,
+            floats_down=out.floats_down,
+            train_loss=out.loss,
+        )
+        return {**state, **out.means}, record
+
+
+def estimate(problem: Any, x: Tensor, *batch: Any) -> tuple[Tensor, Tensor]:
+    """Gradient and value of ``problem.loss(x, *batch)`` at ``x`` (plain autograd through the oracles)."""
+    x = x.detach().requires_grad_(True)
+    value = problem.loss(x, *batch)
+    (grad,) = torch.autograd.grad(value, x)
+    return grad, value.detach()

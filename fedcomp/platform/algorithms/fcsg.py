@@ -1,0 +1,117 @@
+"""FCSG, FCSG-M and Acc-FCSG-M -- "Federated Conditional Stochastic Optimization" (Wu et al., NeurIPS 2023),
+Algorithms 1 and 2, as restated in ``reference/ALGORITHMS.md`` section 4.
+
+The paper writes a step as "move x by -alpha*u, communicate every q steps, then draw a batch at the new
+point and update u". We cut the same sequence of operations one half-step later: a local step here is
+"draw a batch at x and update u, then move x <- x - alpha*u", and the server averages after every q-th
+move. The two are the same sequence of operations, so every iterate and every average is the paper's:
+
+* the first estimate (global step 0) averages ``first_batch`` (B) outer samples; later steps use b;
+* FCSG: u = G (so u need not be kept or averaged -- the paper averages it but overwrites it at once);
+* FCSG-M: u = (1 - beta) u + beta G; x and u are averaged;
+* Acc-FCSG-M: u = G(x) + (1 - beta)(u - G(x_prev)) with both G on the same outer *and* inner samples,
+  x_prev = the point of the client's previous estimate, kept locally and never averaged; x and u averaged.
+
+G is the gradient of the empirical nested objective f_xi(mean_j g_{eta_j}(x, xi)) (biased, O(1/m)).
+"""
+
+from __future__ import annotations
+
+import torch
+from pydantic import Field
+from torch import Tensor
+
+from fedcomp.platform.algorithms.base import Algorithm, CommonHParams, State, StepInfo, estimate
+from fedcomp.platform.problems import CONDITIONAL, ConditionalProblem
+from fedcomp.platform.registry import register_algorithm
+
+
+class FCSGHParams(CommonHParams):
+    """Step size alpha (``lr``), q (``local_steps``), m (``inner_batch``), b (``outer_batch``), B (``first_batch``)."""
+
+    inner_batch: int = Field(10, ge=1, description="inner samples per outer sample (m)")
+    first_batch: int = Field(32, ge=1, description="outer samples of the first estimate (B)")
+
+
+class FCSGMHParams(FCSGHParams):
+    """FCSG's hyperparameters plus the momentum weight beta in (0, 1] (beta = 1 is FCSG)."""
+
+    beta: float = Field(0.1, gt=0, le=1, description="momentum weight, in (0, 1]")
+
+
+def _sample(problem: ConditionalProblem, client: int, n: int, m: int, gen: torch.Generator) -> tuple:
+    outer = problem.sample_outer(client, n, gen)
+    return outer, problem.sample_inner(client, outer, m, gen)
+
+
+class _FCSGBase(Algorithm):
+    kind = CONDITIONAL
+
+    def _batch(self, problem: ConditionalProblem, client: int, step: int, gen: torch.Generator) -> tuple[tuple, int]:
+        n = self.hp.first_batch if step == 0 else self.hp.outer_batch
+        return _sample(problem, client, n, self.hp.inner_batch, gen), n * self.hp.inner_batch
+
+
+@register_algorithm("fcsg")
+class FCSG(_FCSGBase):
+    """u_t = G(x_t); x_{t+1} = x_t - alpha u_t; x averaged every q steps."""
+
+    HParams = FCSGHParams
+    synced = ("x",)
+    description = "FCSG: federated conditional stochastic gradient (Wu et al. 2023, Alg. 1)"
+
+    def init_state(self, x0: Tensor) -> State:
+        return {"x": x0.clone()}
+
+    def local_step(
+        self, problem: ConditionalProblem, client: int, state: State, step: int, gen: torch.Generator
+    ) -> tuple[State, StepInfo]:
+        batch, samples = self._batch(problem, client, step, gen)
+        grad, loss = estimate(problem, state["x"], *batch)
+        return {"x": state["x"] - self.hp.lr * grad}, StepInfo(samples, float(loss))
+
+
+@register_algorithm("fcsg-m")
+class FCSGM(_FCSGBase):
+    """u_t = (1 - beta) u_{t-1} + beta G(x_t); x_{t+1} = x_t - alpha u_t; x and u averaged every q steps."""
+
+    HParams = FCSGMHParams
+    synced = ("x", "u")
+    description = "FCSG-M: FCSG with momentum; x and u averaged (Wu et al. 2023, Alg. 1)"
+
+    def init_state(self, x0: Tensor) -> State:
+        return {"x": x0.clone(), "u": torch.zeros_like(x0)}
+
+    def local_step(
+        self, problem: ConditionalProblem, client: int, state: State, step: int, gen: torch.Generator
+    ) -> tuple[State, StepInfo]:
+        batch, samples = self._batch(problem, client, step, gen)
+        grad, loss = estimate(problem, state["x"], *batch)
+        u = grad if step == 0 else (1 - self.hp.beta) * state["u"] + self.hp.beta * grad
+        return {"x": state["x"] - self.hp.lr * u, "u": u}, StepInfo(samples, float(loss))
+
+
+@register_algorithm("acc-fcsg-m")
+class AccFCSGM(_FCSGBase):
+    """u_t = G(x_t) + (1 - beta)(u_{t-1} - G(x_{t-1})) on one batch; x, u averaged; x_prev stays local."""
+
+    HParams = FCSGMHParams
+    synced = ("x", "u")
+    description = "Acc-FCSG-M: STORM-type variance-reduced FCSG-M (Wu et al. 2023, Alg. 2)"
+
+    def init_state(self, x0: Tensor) -> State:
+        return {"x": x0.clone(), "u": torch.zeros_like(x0), "x_prev": x0.clone()}
+
+    def local_step(
+        self, problem: ConditionalProblem, client: int, state: State, step: int, gen: torch.Generator
+    ) -> tuple[State, StepInfo]:
+        batch, samples = self._batch(problem, client, step, gen)
+        x = state["x"]
+        grad, loss = estimate(problem, x, *batch)
+        if step == 0:
+            u = grad
+        else:
+            grad_prev, _ = estimate(problem, state["x_prev"], *batch)
+            u = grad + (1 - self.hp.beta) * (state["u"] - grad_prev)
+            samples *= 2
+        return {"x": x - self.hp.lr * u, "u": u, "x_prev": x}, StepInfo(samples, float(loss))

@@ -1,0 +1,228 @@
+"""The experiment configuration: four validated sections, loaded from YAML and overridden by keys.
+
+``task`` and ``algorithm`` are validated by the chosen task's and algorithm's own frozen parameter
+models (so ``algorithm.beta`` exists only for algorithms that have a beta); ``federation`` and ``run``
+are fixed schemas. Every problem is reported as one line naming the field, the value and what is
+allowed, as a :class:`ConfigError`, before any work starts.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal, Mapping, Union
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from fedcomp.platform.errors import ConfigError
+from fedcomp.platform.registry import ALGORITHMS, TASKS, load_builtins
+
+SECTIONS = ("task", "algorithm", "federation", "run")
+
+
+class Params(BaseModel):
+    """Base of every frozen, validated parameter model (task params, hyperparameters, sections)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", validate_default=True)
+
+
+class FederationConfig(Params):
+    """Where and how clients run."""
+
+    clients: int = Field(16, ge=1, description="number of registered clients K")
+    clients_per_round: int | None = Field(None, ge=1, description="cohort size; null = all clients")
+    backend: Literal["ray", "local"] = "ray"
+    clients_per_actor: int = Field(1, ge=1, description="clients hosted by one Ray actor")
+    gpus_per_client: Union[float, Literal["auto"]] = Field(
+        "auto", description="GPU share per client; 'auto' = use GPUs only when the cluster has them"
+    )
+    cpus_per_actor: Union[float, Literal["auto"]] = Field(
+        "auto", description="CPU share per client actor; 'auto' = fit all actors into the cluster's CPUs"
+    )
+    ray_address: str | None = Field(None, description="existing cluster to join (else RAY_ADDRESS, else local)")
+    actor_timeout_s: float = Field(120.0, gt=0, description="deadline for actors to start or answer a round")
+    max_retries: int = Field(3, ge=0, description="times a round is retried after a client actor dies")
+
+    @model_validator(mode="after")
+    def _check(self) -> "FederationConfig":
+        if self.clients_per_round is not None and self.clients_per_round > self.clients:
+            raise ValueError(
+                f"clients_per_round = {self.clients_per_round}: must be <= federation.clients ({self.clients})"
+            )
+        for name in ("gpus_per_client", "cpus_per_actor"):
+            value = getattr(self, name)
+            if value != "auto" and not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"{name} = {value}: must be 'auto' or a number >= 0")
+        return self
+
+    @property
+    def cohort_size(self) -> int:
+        return self.clients_per_round or self.clients
+
+
+class RunConfig(Params):
+    """How long to run, how often to evaluate and checkpoint, and where results go."""
+
+    seed: int = Field(0, ge=0)
+    rounds: int = Field(100, ge=1, description="communication rounds")
+    eval_every: int = Field(1, ge=1, description="evaluate the server model every this many rounds")
+    checkpoint_every: int = Field(10, ge=1, description="checkpoint every this many rounds")
+    out: str = Field("results", description="results root; each run writes <out>/<run-id>/")
+    name: str | None = Field(None, description="run-id prefix (default: <algorithm>_<task>)")
+    progress: Literal["auto", "bar", "log", "none"] = "auto"
+
+
+@dataclass(frozen=True)
+class Config:
+    """A complete, validated experiment configuration."""
+
+    task_name: str
+    task: Params
+    algorithm_name: str
+    algorithm: Params
+    federation: FederationConfig
+    run: RunConfig
+
+    def to_dict(self) -> dict[str, dict[str, Any]]:
+        """Plain nested dict (YAML/JSON-ready) that :func:`load_config` turns back into this config."""
+        return {
+            "task": {"name": self.task_name, **self.task.model_dump(mode="json")},
+            "algorithm": {"name": self.algorithm_name, **self.algorithm.model_dump(mode="json")},
+            "federation": self.federation.model_dump(mode="json"),
+            "run": self.run.model_dump(mode="json"),
+        }
+
+    def replace(self, **overrides: Any) -> "Config":
+        """A new config with ``section.key`` (or ``section__key``) overrides applied and re-validated."""
+        return load_config(self.to_dict(), overrides)
+
+
+def preset_names() -> list[str]:
+    """Names of the YAML presets shipped in the package."""
+    folder = resources.files("fedcomp.platform") / "presets"
+    return sorted(p.name[:-5] for p in folder.iterdir() if p.name.endswith(".yaml"))
+
+
+def preset_description(name: str) -> str:
+    """The first comment line of a preset file (its one-line description)."""
+    text = (resources.files("fedcomp.platform") / "presets" / f"{name}.yaml").read_text()
+    first = text.splitlines()[0] if text else ""
+    return first.lstrip("# ").strip()
+
+
+def _read_source(source: str | Path | Mapping[str, Any] | None) -> dict[str, Any]:
+    if source is None:
+        source = "quickstart"
+    if isinstance(source, Mapping):
+        return copy.deepcopy(dict(source))
+    text = str(source)
+    path = Path(text)
+    if text.endswith((".yaml", ".yml")) or path.is_file():
+        if not path.is_file():
+            raise ConfigError(f"config file {text!r} does not exist")
+        raw = yaml.safe_load(path.read_text())
+    elif text in preset_names():
+        raw = yaml.safe_load((resources.files("fedcomp.platform") / "presets" / f"{text}.yaml").read_text())
+    else:
+        raise ConfigError(f"preset {text!r} is unknown; allowed: {', '.join(preset_names())} or a .yaml file")
+    if not isinstance(raw, dict):
+        raise ConfigError(f"config {text!r} must be a mapping with sections {', '.join(SECTIONS)}")
+    return raw
+
+
+def parse_value(text: str) -> Any:
+    """Turn a ``--set`` value into a typed value the way YAML would (``0.01`` -> float, ``true`` -> bool)."""
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+
+
+def apply_overrides(raw: dict[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """Set ``section.key`` (also spelt ``section__key`` for Python keyword arguments) in ``raw``."""
+    for dotted, value in overrides.items():
+        key = dotted.replace("__", ".")
+        section, _, field = key.partition(".")
+        if section not in SECTIONS or not field or "." in field:
+            raise ConfigError(
+                f"override {dotted!r} is not of the form section.key with section one of {', '.join(SECTIONS)}"
+            )
+        block = raw.setdefault(section, {})
+        if not isinstance(block, dict):
+            raise ConfigError(f"section {section!r} must be a mapping, got {block!r}")
+        block[field] = value
+    return raw
+
+
+def _describe(error: ValidationError, section: str, model: type[BaseModel], raw: Mapping[str, Any]) -> str:
+    first = error.errors()[0]
+    loc = ".".join(str(p) for p in first["loc"] if not isinstance(p, int) or len(first["loc"]) == 1)
+    field = loc.split(".")[0] if loc else ""
+    where = f"{section}.{field}" if field else section
+    if first["type"] == "extra_forbidden":
+        allowed = ", ".join(["name", *model.model_fields]) if section in ("task", "algorithm") else ", ".join(
+            model.model_fields
+        )
+        return f"{where}: unknown key; allowed keys: {allowed}"
+    msg = first["msg"]
+    if msg.startswith("Value error, "):
+        msg = msg[len("Value error, ") :]
+    if field and field in raw:
+        if msg.startswith(f"{field} = "):
+            return f"{section}.{msg}"
+        return f"{where} = {raw[field]!r}: {msg}"
+    return f"{where}: {msg}"
+
+
+def _validate(section: str, model: type[BaseModel], raw: Mapping[str, Any]) -> Any:
+    try:
+        return model.model_validate(dict(raw))
+    except ValidationError as error:
+        raise ConfigError(_describe(error, section, model, raw)) from None
+
+
+def _named(section: str, raw: Mapping[str, Any], table: dict[str, type]) -> tuple[str, type, dict[str, Any]]:
+    body = dict(raw)
+    name = body.pop("name", None)
+    if name is None:
+        raise ConfigError(f"{section}.name is missing; allowed: {', '.join(sorted(table))}")
+    if name not in table:
+        raise ConfigError(f"{section}.name = {name!r} is unknown; allowed: {', '.join(sorted(table))}")
+    return name, table[name], body
+
+
+def load_config(
+    source: str | Path | Mapping[str, Any] | None = None, overrides: Mapping[str, Any] | None = None
+) -> Config:
+    """Load a preset name, a YAML file or a dict, apply ``section.key`` overrides, and validate all of it.
+
+    Raises:
+        ConfigError: one line naming the field, the bad value and what is allowed.
+    """
+    load_builtins()
+    raw = apply_overrides(_read_source(source), overrides or {})
+    unknown = sorted(set(raw) - set(SECTIONS))
+    if unknown:
+        raise ConfigError(f"section {unknown[0]!r} is unknown; allowed sections: {', '.join(SECTIONS)}")
+    for section in SECTIONS:
+        if not isinstance(raw.get(section, {}), Mapping):
+            raise ConfigError(f"section {section!r} must be a mapping, got {raw[section]!r}")
+
+    task_name, task_cls, task_body = _named("task", raw.get("task", {}), TASKS)
+    algo_name, algo_cls, algo_body = _named("algorithm", raw.get("algorithm", {}), ALGORITHMS)
+    task = _validate("task", task_cls.Params, task_body)
+    algorithm = _validate("algorithm", algo_cls.HParams, algo_body)
+    federation = _validate("federation", FederationConfig, raw.get("federation", {}))
+    run = _validate("run", RunConfig, raw.get("run", {}))
+
+    if algo_cls.kind not in task_cls.kinds:
+        raise ConfigError(
+            f"algorithm.name = {algo_name!r} needs a {algo_cls.kind!r} problem but task {task_name!r} offers "
+            f"{', '.join(sorted(task_cls.kinds))}; algorithms that run on it: "
+            f"{', '.join(sorted(n for n, c in ALGORITHMS.items() if c.kind in task_cls.kinds))}"
+        )
+    return Config(task_name, task, algo_name, algorithm, federation, run)

@@ -1,0 +1,193 @@
+"""The runner: drives a server for ``run.rounds`` rounds, evaluates every ``run.eval_every`` rounds,
+checkpoints every ``run.checkpoint_every`` rounds, shows progress, and writes the run's results.
+
+It never sees Ray: it is handed a factory that builds a server (in-process or a Ray actor proxy).
+Nothing is written until the server is up, and a run that fails before its first checkpoint leaves no
+folder behind; one that fails later keeps its folder so that ``fedcomp run --resume`` continues it.
+"""
+
+from __future__ import annotations
+
+import math
+import platform as _stdlib_platform
+import secrets
+import shutil
+import sys
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable
+
+import pandas as pd
+import torch
+
+from fedcomp.platform import results
+from fedcomp.platform.config import Config, load_config
+from fedcomp.platform.errors import ConfigError
+from fedcomp.platform.registry import TASKS
+from fedcomp.platform.server import ServerLike
+
+ServerFactory = Callable[[Config], ServerLike]
+
+
+@dataclass
+class RunResult:
+    """A finished (or resumed and finished) run: where it lives, its config and its metrics table."""
+
+    run_dir: Path
+    config: Config
+    metrics: pd.DataFrame
+
+    @property
+    def final(self) -> dict[str, Any]:
+        """The last evaluation row."""
+        return self.metrics.iloc[-1].to_dict()
+
+
+def new_run_id(config: Config) -> str:
+    prefix = config.run.name or f"{config.algorithm_name}_{config.task_name}"
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    return f"{prefix}_{stamp}_{secrets.token_hex(2)}"
+
+
+def _versions(backend_info: dict[str, Any]) -> dict[str, str]:
+    import fedcomp
+
+    versions = {"fedcomp": fedcomp.__version__, "python": sys.version.split()[0], "torch": torch.__version__}
+    if "ray" in sys.modules:
+        versions["ray"] = sys.modules["ray"].__version__
+    return versions
+
+
+class _Progress:
+    """A tqdm bar in a terminal, a log line every ~10% of the run otherwise, or nothing."""
+
+    def __init__(self, config: Config, start: int, headline: str) -> None:
+        mode = config.run.progress
+        if mode == "auto":
+            mode = "bar" if sys.stderr.isatty() else "log"
+        self.mode, self.total, self.headline = mode, config.run.rounds, headline
+        self.every = max(1, config.run.rounds // 10)
+        self.bar = None
+        if mode == "bar":
+            from tqdm.auto import tqdm
+
+            self.bar = tqdm(total=self.total, initial=start, unit="round", dynamic_ncols=True, leave=False)
+
+    def update(self, row: dict[str, Any] | None, round: int) -> None:
+        if self.bar is not None:
+            self.bar.update(1)
+            if row is not None:
+                self.bar.set_postfix({self.headline: f"{row[self.headline]:.4f}"}, refresh=False)
+        elif self.mode == "log" and row is not None and (round % self.every == 0 or round == self.total):
+            print(
+                f"round {round}/{self.total}  {self.headline}={row[self.headline]:.4f}  "
+                f"train_loss={row['train_loss']:.4f}  wall={row['wall_time']:.1f}s",
+                file=sys.stderr,
+                flush=True,
+            )
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def _meta(config: Config, run_id: str, backend_info: dict[str, Any], status: str, **extra: Any) -> dict[str, Any]:
+    return {
+        "run_id": run_id,
+        "status": status,
+        "config": config.to_dict(),
+        "backend": backend_info,
+        "versions": _versions(backend_info),
+        "host": _stdlib_platform.node(),
+        "written": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        **extra,
+    }
+
+
+def execute(
+    config: Config,
+    make_server: ServerFactory,
+    backend_info: dict[str, Any] | None = None,
+    resume_dir: str | Path | None = None,
+) -> RunResult:
+    """Run ``config`` to completion (or continue the run in ``resume_dir``) and return its results."""
+    backend_info = dict(backend_info or {})
+    headline = build_task_metrics(config)[0]
+    checkpoint: dict[str, Any] | None = None
+    if resume_dir is not None:
+        run_dir = Path(resume_dir)
+        ckpt_path = run_dir / results.CHECKPOINT
+        if not ckpt_path.is_file():
+            raise ConfigError(f"--resume {str(run_dir)!r}: no {results.CHECKPOINT} there; not a resumable run folder")
+        checkpoint = results.read_checkpoint(ckpt_path)
+        run_id = run_dir.name
+    else:
+        run_id = new_run_id(config)
+        run_dir = Path(config.run.out) / run_id
+
+    t_start = time.perf_counter()
+    server = make_server(config)
+    startup_s = time.perf_counter() - t_start
+    created = checkpoint is None
+    try:
+        rows: list[dict[str, Any]]
+        if checkpoint is not None:
+            server.restore(checkpoint["server"])
+            rows, wall_offset = checkpoint["rows"], checkpoint["wall_time"]
+            first = checkpoint["server"]["counters"]["round"]
+        else:
+            run_dir.mkdir(parents=True, exist_ok=False)
+            results.write_json(run_dir / results.RUN_JSON, _meta(config, run_id, backend_info, "running"))
+            rows, wall_offset, first = [], 0.0, 0
+        t0 = time.perf_counter()
+
+        def wall() -> float:
+            return wall_offset + time.perf_counter() - t0
+
+        if not rows:
+            zero = {"round": 0, "comm_rounds": 0, "local_steps": 0, "samples": 0, "floats_up": 0, "floats_down": 0}
+            rows.append({**zero, "train_loss": math.nan, "wall_time": 0.0, **server.evaluate()})
+        progress = _Progress(config, first, headline)
+        try:
+            for r in range(first + 1, config.run.rounds + 1):
+                record = server.run_round()
+                row = None
+                if r % config.run.eval_every == 0 or r == config.run.rounds:
+                    row = {**record, "wall_time": wall(), **server.evaluate()}
+                    rows.append(row)
+                progress.update(row, r)
+                if r % config.run.checkpoint_every == 0 or r == config.run.rounds:
+                    ckpt = {"server": server.checkpoint(), "rows": rows, "wall_time": wall()}
+                    results.write_checkpoint(run_dir / results.CHECKPOINT, ckpt)
+                    results.write_metrics(run_dir / results.METRICS, rows)
+                    created = False
+        finally:
+            progress.close()
+        results.write_json(
+            run_dir / results.RUN_JSON,
+            _meta(config, run_id, backend_info, "completed", timings={"startup_s": startup_s, "train_s": wall()}),
+        )
+    except BaseException:
+        if created:
+            shutil.rmtree(run_dir, ignore_errors=True)
+        raise
+    finally:
+        server.close()
+    return RunResult(run_dir, config, pd.DataFrame(rows))
+
+
+def build_task_metrics(config: Config) -> tuple[str, ...]:
+    """The metric columns of the config's task (its first is the headline shown in progress output)."""
+    return TASKS[config.task_name].metrics
+
+
+def resume_config(run_dir: str | Path) -> Config:
+    """The validated config stored in a run folder's ``run.json``."""
+    meta_path = Path(run_dir) / results.RUN_JSON
+    if not meta_path.is_file():
+        raise ConfigError(f"--resume {str(run_dir)!r}: no {results.RUN_JSON} there; not a fedcomp run folder")
+    import json
+
+    return load_config(json.loads(meta_path.read_text())["config"])

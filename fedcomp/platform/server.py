@@ -1,0 +1,100 @@
+"""The server: global algorithm state, cohort sampling, the round program, evaluation and checkpoints.
+
+The same class runs in-process (local backend) and inside the Ray server actor; only the federation it
+is given differs. Its whole mutable state -- global state, round index, counters and the clients' private
+states -- is what :meth:`Server.checkpoint` returns, so a restored server continues with identical numbers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any, Callable, Protocol
+
+import torch
+
+from fedcomp.platform.algorithms.base import Federation, State
+from fedcomp.platform.config import Config
+from fedcomp.platform.federation import build_algorithm, build_task
+from fedcomp.platform.rng import generator
+
+
+@dataclass
+class Counters:
+    """Cumulative counters; ``floats_*`` are per participating client, ``samples`` over all clients."""
+
+    round: int = 0
+    comm_rounds: int = 0
+    local_steps: int = 0
+    samples: int = 0
+    floats_up: int = 0
+    floats_down: int = 0
+
+
+class ServerLike(Protocol):
+    """What the runner drives: the in-process :class:`Server` or a proxy to the Ray server actor."""
+
+    def run_round(self) -> dict[str, Any]: ...
+    def evaluate(self) -> dict[str, float]: ...
+    def checkpoint(self) -> dict[str, Any]: ...
+    def restore(self, checkpoint: dict[str, Any]) -> None: ...
+    def close(self) -> None: ...
+
+
+def sample_cohort(seed: int, round: int, clients: int, size: int) -> list[int]:
+    """The round's cohort: all clients, or ``size`` of them drawn without replacement from the round's stream."""
+    if size >= clients:
+        return list(range(clients))
+    return sorted(torch.randperm(clients, generator=generator(seed, "cohort", round))[:size].tolist())
+
+
+class Server:
+    """Runs rounds of ``config``'s algorithm over ``federation``; evaluates the global model x."""
+
+    def __init__(self, config: Config, federation: Callable[[Config], Federation]) -> None:
+        self.config = config
+        task = build_task(config)
+        self.algorithm = build_algorithm(config)
+        x0 = task.init_params(generator(config.run.seed, "init"))
+        self.state: State = {k: v for k, v in self.algorithm.init_state(x0).items() if k in self.algorithm.synced}
+        self.counters = Counters()
+        self.train_loss = float("nan")
+        self._evaluate = task.evaluator()
+        self.federation = federation(config)
+
+    def run_round(self) -> dict[str, Any]:
+        """One communication round; returns the cumulative counters and the round's training loss."""
+        fed, run = self.config.federation, self.config.run
+        cohort = sample_cohort(run.seed, self.counters.round, fed.clients, fed.cohort_size)
+        self.state, record = self.algorithm.round(self.federation, self.state, self.counters.round, cohort)
+        c = self.counters
+        c.round += 1
+        c.comm_rounds += record.comm_rounds
+        c.local_steps += record.local_steps
+        c.samples += record.samples
+        c.floats_up += record.floats_up
+        c.floats_down += record.floats_down
+        self.train_loss = record.train_loss
+        return {**asdict(c), "train_loss": record.train_loss}
+
+    def evaluate(self) -> dict[str, float]:
+        return self._evaluate(self.state["x"])
+
+    def model(self) -> torch.Tensor:
+        return self.state["x"].detach().clone()
+
+    def checkpoint(self) -> dict[str, Any]:
+        return {
+            "state": {k: v.detach().cpu().clone() for k, v in self.state.items()},
+            "counters": asdict(self.counters),
+            "train_loss": self.train_loss,
+            "private": self.federation.private_states(),
+        }
+
+    def restore(self, checkpoint: dict[str, Any]) -> None:
+        self.state = {k: v.clone() for k, v in checkpoint["state"].items()}
+        self.counters = Counters(**checkpoint["counters"])
+        self.train_loss = checkpoint["train_loss"]
+        self.federation.load_private_states(checkpoint["private"])
+
+    def close(self) -> None:
+        self.federation.close()
