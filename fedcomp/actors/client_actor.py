@@ -26,8 +26,14 @@ class ClientActor:
         # makes the first incarnation of that actor die (a real process exit) in that round.
         self._kill = os.environ.get("FEDCOMP_FAULT_KILL", "")
 
-    def ready(self) -> str:
-        return self.host.device
+    def ready(self) -> dict:
+        """Where this actor landed: its clients, node, assigned GPU ids and the torch device it computes on."""
+        return {
+            "clients": list(self.host.clients),
+            "node": ray.get_runtime_context().get_node_id(),
+            "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
+            "device": self.host.device,
+        }
 
     def load_private(self, states: dict[int, State]) -> None:
         self.host.load_private(states)

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 import ray
-from ray.exceptions import GetTimeoutError, RayActorError
+from ray.exceptions import RayActorError
 
 from fedcomp.actors.client_actor import ClientActor
 from fedcomp.actors.cluster import ActorPlan, actor_options, describe_resources, plan_actors
@@ -25,8 +25,8 @@ from fedcomp.platform.federation import Layout, Partial, combine
 RemoteClient = ray.remote(ClientActor)
 
 
-def wait_ready(actors: list[Any], what: list[str], timeout: float) -> None:
-    """Block until every actor answers ``ready``; name the ones that could not be placed in time."""
+def wait_ready(actors: list[Any], what: list[str], timeout: float) -> list[Any]:
+    """Block until every actor answers ``ready`` (returns the answers); name the ones not placed in time."""
     refs = [a.ready.remote() for a in actors]
     done, pending = ray.wait(refs, num_returns=len(refs), timeout=timeout)
     if pending:
@@ -35,7 +35,7 @@ def wait_ready(actors: list[Any], what: list[str], timeout: float) -> None:
             f"{len(pending)} of {len(refs)} actors did not start within {timeout:g}s "
             f"({'; '.join(missing[:3])}{' ...' if len(missing) > 3 else ''}); available now: {describe_resources()}"
         )
-    ray.get(done)
+    return ray.get(refs)
 
 
 class RayFederation:
@@ -47,7 +47,7 @@ class RayFederation:
         self.owner = {c: i for i, group in enumerate(self.plan.groups) for c in group}
         self.incarnations = [0] * len(self.plan.groups)
         self.actors = [self._spawn(i) for i in range(len(self.plan.groups))]
-        wait_ready(self.actors, [self._describe(i) for i in range(len(self.actors))], self.timeout)
+        self.placement = wait_ready(self.actors, [self._describe(i) for i in range(len(self.actors))], self.timeout)
         self.private: dict[int, State] = {}
         self.restarts = 0
 
@@ -66,7 +66,7 @@ class RayFederation:
         self.incarnations[i] += 1
         self.restarts += 1
         self.actors[i] = self._spawn(i)
-        wait_ready([self.actors[i]], [self._describe(i)], self.timeout)
+        self.placement[i] = wait_ready([self.actors[i]], [self._describe(i)], self.timeout)[0]
         mine = {c: s for c, s in self.private.items() if self.owner[c] == i}
         if mine:
             ray.get(self.actors[i].load_private.remote(mine))
@@ -139,4 +139,3 @@ class RayFederation:
         self.actors = []
 
 
-__all__ = ["RayFederation", "wait_ready", "GetTimeoutError"]

@@ -25,6 +25,9 @@ class ServerActor:
     def ready(self) -> int:
         return len(self.server.federation.actors)  # type: ignore[attr-defined]
 
+    def placement(self) -> list[dict]:
+        return list(self.server.federation.placement)  # type: ignore[attr-defined]
+
     def run_round(self) -> dict[str, Any]:
         return self.server.run_round()
 
@@ -89,7 +92,12 @@ class RayServer:
         self._call("restore", checkpoint)
 
     def restarts(self) -> int:
+        """Client actors replaced after dying, so far."""
         return self._call("restarts")
+
+    def placement(self) -> list[dict]:
+        """Per client actor: its clients, node id, assigned GPU ids and torch device."""
+        return self._call("placement")
 
     def close(self) -> None:
         try:

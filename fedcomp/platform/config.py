@@ -171,9 +171,9 @@ def _describe(error: ValidationError, section: str, model: type[BaseModel], raw:
     msg = first["msg"]
     if msg.startswith("Value error, "):
         msg = msg[len("Value error, ") :]
+    if not field and msg.split(" = ")[0] in model.model_fields:
+        return f"{section}.{msg}"  # a cross-field check that names its field itself
     if field and field in raw:
-        if msg.startswith(f"{field} = "):
-            return f"{section}.{msg}"
         return f"{where} = {raw[field]!r}: {msg}"
     return f"{where}: {msg}"
 
@@ -204,7 +204,17 @@ def load_config(
         ConfigError: one line naming the field, the bad value and what is allowed.
     """
     load_builtins()
-    raw = apply_overrides(_read_source(source), overrides or {})
+    raw = _read_source(source)
+    overrides = {k.replace("__", "."): v for k, v in (overrides or {}).items()}
+    for section, table, attr in (("task", TASKS, "Params"), ("algorithm", ALGORITHMS, "HParams")):
+        # Switching the task or algorithm by an override drops the base config's keys that only the old one
+        # had (a preset's beta does not apply to fedavg); keys given as overrides are always validated.
+        new_name = overrides.get(f"{section}.name")
+        block = raw.get(section)
+        if new_name in table and isinstance(block, dict) and block.get("name") != new_name:
+            fields = getattr(table[new_name], attr).model_fields
+            raw[section] = {k: v for k, v in block.items() if k == "name" or k in fields}
+    raw = apply_overrides(raw, overrides)
     unknown = sorted(set(raw) - set(SECTIONS))
     if unknown:
         raise ConfigError(f"section {unknown[0]!r} is unknown; allowed sections: {', '.join(SECTIONS)}")

@@ -1,0 +1,146 @@
+"""The Ray backend on a real local Ray: same numbers as the local backend for any packing, actor death
+and retry, and GPU/CPU request planning."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pandas as pd
+import pytest
+import torch
+
+import fedcomp
+from fedcomp.actors.cluster import plan_actors
+from fedcomp.actors.server_actor import RayServer
+from fedcomp.platform.config import FederationConfig, load_config
+from fedcomp.platform.errors import ResourceError
+from tests.conftest import small
+
+pytestmark = pytest.mark.ray
+
+
+def metrics(result) -> pd.DataFrame:
+    return result.metrics.drop(columns="wall_time")
+
+
+@pytest.mark.slow
+def test_same_numbers_on_local_and_ray_with_1_2_and_16_client_actors(ray_session, tmp_path):
+    base = small(**{"federation.clients": 16, "run.rounds": 3, "run.out": str(tmp_path), "algorithm.name": "acc-fcsg-m"})
+    reference = metrics(fedcomp.run("quickstart", base))
+    for per_actor in (16, 8, 1):  # 1, 2 and 16 client actors
+        ray_run = fedcomp.run("quickstart", {**base, "federation.backend": "ray", "federation.clients_per_actor": per_actor})
+        pd.testing.assert_frame_equal(metrics(ray_run), reference, rtol=0, atol=1e-6)
+
+
+def test_partial_participation_same_on_ray(ray_session, tmp_path):
+    base = small(**{"federation.clients": 12, "federation.clients_per_round": 5, "run.out": str(tmp_path),
+                    "algorithm.name": "fcsg-m"})
+    reference = metrics(fedcomp.run("quickstart", base))
+    ray_run = fedcomp.run("quickstart", {**base, "federation.backend": "ray", "federation.clients_per_actor": 5})
+    pd.testing.assert_frame_equal(metrics(ray_run), reference, rtol=0, atol=1e-6)
+
+
+def test_killed_client_actor_is_replaced_and_its_round_retried(ray_session, monkeypatch):
+    over = small(**{"federation.clients": 8, "federation.clients_per_actor": 4, "algorithm.name": "acc-fcsg-m",
+                    "run.rounds": 4})
+    local = fedcomp.api.make_server(load_config("quickstart", over))
+    for _ in range(4):
+        local.run_round()
+    expected = local.checkpoint()
+
+    # The actor hosting clients 4..7 exits (a real process death) in round index 2, after it has private
+    # state (Acc-FCSG-M's x_prev) from rounds 0 and 1 that its replacement must get back.
+    monkeypatch.setenv("FEDCOMP_FAULT_KILL", "2:4")
+    server = RayServer(load_config("quickstart", {**over, "federation.backend": "ray"}))
+    try:
+        for _ in range(4):
+            server.run_round()
+        got = server.checkpoint()
+        assert server.restarts() == 1
+    finally:
+        server.close()
+    for key in ("x", "u"):
+        torch.testing.assert_close(got["state"][key], expected["state"][key], rtol=0, atol=1e-6)
+    for client, state in expected["private"].items():
+        torch.testing.assert_close(got["private"][client]["x_prev"], state["x_prev"], rtol=0, atol=1e-6)
+    assert got["counters"] == expected["counters"]
+
+
+def test_gpu_request_on_a_cluster_without_gpus_fails_at_once(ray_session, tmp_path, capsys):
+    from fedcomp.cli import main
+
+    code = main(["run", "quickstart", "--set", f"run.out={tmp_path}", "--set", "federation.gpus_per_client=0.5"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2
+    assert err == [
+        "fedcomp: error: federation.gpus_per_client = 0.5 needs 8 GPUs for 16 clients but the cluster has no GPUs; "
+        "use gpus_per_client: 0 or 'auto'"
+    ]
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "fed, cluster, expected",
+    [
+        (dict(clients=16), {"CPU": 2.0}, dict(groups=16, cpus=0.1176, gpus_per_client=0.0)),
+        (dict(clients=16, clients_per_actor=8), {"CPU": 2.0, "GPU": 2.0}, dict(groups=2, cpus=0.6666, gpus_per_client=0.125)),
+        (dict(clients=4), {"CPU": 16.0, "GPU": 8.0}, dict(groups=4, cpus=1.0, gpus_per_client=1.0)),
+        (dict(clients=10, clients_per_actor=4, gpus_per_client=0.25), {"CPU": 4.0, "GPU": 4.0},
+         dict(groups=3, cpus=1.0, gpus_per_client=0.25)),
+        (dict(clients=8, gpus_per_client=0), {"CPU": 8.0, "GPU": 1.0}, dict(groups=8, cpus=0.8888, gpus_per_client=0.0)),
+    ],
+)
+def test_plan_actors(fed, cluster, expected):
+    plan = plan_actors(FederationConfig(**fed), cluster)
+    assert len(plan.groups) == expected["groups"]
+    assert plan.cpus == pytest.approx(expected["cpus"], abs=1e-4)
+    assert plan.gpus_per_client == pytest.approx(expected["gpus_per_client"])
+    assert sorted(c for g in plan.groups for c in g) == list(range(fed["clients"]))
+    if plan.gpus_per_client:
+        assert plan.resources(0)["GPU"] == pytest.approx(plan.gpus_per_client * len(plan.groups[0]))
+    else:
+        assert "GPU" not in plan.resources(0)
+
+
+@pytest.mark.parametrize(
+    "fed, cluster, needle",
+    [
+        (dict(clients=16, gpus_per_client=1), {"CPU": 8.0, "GPU": 2.0}, "needs 16 GPUs for 16 clients but the cluster has 2"),
+        (dict(clients=4, gpus_per_client=0.75, clients_per_actor=2), {"CPU": 8.0, "GPU": 4.0}, "asks one actor for 1.5 GPUs"),
+        (dict(clients=16, cpus_per_actor=1), {"CPU": 4.0}, "cpus_per_actor = 1 needs 17 CPUs for 16 client actors"),
+        (dict(clients=100_000), {"CPU": 2.0}, "too many for 2 CPUs; raise federation.clients_per_actor"),
+    ],
+)
+def test_plan_actors_names_the_shortfall(fed, cluster, needle):
+    with pytest.raises(ResourceError, match=needle):
+        plan_actors(FederationConfig(**fed), cluster)
+
+
+@pytest.mark.slow
+def test_actors_are_scheduled_on_declared_gpus(tmp_path):
+    """A separate CPU-only Ray that declares 2 GPUs: actors get GPU ids, compute on the CPU, same numbers."""
+    script = textwrap.dedent(
+        f"""
+        import ray, fedcomp
+        from fedcomp.actors.server_actor import RayServer
+        from fedcomp.platform.config import load_config
+        ray.init(num_cpus=2, num_gpus=2, include_dashboard=False, object_store_memory=100 * 1024**2)
+        over = {small(**{"federation.clients": 8, "federation.clients_per_actor": 4, "federation.backend": "ray"})!r}
+        server = RayServer(load_config("quickstart", over))
+        placement = server.placement()
+        server.close()
+        print("PLACEMENT", sorted((len(p["gpu_ids"]), p["device"]) for p in placement))
+        over["federation.gpus_per_client"] = 0.5
+        try:
+            RayServer(load_config("quickstart", over))
+        except fedcomp.ResourceError as error:
+            print("ERROR", error)
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]
+    # 'auto' gives each of the 2 actors (4 clients x 0.25 GPU) one whole GPU; CUDA is absent, so CPU compute
+    assert "PLACEMENT [(1, 'cpu'), (1, 'cpu')]" in out.stdout
+    assert "ERROR federation.gpus_per_client = 0.5 needs 4 GPUs for 8 clients but the cluster has 2" in out.stdout

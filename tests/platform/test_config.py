@@ -1,0 +1,95 @@
+"""Config loading, overrides and every bad input the issue lists: one line naming field, value, allowed."""
+
+from __future__ import annotations
+
+import pytest
+
+from fedcomp.platform.config import load_config, parse_value, preset_names
+from fedcomp.platform.errors import ConfigError
+
+
+def test_quickstart_preset_loads_with_paper_defaults():
+    config = load_config("quickstart")
+    assert config.task_name == "invariant-logreg"
+    assert config.algorithm_name == "fcsg-m"
+    assert config.algorithm.local_steps == 50
+    assert config.federation.backend == "ray"
+    assert "quickstart" in preset_names()
+
+
+def test_overrides_are_typed_and_round_trip():
+    config = load_config("quickstart", {"algorithm.lr": parse_value("0.005"), "run__seed": 3})
+    assert config.algorithm.lr == 0.005 and config.run.seed == 3
+    again = load_config(config.to_dict())
+    assert again == config
+    assert config.replace(**{"algorithm.inner_batch": 100}).algorithm.inner_batch == 100
+
+
+def test_parse_value_types():
+    assert parse_value("0.01") == 0.01 and parse_value("true") is True and parse_value("10") == 10
+    assert parse_value("ray") == "ray"
+
+
+@pytest.mark.parametrize(
+    "source, overrides, needle",
+    [
+        ("no-such-preset", {}, "preset 'no-such-preset' is unknown; allowed: "),
+        ("quickstart", {"algorithm.lrr": 0.1}, "algorithm.lrr: unknown key; allowed keys: name, lr,"),
+        ("quickstart", {"federation.clientz": 3}, "federation.clientz: unknown key"),
+        ("quickstart", {"bogus.key": 1}, "override 'bogus.key' is not of the form section.key"),
+        ("quickstart", {"algorithm.lr": "fast"}, "algorithm.lr = 'fast': Input should be a valid number"),
+        ("quickstart", {"algorithm.lr": 0}, "algorithm.lr = 0: Input should be greater than 0"),
+        ("quickstart", {"algorithm.lr": -0.1}, "algorithm.lr = -0.1: Input should be greater than 0"),
+        ("quickstart", {"algorithm.beta": 0}, "algorithm.beta = 0: Input should be greater than 0"),
+        ("quickstart", {"algorithm.beta": 1.5}, "algorithm.beta = 1.5: Input should be less than or equal to 1"),
+        ("quickstart", {"algorithm.inner_batch": 0}, "algorithm.inner_batch = 0: Input should be greater than or equal to 1"),
+        ("quickstart", {"algorithm.local_steps": 2.5}, "algorithm.local_steps = 2.5: Input should be a valid integer"),
+        ("quickstart", {"federation.clients_per_round": 17}, "federation.clients_per_round = 17: must be <= federation.clients (16)"),
+        ("quickstart", {"federation.backend": "mpi"}, "federation.backend = 'mpi': Input should be 'ray' or 'local'"),
+        ("quickstart", {"federation.gpus_per_client": -1}, "federation.gpus_per_client = -1.0: must be 'auto' or a number >= 0"),
+        ("quickstart", {"run.rounds": 0}, "run.rounds = 0: Input should be greater than or equal to 1"),
+        ("quickstart", {"algorithm.name": "sgd2"}, "algorithm.name = 'sgd2' is unknown; allowed: acc-fcsg-m, fcsg, fcsg-m, fedavg"),
+        ("quickstart", {"task.name": "mnist9"}, "task.name = 'mnist9' is unknown; allowed: "),
+        ("quickstart", {"task.noise_ratio": -2}, "task.noise_ratio = -2: Input should be greater than 0"),
+        ("quickstart", {"task.objective": "mine"}, "task.objective = 'mine': Input should be 'paper' or 'official-code'"),
+        (
+            {"task": {"name": "synthetic-classification", "noise_ratio": 2}, "algorithm": {"name": "fedavg"}},
+            {},
+            "task.noise_ratio: unknown key; allowed keys: name, features, classes",
+        ),
+    ],
+)
+def test_bad_input_is_one_clear_line(source, overrides, needle):
+    with pytest.raises(ConfigError) as info:
+        load_config(source, overrides)
+    message = str(info.value)
+    assert needle in message
+    assert "\n" not in message
+
+
+def test_algorithm_whose_kind_the_task_lacks():
+    raw = load_config("quickstart").to_dict()
+    raw["task"] = {"name": "synthetic-classification"}
+    with pytest.raises(ConfigError, match=r"algorithm.name = 'fcsg-m' needs a 'conditional' problem but task "
+                       r"'synthetic-classification' offers plain; algorithms that run on it: fedavg"):
+        load_config(raw)
+
+
+def test_missing_config_file(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(str(tmp_path / "nope.yaml"))
+
+
+def test_user_yaml_file(tmp_path):
+    path = tmp_path / "mine.yaml"
+    path.write_text("task: {name: invariant-logreg, noise_ratio: 1.5}\nalgorithm: {name: fcsg, lr: 0.005}\n")
+    config = load_config(str(path), {"run.rounds": 7})
+    assert config.task.noise_ratio == 1.5 and config.algorithm.lr == 0.005 and config.run.rounds == 7
+    assert config.federation.clients == 16  # schema default
+
+
+def test_switching_algorithm_drops_only_the_presets_keys():
+    config = load_config("quickstart", {"algorithm.name": "fcsg"})  # the preset's beta belongs to fcsg-m
+    assert config.algorithm_name == "fcsg" and not hasattr(config.algorithm, "beta")
+    with pytest.raises(ConfigError, match="algorithm.beta: unknown key"):
+        load_config("quickstart", {"algorithm.name": "fcsg", "algorithm.beta": 0.5})

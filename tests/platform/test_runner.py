@@ -1,0 +1,96 @@
+"""The runner's results folder, evaluation cadence, checkpoints, resume and load_results."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+
+import fedcomp
+from fedcomp.platform import results
+from tests.conftest import small
+
+
+def test_run_writes_parquet_and_run_json(tmp_path):
+    result = fedcomp.run("quickstart", small(**{"run.out": str(tmp_path), "run.rounds": 5, "run.eval_every": 2}))
+    run_dir = result.run_dir
+    assert run_dir.parent == tmp_path
+    assert sorted(p.name for p in run_dir.iterdir()) == ["checkpoint.pt", "metrics.parquet", "run.json"]
+    df = pd.read_parquet(run_dir / "metrics.parquet")
+    assert df["round"].tolist() == [0, 2, 4, 5]  # initial model, every 2 rounds, and the last round
+    for column in ("comm_rounds", "local_steps", "samples", "floats_up", "floats_down", "wall_time",
+                   "train_loss", "test_accuracy", "test_loss"):
+        assert column in df.columns
+    assert df["local_steps"].tolist() == [0, 10, 20, 25]
+    meta = json.loads((run_dir / "run.json").read_text())
+    assert meta["status"] == "completed" and meta["config"]["algorithm"]["name"] == "fcsg-m"
+    assert set(meta["versions"]) >= {"fedcomp", "python", "torch"}
+    assert meta["timings"]["train_s"] > 0
+    assert not list(run_dir.glob(".*"))  # no temporary files left behind
+
+
+def test_load_results_reads_one_run_or_a_root(tmp_path):
+    a = fedcomp.run("quickstart", small(**{"run.out": str(tmp_path)}))
+    b = fedcomp.run("quickstart", small(**{"run.out": str(tmp_path), "algorithm.name": "fcsg", "run.seed": 1}))
+    one = fedcomp.load_results(a.run_dir)
+    assert one["run_id"].unique().tolist() == [a.run_dir.name]
+    both = fedcomp.load_results(tmp_path)
+    assert sorted(both["algorithm"].unique()) == ["fcsg", "fcsg-m"]
+    assert sorted(both["seed"].unique()) == [0, 1]
+    pd.testing.assert_frame_equal(
+        both[both.run_id == b.run_dir.name].reset_index(drop=True).drop(columns="wall_time"),
+        fedcomp.load_results(b.run_dir).drop(columns="wall_time"),
+    )
+    with pytest.raises(FileNotFoundError):
+        fedcomp.load_results(tmp_path / "empty")
+
+
+def test_same_seed_same_numbers_and_different_seed_different(tmp_path):
+    over = small(**{"run.out": str(tmp_path), "run.rounds": 4})
+    a = fedcomp.run("quickstart", over).metrics.drop(columns="wall_time")
+    b = fedcomp.run("quickstart", over).metrics.drop(columns="wall_time")
+    c = fedcomp.run("quickstart", {**over, "run.seed": 5}).metrics.drop(columns="wall_time")
+    pd.testing.assert_frame_equal(a, b)
+    assert not a["test_accuracy"].equals(c["test_accuracy"])
+
+
+def test_resume_from_a_checkpoint_gives_the_same_final_numbers(tmp_path):
+    over = small(**{"run.out": str(tmp_path / "a"), "run.rounds": 6, "run.checkpoint_every": 2})
+    full = fedcomp.run("quickstart", over)
+    # Simulate a run that died after its round-4 checkpoint: keep the checkpoint of a 4-round run but
+    # configure it for 6 rounds, as a killed 6-round run would have left it.
+    part = fedcomp.run("quickstart", {**over, "run.out": str(tmp_path / "b"), "run.rounds": 4})
+    meta = json.loads((part.run_dir / "run.json").read_text())
+    meta["config"]["run"]["rounds"] = 6
+    meta["status"] = "running"
+    results.write_json(part.run_dir / "run.json", meta)
+    resumed = fedcomp.resume(part.run_dir)
+    pd.testing.assert_frame_equal(
+        resumed.metrics.drop(columns="wall_time"), full.metrics.drop(columns="wall_time")
+    )
+
+
+def test_resume_rejects_a_folder_that_is_not_a_run(tmp_path):
+    with pytest.raises(fedcomp.ConfigError, match="not a fedcomp run folder"):
+        fedcomp.resume(tmp_path)
+
+
+def test_failure_before_first_checkpoint_leaves_no_folder(tmp_path, monkeypatch):
+    from fedcomp.platform.server import Server
+
+    def boom(self):
+        raise RuntimeError("client exploded")
+
+    monkeypatch.setattr(Server, "run_round", boom)
+    with pytest.raises(RuntimeError, match="client exploded"):
+        fedcomp.run("quickstart", small(**{"run.out": str(tmp_path)}))
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_atomic_write_replaces_whole_file(tmp_path):
+    path = tmp_path / "x.json"
+    results.write_json(path, {"a": 1})
+    results.write_json(path, {"a": 2})
+    assert json.loads(path.read_text()) == {"a": 2}
+    assert [p.name for p in tmp_path.iterdir()] == ["x.json"]
