@@ -16,7 +16,8 @@ import numpy as np
 import torch
 
 from fedcomp.platform.algorithms.base import Algorithm, ClientContext, Outcome, State
-from fedcomp.platform.config import Config
+from fedcomp.platform.config import Config, FederationConfig
+from fedcomp.platform.errors import ResourceError
 from fedcomp.platform.registry import ALGORITHMS, TASKS, load_builtins
 from fedcomp.platform.rng import generator
 from fedcomp.platform.tasks.base import Task
@@ -128,15 +129,29 @@ class ClientHost:
             self.private[client] = kept
             if kept:
                 private[client] = {k: v.cpu() for k, v in kept.items()}
-        assert out_layout is not None and sums is not None  # cohort is never empty
+        if out_layout is None or sums is None:
+            raise ValueError("ClientHost.run needs a non-empty cohort")
         return Partial(out_layout, sums, len(cohort), samples, loss_sum, private)
+
+
+def local_device(fed: FederationConfig) -> str:
+    """The device of the in-process backend: CUDA when asked for (or 'auto' and present), else the CPU."""
+    has_cuda = torch.cuda.is_available()
+    if fed.gpus_per_client == "auto":
+        return "cuda" if has_cuda else "cpu"
+    if fed.gpus_per_client > 0 and not has_cuda:
+        raise ResourceError(
+            f"federation.gpus_per_client = {fed.gpus_per_client:g} but this machine has no CUDA GPU for the "
+            f"local backend; use gpus_per_client: 0 or 'auto'"
+        )
+    return "cuda" if fed.gpus_per_client > 0 else "cpu"
 
 
 class LocalFederation:
     """Every client in one in-process :class:`ClientHost`: the reference backend (tests, debugging)."""
 
     def __init__(self, config: Config) -> None:
-        self.host = ClientHost(config, range(config.federation.clients))
+        self.host = ClientHost(config, range(config.federation.clients), local_device(config.federation))
         self.private: dict[int, State] = {}
 
     def call(self, program: str, round: int, cohort: list[int], payload: State) -> Outcome:

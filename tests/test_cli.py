@@ -1,0 +1,124 @@
+"""The command line as a user runs it: run, list, report, python -m fedcomp, bad input, kill and resume."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+import fedcomp
+from fedcomp.cli import main
+
+FAST = ["--set", "federation.backend=local", "--set", "federation.clients=4", "--set", "algorithm.local_steps=5",
+        "--set", "task.test_samples=2000", "--set", "run.rounds=3", "--set", "run.progress=none"]
+
+
+def test_run_and_report(tmp_path, capsys):
+    assert main(["run", "quickstart", *FAST, "--set", f"run.out={tmp_path}"]) == 0
+    assert main(["run", "quickstart", *FAST, "--set", f"run.out={tmp_path}", "--set", "algorithm.name=fcsg"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("results: ") == 2
+    assert main(["report", str(tmp_path)]) == 0
+    text = capsys.readouterr().out
+    assert "| fcsg-m |" in text and "| fcsg |" in text
+    assert (tmp_path / "report.png").stat().st_size > 1000
+    assert (tmp_path / "report.md").is_file()
+
+
+def test_report_of_unknown_metric_is_one_line(tmp_path, capsys):
+    main(["run", "quickstart", *FAST, "--set", f"run.out={tmp_path}"])
+    capsys.readouterr()
+    assert main(["report", str(tmp_path), "--metric", "auroc"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "column 'auroc' is not in these results; allowed:" in err[0]
+    assert main(["report", str(tmp_path / "nothing")]) == 2
+
+
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["run", "nope"], "preset 'nope' is unknown"),
+        (["run", "quickstart", "--set", "algorithm.lr=-1"], "algorithm.lr = -1: Input should be greater than 0"),
+        (["run", "quickstart", "--set", "algorithm.beta=2"], "algorithm.beta = 2: Input should be less than or equal to 1"),
+        (["run", "quickstart", "--set", "algorithm.inner_batch=0"], "algorithm.inner_batch = 0"),
+        (["run", "quickstart", "--set", "federation.clients_per_round=20"], "federation.clients_per_round = 20: must be <="),
+        (["run", "quickstart", "--set", "algorithm.name=adam"], "algorithm.name = 'adam' is unknown"),
+        (["run", "quickstart", "--set", "task.name=imagenet"], "task.name = 'imagenet' is unknown"),
+        (["run", "quickstart", "--set", "task.dimension=3"], "task.dimension: unknown key"),
+        (["run", "quickstart", "--set", "run.rounds=many"], "run.rounds = 'many': Input should be a valid integer"),
+        (["run", "quickstart", "--set", "lr=0.1"], "override 'lr' is not of the form section.key"),
+        (["run", "quickstart", "--set", "algorithm.lr"], "expected section.key=value"),
+        (["run", "--resume", "/nonexistent/run"], "not a fedcomp run folder"),
+        (["run", "quickstart", "--resume", "x"], "drop the preset and --set"),
+    ],
+)
+def test_bad_input_exits_2_with_one_line_and_writes_nothing(tmp_path, capsys, args, needle):
+    code = main([*args, "--set", f"run.out={tmp_path}"] if "--resume" not in args else args)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2
+    assert len(err) == 1 and err[0].startswith("fedcomp: error: ") and needle in err[0], err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_incompatible_task_and_algorithm(tmp_path, capsys):
+    code = main(["run", "quickstart", "--set", "task.name=synthetic-classification", "--set", f"run.out={tmp_path}"])
+    err = capsys.readouterr().err
+    assert code == 2 and "needs a 'conditional' problem but task 'synthetic-classification' offers plain" in err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_python_dash_m_and_list():
+    out = subprocess.run([sys.executable, "-m", "fedcomp", "list"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0
+    for name in ("fcsg", "fcsg-m", "acc-fcsg-m", "fedavg", "invariant-logreg", "quickstart"):
+        assert f"  {name} " in out.stdout
+
+
+@pytest.mark.slow
+def test_process_killed_between_rounds_resumes_to_the_same_numbers(tmp_path):
+    over = ["--set", "federation.backend=local", "--set", "run.rounds=40", "--set", "run.checkpoint_every=3",
+            "--set", "run.eval_every=1", "--set", "run.progress=none", "--set", "task.test_samples=5000"]
+    killed_root, ref_root = tmp_path / "killed", tmp_path / "ref"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "fedcomp", "run", "quickstart", *over, "--set", f"run.out={killed_root}"],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline and not list(killed_root.glob("*/checkpoint.pt")):
+            time.sleep(0.05)
+        time.sleep(0.3)  # let it get a few rounds past the first checkpoint
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    (run_dir,) = killed_root.iterdir()
+    assert json.loads((run_dir / "run.json").read_text())["status"] == "running"  # it really was cut short
+    done = pd.read_parquet(run_dir / "metrics.parquet")["round"].max()
+    assert 0 < done < 40
+
+    assert main(["run", "--resume", str(run_dir)]) == 0
+    assert json.loads((run_dir / "run.json").read_text())["status"] == "completed"
+    reference = fedcomp.run("quickstart", {**dict(s.split("=", 1) for s in over[1::2]), "run.out": str(ref_root)})
+    pd.testing.assert_frame_equal(
+        fedcomp.load_results(run_dir).drop(columns=["wall_time", "run_id"]),
+        fedcomp.load_results(reference.run_dir).drop(columns=["wall_time", "run_id"]),
+        check_dtype=False,
+    )
+
+
+def test_gpu_request_on_the_local_backend_without_cuda(tmp_path, capsys):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    code = main(["run", "quickstart", *FAST, "--set", "federation.gpus_per_client=1", "--set", f"run.out={tmp_path}"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1
+    assert "federation.gpus_per_client = 1 but this machine has no CUDA GPU for the local backend" in err[0]
+    assert list(tmp_path.iterdir()) == []
