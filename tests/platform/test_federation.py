@@ -1,0 +1,49 @@
+"""Wire types and the client host: packing, pickling, and sums that do not depend on packing."""
+
+from __future__ import annotations
+
+import pickle
+
+import numpy as np
+import torch
+
+from fedcomp.platform.config import load_config
+from fedcomp.platform.federation import ClientHost, Layout, combine
+from tests.conftest import small
+
+
+def test_layout_packs_in_key_order_and_unpacks_copies():
+    state = {"x": torch.arange(3.0), "u": torch.tensor([9.0])}
+    layout = Layout.of(state)
+    flat = layout.pack(state)
+    assert layout.keys == ("u", "x") and flat.dtype == np.float32 and flat.tolist() == [9, 0, 1, 2]
+    flat.setflags(write=False)  # object-store buffers are read-only
+    back = layout.unpack(flat)
+    back["x"] += 1  # must not touch the buffer
+    assert flat.tolist() == [9, 0, 1, 2]
+
+
+def test_messages_and_config_pickle():
+    config = load_config("quickstart", small())
+    assert pickle.loads(pickle.dumps(config)) == config
+    host = ClientHost(config, [0, 1])
+    payload = {"x": torch.zeros(11), "u": torch.zeros(11)}
+    layout = Layout.of(payload)
+    partial = host.run("local_steps", 0, [0, 1], layout.pack(payload), layout)
+    again = pickle.loads(pickle.dumps(partial))
+    np.testing.assert_array_equal(again.sums, partial.sums)
+    assert again.layout == partial.layout and again.clients == 2
+
+
+def test_partial_sums_do_not_depend_on_packing():
+    config = load_config("quickstart", small(**{"federation.clients": 6}))
+    payload = {"x": torch.linspace(-1, 1, 11), "u": torch.zeros(11)}
+    layout = Layout.of(payload)
+    flat = layout.pack(payload)
+    whole = combine([ClientHost(config, range(6)).run("local_steps", 0, range(6), flat, layout)], 22)
+    for groups in ([[0, 1, 2], [3, 4, 5]], [[0], [1, 2, 3, 4], [5]]):
+        parts = [ClientHost(config, g).run("local_steps", 0, g, flat, layout) for g in groups]
+        packed = combine(parts, 22)
+        for key in whole.means:
+            torch.testing.assert_close(packed.means[key], whole.means[key], rtol=0, atol=0)
+        assert packed.samples == whole.samples and packed.clients == 6
