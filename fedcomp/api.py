@@ -20,10 +20,6 @@ def make_server(config: Config) -> ServerLike:
     return RayServer(config)
 
 
-def _backend_info(config: Config) -> dict[str, Any]:
-    return {"name": config.federation.backend, "clients_per_actor": config.federation.clients_per_actor}
-
-
 def run(
     config: str | Path | Mapping[str, Any] | Config | None = None,
     overrides: Mapping[str, Any] | None = None,
@@ -47,10 +43,10 @@ def run(
         config = config.replace(**all_overrides) if all_overrides else config
     else:
         config = load_config(config, all_overrides)
-    return execute(config, make_server, _backend_info(config))
+    return execute(config, make_server)
 
 
 def resume(run_dir: str | Path) -> RunResult:
     """Continue the run in ``run_dir`` from its last checkpoint to its configured number of rounds."""
     config = resume_config(run_dir)
-    return execute(config, make_server, _backend_info(config), resume_dir=run_dir)
+    return execute(config, make_server, resume_dir=run_dir)

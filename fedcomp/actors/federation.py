@@ -133,6 +133,18 @@ class RayFederation:
                 refs.append(actor.load_private.remote(mine))
         ray.get(refs, timeout=self.timeout)
 
+    def describe(self) -> dict[str, Any]:
+        return {
+            "name": "ray",
+            "client_actors": len(self.actors),
+            "clients_per_actor": self.config.federation.clients_per_actor,
+            "cpus_per_actor": self.plan.cpus,
+            "gpus_per_client": self.plan.gpus_per_client,
+            "nodes": sorted({p["node"] for p in self.placement}),
+            "devices": sorted({p["device"] for p in self.placement}),
+            "gcs_address": ray.get_runtime_context().gcs_address,
+        }
+
     def close(self) -> None:
         for actor in self.actors:
             ray.kill(actor)

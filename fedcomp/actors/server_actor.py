@@ -43,6 +43,9 @@ class ServerActor:
     def restarts(self) -> int:
         return self.server.federation.restarts  # type: ignore[attr-defined]
 
+    def describe(self) -> dict[str, Any]:
+        return self.server.describe()
+
     def close(self) -> None:
         self.server.close()
 
@@ -94,6 +97,9 @@ class RayServer:
     def restarts(self) -> int:
         """Client actors replaced after dying, so far."""
         return self._call("restarts")
+
+    def describe(self) -> dict[str, Any]:
+        return self._call("describe")
 
     def placement(self) -> list[dict]:
         """Per client actor: its clients, node id, assigned GPU ids and torch device."""

@@ -169,3 +169,6 @@ class LocalFederation:
 
     def close(self) -> None:
         pass
+
+    def describe(self) -> dict[str, object]:
+        return {"name": "local", "device": self.host.device}

@@ -51,7 +51,7 @@ def new_run_id(config: Config) -> str:
     return f"{prefix}_{stamp}_{secrets.token_hex(2)}"
 
 
-def _versions(backend_info: dict[str, Any]) -> dict[str, str]:
+def _versions() -> dict[str, str]:
     import fedcomp
 
     versions = {"fedcomp": fedcomp.__version__, "python": sys.version.split()[0], "torch": torch.__version__}
@@ -99,7 +99,7 @@ def _meta(config: Config, run_id: str, backend_info: dict[str, Any], status: str
         "status": status,
         "config": config.to_dict(),
         "backend": backend_info,
-        "versions": _versions(backend_info),
+        "versions": _versions(),
         "host": _stdlib_platform.node(),
         "written": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         **extra,
@@ -109,11 +109,9 @@ def _meta(config: Config, run_id: str, backend_info: dict[str, Any], status: str
 def execute(
     config: Config,
     make_server: ServerFactory,
-    backend_info: dict[str, Any] | None = None,
     resume_dir: str | Path | None = None,
 ) -> RunResult:
     """Run ``config`` to completion (or continue the run in ``resume_dir``) and return its results."""
-    backend_info = dict(backend_info or {})
     headline = build_task_metrics(config)[0]
     checkpoint: dict[str, Any] | None = None
     if resume_dir is not None:
@@ -130,6 +128,7 @@ def execute(
     t_start = time.perf_counter()
     server = make_server(config)
     startup_s = time.perf_counter() - t_start
+    backend_info = server.describe()
     created = checkpoint is None
     try:
         rows: list[dict[str, Any]]

@@ -38,6 +38,7 @@ class ServerLike(Protocol):
     def checkpoint(self) -> dict[str, Any]: ...
     def restore(self, checkpoint: dict[str, Any]) -> None: ...
     def close(self) -> None: ...
+    def describe(self) -> dict[str, Any]: ...
 
 
 def sample_cohort(seed: int, round: int, clients: int, size: int) -> list[int]:
@@ -95,6 +96,10 @@ class Server:
         self.counters = Counters(**checkpoint["counters"])
         self.train_loss = checkpoint["train_loss"]
         self.federation.load_private_states(checkpoint["private"])
+
+    def describe(self) -> dict[str, Any]:
+        """The backend the clients run on (recorded in ``run.json``)."""
+        return self.federation.describe()
 
     def close(self) -> None:
         self.federation.close()

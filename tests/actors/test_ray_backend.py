@@ -3,6 +3,7 @@ and retry, and GPU/CPU request planning."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import textwrap
@@ -144,3 +145,18 @@ def test_actors_are_scheduled_on_declared_gpus(tmp_path):
     # 'auto' gives each of the 2 actors (4 clients x 0.25 GPU) one whole GPU; CUDA is absent, so CPU compute
     assert "PLACEMENT [(1, 'cpu'), (1, 'cpu')]" in out.stdout
     assert "ERROR federation.gpus_per_client = 0.5 needs 4 GPUs for 8 clients but the cluster has 2" in out.stdout
+
+
+@pytest.mark.slow
+def test_cli_joins_an_existing_cluster(ray_session, tmp_path):
+    """`fedcomp run --ray-address` from another process runs on this session's cluster, not a new one."""
+    address = ray_session.get_runtime_context().gcs_address
+    args = [sys.executable, "-m", "fedcomp", "run", "quickstart", "--ray-address", address,
+            "--set", f"run.out={tmp_path}", "--set", "run.rounds=2", "--set", "run.progress=none",
+            "--set", "federation.clients=4", "--set", "algorithm.local_steps=5", "--set", "task.test_samples=2000"]
+    out = subprocess.run(args, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    (run_dir,) = tmp_path.iterdir()
+    backend = json.loads((run_dir / "run.json").read_text())["backend"]
+    assert backend["name"] == "ray" and backend["gcs_address"] == address and backend["client_actors"] == 1
+    assert fedcomp.load_results(run_dir)["round"].max() == 2

@@ -84,6 +84,10 @@ class Federation(Protocol):
         """Release processes and resources."""
         ...
 
+    def describe(self) -> dict[str, Any]:
+        """Where the clients run (recorded in ``run.json``)."""
+        ...
+
 
 @dataclass
 class RoundRecord:
