@@ -106,6 +106,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--local-steps", type=int, default=5)
     bench.add_argument("--repeats", type=int, default=3)
     bench.add_argument("--markdown", action="store_true", help="print the table as markdown")
+    bench.add_argument("--hidden", type=int, nargs="+", default=[64], help="MLP hidden layer widths")
+    bench.add_argument("--runners", nargs="+", choices=["ray", "local", "plain"], default=["ray", "local", "plain"],
+                       help="which runners to time (default: all three)")
     bench.set_defaults(func=cmd_bench)
     return parser
 

@@ -1,7 +1,8 @@
 """RayFederation: client actors hosting clients, driven from the server.
 
-Per call: the payload is packed into one flat float32 buffer and ``ray.put`` once; every actor that hosts
-cohort members gets the ObjectRef and returns one float64 partial sum over its clients; replies are
+Per call: the payload is packed into one flat float32 buffer and ``ray.put`` once (small ones are inlined
+in the call); every actor that hosts cohort members gets it and returns one float64 partial sum over its
+clients; replies are
 collected with ``ray.wait`` under a deadline and combined in actor order (so the averages do not depend
 on arrival order or packing). An actor that dies is replaced by a fresh one that gets its clients'
 private state from the server's mirror, and only its share of the round is run again -- which gives the
@@ -23,6 +24,7 @@ from fedcomp.platform.errors import ClientFailure, ResourceError
 from fedcomp.platform.federation import Layout, Partial, combine
 
 RemoteClient = ray.remote(ClientActor)
+INLINE_BYTES = 100 * 1024
 
 
 def wait_ready(actors: list[Any], what: list[str], timeout: float) -> list[Any]:
@@ -73,7 +75,10 @@ class RayFederation:
 
     def call(self, program: str, round: int, cohort: list[int], payload: State) -> Outcome:
         layout = Layout.of(payload)
-        ref = ray.put(layout.pack(payload))
+        flat = layout.pack(payload)
+        # One object-store copy per round for model-sized payloads; small ones (below Ray's own inlining
+        # limit) travel inside the call, which measured 1.5-4 ms faster per round for an 11 KB model.
+        ref = ray.put(flat) if flat.nbytes > INLINE_BYTES else flat
         members: dict[int, list[int]] = {}
         for c in cohort:
             members.setdefault(self.owner[c], []).append(c)

@@ -1,0 +1,384 @@
+"""``fedcomp bench``: time the Ray and local backends against a plain single-process PyTorch loop.
+
+One workload -- FedAvg on ``synthetic-classification`` (an MLP on Gaussian-mixture client streams),
+``--cohort`` clients per round out of ``--clients`` registered, ``--local-steps`` SGD steps of batch
+:data:`BATCH` per client per round -- is run by three runners in one invocation:
+
+* ``ray``: a Ray server actor with the registered clients packed into 2 client actors
+  (``federation.clients_per_actor = ceil(clients / 2)``);
+* ``local``: the in-process backend (every client in one in-process host);
+* ``plain``: a hand-written loop doing the same arithmetic with nothing of fedcomp's machinery -- the same
+  cohorts (:func:`~fedcomp.platform.server.sample_cohort`), the same keyed generators, the same task
+  object's ``sample_batch`` and ``loss``, plain SGD on a flat parameter vector, and the same float64
+  averaging -- so its final weights are the reference the other runners' weights are compared with.
+
+fedcomp's runners are driven through :func:`fedcomp.api.make_server` (no result folders are written), so
+start-up (server construction, including the Ray actors' start) is timed apart from the rounds. Ray itself
+is started once per invocation and reused. The output is a table of measurements with the targets printed
+next to them for information; the command never passes or fails on them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import math
+import os
+import platform as _stdlib_platform
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import torch
+
+from fedcomp.platform.config import Config, load_config
+from fedcomp.platform.errors import PlatformError
+
+RUNNERS = ("ray", "local", "plain")
+ACTORS = 2
+"""Client actors of the Ray runner: the registered clients are packed ``ceil(clients / ACTORS)`` to one."""
+FEATURES, CLASSES, DEFAULT_HIDDEN = 32, 10, (64,)
+BATCH = 16
+LR = 0.05
+SEED = 0
+TARGET_OVERHEAD_MS = 50.0
+TARGET_RATIO = 0.10
+
+
+def bench_config(
+    clients: int, cohort: int, rounds: int, local_steps: int, hidden: Sequence[int], backend: str
+) -> Config:
+    """The benchmark workload as a validated fedcomp config."""
+    return load_config(
+        {
+            "task": {"name": "synthetic-classification", "features": FEATURES, "classes": CLASSES,
+                     "hidden": list(hidden)},
+            "algorithm": {"name": "fedavg", "lr": LR, "local_steps": local_steps, "outer_batch": BATCH},
+            "federation": {
+                "clients": clients,
+                "clients_per_round": min(cohort, clients),
+                "backend": backend,
+                "clients_per_actor": math.ceil(clients / ACTORS),
+            },
+            "run": {"seed": SEED, "rounds": rounds, "progress": "none"},
+        }
+    )
+
+
+@dataclass
+class Measurement:
+    """One runner's run: start-up time, per-round times and the final model."""
+
+    runner: str
+    clients: int
+    repeat: int
+    startup_s: float
+    round_s: list[float]
+    final: torch.Tensor
+    test_accuracy: float
+
+    @property
+    def median_round_s(self) -> float:
+        return statistics.median(self.round_s)
+
+
+def run_fedcomp(config: Config, runner: str, repeat: int) -> Measurement:
+    """Drive a fedcomp server (local or Ray) directly: construct it, run the rounds, read the final model."""
+    from fedcomp.api import make_server
+
+    t0 = time.perf_counter()
+    server = make_server(config)
+    startup = time.perf_counter() - t0
+    try:
+        times = []
+        for _ in range(config.run.rounds):
+            t = time.perf_counter()
+            server.run_round()
+            times.append(time.perf_counter() - t)
+        final = server.checkpoint()["state"]["x"].detach().cpu()
+        accuracy = float(server.evaluate()["test_accuracy"])
+    finally:
+        server.close()
+    return Measurement(runner, config.federation.clients, repeat, startup, times, final, accuracy)
+
+
+def run_plain(config: Config, repeat: int) -> Measurement:
+    """The same FedAvg rounds as a plain single-process PyTorch loop on a flat parameter vector."""
+    from fedcomp.platform.federation import build_task
+    from fedcomp.platform.rng import generator
+    from fedcomp.platform.server import sample_cohort
+
+    seed, clients, cohort_size = config.run.seed, config.federation.clients, config.federation.cohort_size
+    q, batch_size, lr = config.algorithm.local_steps, config.algorithm.outer_batch, config.algorithm.lr  # type: ignore[attr-defined]
+
+    t0 = time.perf_counter()
+    task = build_task(config)
+    x = task.init_params(generator(seed, "init"))
+    startup = time.perf_counter() - t0
+
+    times = []
+    for r in range(config.run.rounds):
+        t = time.perf_counter()
+        cohort = sample_cohort(seed, r, clients, cohort_size)
+        total = torch.zeros(x.numel(), dtype=torch.float64)
+        loss_sum = 0.0
+        for client in cohort:
+            xc = x.clone()
+            for s in range(q):
+                step = r * q + s
+                batch = task.sample_batch(client, batch_size, generator(seed, "client-step", client, step))
+                xg = xc.detach().requires_grad_(True)
+                loss = task.loss(xg, batch)
+                (grad,) = torch.autograd.grad(loss, xg)
+                xc = xc - lr * grad
+                loss_sum += float(loss.detach()) / q
+            total += xc.double()
+        x = (total / len(cohort)).float()
+        times.append(time.perf_counter() - t)
+    accuracy = float(task.evaluator()(x)["test_accuracy"])
+    return Measurement("plain", clients, repeat, startup, times, x, accuracy)
+
+
+def weights_hash(x: torch.Tensor) -> str:
+    """A short hash of the exact bytes of a float32 parameter vector."""
+    return hashlib.sha256(x.detach().cpu().float().contiguous().numpy().tobytes()).hexdigest()[:12]
+
+
+def busier_share(clients: int, cohort: int, rounds: int) -> float:
+    """Mean over the rounds of the cohort members hosted by the busiest Ray client actor (load balance)."""
+    from fedcomp.platform.server import sample_cohort
+
+    per = math.ceil(clients / ACTORS)
+    shares = []
+    for r in range(rounds):
+        members = sample_cohort(SEED, r, clients, min(cohort, clients))
+        shares.append(max(sum(1 for c in members if c // per == a) for a in range(ACTORS)))
+    return statistics.fmean(shares)
+
+
+# -- machine ---------------------------------------------------------------------------------------------
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.lower().startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return _stdlib_platform.processor() or _stdlib_platform.machine() or "unknown"
+
+
+def load_average() -> str:
+    try:
+        return "/".join(f"{v:.2f}" for v in os.getloadavg())
+    except (AttributeError, OSError):
+        return "n/a"
+
+
+def machine_lines(ray_cpus: float | None, ray_start_s: float | None, load_before: str) -> list[str]:
+    cores = os.cpu_count() or 0
+    try:
+        usable = len(os.sched_getaffinity(0))
+    except AttributeError:
+        usable = cores
+    versions = [f"python {sys.version.split()[0]}", f"torch {torch.__version__}"]
+    if "ray" in sys.modules:
+        versions.append(f"ray {sys.modules['ray'].__version__}")
+    lines = [
+        f"machine: {cpu_model()}, {cores} cores ({usable} usable), {_stdlib_platform.system()} "
+        f"{_stdlib_platform.machine()}",
+        f"versions: {', '.join(versions)}; driver torch threads: {torch.get_num_threads()}",
+        f"load average (1/5/15 min) before: {load_before}, after: {load_average()} "
+        f"(other work on the machine inflates the times)",
+    ]
+    if ray_cpus is not None:
+        lines.append(f"ray: cluster with {ray_cpus:g} CPUs, started (or joined) once in {ray_start_s:.2f} s, not counted in start-up")
+    return lines
+
+
+# -- table -----------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Row:
+    runner: str
+    clients: int
+    cells: dict[str, str] = field(default_factory=dict)
+
+
+def _median(values: Sequence[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def summarise(
+    measurements: list[Measurement], runners: Sequence[str], clients: Sequence[int]
+) -> tuple[list[str], list[Row], dict[tuple[str, int], float]]:
+    """Table columns, rows and the median round time (s) per (runner, clients)."""
+    base = clients[0]
+    by: dict[tuple[str, int], list[Measurement]] = {}
+    for m in measurements:
+        by.setdefault((m.runner, m.clients), []).append(m)
+    round_s = {key: _median([m.median_round_s for m in ms]) for key, ms in by.items()}
+    plain_final = {m.clients: m.final for m in measurements if m.runner == "plain" and m.repeat == 0}
+
+    ratio_col = f"round time / round time at {base} clients"
+    columns = ["runner", "clients", "actors", "start-up (s)", "round (ms, median)", "overhead vs plain (ms/round)",
+               ratio_col, "test acc", "final weights sha256", "max abs diff vs plain"]
+    rows = []
+    for runner in runners:
+        for n in clients:
+            ms = by[(runner, n)]
+            hashes = {weights_hash(m.final) for m in ms}
+            digest = weights_hash(ms[0].final) + ("" if len(hashes) == 1 else f" (+{len(hashes) - 1} other across repeats)")
+            plain = round_s.get(("plain", n))
+            overhead = "—" if runner == "plain" or plain is None else f"{(round_s[(runner, n)] - plain) * 1e3:+.1f}"
+            ratio = "—" if n == base else f"{round_s[(runner, n)] / round_s[(runner, base)]:.2f}"
+            if runner == "plain" or n not in plain_final:
+                diff = "—"
+            else:
+                diff = f"{max(float((m.final - plain_final[n]).abs().max()) for m in ms):.1e}"
+            actors = str(math.ceil(n / math.ceil(n / ACTORS))) if runner == "ray" else "—"
+            cells = {
+                "runner": runner,
+                "clients": str(n),
+                "actors": actors,
+                "start-up (s)": f"{_median([m.startup_s for m in ms]):.2f}",
+                "round (ms, median)": f"{round_s[(runner, n)] * 1e3:.1f}",
+                "overhead vs plain (ms/round)": overhead,
+                ratio_col: ratio,
+                "test acc": f"{_median([m.test_accuracy for m in ms]):.3f}",
+                "final weights sha256": digest,
+                "max abs diff vs plain": diff,
+            }
+            rows.append(Row(runner, n, cells))
+    return columns, rows, round_s
+
+
+def render(columns: list[str], rows: list[Row], markdown: bool) -> list[str]:
+    table = [[r.cells[c] for c in columns] for r in rows]
+    if markdown:
+        right = {c: c not in ("runner", "final weights sha256") for c in columns}
+        lines = ["| " + " | ".join(columns) + " |"]
+        lines.append("|" + "|".join("---:" if right[c] else ":---" for c in columns) + "|")
+        lines += ["| " + " | ".join(cells) + " |" for cells in table]
+        return lines
+    widths = [max(len(c), *(len(cells[i]) for cells in table)) for i, c in enumerate(columns)]
+    left = {i for i, c in enumerate(columns) if c in ("runner", "final weights sha256")}
+
+    def fmt(cells: list[str]) -> str:
+        return "  ".join(v.ljust(w) if i in left else v.rjust(w) for i, (v, w) in enumerate(zip(cells, widths)))
+
+    return [fmt(columns), fmt(["-" * w for w in widths]), *(fmt(cells) for cells in table)]
+
+
+def target_lines(runners: Sequence[str], clients: Sequence[int], round_s: dict[tuple[str, int], float]) -> list[str]:
+    lines = ["targets (information only, not checked):"]
+    if "ray" in runners and "plain" in runners:
+        measured = ", ".join(f"{n} clients {(round_s[('ray', n)] - round_s[('plain', n)]) * 1e3:+.1f} ms" for n in clients)
+        lines.append(f"- Ray overhead over the plain loop <= {TARGET_OVERHEAD_MS:g} ms/round; measured: {measured}")
+    if len(clients) > 1:
+        lo, hi = clients[0], clients[-1]
+        measured = ", ".join(f"{r} {round_s[(r, hi)] / round_s[(r, lo)]:.2f}" for r in runners)
+        lines.append(
+            f"- round time within {TARGET_RATIO:.0%} between {lo} and {hi} registered clients "
+            f"(ratio {1 - TARGET_RATIO:.2f}..{1 + TARGET_RATIO:.2f}); measured {hi}/{lo} ratio: {measured}"
+        )
+    return lines
+
+
+# -- entry point -------------------------------------------------------------------------------------------
+
+
+def _check(args: argparse.Namespace) -> tuple[list[int], list[str], list[int]]:
+    clients = sorted(set(args.clients))
+    if not clients or clients[0] < 1:
+        raise PlatformError(f"--clients {args.clients}: need at least one registered-client count >= 1")
+    for name in ("cohort", "rounds", "local_steps", "repeats"):
+        if getattr(args, name) < 1:
+            raise PlatformError(f"--{name.replace('_', '-')} = {getattr(args, name)}: must be >= 1")
+    runners = list(getattr(args, "runners", None) or RUNNERS)
+    unknown = [r for r in runners if r not in RUNNERS]
+    if unknown:
+        raise PlatformError(f"--runners {' '.join(unknown)}: unknown; allowed: {', '.join(RUNNERS)}")
+    runners = [r for r in RUNNERS if r in runners]  # fixed order, no duplicates
+    hidden = list(getattr(args, "hidden", None) or DEFAULT_HIDDEN)
+    if any(h < 1 for h in hidden):
+        raise PlatformError(f"--hidden {hidden}: widths must be >= 1")
+    return clients, runners, hidden
+
+
+def _progress(text: str) -> None:
+    print(f"bench: {text}", file=sys.stderr, flush=True)
+
+
+def main(args: argparse.Namespace) -> int:
+    clients, runners, hidden = _check(args)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _bench(args, clients, runners, hidden)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _bench(args: argparse.Namespace, clients: list[int], runners: list[str], hidden: list[int]) -> int:
+    load_before = load_average()
+
+    ray_cpus = ray_start = None
+    if "ray" in runners:
+        from fedcomp.actors.cluster import connect
+
+        t0 = time.perf_counter()
+        ray_cpus = float(connect().get("CPU", 0.0))
+        ray_start = time.perf_counter() - t0
+
+    measurements: list[Measurement] = []
+    for repeat in range(args.repeats):
+        for n in clients:
+            for runner in runners:
+                _progress(f"repeat {repeat + 1}/{args.repeats}, {n} clients, {runner}")
+                backend = "local" if runner == "plain" else runner
+                config = bench_config(n, args.cohort, args.rounds, args.local_steps, hidden, backend)
+                if runner == "plain":
+                    measurements.append(run_plain(config, repeat))
+                else:
+                    measurements.append(run_fedcomp(config, runner, repeat))
+
+    columns, rows, round_s = summarise(measurements, runners, clients)
+    cohort = ", ".join(f"{min(args.cohort, n)} of {n}" for n in clients)
+    workload = (
+        f"workload: FedAvg, synthetic-classification MLP {FEATURES}-{'-'.join(map(str, hidden))}-{CLASSES}, "
+        f"clients per round {cohort}, {args.rounds} rounds, {args.local_steps} local steps of batch {BATCH}, "
+        f"lr {LR:g}, seed {SEED}"
+    ) + (f"; Ray: clients packed into {ACTORS} client actors + 1 server actor" if "ray" in runners else "")
+    timing = (
+        f"timing: start-up = server construction (Ray: incl. actor start); round = one run_round() call "
+        f"seen by the driver, median over {args.rounds} rounds, then median over {args.repeats} repeat(s)"
+    )
+    lines = [*machine_lines(ray_cpus, ray_start, load_before), workload, timing]
+    if "ray" in runners:
+        lines.append("ray: clients of a round's cohort on the busier of the 2 actors (mean over rounds): " + ", ".join(
+            f"{busier_share(n, args.cohort, args.rounds):.2f} of {min(args.cohort, n)} at {n} clients" for n in clients
+        ))
+    lines.append("")
+    lines += render(columns, rows, args.markdown)
+    lines += ["", *target_lines(runners, clients, round_s)]
+    if args.markdown:
+        # keep the notes as separate paragraphs/list items when rendered
+        lines = [ln if not ln or ln.startswith(("|", "-", "targets")) else ln + "  " for ln in lines]
+    print("\n".join(lines))
+    return 0
+
+
+def _parse(argv: Sequence[str]) -> Any:  # pragma: no cover - convenience for `python -m fedcomp.bench`
+    from fedcomp.cli import build_parser
+
+    return build_parser().parse_args(["bench", *argv])
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main(_parse(sys.argv[1:])))

@@ -1,0 +1,62 @@
+"""`fedcomp bench` smoke tests: tiny arguments through the CLI; the table has a row per runner and client
+count, and fedcomp's final weights are bit-identical to the plain PyTorch loop's (same numbers)."""
+
+from __future__ import annotations
+
+import pytest
+
+from fedcomp.cli import main
+
+TINY = ["bench", "--clients", "20", "40", "--cohort", "4", "--rounds", "2", "--local-steps", "2", "--repeats", "1",
+        "--markdown"]
+
+
+def table(out: str) -> dict[tuple[str, int], dict[str, str]]:
+    """The markdown table's rows keyed by (runner, clients)."""
+    lines = [ln for ln in out.splitlines() if ln.startswith("|")]
+    header = [c.strip() for c in lines[0].strip("|").split("|")]
+    rows = {}
+    for line in lines[2:]:
+        cells = dict(zip(header, (c.strip() for c in line.strip("|").split("|"))))
+        rows[(cells["runner"], int(cells["clients"]))] = cells
+    return rows
+
+
+def check(out: str, runners: list[str]) -> dict[tuple[str, int], dict[str, str]]:
+    rows = table(out)
+    assert set(rows) == {(r, n) for r in runners for n in (20, 40)}
+    for (runner, n), cells in rows.items():
+        assert float(cells["round (ms, median)"]) > 0
+        assert float(cells["start-up (s)"]) >= 0
+        assert len(cells["final weights sha256"]) == 12
+        if runner != "plain":
+            assert cells["final weights sha256"] == rows[("plain", n)]["final weights sha256"], (runner, n)
+            assert float(cells["max abs diff vs plain"]) == 0.0
+            assert cells["overhead vs plain (ms/round)"] != "—"
+    assert rows[("local", 20)]["final weights sha256"] != rows[("local", 40)]["final weights sha256"]
+    assert "machine:" in out and "torch " in out and "targets (information only" in out
+    return rows
+
+
+def test_bench_local_and_plain_loop_give_the_same_weights(capsys):
+    assert main([*TINY, "--runners", "local", "plain"]) == 0
+    check(capsys.readouterr().out, ["local", "plain"])
+
+
+@pytest.mark.ray
+def test_bench_all_runners_on_ray(ray_session, capsys):
+    assert main(TINY) == 0
+    out = capsys.readouterr().out
+    rows = check(out, ["ray", "local", "plain"])
+    assert rows[("ray", 20)]["actors"] == "2" and rows[("ray", 40)]["actors"] == "2"
+    assert "ray 2" in out and "Ray overhead over the plain loop <= 50 ms/round" in out
+
+
+def test_bench_plain_text_table_and_bad_input(capsys):
+    args = ["bench", "--clients", "3", "--cohort", "5", "--rounds", "1", "--local-steps", "1", "--repeats", "1",
+            "--runners", "plain"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "runner" in out and "\nplain " in out and "clients per round 3 of 3" in out
+    assert main(["bench", "--clients", "0", "--runners", "plain"]) == 2
+    assert "--clients" in capsys.readouterr().err
