@@ -168,9 +168,15 @@ def execute(
             run_dir / results.RUN_JSON,
             _meta(config, run_id, backend_info, "completed", timings={"startup_s": startup_s, "train_s": wall()}),
         )
-    except BaseException:
+    except BaseException as error:
         if created:
             shutil.rmtree(run_dir, ignore_errors=True)
+        elif (run_dir / results.RUN_JSON).is_file():
+            note = f"{type(error).__name__}: {error}"[:500]
+            results.write_json(
+                run_dir / results.RUN_JSON,
+                _meta(config, run_id, backend_info, "interrupted", error=note, resume=f"fedcomp run --resume {run_dir}"),
+            )
         raise
     finally:
         server.close()

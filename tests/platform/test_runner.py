@@ -55,22 +55,6 @@ def test_same_seed_same_numbers_and_different_seed_different(tmp_path):
     assert not a["test_accuracy"].equals(c["test_accuracy"])
 
 
-def test_resume_from_a_checkpoint_gives_the_same_final_numbers(tmp_path):
-    over = small(**{"run.out": str(tmp_path / "a"), "run.rounds": 6, "run.checkpoint_every": 2})
-    full = fedcomp.run("quickstart", over)
-    # Simulate a run that died after its round-4 checkpoint: keep the checkpoint of a 4-round run but
-    # configure it for 6 rounds, as a killed 6-round run would have left it.
-    part = fedcomp.run("quickstart", {**over, "run.out": str(tmp_path / "b"), "run.rounds": 4})
-    meta = json.loads((part.run_dir / "run.json").read_text())
-    meta["config"]["run"]["rounds"] = 6
-    meta["status"] = "running"
-    results.write_json(part.run_dir / "run.json", meta)
-    resumed = fedcomp.resume(part.run_dir)
-    pd.testing.assert_frame_equal(
-        resumed.metrics.drop(columns="wall_time"), full.metrics.drop(columns="wall_time")
-    )
-
-
 def test_resume_rejects_a_folder_that_is_not_a_run(tmp_path):
     with pytest.raises(fedcomp.ConfigError, match="not a fedcomp run folder"):
         fedcomp.resume(tmp_path)
@@ -94,3 +78,26 @@ def test_atomic_write_replaces_whole_file(tmp_path):
     results.write_json(path, {"a": 2})
     assert json.loads(path.read_text()) == {"a": 2}
     assert [p.name for p in tmp_path.iterdir()] == ["x.json"]
+
+
+def test_failure_after_a_checkpoint_keeps_a_resumable_folder(tmp_path, monkeypatch):
+    from fedcomp.platform.server import Server
+
+    real = Server.run_round
+
+    def fail_in_round_4(self):
+        if self.counters.round == 3:
+            raise RuntimeError("power cut")
+        return real(self)
+
+    over = small(**{"run.out": str(tmp_path), "run.rounds": 5, "run.checkpoint_every": 2})
+    monkeypatch.setattr(Server, "run_round", fail_in_round_4)
+    with pytest.raises(RuntimeError, match="power cut"):
+        fedcomp.run("quickstart", over)
+    (run_dir,) = tmp_path.iterdir()
+    meta = json.loads((run_dir / "run.json").read_text())
+    assert meta["status"] == "interrupted" and "power cut" in meta["error"]
+    monkeypatch.setattr(Server, "run_round", real)
+    resumed = fedcomp.resume(run_dir)
+    full = fedcomp.run("quickstart", {**over, "run.out": str(tmp_path / "ref")})
+    pd.testing.assert_frame_equal(resumed.metrics.drop(columns="wall_time"), full.metrics.drop(columns="wall_time"))
