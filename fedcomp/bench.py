@@ -115,7 +115,7 @@ def run_plain(config: Config, repeat: int) -> Measurement:
 
     t0 = time.perf_counter()
     task = build_task(config)
-    x = task.init_params(generator(seed, "init"))
+    x = task.init_params(generator(seed, "init"))["x"]
     startup = time.perf_counter() - t0
 
     times = []
@@ -137,7 +137,7 @@ def run_plain(config: Config, repeat: int) -> Measurement:
             total += xc.double()
         x = (total / len(cohort)).float()
         times.append(time.perf_counter() - t)
-    accuracy = float(task.evaluator()(x)["test_accuracy"])
+    accuracy = float(task.evaluator()({"x": x})["test_accuracy"])
     return Measurement("plain", clients, repeat, startup, times, x, accuracy)
 
 

@@ -115,7 +115,7 @@ class ClientHost:
             stream = self.task.stream_id(client)
             start = self.private.get(client)
             if start is None:
-                start = self.algorithm.init_state(broadcast["x"])
+                start = self.algorithm.init_state(broadcast)
             state = {**start, **{k: v.clone() for k, v in broadcast.items()}}
             ctx = ClientContext(client, round, lambda step, s=stream: generator(seed, "client-step", s, step))
             state, outputs, info = getattr(self.algorithm, program)(self.problem, state, ctx)

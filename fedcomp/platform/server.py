@@ -41,11 +41,12 @@ class ServerLike(Protocol):
     def describe(self) -> dict[str, Any]: ...
 
 
-def sample_cohort(seed: int, round: int, clients: int, size: int) -> list[int]:
-    """The round's cohort: all clients, or ``size`` of them drawn without replacement from the round's stream."""
+def sample_cohort(seed: int, round: int, clients: int, size: int, sub: int = 0) -> list[int]:
+    """The cohort of sub-round ``sub`` of round ``round``: all clients, or ``size`` of them without replacement."""
     if size >= clients:
         return list(range(clients))
-    return sorted(torch.randperm(clients, generator=generator(seed, "cohort", round))[:size].tolist())
+    key = (round,) if sub == 0 else (round, sub)
+    return sorted(torch.randperm(clients, generator=generator(seed, "cohort", *key))[:size].tolist())
 
 
 class Server:
@@ -55,8 +56,8 @@ class Server:
         self.config = config
         task = build_task(config)
         self.algorithm = build_algorithm(config)
-        x0 = task.init_params(generator(config.run.seed, "init"))
-        self.state: State = {k: v for k, v in self.algorithm.init_state(x0).items() if k in self.algorithm.synced}
+        params = task.init_params(generator(config.run.seed, "init"))
+        self.state: State = {k: v for k, v in self.algorithm.init_state(params).items() if k in self.algorithm.synced}
         self.counters = Counters()
         self.train_loss = float("nan")
         self._evaluate = task.evaluator()
@@ -65,8 +66,12 @@ class Server:
     def run_round(self) -> dict[str, Any]:
         """One communication round; returns the cumulative counters and the round's training loss."""
         fed, run = self.config.federation, self.config.run
-        cohort = sample_cohort(run.seed, self.counters.round, fed.clients, fed.cohort_size)
-        self.state, record = self.algorithm.round(self.federation, self.state, self.counters.round, cohort)
+        r = self.counters.round
+
+        def cohort(sub: int = 0) -> list[int]:
+            return sample_cohort(run.seed, r, fed.clients, fed.cohort_size, sub)
+
+        self.state, record = self.algorithm.round(self.federation, self.state, r, cohort)
         c = self.counters
         c.round += 1
         c.comm_rounds += record.comm_rounds
@@ -78,7 +83,7 @@ class Server:
         return {**asdict(c), "train_loss": record.train_loss}
 
     def evaluate(self) -> dict[str, float]:
-        return self._evaluate(self.state["x"])
+        return self._evaluate(self.state)
 
     def model(self) -> torch.Tensor:
         return self.state["x"].detach().clone()

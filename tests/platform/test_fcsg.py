@@ -36,7 +36,7 @@ def hand_run(name: str, steps: int, lr: float, beta: float, b0: int, m: int, see
                                                  **({"algorithm.beta": beta} if name != "fcsg" else {}),
                                                  "run.seed": seed}))
     task = build_task(config)
-    x = task.init_params(generator(seed, "init"))
+    x = task.init_params(generator(seed, "init"))["x"]
     u = torch.zeros_like(x)
     x_prev = x.clone()
     for t in range(steps):
@@ -107,7 +107,7 @@ def test_clients_agree_after_averaging():
     host = server.federation.host
     outs = []
     for c in range(4):
-        state = host.algorithm.init_state(x1)
+        state = host.algorithm.init_state({"x": x1})
         state["u"] = server.state["u"].clone()
         from fedcomp.platform.algorithms.base import ClientContext
 

@@ -116,8 +116,12 @@ class Algorithm(ABC):
 
     # -- client side ------------------------------------------------------------------------------
     @abstractmethod
-    def init_state(self, x0: Tensor) -> State:
-        """The state every client starts from (also the server's initial global state for ``synced``)."""
+    def init_state(self, params: State) -> State:
+        """The state a client starts from, given the variables (``x``, maybe ``y``) it first receives.
+
+        On the server it is called with the task's initial variables; its ``synced`` keys are the initial
+        global state.
+        """
 
     @abstractmethod
     def local_step(
@@ -137,9 +141,16 @@ class Algorithm(ABC):
         return state, {k: state[k] for k in self.synced}, total
 
     # -- server side ------------------------------------------------------------------------------
-    def round(self, federation: Federation, state: State, round: int, cohort: list[int]) -> tuple[State, RoundRecord]:
-        """One communication round: q local steps on every cohort client, then average ``synced``."""
-        out = federation.call("local_steps", round, cohort, {k: state[k] for k in self.synced})
+    def round(
+        self, federation: Federation, state: State, round: int, cohort: Callable[[int], list[int]]
+    ) -> tuple[State, RoundRecord]:
+        """One round of the algorithm (one server iteration; possibly several communication sub-rounds).
+
+        ``cohort(sub)`` is the cohort of sub-round ``sub`` (programs that resample clients per sub-round,
+        as FedNest does, call it with 0, 1, ...). This default: q local steps on every client of
+        ``cohort(0)``, then average ``synced``.
+        """
+        out = federation.call("local_steps", round, cohort(0), {k: state[k] for k in self.synced})
         record = RoundRecord(
             comm_rounds=1,
             local_steps=self.hp.local_steps,

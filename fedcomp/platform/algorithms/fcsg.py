@@ -60,8 +60,8 @@ class FCSG(_FCSGBase):
     synced = ("x",)
     description = "FCSG: federated conditional stochastic gradient (Wu et al. 2023, Alg. 1)"
 
-    def init_state(self, x0: Tensor) -> State:
-        return {"x": x0.clone()}
+    def init_state(self, params: State) -> State:
+        return {"x": params["x"].clone()}
 
     def local_step(
         self, problem: ConditionalProblem, client: int, state: State, step: int, gen: torch.Generator
@@ -79,8 +79,8 @@ class FCSGM(_FCSGBase):
     synced = ("x", "u")
     description = "FCSG-M: FCSG with momentum; x and u averaged (Wu et al. 2023, Alg. 1)"
 
-    def init_state(self, x0: Tensor) -> State:
-        return {"x": x0.clone(), "u": torch.zeros_like(x0)}
+    def init_state(self, params: State) -> State:
+        return {"x": params["x"].clone(), "u": torch.zeros_like(params["x"])}
 
     def local_step(
         self, problem: ConditionalProblem, client: int, state: State, step: int, gen: torch.Generator
@@ -99,7 +99,8 @@ class AccFCSGM(_FCSGBase):
     synced = ("x", "u")
     description = "Acc-FCSG-M: STORM-type variance-reduced FCSG-M (Wu et al. 2023, Alg. 2)"
 
-    def init_state(self, x0: Tensor) -> State:
+    def init_state(self, params: State) -> State:
+        x0 = params["x"]
         return {"x": x0.clone(), "u": torch.zeros_like(x0), "x_prev": x0.clone()}
 
     def local_step(

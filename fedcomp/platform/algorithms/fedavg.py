@@ -23,8 +23,8 @@ class FedAvg(Algorithm):
     synced = ("x",)
     description = "FedAvg: local SGD, model averaged every q steps (plain problems)"
 
-    def init_state(self, x0: Tensor) -> State:
-        return {"x": x0.clone()}
+    def init_state(self, params: State) -> State:
+        return {"x": params["x"].clone()}
 
     def local_step(
         self, problem: PlainProblem, client: int, state: State, step: int, gen: torch.Generator

@@ -42,9 +42,9 @@ class Task(ABC):
         return client
 
     @abstractmethod
-    def init_params(self, gen: torch.Generator) -> Tensor:
-        """The initial model x0 as a flat float32 vector."""
+    def init_params(self, gen: torch.Generator) -> dict[str, Tensor]:
+        """The initial variables as flat float32 vectors: ``{"x": x0}`` (plus ``"y"`` for two-level problems)."""
 
     @abstractmethod
-    def evaluator(self) -> Callable[[Tensor], dict[str, float]]:
-        """A function from the server model to its metrics (builds the test data once)."""
+    def evaluator(self) -> Callable[[dict[str, Tensor]], dict[str, float]]:
+        """A function from the server's state (``x``, and ``y`` where there is one) to metrics; builds test data once."""

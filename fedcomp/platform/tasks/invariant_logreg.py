@@ -57,10 +57,10 @@ class InvariantLogReg(Task):
         self.teacher = torch.randn(params.dim, generator=generator(params.teacher_seed, "teacher"))
         self.sigma2 = params.noise_ratio * params.sigma1
 
-    def init_params(self, gen: torch.Generator) -> Tensor:
+    def init_params(self, gen: torch.Generator) -> dict[str, Tensor]:
         # As the official code: Xavier-normal weight of a Linear(d, 1), bias 1.
         std = math.sqrt(2.0 / (self.params.dim + 1))
-        return torch.cat([std * torch.randn(self.params.dim, generator=gen), torch.ones(1)])
+        return {"x": torch.cat([std * torch.randn(self.params.dim, generator=gen), torch.ones(1)])}
 
     # -- oracles -------------------------------------------------------------------------------------------
     def sample_outer(self, client: int, n: int, gen: torch.Generator) -> tuple[Tensor, Tensor]:
@@ -95,13 +95,13 @@ class InvariantLogReg(Task):
         return 0 if self.params.identical_client_streams else client
 
     # -- evaluation ----------------------------------------------------------------------------------------
-    def evaluator(self) -> Callable[[Tensor], dict[str, float]]:
+    def evaluator(self) -> Callable[[dict[str, Tensor]], dict[str, float]]:
         a, b = gaussian_outer(
             self.teacher, self.params.test_samples, self.params.sigma1, generator(self.params.teacher_seed, "test")
         )
 
-        def evaluate(x: Tensor) -> dict[str, float]:
-            x = x.detach().cpu()
+        def evaluate(state: dict[str, Tensor]) -> dict[str, float]:
+            x = state["x"].detach().cpu()
             scores = a @ x[:-1] + x[-1]
             return {
                 "test_accuracy": float((torch.where(scores >= 0, 1.0, -1.0) == b).float().mean()),

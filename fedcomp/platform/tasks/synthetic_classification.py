@@ -49,12 +49,12 @@ class SyntheticClassification(Task):
         self.model = FlatModel(mlp([params.features, *params.hidden, params.classes]).to(self.device))
         self._priors: dict[int, Tensor] = {}
 
-    def init_params(self, gen: torch.Generator) -> Tensor:
+    def init_params(self, gen: torch.Generator) -> dict[str, Tensor]:
         parts = []
         for size, shape in zip(self.model.sizes, self.model.shapes):
             fan_in = shape[-1] if len(shape) > 1 else size
             parts.append((torch.rand(size, generator=gen) * 2 - 1) / fan_in**0.5)
-        return torch.cat(parts)
+        return {"x": torch.cat(parts)}
 
     def sample_batch(self, client: int, size: int, gen: torch.Generator) -> tuple[Tensor, Tensor]:
         prior = self._priors.get(client)
@@ -67,14 +67,14 @@ class SyntheticClassification(Task):
         features, labels = batch
         return F.cross_entropy(self.model(x, features), labels)
 
-    def evaluator(self) -> Callable[[Tensor], dict[str, float]]:
+    def evaluator(self) -> Callable[[dict[str, Tensor]], dict[str, float]]:
         uniform = torch.full((self.params.classes,), 1.0 / self.params.classes)
         features, labels = self.stream.sample(uniform, self.params.test_samples, generator(self.params.data_seed, "test"))
         features = features.to(self.device)
 
-        def evaluate(x: Tensor) -> dict[str, float]:
+        def evaluate(state: dict[str, Tensor]) -> dict[str, float]:
             with torch.no_grad():
-                logits = self.model(x.detach().to(self.device), features).cpu()
+                logits = self.model(state["x"].detach().to(self.device), features).cpu()
             return {
                 "test_accuracy": float((logits.argmax(1) == labels).float().mean()),
                 "test_loss": float(F.cross_entropy(logits, labels)),
