@@ -38,7 +38,9 @@ class ClientActor:
     def load_private(self, states: dict[int, State]) -> None:
         self.host.load_private(states)
 
-    def run(self, program: str, round: int, cohort: Sequence[int], payload: np.ndarray, layout: Layout) -> Partial:
+    def run(
+        self, program: str, round: int, cohort: Sequence[int], payload: np.ndarray, layout: Layout, sub: int = 0
+    ) -> Partial:
         if self._kill == f"{round}:{self.host.clients[0]}" and self.incarnation == 0:
             os._exit(1)
-        return self.host.run(program, round, cohort, payload, layout)
+        return self.host.run(program, round, cohort, payload, layout, sub)

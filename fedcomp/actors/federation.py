@@ -73,7 +73,7 @@ class RayFederation:
         if mine:
             ray.get(self.actors[i].load_private.remote(mine))
 
-    def call(self, program: str, round: int, cohort: list[int], payload: State) -> Outcome:
+    def call(self, program: str, round: int, cohort: list[int], payload: State, sub: int = 0) -> Outcome:
         layout = Layout.of(payload)
         flat = layout.pack(payload)
         # One object-store copy per round for model-sized payloads; small ones (below Ray's own inlining
@@ -85,7 +85,7 @@ class RayFederation:
         partials: dict[int, Partial] = {}
         todo = sorted(members)
         for attempt in range(self.config.federation.max_retries + 1):
-            failed = self._collect(program, round, members, todo, ref, layout, partials)
+            failed = self._collect(program, round, sub, members, todo, ref, layout, partials)
             if not failed:
                 break
             if attempt == self.config.federation.max_retries:
@@ -104,6 +104,7 @@ class RayFederation:
         self,
         program: str,
         round: int,
+        sub: int,
         members: dict[int, list[int]],
         todo: list[int],
         ref: Any,
@@ -111,7 +112,7 @@ class RayFederation:
         partials: dict[int, Partial],
     ) -> list[int]:
         """Run the actors in ``todo``; store their partials; return the ones whose actor died."""
-        pending = {self.actors[i].run.remote(program, round, members[i], ref, layout): i for i in todo}
+        pending = {self.actors[i].run.remote(program, round, members[i], ref, layout, sub): i for i in todo}
         failed: list[int] = []
         while pending:
             ready, _ = ray.wait(list(pending), num_returns=1, timeout=self.timeout)

@@ -106,7 +106,9 @@ class ClientHost:
         """Restore private states (after a checkpoint or when this host replaces a dead one)."""
         self.private.update({c: {k: v.to(self.device) for k, v in s.items()} for c, s in states.items()})
 
-    def run(self, program: str, round: int, cohort: Sequence[int], payload: np.ndarray, layout: Layout) -> Partial:
+    def run(
+        self, program: str, round: int, cohort: Sequence[int], payload: np.ndarray, layout: Layout, sub: int = 0
+    ) -> Partial:
         """Run ``algorithm.<program>`` for the cohort members in ``cohort`` (all hosted here), in order."""
         broadcast = layout.unpack(payload, self.device)
         seed, sums, out_layout = self.config.run.seed, None, None
@@ -117,7 +119,7 @@ class ClientHost:
             if start is None:
                 start = self.algorithm.init_state(broadcast)
             state = {**start, **{k: v.clone() for k, v in broadcast.items()}}
-            ctx = ClientContext(client, round, lambda step, s=stream: generator(seed, "client-step", s, step))
+            ctx = ClientContext(client, round, sub, lambda *ids, s=stream: generator(seed, "client-step", s, *ids))
             state, outputs, info = getattr(self.algorithm, program)(self.problem, state, ctx)
             if out_layout is None:
                 out_layout = Layout.of(outputs)
@@ -125,7 +127,7 @@ class ClientHost:
             sums += out_layout.pack(outputs, np.float64)
             samples += info.samples
             loss_sum += info.loss
-            kept = {k: v.detach() for k, v in state.items() if k not in outputs}
+            kept = {k: v.detach() for k, v in state.items() if k not in outputs and k not in broadcast}
             self.private[client] = kept
             if kept:
                 private[client] = {k: v.cpu() for k, v in kept.items()}
@@ -154,9 +156,9 @@ class LocalFederation:
         self.host = ClientHost(config, range(config.federation.clients), local_device(config.federation))
         self.private: dict[int, State] = {}
 
-    def call(self, program: str, round: int, cohort: list[int], payload: State) -> Outcome:
+    def call(self, program: str, round: int, cohort: list[int], payload: State, sub: int = 0) -> Outcome:
         layout = Layout.of(payload)
-        partial = self.host.run(program, round, cohort, layout.pack(payload), layout)
+        partial = self.host.run(program, round, cohort, layout.pack(payload), layout, sub)
         self.private.update(partial.private)
         return combine([partial], layout.total)
 

@@ -9,18 +9,25 @@ protocols in this module with their own oracles; the federation and runner do no
 
 from __future__ import annotations
 
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 import torch
 from torch import Tensor
 
 PLAIN = "plain"
 CONDITIONAL = "conditional"
+BILEVEL = "bilevel"
+MINIMAX = "minimax"
 
 KIND_DESCRIPTIONS = {
     PLAIN: "(1/K) sum_k E l_k(x): stochastic gradients of a single-level loss",
     CONDITIONAL: "(1/K) sum_k E_xi f_xi(E_{eta|xi} g_eta(x, xi)): outer sample, then inner samples given it",
+    BILEVEL: "min_x (1/K) sum_k f_k(x, y*(x)), y*(x) = argmin_y (1/K) sum_k g_k(x, y): gradients and Hessian products",
+    MINIMAX: "min_x max_y (1/K) sum_k f_k(x, y): the bilevel case g_k = -f_k",
 }
+
+Split = Literal["inner", "outer"]
+"""Which of a client's data an oracle reads: the inner problem's (training) or the outer one's (validation)."""
 
 
 @runtime_checkable
@@ -51,3 +58,56 @@ class ConditionalProblem(Protocol):
     def loss(self, x: Tensor, outer: Any, inner: Any) -> Tensor:
         """Mean over outer samples of f_xi( mean_j g_{eta_j}(x, xi) ) -- the empirical nested objective."""
         ...
+
+
+@runtime_checkable
+class BilevelProblem(Protocol):
+    """min_x (1/K) sum_k f_k(x, y*(x)) with y*(x) = argmin_y (1/K) sum_k g_k(x, y) (FedNest's problem).
+
+    Gradients, Hessian-vector products and mixed products of f_k and g_k come from
+    :mod:`fedcomp.platform.oracles` by automatic differentiation of the two losses.
+    """
+
+    minimax: bool
+    """True when g_k = -f_k (then the indirect part of the hypergradient vanishes)."""
+
+    def sample(self, client: int, split: Split, size: int | None, gen: torch.Generator) -> Any:
+        """A batch of ``size`` examples of the client's ``split`` data, or all of it when ``size`` is None."""
+        ...
+
+    def outer_loss(self, x: Tensor, y: Tensor, batch: Any) -> Tensor:
+        """f_k(x, y) on the batch."""
+        ...
+
+    def inner_loss(self, x: Tensor, y: Tensor, batch: Any) -> Tensor:
+        """g_k(x, y) on the batch."""
+        ...
+
+
+@runtime_checkable
+class MinimaxProblem(Protocol):
+    """min_x max_y (1/K) sum_k f_k(x, y)."""
+
+    def sample(self, client: int, split: Split, size: int | None, gen: torch.Generator) -> Any: ...
+
+    def loss(self, x: Tensor, y: Tensor, batch: Any) -> Tensor:
+        """f_k(x, y) on the batch (minimised in x, maximised in y)."""
+        ...
+
+
+class MinimaxAsBilevel:
+    """The bilevel view of a minimax problem: f_k = loss, g_k = -loss, one data split for both."""
+
+    minimax = True
+
+    def __init__(self, problem: MinimaxProblem) -> None:
+        self.problem = problem
+
+    def sample(self, client: int, split: Split, size: int | None, gen: torch.Generator) -> Any:
+        return self.problem.sample(client, split, size, gen)
+
+    def outer_loss(self, x: Tensor, y: Tensor, batch: Any) -> Tensor:
+        return self.problem.loss(x, y, batch)
+
+    def inner_loss(self, x: Tensor, y: Tensor, batch: Any) -> Tensor:
+        return -self.problem.loss(x, y, batch)

@@ -12,7 +12,7 @@ from typing import Any, Callable, Protocol
 
 import torch
 
-from fedcomp.platform.algorithms.base import Federation, State
+from fedcomp.platform.algorithms.base import Federation, RoundContext, State
 from fedcomp.platform.config import Config
 from fedcomp.platform.federation import build_algorithm, build_task
 from fedcomp.platform.rng import generator
@@ -61,17 +61,20 @@ class Server:
         self.counters = Counters()
         self.train_loss = float("nan")
         self._evaluate = task.evaluator()
+        self.problem = task.problem(self.algorithm.kind)
         self.federation = federation(config)
 
     def run_round(self) -> dict[str, Any]:
         """One communication round; returns the cumulative counters and the round's training loss."""
         fed, run = self.config.federation, self.config.run
         r = self.counters.round
-
-        def cohort(sub: int = 0) -> list[int]:
-            return sample_cohort(run.seed, r, fed.clients, fed.cohort_size, sub)
-
-        self.state, record = self.algorithm.round(self.federation, self.state, r, cohort)
+        ctx = RoundContext(
+            round=r,
+            cohort=lambda sub=0: sample_cohort(run.seed, r, fed.clients, fed.cohort_size, sub),
+            rng=lambda *ids: generator(run.seed, "server", r, *ids),
+            problem=self.problem,
+        )
+        self.state, record = self.algorithm.round(self.federation, self.state, ctx)
         c = self.counters
         c.round += 1
         c.comm_rounds += record.comm_rounds

@@ -160,3 +160,13 @@ def test_cli_joins_an_existing_cluster(ray_session, tmp_path):
     backend = json.loads((run_dir / "run.json").read_text())["backend"]
     assert backend["name"] == "ray" and backend["gcs_address"] == address and backend["client_actors"] == 1
     assert fedcomp.load_results(run_dir)["round"].max() == 2
+
+
+def test_fednest_sub_rounds_same_on_ray(ray_session, tmp_path):
+    raw = {"task": {"name": "minimax-quadratic"}, "algorithm": {"name": "fednest", "inner_steps": 3, "local_steps": 2},
+           "federation": {"clients": 12, "clients_per_round": 5, "backend": "local"},
+           "run": {"rounds": 3, "progress": "none", "out": str(tmp_path)}}
+    reference = metrics(fedcomp.run(raw))
+    ray_run = fedcomp.run(raw, {"federation.backend": "ray", "federation.clients_per_actor": 6})
+    pd.testing.assert_frame_equal(metrics(ray_run), reference, rtol=0, atol=1e-6)
+    assert reference["comm_rounds"].tolist() == [0, 4, 8, 12]  # minimax: 2T + 2 per epoch (no FedIHGP)

@@ -111,7 +111,7 @@ def test_clients_agree_after_averaging():
         state["u"] = server.state["u"].clone()
         from fedcomp.platform.algorithms.base import ClientContext
 
-        ctx = ClientContext(c, 1, lambda step, c=c: generator(0, "client-step", c, step))
+        ctx = ClientContext(c, 1, 0, lambda step, c=c: generator(0, "client-step", c, step))
         outs.append(host.algorithm.local_steps(host.problem, state, ctx)[1])
     server.run_round()
     torch.testing.assert_close(server.state["x"], torch.stack([o["x"] for o in outs]).mean(0), rtol=0, atol=1e-6)

@@ -42,12 +42,28 @@ class StepInfo:
 
 @dataclass(frozen=True)
 class ClientContext:
-    """Everything a client program may use besides the state: who it is, which round, and its random streams."""
+    """Everything a client program may use besides the state: who it is, which (sub-)round, its random streams."""
 
     client: int
     round: int
-    rng: Callable[[int], torch.Generator]
-    """``rng(step)`` -> the generator for this client's local step ``step`` (global step index)."""
+    sub: int
+    """Which call of the round this is (round programs with several sub-rounds number their calls)."""
+    rng: Callable[..., torch.Generator]
+    """``rng(*ids)`` -> the client's generator keyed by ``ids`` (e.g. its global local-step index)."""
+
+
+@dataclass(frozen=True)
+class RoundContext:
+    """What a server-side round program may use besides the federation and the state."""
+
+    round: int
+    cohort: Callable[[int], list[int]]
+    """``cohort(k)`` -> the clients of the round's k-th sampled cohort (programs that resample clients per
+    sub-round, as FedNest does, ask for 0, 1, ...; cohort 0 is the round's)."""
+    rng: Callable[..., torch.Generator]
+    """``rng(*ids)`` -> a server-side generator keyed by the round and ``ids``."""
+    problem: Any
+    """The task's problem object for the algorithm's kind (for properties such as ``minimax``; no data)."""
 
 
 @dataclass
@@ -68,7 +84,7 @@ class Outcome:
 class Federation(Protocol):
     """Where client programs run (in-process or on Ray actors); identical numbers either way."""
 
-    def call(self, program: str, round: int, cohort: list[int], payload: State) -> Outcome:
+    def call(self, program: str, round: int, cohort: list[int], payload: State, sub: int = 0) -> Outcome:
         """Run ``algorithm.<program>`` on every cohort client with ``payload``; return the means of its outputs."""
         ...
 
@@ -141,16 +157,12 @@ class Algorithm(ABC):
         return state, {k: state[k] for k in self.synced}, total
 
     # -- server side ------------------------------------------------------------------------------
-    def round(
-        self, federation: Federation, state: State, round: int, cohort: Callable[[int], list[int]]
-    ) -> tuple[State, RoundRecord]:
+    def round(self, federation: Federation, state: State, ctx: RoundContext) -> tuple[State, RoundRecord]:
         """One round of the algorithm (one server iteration; possibly several communication sub-rounds).
 
-        ``cohort(sub)`` is the cohort of sub-round ``sub`` (programs that resample clients per sub-round,
-        as FedNest does, call it with 0, 1, ...). This default: q local steps on every client of
-        ``cohort(0)``, then average ``synced``.
+        This default: q local steps on every client of ``ctx.cohort(0)``, then average ``synced``.
         """
-        out = federation.call("local_steps", round, cohort(0), {k: state[k] for k in self.synced})
+        out = federation.call("local_steps", ctx.round, ctx.cohort(0), {k: state[k] for k in self.synced})
         record = RoundRecord(
             comm_rounds=1,
             local_steps=self.hp.local_steps,

@@ -1,0 +1,52 @@
+"""First- and second-order oracles of two-variable losses by automatic differentiation.
+
+Each takes the loss as a function of explicit flat parameters ``(x, y)`` and returns detached tensors.
+Second-order products use double backpropagation: H_yy v = d/dy <d/dy l, v> and H_xy v = d/dx <d/dy l, v>
+(the mixed second derivative applied to a vector in y-space gives a vector in x-space).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from torch import Tensor
+
+Loss2 = Callable[[Tensor, Tensor], Tensor]
+
+
+def _leaves(x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
+    return x.detach().requires_grad_(True), y.detach().requires_grad_(True)
+
+
+def grad_x(loss: Loss2, x: Tensor, y: Tensor) -> Tensor:
+    """d loss / dx at (x, y)."""
+    return grad_xy(loss, x, y)[0]
+
+
+def grad_y(loss: Loss2, x: Tensor, y: Tensor) -> Tensor:
+    """d loss / dy at (x, y)."""
+    x, y = _leaves(x, y)
+    return torch.autograd.grad(loss(x, y), y)[0]
+
+
+def grad_xy(loss: Loss2, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
+    """Both partial gradients from one backward pass."""
+    x, y = _leaves(x, y)
+    gx, gy = torch.autograd.grad(loss(x, y), (x, y), allow_unused=True)
+    return (torch.zeros_like(x) if gx is None else gx), gy
+
+
+def hvp_yy(loss: Loss2, x: Tensor, y: Tensor, v: Tensor) -> Tensor:
+    """The Hessian-vector product (d^2 loss / dy^2) v."""
+    x, y = _leaves(x, y)
+    (gy,) = torch.autograd.grad(loss(x, y), y, create_graph=True)
+    return torch.autograd.grad(gy @ v, y)[0]
+
+
+def jvp_xy(loss: Loss2, x: Tensor, y: Tensor, v: Tensor) -> Tensor:
+    """The mixed product (d^2 loss / dx dy) v: d/dx of <d loss/dy, v>, a vector in x-space."""
+    x, y = _leaves(x, y)
+    (gy,) = torch.autograd.grad(loss(x, y), y, create_graph=True)
+    (gx,) = torch.autograd.grad(gy @ v, x, allow_unused=True)
+    return torch.zeros_like(x) if gx is None else gx
