@@ -1,6 +1,11 @@
 """Built-in tasks; importing this package registers them."""
 
-from fedcomp.platform.tasks import invariant_logreg, minimax_quadratic, synthetic_classification  # noqa: F401
+from fedcomp.platform.tasks import (  # noqa: F401
+    invariant_logreg,
+    minimax_quadratic,
+    mnist_bilevel,
+    synthetic_classification,
+)
 from fedcomp.platform.tasks.base import Task
 
 __all__ = ["Task"]
