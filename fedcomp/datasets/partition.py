@@ -1,0 +1,166 @@
+"""Client partitioners: pure functions of (labels or size, number of clients, seed).
+
+Each draws from its own ``torch.Generator`` seeded with ``seed`` (never the global RNG), so the same
+arguments give the same partition anywhere. Results are int64 tensors of positions into the array
+described by ``n`` or ``labels``; map them through an index tensor when partitioning a subset (for
+example ``subset[part]`` after ``label_shards(labels[subset], ...)``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import overload
+
+import torch
+from torch import Tensor
+
+from fedcomp.datasets.synthetic import dirichlet as _dirichlet_draw
+
+__all__ = ["dirichlet", "iid", "label_shards", "train_val_split"]
+
+
+def iid(n: int, clients: int, per_client: int | None, seed: int) -> list[Tensor]:
+    """Disjoint uniformly random index sets of ``per_client`` each (``None``: ``n // clients``); the rest is unused."""
+    _check_int("n", n, 1)
+    _check_int("clients", clients, 1)
+    _check_seed(seed)
+    if per_client is None:
+        per_client = n // clients
+        if per_client == 0:
+            raise ValueError(f"clients = {clients}: must be at most n = {n} for an equal split")
+    _check_int("per_client", per_client, 1)
+    if clients * per_client > n:
+        raise ValueError(
+            f"per_client = {per_client}: clients * per_client = {clients * per_client} exceeds n = {n}; "
+            f"allowed: at most {n // clients}"
+        )
+    perm = torch.randperm(n, generator=_generator(seed))
+    return list(perm[: clients * per_client].view(clients, per_client).unbind(0))
+
+
+def label_shards(
+    labels: Tensor | Sequence[int], clients: int, shards_per_client: int, shard_size: int, seed: int
+) -> list[Tensor]:
+    """McMahan et al.'s non-iid split: stable-sort by label, cut into shards, deal random shards to clients.
+
+    Only the ``n // shard_size`` complete shards are dealt; each client gets ``shards_per_client`` of them,
+    chosen at random without replacement, so the data beyond ``clients * shards_per_client`` shards is
+    unused (as in FedNest's long-tail code, where 14,818 images make 200 shards of 74).
+    """
+    labels = _labels(labels)
+    _check_int("clients", clients, 1)
+    _check_int("shards_per_client", shards_per_client, 1)
+    _check_int("shard_size", shard_size, 1)
+    _check_seed(seed)
+    n, needed = labels.numel(), clients * shards_per_client
+    if needed * shard_size > n:
+        raise ValueError(
+            f"shard_size = {shard_size}: clients * shards_per_client * shard_size = {needed * shard_size} "
+            f"exceeds the {n} examples; allowed: at most {n // needed}"
+        )
+    order = torch.sort(labels, stable=True).indices
+    shards = order[: (n // shard_size) * shard_size].view(-1, shard_size)
+    picked = torch.randperm(shards.shape[0], generator=_generator(seed))[:needed]
+    return list(shards[picked].view(clients, shards_per_client * shard_size).unbind(0))
+
+
+def dirichlet(
+    labels: Tensor | Sequence[int], clients: int, alpha: float, seed: int, *, min_size: int = 0
+) -> list[Tensor]:
+    """Label-skew partition: each class is shared among clients in proportions drawn from Dirichlet(alpha).
+
+    Every index goes to exactly one client. With ``min_size > 0`` the draw is repeated (from the same
+    generator) until every client holds at least ``min_size`` examples, as in NIID-Bench.
+    """
+    labels = _labels(labels)
+    _check_int("clients", clients, 1)
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not math.isfinite(alpha) or alpha <= 0:
+        raise ValueError(f"alpha = {alpha!r}: must be a positive finite number")
+    _check_int("min_size", min_size, 0)
+    _check_seed(seed)
+    if clients * min_size > labels.numel():
+        raise ValueError(
+            f"min_size = {min_size}: clients * min_size exceeds the {labels.numel()} examples; "
+            f"allowed: at most {labels.numel() // clients}"
+        )
+    gen = _generator(seed)
+    classes = [torch.nonzero(labels == c).flatten() for c in torch.unique(labels).tolist()]
+    for _ in range(1000):
+        parts: list[list[Tensor]] = [[] for _ in range(clients)]
+        for members in classes:
+            members = members[torch.randperm(members.numel(), generator=gen)]
+            share = _dirichlet_draw(float(alpha), clients, gen).double()
+            cuts = torch.floor(torch.cumsum(share, 0) * members.numel()).long().clamp(max=members.numel())
+            cuts[-1] = members.numel()
+            for client, chunk in enumerate(torch.tensor_split(members, cuts[:-1])):
+                parts[client].append(chunk)
+        result = [torch.cat(p) for p in parts]
+        if min(p.numel() for p in result) >= min_size:
+            return result
+    raise ValueError(f"min_size = {min_size}: not reached in 1000 Dirichlet({alpha}) draws; lower it or raise alpha")
+
+
+@overload
+def train_val_split(indices: Tensor, fraction_train: float, seed: int) -> tuple[Tensor, Tensor]: ...
+@overload
+def train_val_split(
+    indices: Sequence[Tensor], fraction_train: float, seed: int
+) -> tuple[list[Tensor], list[Tensor]]: ...
+def train_val_split(indices, fraction_train, seed):
+    """Random local train/validation split of each client's indices (FedNest uses 0.5 and 0.8).
+
+    The validation part has ``ceil(n * (1 - fraction_train))`` examples, as in FedNest's code (148 -> 118/30).
+    Given a list of per-client tensors, returns a list of train and a list of validation tensors, drawing
+    all clients from one generator so that equal-sized clients do not share one permutation.
+    """
+    if isinstance(fraction_train, bool) or not isinstance(fraction_train, (int, float)) or not 0 < fraction_train < 1:
+        raise ValueError(f"fraction_train = {fraction_train!r}: must be a number strictly between 0 and 1")
+    _check_seed(seed)
+    gen = _generator(seed)
+    if isinstance(indices, Tensor):
+        return _split_one(_index_tensor(indices), fraction_train, gen)
+    pairs = [_split_one(_index_tensor(part), fraction_train, gen) for part in indices]
+    return [t for t, _ in pairs], [v for _, v in pairs]
+
+
+def _split_one(indices: Tensor, fraction_train: float, gen: torch.Generator) -> tuple[Tensor, Tensor]:
+    n = indices.numel()
+    n_val = min(n, math.ceil(round(n * (1 - fraction_train), 9)))
+    shuffled = indices[torch.randperm(n, generator=gen)]
+    return shuffled[: n - n_val], shuffled[n - n_val :]
+
+
+def _generator(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def _check_int(name: str, value: object, low: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        kind = "a positive integer" if low == 1 else f"an integer >= {low}"
+        raise ValueError(f"{name} = {value!r}: must be {kind}")
+
+
+def _check_seed(seed: object) -> None:
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ValueError(f"seed = {seed!r}: must be a non-negative integer")
+
+
+def _labels(labels: Tensor | Sequence[int]) -> Tensor:
+    labels = torch.as_tensor(labels)
+    if labels.ndim != 1 or labels.numel() == 0 or labels.is_floating_point() or labels.is_complex():
+        raise ValueError(
+            f"labels of shape {tuple(labels.shape)} and dtype {labels.dtype}: must be a non-empty 1-D integer tensor"
+        )
+    if labels.dtype == torch.bool or int(labels.min()) < 0:
+        raise ValueError("labels: must be non-negative integer class ids")
+    return labels.long()
+
+
+def _index_tensor(indices: Tensor) -> Tensor:
+    indices = torch.as_tensor(indices)
+    if indices.ndim != 1 or indices.is_floating_point() or indices.dtype == torch.bool:
+        raise ValueError(
+            f"indices of shape {tuple(indices.shape)} and dtype {indices.dtype}: must be a 1-D integer tensor"
+        )
+    return indices.long()

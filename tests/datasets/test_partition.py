@@ -1,0 +1,128 @@
+"""Partitioners: disjoint, sized as asked, deterministic in the seed, label skew as defined, clear errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fedcomp.datasets.partition import dirichlet, iid, label_shards, train_val_split
+
+SORTED = torch.arange(10).repeat_interleave(6000)
+SHUFFLED = SORTED[torch.randperm(60000, generator=torch.Generator().manual_seed(5))]
+
+
+def assert_disjoint(parts, n):
+    every = torch.cat(parts)
+    assert all(p.dtype == torch.int64 for p in parts)
+    assert every.unique().numel() == every.numel() and int(every.min()) >= 0 and int(every.max()) < n
+
+
+def same(a, b):
+    return len(a) == len(b) and all(torch.equal(x, y) for x, y in zip(a, b))
+
+
+def test_iid_sizes_disjoint_and_seeded():
+    parts = iid(60000, 100, 600, seed=0)
+    assert len(parts) == 100 and all(p.numel() == 600 for p in parts)
+    assert_disjoint(parts, 60000)
+    assert same(parts, iid(60000, 100, 600, seed=0)) and not same(parts, iid(60000, 100, 600, seed=1))
+    assert [p.numel() for p in iid(1244, 10, None, seed=0)] == [124] * 10
+
+
+def test_iid_mixes_labels():
+    parts = iid(5000, 10, 500, seed=0)
+    assert all(torch.unique(torch.arange(10).repeat_interleave(500)[p]).numel() == 10 for p in parts)
+
+
+def test_label_shards_on_mnist_layout():
+    parts = label_shards(SHUFFLED, 100, 2, 300, seed=0)
+    assert len(parts) == 100 and all(p.numel() == 600 for p in parts)
+    assert_disjoint(parts, 60000)
+    assert max(SHUFFLED[p].unique().numel() for p in parts) <= 2
+    assert same(parts, label_shards(SHUFFLED, 100, 2, 300, seed=0))
+    assert not same(parts, label_shards(SHUFFLED, 100, 2, 300, seed=1))
+
+
+def test_label_shards_client_labels_are_exactly_those_of_its_shards():
+    labels = SHUFFLED[:5000]
+    order = torch.sort(labels, stable=True).indices
+    shards = {tuple(order[i : i + 25].tolist()) for i in range(0, 5000, 25)}
+    for part in label_shards(labels, 50, 3, 25, seed=2):
+        pieces = [tuple(part[i : i + 25].tolist()) for i in range(0, 75, 25)]
+        assert all(piece in shards for piece in pieces)
+        assert set(labels[part].tolist()) == set().union(*(labels[list(p)].tolist() for p in pieces))
+        assert labels[part].unique().numel() <= 2 * 3
+
+
+def test_label_shards_leaves_the_remainder_unused():
+    labels = torch.arange(10).repeat_interleave(torch.tensor([500, 300, 180, 108, 65, 39, 24, 14, 9, 5]))
+    parts = label_shards(labels, 10, 2, 62, seed=0)
+    assert_disjoint(parts, labels.numel())
+    assert sum(p.numel() for p in parts) == 1240
+
+
+def test_dirichlet_covers_every_index_once_and_skews_labels():
+    parts = dirichlet(SHUFFLED[:5000], 10, 0.1, seed=0)
+    assert len(parts) == 10
+    assert torch.equal(torch.sort(torch.cat(parts)).values, torch.arange(5000))
+    assert same(parts, dirichlet(SHUFFLED[:5000], 10, 0.1, seed=0))
+    assert not same(parts, dirichlet(SHUFFLED[:5000], 10, 0.1, seed=1))
+    skewed = [SHUFFLED[:5000][p].bincount(minlength=10).max() / max(p.numel(), 1) for p in parts if p.numel()]
+    assert sum(skewed) / len(skewed) > 0.5
+    flat = dirichlet(SHUFFLED[:5000], 10, 1000.0, seed=0)
+    assert all(SHUFFLED[:5000][p].bincount(minlength=10).max() / p.numel() < 0.2 for p in flat)
+
+
+def test_dirichlet_min_size():
+    parts = dirichlet(SHUFFLED[:5000], 10, 0.1, seed=0, min_size=100)
+    assert min(p.numel() for p in parts) >= 100
+    assert torch.equal(torch.sort(torch.cat(parts)).values, torch.arange(5000))
+
+
+def test_train_val_split_sizes_follow_fednest():
+    train, val = train_val_split(torch.arange(600) * 3, 0.5, seed=0)
+    assert train.numel() == val.numel() == 300
+    assert torch.equal(torch.sort(torch.cat([train, val])).values, torch.arange(600) * 3)
+    assert [t.numel() for t in train_val_split(torch.arange(148), 0.8, seed=0)] == [118, 30]
+    assert [t.numel() for t in train_val_split(torch.arange(600), 0.8, seed=0)] == [480, 120]
+    a, b = train_val_split(torch.arange(600), 0.5, seed=0), train_val_split(torch.arange(600), 0.5, seed=1)
+    assert torch.equal(a[0], train_val_split(torch.arange(600), 0.5, seed=0)[0]) and not torch.equal(a[0], b[0])
+
+
+def test_train_val_split_of_clients():
+    parts = iid(60000, 100, 600, seed=0)
+    train, val = train_val_split(parts, 0.5, seed=0)
+    assert len(train) == len(val) == 100
+    assert_disjoint(train + val, 60000)
+    assert all(set(t.tolist()) | set(v.tolist()) == set(p.tolist()) for t, v, p in zip(train, val, parts))
+    positions = [torch.nonzero(torch.isin(p, t)).flatten() for p, t in zip(parts[:2], train[:2])]
+    assert not torch.equal(positions[0], positions[1])
+
+
+@pytest.mark.parametrize(
+    "call, needle",
+    [
+        (lambda: iid(100, 0, 10, 0), "clients = 0: must be a positive integer"),
+        (
+            lambda: iid(100, 10, 11, 0),
+            "per_client = 11: clients * per_client = 110 exceeds n = 100; allowed: at most 10",
+        ),
+        (lambda: iid(100, 10, 5, -1), "seed = -1: must be a non-negative integer"),
+        (lambda: iid(5, 10, None, 0), "clients = 10: must be at most n = 5 for an equal split"),
+        (
+            lambda: label_shards(SORTED, 100, 2, 301, 0),
+            "shard_size = 301: clients * shards_per_client * shard_size = 60200 exceeds the 60000 examples; "
+            "allowed: at most 300",
+        ),
+        (lambda: label_shards(SORTED, 100, 0, 300, 0), "shards_per_client = 0: must be a positive integer"),
+        (lambda: label_shards(SORTED.float(), 100, 2, 300, 0), "labels of shape (60000,) and dtype torch.float32"),
+        (lambda: dirichlet(SORTED, 10, 0.0, 0), "alpha = 0.0: must be a positive finite number"),
+        (lambda: dirichlet(SORTED[:50], 10, 1.0, 0, min_size=6), "min_size = 6: clients * min_size exceeds"),
+        (lambda: train_val_split(torch.arange(10), 1.0, 0), "fraction_train = 1.0: must be a number strictly between"),
+        (lambda: train_val_split(torch.zeros(3, 3).long(), 0.5, 0), "indices of shape (3, 3) and dtype torch.int64"),
+    ],
+)
+def test_bad_arguments_raise_one_line_value_error(call, needle):
+    with pytest.raises(ValueError) as info:
+        call()
+    assert str(info.value).startswith(needle) and "\n" not in str(info.value)
