@@ -38,9 +38,13 @@ class ClientActor:
     def load_private(self, states: dict[int, State]) -> None:
         self.host.load_private(states)
 
+    @ray.method(num_returns=2)
     def run(
         self, program: str, round: int, cohort: Sequence[int], payload: np.ndarray, layout: Layout, sub: int = 0
-    ) -> Partial:
+    ) -> tuple[Partial, dict[int, State]]:
+        """The partial sums, and (as a separate object) copies of the clients' private state."""
         if self._kill == f"{round}:{self.host.clients[0]}" and self.incarnation == 0:
             os._exit(1)
-        return self.host.run(program, round, cohort, payload, layout, sub)
+        partial = self.host.run(program, round, cohort, payload, layout, sub)
+        private, partial.private = partial.private, {}
+        return partial, private

@@ -5,7 +5,8 @@ in the call); every actor that hosts cohort members gets it and returns one floa
 clients; replies are
 collected with ``ray.wait`` under a deadline and combined in actor order (so the averages do not depend
 on arrival order or packing). An actor that dies is replaced by a fresh one that gets its clients'
-private state from the server's mirror, and only its share of the round is run again -- which gives the
+private state back from the object store (each reply leaves a copy there), and only its share of the round
+is run again -- which gives the
 same numbers as an undisturbed round, because every random draw is keyed by (seed, client, step).
 """
 
@@ -50,7 +51,8 @@ class RayFederation:
         self.incarnations = [0] * len(self.plan.groups)
         self.actors = [self._spawn(i) for i in range(len(self.plan.groups))]
         self.placement = wait_ready(self.actors, [self._describe(i) for i in range(len(self.actors))], self.timeout)
-        self.private: dict[int, State] = {}
+        self.private_refs: dict[int, Any] = {}
+        """Client -> the object holding its latest private state (the reply of the last call it was in)."""
         self.restarts = 0
 
     @property
@@ -69,7 +71,7 @@ class RayFederation:
         self.restarts += 1
         self.actors[i] = self._spawn(i)
         self.placement[i] = wait_ready([self.actors[i]], [self._describe(i)], self.timeout)[0]
-        mine = {c: s for c, s in self.private.items() if self.owner[c] == i}
+        mine = self._private_of([c for c in self.plan.groups[i] if c in self.private_refs])
         if mine:
             ray.get(self.actors[i].load_private.remote(mine))
 
@@ -96,8 +98,6 @@ class RayFederation:
             for i in failed:
                 self._replace(i)
             todo = failed
-        for p in partials.values():
-            self.private.update(p.private)
         return combine([partials[i] for i in sorted(partials)], layout.total)
 
     def _collect(
@@ -111,32 +111,55 @@ class RayFederation:
         layout: Layout,
         partials: dict[int, Partial],
     ) -> list[int]:
-        """Run the actors in ``todo``; store their partials; return the ones whose actor died."""
-        pending = {self.actors[i].run.remote(program, round, members[i], ref, layout, sub): i for i in todo}
+        """Run the actors in ``todo``; store their partials; return the ones whose actor died.
+
+        Each actor also returns its clients' private state as a second object that stays in the object
+        store (nothing crosses to the server unless a replacement actor or a checkpoint needs it).
+        """
+        pending: dict[Any, tuple[int, Any]] = {}
+        for i in todo:
+            partial_ref, private_ref = self.actors[i].run.remote(program, round, members[i], ref, layout, sub)
+            pending[partial_ref] = (i, private_ref)
         failed: list[int] = []
         while pending:
             ready, _ = ray.wait(list(pending), num_returns=1, timeout=self.timeout)
             if not ready:
-                late = sorted(pending.values())
+                late = sorted(i for i, _ in pending.values())
                 raise ClientFailure(f"client actors {late} did not answer round {round} within {self.timeout:g}s")
             for r in ready:
-                i = pending.pop(r)
+                i, private_ref = pending.pop(r)
                 try:
                     partials[i] = ray.get(r)
                 except RayActorError:
                     failed.append(i)
+                    continue
+                if partials[i].has_private:
+                    self.private_refs.update({c: private_ref for c in members[i]})
         return sorted(failed)
 
+    def _private_of(self, clients: list[int]) -> dict[int, State]:
+        """The latest private state of ``clients`` (fetched from the object store)."""
+        by_ref: dict[Any, list[int]] = {}
+        for c in clients:
+            by_ref.setdefault(self.private_refs[c], []).append(c)
+        out: dict[int, State] = {}
+        for ref, members in by_ref.items():
+            states = ray.get(ref, timeout=self.timeout)
+            out.update({c: states[c] for c in members if c in states})
+        return out
+
     def private_states(self) -> dict[int, State]:
-        return dict(self.private)
+        return self._private_of(sorted(self.private_refs))
 
     def load_private_states(self, states: dict[int, State]) -> None:
-        self.private = dict(states)
+        self.private_refs = {}
         refs = []
         for i, actor in enumerate(self.actors):
             mine = {c: s for c, s in states.items() if self.owner[c] == i}
             if mine:
                 refs.append(actor.load_private.remote(mine))
+                held = ray.put(mine)
+                self.private_refs.update({c: held for c in mine})
         ray.get(refs, timeout=self.timeout)
 
     def describe(self) -> dict[str, Any]:

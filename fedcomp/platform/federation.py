@@ -70,6 +70,8 @@ class Partial:
     loss_sum: float
     private: dict[int, State] = field(default_factory=dict)
     """Copies of the clients' private (unsynchronised) state after the program, for recovery and checkpoints."""
+    has_private: bool = False
+    """Whether the program left private state (kept true when ``private`` travels separately)."""
 
 
 def combine(partials: Sequence[Partial], floats_down: int) -> Outcome:
@@ -133,7 +135,7 @@ class ClientHost:
                 private[client] = {k: v.cpu() for k, v in kept.items()}
         if out_layout is None or sums is None:
             raise ValueError("ClientHost.run needs a non-empty cohort")
-        return Partial(out_layout, sums, len(cohort), samples, loss_sum, private)
+        return Partial(out_layout, sums, len(cohort), samples, loss_sum, private, bool(private))
 
 
 def local_device(fed: FederationConfig) -> str:

@@ -18,12 +18,14 @@ PLAIN = "plain"
 CONDITIONAL = "conditional"
 BILEVEL = "bilevel"
 MINIMAX = "minimax"
+COMPOSITIONAL_GLOBAL = "compositional-global"
 
 KIND_DESCRIPTIONS = {
     PLAIN: "(1/K) sum_k E l_k(x): stochastic gradients of a single-level loss",
     CONDITIONAL: "(1/K) sum_k E_xi f_xi(E_{eta|xi} g_eta(x, xi)): outer sample, then inner samples given it",
     BILEVEL: "min_x (1/K) sum_k f_k(x, y*(x)), y*(x) = argmin_y (1/K) sum_k g_k(x, y): gradients and Hessian products",
     MINIMAX: "min_x max_y (1/K) sum_k f_k(x, y): the bilevel case g_k = -f_k",
+    COMPOSITIONAL_GLOBAL: "h(x) + f((1/K) sum_k g_k(x)): a low-dimensional inner value averaged across clients",
 }
 
 Split = Literal["inner", "outer"]
@@ -111,3 +113,31 @@ class MinimaxAsBilevel:
 
     def inner_loss(self, x: Tensor, y: Tensor, batch: Any) -> Tensor:
         return -self.problem.loss(x, y, batch)
+
+
+@runtime_checkable
+class GlobalCompositionalProblem(Protocol):
+    """min_x Phi(x) = h(x) + f((1/K) sum_k g_k(x)), h = (1/K) sum_k h_k -- FedDRO's problem (its eq. 2).
+
+    The inner map g_k: R^d -> R^{d_g} is low-dimensional (often d_g = 1), so its value can be exchanged
+    cheaply; the outer function f is the same for every client and deterministic.
+    """
+
+    inner_dim: int
+    """d_g, the dimension of g_k's value."""
+
+    def sample(self, client: int, size: int | None, gen: torch.Generator) -> Any:
+        """A batch of ``size`` of the client's examples (all of them when ``size`` is None)."""
+        ...
+
+    def inner(self, x: Tensor, batch: Any) -> Tensor:
+        """g_k(x) estimated on the batch: a vector of ``inner_dim`` values."""
+        ...
+
+    def outer(self, z: Tensor) -> Tensor:
+        """f(z), a scalar."""
+        ...
+
+    def plain(self, x: Tensor, batch: Any) -> Tensor:
+        """h_k(x) on the batch (a zero tensor when the problem has no plain part)."""
+        ...

@@ -14,7 +14,7 @@ import secrets
 import shutil
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
@@ -26,7 +26,7 @@ from fedcomp.platform import results
 from fedcomp.platform.config import Config, load_config
 from fedcomp.platform.errors import ConfigError
 from fedcomp.platform.registry import TASKS
-from fedcomp.platform.server import ServerLike
+from fedcomp.platform.server import Counters, ServerLike
 
 ServerFactory = Callable[[Config], ServerLike]
 
@@ -146,8 +146,7 @@ def execute(
             return wall_offset + time.perf_counter() - t0
 
         if not rows:
-            zero = {"round": 0, "comm_rounds": 0, "local_steps": 0, "samples": 0, "floats_up": 0, "floats_down": 0}
-            rows.append({**zero, "train_loss": math.nan, "wall_time": 0.0, **server.evaluate()})
+            rows.append({**asdict(Counters()), "train_loss": math.nan, "wall_time": 0.0, **server.evaluate()})
         progress = _Progress(config, first, headline)
         try:
             for r in range(first + 1, config.run.rounds + 1):

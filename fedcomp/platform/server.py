@@ -7,12 +7,12 @@ states -- is what :meth:`Server.checkpoint` returns, so a restored server contin
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Any, Callable, Protocol
 
 import torch
 
-from fedcomp.platform.algorithms.base import Federation, RoundContext, State
+from fedcomp.platform.algorithms.base import Federation, RoundContext, RoundRecord, State
 from fedcomp.platform.config import Config
 from fedcomp.platform.federation import build_algorithm, build_task
 from fedcomp.platform.rng import generator
@@ -20,7 +20,8 @@ from fedcomp.platform.rng import generator
 
 @dataclass
 class Counters:
-    """Cumulative counters; ``floats_*`` are per participating client, ``samples`` over all clients."""
+    """Cumulative counters (the :class:`RoundRecord` fields summed over rounds); ``floats_*`` are per
+    participating client, ``samples`` over all clients."""
 
     round: int = 0
     comm_rounds: int = 0
@@ -28,6 +29,15 @@ class Counters:
     samples: int = 0
     floats_up: int = 0
     floats_down: int = 0
+    embedding_exchanges: int = 0
+    embedding_floats_up: int = 0
+    embedding_floats_down: int = 0
+
+    def add(self, record: RoundRecord) -> None:
+        self.round += 1
+        for f in fields(record):
+            if f.name != "train_loss":
+                setattr(self, f.name, getattr(self, f.name) + getattr(record, f.name))
 
 
 class ServerLike(Protocol):
@@ -75,15 +85,9 @@ class Server:
             problem=self.problem,
         )
         self.state, record = self.algorithm.round(self.federation, self.state, ctx)
-        c = self.counters
-        c.round += 1
-        c.comm_rounds += record.comm_rounds
-        c.local_steps += record.local_steps
-        c.samples += record.samples
-        c.floats_up += record.floats_up
-        c.floats_down += record.floats_down
+        self.counters.add(record)
         self.train_loss = record.train_loss
-        return {**asdict(c), "train_loss": record.train_loss}
+        return {**asdict(self.counters), "train_loss": record.train_loss}
 
     def evaluate(self) -> dict[str, float]:
         return self._evaluate(self.state)

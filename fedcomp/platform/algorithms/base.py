@@ -107,7 +107,11 @@ class Federation(Protocol):
 
 @dataclass
 class RoundRecord:
-    """Counters one round adds (per participating client where the name says so)."""
+    """What one round adds to the counters (floats: per participating client), and its training loss.
+
+    ``comm_rounds`` and ``floats_*`` count model-sized messages; ``embedding_*`` count the low-dimensional
+    exchanges some algorithms make between them (FedDRO's inner value, every local step).
+    """
 
     comm_rounds: int
     local_steps: int
@@ -115,6 +119,9 @@ class RoundRecord:
     floats_up: int
     floats_down: int
     train_loss: float
+    embedding_exchanges: int = 0
+    embedding_floats_up: int = 0
+    embedding_floats_down: int = 0
 
 
 class Algorithm(ABC):

@@ -1,0 +1,80 @@
+"""A small deterministic heterogeneous compositional problem for the FedDRO paper's negative result
+(its Theorem 4.1 and 4.2): vanilla FedAvg (cases I and II) stalls away from a stationary point for I > 1,
+while sharing the inner value every step (FedDRO, modified FedAvg) does not.
+
+    Phi(x) = f( (1/K) sum_k g_k(x) ),  g_k(x) = A_k x + c_k in R^{d_g},  f(z) = sqrt(1 + ||z||^2) - 1
+
+with A_k = A + ``heterogeneity`` * N(0, 1) entries and c_k ~ N(0, I) per client, d > d_g. f is smooth,
+Lipschitz and non-quadratic; with the mean map A_bar of full row rank the stationary points are exactly
+where g_bar(x) = 0 (so Phi* = 0). A client that trusts its own g_k instead of the average minimises
+f(g_k(x)), whose stationary points differ -- the bias of vanilla FedAvg. Oracles are exact ("batches" are
+empty), and ``grad_norm_sq`` = ||grad Phi(x_bar)||^2 = ||A_bar^T grad f(g_bar(x_bar))||^2 is exact.
+**[derived]** (the paper does not print its counterexample; this one has the properties it needs).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from pydantic import Field
+from torch import Tensor
+
+from fedcomp.platform.config import Params
+from fedcomp.platform.problems import COMPOSITIONAL_GLOBAL
+from fedcomp.platform.registry import register_task
+from fedcomp.platform.rng import generator
+from fedcomp.platform.tasks.base import Task
+
+
+class HeterogeneousCompositionParams(Params):
+    dim: int = Field(10, ge=2, description="dimension d of x")
+    inner_dim: int = Field(2, ge=1, description="dimension d_g of g_k(x); must be < dim")
+    heterogeneity: float = Field(1.0, ge=0, description="spread of the clients' A_k around their mean")
+    data_seed: int = Field(0, ge=0)
+
+
+@register_task("heterogeneous-composition")
+class HeterogeneousComposition(Task):
+    Params = HeterogeneousCompositionParams
+    kinds = frozenset({COMPOSITIONAL_GLOBAL})
+    metrics = ("grad_norm_sq", "objective")
+    mode = "min"
+    description = "FedDRO Thm 4.1 demo: deterministic heterogeneous f(mean_k g_k(x)) with exact ||grad Phi||^2"
+
+    def __init__(self, params: HeterogeneousCompositionParams, seed: int, clients: int, device: str = "cpu") -> None:
+        super().__init__(params, seed, clients, device)
+        gen = generator(params.data_seed, "heterogeneous-composition", clients)
+        d, dg = params.dim, params.inner_dim
+        base = torch.randn(dg, d, generator=gen) / d**0.5
+        self.A = base + params.heterogeneity * torch.randn(clients, dg, d, generator=gen) / d**0.5
+        self.c = torch.randn(clients, dg, generator=gen)
+        self.inner_dim = dg
+
+    def init_params(self, gen: torch.Generator) -> dict[str, Tensor]:
+        return {"x": torch.zeros(self.params.dim)}
+
+    def sample(self, client: int, size: int | None, gen: torch.Generator) -> int:
+        return client
+
+    def inner(self, x: Tensor, client: int) -> Tensor:
+        return self.A[client] @ x + self.c[client]
+
+    def outer(self, z: Tensor) -> Tensor:
+        return torch.sqrt(1 + z @ z) - 1
+
+    def plain(self, x: Tensor, client: int) -> Tensor:
+        return x.new_zeros(())
+
+    def evaluator(self) -> Callable[[dict[str, Tensor]], dict[str, float]]:
+        a_bar, c_bar = self.A.mean(0).double(), self.c.mean(0).double()
+
+        def evaluate(state: dict[str, Tensor]) -> dict[str, float]:
+            x = state["x"].detach().cpu().double()
+            z = a_bar @ x + c_bar
+            grad = a_bar.T @ (z / torch.sqrt(1 + z @ z))
+            return {"grad_norm_sq": float(grad @ grad), "objective": float(torch.sqrt(1 + z @ z) - 1)}
+
+        return evaluate
+
+
