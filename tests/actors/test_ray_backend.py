@@ -170,3 +170,12 @@ def test_fednest_sub_rounds_same_on_ray(ray_session, tmp_path):
     ray_run = fedcomp.run(raw, {"federation.backend": "ray", "federation.clients_per_actor": 6})
     pd.testing.assert_frame_equal(metrics(ray_run), reference, rtol=0, atol=1e-6)
     assert reference["comm_rounds"].tolist() == [0, 4, 8, 12]  # minimax: 2T + 2 per epoch (no FedIHGP)
+
+
+def test_feddro_per_step_exchanges_same_on_ray(ray_session, tmp_path):
+    raw = {"task": {"name": "heterogeneous-composition"}, "algorithm": {"name": "feddro", "local_steps": 3, "lr": 0.3},
+           "federation": {"clients": 6, "backend": "local"}, "run": {"rounds": 3, "progress": "none", "out": str(tmp_path)}}
+    reference = metrics(fedcomp.run(raw))
+    ray_run = fedcomp.run(raw, {"federation.backend": "ray", "federation.clients_per_actor": 3})
+    pd.testing.assert_frame_equal(metrics(ray_run), reference, rtol=0, atol=1e-6)
+    assert reference["embedding_exchanges"].tolist() == [0, 4, 7, 10]
