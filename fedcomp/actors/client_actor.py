@@ -23,7 +23,8 @@ class ClientActor:
         self.host = ClientHost(config, clients, device)
         self.incarnation = incarnation
         # Fault injection for the reliability tests: FEDCOMP_FAULT_KILL="<round>:<first client of the actor>"
-        # makes the first incarnation of that actor die (a real process exit) in that round.
+        # (or "<round>:<client>:<sub>") makes the first incarnation of that actor die (a real process exit)
+        # in that round (and sub-round).
         self._kill = os.environ.get("FEDCOMP_FAULT_KILL", "")
 
     def ready(self) -> dict:
@@ -43,7 +44,7 @@ class ClientActor:
         self, program: str, round: int, cohort: Sequence[int], payload: np.ndarray, layout: Layout, sub: int = 0
     ) -> tuple[Partial, dict[int, State]]:
         """The partial sums, and (as a separate object) copies of the clients' private state."""
-        if self._kill == f"{round}:{self.host.clients[0]}" and self.incarnation == 0:
+        if self.incarnation == 0 and self._kill in (f"{round}:{self.host.clients[0]}", f"{round}:{self.host.clients[0]}:{sub}"):
             os._exit(1)
         partial = self.host.run(program, round, cohort, payload, layout, sub)
         private, partial.private = partial.private, {}

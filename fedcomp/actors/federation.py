@@ -22,7 +22,7 @@ from fedcomp.actors.cluster import ActorPlan, actor_options, describe_resources,
 from fedcomp.platform.algorithms.base import Outcome, State
 from fedcomp.platform.config import Config
 from fedcomp.platform.errors import ClientFailure, ResourceError
-from fedcomp.platform.federation import Layout, Partial, combine
+from fedcomp.platform.federation import Layout, Partial, build_algorithm, combine
 
 RemoteClient = ray.remote(ClientActor)
 INLINE_BYTES = 100 * 1024
@@ -52,7 +52,10 @@ class RayFederation:
         self.actors = [self._spawn(i) for i in range(len(self.plan.groups))]
         self.placement = wait_ready(self.actors, [self._describe(i) for i in range(len(self.actors))], self.timeout)
         self.private_refs: dict[int, Any] = {}
-        """Client -> the object holding its latest private state (the reply of the last call it was in)."""
+        """Client -> the object holding its latest saved private state (the reply of the last saving call)."""
+        self.transient = build_algorithm(config).transient_programs
+        self.replay: list[tuple[str, int, int, dict[int, list[int]], Any, Layout]] = []
+        """Transient calls since the last saving call: what a replacement actor re-runs to catch up."""
         self.restarts = 0
 
     @property
@@ -74,6 +77,9 @@ class RayFederation:
         mine = self._private_of([c for c in self.plan.groups[i] if c in self.private_refs])
         if mine:
             ray.get(self.actors[i].load_private.remote(mine))
+        for program, round, sub, members, ref, layout in self.replay:  # catch up on transient calls
+            if i in members:
+                ray.get(self.actors[i].run.remote(program, round, members[i], ref, layout, sub)[0], timeout=self.timeout)
 
     def call(self, program: str, round: int, cohort: list[int], payload: State, sub: int = 0) -> Outcome:
         layout = Layout.of(payload)
@@ -98,6 +104,10 @@ class RayFederation:
             for i in failed:
                 self._replace(i)
             todo = failed
+        if program in self.transient:
+            self.replay.append((program, round, sub, members, ref, layout))
+        else:
+            self.replay = []
         return combine([partials[i] for i in sorted(partials)], layout.total)
 
     def _collect(

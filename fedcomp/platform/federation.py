@@ -111,6 +111,7 @@ class ClientHost:
     def run(
         self, program: str, round: int, cohort: Sequence[int], payload: np.ndarray, layout: Layout, sub: int = 0
     ) -> Partial:
+        """Run the program; the reply carries copies of private state unless the program is transient."""
         """Run ``algorithm.<program>`` for the cohort members in ``cohort`` (all hosted here), in order."""
         broadcast = layout.unpack(payload, self.device)
         seed, sums, out_layout = self.config.run.seed, None, None
@@ -131,7 +132,7 @@ class ClientHost:
             loss_sum += info.loss
             kept = {k: v.detach() for k, v in state.items() if k not in outputs and k not in broadcast}
             self.private[client] = kept
-            if kept:
+            if kept and program not in self.algorithm.transient_programs:
                 private[client] = {k: v.cpu() for k, v in kept.items()}
         if out_layout is None or sums is None:
             raise ValueError("ClientHost.run needs a non-empty cohort")

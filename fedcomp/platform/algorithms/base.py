@@ -133,6 +133,11 @@ class Algorithm(ABC):
     synced: ClassVar[tuple[str, ...]]
     """State keys averaged over the cohort at each communication; the rest of the state stays on the client."""
     description: ClassVar[str] = ""
+    transient_programs: ClassVar[frozenset[str]] = frozenset()
+    """Client programs whose effect on private state need not be saved after each call: they run in a
+    sequence that ends with a saving program (FedDRO's per-step calls end with the model round), and a
+    replacement client replays them from the federation's log. Every other program's private state is
+    saved after each call."""
 
     def __init__(self, hparams: Params) -> None:
         self.hp: Any = hparams

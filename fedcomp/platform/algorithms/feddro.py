@@ -103,6 +103,7 @@ class FedDRO(_Compositional):
 
     HParams: ClassVar[type[Params]] = FedDROHParams
     description = "FedDRO: y (d_g floats) averaged every local step, x every I steps (FedDRO Alg. 2)"
+    transient_programs = frozenset({"dro_start", "dro_continue"})
 
     @property
     def beta(self) -> float:
