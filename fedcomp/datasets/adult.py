@@ -338,11 +338,17 @@ def _read(path: Path) -> list[tuple]:
                 if column == "income_bracket":
                     label = _INCOME.get(value[:-1] if value.endswith(".") else value)
                     if label is None:
-                        raise ValueError(f"{path} line {number}: income {value!r}; allowed: '<=50K', '>50K' (optionally with a trailing '.')")
+                        raise ValueError(
+                            f"{path} line {number}: income {value!r}; "
+                            "allowed: '<=50K', '>50K' (optionally with a trailing '.')"
+                        )
                     row.append(label)
                 elif column in vocab:
                     if value not in vocab[column]:
-                        raise ValueError(f"{path} line {number}: {column} {value!r} is not in the UCI vocabulary (CATEGORIES[{column!r}])")
+                        raise ValueError(
+                            f"{path} line {number}: {column} {value!r} is not in the UCI vocabulary "
+                            f"(CATEGORIES[{column!r}])"
+                        )
                     row.append(value)
                 else:
                     try:

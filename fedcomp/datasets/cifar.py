@@ -242,7 +242,9 @@ def step_imbalance(
         raise ValueError(f"seed = {seed!r}: only used with keep='random'; leave it None for keep={keep!r}")
     classes = int(labels.max()) + 1 if num_classes is None else num_classes
     if isinstance(classes, bool) or not isinstance(classes, int) or classes < int(labels.max()) + 1:
-        raise ValueError(f"num_classes = {num_classes!r}: must be an integer >= max(labels) + 1 = {int(labels.max()) + 1}")
+        raise ValueError(
+            f"num_classes = {num_classes!r}: must be an integer >= max(labels) + 1 = {int(labels.max()) + 1}"
+        )
     sizes = torch.bincount(labels, minlength=classes).tolist()
     counts = step_counts(sizes, reduced_classes, ratio, rule=rule)
     gen = torch.Generator().manual_seed(seed) if keep == "random" else None

@@ -4,13 +4,14 @@ Both sets ship inside the scikit-learn wheel (``sklearn/datasets/data/``), so th
 network and no data root. Everything is a pure function of the arguments and ``seed``: one
 ``torch.Generator().manual_seed(seed)`` draws the split and then the imbalance subset, in that order.
 
-* **Split.** Stratified: each class c of n_c examples puts ``round(test_fraction * n_c)`` randomly chosen
-  examples in the test set and the rest in the training set. Rows of each part are in random order.
+* **Split.** Stratified: each class c of n_c examples puts ``round(test_fraction * n_c)`` (Python's
+  round, halves to even) randomly chosen examples in the test set and the rest in the training set.
+  Rows of each part are in random order.
 * **Imbalance** (training part only; the test part keeps the original class balance, as in E8 and E10):
   ``keep_fraction = r`` keeps ``n_c - floor(n_c (1 - r))`` (= ceil(r n_c)) randomly chosen training
   examples of each reduced class (:func:`fedcomp.datasets.cifar.step_counts`, rule ``"tail"``);
   ``positive_ratio = r`` (binary sets only) keeps ``floor(r / (1 - r) * n_neg)`` positives, so that
-  positives / all ~ r (LibAUC's ``ImbalancedDataGenerator`` rule).
+  positives / all ~ r (LibAUC's ``ImbalancedDataGenerator`` rule), capped at the positives available.
 * **Standardisation.** z-scores with the mean and (population) standard deviation of the final training
   part; constant columns (digits' always-blank border pixels) get standard deviation 1.
   ``standardize=False`` returns the raw values (digits: pixel counts 0..16 scaled to [0, 1]).
@@ -142,8 +143,12 @@ def _prepare(
         raise ValueError(f"keep_fraction = {keep_fraction!r}: must be a number in (0, 1]")
     if positive_ratio is not None:
         if keep_fraction != 1.0:
-            raise ValueError(f"positive_ratio = {positive_ratio!r}: give either positive_ratio or keep_fraction, not both")
-        if isinstance(positive_ratio, bool) or not isinstance(positive_ratio, (int, float)) or not 0 < positive_ratio < 1:
+            raise ValueError(
+                f"positive_ratio = {positive_ratio!r}: give either positive_ratio or keep_fraction, not both"
+            )
+        if isinstance(positive_ratio, bool) or not isinstance(positive_ratio, (int, float)):
+            raise ValueError(f"positive_ratio = {positive_ratio!r}: must be a number strictly between 0 and 1")
+        if not 0 < positive_ratio < 1:
             raise ValueError(f"positive_ratio = {positive_ratio!r}: must be a number strictly between 0 and 1")
     if not isinstance(standardize, bool):
         raise ValueError(f"standardize = {standardize!r}: must be True or False")
@@ -164,7 +169,9 @@ def _prepare(
         n_pos = int((labels[train] == 1).sum())
         keep_pos = min(n_pos, math.floor(round(positive_ratio / (1 - positive_ratio) * n_neg, 9)))
         if keep_pos < 1:
-            raise ValueError(f"positive_ratio = {positive_ratio!r}: keeps no positive next to {n_neg} negatives; raise it")
+            raise ValueError(
+                f"positive_ratio = {positive_ratio!r}: keeps no positive next to {n_neg} negatives; raise it"
+            )
         positives = train[labels[train] == 1]
         kept = positives[torch.randperm(positives.size, generator=gen)[:keep_pos].numpy()]
         train = np.concatenate([train[labels[train] == 0], kept])
@@ -175,7 +182,9 @@ def _prepare(
         kept_parts = []
         for c, k in enumerate(counts):
             members = train[strata[train] == c]
-            kept_parts.append(members[torch.randperm(members.size, generator=gen)[:k].numpy()] if k < members.size else members)
+            if k < members.size:
+                members = members[torch.randperm(members.size, generator=gen)[:k].numpy()]
+            kept_parts.append(members)
         train = np.concatenate(kept_parts)
     train = train[torch.randperm(train.size, generator=gen).numpy()]
     test = test[torch.randperm(test.size, generator=gen).numpy()]
