@@ -1,0 +1,60 @@
+"""The DRO classification task: its composition, client split, offline and CIFAR-ST data paths."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import fedcomp
+from fedcomp.datasets import cifar
+from fedcomp.platform import dro_losses
+from fedcomp.platform.config import load_config
+from fedcomp.platform.federation import build_task
+
+
+def cfg(**task):
+    return load_config({"task": {"name": "dro-classification", **task},
+                        "algorithm": {"name": "feddro", "lr": 0.05, "local_steps": 2, "outer_batch": 8},
+                        "federation": {"clients": 8, "backend": "local"},
+                        "run": {"rounds": 2, "progress": "none", "out": "/tmp/fedcomp-test-dro"}})
+
+
+def test_clients_hold_an_equal_disjoint_split_and_the_composition_is_kl_dro():
+    task = build_task(cfg(lam=2.0, shift=1.0))
+    sizes = {len(s) for s in task.shards}
+    assert len(sizes) == 1 and len(torch.cat(task.shards).unique()) == 8 * sizes.pop()
+    x = task.init_params(torch.Generator().manual_seed(0))["x"]
+    batch = task.sample(3, None, torch.Generator())
+    losses = F.cross_entropy(task.model(x, batch[0]), batch[1], reduction="none")
+    composed = task.outer(task.inner(x, batch)) + task.plain(x, batch)
+    torch.testing.assert_close(composed, dro_losses.kl_value(losses, 2.0), rtol=1e-5, atol=1e-5)
+    metrics = task.evaluator()({"x": x})
+    assert set(metrics) == set(task.metrics) and 0 <= metrics["worst_class_accuracy"] <= metrics["test_accuracy"] + 1
+
+
+@pytest.mark.parametrize("objective", ["kl", "chi2", "erm"])
+def test_feddro_runs_on_each_objective(objective):
+    result = fedcomp.run(cfg(objective=objective, lam=5.0))
+    assert result.metrics["test_accuracy"].iloc[-1] > result.metrics["test_accuracy"].iloc[0]
+
+
+def test_cifar_st_from_files_in_torchvision_format(tmp_path, monkeypatch):
+    gen = torch.Generator().manual_seed(0)
+    images = torch.randint(0, 256, (200, 3, 32, 32), generator=gen, dtype=torch.uint8)
+    labels = torch.arange(200) % 10
+    for split in ("train", "test"):
+        cifar.write_cifar_batches(tmp_path, images, labels, "cifar10", split)
+    monkeypatch.setenv("FEDCOMP_DATA", str(tmp_path))
+    config = cfg(dataset="cifar10-st", verify_md5=False).replace(**{"federation.clients": 2, "run.rounds": 1})
+    task = build_task(config)
+    counts = torch.bincount(task.y_train, minlength=10)
+    assert counts[5:].tolist() == [20] * 5 and (counts[:5] < 20).all()  # half the classes reduced
+    assert task.model.dim > 260_000  # ResNet20
+    assert fedcomp.run(config).metrics["round"].tolist() == [0, 1]
+
+
+def test_missing_cifar_is_one_config_error(tmp_path, monkeypatch):
+    monkeypatch.setenv("FEDCOMP_DATA", str(tmp_path))
+    with pytest.raises(fedcomp.ConfigError, match=r"task.dataset = 'cifar10-st': .*cifar-10-batches-py"):
+        fedcomp.run(cfg(dataset="cifar10-st"))
