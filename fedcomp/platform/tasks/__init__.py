@@ -1,6 +1,7 @@
 """Built-in tasks; importing this package registers them."""
 
 from fedcomp.platform.tasks import (  # noqa: F401
+    adult_fairness,
     dro,
     heterogeneous_composition,
     invariant_logreg,
