@@ -1,0 +1,389 @@
+"""The FedDRO paper's non-federated baselines, run "in parallel" over the clients -- ``reference/ALGORITHMS.md``
+sections 8.4 and 8.6.
+
+Problem: min_x Phi(x) = h(x) + f(g(x)), h = (1/K) sum_k h_k, g = (1/K) sum_k g_k, g_k(x) in R^{d_g}. The paper
+compares FedDRO (with I = 1) against centralised methods whose per-step work is K times one client's (K x 16
+samples per step). Here each is a synchronous parallel method: every step the clients compute their share on
+their own batches, one model-sized round averages it, and the server takes the step. Clients hold no model
+between steps (GCIVR keeps the last model it received, for its two-point differences).
+
+**GCIVR** (``gcivr``; Haddadpour, Kamani, Mahdavi, Karbasi, ICLR 2022; read from ``mlscientist/GCIVR``). The
+server keeps G ~ g(x_t) and J ~ the Jacobian of g at x_t (d_g x d), updated by the SARAH/SPIDER recursion on one
+batch b_k per client shared by both points:
+
+    G_t = G_{t-1} + <g_k(x_t; b_k) - g_k(x_{t-1}; b_k)>
+    J_t = J_{t-1} + <dg_k(x_t; b_k) - dg_k(x_{t-1}; b_k)>
+    every ``refresh_every`` steps instead: G_t = <g_k(x_t; B_k)>, J_t = <dg_k(x_t; B_k)>  (B_k: ``refresh_batch``)
+    d_t = <grad h_k(x_t; b_k)> + J_t^T grad f(G_t)
+    x_{t+1} = x_t - eta d_t                      (or an Adagrad step: ``optimizer: adagrad``)
+
+One model round per step **[inferred]** (ALGORITHMS.md 8.4: how GCIVR was distributed over FedDRO's clients is
+unknown): each client uploads the d_g value difference, the d_g x d Jacobian difference and its plain gradient
+in one message and downloads x_t. Why the Jacobian and not the direction: for d_g = 1, J is the code's grad G
+and d_t = grad main + grad G / G is exactly its update (f = log); for any d_g it is what GCIVR/CIVR track, it
+keeps the recursion a martingale in the map g alone, and it needs one exchange per step -- a recursion on the
+direction grad g(x)^T grad f(G) itself would need G_t before the clients could form it (a second exchange per
+step) and would no longer reduce to the code for d_g = 1. The cost is d_g model-sized vectors per client per step
+(one for the DRO tasks). The plain part h is not variance-reduced: the code computes its gradient directly
+(on the full batch), so each step uses <grad h_k(x_t; b_k)>; at a refresh step all three come from B_k.
+
+Code vs paper (policy in ALGORITHMS.md 0.3): the released loop never refreshes (``refresh_every: null``, the
+default -- the published Adult curves came from it, with full batches, where the recursion is exact); the
+paper's periodic refresh is ``refresh_every: q``. The code starts from G ~ U(0, 1) and grad G = 0, which leaves
+permanent offsets g(x_0) - G_0 and -grad g(x_0) in a loop that never refreshes; the default ``init: estimate``
+starts from fresh estimates at x_0 instead, ``init: code`` reproduces the code (x_prev = x_0, so its first step
+uses grad h alone). The code steps with Adagrad (lr 0.01); the default here is plain SGD with FedDRO's lr
+schedule, so that learning-rate grids mean the same thing across the comparison.
+
+**Parallel MBSGD** (``parallel-mbsgd``; Ghadimi & Lan 2013, customised for compositional problems as in
+ALGORITHMS.md 8.6). Per step: y = <g_k(x_t; b_k)> (one low-dimensional exchange), then on an independent batch
+b'_k, d_t = <grad h_k(x_t; b'_k) + grad g_k(x_t; b'_k)^T grad f(y)> and x_{t+1} = x_t - eta d_t (one model round).
+Biased (f(y) with a batch estimate y), as the paper says.
+
+**Parallel FastDRO** (``parallel-fastdro``; Levy, Carmon, Duchi, Sidford 2020). Needs per-example losses
+(:class:`ExampleLossProblem`). Per step every client sends its batch's b per-example losses (a low-dimensional
+exchange), the server computes best-response weights p over the pooled K x b losses with
+:func:`fedcomp.platform.dro_losses.robust_weights` (no gradient), each client gets its b weights back and
+uploads grad sum_{i in b_k} p_i l_i(x_t), and x_{t+1} = x_t - eta sum_k (that) (one model round). The task's
+own h, g, f are not used: FastDRO minimises its mini-batch robust loss. Geometry, size and regulariser used by
+FedDRO are **[unknown]**; the default is chi^2 with rho = 1 and no penalty.
+
+Counters (per participating client): ``floats_up``/``floats_down`` count the model-sized message of the step;
+``embedding_*`` the low-dimensional exchanges (MBSGD's y, FastDRO's losses and weights). They count what the
+protocol sends; the simulation moves FastDRO's losses and weights as zero-padded K x b vectors (the federation
+returns means only), which the counters do not charge.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
+
+import torch
+from pydantic import Field, model_validator
+from torch import Tensor
+
+from fedcomp.platform.algorithms.base import (
+    Algorithm,
+    ClientContext,
+    Federation,
+    RoundContext,
+    RoundRecord,
+    State,
+    StepInfo,
+)
+from fedcomp.platform.algorithms.feddro import CompositionalHParams, _outer_grad, _samples
+from fedcomp.platform.config import Params
+from fedcomp.platform.dro_losses import robust_loss, robust_weights
+from fedcomp.platform.errors import ConfigError
+from fedcomp.platform.problems import COMPOSITIONAL_GLOBAL, GlobalCompositionalProblem
+from fedcomp.platform.registry import register_algorithm
+
+__all__ = [
+    "ExampleLossProblem",
+    "FastDROHParams",
+    "GCIVR",
+    "GCIVRHParams",
+    "ParallelFastDRO",
+    "ParallelHParams",
+    "ParallelMBSGD",
+]
+
+
+@runtime_checkable
+class ExampleLossProblem(Protocol):
+    """A problem that exposes its per-example losses (what FastDRO's robust loss reweights)."""
+
+    def sample(self, client: int, size: int | None, gen: torch.Generator) -> Any:
+        """A batch of ``size`` of the client's examples (all of them when ``size`` is None)."""
+        ...
+
+    def example_losses(self, x: Tensor, batch: Any) -> Tensor:
+        """The losses of the batch's examples at ``x``, shape [n], differentiable in ``x``."""
+        ...
+
+
+# ------------------------------------------------------------------------------------------------ hyperparameters
+
+
+class ParallelHParams(CompositionalHParams):
+    """eta (``lr``, with FedDRO's schedule) and the batch per client; one step per round (I = 1)."""
+
+    local_steps: int = Field(1, ge=1, le=1, description="parallel baselines synchronise every step: I = 1 only")
+
+
+class GCIVRHParams(ParallelHParams):
+    """GCIVR's options: step rule, periodic refresh and initial estimates (code vs paper, see module doc)."""
+
+    outer_batch: int | None = Field(16, ge=1, description="batch b per client and step; null = all local data (the code)")
+    optimizer: Literal["sgd", "adagrad"] = Field("sgd", description="'adagrad' as in the code (with lr 0.01)")
+    adagrad_eps: float = Field(1e-10, gt=0, description="Adagrad's epsilon (torch.optim.Adagrad's default)")
+    refresh_every: int | None = Field(
+        None, ge=1, description="fresh estimates of G and J every this many steps (the paper); null = never (the code)"
+    )
+    refresh_batch: int | None = Field(
+        None, ge=1, description="batch per client for fresh estimates (initial and refresh); null = all local data"
+    )
+    init: Literal["estimate", "code"] = Field(
+        "estimate", description="'estimate': G, J fresh at x_0; 'code': G ~ U(0, 1), J = 0 (mlscientist/GCIVR)"
+    )
+
+
+class FastDROHParams(ParallelHParams):
+    """The uncertainty set (``geometry``, ``size``) and penalty ``reg`` of FastDRO's batch robust loss."""
+
+    outer_batch: int = Field(16, ge=1, description="batch b per client and step (pooled: K x b losses)")
+    geometry: Literal["cvar", "chi2"] = Field("chi2", description="uncertainty set of the robust loss")
+    size: float | None = Field(
+        1.0, gt=0, description="cvar: alpha in (0, 1]; chi2: rho > 0, null = unconstrained (needs reg > 0)"
+    )
+    reg: float = Field(0.0, ge=0, description="penalty on the divergence from uniform (KL for cvar, chi2 for chi2)")
+
+    @model_validator(mode="after")
+    def _check(self) -> "FastDROHParams":
+        if self.geometry == "cvar" and (self.size is None or self.size > 1):
+            raise ValueError(f"size = {self.size!r}: for geometry 'cvar' it is alpha and must be in (0, 1]")
+        if self.geometry == "chi2" and self.size is None and self.reg == 0:
+            raise ValueError("size = None: an unconstrained chi2 set needs reg > 0")
+        return self
+
+    @property
+    def robust(self) -> dict[str, Any]:
+        """Keyword arguments of :func:`robust_weights` / :func:`robust_loss`."""
+        return {"geometry": self.geometry, "size": float("inf") if self.size is None else self.size, "reg": self.reg}
+
+
+# ------------------------------------------------------------------------------------------------ helpers
+
+
+def _inner_and_jacobian(problem: GlobalCompositionalProblem, x: Tensor, batch: Any) -> tuple[Tensor, Tensor]:
+    """g_k(x; b) [d_g] and its Jacobian [d_g, d] (one backward pass per row; d_g is small)."""
+    x = x.detach().requires_grad_(True)
+    value = problem.inner(x, batch)
+    rows = [
+        torch.autograd.grad(value[i], x, retain_graph=True)[0] if value.requires_grad else torch.zeros_like(x)
+        for i in range(value.numel())
+    ]
+    return value.detach(), torch.stack(rows)
+
+
+def _plain_grad(problem: GlobalCompositionalProblem, x: Tensor, batch: Any) -> tuple[Tensor, float]:
+    """grad h_k(x; b) and h_k(x; b) (zero gradient for a problem without a plain part)."""
+    x = x.detach().requires_grad_(True)
+    value = problem.plain(x, batch)
+    grad = torch.autograd.grad(value, x)[0] if value.requires_grad else torch.zeros_like(x)
+    return grad, float(value.detach())
+
+
+def _direction(problem: GlobalCompositionalProblem, x: Tensor, batch: Any, v: Tensor) -> tuple[Tensor, float]:
+    """grad h_k(x; b) + grad g_k(x; b)^T v, and h_k(x; b)."""
+    x = x.detach().requires_grad_(True)
+    plain = problem.plain(x, batch)
+    (grad,) = torch.autograd.grad(plain + problem.inner(x, batch) @ v, x)
+    return grad, float(plain.detach())
+
+
+def _slot(cohort: Tensor, client: int) -> int:
+    """The client's position in the cohort (the payload carries the cohort's ids as floats)."""
+    hits = (cohort == client).nonzero()
+    if hits.numel() != 1:
+        raise ValueError(f"client {client} is not in the broadcast cohort {cohort.tolist()}")
+    return int(hits[0, 0])
+
+
+class _Parallel(Algorithm):
+    """A synchronous parallel method: one step per round, the step taken on the server."""
+
+    kind = COMPOSITIONAL_GLOBAL
+    synced = ("x",)
+
+    def init_state(self, params: State) -> State:
+        return {"x": params["x"].clone()}
+
+    def local_step(self, problem: Any, client: int, state: State, step: int, gen: torch.Generator) -> tuple[State, StepInfo]:
+        raise NotImplementedError("parallel baselines run their own round programs")
+
+
+# ------------------------------------------------------------------------------------------------ GCIVR
+
+
+@register_algorithm("gcivr")
+class GCIVR(_Parallel):
+    """GCIVR as a synchronous parallel method: SARAH recursion on g and its Jacobian, one model round per step."""
+
+    HParams: ClassVar[type[Params]] = GCIVRHParams
+    description = "GCIVR (Haddadpour et al. 2022) in parallel: SARAH estimates of g and its Jacobian, 1 round/step"
+
+    # -- client programs -------------------------------------------------------------------------------------
+    def gcivr_refresh(self, problem: GlobalCompositionalProblem, state: State, ctx: ClientContext) -> tuple[State, State, StepInfo]:
+        """Fresh estimates at the broadcast x on the refresh batch B_k: g_k, its Jacobian and grad h_k."""
+        x = state["x"]
+        batch = problem.sample(ctx.client, self.hp.refresh_batch, ctx.rng(ctx.round, "refresh"))
+        g, jac = _inner_and_jacobian(problem, x, batch)
+        grad_h, h = _plain_grad(problem, x, batch)
+        outputs = {"g": g, "jac": jac.reshape(-1), "grad_h": grad_h}
+        return self._seen(x, ctx), outputs, StepInfo(_samples(batch), h)
+
+    def gcivr_step(self, problem: GlobalCompositionalProblem, state: State, ctx: ClientContext) -> tuple[State, State, StepInfo]:
+        """Differences of g_k and its Jacobian between the broadcast x_t and x_{t-1} on one batch, and grad h_k(x_t)."""
+        x, prev = state["x"], state.get("x_seen")
+        batch = problem.sample(ctx.client, self.hp.outer_batch, ctx.rng(ctx.round))
+        g, jac = _inner_and_jacobian(problem, x, batch)
+        grad_h, h = _plain_grad(problem, x, batch)
+        n = _samples(batch)
+        if prev is None:
+            if ctx.round > 0:
+                raise ConfigError(self._stale(ctx))
+            # init 'code' at step 0: x_prev = x_0, so the differences vanish
+            dg, djac, samples = torch.zeros_like(g), torch.zeros_like(jac), n
+        else:
+            if int(state["seen_at"]) != ctx.round - 1:
+                raise ConfigError(self._stale(ctx))
+            g_prev, jac_prev = _inner_and_jacobian(problem, prev, batch)
+            dg, djac, samples = g - g_prev, jac - jac_prev, 2 * n
+        outputs = {"dg": dg, "djac": djac.reshape(-1), "grad_h": grad_h}
+        return self._seen(x, ctx), outputs, StepInfo(samples, h)
+
+    @staticmethod
+    def _seen(x: Tensor, ctx: ClientContext) -> State:
+        """Private state: the model just received, for the next step's differences, and its step index."""
+        return {"x_seen": x.detach().clone(), "seen_at": torch.tensor([float(ctx.round)])}
+
+    @staticmethod
+    def _stale(ctx: ClientContext) -> str:
+        return (
+            f"gcivr: client {ctx.client} did not take part in step {ctx.round - 1}, so it cannot form the "
+            f"difference at step {ctx.round}; gcivr needs every client every step (federation.clients_per_round: null)"
+        )
+
+    # -- server ------------------------------------------------------------------------------------------------
+    def _refresh_due(self, state: State, round: int) -> bool:
+        if "G" not in state:
+            return self.hp.init == "estimate"
+        every = self.hp.refresh_every
+        return every is not None and round % every == 0
+
+    def round(self, federation: Federation, state: State, ctx: RoundContext) -> tuple[State, RoundRecord]:
+        problem, cohort, t, x = ctx.problem, ctx.cohort(0), ctx.round, state["x"]
+        d = x.numel()
+        if self._refresh_due(state, t):
+            out = federation.call("gcivr_refresh", t, cohort, {"x": x})
+            G, J = out.means["g"], out.means["jac"]
+        else:
+            if "G" in state:
+                G, J = state["G"], state["J"]
+            else:  # init 'code': a random G in (0, 1) and a zero Jacobian estimate
+                dg = int(problem.inner_dim)
+                G, J = torch.rand(dg, generator=ctx.rng("gcivr-init")), torch.zeros(dg * d)
+            out = federation.call("gcivr_step", t, cohort, {"x": x})
+            G, J = G + out.means["dg"], J + out.means["djac"]
+        dg = G.numel()
+        direction = out.means["grad_h"] + J.view(dg, d).T @ _outer_grad(problem, G)
+        lr = self.hp.lr_at(t)
+        new: State = {"G": G, "J": J}
+        if self.hp.optimizer == "adagrad":  # torch.optim.Adagrad with lr_decay = 0, initial accumulator 0
+            accum = state.get("accum", torch.zeros_like(x)) + direction**2
+            new["x"] = x - lr * direction / (accum.sqrt() + self.hp.adagrad_eps)
+            new["accum"] = accum
+        else:
+            new["x"] = x - lr * direction
+        with torch.no_grad():
+            loss = out.loss + float(problem.outer(G))
+        record = RoundRecord(
+            comm_rounds=1, local_steps=1, samples=out.samples, floats_up=dg + dg * d + d, floats_down=d,
+            train_loss=loss,
+        )
+        return new, record
+
+
+# ------------------------------------------------------------------------------------------------ MBSGD
+
+
+@register_algorithm("parallel-mbsgd")
+class ParallelMBSGD(_Parallel):
+    """Mini-batch SGD for compositional problems in parallel: y = <g_k(x; b)>, then a step on a fresh batch b'."""
+
+    HParams: ClassVar[type[Params]] = ParallelHParams
+    description = "MBSGD (Ghadimi & Lan) in parallel: <g_k(x; b)> exchanged, grad on fresh b', 1 round/step"
+    transient_programs = frozenset({"mbsgd_inner"})
+
+    def mbsgd_inner(self, problem: GlobalCompositionalProblem, state: State, ctx: ClientContext) -> tuple[State, State, StepInfo]:
+        """g_k(x_t; b_k); the client keeps x_t for the step's second half."""
+        x = state["x"]
+        batch = problem.sample(ctx.client, self.hp.outer_batch, ctx.rng(ctx.round, "inner"))
+        with torch.no_grad():
+            y = problem.inner(x, batch)
+        return {"x_local": x.clone()}, {"y": y}, StepInfo(_samples(batch))
+
+    def mbsgd_grad(self, problem: GlobalCompositionalProblem, state: State, ctx: ClientContext) -> tuple[State, State, StepInfo]:
+        """grad h_k(x_t; b'_k) + grad g_k(x_t; b'_k)^T grad f(y) on a batch independent of b_k."""
+        batch = problem.sample(ctx.client, self.hp.outer_batch, ctx.rng(ctx.round))
+        grad, h = _direction(problem, state["x_local"], batch, _outer_grad(problem, state["y"]))
+        return {}, {"grad": grad}, StepInfo(_samples(batch), h)
+
+    def round(self, federation: Federation, state: State, ctx: RoundContext) -> tuple[State, RoundRecord]:
+        cohort, t, x = ctx.cohort(0), ctx.round, state["x"]
+        inner = federation.call("mbsgd_inner", t, cohort, {"x": x}, sub=0)
+        y = inner.means["y"]
+        out = federation.call("mbsgd_grad", t, cohort, {"y": y}, sub=1)
+        with torch.no_grad():
+            loss = out.loss + float(ctx.problem.outer(y))
+        d, dg = x.numel(), y.numel()
+        record = RoundRecord(
+            comm_rounds=1, local_steps=1, samples=inner.samples + out.samples, floats_up=d, floats_down=d,
+            train_loss=loss, embedding_exchanges=1, embedding_floats_up=dg, embedding_floats_down=dg,
+        )
+        return {"x": x - self.hp.lr_at(t) * out.means["grad"]}, record
+
+
+# ------------------------------------------------------------------------------------------------ FastDRO
+
+
+@register_algorithm("parallel-fastdro")
+class ParallelFastDRO(_Parallel):
+    """FastDRO's batch robust loss in parallel: best-response weights over the pooled K x b losses."""
+
+    HParams: ClassVar[type[Params]] = FastDROHParams
+    description = "FastDRO (Levy et al. 2020) in parallel: robust weights over pooled K x b losses, 1 round/step"
+    transient_programs = frozenset({"fastdro_losses"})
+
+    def fastdro_losses(self, problem: ExampleLossProblem, state: State, ctx: ClientContext) -> tuple[State, State, StepInfo]:
+        """The batch's per-example losses at x_t, in the client's slot of a cohort-sized zero vector."""
+        x, cohort = state["x"], state["cohort"]
+        batch = problem.sample(ctx.client, self.hp.outer_batch, ctx.rng(ctx.round))
+        with torch.no_grad():
+            losses = problem.example_losses(x, batch).reshape(-1)
+        if losses.numel() != self.hp.outer_batch:
+            raise ValueError(f"example_losses gave {losses.numel()} losses for a batch of {self.hp.outer_batch}")
+        slots = losses.new_zeros(cohort.numel(), losses.numel())
+        slots[_slot(cohort, ctx.client)] = losses
+        return {"x_local": x.clone()}, {"losses": slots.reshape(-1)}, StepInfo(losses.numel(), float(losses.mean()))
+
+    def fastdro_grad(self, problem: ExampleLossProblem, state: State, ctx: ClientContext) -> tuple[State, State, StepInfo]:
+        """grad sum_i p_i l_i(x_t) over the client's batch, with its slot of the server's weights p (constants)."""
+        b = self.hp.outer_batch
+        weights = state["w"].view(-1, b)[_slot(state["cohort"], ctx.client)].detach()
+        batch = problem.sample(ctx.client, b, ctx.rng(ctx.round))  # the same batch as the losses: keyed by the step
+        x = state["x_local"].detach().requires_grad_(True)
+        (grad,) = torch.autograd.grad(weights @ problem.example_losses(x, batch).reshape(-1), x)
+        return {}, {"grad": grad}, StepInfo(b)
+
+    def round(self, federation: Federation, state: State, ctx: RoundContext) -> tuple[State, RoundRecord]:
+        if not isinstance(ctx.problem, ExampleLossProblem):
+            raise ConfigError(
+                f"algorithm.name = 'parallel-fastdro' needs per-example losses: the task's problem "
+                f"{type(ctx.problem).__name__} has no example_losses(x, batch)"
+            )
+        cohort, t, x = ctx.cohort(0), ctx.round, state["x"]
+        n, ids = len(cohort), torch.tensor(cohort, dtype=torch.float32)
+        out = federation.call("fastdro_losses", t, cohort, {"x": x, "cohort": ids}, sub=0)
+        pooled = out.means["losses"] * n  # each client filled only its own slot
+        weights = robust_weights(pooled, **self.hp.robust)
+        grads = federation.call("fastdro_grad", t, cohort, {"w": weights, "cohort": ids}, sub=1)
+        direction = grads.means["grad"] * n  # sum over clients of sum_i p_i grad l_i
+        b, d = self.hp.outer_batch, x.numel()
+        record = RoundRecord(
+            comm_rounds=1, local_steps=1, samples=out.samples + grads.samples, floats_up=d, floats_down=d,
+            train_loss=float(robust_loss(pooled, **self.hp.robust)), embedding_exchanges=1,
+            embedding_floats_up=b, embedding_floats_down=b,
+        )
+        return {"x": x - self.hp.lr_at(t) * direction}, record
