@@ -192,3 +192,10 @@ def estimate(problem: Any, x: Tensor, *batch: Any) -> tuple[Tensor, Tensor]:
     value = problem.loss(x, *batch)
     (grad,) = torch.autograd.grad(value, x)
     return grad, value.detach()
+
+
+def batch_size(batch: Any) -> int:
+    """Examples in a batch (a tuple whose last item is a tensor of labels); 1 for data-free problems."""
+    if isinstance(batch, (tuple, list)) and batch and isinstance(batch[-1], Tensor) and batch[-1].dim() > 0:
+        return int(batch[-1].shape[0])
+    return 1

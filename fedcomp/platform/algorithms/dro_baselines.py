@@ -71,7 +71,8 @@ from fedcomp.platform.algorithms.base import (
     State,
     StepInfo,
 )
-from fedcomp.platform.algorithms.feddro import CompositionalHParams, _outer_grad, _samples
+from fedcomp.platform.algorithms.base import batch_size
+from fedcomp.platform.algorithms.feddro import CompositionalHParams, _outer_grad
 from fedcomp.platform.config import Params
 from fedcomp.platform.dro_losses import robust_loss, robust_weights
 from fedcomp.platform.errors import ConfigError
@@ -221,7 +222,7 @@ class GCIVR(_Parallel):
         g, jac = _inner_and_jacobian(problem, x, batch)
         grad_h, h = _plain_grad(problem, x, batch)
         outputs = {"g": g, "jac": jac.reshape(-1), "grad_h": grad_h}
-        return self._seen(x, ctx), outputs, StepInfo(_samples(batch), h)
+        return self._seen(x, ctx), outputs, StepInfo(batch_size(batch), h)
 
     def gcivr_step(self, problem: GlobalCompositionalProblem, state: State, ctx: ClientContext) -> tuple[State, State, StepInfo]:
         """Differences of g_k and its Jacobian between the broadcast x_t and x_{t-1} on one batch, and grad h_k(x_t)."""
@@ -229,7 +230,7 @@ class GCIVR(_Parallel):
         batch = problem.sample(ctx.client, self.hp.outer_batch, ctx.rng(ctx.round))
         g, jac = _inner_and_jacobian(problem, x, batch)
         grad_h, h = _plain_grad(problem, x, batch)
-        n = _samples(batch)
+        n = batch_size(batch)
         if prev is None:
             if ctx.round > 0:
                 raise ConfigError(self._stale(ctx))
@@ -312,13 +313,13 @@ class ParallelMBSGD(_Parallel):
         batch = problem.sample(ctx.client, self.hp.outer_batch, ctx.rng(ctx.round, "inner"))
         with torch.no_grad():
             y = problem.inner(x, batch)
-        return {"x_local": x.clone()}, {"y": y}, StepInfo(_samples(batch))
+        return {"x_local": x.clone()}, {"y": y}, StepInfo(batch_size(batch))
 
     def mbsgd_grad(self, problem: GlobalCompositionalProblem, state: State, ctx: ClientContext) -> tuple[State, State, StepInfo]:
         """grad h_k(x_t; b'_k) + grad g_k(x_t; b'_k)^T grad f(y) on a batch independent of b_k."""
         batch = problem.sample(ctx.client, self.hp.outer_batch, ctx.rng(ctx.round))
         grad, h = _direction(problem, state["x_local"], batch, _outer_grad(problem, state["y"]))
-        return {}, {"grad": grad}, StepInfo(_samples(batch), h)
+        return {}, {"grad": grad}, StepInfo(batch_size(batch), h)
 
     def round(self, federation: Federation, state: State, ctx: RoundContext) -> tuple[State, RoundRecord]:
         cohort, t, x = ctx.cohort(0), ctx.round, state["x"]

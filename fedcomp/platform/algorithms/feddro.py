@@ -39,6 +39,7 @@ from fedcomp.platform.algorithms.base import (
     RoundRecord,
     State,
     StepInfo,
+    batch_size,
 )
 from fedcomp.platform.config import Params
 from fedcomp.platform.problems import COMPOSITIONAL_GLOBAL, GlobalCompositionalProblem
@@ -77,11 +78,6 @@ def _outer_grad(problem: GlobalCompositionalProblem, z: Tensor) -> Tensor:
     return grad
 
 
-def _samples(batch: Any) -> int:
-    if isinstance(batch, (tuple, list)) and batch and isinstance(batch[-1], Tensor) and batch[-1].dim() > 0:
-        return int(batch[-1].shape[0])
-    return 1
-
 
 class _Compositional(Algorithm):
     kind = COMPOSITIONAL_GLOBAL
@@ -114,20 +110,20 @@ class FedDRO(_Compositional):
         """y_k = g_k(x_0; b): the clients' share of the initial estimate; x_prev starts at x_0."""
         batch = problem.sample(ctx.client, self.hp.outer_batch, ctx.rng(-1))
         x = state["x"]
-        return {"x_local": x.clone(), "x_prev": x.clone()}, {"y": problem.inner(x, batch).detach()}, StepInfo(_samples(batch))
+        return {"x_local": x.clone(), "x_prev": x.clone()}, {"y": problem.inner(x, batch).detach()}, StepInfo(batch_size(batch))
 
     def _start(self, problem: GlobalCompositionalProblem, state: State, y_bar: Tensor, step: int, ctx: ClientContext) -> tuple[Tensor, StepInfo]:
         batch = self._batch(problem, ctx, step)
         with torch.no_grad():
             new, old = problem.inner(state["x_local"], batch), problem.inner(state["x_prev"], batch)
-        return (1 - self.beta) * (y_bar - old) + new, StepInfo(2 * _samples(batch))
+        return (1 - self.beta) * (y_bar - old) + new, StepInfo(2 * batch_size(batch))
 
     def _finish(self, problem: GlobalCompositionalProblem, state: State, y_bar: Tensor, step: int, ctx: ClientContext) -> tuple[State, StepInfo]:
         batch = self._batch(problem, ctx, step)  # the same batch as the step's start: keyed by the step
         grad, value = _value_and_vjp(problem, state["x_local"], batch, _outer_grad(problem, y_bar))
         x = state["x_local"]
         new = {**state, "x_prev": x, "x_local": x - self.hp.lr_at(ctx.round) * grad}
-        return new, StepInfo(_samples(batch), float(value))
+        return new, StepInfo(batch_size(batch), float(value))
 
     def dro_start(self, problem: GlobalCompositionalProblem, state: State, ctx: ClientContext) -> tuple[State, State, StepInfo]:
         """Take the averaged model (x_prev stays the client's own last iterate) and start the round's first step."""
@@ -197,7 +193,7 @@ class _VanillaCO(_Compositional):
     def co_inner_value(self, problem: GlobalCompositionalProblem, state: State, ctx: ClientContext) -> tuple[State, State, StepInfo]:
         """g_k(x_bar; b), for case II's averaged reset."""
         batch = problem.sample(ctx.client, self.hp.outer_batch, ctx.rng(ctx.round * self.hp.local_steps, "reset"))
-        return state, {"y": problem.inner(state["x"], batch).detach()}, StepInfo(_samples(batch))
+        return state, {"y": problem.inner(state["x"], batch).detach()}, StepInfo(batch_size(batch))
 
     def co_local_steps(self, problem: GlobalCompositionalProblem, state: State, ctx: ClientContext) -> tuple[State, State, StepInfo]:
         """I steps x <- x - eta grad g_k(x)^T grad f(y_k), y_k <- g_k(x) at the new point."""
@@ -214,7 +210,7 @@ class _VanillaCO(_Compositional):
             x = x - self.hp.lr_at(ctx.round) * grad
             with torch.no_grad():
                 y = problem.inner(x, batch)
-            samples, loss = samples + 2 * _samples(batch), float(value)
+            samples, loss = samples + 2 * batch_size(batch), float(value)
         return state, {"x": x}, StepInfo(samples, loss)
 
     def round(self, federation: Federation, state: State, ctx: RoundContext) -> tuple[State, RoundRecord]:

@@ -41,6 +41,7 @@ from fedcomp.platform.algorithms.base import (
     RoundRecord,
     State,
     StepInfo,
+    batch_size,
 )
 from fedcomp.platform.config import Params
 from fedcomp.platform.oracles import grad_xy, grad_y, hvp_yy, jvp_xy
@@ -63,12 +64,6 @@ class FedNestHParams(Params):
     outer_batch: int | None = Field(None, ge=1, description="batch of local outer steps; null = all local data")
     oracle_batch: int | None = Field(None, ge=1, description="batch of anchors, HVPs, hypergradients; null = all")
 
-
-def _count(batch: Any) -> int:
-    """Examples in a batch (a tuple whose last item is a tensor of labels), 1 for data-free problems."""
-    if isinstance(batch, (tuple, list)) and batch and isinstance(batch[-1], Tensor) and batch[-1].dim() > 0:
-        return int(batch[-1].shape[0])
-    return 1
 
 
 class _Nested(Algorithm):
@@ -102,11 +97,11 @@ class _Nested(Algorithm):
         outer = self._oracle_batch(problem, ctx, "outer", 0)
         gx, _ = grad_xy(lambda a, b: problem.outer_loss(a, b, outer), x, y)
         loss = float(problem.outer_loss(x, y, outer))
-        samples = _count(outer)
+        samples = batch_size(outer)
         if p is not None and not problem.minimax:
             inner = self._oracle_batch(problem, ctx, "inner", 1)
             gx = gx - jvp_xy(lambda a, b: problem.inner_loss(a, b, inner), x, y, p)
-            samples += _count(inner)
+            samples += batch_size(inner)
         return gx, loss, samples
 
     # -- client programs (run by the federation, named in the round program) ---------------------------------
@@ -114,7 +109,7 @@ class _Nested(Algorithm):
         """q_i = grad_y g_i(x, y) on the client's inner data."""
         batch = self._oracle_batch(problem, ctx, "inner", 0)
         q = grad_y(lambda a, b: problem.inner_loss(a, b, batch), state["x"], state["y"])
-        return state, {"q": q}, StepInfo(_count(batch), float(problem.inner_loss(state["x"], state["y"], batch)))
+        return state, {"q": q}, StepInfo(batch_size(batch), float(problem.inner_loss(state["x"], state["y"], batch)))
 
     def inner_local(self, problem: BilevelProblem, state: State, ctx: ClientContext) -> tuple[State, State, StepInfo]:
         """``inner_steps`` local steps on y: SVRG-corrected with the anchor q when q is sent, else plain SGD."""
@@ -126,7 +121,7 @@ class _Nested(Algorithm):
             direction = grad_y(g_inner, x, y)
             if q is not None:  # SVRG: the same batch at the round's y, plus the global anchor
                 direction = direction - grad_y(g_inner, x, y0) + q
-            samples += _count(batch) * (2 if q is not None else 1)
+            samples += batch_size(batch) * (2 if q is not None else 1)
             loss += float(problem.inner_loss(x, y, batch)) / self.hp.inner_steps
             y = y - self.hp.inner_lr * direction
         return state, {"y": y}, StepInfo(samples, loss)
@@ -135,14 +130,14 @@ class _Nested(Algorithm):
         """grad_y f_i(x, y) on the client's outer data (the server scales it)."""
         batch = self._oracle_batch(problem, ctx, "outer", 0)
         v = grad_y(lambda a, b: problem.outer_loss(a, b, batch), state["x"], state["y"])
-        return state, {"p": v}, StepInfo(_count(batch), float(problem.outer_loss(state["x"], state["y"], batch)))
+        return state, {"p": v}, StepInfo(batch_size(batch), float(problem.outer_loss(state["x"], state["y"], batch)))
 
     def ihgp_step(self, problem: BilevelProblem, state: State, ctx: ClientContext) -> tuple[State, State, StepInfo]:
         """p_i = (I - H_i / l) p with H_i the client's Hessian of g in y."""
         batch = self._oracle_batch(problem, ctx, "inner", 0)
         p = state["p"]
         p = p - self.hp.neumann_lr * hvp_yy(lambda a, b: problem.inner_loss(a, b, batch), state["x"], state["y"], p)
-        return state, {"p": p}, StepInfo(_count(batch))
+        return state, {"p": p}, StepInfo(batch_size(batch))
 
     def ihgp_code_step(self, problem: BilevelProblem, state: State, ctx: ClientContext) -> tuple[State, State, StepInfo]:
         """The code's variant: the client's own counter c_i <- (I - H_i / l) c_i, started at p_0 in this epoch."""
@@ -151,7 +146,7 @@ class _Nested(Algorithm):
         c = state["p"] if fresh else state["ihgp_c"]
         c = c - self.hp.neumann_lr * hvp_yy(lambda a, b: problem.inner_loss(a, b, batch), state["x"], state["y"], c)
         state = {**state, "ihgp_c": c, "ihgp_round": torch.tensor(float(ctx.round))}
-        return state, {"c": c}, StepInfo(_count(batch))
+        return state, {"c": c}, StepInfo(batch_size(batch))
 
     def hypergrad(self, problem: BilevelProblem, state: State, ctx: ClientContext) -> tuple[State, State, StepInfo]:
         """h_i = grad_x f_i(x, y) - grad^2_xy g_i(x, y) p (just grad_x f_i for minimax problems)."""
@@ -177,7 +172,7 @@ class _Nested(Algorithm):
             batch = problem.sample(ctx.client, "outer", self.hp.outer_batch, ctx.rng(ctx.round, ctx.sub, s))
             f = lambda a, b: problem.outer_loss(a, b, batch)  # noqa: E731
             x = x - self.hp.lr * (grad_xy(f, x, y)[0] - grad_xy(f, x0, y)[0] + h)
-            samples += 2 * _count(batch)
+            samples += 2 * batch_size(batch)
         return state, {"x": x}, StepInfo(samples)
 
     def local_outer(self, problem: BilevelProblem, state: State, ctx: ClientContext) -> tuple[State, State, StepInfo]:
@@ -322,7 +317,7 @@ class FedAvgS(Algorithm):
         batch = problem.sample(client, "outer", self.hp.outer_batch, gen)
         gx, gy = grad_xy(lambda a, b: problem.loss(a, b, batch), state["x"], state["y"])
         new = {"x": state["x"] - self.hp.lr * gx, "y": state["y"] + self.hp.inner_lr * gy}
-        return new, StepInfo(_count(batch), float(problem.loss(state["x"], state["y"], batch)))
+        return new, StepInfo(batch_size(batch), float(problem.loss(state["x"], state["y"], batch)))
 
 
 __all__ = ["FedAvgS", "FedNest", "FedNestSGD", "LFedNest", "LFedNestSVRG"]
