@@ -72,11 +72,11 @@ from fedcomp.platform.algorithms.base import (
     StepInfo,
 )
 from fedcomp.platform.algorithms.base import batch_size
-from fedcomp.platform.algorithms.feddro import CompositionalHParams, _outer_grad
+from fedcomp.platform.algorithms.feddro import CompositionalHParams, _Compositional, _outer_grad
 from fedcomp.platform.config import Params
 from fedcomp.platform.dro_losses import robust_loss, robust_weights
 from fedcomp.platform.errors import ConfigError
-from fedcomp.platform.problems import COMPOSITIONAL_GLOBAL, GlobalCompositionalProblem
+from fedcomp.platform.problems import GlobalCompositionalProblem
 from fedcomp.platform.registry import register_algorithm
 
 __all__ = [
@@ -191,17 +191,8 @@ def _slot(cohort: Tensor, client: int) -> int:
     return int(hits[0, 0])
 
 
-class _Parallel(Algorithm):
+class _Parallel(_Compositional):
     """A synchronous parallel method: one step per round, the step taken on the server."""
-
-    kind = COMPOSITIONAL_GLOBAL
-    synced = ("x",)
-
-    def init_state(self, params: State) -> State:
-        return {"x": params["x"].clone()}
-
-    def local_step(self, problem: Any, client: int, state: State, step: int, gen: torch.Generator) -> tuple[State, StepInfo]:
-        raise NotImplementedError("parallel baselines run their own round programs")
 
 
 # ------------------------------------------------------------------------------------------------ GCIVR

@@ -78,7 +78,6 @@ def _outer_grad(problem: GlobalCompositionalProblem, z: Tensor) -> Tensor:
     return grad
 
 
-
 class _Compositional(Algorithm):
     kind = COMPOSITIONAL_GLOBAL
     synced = ("x",)
