@@ -44,6 +44,7 @@ from torch import Tensor
 
 __all__ = [
     "Composition",
+    "DualPenalty",
     "chi2_dro",
     "chi2_feasible",
     "chi2_inner",
@@ -60,6 +61,7 @@ __all__ = [
     "kl_outer",
     "kl_rescale",
     "kl_value",
+    "project_simplex",
     "robust_loss",
     "robust_weights",
 ]
@@ -81,6 +83,18 @@ class Composition(NamedTuple):
 
     def value(self, losses: Tensor) -> Tensor:
         return self.plain(losses) + self.outer(self.inner(losses))
+
+
+class DualPenalty(NamedTuple):
+    """The min-max game behind a DRO objective, for methods that keep the weights p explicitly (PDSGD):
+    ``scale * max_{p in simplex} (sum_i p_i l_i - lam * D(p, uniform))``."""
+
+    divergence: Literal["kl", "chi2"]
+    """D: ``"kl"`` = sum p_i log(m p_i); ``"chi2"`` = (m/2) sum (p_i - 1/m)^2."""
+    lam: float
+    """The regularisation weight lambda > 0."""
+    scale: float = 1.0
+    """Outer factor of the objective (1/lam for the KL objective with ``scale="paper"``)."""
 
 
 # ----------------------------------------------------------------------------------------------- KL
@@ -340,6 +354,23 @@ def robust_loss(
     else:
         penalty = ((m * p - 1) ** 2).sum() / (2 * m)
     return (p * losses).sum() - reg * penalty
+
+
+def project_simplex(v: Tensor) -> Tensor:
+    """Euclidean projection of a 1-D tensor onto the probability simplex (sort-based, O(m log m)).
+
+    The projection is relu(v - tau) with tau the unique threshold making it sum to 1 (Held, Wolfe and
+    Crowder 1974; Duchi et al. 2008, Fig. 1).
+    """
+    if not isinstance(v, Tensor) or v.ndim != 1 or v.numel() == 0 or not v.is_floating_point():
+        shape = tuple(v.shape) if isinstance(v, Tensor) else type(v).__name__
+        raise ValueError(f"v of shape {shape}: must be a non-empty 1-D floating tensor")
+    u, _ = torch.sort(v, descending=True)
+    cumulative = torch.cumsum(u, 0) - 1
+    ranks = torch.arange(1, v.numel() + 1, dtype=v.dtype, device=v.device)
+    support = int((u - cumulative / ranks > 0).nonzero().max()) + 1
+    tau = cumulative[support - 1] / support
+    return torch.clamp(v - tau, min=0)
 
 
 def _cvar_weights(v: Tensor, alpha: float, reg: float, tol: float, max_iter: int) -> Tensor:

@@ -48,14 +48,24 @@ uploads grad sum_{i in b_k} p_i l_i(x_t), and x_{t+1} = x_t - eta sum_k (that) (
 own h, g, f are not used: FastDRO minimises its mini-batch robust loss. Geometry, size and regulariser used by
 FedDRO are **[unknown]**; the default is chi^2 with rho = 1 and no penalty.
 
+**Parallel PDSGD** (``parallel-pdsgd``; the paper's "primal-dual SGD approach to solve constrained problems
+with many constraints", Xu 2020). **Reconstruction**: the paper gives no details and ALGORITHMS.md 8.6 marks
+the formulation it was applied to **[unknown]**. Xu's method is an augmented-Lagrangian primal-dual SGD for
+min f_0(x) s.t. f_j(x) <= 0 with many constraints; here it is the standard stochastic primal-dual (descent /
+mirror-ascent) method on the DRO game itself, min_x max_{p in simplex} sum_i p_i l_i(x) - lam D(p, uniform)
+over the m training examples (Nemirovski et al. 2009; Namkoong & Duchi 2016), which is what "primal-dual with
+many constraints" amounts to for the KL / chi^2 objectives: one dual variable per training example. The dual
+variable (m floats) lives on the server, in the algorithm state; see :class:`ParallelPDSGD`.
+
 Counters (per participating client): ``floats_up``/``floats_down`` count the model-sized message of the step;
-``embedding_*`` the low-dimensional exchanges (MBSGD's y, FastDRO's losses and weights). They count what the
-protocol sends; the simulation moves FastDRO's losses and weights as zero-padded K x b vectors (the federation
-returns means only), which the counters do not charge.
+``embedding_*`` the low-dimensional exchanges (MBSGD's y, FastDRO's losses and weights, PDSGD's positions,
+losses and weights). They count what the protocol sends; the simulation moves FastDRO's and PDSGD's per-example
+vectors as zero-padded K x b vectors (the federation returns means only), which the counters do not charge.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
 
 import torch
@@ -74,7 +84,7 @@ from fedcomp.platform.algorithms.base import (
 from fedcomp.platform.algorithms.base import batch_size
 from fedcomp.platform.algorithms.feddro import CompositionalHParams, _Compositional, _outer_grad
 from fedcomp.platform.config import Params
-from fedcomp.platform.dro_losses import robust_loss, robust_weights
+from fedcomp.platform.dro_losses import DualPenalty, project_simplex, robust_loss, robust_weights
 from fedcomp.platform.errors import ConfigError
 from fedcomp.platform.problems import GlobalCompositionalProblem
 from fedcomp.platform.registry import register_algorithm
@@ -84,9 +94,12 @@ __all__ = [
     "FastDROHParams",
     "GCIVR",
     "GCIVRHParams",
+    "IndexedExampleProblem",
+    "PDSGDHParams",
     "ParallelFastDRO",
     "ParallelHParams",
     "ParallelMBSGD",
+    "ParallelPDSGD",
 ]
 
 
@@ -100,6 +113,25 @@ class ExampleLossProblem(Protocol):
 
     def example_losses(self, x: Tensor, batch: Any) -> Tensor:
         """The losses of the batch's examples at ``x``, shape [n], differentiable in ``x``."""
+        ...
+
+
+@runtime_checkable
+class IndexedExampleProblem(ExampleLossProblem, Protocol):
+    """A problem whose examples have stable positions, so a method can keep one dual weight per example."""
+
+    clients: int
+
+    def examples(self, client: int) -> int:
+        """n_k, the client's number of examples."""
+        ...
+
+    def sample_positions(self, client: int, size: int | None, gen: torch.Generator) -> Tensor:
+        """Positions (in 0..n_k-1) of a batch of ``size`` examples drawn uniformly with replacement."""
+        ...
+
+    def batch_at(self, client: int, positions: Tensor) -> Any:
+        """The batch of the client's examples at ``positions``."""
         ...
 
 
@@ -151,6 +183,27 @@ class FastDROHParams(ParallelHParams):
     def robust(self) -> dict[str, Any]:
         """Keyword arguments of :func:`robust_weights` / :func:`robust_loss`."""
         return {"geometry": self.geometry, "size": float("inf") if self.size is None else self.size, "reg": self.reg}
+
+
+class PDSGDHParams(ParallelHParams):
+    """The DRO game (``divergence``, ``lam``; by default the task's) and the relative dual step tau."""
+
+    outer_batch: int = Field(16, ge=1, description="batch b per client and step (pooled: K x b examples)")
+    divergence: Literal["task", "kl", "chi2"] = Field(
+        "task", description="D(p, uniform) of the game; 'task' = the task's objective (its dual_penalty)"
+    )
+    lam: float | None = Field(None, gt=0, description="lambda of the game; null = the task's (needs divergence 'task')")
+    dual_step: float = Field(
+        0.05, gt=0, le=1, description="tau in (0, 1]: the dual step as a fraction of the way to the best response"
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> "PDSGDHParams":
+        if self.divergence == "task" and self.lam is not None:
+            raise ValueError(f"lam = {self.lam!r}: give it together with divergence 'kl' or 'chi2' ('task' uses the task's lambda)")
+        if self.divergence != "task" and self.lam is None:
+            raise ValueError(f"lam = None: divergence {self.divergence!r} needs lam > 0 (or divergence 'task')")
+        return self
 
 
 # ------------------------------------------------------------------------------------------------ helpers
@@ -379,3 +432,130 @@ class ParallelFastDRO(_Parallel):
             embedding_floats_up=b, embedding_floats_down=b,
         )
         return {"x": x - self.hp.lr_at(t) * direction}, record
+
+
+# ------------------------------------------------------------------------------------------------ PDSGD
+
+
+@register_algorithm("parallel-pdsgd")
+class ParallelPDSGD(_Parallel):
+    """Stochastic primal-dual SGD on the DRO game, in parallel, with the per-example weights p on the server.
+
+    The game (**reconstruction**, see the module doc) is ``s * min_x max_{p in simplex} sum_i p_i l_i(x) -
+    lam D(p)`` over all m = sum_k n_k training examples, D the KL or chi^2 divergence from uniform of the
+    task's objective (its ``dual_penalty``: the same lam, and s = 1/lam for KL with ``kl_scale: paper``), so
+    its value in x is exactly the task's ``robust_loss`` (for chi^2: the simplex-constrained value, which the
+    task's closed form equals while all its weights are >= 0). Step t, with each client k of the cohort C
+    (n of the K clients) drawing b positions uniformly with replacement from its n_k examples, and
+    c_k = (K / n)(n_k / b) the weight that makes pooled sums unbiased for sums over all m examples:
+
+        w_i   = c_k p_i                  for the b examples i of client k      (the batch's primal weights)
+        ghat  = sum over the pooled batch of c_k l_i(x_t) e_i                    (unbiased for (l_1..l_m)(x_t))
+        x_{t+1} = x_t - eta s sum_k sum_{i in b_k} w_i grad l_i(x_t)            (unbiased for s sum_i p_i grad l_i)
+        KL:    log p_{t+1} = (1 - tau) log p_t + (tau / lam) ghat  - logsumexp(...)   (entropic mirror ascent)
+        chi^2: p_{t+1} = Proj_simplex((1 - tau) p_t + (tau / m)(1 + ghat / lam))       (projected ascent)
+
+    Both dual steps are ascent steps on sum_i p_i ghat_i - lam D(p) with step tau / lam (KL) or tau / (lam m)
+    (chi^2), written with the scale-free tau = ``dual_step`` in (0, 1]: tau = 1 jumps to the best response to
+    ghat alone, a small tau averages ghat over about 1/tau steps (each example is drawn about once every
+    m / (K b) steps, so tau well below K b / m is needed for p to track exp(l / lam) rather than one batch).
+    Primal and dual steps are simultaneous (both at (x_t, p_t)); p_0 is uniform; eta follows ``lr``'s schedule.
+
+    Protocol per step (one model round, one low-dimensional exchange): clients receive x_t and upload their
+    b positions and losses (2b floats, in their cohort slot); the server returns each client's b weights w_i
+    (b floats), updates p, and the clients upload sum_i w_i grad l_i (d floats). The server keeps p: m floats
+    (log p for KL) in the algorithm state and checkpoint, O(m) time per step for KL (every entry contracts)
+    and O(m log m) for chi^2 (the projection sorts). Clients' messages do not grow with m; positions travel
+    as float32, exact below 2^24 examples per client.
+    """
+
+    HParams: ClassVar[type[Params]] = PDSGDHParams
+    description = "Primal-dual SGD (reconstruction of the paper's PDSGD) in parallel: x SGD, p on the server, 1 round/step"
+    transient_programs = frozenset({"pdsgd_losses"})
+
+    # -- client programs -------------------------------------------------------------------------------------
+    def pdsgd_losses(self, problem: IndexedExampleProblem, state: State, ctx: ClientContext) -> tuple[State, State, StepInfo]:
+        """The batch's positions and per-example losses at x_t, in the client's slot of cohort-sized vectors."""
+        x, cohort, b = state["x"], state["cohort"], self.hp.outer_batch
+        positions = problem.sample_positions(ctx.client, b, ctx.rng(ctx.round))
+        with torch.no_grad():
+            losses = problem.example_losses(x, problem.batch_at(ctx.client, positions)).reshape(-1)
+        if losses.numel() != b:
+            raise ValueError(f"example_losses gave {losses.numel()} losses for a batch of {b}")
+        slot = _slot(cohort, ctx.client)
+        pos_slots, loss_slots = losses.new_zeros(cohort.numel(), b), losses.new_zeros(cohort.numel(), b)
+        pos_slots[slot], loss_slots[slot] = positions.to(losses.dtype), losses
+        outputs = {"positions": pos_slots.reshape(-1), "losses": loss_slots.reshape(-1)}
+        return {"x_local": x.clone()}, outputs, StepInfo(b, float(losses.mean()))
+
+    def pdsgd_grad(self, problem: IndexedExampleProblem, state: State, ctx: ClientContext) -> tuple[State, State, StepInfo]:
+        """sum_i w_i grad l_i(x_t) over the client's batch, with its slot of the server's weights w (constants)."""
+        b = self.hp.outer_batch
+        weights = state["w"].view(-1, b)[_slot(state["cohort"], ctx.client)].detach()
+        positions = problem.sample_positions(ctx.client, b, ctx.rng(ctx.round))  # the same batch: keyed by the step
+        x = state["x_local"].detach().requires_grad_(True)
+        (grad,) = torch.autograd.grad(weights @ problem.example_losses(x, problem.batch_at(ctx.client, positions)).reshape(-1), x)
+        return {}, {"grad": grad}, StepInfo(b)
+
+    # -- server ------------------------------------------------------------------------------------------------
+    def game(self, problem: Any) -> DualPenalty:
+        """The game this run plays: the hyperparameters' divergence and lam, or the task's ``dual_penalty``."""
+        if self.hp.divergence != "task":
+            return DualPenalty(self.hp.divergence, float(self.hp.lam))
+        penalty = getattr(problem, "dual_penalty", None)
+        if penalty is None:
+            raise ConfigError(
+                f"algorithm.divergence = 'task' but the task ({type(problem).__name__}) names no DRO game "
+                f"(dual_penalty is None or missing); allowed: a KL / chi2 objective, or algorithm.divergence "
+                f"'kl' | 'chi2' with algorithm.lam"
+            )
+        return penalty
+
+    def round(self, federation: Federation, state: State, ctx: RoundContext) -> tuple[State, RoundRecord]:
+        problem = ctx.problem
+        if not isinstance(problem, IndexedExampleProblem):
+            raise ConfigError(
+                f"algorithm.name = 'parallel-pdsgd' needs per-example positions and losses: the task's problem "
+                f"{type(problem).__name__} lacks examples / sample_positions / batch_at / example_losses"
+            )
+        game = self.game(problem)
+        sizes = torch.tensor([problem.examples(k) for k in range(problem.clients)])
+        offsets, m = torch.cumsum(sizes, 0) - sizes, int(sizes.sum())
+        cohort, t, x, b = ctx.cohort(0), ctx.round, state["x"], self.hp.outer_batch
+        n, ids = len(cohort), torch.tensor(cohort, dtype=torch.float32)
+        key = "log_p" if game.divergence == "kl" else "p"
+        if key in state:
+            dual = state[key]
+        else:  # p_0 uniform
+            dual = torch.full((m,), -math.log(m)) if key == "log_p" else torch.full((m,), 1.0 / m)
+        if dual.numel() != m:
+            raise ConfigError(f"the stored dual weights have {dual.numel()} entries but the task has {m} examples")
+        p = dual.exp() if key == "log_p" else dual
+
+        out = federation.call("pdsgd_losses", t, cohort, {"x": x, "cohort": ids}, sub=0)
+        positions = (out.means["positions"] * n).round().long().view(n, b)  # each client filled only its slot
+        losses = (out.means["losses"] * n).view(n, b)
+        members = torch.tensor(cohort)
+        index = offsets[members].unsqueeze(1) + positions                     # global example ids [n, b]
+        c = (problem.clients / n) * sizes[members].to(losses.dtype).unsqueeze(1) / b   # c_k per row [n, 1]
+        weights = c * p[index]
+        grads = federation.call("pdsgd_grad", t, cohort, {"w": weights.reshape(-1), "cohort": ids}, sub=1)
+        direction = grads.means["grad"] * n  # sum over clients of sum_i w_i grad l_i
+
+        ghat = torch.zeros(m, dtype=losses.dtype).index_add_(0, index.reshape(-1), (c * losses).reshape(-1))
+        tau, lam = self.hp.dual_step, game.lam
+        if key == "log_p":
+            new_dual = (1 - tau) * dual + (tau / lam) * ghat
+            new_dual = new_dual - torch.logsumexp(new_dual, 0)
+            penalty = float((p * (dual + math.log(m))).sum())
+        else:
+            new_dual = project_simplex((1 - tau) * dual + (tau / m) * (1 + ghat / lam))
+            penalty = float(((p - 1.0 / m) ** 2).sum() * m / 2)
+        lagrangian = game.scale * (float((weights * losses).sum()) - lam * penalty)
+
+        d = x.numel()
+        record = RoundRecord(
+            comm_rounds=1, local_steps=1, samples=out.samples + grads.samples, floats_up=d, floats_down=d,
+            train_loss=lagrangian, embedding_exchanges=1, embedding_floats_up=2 * b, embedding_floats_down=b,
+        )
+        return {"x": x - self.hp.lr_at(t) * game.scale * direction, key: new_dual}, record

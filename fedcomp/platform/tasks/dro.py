@@ -113,10 +113,35 @@ class DROClassification(Task):
 
     # -- oracles -----------------------------------------------------------------------------------------------
     def sample(self, client: int, size: int | None, gen: torch.Generator) -> tuple[Tensor, Tensor]:
-        pool = self.shards[client]
-        if size is not None:
-            pool = pool[torch.randint(pool.numel(), (size,), generator=gen)]
+        return self.batch_at(client, self.sample_positions(client, size, gen))
+
+    # per-example access, for methods that keep one dual weight per training example (parallel-pdsgd)
+    def examples(self, client: int) -> int:
+        """n_k: the client's number of training examples."""
+        return int(self.shards[client].numel())
+
+    def sample_positions(self, client: int, size: int | None, gen: torch.Generator) -> Tensor:
+        """Positions in the client's shard of a batch of ``size`` (with replacement; all of them when None)."""
+        n = self.examples(client)
+        return torch.arange(n) if size is None else torch.randint(n, (size,), generator=gen)
+
+    def batch_at(self, client: int, positions: Tensor) -> tuple[Tensor, Tensor]:
+        """The batch of the client's examples at ``positions`` (what :meth:`sample` draws)."""
+        pool = self.shards[client][positions]
         return self.x_train[pool].to(self.device), self.y_train[pool].to(self.device)
+
+    @property
+    def dual_penalty(self) -> dro_losses.DualPenalty | None:
+        """The objective's min-max game over per-example weights (None for ``objective: erm``).
+
+        chi^2 with ``chi2_variant: as_printed`` still names the chi^2 game: the printed form is a sign error
+        of it, not another game (see :mod:`fedcomp.platform.dro_losses`)."""
+        p = self.params
+        if p.objective == "kl":
+            return dro_losses.DualPenalty("kl", p.lam, 1.0 if p.kl_scale == "lambda" else 1.0 / p.lam)
+        if p.objective == "chi2":
+            return dro_losses.DualPenalty("chi2", p.lam)
+        return None
 
     def example_losses(self, x: Tensor, batch: tuple[Tensor, Tensor]) -> Tensor:
         features, labels = batch
