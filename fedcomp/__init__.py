@@ -4,13 +4,15 @@ Public API::
 
     fedcomp.run(config_or_preset, **overrides) -> RunResult
     fedcomp.resume(run_dir) -> RunResult
+    fedcomp.sweep(preset_or_file, search=, seeds=, overrides=, ...) -> SweepResult
+    fedcomp.resume_sweep(sweep_dir) -> SweepResult
     fedcomp.load_results(path) -> pandas.DataFrame
     fedcomp.load_config(source, overrides) -> Config
 """
 
 __version__ = "0.1.0"
 
-from fedcomp.api import resume, run
+from fedcomp.api import resume, resume_sweep, run, sweep
 from fedcomp.platform.config import Config, load_config, preset_names
 from fedcomp.platform.errors import ClientFailure, ConfigError, PlatformError, ResourceError
 from fedcomp.platform.registry import ALGORITHMS, TASKS, register_algorithm, register_task
@@ -32,5 +34,7 @@ __all__ = [
     "register_algorithm",
     "register_task",
     "resume",
+    "resume_sweep",
     "run",
+    "sweep",
 ]

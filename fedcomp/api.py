@@ -1,4 +1,5 @@
-"""The Python API: ``fedcomp.run(...)`` and the backend choice (the one place that knows both backends)."""
+"""The Python API: ``fedcomp.run(...)``, ``fedcomp.sweep(...)`` and the backend choice (the one place that
+knows both backends)."""
 
 from __future__ import annotations
 
@@ -50,3 +51,22 @@ def resume(run_dir: str | Path) -> RunResult:
     """Continue the run in ``run_dir`` from its last checkpoint to its configured number of rounds."""
     config = resume_config(run_dir)
     return execute(config, make_server, resume_dir=run_dir)
+
+
+def sweep(source: Any = "quick", **options: Any) -> Any:
+    """Run a Ray Tune sweep of whole federated runs; see :func:`fedcomp.sweeps.tuner.sweep`.
+
+    Example:
+        >>> result = fedcomp.sweep("quick", seeds=1, overrides={"run.rounds": 5})  # doctest: +SKIP
+        >>> result.best()  # doctest: +SKIP
+    """
+    from fedcomp.sweeps.tuner import sweep as run_sweep
+
+    return run_sweep(source, **options)
+
+
+def resume_sweep(path: str | Path, **options: Any) -> Any:
+    """Continue an interrupted sweep without redoing its finished trials."""
+    from fedcomp.sweeps.tuner import resume_sweep as resume
+
+    return resume(path, **options)

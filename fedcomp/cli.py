@@ -1,4 +1,4 @@
-"""The ``fedcomp`` command line: run, list, report, bench."""
+"""The ``fedcomp`` command line: run, sweep, list, report, bench."""
 
 from __future__ import annotations
 
@@ -40,6 +40,35 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_sweep(args: argparse.Namespace) -> int:
+    import fedcomp
+
+    if args.num_samples is not None and args.num_samples < 1:
+        raise PlatformError(f"--num-samples = {args.num_samples}: must be >= 1")
+    if args.seeds is not None and args.seeds < 1:
+        raise PlatformError(f"--seeds = {args.seeds}: must be >= 1")
+    if args.max_concurrent is not None and args.max_concurrent < 1:
+        raise PlatformError(f"--max-concurrent = {args.max_concurrent}: must be >= 1")
+    if args.resume:
+        if args.spec or args.set or args.search or args.num_samples or args.seeds or args.scheduler:
+            raise PlatformError("--resume SWEEP_DIR continues a sweep with its stored spec; drop the preset and flags")
+        result = fedcomp.resume_sweep(args.resume, ray_address=args.ray_address, verbose=args.verbose)
+    else:
+        result = fedcomp.sweep(
+            args.spec or "quick", search=args.search, num_samples=args.num_samples, seeds=args.seeds,
+            scheduler=args.scheduler, max_concurrent=args.max_concurrent, overrides=_overrides(args.set),
+            ray_address=args.ray_address, verbose=args.verbose,
+        )
+    from fedcomp.sweeps.report import markdown, sweep_report
+
+    failed = sorted(set(result.trials.loc[result.trials["status"] != "completed", "trial"]))
+    print(markdown(result.trials, result.spec))
+    png, md = sweep_report(result.path)
+    print(f"sweep {result.path.name}: {result.trials['trial'].nunique()} trials, {len(failed)} failed")
+    print(f"results: {result.path / 'trials.parquet'}\nplot: {png}\ntable: {md}")
+    return 1 if failed else 0
+
+
 def cmd_list(args: argparse.Namespace) -> int:
     from fedcomp.platform.config import preset_description, preset_names
     from fedcomp.platform.problems import KIND_DESCRIPTIONS
@@ -55,6 +84,11 @@ def cmd_list(args: argparse.Namespace) -> int:
     print("presets:")
     for name in preset_names():
         print(f"  {name:<26} {preset_description(name)}")
+    from fedcomp.sweeps import spec as sweeps
+
+    print("sweep presets:")
+    for name in sweeps.preset_names():
+        print(f"  {name:<26} {sweeps.preset_description(name)}")
     print("problem kinds:")
     for name, text in KIND_DESCRIPTIONS.items():
         print(f"  {name:<26} {text}")
@@ -62,10 +96,16 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
     from fedcomp.platform.report import report
+    from fedcomp.sweeps.report import sweep_report
 
     try:
-        png, md = report(args.results_dir, metric=args.metric, x=args.x, out=args.out)
+        if (Path(args.results_dir) / "sweep.json").is_file():
+            png, md = sweep_report(args.results_dir, metric=args.metric, x=args.x, out=args.out)
+        else:
+            png, md = report(args.results_dir, metric=args.metric or "test_accuracy", x=args.x, out=args.out)
     except (FileNotFoundError, ValueError) as error:
         raise PlatformError(str(error)) from None
     print(md.read_text())
@@ -92,9 +132,22 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser("list", help="list algorithms, tasks and presets").set_defaults(func=cmd_list)
 
-    rep = sub.add_parser("report", help="plot and tabulate the runs under a results folder")
+    sw = sub.add_parser("sweep", help="Ray Tune sweep of whole runs (default preset: quick)")
+    sw.add_argument("spec", nargs="?", help="sweep preset or YAML file (see `fedcomp list`)")
+    sw.add_argument("--search", choices=["grid", "optuna"], help="grid search (default) or Optuna's TPE")
+    sw.add_argument("--num-samples", type=int, help="Optuna: configurations to try")
+    sw.add_argument("--seeds", type=int, help="repeats of every configuration (seeds run.seed, run.seed+1, ...)")
+    sw.add_argument("--scheduler", choices=["none", "asha"], help="stop weak trials early (ASHA, on rounds)")
+    sw.add_argument("--max-concurrent", type=int, help="trials running at once (default: as many as fit)")
+    sw.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="override the base config")
+    sw.add_argument("--resume", metavar="SWEEP_DIR", help="continue an interrupted sweep")
+    sw.add_argument("--ray-address", metavar="ADDR", help="join this Ray cluster (default: $RAY_ADDRESS, else local)")
+    sw.add_argument("--verbose", type=int, default=1, choices=[0, 1, 2], help="Tune's progress output")
+    sw.set_defaults(func=cmd_sweep)
+
+    rep = sub.add_parser("report", help="plot and tabulate the runs or the sweep under a results folder")
     rep.add_argument("results_dir")
-    rep.add_argument("--metric", default="test_accuracy")
+    rep.add_argument("--metric", help="default: test_accuracy for runs, the sweep's metric for sweeps")
     rep.add_argument("--x", default="comm_rounds", help="x axis column (comm_rounds, local_steps, samples, wall_time)")
     rep.add_argument("--out", help="where to write report.png / report.md (default: RESULTS_DIR)")
     rep.set_defaults(func=cmd_report)

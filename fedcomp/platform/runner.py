@@ -17,7 +17,7 @@ import time
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import pandas as pd
 import torch
@@ -106,6 +106,48 @@ def _meta(config: Config, run_id: str, backend_info: dict[str, Any], status: str
     }
 
 
+@dataclass
+class RoundDone:
+    """One finished round as :func:`drive` yields it: the evaluation row if the round was evaluated and the
+    checkpoint if one is due (``rows`` is every evaluation row so far, also stored in the checkpoint)."""
+
+    round: int
+    row: dict[str, Any] | None
+    checkpoint: dict[str, Any] | None
+    rows: list[dict[str, Any]]
+    wall_time: float
+
+
+def drive(config: Config, server: ServerLike, checkpoint: dict[str, Any] | None = None) -> Iterator[RoundDone]:
+    """Run ``server`` from round 0 (or from ``checkpoint``) to ``run.rounds``, yielding every round.
+
+    Evaluates every ``run.eval_every`` rounds and hands out a checkpoint every ``run.checkpoint_every``
+    rounds and at the last round; what to do with them (files, Tune reports) is the caller's business.
+    """
+    if checkpoint is not None:
+        server.restore(checkpoint["server"])
+        rows, wall_offset = list(checkpoint["rows"]), checkpoint["wall_time"]
+        first = checkpoint["server"]["counters"]["round"]
+    else:
+        rows, wall_offset, first = [], 0.0, 0
+    t0 = time.perf_counter()
+    if not rows:
+        rows.append({**asdict(Counters()), "train_loss": math.nan, "wall_time": 0.0, **server.evaluate()})
+    if first >= config.run.rounds:  # nothing left to run: hand back what the checkpoint holds
+        yield RoundDone(first, None, None, rows, wall_offset)
+    for r in range(first + 1, config.run.rounds + 1):
+        record = server.run_round()
+        row = None
+        if r % config.run.eval_every == 0 or r == config.run.rounds:
+            row = {**record, "wall_time": wall_offset + time.perf_counter() - t0, **server.evaluate()}
+            rows.append(row)
+        wall = wall_offset + time.perf_counter() - t0
+        ckpt = None
+        if r % config.run.checkpoint_every == 0 or r == config.run.rounds:
+            ckpt = {"server": server.checkpoint(), "rows": rows, "wall_time": wall}
+        yield RoundDone(r, row, ckpt, rows, wall)
+
+
 def execute(
     config: Config,
     make_server: ServerFactory,
@@ -131,41 +173,23 @@ def execute(
     backend_info = server.describe()
     created = checkpoint is None
     try:
-        rows: list[dict[str, Any]]
-        if checkpoint is not None:
-            server.restore(checkpoint["server"])
-            rows, wall_offset = checkpoint["rows"], checkpoint["wall_time"]
-            first = checkpoint["server"]["counters"]["round"]
-        else:
+        if checkpoint is None:
             run_dir.mkdir(parents=True, exist_ok=False)
             results.write_json(run_dir / results.RUN_JSON, _meta(config, run_id, backend_info, "running"))
-            rows, wall_offset, first = [], 0.0, 0
-        t0 = time.perf_counter()
-
-        def wall() -> float:
-            return wall_offset + time.perf_counter() - t0
-
-        if not rows:
-            rows.append({**asdict(Counters()), "train_loss": math.nan, "wall_time": 0.0, **server.evaluate()})
-        progress = _Progress(config, first, headline)
+        progress = _Progress(config, checkpoint["server"]["counters"]["round"] if checkpoint else 0, headline)
         try:
-            for r in range(first + 1, config.run.rounds + 1):
-                record = server.run_round()
-                row = None
-                if r % config.run.eval_every == 0 or r == config.run.rounds:
-                    row = {**record, "wall_time": wall(), **server.evaluate()}
-                    rows.append(row)
-                progress.update(row, r)
-                if r % config.run.checkpoint_every == 0 or r == config.run.rounds:
-                    ckpt = {"server": server.checkpoint(), "rows": rows, "wall_time": wall()}
-                    results.write_checkpoint(run_dir / results.CHECKPOINT, ckpt)
-                    results.write_metrics(run_dir / results.METRICS, rows)
+            for step in drive(config, server, checkpoint):
+                progress.update(step.row, step.round)
+                if step.checkpoint is not None:
+                    results.write_checkpoint(run_dir / results.CHECKPOINT, step.checkpoint)
+                    results.write_metrics(run_dir / results.METRICS, step.rows)
                     created = False
+                rows, wall = step.rows, step.wall_time
         finally:
             progress.close()
         results.write_json(
             run_dir / results.RUN_JSON,
-            _meta(config, run_id, backend_info, "completed", timings={"startup_s": startup_s, "train_s": wall()}),
+            _meta(config, run_id, backend_info, "completed", timings={"startup_s": startup_s, "train_s": wall}),
         )
     except BaseException as error:
         if created:

@@ -1,1 +1,12 @@
-"""Ray Tune + Optuna sweeps over whole federated runs (issue #3 builds this on top of ``fedcomp.run``)."""
+"""Sweeps: Ray Tune (grid search, or Optuna's TPE) over whole federated runs.
+
+A trial is one federated run in its own placement group (:mod:`fedcomp.sweeps.trial`); a sweep's spec
+(:mod:`fedcomp.sweeps.spec`) names the base experiment, the axes and the repeats; :mod:`fedcomp.sweeps.tuner`
+launches, resumes and collects it into ``trials.parquet``; :mod:`fedcomp.sweeps.report` picks the best
+configuration per algorithm and draws the papers' curves.
+"""
+
+from fedcomp.sweeps.spec import SweepSpec, load_spec
+from fedcomp.sweeps.tuner import SweepResult, load_sweep, resume_sweep, sweep
+
+__all__ = ["SweepResult", "SweepSpec", "load_spec", "load_sweep", "resume_sweep", "sweep"]

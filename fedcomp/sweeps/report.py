@@ -1,0 +1,136 @@
+"""``fedcomp report SWEEP_DIR``: the best configuration per algorithm (mean ± std over seeds of the final
+metric), a markdown table of every configuration, and a plot in the papers' style (metric against
+communication rounds, one line per algorithm at its best configuration, a band of ± one std over seeds).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from fedcomp.sweeps.spec import SweepSpec
+
+
+def _varying(trials: pd.DataFrame, spec: SweepSpec) -> list[str]:
+    """Configuration columns that tell configurations apart: the sweep's axes except the seed, and the
+    algorithm's name."""
+    axes = [a for a in spec.axes() if a != "run.seed" and a in trials]
+    return list(dict.fromkeys(["algorithm.name", *axes]))
+
+
+def final_rows(trials: pd.DataFrame) -> pd.DataFrame:
+    """Each trial's last evaluation row; trials stopped early (ASHA) are left out when others ran on."""
+    last = trials.sort_values("round").groupby("trial", sort=True).tail(1)
+    full = last["round"].max()
+    return last[last["round"] == full]
+
+
+def configurations(trials: pd.DataFrame, spec: SweepSpec, metric: str | None = None) -> pd.DataFrame:
+    """Every configuration with the mean, std and count over seeds of its final ``metric``."""
+    metric = metric or spec.resolved_metric()[0]
+    if metric not in trials:
+        allowed = ", ".join(c for c in trials.columns if "." not in c and c not in ("trial", "status"))
+        raise ValueError(f"metric {metric!r} is not in this sweep's trials; allowed: {allowed}")
+    keys = _varying(trials, spec)
+    finals = final_rows(trials)
+    table = (
+        finals.groupby(keys, dropna=False, sort=False)[metric]
+        .agg(mean="mean", std="std", seeds="count")
+        .reset_index()
+    )
+    table["std"] = table["std"].fillna(0.0)
+    return table
+
+
+def best_configurations(trials: pd.DataFrame, spec: SweepSpec, metric: str | None = None) -> pd.DataFrame:
+    """Per algorithm, the configuration with the best mean final metric (the spec's mode)."""
+    _, mode = spec.resolved_metric()
+    table = configurations(trials, spec, metric)
+    ordered = table.sort_values("mean", ascending=(mode == "min"), kind="stable")
+    best = ordered.groupby([*spec.panels, "algorithm.name"], sort=True, dropna=False).head(1)
+    return best.sort_values([*spec.panels, "algorithm.name"], kind="stable").reset_index(drop=True)
+
+
+def _missing(value: object) -> bool:
+    return value is None or (isinstance(value, float) and value != value)
+
+
+def _describe(row: pd.Series, keys: list[str], skip: tuple[str, ...] = ()) -> str:
+    shown = [k for k in keys if k != "algorithm.name" and k not in skip and not _missing(row[k])]
+    return ", ".join(f"{k.split('.', 1)[1]}={row[k]}" for k in shown) or "(base)"
+
+
+def markdown(trials: pd.DataFrame, spec: SweepSpec, metric: str | None = None) -> str:
+    metric = metric or spec.resolved_metric()[0]
+    _, mode = spec.resolved_metric()
+    keys = _varying(trials, spec)
+    best = best_configurations(trials, spec, metric)
+    every = configurations(trials, spec, metric).sort_values(["algorithm.name", "mean"], ascending=[True, mode == "min"])
+    lines = [
+        f"Final {metric} ({'higher' if mode == 'max' else 'lower'} is better), mean ± std over seeds.",
+        "",
+        "### Best configuration per algorithm" + (f" and {', '.join(spec.panels)}" if spec.panels else ""),
+        "",
+        "| " + "".join(f"{p} | " for p in spec.panels) + f"algorithm | configuration | final {metric} | seeds |",
+        "|" + "---|" * len(spec.panels) + "---|---|---:|---:|",
+    ]
+    for _, row in best.iterrows():
+        panel = "".join(f"{row[p]} | " for p in spec.panels)
+        lines.append(
+            f"| {panel}{row['algorithm.name']} | {_describe(row, keys, tuple(spec.panels))} | "
+            f"{row['mean']:.4f} ± {row['std']:.4f} | {row['seeds']} |"
+        )
+    lines += ["", "### Every configuration", "", f"| algorithm | configuration | final {metric} | seeds |", "|---|---|---:|---:|"]
+    for _, row in every.iterrows():
+        lines.append(f"| {row['algorithm.name']} | {_describe(row, keys)} | {row['mean']:.4f} ± {row['std']:.4f} | {row['seeds']} |")
+    return "\n".join(lines) + "\n"
+
+
+def sweep_report(path: str | Path, metric: str | None = None, x: str = "comm_rounds", out: str | Path | None = None) -> tuple[Path, Path]:
+    """Write ``report.png`` and ``report.md`` for the sweep in ``path``; return their paths."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from fedcomp.sweeps.tuner import load_sweep
+
+    result = load_sweep(path)
+    trials, spec = result.trials, result.spec
+    metric = metric or spec.resolved_metric()[0]
+    if x not in trials:
+        raise ValueError(f"column {x!r} is not in this sweep's trials; allowed: comm_rounds, round, local_steps, samples, wall_time")
+    text = markdown(trials, spec, metric)
+    keys = _varying(trials, spec)
+    best = best_configurations(trials, spec, metric)
+
+    panels = list(best.groupby(spec.panels, sort=True, dropna=False)) if spec.panels else [((), best)]
+    cols = min(3, len(panels))
+    rows = -(-len(panels) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(5.2 * cols, 3.8 * rows), squeeze=False)
+    for ax, (panel, chosen) in zip(axes.flat, panels):
+        for _, row in chosen.iterrows():
+            mask = pd.Series(True, index=trials.index)
+            for k in keys:
+                mask &= trials[k].astype(str) == str(row[k])
+            curve = trials[mask].groupby(x)[metric].agg(["mean", "std"]).fillna(0.0)
+            ax.plot(curve.index, curve["mean"], label=f"{row['algorithm.name']} ({_describe(row, keys, tuple(spec.panels))})")
+            ax.fill_between(curve.index, curve["mean"] - curve["std"], curve["mean"] + curve["std"], alpha=0.2)
+        if spec.panels:
+            values = panel if isinstance(panel, tuple) else (panel,)
+            ax.set_title(", ".join(f"{k.split('.', 1)[1]}={v}" for k, v in zip(spec.panels, values)), fontsize=9)
+        ax.set_xlabel(x.replace("_", " "))
+        ax.set_ylabel(metric.replace("_", " "))
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    for ax in list(axes.flat)[len(panels):]:
+        ax.set_visible(False)
+    fig.tight_layout()
+    out_dir = Path(out) if out else Path(path)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    png, md = out_dir / "report.png", out_dir / "report.md"
+    fig.savefig(png, dpi=120)
+    plt.close(fig)
+    md.write_text(f"# Sweep `{Path(path).name}`\n\n![{metric}](report.png)\n\n{text}")
+    return png, md

@@ -1,0 +1,274 @@
+"""A sweep specification: the base experiment, the axes to search, repeats, and how to schedule trials.
+
+A sweep file (or a preset in ``fedcomp/sweeps/presets``) looks like::
+
+    # one-line description
+    base: fig1-fcsg-m                  # a run preset, a run YAML file, or the four sections inline
+    set: {run.rounds: 40}              # fixed overrides of the base
+    grid:                              # --search grid: one grid, or a list of grids whose union is searched
+      - {algorithm.name: [fcsg], algorithm.lr: [0.01, 0.005, 0.001]}
+      - {algorithm.name: [fcsg-m], algorithm.lr: [0.01, 0.005], algorithm.beta: [0.1, 0.9]}
+    space:                             # --search optuna: one distribution per axis
+      algorithm.lr: {loguniform: [0.001, 0.1]}
+      algorithm.beta: {choice: [0.1, 0.5, 0.9]}
+    seeds: 3                           # repeats: run.seed, run.seed + 1, ...
+    metric: test_accuracy              # default: the task's headline metric
+    mode: max                          # default: min for losses, distances and gradient norms, else max
+
+Every grid point (or, for Optuna, the space's corners) is validated as a full run config before anything
+starts, so an unknown axis, a value out of range or an algorithm/task mismatch is one clear line.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal, Mapping, Union
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from fedcomp.platform.config import SECTIONS, Config, load_config
+from fedcomp.platform.errors import ConfigError
+from fedcomp.platform.runner import build_task_metrics
+
+DISTRIBUTIONS = ("uniform", "loguniform", "int", "choice")
+_MINIMISED = ("loss", "dist", "grad_norm", "violation", "gap", "objective")
+
+Grid = dict[str, list[Any]]
+
+
+class SweepSpec(BaseModel):
+    """A validated sweep: what to run (``base`` + ``set``), what to vary, and how."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str | None = Field(None, description="sweep-id prefix (default: the preset or file name)")
+    description: str = ""
+    base: Union[str, dict[str, Any]] = Field("quickstart", description="run preset, run YAML file, or sections")
+    set: dict[str, Any] = Field(default_factory=dict, description="fixed section.key overrides")
+    grid: Union[dict[str, Any], list[dict[str, Any]]] = Field(default_factory=dict, description="grid axes (a list = union of grids)")
+    space: dict[str, dict[str, Any]] = Field(default_factory=dict, description="Optuna axes: {dist: args}")
+    search: Literal["grid", "optuna"] = "grid"
+    num_samples: int = Field(1, ge=1, description="Optuna: configurations to try; grid: must be 1")
+    seeds: int = Field(1, ge=1, description="repeats of every configuration, seeds run.seed, run.seed+1, ...")
+    metric: str | None = None
+    mode: Literal["min", "max"] | None = None
+    panels: list[str] = Field(default_factory=list, description="axes that split the report into panels (best per panel)")
+    scheduler: Literal["none", "asha"] = "none"
+    grace_rounds: int = Field(5, ge=1, description="ASHA: rounds every trial gets before it can be stopped")
+    max_concurrent: int | None = Field(None, ge=1, description="trials running at once (default: as many as fit)")
+    cpus_per_trial: float = Field(1.0, gt=0, description="CPUs one trial's server and client actors share")
+    gpus_per_trial: float = Field(1.0, ge=0, description="GPUs one trial's clients share, where the cluster has GPUs")
+    placement: Literal["pack", "spread"] = Field("pack", description="placement-group strategy of a trial")
+    max_failures: int = Field(2, ge=0, description="times a failed trial is retried from its last checkpoint")
+    seed: int = Field(0, ge=0, description="seed of the Optuna sampler")
+
+    @field_validator("grid")
+    @classmethod
+    def _grid(cls, value: Union[dict[str, Any], list[dict[str, Any]]]) -> list[Grid]:
+        grids = value if isinstance(value, list) else ([value] if value else [])
+        if isinstance(value, list) and not value:
+            raise ValueError("grid = []: an empty list of grids has no points; give at least one grid or leave it out")
+        for grid in grids:
+            for axis, values in grid.items():
+                if not isinstance(values, list) or not values:
+                    raise ValueError(f"grid axis {axis} = {values!r}: must be a non-empty list of values")
+        return grids
+
+    # ---- derived -------------------------------------------------------------------------------------
+
+    @property
+    def grids(self) -> list[Grid]:
+        return self.grid  # type: ignore[return-value]  # normalised to a list by the validator
+
+    def points(self) -> list[dict[str, Any]]:
+        """Every grid point (the union of the grids' Cartesian products, in order, without duplicates)."""
+        out: list[dict[str, Any]] = []
+        for grid in self.grids or [{}]:
+            axes = list(grid)
+            for values in itertools.product(*(grid[a] for a in axes)):
+                point = dict(zip(axes, values))
+                if point not in out:
+                    out.append(point)
+        return out
+
+    def base_config(self, **more: Any) -> Config:
+        return load_config(self.base, {**self.set, **more})
+
+    def seed_values(self) -> list[int]:
+        first = self.base_config().run.seed
+        return [first + i for i in range(self.seeds)]
+
+    def resolved_metric(self) -> tuple[str, Literal["min", "max"]]:
+        """The metric to rank trials by and its direction (defaults: the task's headline; min for losses)."""
+        metric = self.metric or build_task_metrics(self.base_config())[0]
+        mode = self.mode or ("min" if any(word in metric for word in _MINIMISED) else "max")
+        return metric, mode
+
+    def trial_overrides(self, trial: Mapping[str, Any]) -> dict[str, Any]:
+        """The full override set of one Tune trial config (``point``/axes, then the repeat's seed)."""
+        overrides = {**self.set, **trial.get("point", {})}
+        overrides.update({k: v for k, v in trial.items() if "." in k})
+        if "__trial_index__" in trial:  # Optuna repeats (Tune's Repeater numbers them 0..seeds-1)
+            overrides["run.seed"] = self.seed_values()[int(trial["__trial_index__"])]
+        return overrides
+
+    def trial_config(self, trial: Mapping[str, Any]) -> Config:
+        return load_config(self.base, self.trial_overrides(trial))
+
+    def axes(self) -> list[str]:
+        """The names of everything the sweep varies (grid axes or Optuna axes, and the seed)."""
+        names = list(dict.fromkeys(a for g in self.grids for a in g)) if self.search == "grid" else list(self.space)
+        return names + (["run.seed"] if "run.seed" not in names else [])
+
+
+def _axis_key(axis: str, where: str) -> None:
+    section, _, field = axis.partition(".")
+    if section not in SECTIONS or not field or "." in field:
+        raise ConfigError(f"{where} {axis!r}: not of the form section.key with section one of {', '.join(SECTIONS)}")
+
+
+def _check_distribution(axis: str, dist: Mapping[str, Any]) -> None:
+    if len(dist) != 1 or next(iter(dist)) not in DISTRIBUTIONS:
+        raise ConfigError(
+            f"space {axis} = {dict(dist)!r}: must be one of {', '.join(f'{{{d}: ...}}' for d in DISTRIBUTIONS)}"
+        )
+    kind, args = next(iter(dist.items()))
+    if kind == "choice":
+        if not isinstance(args, list) or not args:
+            raise ConfigError(f"space {axis} = {{choice: {args!r}}}: must be a non-empty list of values")
+        return
+    if not (isinstance(args, list) and len(args) == 2 and all(isinstance(a, (int, float)) for a in args)):
+        raise ConfigError(f"space {axis} = {{{kind}: {args!r}}}: must be [low, high]")
+    low, high = args
+    if not (math.isfinite(low) and math.isfinite(high) and low < high) or (kind == "loguniform" and low <= 0):
+        allowed = "0 < low < high" if kind == "loguniform" else "low < high"
+        raise ConfigError(f"space {axis} = {{{kind}: {args!r}}}: needs {allowed}")
+
+
+def corners(spec: SweepSpec) -> list[dict[str, Any]]:
+    """Optuna axes at their low and high ends (each choice once): the values checked before the sweep."""
+    out = []
+    for axis, dist in spec.space.items():
+        kind, args = next(iter(dist.items()))
+        values = args if kind == "choice" else [int(a) if kind == "int" else a for a in args]
+        out.extend({axis: v} for v in values)
+    return out or [{}]
+
+
+def validate(spec: SweepSpec) -> None:
+    """Check that every trial of ``spec`` is a valid run config; raise :class:`ConfigError` naming the first
+    bad axis, value or combination."""
+    if spec.search == "optuna":
+        if spec.grids:
+            axes = ", ".join(dict.fromkeys(a for g in spec.grids for a in g))
+            raise ConfigError(
+                f"search = 'optuna' cannot take grid axes ({axes}): Optuna proposes every value itself and Tune's "
+                f"grid_search does not mix with a searcher; give each axis in `space:` as a distribution "
+                f"(e.g. {{choice: [...]}}) or use --search grid"
+            )
+        if not spec.space:
+            raise ConfigError("search = 'optuna' needs a `space:` with at least one axis, e.g. algorithm.lr: {loguniform: [0.001, 0.1]}")
+        for axis, dist in spec.space.items():
+            _axis_key(axis, "space axis")
+            _check_distribution(axis, dist)
+        candidates = corners(spec)
+    else:
+        if spec.space:
+            raise ConfigError(
+                f"space: ({', '.join(spec.space)}) gives distributions for --search optuna; with --search grid "
+                f"give the values to try under `grid:`"
+            )
+        if spec.num_samples != 1:
+            raise ConfigError(
+                f"num_samples = {spec.num_samples}: a grid search tries every point once; repeat it with "
+                f"seeds: N (or --seeds N), or use --search optuna"
+            )
+        for grid in spec.grids:
+            for axis in grid:
+                _axis_key(axis, "grid axis")
+        candidates = spec.points()
+    for key in spec.set:
+        _axis_key(key, "set key")
+    for key in spec.panels:
+        if key not in spec.axes():
+            raise ConfigError(f"panels: {key!r} is not an axis of this sweep; allowed: {', '.join(spec.axes())}")
+    for point in candidates:
+        try:
+            load_config(spec.base, {**spec.set, **point})
+        except ConfigError as error:
+            where = f"sweep point {point}: " if point else ""
+            raise ConfigError(f"{where}{error}") from None
+    metric, _ = spec.resolved_metric()
+    metrics = build_task_metrics(spec.base_config())
+    if metric not in metrics and metric != "train_loss":
+        raise ConfigError(f"metric = {metric!r} is not reported by task {spec.base_config().task_name!r}; allowed: "
+                          f"{', '.join((*metrics, 'train_loss'))}")
+
+
+# ---- loading ---------------------------------------------------------------------------------------------
+
+
+def preset_names() -> list[str]:
+    """Names of the sweep presets shipped in the package."""
+    folder = resources.files("fedcomp.sweeps") / "presets"
+    return sorted(p.name[:-5] for p in folder.iterdir() if p.name.endswith(".yaml"))
+
+
+def _preset_text(name: str) -> str:
+    return (resources.files("fedcomp.sweeps") / "presets" / f"{name}.yaml").read_text()
+
+
+def preset_description(name: str) -> str:
+    first = _preset_text(name).splitlines()[0]
+    return first.lstrip("# ").strip()
+
+
+def load_spec(source: str | Path | Mapping[str, Any] | SweepSpec, **changes: Any) -> SweepSpec:
+    """Load a sweep preset name, a YAML file or a mapping, apply ``changes`` (CLI flags: ``search``,
+    ``seeds``, ``set`` merged into the spec's), and validate every trial.
+
+    Raises:
+        ConfigError: one line naming the field, the value and what is allowed.
+    """
+    if isinstance(source, SweepSpec):
+        raw: dict[str, Any] = source.model_dump()
+    elif isinstance(source, Mapping):
+        raw = dict(source)
+    else:
+        text = str(source)
+        path = Path(text)
+        if text.endswith((".yaml", ".yml")) or path.is_file():
+            if not path.is_file():
+                raise ConfigError(f"sweep file {text!r} does not exist")
+            raw = yaml.safe_load(path.read_text())
+            default_name = path.stem
+        elif text in preset_names():
+            raw = yaml.safe_load(_preset_text(text))
+            default_name = text
+        else:
+            raise ConfigError(f"sweep {text!r} is unknown; allowed: {', '.join(preset_names())} or a .yaml file")
+        if not isinstance(raw, dict):
+            raise ConfigError(f"sweep {text!r} must be a mapping with keys such as base, grid, seeds")
+        raw.setdefault("name", default_name)
+    extra_set = changes.pop("set", None) or {}
+    raw = {**raw, **{k: v for k, v in changes.items() if v is not None}}
+    if extra_set:
+        raw["set"] = {**(raw.get("set") or {}), **{k.replace("__", "."): v for k, v in extra_set.items()}}
+    try:
+        spec = SweepSpec.model_validate(raw)
+    except ValidationError as error:
+        first = error.errors()[0]
+        field = ".".join(str(p) for p in first["loc"][:1])
+        msg = first["msg"].removeprefix("Value error, ")
+        if first["type"] == "extra_forbidden":
+            raise ConfigError(f"sweep key {field!r} is unknown; allowed: {', '.join(SweepSpec.model_fields)}") from None
+        value = raw.get(field, None)
+        if msg.startswith(("grid", "space")):
+            raise ConfigError(msg) from None
+        raise ConfigError(f"sweep {field} = {value!r}: {msg}") from None
+    validate(spec)
+    return spec

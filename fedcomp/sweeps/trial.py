@@ -1,0 +1,169 @@
+"""One Tune trial = one whole federated run: its resources, and the trainable that runs it.
+
+The trial's placement group has one bundle for the trainable itself, one for the server actor and one per
+client actor (``federation.backend: ray``), or a single bundle when the trial runs the local backend in
+its own process. Tune captures child actors into the trial's group, and the trial's config pins
+``federation.cpus_per_actor`` / ``gpus_per_client`` to the bundles' sizes, so every actor the run starts
+lands in its own trial's bundles and trials never wait on each other's actors.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+from ray import tune
+
+from fedcomp.platform import results
+from fedcomp.platform.config import Config
+from fedcomp.platform.errors import ResourceError
+from fedcomp.platform.runner import drive
+from fedcomp.sweeps.spec import SweepSpec
+
+FAULT_EXIT = "FEDCOMP_FAULT_TRIAL_EXIT"  # "ROUND": a fresh (not restored) trial process exits at that round
+
+
+@dataclass(frozen=True)
+class TrialResources:
+    """What one trial asks for: its bundles and the per-actor shares pinned into its config."""
+
+    bundles: tuple[dict[str, float], ...]
+    cpus_per_actor: float
+    gpus_per_client: float
+
+    @property
+    def total(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for bundle in self.bundles:
+            for key, value in bundle.items():
+                out[key] = out.get(key, 0.0) + value
+        return out
+
+
+def _floor(value: float) -> float:
+    return int(value * 1e4 + 1e-9) / 1e4  # Ray's resource granularity
+
+
+def trial_resources(spec: SweepSpec, config: Config, cluster_has_gpus: bool) -> TrialResources:
+    """The placement-group bundles of the trial running ``config``."""
+    fed = config.federation
+    actors = -(-fed.clients // fed.clients_per_actor)
+    if fed.gpus_per_client == "auto":
+        gpc = _floor(spec.gpus_per_trial / fed.clients) if cluster_has_gpus else 0.0
+    else:
+        gpc = float(fed.gpus_per_client)
+    if fed.backend == "local":
+        bundle = {"CPU": spec.cpus_per_trial}
+        if gpc:
+            bundle["GPU"] = _floor(gpc * fed.clients)
+        return TrialResources((bundle,), spec.cpus_per_trial, gpc)
+    share = float(fed.cpus_per_actor) if fed.cpus_per_actor != "auto" else _floor(spec.cpus_per_trial / (actors + 2))
+    if share <= 0:
+        raise ResourceError(
+            f"cpus_per_trial = {spec.cpus_per_trial:g} is too small for {actors} client actors, the server and the "
+            f"trial; raise cpus_per_trial or federation.clients_per_actor"
+        )
+    bundles = [{"CPU": share}, {"CPU": share}]  # the trainable, the server actor
+    for start in range(0, fed.clients, fed.clients_per_actor):
+        bundle = {"CPU": share}
+        hosted = min(fed.clients_per_actor, fed.clients - start)
+        if gpc:
+            bundle["GPU"] = _floor(gpc * hosted)
+        bundles.append(bundle)
+    return TrialResources(tuple(bundles), share, gpc)
+
+
+def placement_group_factory(trial: Mapping[str, Any], spec: SweepSpec, cluster_has_gpus: bool) -> tune.PlacementGroupFactory:
+    """Tune's resource callback: the bundles computed from the trial's own config (client count and GPU
+    share may be swept)."""
+    res = trial_resources(spec, spec.trial_config(trial), cluster_has_gpus)
+    return tune.PlacementGroupFactory(list(res.bundles), strategy=spec.placement.upper())
+
+
+def pinned_config(spec: SweepSpec, trial: Mapping[str, Any], cluster_has_gpus: bool) -> Config:
+    """The trial's run config with the per-actor shares pinned to its bundles."""
+    config = spec.trial_config(trial)
+    res = trial_resources(spec, config, cluster_has_gpus)
+    return config.replace(**{
+        "federation.cpus_per_actor": res.cpus_per_actor,
+        "federation.gpus_per_client": res.gpus_per_client,
+        "run.progress": "none",
+    })
+
+
+def _save(directory: Path, checkpoint: dict[str, Any], placement: list[dict] | None) -> tune.Checkpoint:
+    results.write_checkpoint(directory / results.CHECKPOINT, checkpoint)
+    results.write_metrics(directory / results.METRICS, checkpoint["rows"])
+    if placement is not None:
+        results.write_json(directory / "placement.json", placement)
+    return tune.Checkpoint.from_directory(str(directory))
+
+
+def run_trial(trial: dict[str, Any], spec_json: str, cluster_has_gpus: bool, env: dict[str, str]) -> None:
+    """The Tune trainable: build the run from the trial's config, restore it from Tune's checkpoint if
+    there is one, and report every round (the latest evaluation row, as in ``metrics.parquet``) with a
+    checkpoint every ``run.checkpoint_every`` rounds and at the end."""
+    import torch
+
+    from fedcomp.api import make_server
+
+    os.environ.update(env)  # the driver's FEDCOMP_* settings, passed on to the actors this trial starts
+    torch.set_num_threads(1)
+    logging.getLogger("ray.train").setLevel(logging.WARNING)  # one "checkpoint created" line per save is noise
+    logging.getLogger("ray.tune").setLevel(logging.WARNING)
+    spec = SweepSpec.model_validate_json(spec_json)
+    config = pinned_config(spec, trial, cluster_has_gpus)
+    restored = tune.get_checkpoint()
+    checkpoint = None
+    if restored is not None:
+        with restored.as_directory() as folder:
+            checkpoint = results.read_checkpoint(Path(folder) / results.CHECKPOINT)
+    exit_round = int(env.get(FAULT_EXIT, 0)) if restored is None else 0
+
+    server = make_server(config)
+    placement = server.placement() if hasattr(server, "placement") else None
+    reported = max((row["round"] for row in checkpoint["rows"]), default=-1) if checkpoint else -1
+    try:
+        for step in drive(config, server, checkpoint):
+            if step.round == exit_round:
+                os._exit(1)  # fault injection for tests: the trial's process dies mid-run
+            # Every evaluation row once (the first step also carries round 0's), as in metrics.parquet;
+            # a checkpoint round without an evaluation repeats the latest row to carry the checkpoint.
+            reports = [{**row, "trial_round": row["round"]} for row in step.rows if row["round"] > reported]
+            reported = max(reported, step.rows[-1]["round"])
+            if step.checkpoint is not None and not reports:
+                reports = [{**step.rows[-1], "trial_round": step.round}]
+            for i, metrics in enumerate(reports):
+                if step.checkpoint is None or i < len(reports) - 1:
+                    tune.report(metrics)
+                    continue
+                with tempfile.TemporaryDirectory() as folder:
+                    tune.report(metrics, checkpoint=_save(Path(folder), step.checkpoint, placement))
+    finally:
+        server.close()
+
+
+def read_trial_rows(checkpoint: tune.Checkpoint | None) -> list[dict[str, Any]]:
+    """Every evaluation row stored in a trial's checkpoint."""
+    if checkpoint is None:
+        return []
+    with checkpoint.as_directory() as folder:
+        path = Path(folder) / results.METRICS
+        if not path.is_file():
+            return []
+        import pandas as pd
+
+        return pd.read_parquet(path).to_dict("records")
+
+
+def read_trial_placement(checkpoint: tune.Checkpoint | None) -> list[dict] | None:
+    if checkpoint is None:
+        return None
+    with checkpoint.as_directory() as folder:
+        path = Path(folder) / "placement.json"
+        return json.loads(path.read_text()) if path.is_file() else None

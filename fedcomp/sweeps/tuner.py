@@ -1,0 +1,273 @@
+"""Launching, resuming and collecting a sweep: Ray Tune runs the trials, this module sets it up and turns
+its results into one ``trials.parquet``.
+
+A sweep lives in ``<run.out>/<sweep-id>/``: Tune's own experiment storage (trial folders, checkpoints,
+experiment state), ``sweep.json`` (the validated spec, for ``--resume`` and ``fedcomp report``) and
+``trials.parquet`` (one row per trial and evaluation round: the trial's full config flattened to
+``section.key`` columns, then the same metric columns as a run's ``metrics.parquet``).
+"""
+
+from __future__ import annotations
+
+import functools
+import io
+import json
+import os
+import secrets
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Mapping
+
+import pandas as pd
+
+from fedcomp.platform import results
+from fedcomp.platform.errors import ConfigError, ResourceError
+from fedcomp.sweeps.spec import SweepSpec, corners, load_spec
+from fedcomp.sweeps.trial import placement_group_factory, read_trial_rows, run_trial, trial_resources
+
+SWEEP_JSON = "sweep.json"
+TRIALS = "trials.parquet"
+
+
+@dataclass
+class SweepResult:
+    """A finished sweep: its folder, its spec and every trial's evaluation rows."""
+
+    path: Path
+    spec: SweepSpec
+    trials: pd.DataFrame
+
+    def best(self) -> pd.DataFrame:
+        """Per algorithm, its best configuration by the mean over seeds of the final metric."""
+        from fedcomp.sweeps.report import best_configurations
+
+        return best_configurations(self.trials, self.spec)
+
+
+def _flatten(config: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    return {f"{section}.{key}": value for section, block in config.items() for key, value in block.items()}
+
+
+def _fedcomp_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k.startswith("FEDCOMP_")}
+
+
+def _check_fits(spec: SweepSpec, cluster: Mapping[str, float], has_gpus: bool) -> None:
+    """Fail at once when a single trial cannot be placed on this cluster (Tune would wait forever)."""
+    import ray
+
+    nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
+    points = spec.points() if spec.search == "grid" else corners(spec)
+    for point in points:
+        config = spec.base_config(**point)
+        res = trial_resources(spec, config, has_gpus)
+        what = f"trial {point}" if point else "a trial"
+        for key, need in res.total.items():
+            have = float(cluster.get(key, 0.0))
+            if need > have + 1e-9:
+                raise ResourceError(
+                    f"{what} needs {key}={need:g} ({len(res.bundles)} bundles: trial, server, client actors) but the "
+                    f"cluster has {key}={have:g}; lower cpus_per_trial/gpus_per_trial or raise "
+                    f"federation.clients_per_actor"
+                )
+        for bundle in res.bundles:
+            if not any(all(node.get(k, 0.0) + 1e-9 >= v for k, v in bundle.items()) for node in nodes):
+                raise ResourceError(f"{what}: no node can hold the bundle {bundle}; nodes have {nodes}")
+
+
+def _trainable(spec: SweepSpec, has_gpus: bool):
+    from ray import tune
+
+    fn = tune.with_parameters(
+        run_trial, spec_json=spec.model_dump_json(), cluster_has_gpus=has_gpus, env=_fedcomp_env()
+    )
+    return tune.with_resources(fn, functools.partial(placement_group_factory, spec=spec, cluster_has_gpus=has_gpus))
+
+
+def _param_space(spec: SweepSpec) -> dict[str, Any]:
+    from ray import tune
+
+    if spec.search == "grid":
+        return {"point": tune.grid_search(spec.points()), "run.seed": tune.grid_search(spec.seed_values())}
+    makers = {"uniform": tune.uniform, "loguniform": tune.loguniform, "int": lambda lo, hi: tune.randint(lo, hi + 1)}
+    space = {}
+    for axis, dist in spec.space.items():
+        kind, args = next(iter(dist.items()))
+        space[axis] = tune.choice(args) if kind == "choice" else makers[kind](*args)
+    return space
+
+
+def _tune_config(spec: SweepSpec):
+    from ray import tune
+
+    metric, mode = spec.resolved_metric()
+    search_alg = scheduler = None
+    num_samples = 1
+    if spec.search == "optuna":
+        import optuna
+        from ray.tune.search import Repeater
+        from ray.tune.search.optuna import OptunaSearch
+
+        search_alg = OptunaSearch(metric=metric, mode=mode, sampler=optuna.samplers.TPESampler(seed=spec.seed))
+        if spec.seeds > 1:
+            search_alg = Repeater(search_alg, repeat=spec.seeds, set_index=True)
+        num_samples = spec.num_samples * spec.seeds
+    if spec.scheduler == "asha":
+        from ray.tune.schedulers import ASHAScheduler
+
+        scheduler = ASHAScheduler(
+            time_attr="trial_round", max_t=spec.base_config().run.rounds, grace_period=spec.grace_rounds
+        )
+    return tune.TuneConfig(
+        metric=metric, mode=mode, search_alg=search_alg, scheduler=scheduler, num_samples=num_samples,
+        max_concurrent_trials=spec.max_concurrent,
+    )
+
+
+def _run_config(spec: SweepSpec, path: Path, verbose: int):
+    from ray import tune
+
+    return tune.RunConfig(
+        name=path.name,
+        storage_path=str(path.parent),
+        failure_config=tune.FailureConfig(max_failures=spec.max_failures),
+        checkpoint_config=tune.CheckpointConfig(num_to_keep=2),
+        verbose=verbose,
+    )
+
+
+def _connect(ray_address: str | None) -> tuple[dict[str, float], bool]:
+    from fedcomp.actors.cluster import connect
+
+    os.environ.setdefault("RAY_CHDIR_TO_TRIAL_DIR", "0")  # trials keep the driver's working directory
+    # Trials checkpoint every few rounds by design; Tune's warning about frequent snapshots is noise here.
+    os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
+    cluster = connect(ray_address)
+    return cluster, float(cluster.get("GPU", 0.0)) > 0
+
+
+def new_sweep_id(spec: SweepSpec) -> str:
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    return f"{spec.name or 'sweep'}_{stamp}_{secrets.token_hex(2)}"
+
+
+def sweep(
+    source: str | Path | Mapping[str, Any] | SweepSpec = "quick",
+    *,
+    search: str | None = None,
+    num_samples: int | None = None,
+    seeds: int | None = None,
+    scheduler: str | None = None,
+    max_concurrent: int | None = None,
+    overrides: Mapping[str, Any] | None = None,
+    ray_address: str | None = None,
+    verbose: int = 0,
+) -> SweepResult:
+    """Run a sweep (a sweep preset name, a sweep YAML file, a mapping or a :class:`SweepSpec`) and return
+    every trial's results.
+
+    Args:
+        search, num_samples, seeds, scheduler, max_concurrent: replace the spec's values (the CLI flags).
+        overrides: ``{"run.rounds": 10, ...}`` merged into the spec's ``set``; ``run.out`` picks the
+            results root the sweep folder is created under.
+        ray_address: the cluster to join (default: ``$RAY_ADDRESS``, an initialised Ray, else a local one).
+
+    Raises:
+        ConfigError, ResourceError: before anything is written, naming the field and what is allowed.
+    """
+    from ray import tune
+
+    spec = load_spec(
+        source, search=search, num_samples=num_samples, seeds=seeds, scheduler=scheduler,
+        max_concurrent=max_concurrent, set=dict(overrides or {}),
+    )
+    cluster, has_gpus = _connect(ray_address)
+    _check_fits(spec, cluster, has_gpus)
+    path = Path(spec.base_config().run.out).resolve() / new_sweep_id(spec)
+    path.mkdir(parents=True)
+    results.write_json(path / SWEEP_JSON, {"spec": spec.model_dump(mode="json"), "cluster_has_gpus": has_gpus})
+    tuner = tune.Tuner(
+        _trainable(spec, has_gpus),
+        param_space=_param_space(spec),
+        tune_config=_tune_config(spec),
+        run_config=_run_config(spec, path, verbose),
+    )
+    return _finish(tuner.fit(), spec, path)
+
+
+def read_sweep_json(path: str | Path) -> dict[str, Any]:
+    meta = Path(path) / SWEEP_JSON
+    if not meta.is_file():
+        raise ConfigError(f"sweep folder {str(path)!r}: no {SWEEP_JSON} there; not a fedcomp sweep folder")
+    return json.loads(meta.read_text())
+
+
+def resume_sweep(path: str | Path, ray_address: str | None = None, verbose: int = 0) -> SweepResult:
+    """Continue an interrupted sweep: finished trials are kept, unfinished and failed ones continue from
+    their last checkpoint."""
+    from ray import tune
+
+    path = Path(path).resolve()
+    meta = read_sweep_json(path)
+    spec = SweepSpec.model_validate(meta["spec"])
+    if not tune.Tuner.can_restore(str(path)):
+        raise ConfigError(f"--resume {str(path)!r}: Tune's experiment state is missing; the sweep never started")
+    cluster, has_gpus = _connect(ray_address)
+    _check_fits(spec, cluster, has_gpus)
+    tuner = tune.Tuner.restore(
+        str(path), trainable=_trainable(spec, meta["cluster_has_gpus"]), resume_unfinished=True, resume_errored=True
+    )
+    return _finish(tuner.fit(), spec, path)
+
+
+def _finish(grid, spec: SweepSpec, path: Path) -> SweepResult:
+    frame = collect(grid, spec)
+    buf = io.BytesIO()
+    frame.to_parquet(buf, index=False)
+    results.atomic_write(path / TRIALS, buf.getvalue())
+    return SweepResult(path, spec, frame)
+
+
+def collect(grid, spec: SweepSpec) -> pd.DataFrame:
+    """One row per trial and evaluation round: trial id and status, the trial's full config flattened
+    to ``section.key`` columns, then its metric columns.
+
+    Rows come from the trial's latest checkpoint (exactly the run's rows, once each even after retries
+    and resumes); a trial stopped early by ASHA adds the rows it reported after that checkpoint.
+    """
+    frames, config_columns, metric_columns = [], {}, {}
+    for result in grid:
+        trial = dict(result.config)
+        config = _flatten(spec.trial_config(trial).to_dict())
+        rows = read_trial_rows(result.checkpoint)
+        last = max((r["round"] for r in rows), default=-1)
+        reported = result.metrics_dataframe
+        if reported is not None and "round" in reported:
+            later = reported[reported["round"] > last].drop_duplicates("round", keep="last")
+            columns = [c for c in later.columns if c in (rows[0] if rows else later.columns)]
+            rows += later[columns].to_dict("records")
+        status = "error" if result.error is not None else "completed"
+        trial_id = (result.metrics or {}).get("trial_id") or os.path.basename(result.path)
+        frame = pd.DataFrame(rows or [{}])
+        config_columns.update(dict.fromkeys(config))
+        metric_columns.update(dict.fromkeys(frame.columns))
+        head = pd.DataFrame([{"trial": trial_id, "status": status, **config}] * len(frame))
+        frames.append(pd.concat([head, frame.reset_index(drop=True)], axis=1))
+    if not frames:
+        return pd.DataFrame()
+    out = pd.concat(frames, ignore_index=True)
+    out = out[["trial", "status", *config_columns, *(c for c in metric_columns if c not in config_columns)]]
+    for column in config_columns:  # a swept 'auto'-or-number field holds both; Parquet needs one type
+        if out[column].dtype == object and out[column].map(type).nunique() > 1:
+            out[column] = out[column].map(lambda v: v if isinstance(v, (list, tuple)) else str(v))
+    return out.sort_values(["trial", "round"], kind="stable", ignore_index=True) if "round" in out else out
+
+
+def load_sweep(path: str | Path) -> SweepResult:
+    """The results of a sweep folder (its ``trials.parquet`` and spec)."""
+    path = Path(path)
+    meta = read_sweep_json(path)
+    if not (path / TRIALS).is_file():
+        raise FileNotFoundError(f"sweep folder {str(path)!r} has no {TRIALS} yet; finish it with --resume")
+    return SweepResult(path, SweepSpec.model_validate(meta["spec"]), pd.read_parquet(path / TRIALS))

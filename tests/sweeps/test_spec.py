@@ -1,0 +1,107 @@
+"""Sweep specs: grids and their union, seeds, default metric direction, presets, and every bad input as one
+line that names the field, the value and what is allowed."""
+
+from __future__ import annotations
+
+import pytest
+
+from fedcomp.platform.errors import ConfigError
+from fedcomp.sweeps.spec import load_spec, preset_names
+
+BASE = {"base": "quickstart", "set": {"federation.backend": "local", "run.rounds": 2}}
+
+
+def spec(**changes):
+    return load_spec({**BASE, **changes})
+
+
+def test_union_of_grids_and_seeds():
+    s = spec(
+        grid=[{"algorithm.name": ["fcsg"], "algorithm.lr": [0.1, 0.01]},
+              {"algorithm.name": ["fcsg-m"], "algorithm.lr": [0.1], "algorithm.beta": [0.1, 0.9]}],
+        seeds=3,
+    )
+    assert s.points() == [
+        {"algorithm.name": "fcsg", "algorithm.lr": 0.1},
+        {"algorithm.name": "fcsg", "algorithm.lr": 0.01},
+        {"algorithm.name": "fcsg-m", "algorithm.lr": 0.1, "algorithm.beta": 0.1},
+        {"algorithm.name": "fcsg-m", "algorithm.lr": 0.1, "algorithm.beta": 0.9},
+    ]
+    assert s.seed_values() == [0, 1, 2]
+    assert s.axes() == ["algorithm.name", "algorithm.lr", "algorithm.beta", "run.seed"]
+    trial = {"point": s.points()[3], "run.seed": 2}
+    config = s.trial_config(trial)
+    assert (config.algorithm_name, config.algorithm.beta, config.run.seed, config.run.rounds) == ("fcsg-m", 0.9, 2, 2)
+
+
+def test_seeds_start_at_the_base_seed_and_optuna_repeats_map_to_them():
+    s = spec(set={**BASE["set"], "run.seed": 7}, seeds=2, search="optuna", space={"algorithm.lr": {"loguniform": [1e-3, 1e-1]}})
+    assert s.seed_values() == [7, 8]
+    assert s.trial_config({"algorithm.lr": 0.02, "__trial_index__": 1}).run.seed == 8
+
+
+def test_metric_defaults_to_task_headline_and_direction_from_its_name():
+    assert spec().resolved_metric() == ("test_accuracy", "max")
+    assert spec(metric="test_loss").resolved_metric() == ("test_loss", "min")
+    assert spec(metric="test_loss", mode="max").resolved_metric() == ("test_loss", "max")
+
+
+@pytest.mark.parametrize("name", preset_names())
+def test_presets_validate(name):
+    s = load_spec(name)
+    assert s.points() and s.seeds >= 1
+
+
+def test_paper_grid_preset_is_the_papers_grid():
+    s = load_spec("fcsg-invariant-lr")
+    assert len(s.points()) == 3 * 9 + 3 * 5 * 9
+    assert {p["algorithm.lr"] for p in s.points()} == {0.01, 0.005, 0.001}
+    assert {p.get("algorithm.beta") for p in s.points() if p["algorithm.name"] == "fcsg-m"} == {0.001, 0.01, 0.1, 0.5, 0.9}
+    assert s.base_config().algorithm.local_steps == 50
+
+
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        ({"grdi": {}}, "sweep key 'grdi' is unknown; allowed: name, description, base"),
+        ({"grid": []}, "grid = []: an empty list of grids has no points"),
+        ({"grid": {"algorithm.lr": []}}, "grid axis algorithm.lr = []: must be a non-empty list of values"),
+        ({"grid": {"algorithm.lr": 0.1}}, "grid axis algorithm.lr = 0.1: must be a non-empty list of values"),
+        ({"grid": {"algorithm.momentum": [0.1]}}, "sweep point {'algorithm.momentum': 0.1}: algorithm.momentum: unknown key; allowed keys: name,"),
+        ({"grid": {"optimiser.lr": [0.1]}}, "grid axis 'optimiser.lr': not of the form section.key"),
+        ({"grid": {"algorithm.lr": [0.1, -1.0]}}, "sweep point {'algorithm.lr': -1.0}: algorithm.lr = -1.0:"),
+        ({"grid": {"algorithm.name": ["fednest"]}}, "algorithm.name = 'fednest' needs a 'bilevel' problem"),
+        ({"num_samples": -1}, "sweep num_samples = -1: Input should be greater than or equal to 1"),
+        ({"num_samples": 4}, "num_samples = 4: a grid search tries every point once; repeat it with seeds"),
+        ({"seeds": 0}, "sweep seeds = 0: Input should be greater than or equal to 1"),
+        ({"search": "random"}, "sweep search = 'random': Input should be 'grid' or 'optuna'"),
+        ({"search": "optuna", "grid": {"algorithm.lr": [0.1, 0.01]}},
+         "search = 'optuna' cannot take grid axes (algorithm.lr): Optuna proposes every value itself"),
+        ({"search": "optuna"}, "search = 'optuna' needs a `space:` with at least one axis"),
+        ({"space": {"algorithm.lr": {"uniform": [0.1, 0.2]}}}, "space: (algorithm.lr) gives distributions for --search optuna"),
+        ({"search": "optuna", "space": {"algorithm.lr": {"normal": [0, 1]}}}, "space algorithm.lr = {'normal': [0, 1]}: must be one of"),
+        ({"search": "optuna", "space": {"algorithm.lr": {"loguniform": [0, 1]}}}, "needs 0 < low < high"),
+        ({"search": "optuna", "space": {"algorithm.lr": {"uniform": [1, 0.5]}}}, "needs low < high"),
+        ({"search": "optuna", "space": {"algorithm.lr": {"uniform": [-1.0, 0.1]}}}, "sweep point {'algorithm.lr': -1.0}"),
+        ({"metric": "auroc"}, "metric = 'auroc' is not reported by task 'invariant-logreg'; allowed: test_accuracy"),
+        ({"panels": ["algorithm.lr"]}, "panels: 'algorithm.lr' is not an axis of this sweep"),
+        ({"set": {"run.rounds": 0}}, "run.rounds = 0:"),
+        ({"set": {"rounds": 3}}, "set key 'rounds': not of the form section.key"),
+        ({"base": "nosuch"}, "preset 'nosuch' is unknown; allowed:"),
+    ],
+)
+def test_bad_specs_are_one_clear_line(changes, message):
+    with pytest.raises(ConfigError) as info:
+        spec(**changes)
+    text = str(info.value)
+    assert message in text and "\n" not in text
+
+
+def test_unknown_sweep_preset_and_missing_file(tmp_path):
+    with pytest.raises(ConfigError, match="sweep 'nosuch' is unknown; allowed: .*quick"):
+        load_spec("nosuch")
+    with pytest.raises(ConfigError, match="sweep file .* does not exist"):
+        load_spec(str(tmp_path / "missing.yaml"))
+    (tmp_path / "list.yaml").write_text("- 1\n- 2\n")
+    with pytest.raises(ConfigError, match="must be a mapping"):
+        load_spec(str(tmp_path / "list.yaml"))

@@ -1,0 +1,48 @@
+"""A trial's placement group: one bundle for the trainable, one for the server, one per client actor, GPU
+only where the cluster has GPUs; and the per-actor shares pinned into the trial's config."""
+
+from __future__ import annotations
+
+import pytest
+
+from fedcomp.platform.errors import ResourceError
+from fedcomp.sweeps.spec import load_spec
+from fedcomp.sweeps.trial import pinned_config, placement_group_factory, trial_resources
+
+BASE = {"base": "quickstart", "set": {"federation.clients": 4, "federation.clients_per_actor": 2}}
+
+
+def test_ray_trial_has_trainable_server_and_client_actor_bundles():
+    s = load_spec({**BASE, "cpus_per_trial": 1.0})
+    res = trial_resources(s, s.base_config(), cluster_has_gpus=False)
+    assert res.bundles == ({"CPU": 0.25},) * 4
+    assert res.total == {"CPU": 1.0} and res.gpus_per_client == 0.0
+
+
+def test_gpu_bundles_only_where_the_cluster_has_gpus():
+    s = load_spec({**BASE, "gpus_per_trial": 1.0})
+    res = trial_resources(s, s.base_config(), cluster_has_gpus=True)
+    assert [b.get("GPU", 0.0) for b in res.bundles] == [0.0, 0.0, 0.5, 0.5]
+    assert res.gpus_per_client == 0.25
+    explicit = trial_resources(s, s.base_config(**{"federation.gpus_per_client": 0.1}), cluster_has_gpus=True)
+    assert [b.get("GPU", 0.0) for b in explicit.bundles] == [0.0, 0.0, 0.2, 0.2]
+
+
+def test_swept_client_count_changes_the_bundles():
+    s = load_spec({**BASE, "grid": {"federation.clients": [2, 6]}})
+    sizes = [len(placement_group_factory({"point": p}, s, False).bundles) for p in s.points()]
+    assert sizes == [3, 5]
+
+
+def test_local_backend_trial_is_one_bundle_and_shares_are_pinned():
+    s = load_spec({**BASE, "set": {**BASE["set"], "federation.backend": "local"}, "cpus_per_trial": 0.5})
+    assert trial_resources(s, s.base_config(), False).bundles == ({"CPU": 0.5},)
+    config = pinned_config(load_spec(BASE), {}, False)
+    assert config.federation.cpus_per_actor == 0.25 and config.federation.gpus_per_client == 0.0
+    assert config.run.progress == "none"
+
+
+def test_too_many_actors_for_the_trial_budget_is_one_line():
+    s = load_spec({**BASE, "set": {"federation.clients": 100000, "federation.clients_per_actor": 1}, "cpus_per_trial": 1.0})
+    with pytest.raises(ResourceError, match="cpus_per_trial = 1 is too small for 100000 client actors"):
+        trial_resources(s, s.base_config(), False)

@@ -1,0 +1,152 @@
+"""Sweeps on the session's real local Ray: every trial a whole federated run with the same numbers as
+``fedcomp.run``, more trials than CPUs, Optuna seeded, ASHA, a failing trial retried from its checkpoint,
+a killed sweep resumed, and resource shortfalls reported at once."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+import fedcomp
+from fedcomp.platform.errors import ResourceError
+from fedcomp.sweeps.report import best_configurations, sweep_report
+from fedcomp.sweeps.trial import FAULT_EXIT
+
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
+
+TINY = {
+    "federation.clients": 4,
+    "federation.clients_per_actor": 2,
+    "algorithm.name": "fcsg",
+    "algorithm.local_steps": 5,
+    "algorithm.first_batch": 4,
+    "task.test_samples": 2000,
+    "run.rounds": 4,
+    "run.eval_every": 1,
+    "run.checkpoint_every": 2,
+}
+METRICS = ["round", "comm_rounds", "local_steps", "samples", "train_loss", "test_accuracy", "test_loss"]
+
+
+def tiny(out, backend="ray", set=None, **spec):
+    """A sweep of tiny invariant-logreg runs under ``out`` (``set`` adds to the fixed overrides)."""
+    fixed = {**TINY, "federation.backend": backend, "run.out": str(out), **(set or {})}
+    return {"base": "quickstart", "set": fixed, **spec}
+
+
+def reference(trials: pd.DataFrame, trial: str) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """A trial's rows and the rows of ``fedcomp.run`` on the same config (local backend)."""
+    rows = trials[trials["trial"] == trial].reset_index(drop=True)
+    first = rows.iloc[0]
+    overrides = {c: first[c] for c in rows.columns if c.startswith(("task.", "algorithm.", "run.")) and not pd.isna(first[c])}
+    overrides.update({"federation.backend": "local", "federation.clients": int(first["federation.clients"]),
+                      "run.progress": "none", "run.out": str(Path(first["run.out"]) / "reference")})
+    overrides.pop("run.name", None)
+    alone = fedcomp.run("quickstart", overrides).metrics
+    return rows[METRICS], alone[METRICS]
+
+
+def assert_rows_once(trials: pd.DataFrame, rounds: int) -> None:
+    for _, rows in trials.groupby("trial"):
+        assert rows["round"].tolist() == list(range(rounds + 1))
+
+
+def test_grid_sweep_with_more_trials_than_cpus_matches_single_runs(ray_session, tmp_path):
+    # Half a CPU per trial: four trials (each a server actor and two client actors) share the 2 CPUs at once.
+    result = fedcomp.sweep(tiny(tmp_path, grid={"algorithm.lr": [0.1, 0.05]}, seeds=2, cpus_per_trial=0.5))
+    trials = result.trials
+    assert result.path.parent == tmp_path and (result.path / "trials.parquet").is_file()
+    assert trials["trial"].nunique() == 4 > ray_session.cluster_resources()["CPU"]
+    assert set(trials["status"]) == {"completed"}
+    assert_rows_once(trials, 4)
+    assert sorted(map(tuple, trials[["algorithm.lr", "run.seed"]].drop_duplicates().values.tolist())) == [
+        (0.05, 0), (0.05, 1), (0.1, 0), (0.1, 1)]
+    for trial in sorted(trials["trial"].unique())[:2]:
+        swept, alone = reference(trials, trial)
+        pd.testing.assert_frame_equal(swept, alone, check_dtype=False)
+    best = result.best()
+    assert best["algorithm.name"].tolist() == ["fcsg"] and best["seeds"].tolist() == [2]
+    finals = trials.sort_values("round").groupby("trial").tail(1).groupby("algorithm.lr")["test_accuracy"].mean()
+    assert best["mean"].iloc[0] == pytest.approx(finals.max())
+    png, md = sweep_report(result.path)
+    assert png.stat().st_size > 1000 and "| fcsg | lr=" in md.read_text()
+
+
+def test_optuna_search_is_seeded_and_repeats_each_configuration_over_seeds(ray_session, tmp_path):
+    space = {"algorithm.lr": {"loguniform": [0.001, 0.2]}}
+    def lrs(out):
+        result = fedcomp.sweep(tiny(out, backend="local", search="optuna", space=space, num_samples=3, seeds=2, seed=5))
+        finals = result.trials.groupby("trial").tail(1)
+        assert len(finals) == 6
+        pairs = finals.groupby("algorithm.lr")["run.seed"].apply(sorted)
+        assert pairs.tolist() == [[0, 1]] * 3  # every proposed lr ran with both seeds
+        assert all(0.001 <= lr <= 0.2 for lr in pairs.index)
+        return sorted(pairs.index)
+    assert lrs(tmp_path / "a") == lrs(tmp_path / "b")
+
+
+def test_asha_stops_weak_trials_and_the_report_ranks_full_runs(ray_session, tmp_path):
+    result = fedcomp.sweep(tiny(tmp_path, backend="local", grid={"algorithm.lr": [0.1, 1e-5, 2e-5, 3e-5]},
+                                scheduler="asha", grace_rounds=1, max_concurrent=1,
+                                set={"run.rounds": 6}))
+    lengths = result.trials.groupby("algorithm.lr")["round"].max()
+    assert lengths[0.1] == 6 and (lengths < 6).any()
+    for _, rows in result.trials.groupby("trial"):
+        assert rows["round"].tolist() == list(range(len(rows)))
+    assert best_configurations(result.trials, result.spec)["algorithm.lr"].tolist() == [0.1]
+
+
+def test_a_trial_that_cannot_fit_fails_at_once_and_writes_nothing(ray_session, tmp_path):
+    with pytest.raises(ResourceError, match=r"needs CPU=4 .* but the cluster has CPU=2"):
+        fedcomp.sweep(tiny(tmp_path, cpus_per_trial=4.0))
+    with pytest.raises(ResourceError, match="GPU"):
+        fedcomp.sweep(tiny(tmp_path, set={"federation.gpus_per_client": 0.5}))
+    assert not any(tmp_path.iterdir())
+
+
+def test_a_failing_trial_is_retried_from_its_checkpoint_with_fresh_actors(ray_session, tmp_path, monkeypatch):
+    monkeypatch.setenv(FAULT_EXIT, "3")  # the trial's process dies at round 3; its last checkpoint is round 2
+    result = fedcomp.sweep(tiny(tmp_path))
+    trials = result.trials
+    assert set(trials["status"]) == {"completed"}
+    assert_rows_once(trials, 4)
+    swept, alone = reference(trials, trials["trial"].iloc[0])
+    pd.testing.assert_frame_equal(swept, alone, check_dtype=False)
+    assert list(result.path.glob("*/error.txt")), "the first attempt did not fail"
+
+
+def test_a_killed_sweep_resumes_without_redoing_finished_trials(ray_session, tmp_path):
+    spec = tiny(tmp_path, backend="local", grid={"algorithm.lr": [0.1, 0.05, 0.02, 0.01]}, max_concurrent=1,
+                set={"run.rounds": 30, "run.checkpoint_every": 5})
+    spec_file = tmp_path / "spec.yaml"
+    spec_file.write_text(yaml.safe_dump(spec))
+    address = ray_session.get_runtime_context().gcs_address
+    cmd = [sys.executable, "-m", "fedcomp", "sweep", str(spec_file), "--ray-address", address, "--verbose", "0"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.time() + 240
+    while time.time() < deadline and len(list(tmp_path.glob("*/*/checkpoint_*"))) < 4:
+        time.sleep(0.5)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    [sweep_dir] = [p for p in tmp_path.iterdir() if (p / "sweep.json").is_file()]
+    assert not (sweep_dir / "trials.parquet").exists()
+    # Checkpoints at rounds 5, 10, ..., 30 are numbered 0..5: a trial with checkpoint 5 had finished.
+    finished_before = {p.parent.name for p in sweep_dir.glob("*/checkpoint_000005")}
+    assert 1 <= len(finished_before) < 4
+    result = fedcomp.resume_sweep(sweep_dir)
+    trials = result.trials
+    assert trials["trial"].nunique() == 4 and set(trials["status"]) == {"completed"}
+    assert_rows_once(trials, 30)
+    assert sorted(trials["algorithm.lr"].unique()) == [0.01, 0.02, 0.05, 0.1]
+    swept, alone = reference(trials, sorted(trials["trial"].unique())[-1])
+    pd.testing.assert_frame_equal(swept, alone, check_dtype=False)
+    for name in finished_before:  # finished trials were not run again
+        assert not list((sweep_dir / name).glob("checkpoint_000006"))
