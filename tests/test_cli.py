@@ -122,3 +122,47 @@ def test_gpu_request_on_the_local_backend_without_cuda(tmp_path, capsys):
     assert code == 2 and len(err) == 1
     assert "federation.gpus_per_client = 1 but this machine has no CUDA GPU for the local backend" in err[0]
     assert list(tmp_path.iterdir()) == []
+
+
+SWEEP = {"base": "quickstart", "grid": {"algorithm.lr": [0.1, 0.05]},
+         "set": {"federation.backend": "local", "federation.clients": 4, "algorithm.local_steps": 5,
+                 "task.test_samples": 2000, "run.rounds": 3, "run.eval_every": 1}}
+
+
+@pytest.mark.ray
+def test_sweep_and_its_report(ray_session, tmp_path, capsys):
+    import yaml
+
+    spec = tmp_path / "tiny.yaml"
+    spec.write_text(yaml.safe_dump(SWEEP))
+    out = tmp_path / "out"
+    assert main(["sweep", str(spec), "--seeds", "2", "--verbose", "0", "--set", f"run.out={out}"]) == 0
+    text = capsys.readouterr().out
+    assert "### Best configuration per algorithm" in text and "sweep tiny_" in text and "4 trials, 0 failed" in text
+    [sweep_dir] = out.iterdir()
+    assert {"trials.parquet", "sweep.json", "report.png", "report.md"} <= {p.name for p in sweep_dir.iterdir()}
+    assert main(["report", str(sweep_dir), "--metric", "test_loss", "--out", str(tmp_path / "rep")]) == 0
+    assert "Final test_loss" in capsys.readouterr().out and (tmp_path / "rep" / "report.png").is_file()
+
+
+@pytest.mark.ray
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["sweep", "nosuch"], "sweep 'nosuch' is unknown; allowed:"),
+        (["sweep", "quick", "--num-samples", "-1"], "--num-samples = -1: must be >= 1"),
+        (["sweep", "quick", "--seeds", "0"], "--seeds = 0: must be >= 1"),
+        (["sweep", "quick", "--search", "optuna"], "search = 'optuna' cannot take grid axes (algorithm.name, algorithm.lr, algorithm.beta)"),
+        (["sweep", "quick", "--set", "algorithm.lr=-1"], "algorithm.lr = -1:"),
+        (["sweep", "quick", "--set", "federation.gpus_per_client=1"], "GPU=4"),
+        (["sweep", "--resume", "NOT_A_SWEEP"], "no sweep.json there; not a fedcomp sweep folder"),
+        (["sweep", "quick", "--resume", "x"], "--resume SWEEP_DIR continues a sweep with its stored spec"),
+    ],
+)
+def test_bad_sweep_input_is_one_line_and_writes_nothing(ray_session, tmp_path, capsys, argv, message):
+    argv = [a.replace("NOT_A_SWEEP", str(tmp_path)) for a in argv]
+    out = tmp_path / "out"
+    assert main([*argv, "--set", f"run.out={out}"] if "--resume" not in argv else argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0], err
+    assert not out.exists()
