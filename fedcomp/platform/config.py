@@ -46,6 +46,11 @@ class FederationConfig(Params):
     ray_address: str | None = Field(None, description="existing cluster to join (else RAY_ADDRESS, else local)")
     actor_timeout_s: float = Field(120.0, gt=0, description="deadline for actors to start or answer a round")
     max_retries: int = Field(3, ge=0, description="times a round is retried after a client actor dies")
+    vectorise: bool = Field(
+        False,
+        description="run a host's clients' local steps in lockstep under torch.func.vmap where the algorithm and "
+        "task allow it: faster, equal to the one-at-a-time numbers up to float32 rounding (not bit for bit)",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> "FederationConfig":

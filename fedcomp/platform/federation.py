@@ -20,6 +20,7 @@ from fedcomp.platform.config import Config, FederationConfig
 from fedcomp.platform.errors import ResourceError
 from fedcomp.platform.registry import ALGORITHMS, TASKS, load_builtins
 from fedcomp.platform.rng import generator
+from fedcomp.platform.vectorised import can_lockstep, lockstep_local_steps
 from fedcomp.platform.tasks.base import Task
 
 
@@ -111,19 +112,28 @@ class ClientHost:
     def run(
         self, program: str, round: int, cohort: Sequence[int], payload: np.ndarray, layout: Layout, sub: int = 0
     ) -> Partial:
-        """Run the program; the reply carries copies of private state unless the program is transient."""
-        """Run ``algorithm.<program>`` for the cohort members in ``cohort`` (all hosted here), in order."""
+        """Run ``algorithm.<program>`` for the cohort members in ``cohort`` (all hosted here), in order; the
+        reply carries copies of their private state unless the program is transient. The default local-steps
+        program runs the clients in lockstep under ``vmap`` where the algorithm and task allow it (same numbers)."""
         broadcast = layout.unpack(payload, self.device)
         seed, sums, out_layout = self.config.run.seed, None, None
         samples, loss_sum, private = 0, 0.0, {}
-        for client in sorted(cohort):
+        clients = sorted(cohort)
+        starts, contexts = [], []
+        for client in clients:
             stream = self.task.stream_id(client)
             start = self.private.get(client)
             if start is None:
                 start = self.algorithm.init_state(broadcast)
-            state = {**start, **{k: v.clone() for k, v in broadcast.items()}}
-            ctx = ClientContext(client, round, sub, lambda *ids, s=stream: generator(seed, "client-step", s, *ids))
-            state, outputs, info = getattr(self.algorithm, program)(self.problem, state, ctx)
+            starts.append({**start, **{k: v.clone() for k, v in broadcast.items()}})
+            contexts.append(ClientContext(client, round, sub, lambda *ids, s=stream: generator(seed, "client-step", s, *ids)))
+        results = None
+        if self.config.federation.vectorise and can_lockstep(self.algorithm, self.problem, program, len(clients)):
+            results = lockstep_local_steps(self.algorithm, self.problem, starts, contexts)
+        if results is None:
+            run_one = getattr(self.algorithm, program)
+            results = [run_one(self.problem, state, ctx) for state, ctx in zip(starts, contexts)]
+        for client, (state, outputs, info) in zip(clients, results):
             if out_layout is None:
                 out_layout = Layout.of(outputs)
                 sums = np.zeros(out_layout.total, np.float64)

@@ -133,6 +133,9 @@ class Algorithm(ABC):
     synced: ClassVar[tuple[str, ...]]
     """State keys averaged over the cohort at each communication; the rest of the state stays on the client."""
     description: ClassVar[str] = ""
+    vectorisable: ClassVar[bool] = False
+    """Whether the ``local_steps`` program may run a host's clients in lockstep under ``torch.func.vmap``
+    (see :class:`DrawUpdate`)."""
     transient_programs: ClassVar[frozenset[str]] = frozenset()
     """Client programs whose effect on private state need not be saved after each call: they run in a
     sequence that ends with a saving program (FedDRO's per-step calls end with the model round), and a
@@ -186,12 +189,31 @@ class Algorithm(ABC):
         return {**state, **out.means}, record
 
 
-def estimate(problem: Any, x: Tensor, *batch: Any) -> tuple[Tensor, Tensor]:
-    """Gradient and value of ``problem.loss(x, *batch)`` at ``x`` (plain autograd through the oracles)."""
-    x = x.detach().requires_grad_(True)
-    value = problem.loss(x, *batch)
-    (grad,) = torch.autograd.grad(value, x)
-    return grad, value.detach()
+class DrawUpdate(Algorithm):
+    """An algorithm whose local step is ``update(draw(...))``: drawing the step's samples (keyed randomness,
+    one client at a time) apart from a pure tensor update. The update uses ``torch.func`` transforms only, so
+    a host can run the clients it holds in lockstep under ``torch.func.vmap`` (:mod:`fedcomp.platform.vectorised`)
+    with the same numbers as one at a time."""
+
+    vectorisable: ClassVar[bool] = True
+
+    @abstractmethod
+    def draw(self, problem: Any, client: int, step: int, gen: torch.Generator) -> tuple[Any, int]:
+        """The step's samples (a tuple of tensors, the same shapes for every client) and their oracle count."""
+
+    @abstractmethod
+    def update(self, problem: Any, state: State, batch: Any, step: int) -> tuple[State, Tensor]:
+        """The new state and the step's training loss (a 0-d tensor), from the state and the drawn samples."""
+
+    def local_step(self, problem: Any, client: int, state: State, step: int, gen: torch.Generator) -> tuple[State, StepInfo]:
+        batch, samples = self.draw(problem, client, step, gen)
+        state, loss = self.update(problem, state, batch, step)
+        return state, StepInfo(samples, float(loss))
+
+
+def grad_and_loss(problem: Any, x: Tensor, *batch: Any) -> tuple[Tensor, Tensor]:
+    """Gradient and value of ``problem.loss(x, *batch)`` at ``x`` by ``torch.func`` (vmap-compatible)."""
+    return torch.func.grad_and_value(lambda z: problem.loss(z, *batch))(x)
 
 
 def batch_size(batch: Any) -> int:

@@ -21,7 +21,7 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
-from fedcomp.platform.algorithms.base import Algorithm, CommonHParams, State, StepInfo, estimate
+from fedcomp.platform.algorithms.base import CommonHParams, DrawUpdate, State, grad_and_loss
 from fedcomp.platform.problems import CONDITIONAL, ConditionalProblem
 from fedcomp.platform.registry import register_algorithm
 
@@ -44,10 +44,10 @@ def _sample(problem: ConditionalProblem, client: int, n: int, m: int, gen: torch
     return outer, problem.sample_inner(client, outer, m, gen)
 
 
-class _FCSGBase(Algorithm):
+class _FCSGBase(DrawUpdate):
     kind = CONDITIONAL
 
-    def _batch(self, problem: ConditionalProblem, client: int, step: int, gen: torch.Generator) -> tuple[tuple, int]:
+    def draw(self, problem: ConditionalProblem, client: int, step: int, gen: torch.Generator) -> tuple[tuple, int]:
         n = self.hp.first_batch if step == 0 else self.hp.outer_batch
         return _sample(problem, client, n, self.hp.inner_batch, gen), n * self.hp.inner_batch
 
@@ -63,12 +63,9 @@ class FCSG(_FCSGBase):
     def init_state(self, params: State) -> State:
         return {"x": params["x"].clone()}
 
-    def local_step(
-        self, problem: ConditionalProblem, client: int, state: State, step: int, gen: torch.Generator
-    ) -> tuple[State, StepInfo]:
-        batch, samples = self._batch(problem, client, step, gen)
-        grad, loss = estimate(problem, state["x"], *batch)
-        return {"x": state["x"] - self.hp.lr * grad}, StepInfo(samples, float(loss))
+    def update(self, problem: ConditionalProblem, state: State, batch: tuple, step: int) -> tuple[State, Tensor]:
+        grad, loss = grad_and_loss(problem, state["x"], *batch)
+        return {"x": state["x"] - self.hp.lr * grad}, loss
 
 
 @register_algorithm("fcsg-m")
@@ -82,13 +79,10 @@ class FCSGM(_FCSGBase):
     def init_state(self, params: State) -> State:
         return {"x": params["x"].clone(), "u": torch.zeros_like(params["x"])}
 
-    def local_step(
-        self, problem: ConditionalProblem, client: int, state: State, step: int, gen: torch.Generator
-    ) -> tuple[State, StepInfo]:
-        batch, samples = self._batch(problem, client, step, gen)
-        grad, loss = estimate(problem, state["x"], *batch)
+    def update(self, problem: ConditionalProblem, state: State, batch: tuple, step: int) -> tuple[State, Tensor]:
+        grad, loss = grad_and_loss(problem, state["x"], *batch)
         u = grad if step == 0 else (1 - self.hp.beta) * state["u"] + self.hp.beta * grad
-        return {"x": state["x"] - self.hp.lr * u, "u": u}, StepInfo(samples, float(loss))
+        return {"x": state["x"] - self.hp.lr * u, "u": u}, loss
 
 
 @register_algorithm("acc-fcsg-m")
@@ -103,16 +97,16 @@ class AccFCSGM(_FCSGBase):
         x0 = params["x"]
         return {"x": x0.clone(), "u": torch.zeros_like(x0), "x_prev": x0.clone()}
 
-    def local_step(
-        self, problem: ConditionalProblem, client: int, state: State, step: int, gen: torch.Generator
-    ) -> tuple[State, StepInfo]:
-        batch, samples = self._batch(problem, client, step, gen)
+    def draw(self, problem: ConditionalProblem, client: int, step: int, gen: torch.Generator) -> tuple[tuple, int]:
+        batch, samples = super().draw(problem, client, step, gen)
+        return batch, samples if step == 0 else 2 * samples  # evaluated at x and at x_prev
+
+    def update(self, problem: ConditionalProblem, state: State, batch: tuple, step: int) -> tuple[State, Tensor]:
         x = state["x"]
-        grad, loss = estimate(problem, x, *batch)
+        grad, loss = grad_and_loss(problem, x, *batch)
         if step == 0:
             u = grad
         else:
-            grad_prev, _ = estimate(problem, state["x_prev"], *batch)
+            grad_prev, _ = grad_and_loss(problem, state["x_prev"], *batch)
             u = grad + (1 - self.hp.beta) * (state["u"] - grad_prev)
-            samples *= 2
-        return {"x": x - self.hp.lr * u, "u": u, "x_prev": x}, StepInfo(samples, float(loss))
+        return {"x": x - self.hp.lr * u, "u": u, "x_prev": x}, loss

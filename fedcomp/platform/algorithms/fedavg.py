@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from fedcomp.platform.algorithms.base import Algorithm, CommonHParams, State, StepInfo, estimate
+from fedcomp.platform.algorithms.base import CommonHParams, DrawUpdate, State, grad_and_loss
 from fedcomp.platform.problems import PLAIN, PlainProblem
 from fedcomp.platform.registry import register_algorithm
 
@@ -15,7 +15,7 @@ class FedAvgHParams(CommonHParams):
 
 
 @register_algorithm("fedavg")
-class FedAvg(Algorithm):
+class FedAvg(DrawUpdate):
     """x <- x - lr * grad l(x; batch) for q steps on each client; then x <- mean over the cohort."""
 
     kind = PLAIN
@@ -26,9 +26,9 @@ class FedAvg(Algorithm):
     def init_state(self, params: State) -> State:
         return {"x": params["x"].clone()}
 
-    def local_step(
-        self, problem: PlainProblem, client: int, state: State, step: int, gen: torch.Generator
-    ) -> tuple[State, StepInfo]:
-        batch = problem.sample_batch(client, self.hp.outer_batch, gen)
-        grad, loss = estimate(problem, state["x"], batch)
-        return {"x": state["x"] - self.hp.lr * grad}, StepInfo(samples=self.hp.outer_batch, loss=float(loss))
+    def draw(self, problem: PlainProblem, client: int, step: int, gen: torch.Generator) -> tuple[tuple, int]:
+        return (problem.sample_batch(client, self.hp.outer_batch, gen),), self.hp.outer_batch
+
+    def update(self, problem: PlainProblem, state: State, batch: tuple, step: int) -> tuple[State, Tensor]:
+        grad, loss = grad_and_loss(problem, state["x"], *batch)
+        return {"x": state["x"] - self.hp.lr * grad}, loss

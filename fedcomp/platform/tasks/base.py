@@ -24,6 +24,10 @@ class Task(ABC):
     metrics: ClassVar[tuple[str, ...]]
     """Metric columns :meth:`evaluator` returns; the first is the headline metric."""
     mode: ClassVar[Literal["max", "min"]] = "max"
+    vmappable: ClassVar[bool] = False
+    """Whether the oracles are pure tensor functions ``torch.func.vmap`` can batch over clients (no BatchNorm
+    in training mode, no in-place updates or data-dependent Python control flow); then a host may run its
+    clients' local steps in lockstep when ``federation.vectorise`` is on (see :mod:`fedcomp.platform.vectorised`)."""
     description: ClassVar[str] = ""
 
     def __init__(self, params: Any, seed: int, clients: int, device: str = "cpu") -> None:

@@ -50,6 +50,7 @@ class InvariantLogReg(Task):
     Params = InvariantLogRegParams
     kinds = frozenset({CONDITIONAL, PLAIN})
     metrics = ("test_accuracy", "test_loss")
+    vmappable = True
     description = "FCSG paper sec. 5.1: logistic regression on noisy features, d=10, 16 clients"
 
     def __init__(self, params: InvariantLogRegParams, seed: int, clients: int, device: str = "cpu") -> None:

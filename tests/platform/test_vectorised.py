@@ -1,0 +1,88 @@
+"""Lockstep local steps under torch.func.vmap: when they apply, that they give the one-at-a-time numbers up
+to float32 rounding (for every FCSG-family algorithm, both invariant-LR objectives), that a vectorised run is
+bitwise reproducible, and that clients whose draws differ in shape fall back to one at a time."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import fedcomp
+from fedcomp.platform.algorithms.fcsg import FCSG
+from fedcomp.platform.config import load_config
+from fedcomp.platform.federation import ClientHost, Layout, build_algorithm, build_task
+from fedcomp.platform.rng import generator
+from fedcomp.platform.vectorised import can_lockstep, lockstep_local_steps
+from fedcomp.platform.algorithms.base import ClientContext
+
+from tests.conftest import small
+
+ROUNDING = dict(rtol=1e-5, atol=1e-6)  # a few float32 ulps per step, accumulated over the steps
+
+
+def config(**overrides):
+    return load_config("quickstart", small(**{"federation.clients": 6, **overrides}))
+
+
+def host_reply(cfg, vectorise: bool):
+    cfg = cfg.replace(**{"federation.vectorise": vectorise})
+    host = ClientHost(cfg, range(cfg.federation.clients))
+    x0 = build_task(cfg).init_params(generator(0, "init"))
+    state = {k: v for k, v in host.algorithm.init_state(x0).items() if k in host.algorithm.synced}
+    layout = Layout.of(state)
+    first = host.run("local_steps", 0, list(range(6)), layout.pack(state), layout)
+    second = host.run("local_steps", 1, [0, 2, 3, 5], layout.pack(state), layout)
+    return first, second
+
+
+@pytest.mark.parametrize("algorithm", ["fcsg", "fcsg-m", "acc-fcsg-m"])
+@pytest.mark.parametrize("objective", ["paper", "official-code"])
+def test_lockstep_equals_one_at_a_time_up_to_rounding(algorithm, objective):
+    cfg = config(**{"algorithm.name": algorithm, "task.objective": objective})
+    for fast, slow in zip(host_reply(cfg, True), host_reply(cfg, False)):
+        np.testing.assert_allclose(fast.sums, slow.sums, **ROUNDING)
+        assert fast.samples == slow.samples and fast.clients == slow.clients
+        assert fast.loss_sum == pytest.approx(slow.loss_sum, rel=1e-6)
+        assert fast.private.keys() == slow.private.keys()
+        for client in fast.private:
+            for key in fast.private[client]:
+                torch.testing.assert_close(fast.private[client][key], slow.private[client][key], **ROUNDING)
+
+
+def test_vectorised_run_is_close_to_sequential_and_bitwise_reproducible(tmp_path):
+    overrides = small(**{"federation.vectorise": True, "run.out": str(tmp_path), "run.rounds": 4})
+    first = fedcomp.run("quickstart", overrides).metrics.drop(columns="wall_time")
+    again = fedcomp.run("quickstart", overrides).metrics.drop(columns="wall_time")
+    sequential = fedcomp.run("quickstart", {**overrides, "federation.vectorise": False}).metrics.drop(columns="wall_time")
+    assert first.equals(again)
+    np.testing.assert_allclose(first.to_numpy(float), sequential.to_numpy(float), rtol=1e-5, atol=1e-6, equal_nan=True)
+
+
+def test_when_lockstep_applies():
+    cfg = config()
+    algorithm, problem = build_algorithm(cfg), build_task(cfg).problem("conditional")
+    assert can_lockstep(algorithm, problem, "local_steps", 2)
+    assert not can_lockstep(algorithm, problem, "local_steps", 1)  # one client: nothing to batch
+    assert not can_lockstep(algorithm, problem, "other_program", 2)
+    plain = load_config({"task": {"name": "synthetic-classification"}, "algorithm": {"name": "fedavg"}})
+    assert not can_lockstep(build_algorithm(plain), build_task(plain).problem("plain"), "local_steps", 2)  # not vmappable
+    bilevel = load_config("fednest-minimax")
+    assert not can_lockstep(build_algorithm(bilevel), build_task(bilevel).problem("bilevel"), "local_steps", 2)
+
+
+class RaggedFCSG(FCSG):
+    """FCSG whose client c draws c + 1 outer samples per step: batches of different shapes."""
+
+    def draw(self, problem, client, step, gen):
+        outer = problem.sample_outer(client, client + 1, gen)
+        return (outer, problem.sample_inner(client, outer, self.hp.inner_batch, gen)), client + 1
+
+
+def test_clients_with_differently_shaped_draws_fall_back_to_one_at_a_time():
+    cfg = config()
+    algorithm, problem = RaggedFCSG(cfg.algorithm), build_task(cfg).problem("conditional")
+    x0 = build_task(cfg).init_params(generator(0, "init"))
+    states = [algorithm.init_state(x0) for _ in range(2)]
+    contexts = [ClientContext(c, 0, 0, lambda *ids, c=c: generator(0, "client-step", c, *ids)) for c in range(2)]
+    assert lockstep_local_steps(algorithm, problem, states, contexts) is None
