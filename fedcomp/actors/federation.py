@@ -12,6 +12,7 @@ same numbers as an undisturbed round, because every random draw is keyed by (see
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import ray
@@ -26,6 +27,12 @@ from fedcomp.platform.federation import Layout, Partial, build_algorithm, combin
 
 RemoteClient = ray.remote(ClientActor)
 INLINE_BYTES = 100 * 1024
+PHASES = ("serialise broadcast", "submit actor calls", "actor compute (slowest actor)",
+          "transport, scheduling, replies", "combine partials")
+"""Where the time of a federation call goes: packing and ``ray.put`` of the broadcast; issuing the actor
+calls; the slowest actor's own time in the call (the critical path of the compute); everything else until
+the last reply is in (argument transfer, actor scheduling and queueing, reply serialisation and fetch); and
+adding up the partial sums."""
 
 
 def wait_ready(actors: list[Any], what: list[str], timeout: float) -> list[Any]:
@@ -57,6 +64,8 @@ class RayFederation:
         self.replay: list[tuple[str, int, int, dict[int, list[int]], Any, Layout]] = []
         """Transient calls since the last saving call: what a replacement actor re-runs to catch up."""
         self.restarts = 0
+        self.profile: dict[str, float] = dict.fromkeys(PHASES, 0.0)
+        """Seconds spent per phase of ``call`` since the start (see :data:`PHASES`)."""
 
     @property
     def timeout(self) -> float:
@@ -82,11 +91,13 @@ class RayFederation:
                 ray.get(self.actors[i].run.remote(program, round, members[i], ref, layout, sub)[0], timeout=self.timeout)
 
     def call(self, program: str, round: int, cohort: list[int], payload: State, sub: int = 0) -> Outcome:
+        started = time.perf_counter()
         layout = Layout.of(payload)
         flat = layout.pack(payload)
         # One object-store copy per round for model-sized payloads; small ones (below Ray's own inlining
         # limit) travel inside the call, which measured 1.5-4 ms faster per round for an 11 KB model.
         ref = ray.put(flat) if flat.nbytes > INLINE_BYTES else flat
+        self.profile["serialise broadcast"] += time.perf_counter() - started
         members: dict[int, list[int]] = {}
         for c in cohort:
             members.setdefault(self.owner[c], []).append(c)
@@ -108,7 +119,10 @@ class RayFederation:
             self.replay.append((program, round, sub, members, ref, layout))
         else:
             self.replay = []
-        return combine([partials[i] for i in sorted(partials)], layout.total)
+        started = time.perf_counter()
+        outcome = combine([partials[i] for i in sorted(partials)], layout.total)
+        self.profile["combine partials"] += time.perf_counter() - started
+        return outcome
 
     def _collect(
         self,
@@ -126,10 +140,13 @@ class RayFederation:
         Each actor also returns its clients' private state as a second object that stays in the object
         store (nothing crosses to the server unless a replacement actor or a checkpoint needs it).
         """
+        started = time.perf_counter()
         pending: dict[Any, tuple[int, Any]] = {}
         for i in todo:
             partial_ref, private_ref = self.actors[i].run.remote(program, round, members[i], ref, layout, sub)
             pending[partial_ref] = (i, private_ref)
+        submitted = time.perf_counter()
+        self.profile["submit actor calls"] += submitted - started
         failed: list[int] = []
         while pending:
             ready, _ = ray.wait(list(pending), num_returns=1, timeout=self.timeout)
@@ -145,6 +162,9 @@ class RayFederation:
                     continue
                 if partials[i].has_private:
                     self.private_refs.update({c: private_ref for c in members[i]})
+        compute = max((partials[i].compute_s for i in todo if i in partials), default=0.0)
+        self.profile["actor compute (slowest actor)"] += compute
+        self.profile["transport, scheduling, replies"] += time.perf_counter() - submitted - compute
         return sorted(failed)
 
     def _private_of(self, clients: list[int]) -> dict[int, State]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import ray
@@ -43,6 +44,9 @@ class ServerActor:
     def restarts(self) -> int:
         return self.server.federation.restarts  # type: ignore[attr-defined]
 
+    def profile(self) -> dict[str, float]:
+        return self.server.profile()
+
     def describe(self) -> dict[str, Any]:
         return self.server.describe()
 
@@ -65,6 +69,7 @@ class RayServer:
         cluster = connect(config.federation.ray_address)
         plan = plan_actors(config.federation, cluster)  # fail here, at once, on a resource shortfall
         options = actor_options({"CPU": plan.server_cpus})
+        self.driver_s = 0.0
         self.actor = RemoteServer.options(**options).remote(config)
         try:
             # The server's constructor starts and awaits the client actors under the same deadline.
@@ -83,7 +88,17 @@ class RayServer:
             raise _unwrap(error) from None
 
     def run_round(self) -> dict[str, Any]:
-        return self._call("run_round")
+        started = time.perf_counter()
+        record = self._call("run_round")
+        self.driver_s += time.perf_counter() - started
+        return record
+
+    def profile(self) -> dict[str, float]:
+        """Seconds per phase of the rounds so far (see :meth:`Server.profile`), plus the driver's calls to
+        the server actor beyond the server's own time in them."""
+        phases = self._call("profile")
+        phases["driver -> server actor call"] = self.driver_s - sum(phases.values())
+        return phases
 
     def evaluate(self) -> dict[str, float]:
         return self._call("evaluate")

@@ -9,6 +9,7 @@ fixed order, so the averages do not depend on how clients are packed into hosts.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
@@ -73,6 +74,8 @@ class Partial:
     """Copies of the clients' private (unsynchronised) state after the program, for recovery and checkpoints."""
     has_private: bool = False
     """Whether the program left private state (kept true when ``private`` travels separately)."""
+    compute_s: float = 0.0
+    """Seconds the host spent in the call (unpacking the broadcast, the clients' program, summing)."""
 
 
 def combine(partials: Sequence[Partial], floats_down: int) -> Outcome:
@@ -115,6 +118,7 @@ class ClientHost:
         """Run ``algorithm.<program>`` for the cohort members in ``cohort`` (all hosted here), in order; the
         reply carries copies of their private state unless the program is transient. The default local-steps
         program runs the clients in lockstep under ``vmap`` where the algorithm and task allow it (same numbers)."""
+        started = time.perf_counter()
         broadcast = layout.unpack(payload, self.device)
         seed, sums, out_layout = self.config.run.seed, None, None
         samples, loss_sum, private = 0, 0.0, {}
@@ -146,7 +150,8 @@ class ClientHost:
                 private[client] = {k: v.cpu() for k, v in kept.items()}
         if out_layout is None or sums is None:
             raise ValueError("ClientHost.run needs a non-empty cohort")
-        return Partial(out_layout, sums, len(cohort), samples, loss_sum, private, bool(private))
+        elapsed = time.perf_counter() - started
+        return Partial(out_layout, sums, len(cohort), samples, loss_sum, private, bool(private), elapsed)
 
 
 def local_device(fed: FederationConfig) -> str:

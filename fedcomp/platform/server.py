@@ -7,6 +7,7 @@ states -- is what :meth:`Server.checkpoint` returns, so a restored server contin
 
 from __future__ import annotations
 
+import time
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Callable, Protocol
 
@@ -73,6 +74,8 @@ class Server:
         self._evaluate = task.evaluator()
         self.problem = task.problem(self.algorithm.kind)
         self.federation = federation(config)
+        self.round_s = 0.0
+        """Seconds spent in round programs so far (federation calls included)."""
 
     def run_round(self) -> dict[str, Any]:
         """One communication round; returns the cumulative counters and the round's training loss."""
@@ -84,7 +87,9 @@ class Server:
             rng=lambda *ids: generator(run.seed, "server", r, *ids),
             problem=self.problem,
         )
+        started = time.perf_counter()
         self.state, record = self.algorithm.round(self.federation, self.state, ctx)
+        self.round_s += time.perf_counter() - started
         self.counters.add(record)
         self.train_loss = record.train_loss
         return {**asdict(self.counters), "train_loss": record.train_loss}
@@ -108,6 +113,13 @@ class Server:
         self.counters = Counters(**checkpoint["counters"])
         self.train_loss = checkpoint["train_loss"]
         self.federation.load_private_states(checkpoint["private"])
+
+    def profile(self) -> dict[str, float]:
+        """Seconds per phase of the rounds so far: the federation's phases (where it keeps them) and the
+        round program's own time outside federation calls."""
+        phases = dict(getattr(self.federation, "profile", {}))
+        phases["server round program"] = self.round_s - sum(phases.values())
+        return phases
 
     def describe(self) -> dict[str, Any]:
         """The backend the clients run on (recorded in ``run.json``)."""

@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 import textwrap
+import time
 
 import pandas as pd
 import pytest
@@ -198,3 +199,27 @@ def test_actor_killed_between_per_step_exchanges_catches_up_by_replay(ray_sessio
         server.close()
     assert final["grad_norm_sq"] == pytest.approx(reference["grad_norm_sq"].iloc[-1], rel=1e-6, abs=1e-12)
     assert rows[-1]["embedding_exchanges"] == reference["embedding_exchanges"].iloc[-1]
+
+
+def test_round_profile_phases_add_up_to_the_drivers_round_time(ray_session):
+    from fedcomp.actors.federation import PHASES
+
+    server = RayServer(load_config("quickstart", small(**{"federation.backend": "ray", "federation.clients_per_actor": 2})))
+    try:
+        started = time.perf_counter()
+        for _ in range(3):
+            server.run_round()
+        elapsed = time.perf_counter() - started
+        phases = server.profile()
+    finally:
+        server.close()
+    assert list(phases) == [*PHASES, "server round program", "driver -> server actor call"]
+    assert phases["actor compute (slowest actor)"] > 0 and phases["submit actor calls"] > 0
+    assert sum(phases.values()) == pytest.approx(elapsed, rel=0.05)
+
+
+def test_vectorised_clients_on_one_actor_match_the_local_vectorised_run(ray_session, tmp_path):
+    base = small(**{"run.out": str(tmp_path), "federation.vectorise": True, "algorithm.name": "acc-fcsg-m"})
+    local = metrics(fedcomp.run("quickstart", base))
+    on_ray = metrics(fedcomp.run("quickstart", {**base, "federation.backend": "ray", "federation.clients_per_actor": 4}))
+    pd.testing.assert_frame_equal(on_ray, local, rtol=0, atol=0)  # same clients in lockstep together: same bits
