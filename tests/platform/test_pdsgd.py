@@ -191,7 +191,7 @@ def minimum(task: TinyGame, x0: Tensor) -> float:
         return value
 
     opt.step(closure)
-    return float(closure())
+    return float(closure().detach())
 
 
 @pytest.mark.parametrize("divergence", ["kl", "chi2"])
