@@ -189,15 +189,19 @@ class MetaTask(Task):
         raise NotImplementedError
 
     def adapt(self, x: Tensor, sx: Tensor, sy: Tensor, steps: int, create_graph: bool) -> Tensor:
-        """x after ``steps`` gradient steps of the support loss at ``adapt_lr`` (differentiable when
-        ``create_graph`` and x requires grad; first-order otherwise)."""
+        """x after ``steps`` gradient steps of the support loss at ``adapt_lr``.
+
+        The support gradient comes from ``torch.func.grad``, so the result is differentiable in x by autograd
+        and by ``torch.func`` alike (second-order MAML); ``create_graph=False`` detaches it (first-order MAML:
+        d fast / d x = I; also what evaluation uses)."""
+
+        def support_loss(p: Tensor) -> Tensor:
+            return self.loss_fn(self.model(p, sx), sy)
+
         fast = x
         for _ in range(steps):
-            if not fast.requires_grad:  # evaluation: a leaf to differentiate the support loss against
-                fast = fast.detach().requires_grad_(True)
-            loss = self.loss_fn(self.model(fast, sx), sy)
-            (grad,) = torch.autograd.grad(loss, fast, create_graph=create_graph)
-            fast = fast - self.params.adapt_lr * grad
+            grad = torch.func.grad(support_loss)(fast)
+            fast = fast - self.params.adapt_lr * (grad if create_graph else grad.detach())
         return fast
 
     def evaluate_episodes(self, x: Tensor, episodes: Episodes, steps: int) -> tuple[list[float], list[Tensor]]:
@@ -206,8 +210,7 @@ class MetaTask(Task):
         x = x.detach().to(self.device)
         for i in range(len(episodes)):
             sx, sy = episodes.support_x[i].to(self.device), episodes.support_y[i].to(self.device)
-            with torch.enable_grad():
-                fast = self.adapt(x, sx, sy, steps, create_graph=False).detach()
+            fast = self.adapt(x, sx, sy, steps, create_graph=False).detach()
             with torch.no_grad():
                 out = self.model(fast, episodes.query_x[i].to(self.device))
                 losses.append(float(self.loss_fn(out, episodes.query_y[i].to(self.device))))
