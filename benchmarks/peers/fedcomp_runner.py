@@ -1,0 +1,54 @@
+"""fedcomp's runners of ``fedcomp bench --peers``: the Ray backend, the local backend and the plain loop.
+
+Each runs in its own process like the peers, so start-up (imports, Ray's start, actors) and the memory
+of the whole process tree are measured the same way for all. fedcomp draws the workload's batches from
+its task's keyed generators -- the very calls the harness made to write the workload's ``.npz`` that
+the peers read -- so every runner trains on the same data; the plain loop's final weights are the
+reference. ``workers`` is the number of Ray client actors (the local backend and the plain loop are
+one process).
+
+Usage (the harness does this): ``python fedcomp_runner.py --runner ray --workload SPEC.json --out RESULT.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import _peer_common as common
+
+common.one_thread()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--runner", choices=["ray", "local", "plain"], required=True)
+    parser.add_argument("--workload", required=True)
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+
+    import torch
+
+    from fedcomp.bench import bench_config, run_fedcomp, run_plain
+
+    spec = common.load_spec(args.workload)
+    backend = "local" if args.runner == "plain" else args.runner
+    config = bench_config(int(spec["clients"]), int(spec["cohort"]), int(spec["rounds"]), int(spec["local_steps"]),
+                          list(spec["sizes"])[1:-1], backend, actors=int(spec["workers"]))
+    m = run_plain(config, 0) if args.runner == "plain" else run_fedcomp(config, args.runner, 0)
+
+    clock = common.Clock()
+    clock.rounds_started_at = m.rounds_started_at
+    t = m.rounds_started_at
+    for dt in m.round_s:
+        t += dt
+        clock.round_ends.append(t)
+    versions = {"torch": torch.__version__}
+    if args.runner == "ray":
+        import ray
+
+        versions["ray"] = ray.__version__
+    common.write_result(args.out, clock, m.final.numpy(), versions)
+
+
+if __name__ == "__main__":
+    main()
