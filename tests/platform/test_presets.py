@@ -7,7 +7,7 @@ import pytest
 import fedcomp
 from fedcomp.platform.config import load_config, preset_description, preset_names
 
-NEEDS_DATA = {"adult-fairness"}
+NEEDS_DATA = {"adult-fairness", "omniglot"}
 
 
 def needs_external_data(config) -> bool:
