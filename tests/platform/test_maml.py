@@ -284,3 +284,20 @@ def test_conv4_has_the_code_architecture():
     assert sum(p.numel() for p in net.parameters()) == 91781
     assert net(torch.zeros(2, 1, 28, 28)).shape == (2, 5)
     assert sum(p.numel() for p in mlp([1, 40, 40, 1]).parameters()) == 1761
+
+
+@pytest.mark.parametrize("shots", [1, 5])
+def test_omniglot_sweep_presets_are_the_papers_maml_grid(shots):
+    from fedcomp.sweeps.spec import load_spec
+
+    spec = load_spec(f"maml-omniglot-{shots}shot")
+    points = spec.points()
+    assert len(points) == 3 + 2 * 9 + 9 + 27
+    assert {p["algorithm.lr"] for p in points} == {0.1, 0.05, 0.01}
+    assert {p["algorithm.name"] for p in points} == {"fcsg", "fcsg-m", "acc-fcsg-m", "local-scgd", "local-scgdm"}
+    assert {p.get("algorithm.gamma") for p in points if p["algorithm.name"].startswith("local")} == {0.1, 0.5, 0.9}
+    assert {p.get("algorithm.beta") for p in points if p["algorithm.name"] != "fcsg"} - {None} == {0.1, 0.5, 0.9}
+    base = spec.base_config()
+    assert (base.task.shots, base.task.ways, base.task.queries, base.task.adapt_lr) == (shots, 5, 15, 0.4)
+    assert (base.task.adapt_steps, base.task.eval_steps, base.federation.clients) == (1, 3, 16)
+    assert base.algorithm.inner_batch == 5 * shots  # m = the whole support set
