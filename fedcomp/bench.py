@@ -801,7 +801,11 @@ def peers_main(args: argparse.Namespace) -> int:
                 for n in ((1,) if runner in SINGLE_PROCESS else workers):
                     spec = specs[(w, n)] if (w, n) in specs else write_workload(w, n, work)
                     _progress(f"repeat {repeat + 1}/{repeats}: {RUNNER_LABELS[runner]}, {w.key}, {n} worker(s)")
-                    runs.append(run_peer(runner, w, n, repeat, spec, work, flower_python, pfl_site))
+                    try:
+                        runs.append(run_peer(runner, w, n, repeat, spec, work, flower_python, pfl_site))
+                    except PlatformError as error:  # one retry: a crash at exit must not cost the whole matrix
+                        _progress(f"retrying once after: {error}")
+                        runs.append(run_peer(runner, w, n, repeat, spec, work, flower_python, pfl_site))
 
     tasks: dict[str, Any] = {}
 

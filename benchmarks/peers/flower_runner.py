@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import time
 from typing import Any, Iterable
 
 import numpy as np
@@ -63,6 +64,14 @@ class CohortFedAvg(FedAvg):
                         grid: Grid) -> Iterable[Message]:
         self.clock.start()
         nodes = sorted(grid.get_node_ids())
+        # the simulation registers its SuperNodes while the ServerApp starts: wait for all (as Flower's own
+        # sample_nodes does, polling), with a deadline
+        deadline = time.monotonic() + 300
+        while len(nodes) < int(self.spec["clients"]):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"only {len(nodes)} of {self.spec['clients']} SuperNodes registered after 300 s")
+            time.sleep(0.05)
+            nodes = sorted(grid.get_node_ids())
         messages = []
         for slot, client in enumerate(self.cohorts[server_round - 1]):
             cfg = ConfigRecord({

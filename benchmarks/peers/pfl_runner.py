@@ -117,6 +117,10 @@ def main() -> None:
         versions = {"pfl": pfl.__version__ if hasattr(pfl, "__version__") else _pfl_version(),
                     "torch": torch.__version__}
         common.write_result(args.out, clock, common.get_flat(module.net), versions)
+    if torch.distributed.is_initialized():
+        # a gloo group left to the interpreter's teardown sometimes aborts the process ("terminate called")
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
 
 
 def _pfl_version() -> str:
