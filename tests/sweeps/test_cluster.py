@@ -61,7 +61,7 @@ def test_sweep_submitted_as_a_ray_job(tmp_path):
     )
     address = f"http://127.0.0.1:{dashboard}"
     try:
-        deadline = time.time() + 120
+        deadline = time.time() + 180
         while subprocess.run([str(BIN / "ray"), "job", "list", "--address", address], env=env(),
                              capture_output=True).returncode != 0:
             assert time.time() < deadline and head.poll() is None, "the Ray head did not come up"
@@ -72,11 +72,13 @@ def test_sweep_submitted_as_a_ray_job(tmp_path):
         spec = {"base": "quickstart", "set": {**TINY, "federation.clients_per_actor": 2, "run.out": str(out)},
                 "grid": {"algorithm.lr": [0.1, 0.05]}}
         (workdir / "tiny.yaml").write_text(yaml.safe_dump(spec))
-        job = subprocess.run(
-            [str(BIN / "ray"), "job", "submit", "--address", address, "--working-dir", str(workdir), "--",
-             "fedcomp", "sweep", "tiny.yaml", "--verbose", "0"],
-            env=env(), capture_output=True, text=True, timeout=400,
-        )
+        submit = [str(BIN / "ray"), "job", "submit", "--address", address, "--working-dir", str(workdir), "--",
+                  "fedcomp", "sweep", "tiny.yaml", "--verbose", "0"]
+        while True:  # the dashboard answers before the node's job agent is up; Ray says to try again
+            job = subprocess.run(submit, env=env(), capture_output=True, text=True, timeout=400)
+            if "No available agent to submit job" not in job.stderr + job.stdout or time.time() > deadline:
+                break
+            time.sleep(3)
         assert job.returncode == 0, job.stdout[-3000:] + job.stderr[-3000:]
         assert "succeeded" in job.stdout + job.stderr
         [trials_file] = out.glob("*/trials.parquet")
