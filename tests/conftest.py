@@ -17,6 +17,7 @@ def ray_session():
 
     if not ray.is_initialized():
         ray.init(
+            address="local",  # always a fresh instance, never a cluster someone started with `ray start`
             num_cpus=2,
             num_gpus=0,
             include_dashboard=False,

@@ -22,7 +22,7 @@ from typing import Any, Sequence
 
 import torch
 
-from fedcomp.platform.algorithms.base import Algorithm, ClientContext, State, StepInfo
+from fedcomp.platform.algorithms.base import LOCKSTEP, Algorithm, ClientContext, State, StepInfo
 
 
 def can_lockstep(algorithm: Algorithm, problem: Any, program: str, clients: int) -> bool:
@@ -72,7 +72,11 @@ def lockstep_local_steps(
             batch = _stack([batch for batch, _ in drawn])
         except _ShapeMismatch:
             return None
-        stacked, losses = torch.func.vmap(lambda st, b: algorithm.update(problem, st, b, step))(stacked, batch)
+        token = LOCKSTEP.set(True)
+        try:
+            stacked, losses = torch.func.vmap(lambda st, b: algorithm.update(problem, st, b, step))(stacked, batch)
+        finally:
+            LOCKSTEP.reset(token)
         for info, (_, samples), loss in zip(infos, drawn, losses.tolist()):
             info.samples += samples
             info.loss += loss / q

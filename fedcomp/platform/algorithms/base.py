@@ -11,6 +11,7 @@ client programs; the federation runs any client program by name. Nothing here im
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Protocol
 
@@ -211,9 +212,21 @@ class DrawUpdate(Algorithm):
         return state, StepInfo(samples, float(loss))
 
 
+LOCKSTEP: ContextVar[bool] = ContextVar("lockstep", default=False)
+"""True while a host runs clients in lockstep under ``vmap`` (set by :mod:`fedcomp.platform.vectorised`)."""
+
+
 def grad_and_loss(problem: Any, x: Tensor, *batch: Any) -> tuple[Tensor, Tensor]:
-    """Gradient and value of ``problem.loss(x, *batch)`` at ``x`` by ``torch.func`` (vmap-compatible)."""
-    return torch.func.grad_and_value(lambda z: problem.loss(z, *batch))(x)
+    """Gradient and value of ``problem.loss(x, *batch)`` at ``x``.
+
+    Under ``vmap`` (lockstep clients) by ``torch.func.grad_and_value``; otherwise by plain autograd, which
+    gives the same bits and costs less than half as much per call for small models."""
+    if LOCKSTEP.get():
+        return torch.func.grad_and_value(lambda z: problem.loss(z, *batch))(x)
+    x = x.detach().requires_grad_(True)
+    value = problem.loss(x, *batch)
+    (grad,) = torch.autograd.grad(value, x)
+    return grad, value.detach()
 
 
 def batch_size(batch: Any) -> int:
