@@ -54,9 +54,15 @@ def one_node_rows(out: Path, **overrides) -> pd.DataFrame:
 
 def test_sweep_submitted_as_a_ray_job(tmp_path):
     port, dashboard = free_port(), free_port()
+    # The session's Ray runs on this machine too: every fixed default port of a node gets a free one, or the
+    # second node's job agent cannot bind its port and every submission is refused.
+    ports = [f"--{name}={free_port()}" for name in (
+        "dashboard-agent-listen-port", "dashboard-agent-grpc-port", "metrics-export-port", "runtime-env-agent-port",
+        "ray-client-server-port")]
     head = subprocess.Popen(
         [str(BIN / "ray"), "start", "--head", "--port", str(port), "--num-cpus", "2", "--include-dashboard=true",
-         "--dashboard-host", "127.0.0.1", "--dashboard-port", str(dashboard), "--block", "--disable-usage-stats"],
+         "--dashboard-host", "127.0.0.1", "--dashboard-port", str(dashboard), *ports, "--block",
+         "--disable-usage-stats"],
         env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
     )
     address = f"http://127.0.0.1:{dashboard}"
