@@ -45,7 +45,7 @@ class ActorPlan:
     server_cpus: float
 
     def gpus(self, group: int) -> float:
-        return _floor(self.gpus_per_client * len(self.groups[group]))
+        return floor_share(self.gpus_per_client * len(self.groups[group]))
 
     def resources(self, group: int) -> dict[str, float]:
         res = {"CPU": self.cpus}
@@ -54,7 +54,8 @@ class ActorPlan:
         return res
 
 
-def _floor(value: float) -> float:
+def floor_share(value: float) -> float:
+    """``value`` rounded down to Ray's resource granularity."""
     return math.floor(value / GRANULARITY + 1e-9) * GRANULARITY
 
 
@@ -69,7 +70,7 @@ def plan_actors(fed: FederationConfig, cluster: Mapping[str, float]) -> ActorPla
     total_gpus, total_cpus = float(cluster.get("GPU", 0.0)), float(cluster.get("CPU", 0.0))
 
     if fed.gpus_per_client == "auto":
-        gpc = _floor(min(1.0, total_gpus / k)) if total_gpus else 0.0
+        gpc = floor_share(min(1.0, total_gpus / k)) if total_gpus else 0.0
     else:
         gpc = float(fed.gpus_per_client)
         need = gpc * k
@@ -87,7 +88,7 @@ def plan_actors(fed: FederationConfig, cluster: Mapping[str, float]) -> ActorPla
 
     n = len(groups)
     if fed.cpus_per_actor == "auto":
-        cpus = _floor(min(1.0, total_cpus / (n + 1)))
+        cpus = floor_share(min(1.0, total_cpus / (n + 1)))
         if cpus < GRANULARITY:
             raise ResourceError(
                 f"federation.clients = {k} with clients_per_actor = {per} makes {n} actors, too many for "

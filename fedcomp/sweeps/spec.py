@@ -13,7 +13,7 @@ A sweep file (or a preset in ``fedcomp/sweeps/presets``) looks like::
       algorithm.beta: {choice: [0.1, 0.5, 0.9]}
     seeds: 3                           # repeats: run.seed, run.seed + 1, ...
     metric: test_accuracy              # default: the task's headline metric
-    mode: max                          # default: min for losses, distances and gradient norms, else max
+    mode: max                          # default: the task's direction for its headline metric
 
 Every grid point (or, for Optuna, the space's corners) is validated as a full run config before anything
 starts, so an unknown axis, a value out of range or an algorithm/task mismatch is one clear line.
@@ -32,7 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from fedcomp.platform.config import SECTIONS, Config, load_config
 from fedcomp.platform.errors import ConfigError
-from fedcomp.platform.runner import build_task_metrics
+from fedcomp.platform.registry import TASKS
 
 DISTRIBUTIONS = ("uniform", "loguniform", "int", "choice")
 _MINIMISED = ("loss", "dist", "grad_norm", "violation", "gap", "objective")
@@ -103,10 +103,15 @@ class SweepSpec(BaseModel):
         return [first + i for i in range(self.seeds)]
 
     def resolved_metric(self) -> tuple[str, Literal["min", "max"]]:
-        """The metric to rank trials by and its direction (defaults: the task's headline; min for losses)."""
-        metric = self.metric or build_task_metrics(self.base_config())[0]
-        mode = self.mode or ("min" if any(word in metric for word in _MINIMISED) else "max")
-        return metric, mode
+        """The metric to rank trials by and its direction. Defaults: the task's headline metric in the
+        task's own direction; for another metric, min for losses, distances and gradient norms, else max."""
+        task = TASKS[self.base_config().task_name]
+        metric = self.metric or task.metrics[0]
+        if self.mode:
+            return metric, self.mode
+        if metric == task.metrics[0]:
+            return metric, task.mode
+        return metric, "min" if any(word in metric for word in _MINIMISED) else "max"
 
     def trial_overrides(self, trial: Mapping[str, Any]) -> dict[str, Any]:
         """The full override set of one Tune trial config (``point``/axes, then the repeat's seed)."""
@@ -203,9 +208,10 @@ def validate(spec: SweepSpec) -> None:
             where = f"sweep point {point}: " if point else ""
             raise ConfigError(f"{where}{error}") from None
     metric, _ = spec.resolved_metric()
-    metrics = build_task_metrics(spec.base_config())
+    task = spec.base_config().task_name
+    metrics = TASKS[task].metrics
     if metric not in metrics and metric != "train_loss":
-        raise ConfigError(f"metric = {metric!r} is not reported by task {spec.base_config().task_name!r}; allowed: "
+        raise ConfigError(f"metric = {metric!r} is not reported by task {task!r}; allowed: "
                           f"{', '.join((*metrics, 'train_loss'))}")
 
 

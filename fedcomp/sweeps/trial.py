@@ -19,6 +19,7 @@ from typing import Any, Mapping
 
 from ray import tune
 
+from fedcomp.actors.cluster import floor_share
 from fedcomp.platform import results
 from fedcomp.platform.config import Config
 from fedcomp.platform.errors import ResourceError
@@ -45,24 +46,20 @@ class TrialResources:
         return out
 
 
-def _floor(value: float) -> float:
-    return int(value * 1e4 + 1e-9) / 1e4  # Ray's resource granularity
-
-
 def trial_resources(spec: SweepSpec, config: Config, cluster_has_gpus: bool) -> TrialResources:
     """The placement-group bundles of the trial running ``config``."""
     fed = config.federation
     actors = -(-fed.clients // fed.clients_per_actor)
     if fed.gpus_per_client == "auto":
-        gpc = _floor(spec.gpus_per_trial / fed.clients) if cluster_has_gpus else 0.0
+        gpc = floor_share(spec.gpus_per_trial / fed.clients) if cluster_has_gpus else 0.0
     else:
         gpc = float(fed.gpus_per_client)
     if fed.backend == "local":
         bundle = {"CPU": spec.cpus_per_trial}
         if gpc:
-            bundle["GPU"] = _floor(gpc * fed.clients)
+            bundle["GPU"] = floor_share(gpc * fed.clients)
         return TrialResources((bundle,), spec.cpus_per_trial, gpc)
-    share = float(fed.cpus_per_actor) if fed.cpus_per_actor != "auto" else _floor(spec.cpus_per_trial / (actors + 2))
+    share = float(fed.cpus_per_actor) if fed.cpus_per_actor != "auto" else floor_share(spec.cpus_per_trial / (actors + 2))
     if share <= 0:
         raise ResourceError(
             f"cpus_per_trial = {spec.cpus_per_trial:g} is too small for {actors} client actors, the server and the "
@@ -73,7 +70,7 @@ def trial_resources(spec: SweepSpec, config: Config, cluster_has_gpus: bool) -> 
         bundle = {"CPU": share}
         hosted = min(fed.clients_per_actor, fed.clients - start)
         if gpc:
-            bundle["GPU"] = _floor(gpc * hosted)
+            bundle["GPU"] = floor_share(gpc * hosted)
         bundles.append(bundle)
     return TrialResources(tuple(bundles), share, gpc)
 

@@ -21,6 +21,7 @@ from typing import Any, Mapping
 
 import pandas as pd
 
+from fedcomp.actors.cluster import fedcomp_env
 from fedcomp.platform import results
 from fedcomp.platform.errors import ConfigError, ResourceError
 from fedcomp.sweeps.spec import SweepSpec, corners, load_spec
@@ -47,10 +48,6 @@ class SweepResult:
 
 def _flatten(config: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
     return {f"{section}.{key}": value for section, block in config.items() for key, value in block.items()}
-
-
-def _fedcomp_env() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if k.startswith("FEDCOMP_")}
 
 
 def _check_fits(spec: SweepSpec, cluster: Mapping[str, float], has_gpus: bool) -> None:
@@ -80,7 +77,7 @@ def _trainable(spec: SweepSpec, has_gpus: bool):
     from ray import tune
 
     fn = tune.with_parameters(
-        run_trial, spec_json=spec.model_dump_json(), cluster_has_gpus=has_gpus, env=_fedcomp_env()
+        run_trial, spec_json=spec.model_dump_json(), cluster_has_gpus=has_gpus, env=fedcomp_env()
     )
     return tune.with_resources(fn, functools.partial(placement_group_factory, spec=spec, cluster_has_gpus=has_gpus))
 

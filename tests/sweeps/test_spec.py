@@ -44,6 +44,7 @@ def test_metric_defaults_to_task_headline_and_direction_from_its_name():
     assert spec().resolved_metric() == ("test_accuracy", "max")
     assert spec(metric="test_loss").resolved_metric() == ("test_loss", "min")
     assert spec(metric="test_loss", mode="max").resolved_metric() == ("test_loss", "max")
+    assert load_spec({"base": "feddro-negative-result"}).resolved_metric() == ("grad_norm_sq", "min")  # task's mode
 
 
 @pytest.mark.parametrize("name", preset_names())
