@@ -20,6 +20,7 @@ BILEVEL = "bilevel"
 MINIMAX = "minimax"
 COMPOSITIONAL_GLOBAL = "compositional-global"
 COMPOSITIONAL = "compositional"
+COMPOSITIONAL_MINIMAX = "compositional-minimax"
 
 KIND_DESCRIPTIONS = {
     PLAIN: "(1/K) sum_k E l_k(x): stochastic gradients of a single-level loss",
@@ -28,6 +29,7 @@ KIND_DESCRIPTIONS = {
     MINIMAX: "min_x max_y (1/K) sum_k f_k(x, y): the bilevel case g_k = -f_k",
     COMPOSITIONAL_GLOBAL: "h(x) + f((1/K) sum_k g_k(x)): a low-dimensional inner value averaged across clients",
     COMPOSITIONAL: "(1/K) sum_k f_k(g_k(x)), g_k = E_xi g_k(x; xi), f_k = E_zeta f_k(y; zeta): inner function local to each client",
+    COMPOSITIONAL_MINIMAX: "min_x max_y (1/K) sum_k f_k((1/K) sum_k' g_k'(x), y): an inner value averaged across clients",
 }
 
 Split = Literal["inner", "outer"]
@@ -181,4 +183,32 @@ class PairedCompositionalProblem(CompositionalProblem, Protocol):
 
     def sample_pairs(self, client: int, n: int, gen: torch.Generator) -> list[tuple[Any, Any]]:
         """``n`` pairs (xi_i, zeta_i), each a single draw, xi_i and zeta_i from the same source."""
+        ...
+
+
+@runtime_checkable
+class CompositionalMinimaxProblem(Protocol):
+    """min_x max_y (1/K) sum_k f_k( (1/K) sum_k' g_k'(x), y ) with g_k(x) = E_xi g_k(x; xi) and
+    f_k(z, y) = E_zeta f_k(z, y; zeta) -- LocalSCGDAM's problem (ALGORITHMS.md class C4, section 9.1).
+
+    The inner value may be as large as x itself (compositional deep AUC: g(x) = x - rho (grad_w CE(w), 0, 0)),
+    so algorithms keep and average an estimate of it. The vector-Jacobian product (dg_k/dx)^T v comes from
+    :func:`fedcomp.platform.compositional.inner_value_vjp` by automatic differentiation of :meth:`inner`
+    (a Hessian-vector product when g contains a gradient step).
+    """
+
+    def sample_inner(self, client: int, n: int, gen: torch.Generator) -> Any:
+        """A batch xi of ``n`` of client ``client``'s examples for the inner function."""
+        ...
+
+    def sample_outer(self, client: int, n: int, gen: torch.Generator) -> Any:
+        """A batch zeta of ``n`` examples for the outer function (independent of the inner draw)."""
+        ...
+
+    def inner(self, x: Tensor, xi: Any) -> Tensor:
+        """g_k(x; xi): a vector, differentiable in ``x`` (with a graph deep enough for its VJP)."""
+        ...
+
+    def outer(self, z: Tensor, y: Tensor, zeta: Any) -> Tensor:
+        """f_k(z, y; zeta): a scalar, differentiable in the inner value ``z`` and the dual variable ``y``."""
         ...
