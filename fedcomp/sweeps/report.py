@@ -52,6 +52,46 @@ def best_configurations(trials: pd.DataFrame, spec: SweepSpec, metric: str | Non
     return best.sort_values([*spec.panels, "algorithm.name"], kind="stable").reset_index(drop=True)
 
 
+def paper_table(trials: pd.DataFrame, spec: SweepSpec, metric: str | None = None) -> str:
+    """The sweep in the layout of ``spec.table`` as markdown: per cell, the configuration of the remaining axes
+    with the best mean final ``metric``, shown as mean ± std over seeds; then one table per extra metric at the
+    same configurations (e.g. Table 1's per-device variance)."""
+    assert spec.table is not None
+    metric = metric or spec.resolved_metric()[0]
+    _, mode = spec.resolved_metric()
+    rows, column = spec.table.rows, spec.table.columns
+    keys = _varying(trials, spec)
+    finals = final_rows(trials)
+    shown = [metric, *(m for m in spec.table.metrics if m != metric)]
+    missing = [m for m in shown if m not in finals]
+    if missing:
+        raise ValueError(f"table metric {missing[0]!r} is not in this sweep's trials")
+    per_config = finals.groupby(keys, dropna=False, sort=False)[shown].agg(["mean", "std", "count"]).reset_index()
+    per_config = per_config.sort_values((metric, "mean"), ascending=(mode == "min"), kind="stable")
+    chosen = per_config.groupby([(k, "") for k in [*rows, column]], sort=False, dropna=False).head(1)
+    columns = list(dict.fromkeys(v for v in trials[column] if not _missing(v)))
+    label = column.split(".", 1)[1]
+    blocks = []
+    for name in shown:
+        header = "| " + " | ".join(r.split(".", 1)[1] for r in rows) + " | " + " | ".join(f"{label} = {v}" for v in columns) + " |"
+        lines = [f"Final {name}, mean ± std over seeds" + (" (at the configurations chosen by " + metric + ")" if name != metric else ""),
+                 "", header, "|" + "---|" * len(rows) + "---:|" * len(columns)]
+        for key, group in chosen.groupby([(r, "") for r in rows], sort=False, dropna=False):
+            key = key if isinstance(key, tuple) else (key,)
+            cells = []
+            for value in columns:
+                cell = group[group[(column, "")].astype(str) == str(value)]
+                if cell.empty:
+                    cells.append("–")
+                    continue
+                row = cell.iloc[0]
+                std = row[(name, "std")]
+                cells.append(f"{row[(name, 'mean')]:.4f} ± {0.0 if std != std else std:.4f}")
+            lines.append("| " + " | ".join(str(k) for k in key) + " | " + " | ".join(cells) + " |")
+        blocks.append("\n".join(lines))
+    return "\n\n".join(blocks) + "\n"
+
+
 def _missing(value: object) -> bool:
     return value is None or (isinstance(value, float) and value != value)
 
@@ -70,6 +110,7 @@ def markdown(trials: pd.DataFrame, spec: SweepSpec, metric: str | None = None) -
     lines = [
         f"Final {metric} ({'higher' if mode == 'max' else 'lower'} is better), mean ± std over seeds.",
         "",
+        *([f"### In the paper's layout", "", paper_table(trials, spec, metric)] if spec.table else []),
         "### Best configuration per algorithm" + (f" and {', '.join(spec.panels)}" if spec.panels else ""),
         "",
         "| " + "".join(f"{p} | " for p in spec.panels) + f"algorithm | configuration | final {metric} | seeds |",

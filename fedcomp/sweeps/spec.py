@@ -14,6 +14,10 @@ A sweep file (or a preset in ``fedcomp/sweeps/presets``) looks like::
     seeds: 3                           # repeats: run.seed, run.seed + 1, ...
     metric: test_accuracy              # default: the task's headline metric
     mode: max                          # default: the task's direction for its headline metric
+    table:                             # optional: the report also tabulates the sweep in a paper's layout
+      rows: [task.dataset, algorithm.name]
+      columns: algorithm.local_steps   # one column per value; each cell at the best of the other axes
+      metrics: [client_auroc_var]      # more metrics shown at the same chosen configurations
 
 Every grid point (or, for Optuna, the space's corners) is validated as a full run config before anything
 starts, so an unknown axis, a value out of range or an algorithm/task mismatch is one clear line.
@@ -40,6 +44,17 @@ _MINIMISED = ("loss", "dist", "grad_norm", "violation", "gap", "objective")
 Grid = dict[str, list[Any]]
 
 
+class TableSpec(BaseModel):
+    """A sweep's results in a paper's layout: one row per value combination of ``rows``, one column per value of
+    ``columns``; each cell is the best configuration of the remaining axes (mean ± std over seeds)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    rows: list[str] = Field(min_length=1, description="axes whose values make the rows")
+    columns: str = Field(description="the axis whose values make the columns")
+    metrics: list[str] = Field(default_factory=list, description="more metrics shown at the chosen configurations")
+
+
 class SweepSpec(BaseModel):
     """A validated sweep: what to run (``base`` + ``set``), what to vary, and how."""
 
@@ -57,6 +72,7 @@ class SweepSpec(BaseModel):
     metric: str | None = None
     mode: Literal["min", "max"] | None = None
     panels: list[str] = Field(default_factory=list, description="axes that split the report into panels (best per panel)")
+    table: TableSpec | None = Field(None, description="tabulate the report in a paper's layout")
     scheduler: Literal["none", "asha"] = "none"
     grace_rounds: int = Field(5, ge=1, description="ASHA: rounds every trial gets before it can be stopped")
     max_concurrent: int | None = Field(None, ge=1, description="trials running at once (default: as many as fit)")
@@ -201,6 +217,11 @@ def validate(spec: SweepSpec) -> None:
     for key in spec.panels:
         if key not in spec.axes():
             raise ConfigError(f"panels: {key!r} is not an axis of this sweep; allowed: {', '.join(spec.axes())}")
+    if spec.table is not None:
+        allowed = [a for a in spec.axes() if a != "run.seed"]
+        for key in [*spec.table.rows, spec.table.columns]:
+            if key not in allowed:
+                raise ConfigError(f"table: {key!r} is not an axis of this sweep; allowed: {', '.join(allowed)}")
     for point in candidates:
         try:
             load_config(spec.base, {**spec.set, **point})
@@ -210,9 +231,10 @@ def validate(spec: SweepSpec) -> None:
     metric, _ = spec.resolved_metric()
     task = spec.base_config().task_name
     metrics = TASKS[task].metrics
-    if metric not in metrics and metric != "train_loss":
-        raise ConfigError(f"metric = {metric!r} is not reported by task {task!r}; allowed: "
-                          f"{', '.join((*metrics, 'train_loss'))}")
+    for name, value in [("metric", metric), *(("table.metrics", m) for m in (spec.table.metrics if spec.table else []))]:
+        if value not in metrics and value != "train_loss":
+            raise ConfigError(f"{name} = {value!r} is not reported by task {task!r}; allowed: "
+                              f"{', '.join((*metrics, 'train_loss'))}")
 
 
 # ---- loading ---------------------------------------------------------------------------------------------
