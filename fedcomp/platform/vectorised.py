@@ -59,29 +59,75 @@ def lockstep_local_steps(
 ) -> list[tuple[State, State, StepInfo]] | None:
     """Run :meth:`Algorithm.local_steps` for every client at once; ``None`` if their draws differ in shape.
 
+    Samples never depend on the state, so the round's draws are made first (client by client, step by step,
+    each from its keyed generator: the one-at-a-time data). Consecutive steps whose draws have the same shapes
+    then run inside ONE ``vmap`` call that loops over them, so the cost of entering and leaving ``vmap`` is
+    paid once per run of equal shapes (twice in a round whose first step draws a larger first batch) rather
+    than once per step.
+
     Returns what the one-at-a-time program returns, per client and in order: the new state, its ``synced``
     outputs and the step info (loss summed in the same order, so the floats match too).
     """
     q = algorithm.hp.local_steps
+    steps = [contexts[0].round * q + s for s in range(q)]
+    drawn = [[algorithm.draw(problem, ctx.client, step, ctx.rng(step)) for ctx in contexts] for step in steps]
+    try:
+        per_step = [_stack([batch for batch, _ in clients]) for clients in drawn]
+    except _ShapeMismatch:
+        return None
     stacked = {k: torch.stack([s[k] for s in states]) for k in states[0]}
-    infos = [StepInfo() for _ in states]
-    for s in range(q):
-        step = contexts[0].round * q + s
-        drawn = [algorithm.draw(problem, ctx.client, step, ctx.rng(step)) for ctx in contexts]
-        try:
-            batch = _stack([batch for batch, _ in drawn])
-        except _ShapeMismatch:
-            return None
+    losses: list[torch.Tensor] = []
+    for run in _equal_shape_runs(per_step):
+        chunk = [steps[i] for i in run]
+        batches = _stack([per_step[i] for i in run])  # [steps, clients, ...] -> vmapped over dim 1
+
+        def steps_of_one_client(state: State, batch: Any, chunk: list[int] = chunk) -> tuple[State, torch.Tensor]:
+            values = []
+            for j, step in enumerate(chunk):
+                state, loss = algorithm.update(problem, state, _index(batch, j), step)
+                values.append(loss)
+            return state, torch.stack(values)
+
         token = LOCKSTEP.set(True)
         try:
-            stacked, losses = torch.func.vmap(lambda st, b: algorithm.update(problem, st, b, step))(stacked, batch)
+            stacked, run_losses = torch.func.vmap(steps_of_one_client, in_dims=(0, 1))(stacked, batches)
         finally:
             LOCKSTEP.reset(token)
-        for info, (_, samples), loss in zip(infos, drawn, losses.tolist()):
-            info.samples += samples
-            info.loss += loss / q
+        losses.append(run_losses)
+    loss_table = torch.cat(losses, dim=1).tolist()  # [clients, q]
     out = []
-    for i, info in enumerate(infos):
+    for i in range(len(states)):
+        info = StepInfo()
+        for s in range(q):
+            info.samples += drawn[s][i][1]
+            info.loss += loss_table[i][s] / q
         state = {k: v[i] for k, v in stacked.items()}
         out.append((state, {k: state[k] for k in algorithm.synced}, info))
     return out
+
+
+def _shapes(tree: Any) -> Any:
+    if isinstance(tree, torch.Tensor):
+        return tuple(tree.shape)
+    if isinstance(tree, (tuple, list)):
+        return tuple(_shapes(t) for t in tree)
+    return tuple((k, _shapes(v)) for k, v in tree.items())
+
+
+def _equal_shape_runs(batches: Sequence[Any]) -> list[list[int]]:
+    """Indices of ``batches`` grouped into maximal runs of consecutive items with the same shapes."""
+    runs: list[list[int]] = []
+    for i, batch in enumerate(batches):
+        if runs and _shapes(batches[runs[-1][0]]) == _shapes(batch):
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+    return runs
+
+
+def _index(tree: Any, j: int) -> Any:
+    if isinstance(tree, torch.Tensor):
+        return tree[j]
+    if isinstance(tree, (tuple, list)):
+        return type(tree)(_index(t, j) for t in tree)
+    return {k: _index(v, j) for k, v in tree.items()}
