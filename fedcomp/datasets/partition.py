@@ -17,7 +17,7 @@ from torch import Tensor
 
 from fedcomp.datasets.synthetic import dirichlet as _dirichlet_draw
 
-__all__ = ["dirichlet", "iid", "label_shards", "train_val_split"]
+__all__ = ["dirichlet", "iid", "label_shards", "stratified", "stride", "train_val_split"]
 
 
 def iid(n: int, clients: int, per_client: int | None, seed: int) -> list[Tensor]:
@@ -99,6 +99,41 @@ def dirichlet(
         if min(p.numel() for p in result) >= min_size:
             return result
     raise ValueError(f"min_size = {min_size}: not reached in 1000 Dirichlet({alpha}) draws; lower it or raise alpha")
+
+
+def stratified(labels: Tensor | Sequence[int], clients: int, seed: int) -> list[Tensor]:
+    """An iid equal split with exact class balance: each class shuffled and dealt round-robin to the clients.
+
+    Classes are dealt in ascending order, and each class's deal starts at the client after the one that
+    received the previous class's last row, so every client holds floor or ceil of n_c / clients rows of
+    every class c *and* the client sizes differ by at most one. Every index goes to exactly one client; each
+    client's indices come back in ascending (dataset) order. This is EXPERIMENTS.md §7.2's "iid equal" split
+    made exactly stratified (the default for E3 and E10). As index sets it equals :func:`stride` with the same
+    seed (both deal the shuffled, class-ordered rows round-robin); only the order within a client differs.
+    """
+    return [torch.sort(part).values for part in stride(labels, clients, seed)]
+
+
+def stride(labels: Tensor | Sequence[int], clients: int, seed: int) -> list[Tensor]:
+    """D-AUPRC's split (E3 option, ``dist_data.py``): shuffle each class, concatenate in class order, deal by stride.
+
+    Each class's rows are permuted by ``torch.Generator().manual_seed(seed)`` (classes in ascending order,
+    one generator), the permuted classes are concatenated, and client r gets rows r, r + N, r + 2N, ... of
+    that array (N = ``clients``), in that order. D-AUPRC shuffles with NumPy, so the sizes and class counts
+    match its code but the chosen rows do not.
+    """
+    labels = _labels(labels)
+    _check_int("clients", clients, 1)
+    _check_seed(seed)
+    if clients > labels.numel():
+        raise ValueError(f"clients = {clients}: must be at most the {labels.numel()} examples")
+    gen = _generator(seed)
+    ordered = []
+    for c in torch.unique(labels).tolist():
+        members = torch.nonzero(labels == c).flatten()
+        ordered.append(members[torch.randperm(members.numel(), generator=gen)])
+    rows = torch.cat(ordered)
+    return [rows[r::clients].clone() for r in range(clients)]
 
 
 @overload

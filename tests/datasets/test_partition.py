@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fedcomp.datasets.partition import dirichlet, iid, label_shards, train_val_split
+from fedcomp.datasets.partition import dirichlet, iid, label_shards, stratified, stride, train_val_split
 
 SORTED = torch.arange(10).repeat_interleave(6000)
 SHUFFLED = SORTED[torch.randperm(60000, generator=torch.Generator().manual_seed(5))]
@@ -98,6 +98,46 @@ def test_train_val_split_of_clients():
     positions = [torch.nonzero(torch.isin(p, t)).flatten() for p, t in zip(parts[:2], train[:2])]
     assert not torch.equal(positions[0], positions[1])
 
+
+
+def test_stratified_balances_every_class_and_the_client_sizes():
+    class_sizes = torch.tensor([5923, 6742, 5958, 6131, 5842, 1084, 1183, 1253, 1170, 1189])  # MNIST after E3's drop
+    labels = torch.arange(10).repeat_interleave(class_sizes)
+    labels = labels[torch.randperm(labels.numel(), generator=torch.Generator().manual_seed(0))]
+    parts = stratified(labels, 16, seed=0)
+    assert len(parts) == 16
+    assert torch.equal(torch.sort(torch.cat(parts)).values, torch.arange(labels.numel()))
+    counts = torch.stack([torch.bincount(labels[p], minlength=10) for p in parts])  # [clients, classes]
+    n_c = torch.bincount(labels)
+    assert torch.all((counts == n_c // 16) | (counts == n_c // 16 + 1))
+    assert torch.equal(counts.sum(0), n_c)
+    sizes = [p.numel() for p in parts]
+    assert max(sizes) - min(sizes) <= 1 and sum(sizes) == labels.numel()
+    assert all(torch.equal(p, torch.sort(p).values) for p in parts)
+    assert same(parts, stratified(labels, 16, seed=0)) and not same(parts, stratified(labels, 16, seed=1))
+
+
+def test_stride_is_d_auprc_dealing_of_the_class_ordered_shuffle():
+    labels = torch.tensor([1, 0, 1, 2, 0, 1, 0, 2, 1, 0, 0])  # class sizes 5, 4, 2
+    parts = stride(labels, 3, seed=5)
+    gen = torch.Generator().manual_seed(5)
+    members = [torch.nonzero(labels == c).flatten() for c in range(3)]
+    rows = torch.cat([m[torch.randperm(m.numel(), generator=gen)] for m in members])
+    assert [p.tolist() for p in parts] == [rows[0::3].tolist(), rows[1::3].tolist(), rows[2::3].tolist()]
+    assert [p.numel() for p in parts] == [4, 4, 3]
+    assert [labels[p].tolist() for p in parts] == [[0, 0, 1, 2], [0, 0, 1, 2], [0, 1, 1]]
+    assert_disjoint(parts, labels.numel())
+    assert same(parts, stride(labels, 3, seed=5)) and not same(parts, stride(labels, 3, seed=6))
+    assert [set(p.tolist()) for p in parts] == [set(p.tolist()) for p in stratified(labels, 3, seed=5)]
+
+
+def test_stride_and_stratified_reject_bad_arguments():
+    with pytest.raises(ValueError, match=r"^clients = 4: must be at most the 3 examples$"):
+        stride(torch.tensor([0, 1, 1]), 4, 0)
+    with pytest.raises(ValueError, match=r"^clients = 0: must be a positive integer$"):
+        stratified(torch.tensor([0, 1, 1]), 0, 0)
+    with pytest.raises(ValueError, match=r"^seed = -2: must be a non-negative integer$"):
+        stratified(torch.tensor([0, 1, 1]), 2, -2)
 
 @pytest.mark.parametrize(
     "call, needle",
