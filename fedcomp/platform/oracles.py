@@ -7,12 +7,29 @@ Second-order products use double backpropagation: H_yy v = d/dy <d/dy l, v> and 
 
 from __future__ import annotations
 
-from typing import Callable
+from contextvars import ContextVar
+from typing import Any, Callable
 
 import torch
 from torch import Tensor
 
 Loss2 = Callable[[Tensor, Tensor], Tensor]
+
+LOCKSTEP: ContextVar[bool] = ContextVar("lockstep", default=False)
+"""True while a host runs clients in lockstep under ``vmap`` (set by :mod:`fedcomp.platform.vectorised`)."""
+
+
+def grad_and_loss(problem: Any, x: Tensor, *batch: Any) -> tuple[Tensor, Tensor]:
+    """Gradient and value of ``problem.loss(x, *batch)`` at ``x``.
+
+    Under ``vmap`` (lockstep clients) by ``torch.func.grad_and_value``; otherwise by plain autograd, which
+    gives the same bits and costs less than half as much per call for small models."""
+    if LOCKSTEP.get():
+        return torch.func.grad_and_value(lambda z: problem.loss(z, *batch))(x)
+    x = x.detach().requires_grad_(True)
+    value = problem.loss(x, *batch)
+    (grad,) = torch.autograd.grad(value, x)
+    return grad, value.detach()
 
 
 def _leaves(x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:

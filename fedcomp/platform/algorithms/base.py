@@ -11,7 +11,6 @@ client programs; the federation runs any client program by name. Nothing here im
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Protocol
 
@@ -20,6 +19,7 @@ from pydantic import Field
 from torch import Tensor
 
 from fedcomp.platform.config import Params
+from fedcomp.platform.oracles import LOCKSTEP, grad_and_loss  # noqa: F401  (re-exported: algorithms import them from here)
 
 State = dict[str, Tensor]
 """A client's (or the server's) algorithm state: named flat float32 tensors."""
@@ -65,6 +65,9 @@ class RoundContext:
     """``rng(*ids)`` -> a server-side generator keyed by the round and ``ids``."""
     problem: Any
     """The task's problem object for the algorithm's kind (for properties such as ``minimax``; no data)."""
+    clients: int | None = None
+    """N, the number of registered clients (``federation.clients``), for server updates that scale by the
+    participating share |S|/N (SCAFFOLD's control variate); ``None`` in contexts built by hand without it."""
 
 
 @dataclass
@@ -210,23 +213,6 @@ class DrawUpdate(Algorithm):
         batch, samples = self.draw(problem, client, step, gen)
         state, loss = self.update(problem, state, batch, step)
         return state, StepInfo(samples, float(loss))
-
-
-LOCKSTEP: ContextVar[bool] = ContextVar("lockstep", default=False)
-"""True while a host runs clients in lockstep under ``vmap`` (set by :mod:`fedcomp.platform.vectorised`)."""
-
-
-def grad_and_loss(problem: Any, x: Tensor, *batch: Any) -> tuple[Tensor, Tensor]:
-    """Gradient and value of ``problem.loss(x, *batch)`` at ``x``.
-
-    Under ``vmap`` (lockstep clients) by ``torch.func.grad_and_value``; otherwise by plain autograd, which
-    gives the same bits and costs less than half as much per call for small models."""
-    if LOCKSTEP.get():
-        return torch.func.grad_and_value(lambda z: problem.loss(z, *batch))(x)
-    x = x.detach().requires_grad_(True)
-    value = problem.loss(x, *batch)
-    (grad,) = torch.autograd.grad(value, x)
-    return grad, value.detach()
 
 
 def batch_size(batch: Any) -> int:

@@ -24,14 +24,15 @@ is the slides' single moving-average point (``moving-average``).
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from pydantic import Field
 from torch import Tensor
 
-from fedcomp.platform.algorithms.base import Algorithm, CommonHParams, State, StepInfo
+from fedcomp.platform.algorithms.base import CommonHParams, DrawUpdate, State
 from fedcomp.platform.compositional import inner_value_vjp, outer_grad
+from fedcomp.platform.config import Params
 from fedcomp.platform.errors import ConfigError
 from fedcomp.platform.problems import COMPOSITIONAL, CompositionalProblem
 from fedcomp.platform.registry import register_algorithm
@@ -52,9 +53,16 @@ class LocalSCGDMHParams(LocalSCGDHParams):
     beta: float = Field(0.1, gt=0, le=1, description="momentum weight, in (0, 1]")
 
 
-class _SCGDBase(Algorithm):
+class _SCGDBase(DrawUpdate):
+    """Draw (xi_t, zeta_t) -- or, per-task-mix, the step's (xi_i, zeta_i) pairs -- then a pure update, so hosts
+    can run clients in lockstep (``moving-average`` only: the pairs are a list of episodes, one at a time)."""
+
     kind = COMPOSITIONAL
     momentum = False
+
+    def __init__(self, hparams: Params) -> None:
+        super().__init__(hparams)
+        self.vectorisable = hparams.inner_state == "moving-average"  # type: ignore[attr-defined]
 
     def init_state(self, params: State) -> State:
         x = params["x"]
@@ -63,37 +71,37 @@ class _SCGDBase(Algorithm):
             state["m"] = torch.zeros_like(x)
         return state
 
-    def _gradient(
-        self, problem: CompositionalProblem, client: int, x: Tensor, u: Tensor, first: bool, gen: torch.Generator
-    ) -> tuple[Tensor, Tensor, float]:
-        """(z, new u, outer loss) of one step: the compositional gradient and the updated inner estimate."""
-        b, gamma = self.hp.outer_batch, self.hp.gamma
+    def draw(self, problem: CompositionalProblem, client: int, step: int, gen: torch.Generator) -> tuple[Any, int]:
+        b = self.hp.outer_batch
         if self.hp.inner_state == "moving-average":
-            xi = problem.sample_inner(client, b, gen)
-            zeta = problem.sample_outer(client, b, gen)
-            g, vjp = inner_value_vjp(problem, x, xi)
-            u = g if first else (1 - gamma) * u + gamma * g
-            v, loss = outer_grad(problem, u, zeta)
-            return vjp(v), u, float(loss)
+            return (problem.sample_inner(client, b, gen), problem.sample_outer(client, b, gen)), 2 * b
         sample_pairs = getattr(problem, "sample_pairs", None)
         if sample_pairs is None:
             raise ConfigError(
                 "algorithm.inner_state = 'per-task-mix': the task does not draw paired inner/outer samples; "
                 "allowed with it: moving-average"
             )
-        z, points, loss = torch.zeros_like(x), torch.zeros_like(u), 0.0
-        pairs = sample_pairs(client, b, gen)
+        return (sample_pairs(client, b, gen),), 2 * b
+
+    def _gradient(self, problem: CompositionalProblem, x: Tensor, u: Tensor, first: bool, batch: Any) -> tuple[Tensor, Tensor, Tensor]:
+        """(z, new u, outer loss) of one step: the compositional gradient and the updated inner estimate."""
+        gamma = self.hp.gamma
+        if self.hp.inner_state == "moving-average":
+            xi, zeta = batch
+            g, vjp = inner_value_vjp(problem, x, xi)
+            u = g if first else (1 - gamma) * u + gamma * g
+            v, loss = outer_grad(problem, u, zeta)
+            return vjp(v), u, loss
+        (pairs,) = batch
+        z, points, loss = torch.zeros_like(x), torch.zeros_like(u), torch.zeros(())
         for xi, zeta in pairs:
             g, vjp = inner_value_vjp(problem, x, xi)
             point = g if first else (1 - gamma) * u + gamma * g
             v, value = outer_grad(problem, point, zeta)
             z += vjp(v) / len(pairs)
             points += point / len(pairs)
-            loss += float(value) / len(pairs)
+            loss += value / len(pairs)
         return z, points, loss
-
-    def _samples(self) -> int:
-        return 2 * self.hp.outer_batch
 
 
 @register_algorithm("local-scgd")
@@ -104,11 +112,9 @@ class LocalSCGD(_SCGDBase):
     synced = ("x", "u")
     description = "Local-SCGD: local stochastic compositional gradient descent; x and u averaged (A4)"
 
-    def local_step(
-        self, problem: CompositionalProblem, client: int, state: State, step: int, gen: torch.Generator
-    ) -> tuple[State, StepInfo]:
-        z, u, loss = self._gradient(problem, client, state["x"], state["u"], step == 0, gen)
-        return {"x": state["x"] - self.hp.lr * z, "u": u}, StepInfo(self._samples(), loss)
+    def update(self, problem: CompositionalProblem, state: State, batch: Any, step: int) -> tuple[State, Tensor]:
+        z, u, loss = self._gradient(problem, state["x"], state["u"], step == 0, batch)
+        return {"x": state["x"] - self.hp.lr * z, "u": u}, loss
 
 
 @register_algorithm("local-scgdm")
@@ -120,10 +126,8 @@ class LocalSCGDM(_SCGDBase):
     description = "Local-SCGDM: Local-SCGD with momentum; x, u and m averaged (Gao et al. 2022, Alg. 1; A5)"
     momentum = True
 
-    def local_step(
-        self, problem: CompositionalProblem, client: int, state: State, step: int, gen: torch.Generator
-    ) -> tuple[State, StepInfo]:
+    def update(self, problem: CompositionalProblem, state: State, batch: Any, step: int) -> tuple[State, Tensor]:
         first = step == 0
-        z, u, loss = self._gradient(problem, client, state["x"], state["u"], first, gen)
+        z, u, loss = self._gradient(problem, state["x"], state["u"], first, batch)
         m = z if first else (1 - self.hp.beta) * state["m"] + self.hp.beta * z
-        return {"x": state["x"] - self.hp.lr * m, "u": u, "m": m}, StepInfo(self._samples(), loss)
+        return {"x": state["x"] - self.hp.lr * m, "u": u, "m": m}, loss

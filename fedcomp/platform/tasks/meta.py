@@ -35,6 +35,7 @@ from typing import Any, Callable, Literal
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.utils._pytree import register_dataclass
 
 from fedcomp.platform.models import FlatModel
 from fedcomp.platform.problems import COMPOSITIONAL, CONDITIONAL
@@ -58,6 +59,9 @@ class Episodes:
 
     def to(self, device: torch.device) -> "Episodes":
         return Episodes(*(t.to(device) for t in (self.support_x, self.support_y, self.query_x, self.query_y)))
+
+
+register_dataclass(Episodes)  # so lockstep clients can stack and vmap episodes
 
 
 # -- models -------------------------------------------------------------------------------------------------------
@@ -104,6 +108,7 @@ class ConditionalView:
 
     def __init__(self, task: "MetaTask") -> None:
         self.task = task
+        self.vmappable = task.vmappable
 
     def sample_outer(self, client: int, n: int, gen: torch.Generator) -> Episodes:
         return self.task.episodes(client, n, gen)
@@ -131,6 +136,7 @@ class CompositionalView:
 
     def __init__(self, task: "MetaTask") -> None:
         self.task = task
+        self.vmappable = task.vmappable
 
     def sample_inner(self, client: int, n: int, gen: torch.Generator) -> Episodes:
         return self.task.episodes(client, n, gen)

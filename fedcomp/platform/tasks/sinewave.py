@@ -66,6 +66,7 @@ class Sinewave(MetaTask):
     Params = SinewaveParams
     metrics = ("test_loss", "test_loss_unadapted")
     mode = "min"
+    vmappable = True  # an MLP without BatchNorm; adaptation is a fixed number of torch.func.grad steps
     description = "Local-SCGDM slides: MAML sinewave regression, device-dependent amplitudes, MLP 1-40-40-1"
 
     def __init__(self, params: SinewaveParams, seed: int, clients: int, device: str = "cpu") -> None:
