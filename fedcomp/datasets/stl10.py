@@ -120,7 +120,8 @@ def write_stl10(
     """
     train_x, train_y = _images("train images", train[0]), train[1]
     test_x, test_y = _images("test images", test[0]), test[1]
-    train_y, test_y = _labels("train labels", train_y, train_x.shape[0]), _labels("test labels", test_y, test_x.shape[0])
+    train_y = _labels("train labels", train_y, train_x.shape[0])
+    test_y = _labels("test labels", test_y, test_x.shape[0])
     if isinstance(unlabeled, bool):
         raise ValueError(f"unlabeled = {unlabeled!r}: must be a number of images or an image array")
     if isinstance(unlabeled, int):

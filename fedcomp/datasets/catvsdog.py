@@ -1,0 +1,107 @@
+"""CATvsDOG (Kaggle dogs-vs-cats) in LibAUC's two-array layout, from the local data root (E10, E11).
+
+LibAUC's ``CAT_VS_DOG`` loader keeps all 25,000 labelled images as two NumPy files,
+``<root>/cat_vs_dog/cat_vs_dog_data.npy`` (uint8 images [n, H, W, 3]; LibAUC's archive uses 50 x 50
+[inferred]) and ``cat_vs_dog_label.npy`` (0/1 labels), and uses the **last 5,000 rows** as the test split
+(20,000 training rows). LibAUC only checks that the files exist; so does :func:`load_catvsdog`. Which
+animal is label 1 is whatever the archive says ([unknown]; the binary tasks take label 1 as the positive
+class). Nothing is downloaded; :func:`write_catvsdog` writes files of this layout for tests.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from fedcomp.datasets.mnist import data_root
+
+__all__ = ["CATVSDOG_FILES", "CATVSDOG_FOLDER", "CATVSDOG_TEST_SIZE", "load_catvsdog", "write_catvsdog"]
+
+Split = Literal["train", "test"]
+
+CATVSDOG_FOLDER = "cat_vs_dog"
+CATVSDOG_FILES = ("cat_vs_dog_data.npy", "cat_vs_dog_label.npy")
+CATVSDOG_TEST_SIZE = 5000
+"""Rows at the end of the arrays that form the test split (LibAUC's loader)."""
+
+
+def load_catvsdog(
+    split: Split, root: str | os.PathLike[str] | None = None, *, test_size: int = CATVSDOG_TEST_SIZE
+) -> tuple[Tensor, Tensor]:
+    """CATvsDOG ``split`` as (uint8 images [N, 3, H, W], int64 labels [N] in {0, 1}).
+
+    The images file holds [n, H, W, 3] (channels last, as LibAUC stores it) and is returned channels
+    first; a grayscale [n, H, W] array is accepted and returned as [N, 1, H, W]. Labels may be stored as
+    [n] or [n, 1], integer or float, but must be 0 or 1. The test split is the last ``test_size`` rows
+    (default 5,000, LibAUC's split; smaller for small generated files), the training split the rest.
+
+    Raises:
+        FileNotFoundError: a file is missing (one line naming the folder and the files).
+        ValueError: bad ``split``/``test_size``, or arrays of the wrong shape, dtype or values.
+    """
+    if split not in ("train", "test"):
+        raise ValueError(f"split = {split!r}: allowed: 'train', 'test'")
+    if isinstance(test_size, bool) or not isinstance(test_size, int) or test_size < 1:
+        raise ValueError(f"test_size = {test_size!r}: must be a positive integer")
+    root = data_root() if root is None else Path(root).expanduser()
+    folder = root / CATVSDOG_FOLDER
+    missing = [f for f in CATVSDOG_FILES if not (folder / f).is_file()]
+    if missing:
+        raise FileNotFoundError(
+            f"catvsdog not found: {folder} must hold {', '.join(CATVSDOG_FILES)} "
+            f"({'none is there' if len(missing) == len(CATVSDOG_FILES) else 'missing: ' + ', '.join(missing)}); "
+            "extract LibAUC's cat_vs_dog archive into the data root"
+        )
+    images = np.load(folder / CATVSDOG_FILES[0], mmap_mode="r", allow_pickle=False)
+    labels = np.load(folder / CATVSDOG_FILES[1], allow_pickle=False)
+    n = images.shape[0] if images.ndim else 0
+    if images.dtype != np.uint8 or images.ndim not in (3, 4) or (images.ndim == 4 and images.shape[3] != 3):
+        raise ValueError(
+            f"catvsdog: {folder / CATVSDOG_FILES[0]} holds {images.dtype} {images.shape}; expected uint8 [n, H, W, 3]"
+        )
+    labels = labels.reshape(-1) if labels.ndim == 2 and labels.shape[1] == 1 else labels
+    if labels.shape != (n,) or labels.dtype.kind not in "iufb" or not np.all((labels == 0) | (labels == 1)):
+        raise ValueError(
+            f"catvsdog: {folder / CATVSDOG_FILES[1]} holds {labels.dtype} {labels.shape}; "
+            f"expected {n} labels, each 0 or 1"
+        )
+    if test_size >= n:
+        raise ValueError(f"test_size = {test_size}: must be below the {n} rows of {folder / CATVSDOG_FILES[0]}")
+    rows = slice(n - test_size, n) if split == "test" else slice(0, n - test_size)
+    part = np.array(images[rows])  # a writable copy of the memory-mapped rows
+    part = part[:, None] if part.ndim == 3 else part.transpose(0, 3, 1, 2)
+    return torch.from_numpy(np.ascontiguousarray(part)), torch.from_numpy(labels[rows].astype(np.int64))
+
+
+def write_catvsdog(
+    root: str | os.PathLike[str], images: Tensor | np.ndarray, labels: Tensor | np.ndarray
+) -> Path:
+    """Write ``images`` (uint8-valued [n, H, W, 3], channels last as stored) and 0/1 ``labels`` as LibAUC's files.
+
+    Rows are written in the order given: the last ``test_size`` rows are what :func:`load_catvsdog`
+    returns as the test split. Files are replaced atomically; returns the folder.
+    """
+    array = images.detach().cpu().numpy() if isinstance(images, Tensor) else np.asarray(images)
+    if array.ndim != 4 or array.shape[3] != 3 or array.shape[0] == 0:
+        raise ValueError(f"images of shape {array.shape}: must be [n, H, W, 3] with n >= 1 (channels last)")
+    if array.dtype != np.uint8:
+        if array.dtype.kind not in "iuf" or not np.all((array >= 0) & (array <= 255) & (array == np.round(array))):
+            raise ValueError(f"images of dtype {array.dtype}: values must be integers in 0..255")
+        array = array.astype(np.uint8)
+    target = labels.detach().cpu().numpy() if isinstance(labels, Tensor) else np.asarray(labels)
+    if target.shape != (array.shape[0],) or target.dtype.kind not in "iu" or not np.all((target == 0) | (target == 1)):
+        raise ValueError(
+            f"labels of shape {target.shape} and dtype {target.dtype}: must be {array.shape[0]} 0/1 integers"
+        )
+    folder = Path(root).expanduser() / CATVSDOG_FOLDER
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, value in zip(CATVSDOG_FILES, (np.ascontiguousarray(array), target.astype(np.int64))):
+        tmp = folder / f"{name}.tmp.npy"
+        np.save(tmp, value, allow_pickle=False)
+        os.replace(tmp, folder / name)
+    return folder
