@@ -86,6 +86,7 @@ class Server:
             cohort=lambda sub=0: sample_cohort(run.seed, r, fed.clients, fed.cohort_size, sub),
             rng=lambda *ids: generator(run.seed, "server", r, *ids),
             problem=self.problem,
+            clients=fed.clients,
         )
         started = time.perf_counter()
         self.state, record = self.algorithm.round(self.federation, self.state, ctx)

@@ -1,0 +1,264 @@
+"""Local SGD with momentum (Yu, Jin, Yang, ICML 2019) and its Ratio-Loss variant (Wang, Xu, Wang, Zhu, AAAI
+2021) -- the LocalSCGDAM paper's baselines A20 and A21 (``reference/ALGORITHMS.md`` sections 9.5, 9.6).
+
+**LocalSGDM** (``local-sgdm``), every client at each local step, then every p steps an average::
+
+    buf = mu * buf + grad l(x; batch)        # heavy-ball buffer, torch.optim.SGD's form (no dampening)
+    x   = x - lr * buf
+    every p steps: x and buf <- their means over the cohort   (Yu et al.'s scheme; ``average: all``)
+
+``average: model`` averages x alone and leaves each client's buffer on the client (pitfall S10). The
+momentum mu the LocalSCGDAM paper used is **[unknown]** (its Appendix B is not available); 0.9 is the
+usual default and only that. With mu = 0 the update is FedAvg's, bit for bit.
+
+**LocalSGDM_RL** (``local-sgdm-rl``) -- a **reconstruction**: ALGORITHMS.md 9.6 marks the Ratio Loss and its
+monitor **[unknown]** in the papers available here, so this follows the form public re-implementations of
+Wang et al. use (read, not copied). LocalSGDM on a class-weighted cross-entropy whose weights the server
+sets at the start of every round from the global model x:
+
+    for each class c: Delta W_c = d l(x; A_c) / d W       (A_c: a balanced auxiliary batch of class c only,
+                                                            W: the output layer's weights, unweighted loss)
+    Ra_c = | mean over W's entries of (C - 1) Delta W_c / (sum_c' Delta W_c' - Delta W_c) |
+    w_c  = alpha_rl + beta_rl * Ra_c                        (defaults 1 and 0.1 **[inferred]**, from a public
+                                                            re-implementation)
+
+The weights w (C floats) travel with x in the round's broadcast and stay fixed for the round's p local steps.
+An under-fitted (minority) class has large auxiliary gradients relative to the others, so its Ra and weight
+grow. Which entries enter the mean: for C = 2 all of W's entries -- with one logit (the binary tasks here)
+W is that logit's weight row; with two logits the two rows' gradients are negatives of each other, so every
+entry gives the same ratios. For C > 2, W is the [C, H] matrix (row-major) and class c's ratio uses row c,
+as the re-implementations do. Entries whose denominator is exactly 0 (e.g. dead ReLU units) are left out of
+the mean, and a class with no usable entry gets Ra = 1 (the balanced value) -- a guard the re-implementations
+do not have (they would return NaN).
+
+``weights: prior`` is the approximation ALGORITHMS.md 9.6 allows **[inferred]**: no monitor; the same
+ratio computed from the known global class prior (positive fraction p of a binary task) with inverse
+frequencies in place of the auxiliary gradients, Ra_c = (C - 1)(1/pi_c) / sum_{c' != c} (1/pi_c'), i.e.
+Ra_1 = (1 - p)/p and Ra_0 = p/(1 - p), so the weights are fixed for the whole run.
+
+What a task offers for it is :class:`RatioLossProblem` (monitor) or :class:`ClassPriorProblem` (prior); the
+server-side monitor's auxiliary batches are not counted in ``samples`` (they are not clients' oracle calls).
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
+
+import torch
+from pydantic import Field
+from torch import Tensor
+
+from fedcomp.platform.algorithms.base import (
+    CommonHParams,
+    DrawUpdate,
+    Federation,
+    RoundContext,
+    RoundRecord,
+    State,
+    grad_and_loss,
+)
+from fedcomp.platform.config import Params
+from fedcomp.platform.errors import ConfigError
+from fedcomp.platform.problems import PLAIN, PlainProblem
+from fedcomp.platform.registry import register_algorithm
+
+__all__ = [
+    "ClassPriorProblem",
+    "LocalSGDM",
+    "LocalSGDMHParams",
+    "LocalSGDMRL",
+    "LocalSGDMRLHParams",
+    "RatioLossProblem",
+    "monitor_ratios",
+    "prior_ratios",
+    "ratio_estimates",
+]
+
+
+@runtime_checkable
+class RatioLossProblem(Protocol):
+    """A plain problem that LocalSGDM_RL's server-side monitor can read (``weights: monitor``)."""
+
+    monitor_slice: slice
+    """Positions in x of the output layer's weight (row-major [rows, H]; one row for a single-logit model)."""
+
+    def class_weighted_loss(self, x: Tensor, batch: Any, weights: Tensor) -> Tensor:
+        """The loss of the batch with example i weighted by ``weights[label_i]`` (C weights, one per class)."""
+        ...
+
+    def monitor_batches(self) -> list[Any]:
+        """The auxiliary balanced data, one batch per class: item c holds examples of class c only."""
+        ...
+
+
+@runtime_checkable
+class ClassPriorProblem(Protocol):
+    """A binary plain problem with a known global positive fraction (``weights: prior``)."""
+
+    prior: float
+    """The fraction of positive (class 1) training examples over all clients."""
+
+    def class_weighted_loss(self, x: Tensor, batch: Any, weights: Tensor) -> Tensor:
+        """The loss of the batch with example i weighted by ``weights[label_i]``."""
+        ...
+
+
+# ------------------------------------------------------------------------------------------------ hyperparameters
+
+
+class LocalSGDMHParams(CommonHParams):
+    """lr, period p (``local_steps``), batch (``outer_batch``), momentum mu and what is averaged."""
+
+    momentum: float = Field(0.9, ge=0, lt=1, description="mu in [0, 1) (the paper's value is unknown; 0 = FedAvg)")
+    average: Literal["all", "model"] = Field(
+        "all", description="'all': x and the momentum buffer averaged (Yu et al.); 'model': x only (S10)"
+    )
+
+
+class LocalSGDMRLHParams(LocalSGDMHParams):
+    """LocalSGDM's hyperparameters plus the Ratio Loss weights w_c = alpha_rl + beta_rl * Ra_c."""
+
+    alpha_rl: float = Field(1.0, ge=0, description="alpha of the Ratio Loss weights (inferred default)")
+    beta_rl: float = Field(0.1, ge=0, description="beta of the Ratio Loss weights (inferred default)")
+    weights: Literal["monitor", "prior"] = Field(
+        "monitor", description="'monitor': Ra from auxiliary gradients each round; 'prior': Ra from the class prior"
+    )
+
+
+# ------------------------------------------------------------------------------------------------ the monitor
+
+
+def ratio_estimates(delta: Tensor) -> Tensor:
+    """Ra_c for every class from the auxiliary gradients ``delta`` ([C, L]: row c = Delta W_c, flattened).
+
+    C = 2: the mean runs over all L entries; C > 2: over row c of each [C, L / C] matrix (see the module doc).
+    """
+    classes = delta.shape[0]
+    if classes < 2:
+        raise ValueError(f"ratio_estimates needs gradients of 2 classes or more, got {classes}")
+    if classes > 2:
+        if delta.shape[1] % classes:
+            raise ValueError(
+                f"the monitored weight has {delta.shape[1]} entries, not a multiple of the {classes} classes: "
+                f"for C > 2 monitor_slice must cover the [C, H] output weight"
+            )
+        delta = delta.view(classes, classes, -1)
+    others = delta.sum(0, keepdim=True) - delta
+    ratios = []
+    for c in range(classes):
+        num, den = (classes - 1) * delta[c], others[c]
+        if classes > 2:
+            num, den = num[c], den[c]
+        usable = den != 0
+        if not bool(usable.any()):
+            ratios.append(delta.new_ones(()))
+        else:
+            ratios.append((num[usable] / den[usable]).mean().abs())
+    return torch.stack(ratios)
+
+
+def monitor_ratios(problem: RatioLossProblem, x: Tensor) -> Tensor:
+    """Ra at the global model ``x``: gradients of the (unweighted) loss on each class's auxiliary batch."""
+    rows = []
+    for batch in problem.monitor_batches():
+        grad, _ = grad_and_loss(problem, x, batch)
+        rows.append(grad[problem.monitor_slice].reshape(-1))
+    return ratio_estimates(torch.stack(rows))
+
+
+def prior_ratios(prior: float) -> Tensor:
+    """Ra from a binary class prior (positive fraction ``prior``): [p / (1 - p), (1 - p) / p]."""
+    if not 0 < prior < 1:
+        raise ValueError(f"prior = {prior!r}: the positive fraction must be in (0, 1)")
+    inverse = 1 / torch.tensor([1 - prior, prior], dtype=torch.float64)
+    classes = inverse.numel()
+    return ((classes - 1) * inverse / (inverse.sum() - inverse)).float()
+
+
+class _Weighted:
+    """The plain-problem view of a class-weighted loss, so :func:`grad_and_loss` (and ``vmap``) apply."""
+
+    def __init__(self, problem: RatioLossProblem | ClassPriorProblem, weights: Tensor) -> None:
+        self.problem, self.weights = problem, weights
+
+    def loss(self, x: Tensor, batch: Any) -> Tensor:
+        return self.problem.class_weighted_loss(x, batch, self.weights)
+
+
+# ------------------------------------------------------------------------------------------------ algorithms
+
+
+@register_algorithm("local-sgdm")
+class LocalSGDM(DrawUpdate):
+    """buf = mu buf + grad l(x); x = x - lr buf for p steps; then x (and buf, ``average: all``) averaged."""
+
+    kind = PLAIN
+    HParams: ClassVar[type[Params]] = LocalSGDMHParams
+    synced = ("x", "buf")
+    description = "LocalSGDM (Yu et al. 2019): local SGD with momentum; x and the momentum averaged (A20)"
+
+    def __init__(self, hparams: Params) -> None:
+        super().__init__(hparams)
+        # what is averaged is a hyperparameter here (S10), so the class default is replaced per instance
+        self.synced = ("x", "buf") if self.hp.average == "all" else ("x",)
+
+    def init_state(self, params: State) -> State:
+        x = params["x"]
+        return {"x": x.clone(), "buf": torch.zeros_like(x)}
+
+    def draw(self, problem: PlainProblem, client: int, step: int, gen: torch.Generator) -> tuple[tuple, int]:
+        return (problem.sample_batch(client, self.hp.outer_batch, gen),), self.hp.outer_batch
+
+    def update(self, problem: PlainProblem, state: State, batch: tuple, step: int) -> tuple[State, Tensor]:
+        grad, loss = grad_and_loss(self._loss(problem, state), state["x"], *batch)
+        buf = self.hp.momentum * state["buf"] + grad
+        return {**state, "x": state["x"] - self.hp.lr * buf, "buf": buf}, loss
+
+    def _loss(self, problem: Any, state: State) -> Any:
+        """The object whose ``loss`` the step differentiates (the task's own loss here)."""
+        return problem
+
+
+@register_algorithm("local-sgdm-rl")
+class LocalSGDMRL(LocalSGDM):
+    """LocalSGDM on the Ratio Loss: CE weighted per class by w = alpha_rl + beta_rl Ra, Ra set by the server
+    each round (a reconstruction; see the module doc)."""
+
+    HParams: ClassVar[type[Params]] = LocalSGDMRLHParams
+    description = "LocalSGDM_RL (Wang et al. 2021, reconstruction): LocalSGDM on a monitor-weighted CE (A21)"
+
+    def _loss(self, problem: Any, state: State) -> Any:
+        return _Weighted(problem, state["w"])
+
+    def class_weights(self, problem: Any, x: Tensor) -> Tensor:
+        """The round's weights w_c = alpha_rl + beta_rl * Ra_c from the monitor at ``x`` or from the prior."""
+        if self.hp.weights == "monitor":
+            if not isinstance(problem, RatioLossProblem):
+                raise ConfigError(self._missing(problem, ("class_weighted_loss", "monitor_batches", "monitor_slice")))
+            ratios = monitor_ratios(problem, x)
+        else:
+            if not isinstance(problem, ClassPriorProblem):
+                raise ConfigError(self._missing(problem, ("class_weighted_loss", "prior")))
+            ratios = prior_ratios(float(problem.prior))
+        return (self.hp.alpha_rl + self.hp.beta_rl * ratios).to(x.dtype)
+
+    def _missing(self, problem: Any, needed: tuple[str, ...]) -> str:
+        lacking = ", ".join(name for name in needed if not hasattr(problem, name))
+        return (
+            f"algorithm.name = 'local-sgdm-rl' with weights '{self.hp.weights}' needs a task that offers "
+            f"{', '.join(needed)}; the task's problem {type(problem).__name__} lacks {lacking}"
+        )
+
+    def round(self, federation: Federation, state: State, ctx: RoundContext) -> tuple[State, RoundRecord]:
+        weights = self.class_weights(ctx.problem, state["x"])
+        payload = {**{k: state[k] for k in self.synced}, "w": weights}
+        out = federation.call("local_steps", ctx.round, ctx.cohort(0), payload)
+        record = RoundRecord(
+            comm_rounds=1,
+            local_steps=self.hp.local_steps,
+            samples=out.samples,
+            floats_up=out.floats_up,
+            floats_down=out.floats_down,  # the model (and buffer) plus the C class weights
+            train_loss=out.loss,
+        )
+        return {**state, **out.means}, record
