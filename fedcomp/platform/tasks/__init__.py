@@ -5,6 +5,7 @@ from fedcomp.platform.tasks import (  # noqa: F401
     dro,
     fewshot,
     heterogeneous_composition,
+    imbalanced,
     invariant_logreg,
     minimax_quadratic,
     mnist_bilevel,
