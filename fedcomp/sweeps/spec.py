@@ -8,6 +8,7 @@ A sweep file (or a preset in ``fedcomp/sweeps/presets``) looks like::
     grid:                              # --search grid: one grid, or a list of grids whose union is searched
       - {algorithm.name: [fcsg], algorithm.lr: [0.01, 0.005, 0.001]}
       - {algorithm.name: [fcsg-m], algorithm.lr: [0.01, 0.005], algorithm.beta: [0.1, 0.9]}
+      - {"algorithm.local_steps,run.rounds": [[4, 100], [8, 50]]}   # a joint axis: values set together
     space:                             # --search optuna: one distribution per axis
       algorithm.lr: {loguniform: [0.001, 0.1]}
       algorithm.beta: {choice: [0.1, 0.5, 0.9]}
@@ -92,6 +93,9 @@ class SweepSpec(BaseModel):
             for axis, values in grid.items():
                 if not isinstance(values, list) or not values:
                     raise ValueError(f"grid axis {axis} = {values!r}: must be a non-empty list of values")
+                width = len(axis.split(","))
+                if width > 1 and any(not isinstance(v, list) or len(v) != width for v in values):
+                    raise ValueError(f"grid axis {axis} = {values!r}: a joint axis of {width} keys takes lists of {width} values")
         return grids
 
     # ---- derived -------------------------------------------------------------------------------------
@@ -106,7 +110,10 @@ class SweepSpec(BaseModel):
         for grid in self.grids or [{}]:
             axes = list(grid)
             for values in itertools.product(*(grid[a] for a in axes)):
-                point = dict(zip(axes, values))
+                point: dict[str, Any] = {}
+                for axis, value in zip(axes, values):
+                    keys = axis.split(",")
+                    point.update(zip(keys, value) if len(keys) > 1 else [(axis, value)])
                 if point not in out:
                     out.append(point)
         return out
@@ -142,7 +149,8 @@ class SweepSpec(BaseModel):
 
     def axes(self) -> list[str]:
         """The names of everything the sweep varies (grid axes or Optuna axes, and the seed)."""
-        names = list(dict.fromkeys(a for g in self.grids for a in g)) if self.search == "grid" else list(self.space)
+        names = (list(dict.fromkeys(k for g in self.grids for a in g for k in a.split(",")))
+                 if self.search == "grid" else list(self.space))
         return names + (["run.seed"] if "run.seed" not in names else [])
 
 
@@ -210,7 +218,8 @@ def validate(spec: SweepSpec) -> None:
             )
         for grid in spec.grids:
             for axis in grid:
-                _axis_key(axis, "grid axis")
+                for key in axis.split(","):
+                    _axis_key(key, "grid axis")
         candidates = spec.points()
     for key in spec.set:
         _axis_key(key, "set key")

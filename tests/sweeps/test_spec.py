@@ -106,3 +106,16 @@ def test_unknown_sweep_preset_and_missing_file(tmp_path):
     (tmp_path / "list.yaml").write_text("- 1\n- 2\n")
     with pytest.raises(ConfigError, match="must be a mapping"):
         load_spec(str(tmp_path / "list.yaml"))
+
+
+def test_joint_axis_sets_its_keys_together():
+    s = spec(grid={"algorithm.name": ["fcsg"], "algorithm.local_steps,run.rounds": [[4, 8], [8, 4]]})
+    assert s.points() == [
+        {"algorithm.name": "fcsg", "algorithm.local_steps": 4, "run.rounds": 8},
+        {"algorithm.name": "fcsg", "algorithm.local_steps": 8, "run.rounds": 4},
+    ]
+    assert s.axes() == ["algorithm.name", "algorithm.local_steps", "run.rounds", "run.seed"]
+    with pytest.raises(ConfigError, match=r"grid axis algorithm.local_steps,run.rounds = \[\[4, 8\], \[8\]\]: a joint axis of 2 keys takes lists of 2 values"):
+        spec(grid={"algorithm.local_steps,run.rounds": [[4, 8], [8]]})
+    with pytest.raises(ConfigError, match=r"grid axis 'rounds': not of the form section.key"):
+        spec(grid={"algorithm.local_steps,rounds": [[4, 8]]})
