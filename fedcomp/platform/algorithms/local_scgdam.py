@@ -1,0 +1,264 @@
+"""LocalSCGDAM and LocalSGDAM -- "Federated Compositional Deep AUC Maximization" (Zhang, Zhang, Yang, Souvenir,
+Gao; NeurIPS 2023), Algorithm 1, and its LocalSGDAM baseline, as restated in ``reference/ALGORITHMS.md``
+sections 9.2 and 9.3 (A17, A18).
+
+Problem (class C4): min_x max_y (1/K) sum_k f_k( (1/K) sum_k' g_k'(x), y ). For compositional deep AUC,
+x = (w, a, b), y = [alpha], g(x) = x - rho (grad_w CE(w), 0, 0) and f the square-loss AUC surrogate; here any
+:class:`~fedcomp.platform.problems.CompositionalMinimaxProblem` runs.
+
+**LocalSCGDAM** (``local-scgdam``). State per device: x, y, h (the inner estimate, the size of g's value --
+for deep AUC the size of x), u (x-side momentum), v (y-side momentum). With eta = ``lr``:
+
+    init:  h = g(x_0; xi_0),  u = J_g(x_0; xi_0)^T grad_z f(h, y_0; zeta_0),  v = grad_y f(h, y_0; zeta_0)
+    iteration t = 0, 1, ...:
+        x = x - gamma_x eta u                       # descent with the previous momentum
+        y = y + gamma_y eta v                       # ascent
+        h = (1 - alpha eta) h + alpha eta g(x; xi)  # moving average of the inner value, at the new x
+        u = (1 - beta_x eta) u + beta_x eta J_g(x; xi)^T grad_z f(h, y; zeta)
+        v = (1 - beta_y eta) v + beta_y eta grad_y f(h, y; zeta)
+        if (t + 1) mod p == 0: the server averages x, y, h, u and v (all five; pitfall S1)
+
+How the sequence maps onto local steps (global index s = round * p + i): step 0 runs the init on its own
+draws (xi_0, zeta_0) and then iteration t = 0 on the next draws; every step s >= 1 runs iteration t = s. So the
+p-th step of round r ends iteration t = (r + 1) p - 1 and the server averages exactly where the pseudo-code
+does; every iterate and every average is the paper's. The init's draws are part of step 0, so its sample
+count is twice that of later steps. xi (for g and its Jacobian, ``inner_batch`` examples) and zeta (for both
+gradients of f, ``outer_batch`` examples) are independent draws from the step's generator (S5); the same xi
+gives g's value and J_g^T; the same zeta gives grad_z f and grad_y f.
+
+Options: ``jacobian: exact`` (the paper: J_g^T by a vector-Jacobian product, a Hessian-vector product when g
+contains a gradient step) or ``identity`` (J_g ~ I, cheaper, LibAUC PDSCA-like; pitfall S3; needs g's value
+the size of x). ``batches: shared`` uses one draw zeta for g and f (pitfall S5; needs a task whose inner
+oracle accepts its outer batches). ``dual: clamp`` keeps y in [0, 999] after each ascent step (LibAUC's
+margin form, pitfall S7); the paper's y is unconstrained.
+
+**LocalSGDAM** (``local-sgdam``; Sharma, Panda, Joshi, Varshney, ICML 2022). **[inferred]** from ALGORITHMS.md
+9.3: the loop above with g = identity, so h disappears and both gradients are of f at (x, y) on one batch:
+init u = grad_x f(x_0, y_0; zeta_0), v = grad_y f(x_0, y_0; zeta_0), then iteration t moves x and y with
+(u, v) and refreshes u, v at the new point, with the same step-to-iteration mapping. ``average: all``
+(default, following the LocalSCGDAM template **[inferred]**) averages x, y, u and v; ``average: model``
+averages x and y only and leaves each client its own momenta (pitfall S10); a client that takes part for the
+first time after step 0 then starts its momenta from its first step's batch, as every client does at step 0.
+The batch is the task's ``sample(client, "inner", outer_batch, gen)``.
+
+Degenerate case (ALGORITHMS.md 10, item 5): with g(x) = x (rho = 0) and alpha eta = 1, LocalSCGDAM's h is x
+after every move, J_g = I, and it takes LocalSGDAM's steps on the same draws of zeta.
+
+Hyperparameters are the paper's: eta and the multipliers gamma_x, gamma_y, beta_x, beta_y, alpha. The paper
+needs alpha eta, beta_x eta, beta_y eta in (0, 1) for its theory; here 1 is allowed too (a fresh estimate, no
+averaging over time -- the degenerate case above). The values in the paper's Appendix B are unavailable;
+the defaults are ALGORITHMS.md 9.9's starting points **[inferred from LibAUC defaults]**: gamma_x eta =
+gamma_y eta = 0.1, alpha eta = beta_x eta = beta_y eta = 0.9.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, ClassVar, Literal
+
+import torch
+from pydantic import Field, model_validator
+from torch import Tensor
+
+from fedcomp.platform.algorithms.base import Algorithm, CommonHParams, State, StepInfo, batch_size
+from fedcomp.platform.compositional import inner_value_vjp
+from fedcomp.platform.config import Params
+from fedcomp.platform.errors import ConfigError
+from fedcomp.platform.problems import (
+    COMPOSITIONAL_MINIMAX,
+    MINIMAX,
+    CompositionalMinimaxProblem,
+    MinimaxProblem,
+)
+from fedcomp.platform.registry import register_algorithm
+
+__all__ = [
+    "DUAL_CLAMP",
+    "LocalSCGDAM",
+    "LocalSCGDAMHParams",
+    "LocalSGDAM",
+    "LocalSGDAMHParams",
+    "grads_and_value",
+]
+
+DUAL_CLAMP = (0.0, 999.0)
+"""LibAUC's range for the dual variable of its margin AUC loss (``torch.clamp(alpha, 0, 999)``)."""
+
+
+def grads_and_value(fn: Callable[[Tensor, Tensor], Tensor], a: Tensor, b: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """(d fn / da, d fn / db, fn) at (a, b) from one forward and one backward pass (detached)."""
+    a, b = a.detach().requires_grad_(True), b.detach().requires_grad_(True)
+    value = fn(a, b)
+    ga, gb = torch.autograd.grad(value, (a, b), allow_unused=True)
+    ga = torch.zeros_like(a) if ga is None else ga
+    gb = torch.zeros_like(b) if gb is None else gb
+    return ga, gb, value.detach()
+
+
+class _MomentumGDAHParams(CommonHParams):
+    """eta (``lr``), the multipliers gamma_x, gamma_y, beta_x, beta_y, p (``local_steps``) and the batch."""
+
+    lr: float = Field(0.1, gt=0, description="eta, the global step: x moves by gamma_x * eta, y by gamma_y * eta")
+    local_steps: int = Field(4, ge=1, description="p, local steps per communication round (the paper: 4, 8, 16)")
+    outer_batch: int = Field(32, ge=1, description="examples in the batch zeta of f's gradients, per step")
+    gamma_x: float = Field(1.0, gt=0, description="x step multiplier (x step = gamma_x * eta)")
+    gamma_y: float = Field(1.0, gt=0, description="y step multiplier (y step = gamma_y * eta)")
+    beta_x: float = Field(9.0, gt=0, description="x-momentum weight multiplier: beta_x * eta in (0, 1]")
+    beta_y: float = Field(9.0, gt=0, description="y-momentum weight multiplier: beta_y * eta in (0, 1]")
+    dual: Literal["unconstrained", "clamp"] = Field(
+        "unconstrained", description="'clamp': y kept in [0, 999] after each ascent step (LibAUC margin form, S7)"
+    )
+
+    def _check_weights(self, names: tuple[str, ...]) -> None:
+        for name in names:
+            value = getattr(self, name)
+            if not 0 < value * self.lr <= 1:
+                raise ValueError(
+                    f"{name} = {value!r}: {name} * lr = {value * self.lr:g} must be in (0, 1] (lr = {self.lr!r})"
+                )
+
+
+class LocalSCGDAMHParams(_MomentumGDAHParams):
+    """LocalSCGDAM's hyperparameters (Algorithm 1): eta, gamma_x, gamma_y, beta_x, beta_y, alpha, p, batches."""
+
+    alpha: float = Field(9.0, gt=0, description="inner-estimate weight multiplier: alpha * eta in (0, 1]")
+    inner_batch: int = Field(32, ge=1, description="examples in the batch xi of g and its Jacobian, per step")
+    jacobian: Literal["exact", "identity"] = Field(
+        "exact", description="J_g^T by a vector-Jacobian (Hessian-vector) product, or the identity (S3)"
+    )
+    batches: Literal["independent", "shared"] = Field(
+        "independent", description="independent draws xi and zeta per step, or one draw for both (S5)"
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> "LocalSCGDAMHParams":
+        self._check_weights(("alpha", "beta_x", "beta_y"))
+        return self
+
+
+class LocalSGDAMHParams(_MomentumGDAHParams):
+    """LocalSGDAM's hyperparameters: eta, gamma_x, gamma_y, beta_x, beta_y, p, the batch and what is averaged."""
+
+    average: Literal["all", "model"] = Field(
+        "all", description="'all': x, y, u, v averaged (inferred default); 'model': x and y only (S10)"
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> "LocalSGDAMHParams":
+        self._check_weights(("beta_x", "beta_y"))
+        return self
+
+
+class _MomentumGDA(Algorithm):
+    """What both algorithms share: the two descent-ascent moves with the previous momenta."""
+
+    def _move(self, state: State) -> tuple[Tensor, Tensor]:
+        hp = self.hp
+        x = state["x"] - hp.gamma_x * hp.lr * state["u"]
+        y = state["y"] + hp.gamma_y * hp.lr * state["v"]
+        if hp.dual == "clamp":
+            y = y.clamp(*DUAL_CLAMP)
+        return x, y
+
+    def _momenta(self, state: State, gx: Tensor, gy: Tensor) -> tuple[Tensor, Tensor]:
+        """u, v after an iteration whose fresh gradients are (gx, gy)."""
+        bx, by = self.hp.beta_x * self.hp.lr, self.hp.beta_y * self.hp.lr
+        return (1 - bx) * state["u"] + bx * gx, (1 - by) * state["v"] + by * gy
+
+
+@register_algorithm("local-scgdam")
+class LocalSCGDAM(_MomentumGDA):
+    """Local stochastic compositional gradient descent-ascent with momentum; x, y, h, u, v averaged every p steps."""
+
+    kind = COMPOSITIONAL_MINIMAX
+    HParams: ClassVar[type[Params]] = LocalSCGDAMHParams
+    synced = ("x", "y", "h", "u", "v")
+    description = "LocalSCGDAM: compositional minimax GDA with momentum; x, y, h, u, v averaged (Zhang et al. 2023)"
+
+    def init_state(self, params: State) -> State:
+        x, y = params["x"], params["y"]
+        # h, u, v are set from samples at global step 0 (the pseudo-code's init); zeros only give the server's
+        # round-0 broadcast a shape. h takes g's dimension at step 0 (x's for deep AUC).
+        zeros = torch.zeros_like
+        return {"x": x.clone(), "y": y.clone(), "h": zeros(x), "u": zeros(x), "v": zeros(y)}
+
+    def _draw(self, problem: CompositionalMinimaxProblem, client: int, gen: torch.Generator) -> tuple[Any, Any, int]:
+        """(xi, zeta, examples drawn) of one iteration."""
+        if self.hp.batches == "shared":
+            zeta = problem.sample_outer(client, self.hp.outer_batch, gen)
+            return zeta, zeta, self.hp.outer_batch
+        xi = problem.sample_inner(client, self.hp.inner_batch, gen)
+        zeta = problem.sample_outer(client, self.hp.outer_batch, gen)
+        return xi, zeta, self.hp.inner_batch + self.hp.outer_batch
+
+    def _inner(
+        self, problem: CompositionalMinimaxProblem, x: Tensor, xi: Any
+    ) -> tuple[Tensor, Callable[[Tensor], Tensor]]:
+        """g(x; xi) and v -> J_g(x; xi)^T v (exact, or the identity)."""
+        g, vjp = inner_value_vjp(problem, x, xi)  # type: ignore[arg-type]  # only .inner is used
+        if self.hp.jacobian == "exact":
+            return g, vjp
+        if g.shape != x.shape:
+            raise ConfigError(
+                f"algorithm.jacobian = 'identity' needs g(x) the size of x, but the task's g has shape "
+                f"{tuple(g.shape)} for x of shape {tuple(x.shape)}; allowed with it: exact"
+            )
+        return g, lambda v: v  # the graph behind g is dropped unused
+
+    def _estimates(
+        self, problem: CompositionalMinimaxProblem, client: int, x: Tensor, y: Tensor, h: Tensor | None,
+        gen: torch.Generator,
+    ) -> tuple[Tensor, Tensor, Tensor, float, int]:
+        """(new h, J_g^T grad_z f, grad_y f, f, examples) at (x, y) on one draw; ``h`` None: the init (h = g)."""
+        xi, zeta, examples = self._draw(problem, client, gen)
+        g, vjp = self._inner(problem, x, xi)
+        weight = self.hp.alpha * self.hp.lr
+        h = g if h is None else (1 - weight) * h + weight * g
+        gz, gy, value = grads_and_value(lambda z, w: problem.outer(z, w, zeta), h, y)
+        return h, vjp(gz), gy, float(value), examples
+
+    def local_step(
+        self, problem: CompositionalMinimaxProblem, client: int, state: State, step: int, gen: torch.Generator
+    ) -> tuple[State, StepInfo]:
+        samples = 0
+        if step == 0:  # the pseudo-code's init, on its own draws, before iteration t = 0
+            h, gx, gy, _, samples = self._estimates(problem, client, state["x"], state["y"], None, gen)
+            state = {**state, "h": h, "u": gx, "v": gy}
+        x, y = self._move(state)
+        h, gx, gy, loss, examples = self._estimates(problem, client, x, y, state["h"], gen)
+        u, v = self._momenta(state, gx, gy)
+        return {"x": x, "y": y, "h": h, "u": u, "v": v}, StepInfo(samples + examples, loss)
+
+
+@register_algorithm("local-sgdam")
+class LocalSGDAM(_MomentumGDA):
+    """Local stochastic gradient descent-ascent with momentum; x, y (and by default u, v) averaged every p steps."""
+
+    kind = MINIMAX
+    HParams: ClassVar[type[Params]] = LocalSGDAMHParams
+    synced: tuple[str, ...] = ("x", "y", "u", "v")
+    description = "LocalSGDAM: local minimax GDA with momentum; x, y, u, v averaged [inferred] (Sharma et al. 2022)"
+
+    def __init__(self, hparams: Params) -> None:
+        super().__init__(hparams)
+        self.synced = ("x", "y", "u", "v") if self.hp.average == "all" else ("x", "y")
+
+    def init_state(self, params: State) -> State:
+        state = {"x": params["x"].clone(), "y": params["y"].clone()}
+        if "u" in self.synced:  # shapes for the server's averaged momenta; set from samples at step 0
+            state.update(u=torch.zeros_like(params["x"]), v=torch.zeros_like(params["y"]))
+        return state
+
+    def local_step(
+        self, problem: MinimaxProblem, client: int, state: State, step: int, gen: torch.Generator
+    ) -> tuple[State, StepInfo]:
+        samples = 0
+        if step == 0 or "u" not in state:  # init (a model-only client's first step after step 0 too)
+            batch = problem.sample(client, "inner", self.hp.outer_batch, gen)
+            gx, gy, _ = grads_and_value(lambda a, b: problem.loss(a, b, batch), state["x"], state["y"])
+            state = {**state, "u": gx, "v": gy}
+            samples += batch_size(batch)
+        x, y = self._move(state)
+        batch = problem.sample(client, "inner", self.hp.outer_batch, gen)
+        gx, gy, value = grads_and_value(lambda a, b: problem.loss(a, b, batch), x, y)
+        u, v = self._momenta(state, gx, gy)
+        return {"x": x, "y": y, "u": u, "v": v}, StepInfo(samples + batch_size(batch), float(value))
