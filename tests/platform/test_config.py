@@ -48,7 +48,7 @@ def test_parse_value_types():
         ("quickstart", {"federation.backend": "mpi"}, "federation.backend = 'mpi': Input should be 'ray' or 'local'"),
         ("quickstart", {"federation.gpus_per_client": -1}, "federation.gpus_per_client = -1.0: must be 'auto' or a number >= 0"),
         ("quickstart", {"run.rounds": 0}, "run.rounds = 0: Input should be greater than or equal to 1"),
-        ("quickstart", {"algorithm.name": "sgd2"}, "algorithm.name = 'sgd2' is unknown; allowed: acc-fcsg-m, fcsg, fcsg-m, fedavg"),
+        ("quickstart", {"algorithm.name": "sgd2"}, "algorithm.name = 'sgd2' is unknown; allowed: acc-fcsg-m, coda, coda-plus, fcsg, fcsg-m, fedavg"),
         ("quickstart", {"task.name": "mnist9"}, "task.name = 'mnist9' is unknown; allowed: "),
         ("quickstart", {"task.noise_ratio": -2}, "task.noise_ratio = -2: Input should be greater than 0"),
         ("quickstart", {"task.objective": "mine"}, "task.objective = 'mine': Input should be 'paper' or 'official-code'"),

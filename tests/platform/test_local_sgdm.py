@@ -132,6 +132,18 @@ def test_monitor_ratio_on_a_linear_model_matches_a_hand_computation():
     x = x0(task)
     d0, d1 = (aux_gradient(x, b) for b in task.monitor_batches())
     torch.testing.assert_close(monitor_ratios(task, x), torch.stack([(d0 / d1).mean().abs(), (d1 / d0).mean().abs()]))
+    magnitude = torch.stack([d0.abs().sum() / d1.abs().sum(), d1.abs().sum() / d0.abs().sum()])
+    torch.testing.assert_close(monitor_ratios(task, x, "magnitude"), magnitude)
+
+
+def test_magnitude_ratio_for_many_classes_reads_each_class_row():
+    delta = torch.tensor([[1.0, -2.0, 9.0, 9.0, 9.0, 9.0],
+                          [5.0, 5.0, 3.0, 0.0, 5.0, 5.0],
+                          [7.0, 7.0, 7.0, -7.0, 1.0, 1.0]])
+    rows = delta.view(3, 3, 2)
+    expected = [2 * rows[c, c].abs().sum() / (rows[:, c].abs().sum() - rows[c, c].abs().sum()) for c in range(3)]
+    torch.testing.assert_close(ratio_estimates(delta, "magnitude"), torch.stack(expected))
+    torch.testing.assert_close(ratio_estimates(torch.zeros(2, 3), "magnitude"), torch.ones(2))
 
 
 def test_ratio_for_many_classes_uses_each_class_row_and_skips_zero_denominators():
@@ -161,7 +173,7 @@ def test_prior_weights_are_the_inverse_frequency_ratios():
 
 def test_rl_round_weights_the_loss_with_the_monitors_broadcast_weights():
     lr, mu, steps, b = 0.2, 0.5, 2, 5
-    cfg = config("local-sgdm-rl", task="tiny-binary", lr=lr, momentum=mu, local_steps=steps, outer_batch=b)
+    cfg = config("local-sgdm-rl", task="tiny-binary", lr=lr, momentum=mu, local_steps=steps, outer_batch=b, ratio="entry-mean")
     task = build_task(cfg)
     x, buf = x0(task), torch.zeros(5)
     for r in range(2):
@@ -188,7 +200,8 @@ def test_rl_round_weights_the_loss_with_the_monitors_broadcast_weights():
 
 def test_rl_one_client_period_one_is_centralised_sgdm_on_the_ratio_loss():
     lr, mu, steps, b = 0.1, 0.9, 5, 6
-    cfg = config("local-sgdm-rl", task="tiny-binary", clients=1, lr=lr, momentum=mu, local_steps=1, outer_batch=b)
+    cfg = config("local-sgdm-rl", task="tiny-binary", clients=1, lr=lr, momentum=mu, local_steps=1, outer_batch=b,
+                 ratio="entry-mean")
     task = build_task(cfg)
     param = x0(task).clone().requires_grad_(True)
     sgd = torch.optim.SGD([param], lr=lr, momentum=mu)
