@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 import fedcomp
+from fedcomp.datasets.binary import OFFLINE_DATASETS
 from fedcomp.platform.config import load_config, preset_description, preset_names
 
 NEEDS_DATA = {"adult-fairness", "omniglot"}
@@ -13,7 +14,8 @@ NEEDS_DATA = {"adult-fairness", "omniglot"}
 def needs_external_data(config) -> bool:
     task = config.task
     return (config.task_name in NEEDS_DATA or getattr(task, "source", None) == "mnist"
-            or str(getattr(task, "dataset", "")).startswith("cifar"))
+            or str(getattr(task, "dataset", "")).startswith("cifar")
+            or (config.task_name == "imbalanced-binary" and task.dataset not in OFFLINE_DATASETS))
 
 
 @pytest.mark.parametrize("name", preset_names())

@@ -1,0 +1,134 @@
+"""The offline Table 1 (LocalSCGDAM paper) and Table 2 (FCSG paper, AUPRC) sweeps, measured side by side with
+the papers' numbers, and which of the papers' orderings hold on them.
+
+    python benchmarks/auc_tables.py [--out results] [--only table1|table2]   # writes benchmarks/AUC_TABLES.md
+
+Runs the sweep presets ``auc-table1-offline`` (270 trials) and ``auprc-table2-offline`` (60 trials) through
+``fedcomp.sweep`` on the local Ray (2 trials at a time on a 2-core machine), exactly as
+``fedcomp sweep auc-table1-offline`` would, then tabulates each sweep in its paper's layout with
+:func:`fedcomp.sweeps.report.paper_table` (each cell: the better of the preset's two step sizes, mean ± std of
+the final metric over 3 seeds). The papers' numbers come from EXPERIMENTS.md (E3, E10); the offline datasets are
+stand-ins for the papers' (see the presets), so the comparison is of orderings, not of values.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pandas as pd
+
+import fedcomp
+from fedcomp.sweeps.report import configurations, paper_table
+from fedcomp.sweeps.tuner import SweepResult
+
+HERE = Path(__file__).resolve().parent
+
+PAPER_TABLE2 = {  # FCSG paper, Table 2: final averaged AP on test data
+    "MNIST": {"fedavg": 0.9357, "coda-plus": 0.9733, "fcsg": 0.9868, "fcsg-m": 0.9878, "acc-fcsg-m": 0.9879},
+    "CIFAR-10": {"fedavg": 0.5059, "coda-plus": 0.6039, "fcsg": 0.7130, "fcsg-m": 0.7157, "acc-fcsg-m": 0.7184},
+}
+PAPER_TABLE1 = {  # LocalSCGDAM paper, Table 1 (test AUC, mean across devices), two of its six datasets
+    ("FashionMNIST", "local-scgdam"): (0.980, 0.980, 0.980),
+    ("FashionMNIST", "coda"): (0.976, 0.976, 0.976),
+    ("FashionMNIST", "local-sgdam"): (0.977, 0.977, 0.976),
+    ("FashionMNIST", "local-sgdm"): (0.963, 0.956, 0.955),
+    ("FashionMNIST", "local-sgdm-rl"): (0.980, 0.957, 0.962),
+    ("CIFAR10", "local-scgdam"): (0.914, 0.914, 0.916),
+    ("CIFAR10", "coda"): (0.890, 0.886, 0.883),
+    ("CIFAR10", "local-sgdam"): (0.893, 0.880, 0.880),
+    ("CIFAR10", "local-sgdm"): (0.883, 0.871, 0.874),
+    ("CIFAR10", "local-sgdm-rl"): (0.890, 0.904, 0.883),
+}
+TABLE1_METHODS = ("local-scgdam", "coda", "local-sgdam", "local-sgdm", "local-sgdm-rl")
+TABLE2_METHODS = ("fedavg", "coda-plus", "fcsg", "fcsg-m", "acc-fcsg-m")
+
+
+def best_means(result: SweepResult, group: list[str]) -> pd.DataFrame:
+    """Per ``group`` value combination, the best configuration's mean final metric (the table's cells)."""
+    metric, mode = result.spec.resolved_metric()
+    table = configurations(result.trials, result.spec, metric)
+    ordered = table.sort_values("mean", ascending=(mode == "min"), kind="stable")
+    return ordered.groupby(group, sort=False).head(1)
+
+
+def table1_orderings(result: SweepResult) -> list[str]:
+    cells = best_means(result, ["task.dataset", "algorithm.name", "algorithm.local_steps"])
+    lines, wins, total = [], 0, 0
+    for (dataset, p), group in cells.groupby(["task.dataset", "algorithm.local_steps"], sort=True):
+        ranking = group.sort_values("mean", ascending=False)
+        order = " > ".join(f"{r['algorithm.name']} {r['mean']:.4f}" for _, r in ranking.iterrows())
+        top = ranking.iloc[0]["algorithm.name"]
+        wins += top == "local-scgdam"
+        total += 1
+        lines.append(f"| {dataset} | {p} | {'yes' if top == 'local-scgdam' else 'no'} | {order} |")
+    head = [f"LocalSCGDAM has the best mean AUROC in {wins} of {total} (dataset, p) cells (the paper: all 18, one tie).",
+            "", "| dataset | p | LocalSCGDAM best | ranking by mean final AUROC |", "|---|---:|---|---|"]
+    return head + lines
+
+
+def table2_orderings(result: SweepResult) -> list[str]:
+    cells = best_means(result, ["task.dataset", "algorithm.name"])
+    lines = ["| dataset | ranking by mean final AP | FCSG family above CODA+ and FedAvg | CODA+ above FedAvg |",
+             "|---|---|---|---|"]
+    for dataset, group in cells.groupby("task.dataset", sort=True):
+        mean = dict(zip(group["algorithm.name"], group["mean"]))
+        ranking = " > ".join(f"{k} {v:.4f}" for k, v in sorted(mean.items(), key=lambda kv: -kv[1]))
+        family = min(mean[m] for m in ("fcsg", "fcsg-m", "acc-fcsg-m")) > max(mean["coda-plus"], mean["fedavg"])
+        lines.append(f"| {dataset} | {ranking} | {'yes' if family else 'no'} | {'yes' if mean['coda-plus'] > mean['fedavg'] else 'no'} |")
+    return lines
+
+
+def paper_tables() -> list[str]:
+    lines = ["Papers' numbers for reference (EXPERIMENTS.md E10 and E3):", "",
+             "| LocalSCGDAM Table 1 (AUC) | method | p = 4 | p = 8 | p = 16 |", "|---|---|---:|---:|---:|"]
+    lines += [f"| {d} | {m} | " + " | ".join(f"{v:.3f}" for v in values) + " |" for (d, m), values in PAPER_TABLE1.items()]
+    lines += ["", "| FCSG Table 2 (AP) | " + " | ".join(TABLE2_METHODS) + " |", "|---|" + "---:|" * len(TABLE2_METHODS)]
+    lines += [f"| {d} | " + " | ".join(f"{row[m]:.4f}" for m in TABLE2_METHODS) + " |" for d, row in PAPER_TABLE2.items()]
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default="results", help="where the sweeps write their folders")
+    parser.add_argument("--only", choices=["table1", "table2"])
+    args = parser.parse_args()
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    revision = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=HERE).stdout.strip()
+    sections, timings = [], {}
+    for key, preset, orderings in (("table1", "auc-table1-offline", table1_orderings),
+                                   ("table2", "auprc-table2-offline", table2_orderings)):
+        if args.only and args.only != key:
+            continue
+        started = time.time()
+        result = fedcomp.sweep(preset, overrides={"run.out": args.out})
+        timings[preset] = time.time() - started
+        trials = result.trials["trial"].nunique()
+        sections += [f"## `{preset}` ({trials} trials, {timings[preset] / 60:.1f} min, sweep folder `{result.path.name}`)", "",
+                     paper_table(result.trials, result.spec), *orderings(result), ""]
+        print(f"{preset}: {trials} trials in {timings[preset]:.0f} s", flush=True)
+    text = [
+        "# Imbalanced classification offline: Table 1 (LocalSCGDAM) and Table 2 (FCSG, AUPRC)",
+        "",
+        f"Generated by `python benchmarks/auc_tables.py` at revision {revision} on {os.cpu_count()} cores "
+        "(settings in the presets' comments; every number below comes from these runs). Cells: the better of the "
+        "preset's two step sizes, mean ± std over 3 seeds of the final metric.",
+        "",
+        *sections,
+        *paper_tables(),
+        "",
+    ]
+    target = HERE / "AUC_TABLES.md"
+    if args.only and target.exists():  # keep the other table's section from the last full run
+        print(f"--only: not overwriting {target}; printing instead")
+        print("\n".join(text))
+        return
+    target.write_text("\n".join(text))
+    print(f"wrote {target}")
+
+
+if __name__ == "__main__":
+    main()
