@@ -30,6 +30,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from fedcomp.datasets.checks import check_seed, class_labels
 from fedcomp.datasets.mnist import data_root
 
 __all__ = [
@@ -233,11 +234,11 @@ def step_imbalance(
     its ``"first"`` ones, or a uniformly ``"random"`` subset drawn from ``torch.Generator().manual_seed(seed)``
     (``seed`` required then, and only then). ``num_classes`` defaults to ``max(labels) + 1``.
     """
-    labels = _labels(labels)
+    labels = class_labels(labels)
     if keep not in ("last", "first", "random"):
         raise ValueError(f"keep = {keep!r}: allowed: 'last', 'first', 'random'")
     if keep == "random":
-        _check_seed(seed)
+        check_seed(seed)
     elif seed is not None:
         raise ValueError(f"seed = {seed!r}: only used with keep='random'; leave it None for keep={keep!r}")
     classes = int(labels.max()) + 1 if num_classes is None else num_classes
@@ -293,7 +294,7 @@ def cifar_st(
     """
     if variant not in CIFAR_ST_RATIOS:
         raise ValueError(f"variant = {variant!r}: allowed: {', '.join(map(repr, CIFAR_ST_RATIOS))}")
-    labels = _labels(labels)
+    labels = class_labels(labels)
     classes = int(labels.max()) + 1 if num_classes is None else num_classes
     if isinstance(classes, bool) or not isinstance(classes, int) or classes < 2:
         raise ValueError(f"num_classes = {num_classes!r}: must be an integer >= 2")
@@ -356,19 +357,3 @@ def _check_name(name: object) -> None:
 def _check_split(split: object) -> None:
     if split not in ("train", "test"):
         raise ValueError(f"split = {split!r}: allowed: 'train', 'test'")
-
-
-def _check_seed(seed: object) -> None:
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise ValueError(f"seed = {seed!r}: must be a non-negative integer")
-
-
-def _labels(labels: Tensor | Sequence[int]) -> Tensor:
-    labels = torch.as_tensor(labels)
-    if labels.ndim != 1 or labels.numel() == 0 or labels.is_floating_point() or labels.is_complex():
-        raise ValueError(
-            f"labels of shape {tuple(labels.shape)} and dtype {labels.dtype}: must be a non-empty 1-D integer tensor"
-        )
-    if labels.dtype == torch.bool or int(labels.min()) < 0:
-        raise ValueError("labels: must be non-negative integer class ids")
-    return labels.long()

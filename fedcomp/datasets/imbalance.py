@@ -29,6 +29,8 @@ from typing import Literal
 import torch
 from torch import Tensor
 
+from fedcomp.datasets.checks import check_seed, class_labels, seeded
+
 __all__ = ["POSITIVE_RULES", "binarize", "drop_positives", "positive_classes", "positives_first", "ratio_keep"]
 
 PositiveRule = Literal["first-half", "second-half"]
@@ -55,7 +57,7 @@ def positive_classes(classes: int, rule: PositiveRule) -> tuple[int, ...]:
 
 def binarize(labels: Tensor | Sequence[int], positives: Sequence[int]) -> Tensor:
     """int64 0/1 labels: 1 where the class id is in ``positives``, else 0."""
-    labels = _class_labels(labels)
+    labels = class_labels(labels)
     return torch.isin(labels, _positive_tensor(positives)).long()
 
 
@@ -74,7 +76,7 @@ def ratio_keep(binary: Tensor | Sequence[int], ratio: float, seed: int) -> Tenso
     binary = _binary_labels(binary)
     if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0 < ratio <= 0.5:
         raise ValueError(f"ratio = {ratio!r}: must be a number in (0, 0.5] (the positive share of the training part)")
-    _check_seed(seed)
+    check_seed(seed)
     negatives = torch.nonzero(binary == 0).flatten()
     positives = torch.nonzero(binary == 1).flatten()
     needed = math.floor(round(ratio / (1 - ratio) * negatives.numel(), 9))
@@ -88,7 +90,7 @@ def ratio_keep(binary: Tensor | Sequence[int], ratio: float, seed: int) -> Tenso
             f"ratio = {ratio!r}: needs {needed} positives next to {negatives.numel()} negatives, "
             f"but only {positives.numel()} are available"
         )
-    chosen = positives[torch.randperm(positives.numel(), generator=_generator(seed))[:needed]]
+    chosen = positives[torch.randperm(positives.numel(), generator=seeded(seed))[:needed]]
     return torch.sort(torch.cat([negatives, chosen])).values
 
 
@@ -102,12 +104,12 @@ def drop_positives(
     decimals before truncation (``0.2 * 6265`` is 1253, not 1252.99...). With MNIST's training counts and
     positives 5-9 at 0.2 this keeps 1084 + 1183 + 1253 + 1170 + 1189 = 5,879 positives (EXPERIMENTS.md E3).
     """
-    labels = _class_labels(labels)
+    labels = class_labels(labels)
     wanted = _positive_tensor(positives)
     if isinstance(keep_fraction, bool) or not isinstance(keep_fraction, (int, float)) or not 0 < keep_fraction <= 1:
         raise ValueError(f"keep_fraction = {keep_fraction!r}: must be a number in (0, 1]")
-    _check_seed(seed)
-    gen = _generator(seed)
+    check_seed(seed)
+    gen = seeded(seed)
     keep = ~torch.isin(labels, wanted)
     for c in torch.unique(wanted).tolist():
         members = torch.nonzero(labels == c).flatten()
@@ -152,31 +154,17 @@ def positives_first(pos: Tensor, neg: Tensor, size: int, positives: int, gen: to
     return torch.cat(parts)
 
 
-def _generator(seed: int) -> torch.Generator:
-    return torch.Generator().manual_seed(seed)
 
 
-def _check_seed(seed: object) -> None:
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise ValueError(f"seed = {seed!r}: must be a non-negative integer")
 
 
-def _class_labels(labels: Tensor | Sequence[int]) -> Tensor:
-    labels = torch.as_tensor(labels)
-    if labels.ndim != 1 or labels.numel() == 0 or labels.is_floating_point() or labels.is_complex():
-        raise ValueError(
-            f"labels of shape {tuple(labels.shape)} and dtype {labels.dtype}: must be a non-empty 1-D integer tensor"
-        )
-    if labels.dtype == torch.bool or int(labels.min()) < 0:
-        raise ValueError("labels: must be non-negative integer class ids")
-    return labels.long()
 
 
 def _binary_labels(binary: Tensor | Sequence[int]) -> Tensor:
     binary = torch.as_tensor(binary)
     if binary.dtype == torch.bool:
         binary = binary.long()
-    binary = _class_labels(binary)
+    binary = class_labels(binary)
     if int(binary.max()) > 1:
         raise ValueError(f"binary: must hold only 0 and 1, got values up to {int(binary.max())}")
     return binary

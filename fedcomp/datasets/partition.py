@@ -15,6 +15,7 @@ from typing import overload
 import torch
 from torch import Tensor
 
+from fedcomp.datasets.checks import check_seed, class_labels, seeded
 from fedcomp.datasets.synthetic import dirichlet as _dirichlet_draw
 
 __all__ = ["dirichlet", "iid", "label_shards", "stratified", "stride", "train_val_split"]
@@ -24,7 +25,7 @@ def iid(n: int, clients: int, per_client: int | None, seed: int) -> list[Tensor]
     """Disjoint uniformly random index sets of ``per_client`` each (``None``: ``n // clients``); the rest is unused."""
     _check_int("n", n, 1)
     _check_int("clients", clients, 1)
-    _check_seed(seed)
+    check_seed(seed)
     if per_client is None:
         per_client = n // clients
         if per_client == 0:
@@ -35,7 +36,7 @@ def iid(n: int, clients: int, per_client: int | None, seed: int) -> list[Tensor]
             f"per_client = {per_client}: clients * per_client = {clients * per_client} exceeds n = {n}; "
             f"allowed: at most {n // clients}"
         )
-    perm = torch.randperm(n, generator=_generator(seed))
+    perm = torch.randperm(n, generator=seeded(seed))
     return list(perm[: clients * per_client].view(clients, per_client).unbind(0))
 
 
@@ -48,11 +49,11 @@ def label_shards(
     chosen at random without replacement, so the data beyond ``clients * shards_per_client`` shards is
     unused (as in FedNest's long-tail code, where 14,818 images make 200 shards of 74).
     """
-    labels = _labels(labels)
+    labels = class_labels(labels)
     _check_int("clients", clients, 1)
     _check_int("shards_per_client", shards_per_client, 1)
     _check_int("shard_size", shard_size, 1)
-    _check_seed(seed)
+    check_seed(seed)
     n, needed = labels.numel(), clients * shards_per_client
     if needed * shard_size > n:
         raise ValueError(
@@ -61,7 +62,7 @@ def label_shards(
         )
     order = torch.sort(labels, stable=True).indices
     shards = order[: (n // shard_size) * shard_size].view(-1, shard_size)
-    picked = torch.randperm(shards.shape[0], generator=_generator(seed))[:needed]
+    picked = torch.randperm(shards.shape[0], generator=seeded(seed))[:needed]
     return list(shards[picked].view(clients, shards_per_client * shard_size).unbind(0))
 
 
@@ -73,18 +74,18 @@ def dirichlet(
     Every index goes to exactly one client. With ``min_size > 0`` the draw is repeated (from the same
     generator) until every client holds at least ``min_size`` examples, as in NIID-Bench.
     """
-    labels = _labels(labels)
+    labels = class_labels(labels)
     _check_int("clients", clients, 1)
     if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not math.isfinite(alpha) or alpha <= 0:
         raise ValueError(f"alpha = {alpha!r}: must be a positive finite number")
     _check_int("min_size", min_size, 0)
-    _check_seed(seed)
+    check_seed(seed)
     if clients * min_size > labels.numel():
         raise ValueError(
             f"min_size = {min_size}: clients * min_size exceeds the {labels.numel()} examples; "
             f"allowed: at most {labels.numel() // clients}"
         )
-    gen = _generator(seed)
+    gen = seeded(seed)
     classes = [torch.nonzero(labels == c).flatten() for c in torch.unique(labels).tolist()]
     for _ in range(1000):
         parts: list[list[Tensor]] = [[] for _ in range(clients)]
@@ -122,12 +123,12 @@ def stride(labels: Tensor | Sequence[int], clients: int, seed: int) -> list[Tens
     that array (N = ``clients``), in that order. D-AUPRC shuffles with NumPy, so the sizes and class counts
     match its code but the chosen rows do not.
     """
-    labels = _labels(labels)
+    labels = class_labels(labels)
     _check_int("clients", clients, 1)
-    _check_seed(seed)
+    check_seed(seed)
     if clients > labels.numel():
         raise ValueError(f"clients = {clients}: must be at most the {labels.numel()} examples")
-    gen = _generator(seed)
+    gen = seeded(seed)
     ordered = []
     for c in torch.unique(labels).tolist():
         members = torch.nonzero(labels == c).flatten()
@@ -151,8 +152,8 @@ def train_val_split(indices, fraction_train, seed):
     """
     if isinstance(fraction_train, bool) or not isinstance(fraction_train, (int, float)) or not 0 < fraction_train < 1:
         raise ValueError(f"fraction_train = {fraction_train!r}: must be a number strictly between 0 and 1")
-    _check_seed(seed)
-    gen = _generator(seed)
+    check_seed(seed)
+    gen = seeded(seed)
     if isinstance(indices, Tensor):
         return _split_one(_index_tensor(indices), fraction_train, gen)
     pairs = [_split_one(_index_tensor(part), fraction_train, gen) for part in indices]
@@ -166,8 +167,6 @@ def _split_one(indices: Tensor, fraction_train: float, gen: torch.Generator) -> 
     return shuffled[: n - n_val], shuffled[n - n_val :]
 
 
-def _generator(seed: int) -> torch.Generator:
-    return torch.Generator().manual_seed(seed)
 
 
 def _check_int(name: str, value: object, low: int) -> None:
@@ -176,20 +175,8 @@ def _check_int(name: str, value: object, low: int) -> None:
         raise ValueError(f"{name} = {value!r}: must be {kind}")
 
 
-def _check_seed(seed: object) -> None:
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise ValueError(f"seed = {seed!r}: must be a non-negative integer")
 
 
-def _labels(labels: Tensor | Sequence[int]) -> Tensor:
-    labels = torch.as_tensor(labels)
-    if labels.ndim != 1 or labels.numel() == 0 or labels.is_floating_point() or labels.is_complex():
-        raise ValueError(
-            f"labels of shape {tuple(labels.shape)} and dtype {labels.dtype}: must be a non-empty 1-D integer tensor"
-        )
-    if labels.dtype == torch.bool or int(labels.min()) < 0:
-        raise ValueError("labels: must be non-negative integer class ids")
-    return labels.long()
 
 
 def _index_tensor(indices: Tensor) -> Tensor:

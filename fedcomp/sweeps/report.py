@@ -110,7 +110,7 @@ def markdown(trials: pd.DataFrame, spec: SweepSpec, metric: str | None = None) -
     lines = [
         f"Final {metric} ({'higher' if mode == 'max' else 'lower'} is better), mean ± std over seeds.",
         "",
-        *([f"### In the paper's layout", "", paper_table(trials, spec, metric)] if spec.table else []),
+        *(["### In the paper's layout", "", paper_table(trials, spec, metric)] if spec.table else []),
         "### Best configuration per algorithm" + (f" and {', '.join(spec.panels)}" if spec.panels else ""),
         "",
         "| " + "".join(f"{p} | " for p in spec.panels) + f"algorithm | configuration | final {metric} | seeds |",

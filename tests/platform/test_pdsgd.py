@@ -135,7 +135,7 @@ def test_two_steps_match_a_hand_computation(divergence, scale, per_round):
         record = server.run_round()
         cohort = sample_cohort(SEED, t, K, per_round or K)
         xv = x.clone().requires_grad_(True)
-        primal, ghat, lagrangian = 0.0, torch.zeros(m), 0.0
+        primal, ghat = 0.0, torch.zeros(m)
         for k in cohort:
             positions = torch.randint(SIZES[k], (B,), generator=generator(SEED, "client-step", k, t))
             c = (K / len(cohort)) * SIZES[k] / B  # unbiased pooled sums over all m examples

@@ -73,7 +73,6 @@ from pydantic import Field, model_validator
 from torch import Tensor
 
 from fedcomp.platform.algorithms.base import (
-    Algorithm,
     ClientContext,
     Federation,
     RoundContext,
