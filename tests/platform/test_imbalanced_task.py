@@ -134,14 +134,6 @@ def test_compositional_inner_is_a_ce_step_and_its_vjp_matches_finite_differences
     torch.testing.assert_close(view.outer(g, y, zeta), auc_square_loss(h, zeta[1], g[31], g[32], y[0], task.prior))
 
 
-@pytest.mark.parametrize("shared", [False, True])
-def test_shared_batch_makes_xi_and_zeta_one_batch(shared):
-    view = make(shared_batch=shared).problem(COMPOSITIONAL_MINIMAX)
-    gen = torch.Generator().manual_seed(5)
-    xi, zeta = view.sample_inner(1, 16, gen), view.sample_outer(1, 16, gen)
-    assert torch.equal(xi[0], zeta[0]) == shared
-
-
 def test_conditional_kind_is_the_ap_surrogate_on_positives_first_batches():
     task = make(ap_margin=0.2)
     view = task.problem(CONDITIONAL)

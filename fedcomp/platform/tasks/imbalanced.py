@@ -29,7 +29,7 @@ convention, ALGORITHMS.md S6 [inferred]) or the raw logit; cross-entropy always 
   1.5): inner g(x; xi) = x - rho (grad_w CE(w; xi), 0, 0) on a CE batch xi, built with ``torch.func.grad``
   so that its vector-Jacobian product is the exact v - rho H v (a Hessian-vector product; the identity
   Jacobian is the algorithm's option); outer f(z, y; zeta) = the AUC loss with the weights and a, b taken
-  from z. xi and zeta are independent draws unless ``shared_batch`` (S5).
+  from z. xi and zeta are independent draws (LocalSCGDAM's ``algorithm.batches: shared`` makes them one, S5).
 * ``conditional`` (:class:`ConditionalView`) -- the AP surrogate for the FCSG family (EXPERIMENTS.md 1.3):
   outer samples = n positives of the client; inner batch = D-AUPRC's positives-first batch of m examples
   that starts with those n positives and continues with m - n negatives (``ap_inner: positives-first``,
@@ -125,7 +125,6 @@ class ImbalancedBinaryParams(Params):
         description="conditional kind's inner batch: the outer positives then negatives, or iid draws",
     )
     rho: float = Field(0.1, ge=0, description="rho of the compositional inner step g(x) = x - rho grad CE")
-    shared_batch: bool = Field(False, description="compositional kind: xi and zeta are one batch (S5)")
     monitor_per_class: int = Field(32, ge=1, description="examples per class of the Ratio Loss monitor's batches")
     eval_batch: int = Field(1000, ge=1, description="test examples per forward pass in evaluation")
     data_seed: int = Field(0, ge=0, description="seed of the construction, client split and monitor batches")
@@ -365,13 +364,6 @@ def _auroc(labels: np.ndarray, scores: np.ndarray) -> float:
     return float(roc_auc_score(labels, scores))
 
 
-def _peek(gen: torch.Generator) -> torch.Generator:
-    """A copy of ``gen`` in its current state (drawing from it leaves ``gen`` where it was)."""
-    copy = torch.Generator()
-    copy.set_state(gen.get_state())
-    return copy
-
-
 class _AUCView:
     """What the AUC kinds share: the prior, scores and labels of a batch (CoDA's dual restart), and (a, b)
     read off x with the margin of the loss (CODA+'s closed-form dual step)."""
@@ -409,15 +401,9 @@ class MinimaxView(_AUCView):
 
 
 class CompositionalMinimaxView(_AUCView):
-    """The ``compositional-minimax`` kind: g(x; xi) = x - rho (grad_w CE(w; xi), 0, 0), f(z, y; zeta) = AUC loss.
-
-    With ``shared_batch`` the two samplers draw from a copy of the generator's state without advancing it,
-    so the inner and outer draws of one size made from the same generator state are one batch (S5); a
-    second draw from an unchanged generator then repeats the batch too.
-    """
+    """The ``compositional-minimax`` kind: g(x; xi) = x - rho (grad_w CE(w; xi), 0, 0), f(z, y; zeta) = AUC loss."""
 
     def _draw(self, client: int, n: int, gen: torch.Generator) -> Batch:
-        gen = _peek(gen) if self.task.params.shared_batch else gen
         return self.task.batch_at(self.task.sample_positions(client, n, gen))
 
     def sample_inner(self, client: int, n: int, gen: torch.Generator) -> Batch:
