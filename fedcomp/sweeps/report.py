@@ -20,10 +20,12 @@ def _varying(trials: pd.DataFrame, spec: SweepSpec) -> list[str]:
 
 
 def final_rows(trials: pd.DataFrame) -> pd.DataFrame:
-    """Each trial's last evaluation row; trials stopped early (ASHA) are left out when others ran on."""
+    """Each trial's last evaluation row; trials stopped early (ASHA) -- whose last round is short of their own
+    ``run.rounds`` -- are left out when others ran on."""
     last = trials.sort_values("round").groupby("trial", sort=True).tail(1)
-    full = last["round"].max()
-    return last[last["round"] == full]
+    planned = last["run.rounds"] if "run.rounds" in last else pd.Series(last["round"].max(), index=last.index)
+    full = last[last["round"] >= planned]
+    return full if not full.empty else last[last["round"] == last["round"].max()]
 
 
 def configurations(trials: pd.DataFrame, spec: SweepSpec, metric: str | None = None) -> pd.DataFrame:
@@ -76,7 +78,9 @@ def paper_table(trials: pd.DataFrame, spec: SweepSpec, metric: str | None = None
         header = "| " + " | ".join(r.split(".", 1)[1] for r in rows) + " | " + " | ".join(f"{label} = {v}" for v in columns) + " |"
         lines = [f"Final {name}, mean ± std over seeds" + (" (at the configurations chosen by " + metric + ")" if name != metric else ""),
                  "", header, "|" + "---|" * len(rows) + "---:|" * len(columns)]
-        for key, group in chosen.groupby([(r, "") for r in rows], sort=False, dropna=False):
+        order = {r: {v: i for i, v in enumerate(dict.fromkeys(trials[r]))} for r in rows}  # the sweep's own order
+        ranked = chosen.assign(_order=[tuple(order[r].get(row[(r, "")], 0) for r in rows) for _, row in chosen.iterrows()])
+        for key, group in ranked.sort_values("_order", kind="stable").groupby([(r, "") for r in rows], sort=False, dropna=False):
             key = key if isinstance(key, tuple) else (key,)
             cells = []
             for value in columns:

@@ -49,3 +49,19 @@ def test_table_axes_must_be_sweep_axes():
         load_spec({**SPEC, "table": {"rows": ["task.dataset"], "columns": "algorithm.local_steps"}})
     with pytest.raises(ConfigError, match=r"table.metrics = 'auroc' is not reported by task"):
         load_spec({**SPEC, "table": {"rows": ["algorithm.name"], "columns": "algorithm.local_steps", "metrics": ["auroc"]}})
+
+
+def test_rows_keep_the_sweep_order_and_runs_of_fewer_planned_rounds_count():
+    """p = 8 trials plan half the rounds of p = 4 ones (a fixed iteration budget): their last round is final,
+    not an early stop; a trial stopped before its own run.rounds is left out. Rows follow the sweep's order,
+    not the ranking."""
+    frame = trials()
+    frame["run.rounds"] = frame["algorithm.local_steps"].map({4: 2, 8: 1})
+    frame = frame[~((frame["algorithm.local_steps"] == 8) & (frame["round"] == 2))]  # p = 8 ran 1 round
+    stopped = frame[frame["trial"] == "t0"].assign(trial="stopped", round=1, test_accuracy=0.99)
+    frame = pd.concat([frame, stopped.head(1)])
+    lines = paper_table(frame, load_spec(SPEC)).splitlines()
+    rows = [line for line in lines if line.startswith("| fcsg")]
+    assert rows[0].startswith("| fcsg |") and rows[1].startswith("| fcsg-m |")  # fcsg first though fcsg-m is better
+    # p = 8: the round-1 values (acc - 0.2) are the final ones; the stopped trial's 0.99 is ignored
+    assert rows[0] == "| fcsg | 0.5905 ± 0.0007 | 0.4305 ± 0.0007 |"
