@@ -36,9 +36,9 @@ def configurations(trials: pd.DataFrame, spec: SweepSpec, metric: str | None = N
         raise ValueError(f"metric {metric!r} is not in this sweep's trials; allowed: {allowed}")
     keys = _varying(trials, spec)
     finals = final_rows(trials)
-    table = (
+    table = (  # a seed whose final metric is nan (a diverged run) makes its configuration's mean nan
         finals.groupby(keys, dropna=False, sort=False)[metric]
-        .agg(mean="mean", std="std", seeds="count")
+        .agg(mean=lambda v: v.mean(skipna=False), std="std", seeds="size")
         .reset_index()
     )
     table["std"] = table["std"].fillna(0.0)
@@ -68,7 +68,8 @@ def paper_table(trials: pd.DataFrame, spec: SweepSpec, metric: str | None = None
     missing = [m for m in shown if m not in finals]
     if missing:
         raise ValueError(f"table metric {missing[0]!r} is not in this sweep's trials")
-    per_config = finals.groupby(keys, dropna=False, sort=False)[shown].agg(["mean", "std", "count"]).reset_index()
+    per_config = finals.groupby(keys, dropna=False, sort=False)[shown].agg(
+        [("mean", lambda v: v.mean(skipna=False)), "std", "size"]).reset_index()
     per_config = per_config.sort_values((metric, "mean"), ascending=(mode == "min"), kind="stable")
     chosen = per_config.groupby([(k, "") for k in [*rows, column]], sort=False, dropna=False).head(1)
     columns = list(dict.fromkeys(v for v in trials[column] if not _missing(v)))

@@ -248,3 +248,11 @@ def test_lockstep_clients_give_the_same_numbers():
     vec = fedcomp.run(base.replace(**{"federation.vectorise": True})).metrics
     np.testing.assert_allclose(vec["test_auroc"], one["test_auroc"], atol=1e-6)
     np.testing.assert_allclose(vec["train_loss"].iloc[1:], one["train_loss"].iloc[1:], rtol=1e-5)
+
+
+def test_a_diverged_model_scores_nan_instead_of_failing_the_run():
+    task = make()
+    x = task.init_params(torch.Generator().manual_seed(0))["x"]
+    x[0] = float("nan")
+    metrics = task.evaluator()({"x": x})
+    assert set(metrics) == set(task.metrics) and all(np.isnan(v) for v in metrics.values())

@@ -65,3 +65,12 @@ def test_rows_keep_the_sweep_order_and_runs_of_fewer_planned_rounds_count():
     assert rows[0].startswith("| fcsg |") and rows[1].startswith("| fcsg-m |")  # fcsg first though fcsg-m is better
     # p = 8: the round-1 values (acc - 0.2) are the final ones; the stopped trial's 0.99 is ignored
     assert rows[0] == "| fcsg | 0.5905 ± 0.0007 | 0.4305 ± 0.0007 |"
+
+
+def test_a_configuration_with_a_diverged_seed_is_not_chosen():
+    frame = trials()
+    diverged = (frame["algorithm.lr"] == 0.1) & (frame["run.seed"] == 1) & (frame["algorithm.name"] == "fcsg")
+    frame.loc[diverged & (frame["round"] == 2), "test_accuracy"] = float("nan")
+    lines = paper_table(frame, load_spec(SPEC)).splitlines()
+    # fcsg falls back to lr = 0.01: 0.5 + p/100 + mean(0, 0.001)
+    assert "| fcsg | 0.5405 ± 0.0007 | 0.5805 ± 0.0007 |" in lines

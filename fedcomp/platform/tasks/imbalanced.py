@@ -343,6 +343,8 @@ class ImbalancedBinary(Task):
         def evaluate(state: dict[str, Tensor]) -> dict[str, float]:
             logits = self.predict(state["x"], self.x_test)
             scores = logits.double().numpy()
+            if not np.isfinite(scores).all():  # a diverged model: no ranking to score (the run goes on)
+                return {name: float("nan") for name in self.metrics}
             per_client = np.array([_auroc(labels[s], scores[s]) for s in shares])
             return {
                 "test_auroc": _auroc(labels, scores),
