@@ -18,10 +18,10 @@ reproducible for a fixed packing.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Sequence
 
 import torch
-from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from fedcomp.platform.algorithms.base import LOCKSTEP, Algorithm, ClientContext, State, StepInfo
 
@@ -39,12 +39,19 @@ def can_lockstep(algorithm: Algorithm, problem: Any, program: str, clients: int)
 
 
 def _stack(trees: Sequence[Any]) -> Any:
-    """Stack equally shaped pytrees (tensors in tuples, lists, dicts or registered dataclasses) leaf by leaf."""
-    leaves, spec = tree_flatten(trees[0])
-    rest = [tree_flatten(t) for t in trees[1:]]
-    if any(s != spec or [x.shape for x in l] != [x.shape for x in leaves] for l, s in rest):
-        raise _ShapeMismatch
-    return tree_unflatten([torch.stack([leaf, *(l[i] for l, _ in rest)]) for i, leaf in enumerate(leaves)], spec)
+    """Stack equally shaped batches (tensors in tuples, lists, dicts or dataclasses) leaf by leaf."""
+    first = trees[0]
+    if isinstance(first, torch.Tensor):
+        if any(t.shape != first.shape for t in trees):
+            raise _ShapeMismatch
+        return torch.stack(list(trees))
+    if isinstance(first, (tuple, list)):
+        return type(first)(_stack([t[i] for t in trees]) for i in range(len(first)))
+    if isinstance(first, dict):
+        return {k: _stack([t[k] for t in trees]) for k in first}
+    if dataclasses.is_dataclass(first):
+        return type(first)(*(_stack([getattr(t, f.name) for t in trees]) for f in dataclasses.fields(first)))
+    raise TypeError(f"cannot stack a batch item of type {type(first).__name__}")
 
 
 class _ShapeMismatch(Exception):
@@ -104,8 +111,13 @@ def lockstep_local_steps(
 
 
 def _shapes(tree: Any) -> Any:
-    leaves, spec = tree_flatten(tree)
-    return spec, [tuple(leaf.shape) for leaf in leaves]
+    if isinstance(tree, torch.Tensor):
+        return tuple(tree.shape)
+    if isinstance(tree, (tuple, list)):
+        return tuple(_shapes(t) for t in tree)
+    if isinstance(tree, dict):
+        return tuple((k, _shapes(v)) for k, v in tree.items())
+    return tuple(_shapes(getattr(tree, f.name)) for f in dataclasses.fields(tree))
 
 
 def _equal_shape_runs(batches: Sequence[Any]) -> list[list[int]]:
@@ -120,4 +132,10 @@ def _equal_shape_runs(batches: Sequence[Any]) -> list[list[int]]:
 
 
 def _index(tree: Any, j: int) -> Any:
-    return tree_map(lambda leaf: leaf[j], tree)
+    if isinstance(tree, torch.Tensor):
+        return tree[j]
+    if isinstance(tree, (tuple, list)):
+        return type(tree)(_index(t, j) for t in tree)
+    if isinstance(tree, dict):
+        return {k: _index(v, j) for k, v in tree.items()}
+    return type(tree)(*(_index(getattr(tree, f.name), j) for f in dataclasses.fields(tree)))
