@@ -90,8 +90,11 @@ def paper_table(trials: pd.DataFrame, spec: SweepSpec, metric: str | None = None
                     cells.append("–")
                     continue
                 row = cell.iloc[0]
-                std = row[(name, "std")]
-                cells.append(f"{row[(name, 'mean')]:.4f} ± {0.0 if std != std else std:.4f}")
+                mean, std = row[(name, "mean")], row[(name, "std")]
+                if mean != mean:  # every configuration of the cell has a seed whose metric is nan
+                    cells.append("diverged")
+                    continue
+                cells.append(f"{mean:.4f} ± {0.0 if std != std else std:.4f}")
             lines.append("| " + " | ".join(str(k) for k in key) + " | " + " | ".join(cells) + " |")
         blocks.append("\n".join(lines))
     return "\n\n".join(blocks) + "\n"

@@ -74,3 +74,10 @@ def test_a_configuration_with_a_diverged_seed_is_not_chosen():
     lines = paper_table(frame, load_spec(SPEC)).splitlines()
     # fcsg falls back to lr = 0.01: 0.5 + p/100 + mean(0, 0.001)
     assert "| fcsg | 0.5405 ± 0.0007 | 0.5805 ± 0.0007 |" in lines
+
+
+def test_a_cell_whose_every_configuration_diverged_says_so():
+    frame = trials()
+    frame.loc[(frame["algorithm.name"] == "fcsg") & (frame["algorithm.local_steps"] == 4) & (frame["run.seed"] == 0)
+              & (frame["round"] == 2), "test_accuracy"] = float("nan")
+    assert "| fcsg | diverged | 0.6305 ± 0.0007 |" in paper_table(frame, load_spec(SPEC)).splitlines()
