@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 from fedcomp.api import make_server
+from fedcomp.bench import SECTION_MARK
 from fedcomp.platform.config import load_config
 from fedcomp.platform.federation import build_algorithm, build_task
 from fedcomp.platform.registry import TASKS, load_builtins
@@ -56,7 +57,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--publish", action="store_true", help="only copy the last VECTORISED.md into RESULTS.md")
     args = parser.parse_args()
+    if args.publish:
+        publish((HERE / "VECTORISED.md").read_text())
+        return
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     torch.set_num_threads(1)
     load_builtins()
@@ -98,6 +103,17 @@ def main() -> None:
     text = "\n".join(header + lines) + "\n"
     print(text)
     (HERE / "VECTORISED.md").write_text(text)
+    publish(text)
+
+
+def publish(text: str) -> None:
+    """Put this run's table into benchmarks/RESULTS.md as its own section, replacing the previous one."""
+    results = HERE / "RESULTS.md"
+    mark = f"{SECTION_MARK}vectorised.py -->"
+    body = results.read_text() if results.exists() else ""
+    body = body[: body.index(mark)].rstrip() if mark in body else body.rstrip()
+    section = text.replace("# Lockstep (vmap) vs one-at-a-time local steps", "## Vectorised clients: lockstep (vmap) vs one at a time", 1)
+    results.write_text(f"{body}\n\n{mark}\n{section}")
 
 
 if __name__ == "__main__":
