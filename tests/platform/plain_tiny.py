@@ -19,9 +19,11 @@ from pydantic import Field
 from torch import Tensor
 
 from fedcomp.platform.config import Params, load_config
+from fedcomp.platform.federation import LocalFederation
 from fedcomp.platform.problems import PLAIN
 from fedcomp.platform.registry import TASKS, register_task
 from fedcomp.platform.rng import generator
+from fedcomp.platform.server import Server
 from fedcomp.platform.tasks.base import Task
 
 SEED = 0
@@ -138,3 +140,16 @@ def config(algorithm: str, task: str = "tiny-quadratics", clients: int = 2, task
 def step_gen(client: int, step: int) -> torch.Generator:
     """The generator a client's local step ``step`` draws from (what ClientContext.rng gives)."""
     return generator(SEED, "client-step", client, step)
+
+
+def x0(task: Task) -> torch.Tensor:
+    """The run's initial x (the server draws it from the same keyed stream)."""
+    return task.init_params(generator(SEED, "init"))["x"]
+
+
+def run(cfg: Any, rounds: int) -> Server:
+    """A local-backend server after ``rounds`` rounds."""
+    server = Server(cfg, LocalFederation)
+    for _ in range(rounds):
+        server.run_round()
+    return server

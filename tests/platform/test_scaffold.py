@@ -11,20 +11,8 @@ import fedcomp
 from fedcomp.platform.config import load_config
 from fedcomp.platform.errors import ConfigError
 from fedcomp.platform.federation import LocalFederation, build_task
-from fedcomp.platform.rng import generator
 from fedcomp.platform.server import Server, sample_cohort
-from tests.platform.plain_tiny import SEED, config, step_gen
-
-
-def x0(task) -> torch.Tensor:
-    return task.init_params(generator(SEED, "init"))["x"]
-
-
-def run(cfg, rounds: int) -> Server:
-    server = Server(cfg, LocalFederation)
-    for _ in range(rounds):
-        server.run_round()
-    return server
+from tests.platform.plain_tiny import SEED, config, run, step_gen, x0
 
 
 @pytest.mark.parametrize("clients, cohort, control, server_lr", [
