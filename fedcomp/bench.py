@@ -507,6 +507,13 @@ SECTION_MARK = "<!-- section written by benchmarks/"
 """Where the sections other scripts add to RESULTS.md begin (kept when the peers harness rewrites it)."""
 
 
+def write_results(path: Path, text: str) -> None:
+    """Write the harness's report to ``path``, keeping the sections other scripts published there."""
+    old = path.read_text() if path.exists() else ""
+    kept = "\n" + old[old.index(SECTION_MARK):] if SECTION_MARK in old else ""
+    path.write_text(text + "\n" + kept)
+
+
 def repo_root() -> Any:
     from pathlib import Path
 
@@ -825,10 +832,7 @@ def peers_main(args: argparse.Namespace) -> int:
     print(text)
     if results.name != "-":
         results.parent.mkdir(parents=True, exist_ok=True)
-        kept = ""  # sections other benchmarks publish into RESULTS.md (e.g. benchmarks/vectorised.py) survive
-        if results.exists() and SECTION_MARK in results.read_text():
-            kept = "\n" + results.read_text()[results.read_text().index(SECTION_MARK):]
-        results.write_text(text + "\n" + kept)
+        write_results(results, text)
         _progress(f"wrote {results}")
     return 0
 

@@ -195,3 +195,13 @@ def test_peers_quick_with_fedcomp_runners_only(tmp_path, capsys):
         assert float(cells["round (ms)"]) > 0 and float(cells["peak memory (MiB)"]) > 10
         assert float(cells["start-up (s)"]) > 0 and float(cells["test acc"]) > 0
     assert "machine:" in text and "load average" in text and "fedcomp bench --peers --quick" in text
+
+
+def test_rewriting_results_keeps_sections_other_scripts_published(tmp_path):
+    results = tmp_path / "RESULTS.md"
+    bench.write_results(results, "# peers, first run")
+    results.write_text(results.read_text() + f"\n{bench.SECTION_MARK}vectorised.py -->\n## Vectorised\n| table |\n")
+    bench.write_results(results, "# peers, second run")
+    text = results.read_text()
+    assert text.startswith("# peers, second run") and "first run" not in text
+    assert text.endswith(f"{bench.SECTION_MARK}vectorised.py -->\n## Vectorised\n| table |\n")
