@@ -507,8 +507,11 @@ SECTION_MARK = "<!-- section written by benchmarks/"
 """Where the sections other scripts add to RESULTS.md begin (kept when the peers harness rewrites it)."""
 
 
-def write_results(path: Path, text: str) -> None:
+def write_results(path: "os.PathLike[str] | str", text: str) -> None:
     """Write the harness's report to ``path``, keeping the sections other scripts published there."""
+    from pathlib import Path
+
+    path = Path(path)
     old = path.read_text() if path.exists() else ""
     kept = "\n" + old[old.index(SECTION_MARK):] if SECTION_MARK in old else ""
     path.write_text(text + "\n" + kept)
