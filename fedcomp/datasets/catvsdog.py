@@ -18,6 +18,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from fedcomp.datasets.checks import check_split, require_files
 from fedcomp.datasets.mnist import data_root
 
 __all__ = ["CATVSDOG_FILES", "CATVSDOG_FOLDER", "CATVSDOG_TEST_SIZE", "load_catvsdog", "write_catvsdog"]
@@ -44,19 +45,12 @@ def load_catvsdog(
         FileNotFoundError: a file is missing (one line naming the folder and the files).
         ValueError: bad ``split``/``test_size``, or arrays of the wrong shape, dtype or values.
     """
-    if split not in ("train", "test"):
-        raise ValueError(f"split = {split!r}: allowed: 'train', 'test'")
+    check_split(split)
     if isinstance(test_size, bool) or not isinstance(test_size, int) or test_size < 1:
         raise ValueError(f"test_size = {test_size!r}: must be a positive integer")
     root = data_root() if root is None else Path(root).expanduser()
     folder = root / CATVSDOG_FOLDER
-    missing = [f for f in CATVSDOG_FILES if not (folder / f).is_file()]
-    if missing:
-        raise FileNotFoundError(
-            f"catvsdog not found: {folder} must hold {', '.join(CATVSDOG_FILES)} "
-            f"({'none is there' if len(missing) == len(CATVSDOG_FILES) else 'missing: ' + ', '.join(missing)}); "
-            "extract LibAUC's cat_vs_dog archive into the data root"
-        )
+    require_files("catvsdog", folder, CATVSDOG_FILES, "extract LibAUC's cat_vs_dog archive into the data root")
     images = np.load(folder / CATVSDOG_FILES[0], mmap_mode="r", allow_pickle=False)
     labels = np.load(folder / CATVSDOG_FILES[1], allow_pickle=False)
     n = images.shape[0] if images.ndim else 0

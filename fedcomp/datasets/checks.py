@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 
 import torch
 from torch import Tensor
@@ -28,3 +29,19 @@ def class_labels(labels: Tensor | Sequence[int]) -> Tensor:
     if labels.dtype == torch.bool or int(labels.min()) < 0:
         raise ValueError("labels: must be non-negative integer class ids")
     return labels.long()
+
+
+def check_split(split: object) -> None:
+    if split not in ("train", "test"):
+        raise ValueError(f"split = {split!r}: allowed: 'train', 'test'")
+
+
+def require_files(name: str, folder: Path, files: Sequence[str], hint: str) -> None:
+    """One-line ``FileNotFoundError`` naming the folder and the files it lacks (the loaders' first check, so that
+    torchvision's download hint never shows)."""
+    missing = [f for f in files if not (folder / f).is_file()]
+    if missing:
+        raise FileNotFoundError(
+            f"{name} not found: {folder} must hold {', '.join(files)} "
+            f"({'none is there' if len(missing) == len(files) else 'missing: ' + ', '.join(missing)}); {hint}"
+        )

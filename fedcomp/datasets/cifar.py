@@ -30,7 +30,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from fedcomp.datasets.checks import check_seed, class_labels
+from fedcomp.datasets.checks import check_seed, check_split, class_labels, require_files
 from fedcomp.datasets.mnist import data_root
 
 __all__ = [
@@ -85,20 +85,15 @@ def load_cifar(
         ValueError: bad ``name``/``split``, or the files fail the md5 check.
     """
     _check_name(name)
-    _check_split(split)
+    check_split(split)
     if not isinstance(verify_md5, bool):
         raise ValueError(f"verify_md5 = {verify_md5!r}: must be True or False")
     root = data_root() if root is None else Path(root).expanduser()
     folder = root / CIFAR_FOLDERS[name]
     files = CIFAR_FILES[name]
     expected = [*files["train"], *files["test"], files["meta"]]
-    missing = [f for f in expected if not (folder / f).is_file()]
-    if missing:
-        raise FileNotFoundError(
-            f"{name} not found: {folder} must hold {', '.join(expected)} "
-            f"({'none is there' if len(missing) == len(expected) else 'missing: ' + ', '.join(missing)}); "
-            "extract the python-version archive from https://www.cs.toronto.edu/~kriz/cifar.html into the data root"
-        )
+    require_files(name, folder, expected,
+                  "extract the python-version archive from https://www.cs.toronto.edu/~kriz/cifar.html into the data root")
     cls = _dataset_class(name, verify_md5)
     try:
         dataset = cls(str(root), train=split == "train", download=False)
@@ -149,7 +144,7 @@ def write_cifar_batches(
     names. Files are replaced atomically. torchvision reads all files of both splits, so write both.
     """
     _check_name(name)
-    _check_split(split)
+    check_split(split)
     data = _images(images)
     targets = _label_array(labels, data.shape[0], _CLASSES[name])
     folder = Path(root).expanduser() / CIFAR_FOLDERS[name]
@@ -353,7 +348,3 @@ def _check_name(name: object) -> None:
     if name not in CIFAR_FOLDERS:
         raise ValueError(f"name = {name!r}: allowed: 'cifar10', 'cifar100'")
 
-
-def _check_split(split: object) -> None:
-    if split not in ("train", "test"):
-        raise ValueError(f"split = {split!r}: allowed: 'train', 'test'")

@@ -28,6 +28,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from fedcomp.datasets.checks import check_split
 from fedcomp.datasets.mnist import data_root
 
 __all__ = ["MELANOMA_COLUMNS", "MELANOMA_FOLDER", "load_melanoma", "melanoma_split", "write_melanoma"]
@@ -78,8 +79,7 @@ def load_melanoma(
         FileNotFoundError: ``train.csv`` or an image of the split is missing (one line).
         ValueError: bad arguments, a malformed CSV, or an image that is not a decodable JPEG.
     """
-    if split not in ("train", "test"):
-        raise ValueError(f"split = {split!r}: allowed: 'train', 'test'")
+    check_split(split)
     if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
         raise ValueError(f"size = {size!r}: must be a positive integer or None (keep the stored size)")
     root = data_root() if root is None else Path(root).expanduser()

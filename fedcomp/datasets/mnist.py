@@ -26,6 +26,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from fedcomp.datasets.checks import check_split, require_files
+
 __all__ = [
     "IDX_FILES",
     "IDX_FOLDERS",
@@ -84,16 +86,11 @@ def _load_idx_dataset(
     name: str, split: Split, root: str | os.PathLike[str] | None, hint: str
 ) -> tuple[Tensor, Tensor]:
     """Read one split of an MNIST-family dataset through its torchvision class, after checking the files."""
-    _check_split(split)
+    check_split(split)
     root = data_root() if root is None else Path(root).expanduser()
     raw, processed = root / name / "raw", root / name / "processed"
-    missing = [file for file in IDX_FILES if not (raw / file).is_file()]
-    legacy = all((processed / file).is_file() for file in ("training.pt", "test.pt"))
-    if missing and not legacy:
-        raise FileNotFoundError(
-            f"{name} not found: {raw} must hold {', '.join(IDX_FILES)} "
-            f"({'none is there' if len(missing) == len(IDX_FILES) else 'missing: ' + ', '.join(missing)}); {hint}"
-        )
+    if not all((processed / file).is_file() for file in ("training.pt", "test.pt")):  # torchvision's legacy pair
+        require_files(name, raw, IDX_FILES, hint)
     import torchvision.datasets
 
     dataset = getattr(torchvision.datasets, name)(str(root), train=split == "train", download=False)
@@ -141,7 +138,7 @@ def per_class_holdout(labels: Tensor, per_class: int) -> tuple[Tensor, Tensor]:
 
 def load_mnist5k_split(split: Split, test_per_class: int = 100) -> tuple[Tensor, Tensor]:
     """A deterministic train/test split of the 5k subset: the last ``test_per_class`` of each digit are test."""
-    _check_split(split)
+    check_split(split)
     images, labels = load_mnist5k()
     train, test = per_class_holdout(labels, test_per_class)
     index = train if split == "train" else test
@@ -162,7 +159,7 @@ def write_idx(
     torchvision class whose folder is written (:data:`IDX_FOLDERS`). Images are [N, H, W] and labels [N],
     both with integer values in 0..255. Files are replaced atomically; returns (images path, labels path).
     """
-    _check_split(split)
+    check_split(split)
     if name not in IDX_FOLDERS:
         raise ValueError(f"name = {name!r}: allowed: {', '.join(map(repr, IDX_FOLDERS))}")
     images, labels = _bytes("images", images, 3), _bytes("labels", labels, 1)
@@ -218,11 +215,6 @@ def long_tail(
     for c, size in enumerate(sizes):
         keep[torch.nonzero(labels == c).flatten()[:size]] = True
     return torch.nonzero(keep).flatten()
-
-
-def _check_split(split: object) -> None:
-    if split not in _PREFIX:
-        raise ValueError(f"split = {split!r}: allowed: 'train', 'test'")
 
 
 def _class_labels(labels: Tensor) -> Tensor:

@@ -24,6 +24,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from fedcomp.datasets.checks import check_split, require_files
 from fedcomp.datasets.mnist import data_root
 
 __all__ = ["STL10_CLASSES", "STL10_FILES", "STL10_FOLDER", "load_stl10", "write_stl10"]
@@ -54,19 +55,13 @@ def load_stl10(
         FileNotFoundError: one of the five files is missing (one line naming the folder and the files).
         ValueError: bad ``split``/``verify_md5``, files failing the md5 check, or inconsistent file sizes.
     """
-    if split not in ("train", "test"):
-        raise ValueError(f"split = {split!r}: allowed: 'train', 'test'")
+    check_split(split)
     if not isinstance(verify_md5, bool):
         raise ValueError(f"verify_md5 = {verify_md5!r}: must be True or False")
     root = data_root() if root is None else Path(root).expanduser()
     folder = root / STL10_FOLDER
-    missing = [f for f in STL10_FILES if not (folder / f).is_file()]
-    if missing:
-        raise FileNotFoundError(
-            f"stl10 not found: {folder} must hold {', '.join(STL10_FILES)} "
-            f"({'none is there' if len(missing) == len(STL10_FILES) else 'missing: ' + ', '.join(missing)}); "
-            "extract the binary archive from https://cs.stanford.edu/~acoates/stl10/ into the data root"
-        )
+    require_files("stl10", folder, STL10_FILES,
+                  "extract the binary archive from https://cs.stanford.edu/~acoates/stl10/ into the data root")
     try:
         dataset = _dataset_class(verify_md5)(str(root), split=split, download=False)
     except RuntimeError:  # torchvision's "not found or corrupted" after a failed md5 check
