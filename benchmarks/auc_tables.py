@@ -23,7 +23,7 @@ from pathlib import Path
 import pandas as pd
 
 import fedcomp
-from fedcomp.sweeps.report import configurations, paper_table
+from fedcomp.sweeps.report import best_configurations, paper_table
 from fedcomp.sweeps.tuner import SweepResult, load_sweep
 
 HERE = Path(__file__).resolve().parent
@@ -68,10 +68,7 @@ TABLE2_METHODS = ("fedavg", "coda-plus", "fcsg", "fcsg-m", "acc-fcsg-m")
 
 def best_means(result: SweepResult, group: list[str]) -> pd.DataFrame:
     """Per ``group`` value combination, the best configuration's mean final metric (the table's cells)."""
-    metric, mode = result.spec.resolved_metric()
-    table = configurations(result.trials, result.spec, metric)
-    ordered = table.sort_values("mean", ascending=(mode == "min"), kind="stable")
-    return ordered.groupby(group, sort=False).head(1)
+    return best_configurations(result.trials, result.spec, by=group)
 
 
 def table1_orderings(result: SweepResult) -> list[str]:

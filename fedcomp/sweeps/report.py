@@ -45,13 +45,17 @@ def configurations(trials: pd.DataFrame, spec: SweepSpec, metric: str | None = N
     return table
 
 
-def best_configurations(trials: pd.DataFrame, spec: SweepSpec, metric: str | None = None) -> pd.DataFrame:
-    """Per algorithm, the configuration with the best mean final metric (the spec's mode)."""
+def best_configurations(
+    trials: pd.DataFrame, spec: SweepSpec, metric: str | None = None, by: list[str] | None = None
+) -> pd.DataFrame:
+    """Per value combination of ``by`` (default: the panels and the algorithm), the configuration with the best
+    mean final metric (the spec's mode)."""
     _, mode = spec.resolved_metric()
+    by = by or [*spec.panels, "algorithm.name"]
     table = configurations(trials, spec, metric)
     ordered = table.sort_values("mean", ascending=(mode == "min"), kind="stable")
-    best = ordered.groupby([*spec.panels, "algorithm.name"], sort=True, dropna=False).head(1)
-    return best.sort_values([*spec.panels, "algorithm.name"], kind="stable").reset_index(drop=True)
+    best = ordered.groupby(by, sort=True, dropna=False).head(1)
+    return best.sort_values(by, kind="stable").reset_index(drop=True)
 
 
 def paper_table(trials: pd.DataFrame, spec: SweepSpec, metric: str | None = None) -> str:
