@@ -78,7 +78,12 @@ class RunConfig(Params):
     checkpoint_every: int = Field(10, ge=1, description="checkpoint every this many rounds")
     out: str = Field("results", description="results root; each run writes <out>/<run-id>/")
     name: str | None = Field(None, description="run-id prefix (default: <algorithm>_<task>)")
-    progress: Literal["auto", "bar", "log", "none"] = "auto"
+    progress: Literal["auto", "bar", "log", "none"] = Field(
+        "auto", description="a bar in a terminal, log lines otherwise (auto), or none"
+    )
+    track: Literal["none", "tensorboard", "mlflow", "wandb"] = Field(
+        "tensorboard", description="experiment tracking written next to the results (see fedcomp.platform.tracking)"
+    )
 
 
 @dataclass(frozen=True)

@@ -22,9 +22,12 @@ from typing import Any, Callable, Iterator
 import pandas as pd
 import torch
 
-from fedcomp.platform import results
+from fedcomp.platform import results, tracking
 from fedcomp.platform.config import Config, load_config
+from fedcomp.platform.curves import CURVES, write_curves
+from fedcomp.platform.environment import environment
 from fedcomp.platform.errors import ConfigError
+from fedcomp.platform.progress import RunProgress, output_mode
 from fedcomp.platform.registry import TASKS
 from fedcomp.platform.server import Counters, ServerLike
 
@@ -58,39 +61,6 @@ def _versions() -> dict[str, str]:
     if "ray" in sys.modules:
         versions["ray"] = sys.modules["ray"].__version__
     return versions
-
-
-class _Progress:
-    """A tqdm bar in a terminal, a log line every ~10% of the run otherwise, or nothing."""
-
-    def __init__(self, config: Config, start: int, headline: str) -> None:
-        mode = config.run.progress
-        if mode == "auto":
-            mode = "bar" if sys.stderr.isatty() else "log"
-        self.mode, self.total, self.headline = mode, config.run.rounds, headline
-        self.every = max(1, config.run.rounds // 10)
-        self.bar = None
-        if mode == "bar":
-            from tqdm.auto import tqdm
-
-            self.bar = tqdm(total=self.total, initial=start, unit="round", dynamic_ncols=True, leave=False)
-
-    def update(self, row: dict[str, Any] | None, round: int) -> None:
-        if self.bar is not None:
-            self.bar.update(1)
-            if row is not None:
-                self.bar.set_postfix({self.headline: f"{row[self.headline]:.4f}"}, refresh=False)
-        elif self.mode == "log" and row is not None and (round % self.every == 0 or round == self.total):
-            print(
-                f"round {round}/{self.total}  {self.headline}={row[self.headline]:.4f}  "
-                f"train_loss={row['train_loss']:.4f}  wall={row['wall_time']:.1f}s",
-                file=sys.stderr,
-                flush=True,
-            )
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
 
 
 def _meta(config: Config, run_id: str, backend_info: dict[str, Any], status: str, **extra: Any) -> dict[str, Any]:
@@ -167,19 +137,27 @@ def execute(
         run_id = new_run_id(config)
         run_dir = Path(config.run.out) / run_id
 
+    tracking.require(config.run.track)
     t_start = time.perf_counter()
-    server = make_server(config)
+    with output_mode(config.run.progress):  # "starting local Ray ..." follows run.progress
+        server = make_server(config)
     startup_s = time.perf_counter() - t_start
     backend_info = server.describe()
+    env = environment(backend_info)
     created = checkpoint is None
+    start = checkpoint["server"]["counters"]["round"] if checkpoint else 0
+    tracker: tracking.Tracker = tracking.Tracker()
     try:
         if checkpoint is None:
             run_dir.mkdir(parents=True, exist_ok=False)
-            results.write_json(run_dir / results.RUN_JSON, _meta(config, run_id, backend_info, "running"))
-        progress = _Progress(config, checkpoint["server"]["counters"]["round"] if checkpoint else 0, headline)
+            results.write_json(run_dir / results.RUN_JSON, _meta(config, run_id, backend_info, "running", environment=env))
+        tracker = tracking.open_tracker(config.run.track, run_dir, config.to_dict(), run_id, start)
+        progress = RunProgress(config.run.rounds, start, headline, config.run.progress, label=config.algorithm_name)
         try:
             for step in drive(config, server, checkpoint):
-                progress.update(step.row, step.round)
+                progress.update(step.round, step.rows[-1])
+                if step.row is not None:
+                    tracker.log_row(step.row)
                 if step.checkpoint is not None:
                     results.write_checkpoint(run_dir / results.CHECKPOINT, step.checkpoint)
                     results.write_metrics(run_dir / results.METRICS, step.rows)
@@ -187,23 +165,33 @@ def execute(
                 rows, wall = step.rows, step.wall_time
         finally:
             progress.close()
-        results.write_json(
-            run_dir / results.RUN_JSON,
-            _meta(config, run_id, backend_info, "completed", timings={"startup_s": startup_s, "train_s": wall}),
-        )
+        _draw_curves(run_dir, rows, headline, run_id)
+        meta = _meta(config, run_id, backend_info, "completed", environment=env,
+                     timings={"startup_s": startup_s, "train_s": wall})
+        results.write_json(run_dir / results.RUN_JSON, meta)
+        tracker.finish("completed", meta, [run_dir / name for name in (results.RUN_JSON, results.METRICS, CURVES)])
     except BaseException as error:
         if created:
+            tracker.discard()
             shutil.rmtree(run_dir, ignore_errors=True)
         elif (run_dir / results.RUN_JSON).is_file():
             note = f"{type(error).__name__}: {error}"[:500]
-            results.write_json(
-                run_dir / results.RUN_JSON,
-                _meta(config, run_id, backend_info, "interrupted", error=note, resume=f"fedcomp run --resume {run_dir}"),
-            )
+            meta = _meta(config, run_id, backend_info, "interrupted", environment=env, error=note,
+                         resume=f"fedcomp run --resume {run_dir}")
+            results.write_json(run_dir / results.RUN_JSON, meta)
+            tracker.finish("interrupted", meta, [run_dir / results.RUN_JSON, run_dir / results.METRICS])
         raise
     finally:
         server.close()
     return RunResult(run_dir, config, pd.DataFrame(rows))
+
+
+def _draw_curves(run_dir: Path, rows: list[dict[str, Any]], headline: str, run_id: str) -> None:
+    """``curves.png``; a plotting failure is reported, not allowed to fail a finished run."""
+    try:
+        write_curves(run_dir, pd.DataFrame(rows), headline, title=run_id)
+    except Exception as error:
+        print(f"fedcomp: warning: could not draw {CURVES} ({type(error).__name__}: {error})", file=sys.stderr)
 
 
 def build_task_metrics(config: Config) -> tuple[str, ...]:

@@ -16,7 +16,9 @@ def test_run_writes_parquet_and_run_json(tmp_path):
     result = fedcomp.run("quickstart", small(**{"run.out": str(tmp_path), "run.rounds": 5, "run.eval_every": 2}))
     run_dir = result.run_dir
     assert run_dir.parent == tmp_path
-    assert sorted(p.name for p in run_dir.iterdir()) == ["checkpoint.pt", "metrics.parquet", "run.json"]
+    # curves.png and the default tracking (run.track: tensorboard) sit next to the results
+    assert sorted(p.name for p in run_dir.iterdir()) == [
+        "checkpoint.pt", "curves.png", "metrics.parquet", "run.json", "tensorboard"]
     df = pd.read_parquet(run_dir / "metrics.parquet")
     assert df["round"].tolist() == [0, 2, 4, 5]  # initial model, every 2 rounds, and the last round
     for column in ("comm_rounds", "local_steps", "samples", "floats_up", "floats_down", "wall_time",

@@ -1,0 +1,99 @@
+"""The environment a run ran in, recorded in ``run.json`` so that ``fedcomp verify`` can say when a
+re-run's environment differs from the original's: package versions, the git revision of the fedcomp
+source (when it is a git checkout), host, CPU model, OS, and the devices the clients computed on."""
+
+from __future__ import annotations
+
+import platform
+import subprocess
+from importlib import metadata
+from pathlib import Path
+from typing import Any, Mapping
+
+PACKAGES = ("fedcomp", "torch", "numpy", "ray", "pandas", "pyarrow", "scikit-learn", "torchvision")
+"""Distributions whose versions can change a run's numbers or its files."""
+
+
+def package_versions() -> dict[str, str]:
+    """Installed versions (read from package metadata; nothing is imported), plus Python's."""
+    versions = {"python": platform.python_version()}
+    for name in PACKAGES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = "not installed"
+    return versions
+
+
+def git_revision(path: Path | None = None) -> dict[str, Any] | None:
+    """``{"revision": sha, "dirty": bool}`` of the git checkout holding ``path`` (default: the fedcomp
+    source), or None when it is not in a git checkout (e.g. installed from a wheel) or git is missing."""
+    if path is None:
+        import fedcomp
+
+        path = Path(fedcomp.__file__).resolve().parent.parent
+    if not any((parent / ".git").exists() for parent in (path, *path.parents)):
+        return None
+    try:
+        def git(*args: str) -> str:
+            return subprocess.run(
+                ["git", "-C", str(path), *args], capture_output=True, text=True, timeout=10, check=True
+            ).stdout.strip()
+
+        revision = git("rev-parse", "HEAD")
+        dirty = bool(git("status", "--porcelain", "--untracked-files=no"))
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return {"revision": revision, "dirty": dirty}
+
+
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo`` on Linux, else what :mod:`platform` knows)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.lower().startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def devices(backend: Mapping[str, Any]) -> list[str]:
+    """The torch devices the run's clients computed on, as the backend described them."""
+    found = backend.get("devices") or ([backend["device"]] if backend.get("device") else [])
+    return sorted(str(d) for d in found)
+
+
+def environment(backend: Mapping[str, Any]) -> dict[str, Any]:
+    """Everything :mod:`fedcomp.verify` compares between an original run and its re-run."""
+    env: dict[str, Any] = {
+        "packages": package_versions(),
+        "git": git_revision(),
+        "host": platform.node(),
+        "cpu": cpu_model(),
+        "os": platform.platform(),
+        "devices": devices(backend),
+    }
+    if any(d.startswith("cuda") for d in env["devices"]):
+        import torch
+
+        if torch.cuda.is_available():
+            env["gpu"] = torch.cuda.get_device_name(0)
+    return env
+
+
+def differences(a: Mapping[str, Any] | None, b: Mapping[str, Any] | None) -> list[str]:
+    """Human-readable differences between two :func:`environment` records (``key: a -> b``)."""
+    if not a or not b:
+        return ["environment not recorded in " + ("the original run" if not a else "the re-run")]
+    out = []
+
+    def walk(x: Any, y: Any, key: str) -> None:
+        if isinstance(x, Mapping) and isinstance(y, Mapping):
+            for k in sorted(set(x) | set(y)):
+                walk(x.get(k), y.get(k), f"{key}.{k}" if key else str(k))
+        elif x != y:
+            out.append(f"{key}: {x} -> {y}")
+
+    walk(a, b, "")
+    return out

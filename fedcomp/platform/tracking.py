@@ -1,0 +1,339 @@
+"""Experiment tracking of single runs: ``run.track: none | tensorboard | mlflow | wandb``.
+
+Each writer gets the run's config (flattened to ``section.key``), every evaluation row (metrics and
+counters, step = round) and, at the end, the final report (status, timings, environment, the run's
+files). Everything stays offline and inside the results folder:
+
+- ``tensorboard`` (the default): event files in ``<run-dir>/tensorboard/`` written with tensorboardX,
+  the writer Tune's ``TBXLoggerCallback`` uses (installed with ``ray[tune]``); ``tensorboard --logdir
+  results`` shows every run, with the final metrics in the HParams tab.
+- ``mlflow``: one MLflow store per results root, ``<run.out>/mlflow/mlflow.db`` (SQLite; MLflow 3
+  refuses its old ``./mlruns`` file store unless told to allow it) with artifacts in
+  ``<run.out>/mlflow/artifacts``; experiment ``fedcomp``, one MLflow run per fedcomp run;
+  ``mlflow ui --backend-store-uri sqlite:///results/mlflow/mlflow.db``.
+- ``wandb``: an offline W&B run in ``<run-dir>/wandb/`` (``WANDB_MODE`` may say otherwise);
+  ``wandb sync <run-dir>/wandb/offline-run-*`` uploads it later.
+
+The results folder (``metrics.parquet``, ``run.json``) stays the source of truth: a tracker that fails
+mid-run prints one warning and is switched off; the run goes on.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import math
+import numbers
+import os
+import re
+import sys
+import time
+import warnings
+from dataclasses import fields
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+TRACKERS = ("none", "tensorboard", "mlflow", "wandb")
+EXTRA = "fedcomp[track]"
+PACKAGES = {"tensorboard": "tensorboardX", "mlflow": "mlflow", "wandb": "wandb"}
+TENSORBOARD_DIR = "tensorboard"
+MLFLOW_DIR = "mlflow"
+MLFLOW_EXPERIMENT = "fedcomp"
+TIME_COLUMNS = ("wall_time",)
+
+
+def require(track: str) -> None:
+    """Fail at once (before any work) when the library ``track`` writes with is not installed.
+
+    Raises:
+        ConfigError: one line naming the value, the missing package and the extra that installs it.
+    """
+    from fedcomp.platform.errors import ConfigError
+
+    if track not in TRACKERS:
+        raise ConfigError(f"run.track = {track!r}: allowed {', '.join(TRACKERS)}")
+    package = PACKAGES.get(track)
+    if package and importlib.util.find_spec(package) is None:
+        raise ConfigError(
+            f"run.track = {track!r} needs the {package} package, which is not installed: pip install '{EXTRA}'"
+        )
+
+
+def flat_config(config: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """``{"algorithm.lr": 0.01, ...}`` from the four nested sections."""
+    return {f"{section}.{key}": value for section, block in config.items() for key, value in block.items()}
+
+
+def scalars(row: Mapping[str, Any]) -> dict[str, float]:
+    """The row's numeric entries as floats (NaN kept: round 0 has no training loss yet)."""
+    return {k: float(v) for k, v in row.items() if isinstance(v, numbers.Real) and not isinstance(v, bool)}
+
+
+def _counter_names() -> frozenset[str]:
+    from fedcomp.platform.server import Counters
+
+    return frozenset(f.name for f in fields(Counters))
+
+
+def mlflow_uri(out: str | Path) -> str:
+    """The SQLite tracking URI of the MLflow store under results root ``out``."""
+    return f"sqlite:///{(Path(out) / MLFLOW_DIR / 'mlflow.db').resolve()}"
+
+
+def mlflow_artifacts(out: str | Path) -> str:
+    return (Path(out) / MLFLOW_DIR / "artifacts").resolve().as_uri()
+
+
+def mlflow_client(out: str | Path) -> Any:
+    """An ``MlflowClient`` on the store under ``out`` (created on first use, quietly)."""
+    for name in ("mlflow.store.db.utils", "alembic.runtime.migration", "alembic"):
+        logging.getLogger(name).setLevel(logging.WARNING)  # "Creating initial MLflow database tables..."
+    (Path(out) / MLFLOW_DIR).mkdir(parents=True, exist_ok=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # SQLAlchemy's notice about MLflow's mappers
+        from mlflow.tracking import MlflowClient
+
+        client = MlflowClient(tracking_uri=mlflow_uri(out))
+        client.search_experiments(max_results=1)  # creates the tables now, under the filters above
+    return client
+
+
+def mlflow_experiment(client: Any, out: str | Path, name: str) -> str:
+    """The id of experiment ``name`` (created with its artifacts under ``out`` if new)."""
+    found = client.get_experiment_by_name(name)
+    if found is not None:
+        return found.experiment_id
+    try:
+        return client.create_experiment(name, artifact_location=f"{mlflow_artifacts(out)}/{name}")
+    except Exception:  # another process created it first
+        found = client.get_experiment_by_name(name)
+        if found is None:
+            raise
+        return found.experiment_id
+
+
+class Tracker:
+    """Receives a run's rows and its final report; the base class tracks nothing (``run.track: none``)."""
+
+    name = "none"
+
+    def log_row(self, row: Mapping[str, Any]) -> None:
+        """One evaluation row (step = its round)."""
+
+    def finish(self, status: str, meta: Mapping[str, Any], files: Sequence[Path]) -> None:
+        """The run ended with ``status`` (completed, interrupted); ``meta`` is run.json's content."""
+
+    def discard(self) -> None:
+        """The run failed before its first checkpoint and its folder is removed: leave nothing behind."""
+        self.finish("failed", {}, ())
+
+
+
+def _report_markdown(meta: Mapping[str, Any], final: Mapping[str, Any]) -> str:
+    lines = [f"**{meta.get('run_id', '')}**: {meta.get('status', '')}", "", "| metric | final |", "|---|---:|"]
+    lines += [f"| {k} | {v:.6g} |" for k, v in scalars(final).items()]
+    timings = meta.get("timings") or {}
+    if timings:
+        lines += ["", "| timing | s |", "|---|---:|", *(f"| {k} | {v:.2f} |" for k, v in timings.items())]
+    env = meta.get("environment") or {}
+    if env:
+        lines += ["", "| environment | |", "|---|---|"]
+        lines += [f"| {k} | {v} |" for k, v in flat_config({"": env}).items() if not isinstance(v, dict)]
+    return "\n".join(lines)
+
+
+class TensorBoardTracker(Tracker):
+    """Event files in ``<run-dir>/tensorboard/``: ``metrics/<name>``, ``counters/<name>``,
+    ``time/wall_time`` per round; the config and the final report as text; the config and the final
+    metrics in the HParams tab."""
+
+    name = "tensorboard"
+
+    def __init__(self, run_dir: Path, config: Mapping[str, Any], run_id: str, start_round: int) -> None:
+        from tensorboardX import SummaryWriter
+
+        self.logdir = Path(run_dir) / TENSORBOARD_DIR
+        self.config, self.counters, self.final = config, _counter_names(), {}
+        # On resume, events after the checkpoint's round (logged before the crash) are dropped.
+        self.writer = SummaryWriter(logdir=str(self.logdir), purge_step=start_round + 1 if start_round else None)
+        if not start_round:
+            import yaml
+
+            self.writer.add_text("config", "```yaml\n" + yaml.safe_dump(dict(config), sort_keys=False) + "```", 0)
+
+    def _tag(self, key: str) -> str:
+        if key in self.counters:
+            return f"counters/{key}"
+        return f"time/{key}" if key in TIME_COLUMNS else f"metrics/{key}"
+
+    def log_row(self, row: Mapping[str, Any]) -> None:
+        step = int(row["round"])
+        for key, value in scalars(row).items():
+            if key != "round":
+                self.writer.add_scalar(self._tag(key), value, global_step=step)
+        self.final = dict(row)
+        self.writer.flush()
+
+    def finish(self, status: str, meta: Mapping[str, Any], files: Sequence[Path]) -> None:
+        if status == "completed" and self.final:
+            from tensorboardX.summary import hparams
+
+            step = int(self.final["round"])
+            self.writer.add_text("report", _report_markdown(meta, self.final), step)
+            hp = {k: v if isinstance(v, (int, float, str, bool)) else str(v) for k, v in flat_config(self.config).items()}
+            metrics = {self._tag(k): v for k, v in scalars(self.final).items() if k != "round" and math.isfinite(v)}
+            for summary in hparams(hp, metrics):
+                self.writer.file_writer.add_summary(summary, step)
+        self.writer.close()
+
+
+
+class MLflowTracker(Tracker):
+    """One MLflow run in the store under the results root (experiment ``fedcomp``); params = the flat
+    config, metrics per round, tags ``fedcomp.run_id`` / ``fedcomp.run_dir``, artifacts = the run's files."""
+
+    name = "mlflow"
+
+    def __init__(self, run_dir: Path, config: Mapping[str, Any], run_id: str, start_round: int) -> None:
+        self.out = Path(run_dir).parent
+        self.client = mlflow_client(self.out)
+        experiment = mlflow_experiment(self.client, self.out, MLFLOW_EXPERIMENT)
+        existing = self.client.search_runs(
+            [experiment], filter_string=f"tags.`fedcomp.run_id` = '{run_id}'", max_results=1
+        ) if start_round else []
+        if existing:  # a resumed run continues its MLflow run
+            self.run_id = existing[0].info.run_id
+            self.client.update_run(self.run_id, status="RUNNING")
+            return
+        tags = {"fedcomp.run_id": run_id, "fedcomp.run_dir": str(Path(run_dir).resolve()),
+                "algorithm": config["algorithm"]["name"], "task": config["task"]["name"]}
+        self.run_id = self.client.create_run(experiment, run_name=run_id, tags=tags).info.run_id
+        from mlflow.entities import Param
+
+        params = [Param(k, str(v)) for k, v in flat_config(config).items()]
+        for i in range(0, len(params), 100):  # MLflow takes at most 100 params per batch
+            self.client.log_batch(self.run_id, params=params[i : i + 100])
+
+    def log_row(self, row: Mapping[str, Any]) -> None:
+        from mlflow.entities import Metric
+
+        step, now = int(row["round"]), int(time.time() * 1000)
+        metrics = [Metric(k, v, now, step) for k, v in scalars(row).items() if k != "round"]
+        self.client.log_batch(self.run_id, metrics=metrics)
+
+    def finish(self, status: str, meta: Mapping[str, Any], files: Sequence[Path]) -> None:
+        for path in files:
+            if Path(path).is_file():
+                self.client.log_artifact(self.run_id, str(path))
+        if meta:
+            self.client.set_tag(self.run_id, "fedcomp.status", status)
+        self.client.set_terminated(self.run_id, {"completed": "FINISHED", "interrupted": "KILLED"}.get(status, "FAILED"))
+
+    def discard(self) -> None:
+        self.client.delete_run(self.run_id)
+
+
+
+def where(track: str, run_dir: str | Path) -> str:
+    """How to open the tracking of the run in ``run_dir`` (a command line), or "" for ``none``."""
+    run_dir = Path(run_dir)
+    if track == "tensorboard":
+        return f"tensorboard --logdir {run_dir / TENSORBOARD_DIR}"
+    if track == "mlflow":
+        return f"mlflow ui --backend-store-uri {mlflow_uri(run_dir.parent)}"
+    if track == "wandb":
+        return f"wandb sync {run_dir / 'wandb' / 'latest-run'}  (offline run; WANDB_MODE=online logs live)"
+    return ""
+
+
+def wandb_id(run_id: str) -> str:
+    """A W&B run id from a fedcomp run id (W&B allows letters, digits, ``-`` and ``_``)."""
+    return re.sub(r"[^A-Za-z0-9_-]", "-", run_id)[-128:]
+
+
+class WandbTracker(Tracker):
+    """A W&B run in ``<run-dir>/wandb/``, offline unless ``WANDB_MODE`` says otherwise; config = the flat
+    config, history per round, summary = the final row and the run's status and timings."""
+
+    name = "wandb"
+
+    def __init__(self, run_dir: Path, config: Mapping[str, Any], run_id: str, start_round: int) -> None:
+        import wandb
+
+        self.mode = os.environ.get("WANDB_MODE", "offline")
+        self.run = wandb.init(
+            project=os.environ.get("WANDB_PROJECT", "fedcomp"),
+            name=run_id,
+            id=wandb_id(run_id),
+            dir=str(run_dir),
+            mode=self.mode,
+            config=flat_config(config),
+            resume="allow",
+            reinit="create_new",
+            settings=wandb.Settings(console="off", silent=True, save_code=False, disable_git=True),
+        )
+        self.dir = Path(self.run.dir).parent
+        self.last_step = start_round
+
+    def log_row(self, row: Mapping[str, Any]) -> None:
+        step = int(row["round"])
+        if step < self.last_step:  # W&B only takes increasing steps
+            return
+        self.last_step = step
+        self.run.log({k: v for k, v in scalars(row).items() if k != "round"}, step=step)
+
+    def finish(self, status: str, meta: Mapping[str, Any], files: Sequence[Path]) -> None:
+        if meta:
+            self.run.summary.update({"status": status, **(meta.get("timings") or {})})
+        for path in files:
+            if Path(path).is_file():
+                self.run.save(str(path), base_path=str(Path(path).parent), policy="now")
+        self.run.finish(exit_code=0 if status == "completed" else 1)
+
+
+
+_WRITERS = {"tensorboard": TensorBoardTracker, "mlflow": MLflowTracker, "wandb": WandbTracker}
+
+
+class _Guarded(Tracker):
+    """Runs a tracker so that its failure never stops the run: one warning, then it is switched off."""
+
+    def __init__(self, inner: Tracker) -> None:
+        self.inner: Tracker | None = inner
+        self.name = inner.name
+
+    def _call(self, method: str, *args: Any) -> None:
+        if self.inner is None:
+            return
+        try:
+            getattr(self.inner, method)(*args)
+        except Exception as error:  # tracking is a convenience; the run's own files are what count
+            print(f"fedcomp: warning: {self.name} tracking failed and is off for this run "
+                  f"({type(error).__name__}: {error}); results still go to metrics.parquet", file=sys.stderr)
+            self.inner = None
+
+    def log_row(self, row: Mapping[str, Any]) -> None:
+        self._call("log_row", row)
+
+    def finish(self, status: str, meta: Mapping[str, Any], files: Sequence[Path]) -> None:
+        self._call("finish", status, meta, files)
+
+    def discard(self) -> None:
+        self._call("discard")
+
+
+
+def open_tracker(track: str, run_dir: Path, config: Mapping[str, Any], run_id: str, start_round: int = 0) -> Tracker:
+    """The tracker ``run.track`` names, started for the run in ``run_dir`` (which must exist).
+
+    ``config`` is the nested config dict (``Config.to_dict()``); ``start_round`` is the checkpoint's round
+    when the run is resumed.
+    """
+    if track == "none":
+        return Tracker()
+    try:
+        return _Guarded(_WRITERS[track](Path(run_dir), config, run_id, start_round))
+    except Exception as error:
+        print(f"fedcomp: warning: {track} tracking could not start ({type(error).__name__}: {error}); "
+              "the run goes on without it", file=sys.stderr)
+        return Tracker()
