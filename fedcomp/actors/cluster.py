@@ -9,13 +9,16 @@ from __future__ import annotations
 import logging
 import math
 import os
+import time
 from dataclasses import dataclass
 from typing import Mapping
 
 import ray
 
+from fedcomp.actors.quiet import quiet_ray_start
 from fedcomp.platform.config import FederationConfig
 from fedcomp.platform.errors import ResourceError
+from fedcomp.platform.progress import announce
 
 GRANULARITY = 1e-4  # Ray's smallest fractional resource unit
 
@@ -28,10 +31,16 @@ def connect(address: str | None = None) -> dict[str, float]:
     if not ray.is_initialized():
         address = address or os.environ.get("RAY_ADDRESS")
         kwargs = dict(include_dashboard=False, logging_level=logging.WARNING, configure_logging=True)
+        quiet_ray_start()
+        announce(f"connecting to Ray at {address} ..." if address else "starting local Ray ...")
+        started = time.perf_counter()
         if address:
             ray.init(address=address, **kwargs)
         else:
             ray.init(**kwargs)
+        resources = ray.cluster_resources()
+        announce(f"Ray ready in {time.perf_counter() - started:.1f} s: " + ", ".join(
+            f"{resources.get(k, 0):g} {k}s" for k in ("CPU", "GPU") if k == "CPU" or resources.get(k)))
     return dict(ray.cluster_resources())
 
 
