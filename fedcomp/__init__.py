@@ -8,6 +8,7 @@ Public API::
     fedcomp.resume_sweep(sweep_dir) -> SweepResult
     fedcomp.load_results(path) -> pandas.DataFrame
     fedcomp.load_config(source, overrides) -> Config
+    fedcomp.verify(run_dir, backend=, overrides=) -> Verification (is every metric bit-identical?)
 """
 
 __version__ = "0.1.0"
@@ -18,6 +19,7 @@ from fedcomp.platform.errors import ClientFailure, ConfigError, PlatformError, R
 from fedcomp.platform.registry import ALGORITHMS, TASKS, register_algorithm, register_task
 from fedcomp.platform.results import load_results
 from fedcomp.platform.runner import RunResult
+from fedcomp.verify import Verification, verify
 
 __all__ = [
     "ALGORITHMS",
@@ -28,6 +30,7 @@ __all__ = [
     "PlatformError",
     "ResourceError",
     "RunResult",
+    "Verification",
     "load_config",
     "load_results",
     "preset_names",
@@ -37,4 +40,5 @@ __all__ = [
     "resume_sweep",
     "run",
     "sweep",
+    "verify",
 ]

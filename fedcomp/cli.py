@@ -73,7 +73,23 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     png, md = sweep_report(result.path)
     print(f"sweep {result.path.name}: {result.trials['trial'].nunique()} trials, {len(failed)} failed")
     print(f"results: {result.path / 'trials.parquet'}\nplot: {png}\ntable: {md}")
+    from fedcomp.platform.tracking import where
+
+    track = result.spec.base_config().run.track
+    if where(track, result.path, sweep=True):
+        print(f"tracking: {where(track, result.path, sweep=True)}")
     return 1 if failed else 0
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    from fedcomp.verify import verify
+
+    overrides = _overrides(args.set)
+    if args.ray_address:
+        overrides["federation.ray_address"] = args.ray_address
+    outcome = verify(args.run_dir, backend=args.backend, overrides=overrides, out=args.out)
+    print(outcome.report())
+    return 0 if outcome.identical else 1
 
 
 def cmd_list(args: argparse.Namespace) -> int:
@@ -136,6 +152,20 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--resume", metavar="RUN_DIR", help="continue an interrupted run from its last checkpoint")
     run.add_argument("--ray-address", metavar="ADDR", help="join this Ray cluster (default: $RAY_ADDRESS, else local)")
     run.set_defaults(func=cmd_run)
+
+    ver = sub.add_parser(
+        "verify", help="re-run a finished run from its run.json and check every metric is bit-identical",
+        description="Re-run the finished run in RUN_DIR from its recorded config (in a temporary folder, or under "
+                    "--out) and compare every metric column with its metrics.parquet bit for bit; also compare the "
+                    "recorded environments. Exit 0 if identical, 1 if not, 2 on bad input.",
+    )
+    ver.add_argument("run_dir", metavar="RUN_DIR")
+    ver.add_argument("--backend", choices=["local", "ray"], help="re-run on this backend (default: the run's own)")
+    ver.add_argument("--set", action="append", default=[], metavar="federation.KEY=VALUE",
+                     help="change where clients run, e.g. federation.clients_per_actor=2 (nothing that changes numbers)")
+    ver.add_argument("--out", help="keep the re-run under this folder (default: a temporary folder, removed)")
+    ver.add_argument("--ray-address", metavar="ADDR", help="join this Ray cluster (default: $RAY_ADDRESS, else local)")
+    ver.set_defaults(func=cmd_verify)
 
     sub.add_parser("list", help="list algorithms, tasks and presets").set_defaults(func=cmd_list)
 

@@ -97,3 +97,14 @@ def differences(a: Mapping[str, Any] | None, b: Mapping[str, Any] | None) -> lis
 
     walk(a, b, "")
     return out
+
+
+def summary(env: Mapping[str, Any] | None) -> str:
+    """One line: ``fedcomp 0.1.0 (git 1a2b3c4), torch 2.14.1, ray 2.60.0, python 3.11.9; host vm (AMD EPYC)``."""
+    if not env:
+        return "not recorded"
+    packages = env.get("packages", {})
+    git = env.get("git")
+    rev = f" (git {git['revision'][:7]}{', uncommitted changes' if git.get('dirty') else ''})" if git else ""
+    names = ", ".join(f"{k} {packages[k]}" for k in ("torch", "ray", "python") if k in packages)
+    return f"fedcomp {packages.get('fedcomp', '?')}{rev}, {names}; host {env.get('host')} ({env.get('cpu')})"

@@ -234,15 +234,17 @@ class MLflowTracker(Tracker):
 
 
 
-def where(track: str, run_dir: str | Path) -> str:
-    """How to open the tracking of the run in ``run_dir`` (a command line), or "" for ``none``."""
-    run_dir = Path(run_dir)
+def where(track: str, folder: str | Path, sweep: bool = False) -> str:
+    """How to open the tracking of the run (or, with ``sweep``, the sweep) in ``folder`` -- a command
+    line -- or "" for ``none``."""
+    folder = Path(folder)
     if track == "tensorboard":
-        return f"tensorboard --logdir {run_dir / TENSORBOARD_DIR}"
+        return f"tensorboard --logdir {folder if sweep else folder / TENSORBOARD_DIR}"
     if track == "mlflow":
-        return f"mlflow ui --backend-store-uri {mlflow_uri(run_dir.parent)}"
+        return f"mlflow ui --backend-store-uri {mlflow_uri(folder.parent)}"
     if track == "wandb":
-        return f"wandb sync {run_dir / 'wandb' / 'latest-run'}  (offline run; WANDB_MODE=online logs live)"
+        runs = folder / "*" / "wandb" / "offline-run-*" if sweep else folder / "wandb" / "offline-run-*"
+        return f"wandb sync {runs}"
     return ""
 
 

@@ -22,8 +22,9 @@ from typing import Any, Mapping
 import pandas as pd
 
 from fedcomp.actors.cluster import fedcomp_env
-from fedcomp.platform import results
+from fedcomp.platform import results, tracking
 from fedcomp.platform.errors import ConfigError, ResourceError
+from fedcomp.sweeps.callbacks import TrialProgress, logger_callbacks, no_auto_loggers
 from fedcomp.sweeps.spec import SweepSpec, corners, load_spec
 from fedcomp.sweeps.trial import placement_group_factory, read_trial_rows, run_trial, trial_resources
 
@@ -125,12 +126,16 @@ def _tune_config(spec: SweepSpec):
 def _run_config(spec: SweepSpec, path: Path, verbose: int):
     from ray import tune
 
+    run = spec.base_config().run
+    metric, mode = spec.resolved_metric()
+    trials = len(spec.points()) * len(spec.seed_values()) if spec.search == "grid" else spec.num_samples * spec.seeds
     return tune.RunConfig(
         name=path.name,
         storage_path=str(path.parent),
         failure_config=tune.FailureConfig(max_failures=spec.max_failures),
         checkpoint_config=tune.CheckpointConfig(num_to_keep=2),
         verbose=verbose,
+        callbacks=[*logger_callbacks(run.track, path, spec.model_dump_json()), TrialProgress(trials, metric, mode, run.progress, verbose)],
     )
 
 
@@ -179,6 +184,7 @@ def sweep(
         source, search=search, num_samples=num_samples, seeds=seeds, scheduler=scheduler,
         max_concurrent=max_concurrent, set=dict(overrides or {}),
     )
+    tracking.require(spec.base_config().run.track)
     cluster, has_gpus = _connect(ray_address)
     _check_fits(spec, cluster, has_gpus)
     path = Path(spec.base_config().run.out).resolve() / new_sweep_id(spec)
@@ -190,7 +196,9 @@ def sweep(
         tune_config=_tune_config(spec),
         run_config=_run_config(spec, path, verbose),
     )
-    return _finish(tuner.fit(), spec, path)
+    with no_auto_loggers():
+        grid = tuner.fit()
+    return _finish(grid, spec, path)
 
 
 def read_sweep_json(path: str | Path) -> dict[str, Any]:
@@ -215,7 +223,9 @@ def resume_sweep(path: str | Path, ray_address: str | None = None, verbose: int 
     tuner = tune.Tuner.restore(
         str(path), trainable=_trainable(spec, meta["cluster_has_gpus"]), resume_unfinished=True, resume_errored=True
     )
-    return _finish(tuner.fit(), spec, path)
+    with no_auto_loggers():
+        grid = tuner.fit()
+    return _finish(grid, spec, path)
 
 
 def _finish(grid, spec: SweepSpec, path: Path) -> SweepResult:

@@ -1,0 +1,133 @@
+"""What a sweep hands Tune besides the trainable: Tune's own logger callbacks for ``run.track`` and a
+fedcomp progress line (or bar) per finished trial.
+
+Tracking uses Tune's callbacks -- ``TBXLoggerCallback`` (event files in every trial folder),
+``MLflowLoggerCallback`` (one MLflow run per trial in the store under the results root, experiment =
+the sweep id; extended to log each trial's full config as params) and ``WandbLoggerCallback`` (offline
+runs in the trial folders, group = the sweep id). Their step is Tune's ``training_iteration`` (one per
+reported evaluation); the round is logged as the ``round`` metric. Tune's CSV and JSON result files are
+always kept: Tune reads them back for ``trials.parquet``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator, Mapping
+
+from ray.tune import Callback
+
+from fedcomp.platform import tracking
+from fedcomp.platform.progress import duration, resolve, write_line
+
+
+def logger_callbacks(track: str, path: Path, spec_json: str) -> list[Callback]:
+    """Tune's result files plus the tracking callback ``track`` names, for the sweep in ``path``
+    (``spec_json``: the sweep's spec, from which MLflow gets every trial's full config)."""
+    from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback, TBXLoggerCallback
+
+    callbacks: list[Callback] = [CSVLoggerCallback(), JsonLoggerCallback()]
+    if track == "tensorboard":
+        callbacks.append(TBXLoggerCallback())
+    elif track == "mlflow":
+        from fedcomp.sweeps.mlflow_logger import FullConfigMLflowLoggerCallback
+
+        out = path.parent
+        # Created here so that its artifacts live under the results root, not in ./mlruns.
+        tracking.mlflow_experiment(tracking.mlflow_client(out), out, path.name)
+        callbacks.append(FullConfigMLflowLoggerCallback(
+            spec_json, tracking_uri=tracking.mlflow_uri(out), experiment_name=path.name,
+            tags={"fedcomp.sweep": path.name},
+        ))
+    elif track == "wandb":
+        from ray.air.integrations.wandb import WandbLoggerCallback
+
+        mode = os.environ.setdefault("WANDB_MODE", "offline")  # Tune's callback reads it in this process
+        callbacks.append(WandbLoggerCallback(
+            project=os.environ.get("WANDB_PROJECT", "fedcomp"), group=path.name, mode=mode,
+            reinit="create_new",  # replaces Tune's deprecated reinit=True, which W&B warns about
+            settings={"console": "off", "silent": True, "save_code": False, "disable_git": True},
+        ))
+    return callbacks
+
+
+@contextmanager
+def no_auto_loggers() -> Iterator[None]:
+    """Stop Tune from adding its default loggers (CSV, JSON, TensorBoard) beside ours while it sets up,
+    so that ``run.track: none`` writes no event files; restores the variable afterwards."""
+    name = "TUNE_DISABLE_AUTO_CALLBACK_LOGGERS"
+    before = os.environ.get(name)
+    os.environ[name] = "1"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = before
+
+
+def trial_label(config: Mapping[str, Any]) -> str:
+    """``algorithm.name=fcsg-m algorithm.lr=0.01 run.seed=1`` from a trial's Tune config."""
+    flat = {**(config.get("point") or {}), **{k: v for k, v in config.items() if k != "point"}}
+    return " ".join(f"{k}={v}" for k, v in flat.items())
+
+
+class TrialProgress(Callback):
+    """One line per finished trial (its configuration, final metric, trials done, ETA), or a tqdm bar
+    over trials in a terminal when Tune's own output is off (``--verbose 0``)."""
+
+    def __init__(self, total: int, metric: str, mode: str, progress: str = "auto", verbose: int = 0) -> None:
+        self.total, self.metric, self.mode = total, metric, mode
+        shown = resolve(progress)
+        self.style = "bar" if shown == "bar" and verbose == 0 else ("none" if shown == "none" else "log")
+        self.done = self.failed = 0
+        self.best = math.nan
+        self.t0: float | None = None
+        self._bar: Any = None
+
+    def __getstate__(self) -> dict[str, Any]:  # Tune pickles its callbacks with the experiment state
+        return {**self.__dict__, "_bar": None}
+
+    def setup(self, **info: Any) -> None:
+        self.t0 = time.monotonic()
+        if self.style == "bar":
+            from tqdm.auto import tqdm
+
+            self._bar = tqdm(total=self.total, unit="trial", desc="sweep", dynamic_ncols=True, file=sys.stderr)
+
+    def _finished(self, trial: Any, status: str) -> None:
+        self.done += 1
+        self.failed += status == "failed"
+        value = (trial.last_result or {}).get(self.metric)
+        if isinstance(value, (int, float)) and math.isfinite(value):
+            better = value > self.best if self.mode == "max" else value < self.best
+            self.best = value if math.isnan(self.best) or better else self.best
+        if self._bar is not None:
+            self._bar.update(1)
+            if not math.isnan(self.best):
+                self._bar.set_postfix({f"best {self.metric}": f"{self.best:.4f}", "failed": self.failed}, refresh=False)
+            return
+        if self.style != "log":
+            return
+        elapsed = time.monotonic() - (self.t0 or time.monotonic())
+        left = self.total - self.done
+        eta = f"  eta {duration(elapsed / self.done * left)}" if left > 0 else ""
+        shown = f"{self.metric}={value:.4f}" if isinstance(value, (int, float)) else f"{self.metric}=?"
+        write_line(f"trial {self.done}/{self.total} {status}  {trial_label(trial.config)}  {shown}  "
+                   f"elapsed {duration(elapsed)}{eta}")
+
+    def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        self._finished(trial, "completed")
+
+    def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        self._finished(trial, "failed")
+
+    def on_experiment_end(self, trials: list, **info: Any) -> None:
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
