@@ -153,11 +153,13 @@ def execute(
             results.write_json(run_dir / results.RUN_JSON, _meta(config, run_id, backend_info, "running", environment=env))
         tracker = tracking.open_tracker(config.run.track, run_dir, config.to_dict(), run_id, start)
         progress = RunProgress(config.run.rounds, start, headline, config.run.progress, label=config.algorithm_name)
+        logged = len(checkpoint["rows"]) if checkpoint else 0  # rows the tracker already has
         try:
             for step in drive(config, server, checkpoint):
                 progress.update(step.round, step.rows[-1])
-                if step.row is not None:
-                    tracker.log_row(step.row)
+                for row in step.rows[logged:]:  # round 0's row arrives with round 1
+                    tracker.log_row(row)
+                logged = len(step.rows)
                 if step.checkpoint is not None:
                     results.write_checkpoint(run_dir / results.CHECKPOINT, step.checkpoint)
                     results.write_metrics(run_dir / results.METRICS, step.rows)

@@ -1,0 +1,161 @@
+"""Tracking of single runs with the real libraries, read back the way their own tools read them:
+TensorBoard event files through TensorBoard's EventAccumulator, the MLflow store through MlflowClient,
+the offline W&B run through its transaction log."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import fedcomp
+from fedcomp.cli import main
+from fedcomp.platform import tracking
+from tests.conftest import small
+from tests.platform.wandb_log import read_offline_run
+
+COUNTERS = ["comm_rounds", "local_steps", "samples", "floats_up", "floats_down"]
+
+
+def tracked(tmp_path, track, **over):
+    return fedcomp.run("quickstart", small(**{"run.out": str(tmp_path), "run.rounds": 4, "run.eval_every": 2,
+                                               "run.track": track, **over}))
+
+
+def test_tensorboard_event_files_hold_config_rounds_counters_and_final_report(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    result = tracked(tmp_path, "tensorboard")
+    df = pd.read_parquet(result.run_dir / "metrics.parquet")
+    events = EventAccumulator(str(result.run_dir / "tensorboard"), size_guidance={"tensors": 0, "scalars": 0})
+    events.Reload()
+    scalars = events.Tags()["scalars"]
+    for metric in ("test_accuracy", "test_loss", "train_loss"):
+        assert f"metrics/{metric}" in scalars
+    for counter in COUNTERS:
+        assert f"counters/{counter}" in scalars
+    accuracy = events.Scalars("metrics/test_accuracy")
+    assert [e.step for e in accuracy] == df["round"].tolist() == [0, 2, 4]
+    np.testing.assert_array_equal([e.value for e in accuracy], df["test_accuracy"].to_numpy(np.float32))
+    assert [e.value for e in events.Scalars("counters/comm_rounds")] == df["comm_rounds"].tolist()
+    texts = {tag: events.Tensors(tag)[0].tensor_proto.string_val[0].decode() for tag in events.Tags()["tensors"]
+             if tag.endswith("text_summary")}
+    assert "algorithm" in texts["config/text_summary"] and "fcsg-m" in texts["config/text_summary"]
+    report = texts["report/text_summary"]
+    assert "completed" in report and "test_accuracy" in report and "train_s" in report
+    # the HParams tab: the config as hyperparameters, the final metrics as its metrics
+    plugins = {tag for tag in events.summary_metadata if events.summary_metadata[tag].plugin_data.plugin_name == "hparams"}
+    assert plugins
+
+
+def test_mlflow_store_holds_params_metrics_artifacts_and_status(tmp_path):
+    result = tracked(tmp_path, "mlflow")
+    df = pd.read_parquet(result.run_dir / "metrics.parquet")
+    assert (tmp_path / "mlflow" / "mlflow.db").is_file()
+    client = tracking.mlflow_client(tmp_path)
+    (run,) = client.search_runs([client.get_experiment_by_name("fedcomp").experiment_id])
+    assert run.info.run_name == result.run_dir.name and run.info.status == "FINISHED"
+    assert run.data.tags["fedcomp.run_dir"] == str(result.run_dir.resolve())
+    assert run.data.params == {k: str(v) for k, v in tracking.flat_config(result.config.to_dict()).items()}
+    history = client.get_metric_history(run.info.run_id, "test_accuracy")
+    assert [m.step for m in history] == df["round"].tolist()
+    assert [m.value for m in history] == df["test_accuracy"].tolist()  # float64 both ways: exact
+    assert [m.value for m in client.get_metric_history(run.info.run_id, "floats_up")] == df["floats_up"].tolist()
+    artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
+    assert artifacts == {"run.json", "metrics.parquet", "curves.png"}
+    assert not (tmp_path / "mlruns").exists()
+
+
+def test_mlflow_run_of_a_resumed_run_continues_and_a_failed_start_is_deleted(tmp_path, monkeypatch):
+    from fedcomp.platform.server import Server
+
+    real = Server.run_round
+
+    def fail_in_round(n):
+        def run_round(self):
+            if self.counters.round == n:
+                raise RuntimeError("power cut")
+            return real(self)
+        return run_round
+
+    over = {"run.rounds": 6, "run.checkpoint_every": 2, "run.eval_every": 1}
+    monkeypatch.setattr(Server, "run_round", fail_in_round(0))  # before the first checkpoint
+    with pytest.raises(RuntimeError):
+        tracked(tmp_path, "mlflow", **over)
+    monkeypatch.setattr(Server, "run_round", fail_in_round(3))  # after the checkpoint of round 2
+    with pytest.raises(RuntimeError):
+        tracked(tmp_path, "mlflow", **over)
+    (run_dir,) = [p for p in tmp_path.iterdir() if p.name != "mlflow"]
+    monkeypatch.setattr(Server, "run_round", real)
+    fedcomp.resume(run_dir)
+
+    client = tracking.mlflow_client(tmp_path)
+    experiment = client.get_experiment_by_name("fedcomp").experiment_id
+    from mlflow.entities import ViewType
+
+    runs = client.search_runs([experiment], run_view_type=ViewType.ALL)
+    assert sorted(r.info.lifecycle_stage for r in runs) == ["active", "deleted"]
+    (active,) = [r for r in runs if r.info.lifecycle_stage == "active"]
+    assert active.info.run_name == run_dir.name and active.info.status == "FINISHED"
+    steps = [m.step for m in client.get_metric_history(active.info.run_id, "test_accuracy")]
+    assert sorted(set(steps)) == list(range(7))  # every round once the resumed run logged its rest
+
+
+def test_wandb_offline_run_holds_config_history_and_summary(tmp_path, monkeypatch):
+    monkeypatch.delenv("WANDB_MODE", raising=False)  # offline is fedcomp's default
+    result = tracked(tmp_path, "wandb")
+    df = pd.read_parquet(result.run_dir / "metrics.parquet")
+    (offline,) = (result.run_dir / "wandb").glob("offline-run-*")
+    logged = read_offline_run(offline)
+    assert logged["name"] == result.run_dir.name
+    flat = tracking.flat_config(result.config.to_dict())
+    assert {k: logged["config"][k] for k in flat} == flat
+    history = [h for h in logged["history"] if "test_accuracy" in h]
+    assert [h["_step"] for h in history] == df["round"].tolist()
+    assert [h["test_accuracy"] for h in history] == df["test_accuracy"].tolist()
+    assert [h["comm_rounds"] for h in history] == df["comm_rounds"].tolist()
+    assert logged["summary"]["status"] == "completed" and logged["summary"]["train_s"] > 0
+    assert logged["summary"]["test_accuracy"] == df["test_accuracy"].iloc[-1]
+
+
+def test_none_writes_no_tracking_files(tmp_path):
+    result = tracked(tmp_path, "none")
+    assert sorted(p.name for p in result.run_dir.iterdir()) == ["checkpoint.pt", "curves.png", "metrics.parquet",
+                                                                "run.json"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [result.run_dir.name]
+
+
+def test_a_missing_tracking_library_is_one_line_naming_the_extra(tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(tracking.PACKAGES, "wandb", "fedcomp_test_no_such_package")
+    code = main(["run", "quickstart", "--set", "federation.backend=local", "--set", f"run.out={tmp_path}",
+                 "--set", "run.track=wandb"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1
+    assert "run.track = 'wandb'" in err[0] and "pip install 'fedcomp[track]'" in err[0]
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_unknown_tracker_is_a_config_error(tmp_path):
+    with pytest.raises(fedcomp.ConfigError, match="run.track"):
+        tracked(tmp_path, "neptune")
+
+
+def test_a_tracker_that_fails_warns_once_and_the_run_goes_on(tmp_path, capsys):
+    (tmp_path / "mlflow").write_text("a file where MLflow's folder would go")
+    result = tracked(tmp_path, "mlflow")
+    assert result.final["round"] == 4 and (result.run_dir / "metrics.parquet").is_file()
+    warnings = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
+    assert len(warnings) == 1 and "mlflow tracking" in warnings[0]
+    assert json.loads((result.run_dir / "run.json").read_text())["status"] == "completed"
+
+
+def test_cli_names_where_to_open_the_tracking(tmp_path, capsys):
+    assert main(["run", "quickstart", "--set", "federation.backend=local", "--set", "federation.clients=4",
+                 "--set", "algorithm.local_steps=5", "--set", "task.test_samples=2000", "--set", "run.rounds=2",
+                 "--set", "run.progress=none", "--set", f"run.out={tmp_path}"]) == 0
+    out = capsys.readouterr().out
+    (run_dir,) = tmp_path.iterdir()
+    assert f"curves: {run_dir / 'curves.png'}" in out
+    assert f"tracking: tensorboard --logdir {run_dir / 'tensorboard'}" in out
