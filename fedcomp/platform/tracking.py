@@ -169,7 +169,7 @@ class TensorBoardTracker(Tracker):
     def log_row(self, row: Mapping[str, Any]) -> None:
         step = int(row["round"])
         for key, value in scalars(row).items():
-            if key != "round":
+            if key != "round" and math.isfinite(value):  # round 0 has no training loss; NaN only draws noise
                 self.writer.add_scalar(self._tag(key), value, global_step=step)
         self.final = dict(row)
         self.writer.flush()
