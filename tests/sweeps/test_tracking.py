@@ -1,0 +1,76 @@
+"""Sweeps track through Tune's own logger callbacks: TensorBoard event files in every trial folder, one
+MLflow run per trial (with the trial's full config) in the store under the results root; and a fedcomp
+line per finished trial."""
+
+from __future__ import annotations
+
+import pytest
+
+import fedcomp
+from fedcomp.platform import tracking
+from fedcomp.sweeps.callbacks import trial_label
+
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
+
+TINY = {
+    "federation.backend": "local",
+    "federation.clients": 4,
+    "algorithm.name": "fcsg",
+    "algorithm.local_steps": 5,
+    "algorithm.first_batch": 4,
+    "task.test_samples": 2000,
+    "run.rounds": 3,
+    "run.eval_every": 1,
+    "run.checkpoint_every": 3,
+    "run.progress": "log",
+}
+
+
+def sweep(tmp_path, track):
+    spec = {"base": "quickstart", "set": {**TINY, "run.out": str(tmp_path), "run.track": track},
+            "grid": {"algorithm.lr": [0.1, 0.05]}, "cpus_per_trial": 1.0}
+    return fedcomp.sweep(spec)
+
+
+def test_mlflow_gets_one_run_per_trial_with_its_full_config_and_rounds(ray_session, tmp_path, capsys):
+    result = sweep(tmp_path, "mlflow")
+    client = tracking.mlflow_client(tmp_path)
+    experiment = client.get_experiment_by_name(result.path.name)
+    assert experiment.artifact_location.startswith((tmp_path / "mlflow" / "artifacts").as_uri())
+    runs = client.search_runs([experiment.experiment_id])
+    assert len(runs) == 2 and {r.info.status for r in runs} == {"FINISHED"}
+    assert sorted(r.data.params["algorithm.lr"] for r in runs) == ["0.05", "0.1"]
+    assert {r.data.params["task.name"] for r in runs} == {"invariant-logreg"}
+    assert {r.data.tags["fedcomp.sweep"] for r in runs} == {result.path.name}
+    for run in runs:
+        trial = result.trials[result.trials["algorithm.lr"] == float(run.data.params["algorithm.lr"])]
+        rounds = client.get_metric_history(run.info.run_id, "round")
+        accuracy = client.get_metric_history(run.info.run_id, "test_accuracy")
+        assert [m.value for m in rounds] == trial["round"].tolist() == [0, 1, 2, 3]
+        assert [m.value for m in accuracy] == trial["test_accuracy"].tolist()
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("trial ")]
+    assert sorted(line.split()[1] for line in lines) == ["1/2", "2/2"]
+    assert all("completed  algorithm.lr=" in line and "run.seed=0  test_accuracy=0." in line for line in lines)
+    assert not (tmp_path / "mlruns").exists() and not list(result.path.rglob("events.out.tfevents.*"))
+
+
+def test_tensorboard_event_files_in_every_trial_folder_and_none_without_tracking(ray_session, tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    result = sweep(tmp_path / "tb", "tensorboard")
+    files = sorted(result.path.rglob("events.out.tfevents.*"))
+    assert len(files) == 2
+    for file in files:
+        events = EventAccumulator(str(file.parent))
+        events.Reload()
+        assert [e.value for e in events.Scalars("ray/tune/round")] == [0, 1, 2, 3]
+        assert len(events.Scalars("ray/tune/test_accuracy")) == 4
+    none = sweep(tmp_path / "none", "none")
+    assert not list(none.path.rglob("events.out.tfevents.*"))
+    assert len(list(none.path.rglob("progress.csv"))) == 2  # Tune's own result files stay
+
+
+def test_trial_labels_flatten_grid_points():
+    assert trial_label({"point": {"algorithm.name": "fcsg", "algorithm.lr": 0.1}, "run.seed": 1}) == \
+        "algorithm.name=fcsg algorithm.lr=0.1 run.seed=1"
+    assert trial_label({"algorithm.lr": 0.02, "run.seed": 0}) == "algorithm.lr=0.02 run.seed=0"
