@@ -1,10 +1,11 @@
-# Two entry points: `make run` (the default experiment) and `make test` (the whole suite).
-# Both create ./.venv on first use and install fedcomp into it.
+# Two entry points: `make run` (the default experiment) and `make test` (the whole suite, what CI runs);
+# `make check` is the fast tier for development (no slow tests, Ray only in a few smoke tests).
+# All create ./.venv on first use and install fedcomp into it.
 PYTHON ?= python3
 VENV ?= .venv
 STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 
-.PHONY: run test bench clean
+.PHONY: run test check bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -17,6 +18,9 @@ run: $(STAMP)
 
 test: $(STAMP)
 	RAY_AUTH_MODE=disabled $(VENV)/bin/python -m pytest
+
+check: $(STAMP)
+	RAY_AUTH_MODE=disabled $(VENV)/bin/python -m pytest -m "not slow and (not ray or smoke)"
 
 bench: $(STAMP)
 	$(VENV)/bin/fedcomp bench

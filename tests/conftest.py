@@ -4,10 +4,38 @@ from __future__ import annotations
 
 import logging
 import os
+from pathlib import Path
 
 import pytest
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+
+_request: pytest.FixtureRequest | None = None
+
+
+@pytest.fixture(autouse=True)
+def _this_test(request):
+    """Remembers the running test so that :func:`results_root` can give config helpers its tmp_path."""
+    global _request
+    _request = request
+    yield
+    _request = None
+
+
+def results_root() -> str:
+    """``run.out`` for config helpers that have no ``tmp_path`` of their own: a folder under the running
+    test's ``tmp_path`` (so no test writes to a fixed path shared with other tests or other users)."""
+    if _request is None:
+        raise RuntimeError("results_root() is for use inside a running test")
+    return str(Path(_request.getfixturevalue("tmp_path")) / "results")
+
+
+def pytest_collection_modifyitems(items):
+    """A test that uses the session's Ray instance is a ``ray`` test, marked or not (``make check`` leaves
+    them out; ``make test`` runs them)."""
+    for item in items:
+        if "ray_session" in getattr(item, "fixturenames", ()) and item.get_closest_marker("ray") is None:
+            item.add_marker(pytest.mark.ray)
 
 
 @pytest.fixture(scope="session")

@@ -43,6 +43,7 @@ def test_bench_local_and_plain_loop_give_the_same_weights(capsys):
     check(capsys.readouterr().out, ["local", "plain"])
 
 
+@pytest.mark.slow
 @pytest.mark.ray
 def test_bench_all_runners_on_ray(ray_session, capsys):
     assert main(TINY) == 0

@@ -128,6 +128,7 @@ SWEEP = {"base": "quickstart", "grid": {"algorithm.lr": [0.1, 0.05]},
                  "task.test_samples": 2000, "run.rounds": 3, "run.eval_every": 1}}
 
 
+@pytest.mark.slow
 @pytest.mark.ray
 def test_sweep_and_its_report(ray_session, tmp_path, capsys):
     import yaml

@@ -43,6 +43,7 @@ def test_a_verified_run_is_identical_and_nothing_is_left_behind(tmp_path, capsys
 
 
 @pytest.mark.ray
+@pytest.mark.smoke
 def test_a_local_run_verified_on_ray_is_identical(ray_session, tmp_path, capsys):
     run_dir = finished_run(tmp_path)
     keep = tmp_path / "rerun"
@@ -57,6 +58,7 @@ def test_a_local_run_verified_on_ray_is_identical(ray_session, tmp_path, capsys)
                                   check_exact=True)
 
 
+@pytest.mark.slow
 @pytest.mark.ray
 @pytest.mark.xfail(strict=True, reason="train_loss is a float64 sum grouped per client actor (Partial.loss_sum), "
                    "so packing 2 clients per actor rounds it differently (1 ulp); the other metrics are identical")

@@ -1,5 +1,7 @@
 """The runner: drives a server for ``run.rounds`` rounds, evaluates every ``run.eval_every`` rounds,
-checkpoints every ``run.checkpoint_every`` rounds, shows progress, and writes the run's results.
+checkpoints every ``run.checkpoint_every`` rounds, shows progress (``platform/progress.py``), and writes the
+run's results (``metrics.parquet``, ``run.json`` with the environment, ``curves.png``) and its tracking
+(``run.track``, ``platform/tracking.py``).
 
 It never sees Ray: it is handed a factory that builds a server (in-process or a Ray actor proxy).
 Nothing is written until the server is up, and a run that fails before its first checkpoint leaves no

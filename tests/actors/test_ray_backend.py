@@ -36,6 +36,7 @@ def test_same_numbers_on_local_and_ray_with_1_2_and_16_client_actors(ray_session
         pd.testing.assert_frame_equal(metrics(ray_run), reference, rtol=0, atol=1e-6)
 
 
+@pytest.mark.smoke
 def test_partial_participation_same_on_ray(ray_session, tmp_path):
     base = small(**{"federation.clients": 12, "federation.clients_per_round": 5, "run.out": str(tmp_path),
                     "algorithm.name": "fcsg-m"})
@@ -44,6 +45,7 @@ def test_partial_participation_same_on_ray(ray_session, tmp_path):
     pd.testing.assert_frame_equal(metrics(ray_run), reference, rtol=0, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_killed_client_actor_is_replaced_and_its_round_retried(ray_session, monkeypatch):
     over = small(**{"federation.clients": 8, "federation.clients_per_actor": 4, "algorithm.name": "acc-fcsg-m",
                     "run.rounds": 4})
@@ -163,6 +165,7 @@ def test_cli_joins_an_existing_cluster(ray_session, tmp_path):
     assert fedcomp.load_results(run_dir)["round"].max() == 2
 
 
+@pytest.mark.slow
 def test_fednest_sub_rounds_same_on_ray(ray_session, tmp_path):
     raw = {"task": {"name": "minimax-quadratic"}, "algorithm": {"name": "fednest", "inner_steps": 3, "local_steps": 2},
            "federation": {"clients": 12, "clients_per_round": 5, "backend": "local"},
@@ -173,6 +176,7 @@ def test_fednest_sub_rounds_same_on_ray(ray_session, tmp_path):
     assert reference["comm_rounds"].tolist() == [0, 4, 8, 12]  # minimax: 2T + 2 per epoch (no FedIHGP)
 
 
+@pytest.mark.slow
 def test_feddro_per_step_exchanges_same_on_ray(ray_session, tmp_path):
     raw = {"task": {"name": "heterogeneous-composition"}, "algorithm": {"name": "feddro", "local_steps": 3, "lr": 0.3},
            "federation": {"clients": 6, "backend": "local"}, "run": {"rounds": 3, "progress": "none", "out": str(tmp_path)}}
@@ -182,6 +186,7 @@ def test_feddro_per_step_exchanges_same_on_ray(ray_session, tmp_path):
     assert reference["embedding_exchanges"].tolist() == [0, 4, 7, 10]
 
 
+@pytest.mark.slow
 def test_actor_killed_between_per_step_exchanges_catches_up_by_replay(ray_session, tmp_path, monkeypatch):
     """FedDRO keeps its per-step private state (x_local, x_prev) only on the actor; a replacement gets the
     last saved state and replays the round's earlier per-step calls, then the round goes on identically."""
@@ -218,6 +223,7 @@ def test_round_profile_phases_add_up_to_the_drivers_round_time(ray_session):
     assert sum(phases.values()) == pytest.approx(elapsed, rel=0.05)
 
 
+@pytest.mark.slow
 def test_vectorised_clients_on_one_actor_match_the_local_vectorised_run(ray_session, tmp_path):
     base = small(**{"run.out": str(tmp_path), "federation.vectorise": True, "algorithm.name": "acc-fcsg-m"})
     local = metrics(fedcomp.run("quickstart", base))

@@ -104,15 +104,15 @@ def test_root_defaults_to_fedcomp_data(fake_root, monkeypatch):
     assert torch.equal(load_cifar(name, "train", verify_md5=False)[1], train[1])
 
 
-def test_bad_arguments_name_the_value():
+def test_bad_arguments_name_the_value(tmp_path):
     with pytest.raises(ValueError, match="name = 'cifar20'"):
         load_cifar("cifar20", "train")
     with pytest.raises(ValueError, match="split = 'val'"):
         load_cifar("cifar10", "val")
     with pytest.raises(ValueError, match=r"\[N, 3, 32, 32\]"):
-        write_cifar_batches("/tmp", torch.zeros(2, 32, 32, 3, dtype=torch.uint8), [0, 1], "cifar10")
+        write_cifar_batches(tmp_path, torch.zeros(2, 32, 32, 3, dtype=torch.uint8), [0, 1], "cifar10")
     with pytest.raises(ValueError, match="0..9"):
-        write_cifar_batches("/tmp", torch.zeros(2, 3, 32, 32, dtype=torch.uint8), [0, 10], "cifar10")
+        write_cifar_batches(tmp_path, torch.zeros(2, 3, 32, 32, dtype=torch.uint8), [0, 10], "cifar10")
 
 
 @pytest.mark.parametrize(

@@ -35,6 +35,7 @@ from fedcomp.platform.problems import COMPOSITIONAL_MINIMAX, MINIMAX
 from fedcomp.platform.registry import TASKS, register_task
 from fedcomp.platform.rng import generator
 from fedcomp.platform.tasks.base import Task
+from tests.conftest import results_root
 
 NAME = "saddle-tiny-test"
 Batch = tuple[int, Tensor, Tensor]
@@ -165,5 +166,5 @@ def config(algorithm: str, clients: int = 2, task: dict[str, Any] | None = None,
         "task": {"name": NAME, **(task or {})},
         "algorithm": {"name": algorithm, **algo},
         "federation": {"clients": clients, "backend": "local", **(federation or {})},
-        "run": {"seed": seed, "progress": "none", "out": "/tmp/fedcomp-test-minimax-tiny"},
+        "run": {"seed": seed, "progress": "none", "out": results_root()},
     })

@@ -25,6 +25,7 @@ from fedcomp.platform.registry import TASKS, register_task
 from fedcomp.platform.rng import generator
 from fedcomp.platform.server import Server
 from fedcomp.platform.tasks.base import Task
+from tests.conftest import results_root
 
 SEED = 0
 
@@ -133,7 +134,7 @@ def config(algorithm: str, task: str = "tiny-quadratics", clients: int = 2, task
     return load_config(
         {"task": {"name": task, **(task_params or {})}, "algorithm": {"name": algorithm, **algo},
          "federation": {"clients": clients, "backend": "local", **(federation or {})},
-         "run": {"seed": SEED, "rounds": rounds, "progress": "none", "out": "/tmp/fedcomp-test-plain-tiny"}}
+         "run": {"seed": SEED, "rounds": rounds, "progress": "none", "out": results_root()}}
     )
 
 

@@ -6,6 +6,7 @@ import pytest
 
 import fedcomp
 from fedcomp.datasets import adult
+from tests.conftest import results_root
 
 
 @pytest.fixture
@@ -19,7 +20,7 @@ def run(**task):
     return fedcomp.run({"task": {"name": "adult-fairness", **task},
                         "algorithm": {"name": "feddro", "lr": 0.5, "local_steps": 2, "outer_batch": None},
                         "federation": {"clients": 4, "backend": "local"},
-                        "run": {"rounds": 10, "progress": "none", "out": "/tmp/fedcomp-test-adult"}})
+                        "run": {"rounds": 10, "progress": "none", "out": results_root()}})
 
 
 def test_feddro_on_adult_fairness(adult_root):

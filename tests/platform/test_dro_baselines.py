@@ -19,6 +19,7 @@ from fedcomp.platform.registry import TASKS, register_task
 from fedcomp.platform.rng import generator
 from fedcomp.platform.server import Server
 from fedcomp.platform.tasks.base import Task
+from tests.conftest import results_root
 
 SEED, K, B = 0, 3, 4
 
@@ -88,7 +89,7 @@ def config(algorithm, task="tiny-dro-regression", clients=K, federation=None, **
     return load_config(
         {"task": task_section, "algorithm": {"name": algorithm, **algo},
          "federation": {"clients": clients, "backend": "local", **(federation or {})},
-         "run": {"seed": SEED, "progress": "none", "out": "/tmp/fedcomp-test-dro-baselines"}}
+         "run": {"seed": SEED, "progress": "none", "out": results_root()}}
     )
 
 
@@ -279,6 +280,7 @@ def test_exact_parallel_methods_reach_a_stationary_point_of_the_global_objective
     assert g.loc[400] < 1e-10 * g.loc[0], g.tolist()
 
 
+@pytest.mark.slow
 def test_gcivr_code_init_never_moves_on_a_linear_inner_map_without_refresh():
     # J starts at 0 and the Jacobian differences of a linear map vanish: the code's bias, in its purest form
     g = final_grad_norms("gcivr", rounds=100, init="code")

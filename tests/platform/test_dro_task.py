@@ -11,13 +11,14 @@ from fedcomp.datasets import cifar
 from fedcomp.platform import dro_losses
 from fedcomp.platform.config import load_config
 from fedcomp.platform.federation import build_task
+from tests.conftest import results_root
 
 
 def cfg(**task):
     return load_config({"task": {"name": "dro-classification", **task},
                         "algorithm": {"name": "feddro", "lr": 0.05, "local_steps": 2, "outer_batch": 8},
                         "federation": {"clients": 8, "backend": "local"},
-                        "run": {"rounds": 2, "progress": "none", "out": "/tmp/fedcomp-test-dro"}})
+                        "run": {"rounds": 2, "progress": "none", "out": results_root()}})
 
 
 def test_clients_hold_an_equal_disjoint_split_and_the_composition_is_kl_dro():

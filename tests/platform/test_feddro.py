@@ -10,13 +10,14 @@ import fedcomp
 from fedcomp.platform.config import load_config
 from fedcomp.platform.federation import LocalFederation, build_task
 from fedcomp.platform.server import Server
+from tests.conftest import results_root
 
 
 def config(algorithm, clients=3, **algo):
     return load_config(
         {"task": {"name": "heterogeneous-composition", "heterogeneity": 1.0},
          "algorithm": {"name": algorithm, **algo}, "federation": {"clients": clients, "backend": "local"},
-         "run": {"progress": "none", "out": "/tmp/fedcomp-test-feddro"}}
+         "run": {"progress": "none", "out": results_root()}}
     )
 
 
@@ -75,6 +76,7 @@ def final_grad_norms(algorithm, I, rounds=150, **extra):
     return metrics.set_index("round")["grad_norm_sq"]
 
 
+@pytest.mark.slow
 def test_negative_result_vanilla_fedavg_stalls_while_sharing_y_every_step_converges():
     for algorithm in ("fedavg-co-1", "fedavg-co-2"):
         g = final_grad_norms(algorithm, I=8)

@@ -18,6 +18,7 @@ from fedcomp.platform.registry import TASKS, register_task
 from fedcomp.platform.rng import generator
 from fedcomp.platform.server import Server
 from fedcomp.platform.tasks.base import Task
+from tests.conftest import results_root
 
 
 class QuadraticBilevelParams(Params):
@@ -127,6 +128,7 @@ def test_rounds_per_epoch(algorithm, extra, per_epoch):
     assert record["round"] == epochs
 
 
+@pytest.mark.slow
 def test_fednest_reaches_the_bilevel_solution():
     # On the quadratic the hypergradient is exact up to the Neumann truncation: FedNest's x converges to x*.
     config = bilevel_config(ihgp="deterministic", neumann_lr=0.3, neumann_terms=60, inner_lr=0.3, inner_steps=20,
@@ -148,7 +150,7 @@ def minimax(algorithm, rounds, **algo):
         {"task": {"name": "minimax-quadratic", "noise_scale": 10.0}, "algorithm": {"name": algorithm, **algo},
          "federation": {"clients": 20, "backend": "local"},
          "run": {"rounds": rounds, "progress": "none", "checkpoint_every": 1000}},
-        {"run.out": "/tmp/fedcomp-test-minimax"},
+        {"run.out": results_root()},
     ).metrics
 
 

@@ -9,6 +9,7 @@ import torch
 from fedcomp.platform.config import load_config
 from fedcomp.platform.errors import ConfigError
 from fedcomp.platform.federation import build_task
+from tests.conftest import results_root
 from tests.platform.plain_tiny import SEED, config, run, step_gen, x0
 
 
@@ -36,7 +37,7 @@ def test_mu_zero_is_fedavg_bit_for_bit_on_synthetic_classification():
             {"task": {"name": "synthetic-classification", "hidden": [8], "test_samples": 50},
              "algorithm": {"name": name, "lr": 0.1, "local_steps": 3, "outer_batch": 8, **extra},
              "federation": {"clients": 3, "backend": "local", "clients_per_round": 2},
-             "run": {"seed": SEED, "progress": "none", "out": "/tmp/fedcomp-test-fedprox"}}
+             "run": {"seed": SEED, "progress": "none", "out": results_root()}}
         )
 
     fedavg, fedprox = run(cfg("fedavg"), 3), run(cfg("fedprox", mu=0.0), 3)

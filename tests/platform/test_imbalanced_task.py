@@ -20,6 +20,7 @@ from fedcomp.platform.federation import build_task
 from fedcomp.platform.problems import COMPOSITIONAL_MINIMAX, CONDITIONAL, MINIMAX, PLAIN
 from fedcomp.platform.registry import ALGORITHMS, load_builtins
 from fedcomp.platform.tasks.imbalanced import Dataset, ImbalancedBinary
+from tests.conftest import results_root
 
 D = torch.float64
 
@@ -29,7 +30,7 @@ def cfg(algorithm: str = "fedavg", clients: int = 4, algo: dict | None = None, *
         "task": {"name": "imbalanced-binary", **task},
         "algorithm": {"name": algorithm, "lr": 0.1, "local_steps": 5, "outer_batch": 16, **(algo or {})},
         "federation": {"clients": clients, "backend": "local"},
-        "run": {"rounds": 3, "progress": "none", "out": "/tmp/fedcomp-test-imbalanced"},
+        "run": {"rounds": 3, "progress": "none", "out": results_root()},
     })  # fmt: skip
 
 

@@ -18,6 +18,7 @@ from fedcomp.platform.config import load_config
 from fedcomp.platform.errors import ConfigError
 from fedcomp.platform.federation import LocalFederation, build_task
 from fedcomp.platform.server import Server
+from tests.conftest import results_root
 from tests.platform.plain_tiny import SEED, config, run, step_gen, x0
 
 
@@ -60,7 +61,7 @@ def test_momentum_zero_is_fedavg_bit_for_bit_on_synthetic_classification():
             {"task": {"name": "synthetic-classification", "hidden": [8], "test_samples": 50},
              "algorithm": {"name": name, "lr": 0.1, "local_steps": 3, "outer_batch": 8, **extra},
              "federation": {"clients": 3, "backend": "local", "clients_per_round": 2},
-             "run": {"seed": SEED, "progress": "none", "out": "/tmp/fedcomp-test-local-sgdm"}}
+             "run": {"seed": SEED, "progress": "none", "out": results_root()}}
         )
 
     fedavg = run(cfg("fedavg"), 3)
@@ -206,7 +207,7 @@ def test_rl_on_a_task_without_the_ratio_loss_oracles_is_one_config_error(weights
         {"task": {"name": "synthetic-classification", "hidden": [4], "test_samples": 10},
          "algorithm": {"name": "local-sgdm-rl", "weights": weights},
          "federation": {"clients": 2, "backend": "local"},
-         "run": {"seed": SEED, "progress": "none", "out": "/tmp/fedcomp-test-local-sgdm"}}
+         "run": {"seed": SEED, "progress": "none", "out": results_root()}}
     )
     server = Server(cfg, LocalFederation)
     with pytest.raises(ConfigError, match=missing) as err:

@@ -21,6 +21,7 @@ from fedcomp.platform.registry import TASKS, register_task
 from fedcomp.platform.rng import generator
 from fedcomp.platform.server import Server, sample_cohort
 from fedcomp.platform.tasks.base import Task
+from tests.conftest import results_root
 
 SEED, K, B = 0, 3, 4
 SIZES = (5, 6, 7)  # unequal client sizes exercise the n_k / b weights
@@ -111,7 +112,7 @@ def config(task=None, clients=K, federation=None, **algo):
     return load_config(
         {"task": {"name": "tiny-pdsgd", **(task or {})}, "algorithm": {"name": "parallel-pdsgd", **algo},
          "federation": {"clients": clients, "backend": "local", **(federation or {})},
-         "run": {"seed": SEED, "progress": "none", "out": "/tmp/fedcomp-test-pdsgd"}}
+         "run": {"seed": SEED, "progress": "none", "out": results_root()}}
     )
 
 
@@ -258,7 +259,7 @@ def test_runs_on_the_dro_classification_task():
         {"task": {"name": "dro-classification", "dataset": "breast-cancer", "objective": "chi2", "lam": 2.0},
          "algorithm": {"name": "parallel-pdsgd", "lr": 0.05, "outer_batch": 8},
          "federation": {"clients": 4, "backend": "local"},
-         "run": {"seed": SEED, "progress": "none", "out": "/tmp/fedcomp-test-pdsgd"}}
+         "run": {"seed": SEED, "progress": "none", "out": results_root()}}
     )
     task, server = build_task(cfg), Server(cfg, LocalFederation)
     assert server.problem.dual_penalty == DualPenalty("chi2", 2.0)
@@ -295,7 +296,7 @@ def test_bad_hyperparameters_are_rejected_in_one_line_naming_the_field(bad, matc
 def test_a_task_without_per_example_positions_is_rejected():
     cfg = load_config(
         {"task": {"name": "heterogeneous-composition"}, "algorithm": {"name": "parallel-pdsgd"},
-         "federation": {"clients": 2, "backend": "local"}, "run": {"progress": "none", "out": "/tmp/fedcomp-test-pdsgd"}}
+         "federation": {"clients": 2, "backend": "local"}, "run": {"progress": "none", "out": results_root()}}
     )
     with pytest.raises(ConfigError, match="sample_positions") as error:
         Server(cfg, LocalFederation).run_round()
@@ -305,7 +306,7 @@ def test_a_task_without_per_example_positions_is_rejected():
 def test_a_task_without_a_dro_game_needs_an_explicit_one():
     raw = {"task": {"name": "dro-classification", "dataset": "breast-cancer", "objective": "erm"},
            "algorithm": {"name": "parallel-pdsgd", "outer_batch": 8}, "federation": {"clients": 2, "backend": "local"},
-           "run": {"progress": "none", "out": "/tmp/fedcomp-test-pdsgd"}}
+           "run": {"progress": "none", "out": results_root()}}
     with pytest.raises(ConfigError, match="dual_penalty") as error:
         Server(load_config(raw), LocalFederation).run_round()
     assert "\n" not in str(error.value)

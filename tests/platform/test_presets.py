@@ -10,6 +10,7 @@ from fedcomp.datasets.binary import OFFLINE_DATASETS
 from fedcomp.platform.config import load_config, preset_description, preset_names
 
 NEEDS_DATA = {"adult-fairness", "omniglot"}
+SLOW = {"maml-fewshot-mnist"}  # over 5 s for its one round (second-order MAML on MNIST images)
 
 
 def needs_external_data(config) -> bool:
@@ -19,7 +20,7 @@ def needs_external_data(config) -> bool:
             or (config.task_name == "imbalanced-binary" and task.dataset not in OFFLINE_DATASETS))
 
 
-@pytest.mark.parametrize("name", preset_names())
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW else n for n in preset_names()])
 def test_preset_loads_and_runs_offline(name, tmp_path):
     config = load_config(name)
     assert preset_description(name)

@@ -50,6 +50,7 @@ def test_tensorboard_event_files_hold_config_rounds_counters_and_final_report(tm
     assert plugins
 
 
+@pytest.mark.slow
 def test_mlflow_store_holds_params_metrics_artifacts_and_status(tmp_path):
     result = tracked(tmp_path, "mlflow")
     df = pd.read_parquet(result.run_dir / "metrics.parquet")
@@ -68,6 +69,7 @@ def test_mlflow_store_holds_params_metrics_artifacts_and_status(tmp_path):
     assert not (tmp_path / "mlruns").exists()
 
 
+@pytest.mark.slow
 def test_mlflow_run_of_a_resumed_run_continues_and_a_failed_start_is_deleted(tmp_path, monkeypatch):
     from fedcomp.platform.server import Server
 
