@@ -67,6 +67,7 @@ class Verification:
     backend: dict[str, Any] = field(default_factory=dict)
     seconds: float = 0.0
     rerun_environment: dict[str, Any] = field(default_factory=dict)
+    original_backend: dict[str, Any] = field(default_factory=dict)
 
     @property
     def identical(self) -> bool:
@@ -74,11 +75,9 @@ class Verification:
 
     def report(self) -> str:
         """The lines ``fedcomp verify`` prints."""
-        b = self.backend
-        where = b.get("name", "?")
-        if where == "ray":
-            where += f" ({b.get('client_actors')} client actors, clients_per_actor={b.get('clients_per_actor')})"
-        lines = [f"verify {self.run_dir.name}: re-ran on {where} in {self.seconds:.1f} s"]
+        where, before = backend_text(self.backend), backend_text(self.original_backend)
+        lines = [f"verify {self.run_dir.name}: re-ran on {where} in {self.seconds:.1f} s"
+                 + (f" (the original ran on {before})" if before != where else "")]
         if self.identical:
             lines.append(f"identical: all {len(self.compared)} metric columns bit-identical over {self.rows} rows "
                          f"({', '.join(self.compared)}); not compared: {', '.join(NOT_COMPARED)}")
@@ -95,6 +94,14 @@ class Verification:
         if self.rerun_dir is not None:
             lines.append(f"re-run: {self.rerun_dir}")
         return "\n".join(lines)
+
+
+def backend_text(backend: Mapping[str, Any]) -> str:
+    """``local`` or ``ray (4 client actors, clients_per_actor=4)``, from run.json's ``backend``."""
+    name = backend.get("name", "?")
+    if name == "ray":
+        name += f" ({backend.get('client_actors')} client actors, clients_per_actor={backend.get('clients_per_actor')})"
+    return name
 
 
 def _column_difference(column: str, a: pd.Series, b: pd.Series) -> ColumnDifference | None:
@@ -203,4 +210,5 @@ def verify(
         backend=rerun_meta.get("backend", {}),
         seconds=time.perf_counter() - started,
         rerun_environment=rerun_meta.get("environment", {}),
+        original_backend=meta.get("backend", {}),
     )

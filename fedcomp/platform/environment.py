@@ -1,6 +1,7 @@
 """The environment a run ran in, recorded in ``run.json`` so that ``fedcomp verify`` can say when a
 re-run's environment differs from the original's: package versions, the git revision of the fedcomp
-source (when it is a git checkout), host, CPU model, OS, and the devices the clients computed on."""
+source (when it is a git checkout), host, CPU model, OS, the devices the clients computed on and the
+torch threads of the process that evaluated the model."""
 
 from __future__ import annotations
 
@@ -64,6 +65,12 @@ def devices(backend: Mapping[str, Any]) -> list[str]:
     return sorted(str(d) for d in found)
 
 
+def _torch_threads() -> int:
+    import torch
+
+    return torch.get_num_threads()
+
+
 def environment(backend: Mapping[str, Any]) -> dict[str, Any]:
     """Everything :mod:`fedcomp.verify` compares between an original run and its re-run."""
     env: dict[str, Any] = {
@@ -73,6 +80,10 @@ def environment(backend: Mapping[str, Any]) -> dict[str, Any]:
         "cpu": cpu_model(),
         "os": platform.platform(),
         "devices": devices(backend),
+        # Threads of the process that evaluates the model: float32 reductions over large tensors are split
+        # across threads, so the thread count can change the last bits of a metric. The local backend
+        # evaluates in this process; the Ray server actor pins one thread.
+        "server_threads": _torch_threads() if backend.get("name") == "local" else 1,
     }
     if any(d.startswith("cuda") for d in env["devices"]):
         import torch
