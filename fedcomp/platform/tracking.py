@@ -26,6 +26,7 @@ import math
 import numbers
 import os
 import re
+import shutil
 import sys
 import time
 import warnings
@@ -287,9 +288,9 @@ class WandbTracker(Tracker):
     def finish(self, status: str, meta: Mapping[str, Any], files: Sequence[Path]) -> None:
         if meta:
             self.run.summary.update({"status": status, **(meta.get("timings") or {})})
-        for path in files:
+        for path in files:  # files in the run's folder are uploaded with it (run.save would symlink and warn)
             if Path(path).is_file():
-                self.run.save(str(path), base_path=str(Path(path).parent), policy="now")
+                shutil.copy2(path, Path(self.run.dir) / Path(path).name)
         self.run.finish(exit_code=0 if status == "completed" else 1)
 
 

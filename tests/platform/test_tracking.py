@@ -120,6 +120,8 @@ def test_wandb_offline_run_holds_config_history_and_summary(tmp_path, monkeypatc
     assert [h["comm_rounds"] for h in history] == df["comm_rounds"].tolist()
     assert logged["summary"]["status"] == "completed" and logged["summary"]["train_s"] > 0
     assert logged["summary"]["test_accuracy"] == df["test_accuracy"].iloc[-1]
+    assert sorted(p.name for p in (offline / "files").iterdir() if p.suffix != ".txt") == [
+        "curves.png", "metrics.parquet", "run.json"]  # uploaded with the run by `wandb sync`
 
 
 def test_none_writes_no_tracking_files(tmp_path):
