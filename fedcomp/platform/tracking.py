@@ -34,6 +34,8 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from fedcomp.platform.errors import ConfigError
+
 TRACKERS = ("none", "tensorboard", "mlflow", "wandb")
 EXTRA = "fedcomp[track]"
 PACKAGES = {"tensorboard": "tensorboardX", "mlflow": "mlflow", "wandb": "wandb"}
@@ -49,8 +51,6 @@ def require(track: str) -> None:
     Raises:
         ConfigError: one line naming the value, the missing package and the extra that installs it.
     """
-    from fedcomp.platform.errors import ConfigError
-
     if track not in TRACKERS:
         raise ConfigError(f"run.track = {track!r}: allowed {', '.join(TRACKERS)}")
     package = PACKAGES.get(track)
@@ -129,7 +129,6 @@ class Tracker:
         self.finish("failed", {}, ())
 
 
-
 def _report_markdown(meta: Mapping[str, Any], final: Mapping[str, Any]) -> str:
     lines = [f"**{meta.get('run_id', '')}**: {meta.get('status', '')}", "", "| metric | final |", "|---|---:|"]
     lines += [f"| {k} | {v:.6g} |" for k, v in scalars(final).items()]
@@ -139,7 +138,9 @@ def _report_markdown(meta: Mapping[str, Any], final: Mapping[str, Any]) -> str:
     env = meta.get("environment") or {}
     if env:
         lines += ["", "| environment | |", "|---|---|"]
-        lines += [f"| {k} | {v} |" for k, v in flat_config({"": env}).items() if not isinstance(v, dict)]
+        for key, value in env.items():
+            items = value.items() if isinstance(value, Mapping) else [("", value)]
+            lines += [f"| {key}{'.' + k if k else ''} | {v} |" for k, v in items]
     return "\n".join(lines)
 
 
@@ -188,7 +189,6 @@ class TensorBoardTracker(Tracker):
         self.writer.close()
 
 
-
 class MLflowTracker(Tracker):
     """One MLflow run in the store under the results root (experiment ``fedcomp``); params = the flat
     config, metrics per round, tags ``fedcomp.run_id`` / ``fedcomp.run_dir``, artifacts = the run's files."""
@@ -232,7 +232,6 @@ class MLflowTracker(Tracker):
 
     def discard(self) -> None:
         self.client.delete_run(self.run_id)
-
 
 
 def where(track: str, folder: str | Path, sweep: bool = False) -> str:
@@ -294,7 +293,6 @@ class WandbTracker(Tracker):
         self.run.finish(exit_code=0 if status == "completed" else 1)
 
 
-
 _WRITERS = {"tensorboard": TensorBoardTracker, "mlflow": MLflowTracker, "wandb": WandbTracker}
 
 
@@ -323,7 +321,6 @@ class _Guarded(Tracker):
 
     def discard(self) -> None:
         self._call("discard")
-
 
 
 def open_tracker(track: str, run_dir: Path, config: Mapping[str, Any], run_id: str, start_round: int = 0) -> Tracker:
