@@ -30,9 +30,7 @@ def git_revision(path: Path | None = None) -> dict[str, Any] | None:
     """``{"revision": sha, "dirty": bool}`` of the git checkout holding ``path`` (default: the fedcomp
     source), or None when it is not in a git checkout (e.g. installed from a wheel) or git is missing."""
     if path is None:
-        import fedcomp
-
-        path = Path(fedcomp.__file__).resolve().parent.parent
+        path = Path(__file__).resolve().parents[2]  # the folder holding the fedcomp package
     if not any((parent / ".git").exists() for parent in (path, *path.parents)):
         return None
     try:
