@@ -25,7 +25,8 @@ from fedcomp.api import make_server
 from fedcomp.bench import SECTION_MARK
 from fedcomp.platform.config import load_config
 from fedcomp.platform.federation import build_algorithm, build_task
-from fedcomp.platform.registry import TASKS, load_builtins
+from fedcomp.platform.catalog import load_builtins
+from fedcomp.platform.registry import TASKS
 from fedcomp.platform.vectorised import can_lockstep
 
 HERE = Path(__file__).parent

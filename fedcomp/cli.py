@@ -63,7 +63,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
     failed = sorted(set(result.trials.loc[result.trials["status"] != "completed", "trial"]))
     print(markdown(result.trials, result.spec))
-    png, md = sweep_report(result.path)
+    png, md = sweep_report(result)
     print(f"sweep {result.path.name}: {result.trials['trial'].nunique()} trials, {len(failed)} failed")
     print(f"results: {result.path / 'trials.parquet'}\nplot: {png}\ntable: {md}")
     return 1 if failed else 0
@@ -72,7 +72,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 def cmd_list(args: argparse.Namespace) -> int:
     from fedcomp.platform.config import preset_description, preset_names
     from fedcomp.platform.problems import KIND_DESCRIPTIONS
-    from fedcomp.platform.registry import ALGORITHMS, TASKS, load_builtins
+    from fedcomp.platform.catalog import load_builtins
+    from fedcomp.platform.registry import ALGORITHMS, TASKS
 
     load_builtins()
     print("algorithms:")
@@ -100,10 +101,11 @@ def cmd_report(args: argparse.Namespace) -> int:
 
     from fedcomp.platform.report import report
     from fedcomp.sweeps.report import sweep_report
+    from fedcomp.sweeps.tuner import load_sweep
 
     try:
         if (Path(args.results_dir) / "sweep.json").is_file():
-            png, md = sweep_report(args.results_dir, metric=args.metric, x=args.x, out=args.out)
+            png, md = sweep_report(load_sweep(args.results_dir), metric=args.metric, x=args.x, out=args.out)
         else:
             png, md = report(args.results_dir, metric=args.metric or "test_accuracy", x=args.x, out=args.out)
     except (FileNotFoundError, ValueError) as error:

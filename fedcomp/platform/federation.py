@@ -19,7 +19,8 @@ import torch
 from fedcomp.platform.algorithms.base import Algorithm, ClientContext, Outcome, State
 from fedcomp.platform.config import Config, FederationConfig
 from fedcomp.platform.errors import ResourceError
-from fedcomp.platform.registry import ALGORITHMS, TASKS, load_builtins
+from fedcomp.platform.catalog import load_builtins
+from fedcomp.platform.registry import ALGORITHMS, TASKS
 from fedcomp.platform.rng import generator
 from fedcomp.platform.vectorised import can_lockstep, lockstep_local_steps
 from fedcomp.platform.tasks.base import Task

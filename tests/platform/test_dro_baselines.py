@@ -10,8 +10,9 @@ from torch import Tensor
 
 import fedcomp
 import fedcomp.platform.algorithms.dro_baselines as dro_baselines  # registers the algorithms
-from fedcomp.platform.config import Params, load_config
-from fedcomp.platform.dro_losses import robust_weights
+from fedcomp.platform.config import load_config
+from fedcomp.platform.params import Params
+from fedcomp.losses.dro import robust_weights
 from fedcomp.platform.errors import ConfigError
 from fedcomp.platform.federation import LocalFederation, build_task
 from fedcomp.platform.problems import COMPOSITIONAL_GLOBAL

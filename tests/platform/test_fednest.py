@@ -11,7 +11,8 @@ from pydantic import Field
 import fedcomp
 from fedcomp.platform.algorithms.base import RoundContext
 from fedcomp.platform.algorithms.fednest import _Epoch
-from fedcomp.platform.config import Params, load_config
+from fedcomp.platform.config import load_config
+from fedcomp.platform.params import Params
 from fedcomp.platform.federation import LocalFederation
 from fedcomp.platform.problems import BILEVEL
 from fedcomp.platform.registry import TASKS, register_task

@@ -12,7 +12,8 @@ from fedcomp.platform.compositional import inner_value_vjp, outer_grad
 from fedcomp.platform.config import load_config
 from fedcomp.platform.errors import ConfigError
 from fedcomp.platform.federation import LocalFederation, build_algorithm, build_task
-from fedcomp.platform.models import FlatModel, mlp
+from fedcomp.models.functional import FlatModel
+from fedcomp.models.mlp import mlp
 from fedcomp.platform.problems import COMPOSITIONAL, CONDITIONAL, CompositionalProblem, ConditionalProblem
 from fedcomp.platform.rng import generator
 from fedcomp.platform.server import Server

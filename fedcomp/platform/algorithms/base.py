@@ -18,7 +18,7 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
-from fedcomp.platform.config import Params
+from fedcomp.platform.params import Params
 from fedcomp.platform.oracles import LOCKSTEP, grad_and_loss  # noqa: F401  (re-exported: algorithms import them from here)
 
 State = dict[str, Tensor]

@@ -76,7 +76,7 @@ from fedcomp.platform.algorithms.base import (
     batch_size,
 )
 from fedcomp.platform.algorithms.local_scgdam import DUAL_CLAMP, grads_and_value
-from fedcomp.platform.config import Params
+from fedcomp.platform.params import Params
 from fedcomp.platform.errors import ConfigError
 from fedcomp.platform.problems import MINIMAX, MinimaxProblem
 from fedcomp.platform.registry import register_algorithm

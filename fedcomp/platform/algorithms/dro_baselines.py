@@ -43,7 +43,7 @@ Biased (f(y) with a batch estimate y), as the paper says.
 **Parallel FastDRO** (``parallel-fastdro``; Levy, Carmon, Duchi, Sidford 2020). Needs per-example losses
 (:class:`ExampleLossProblem`). Per step every client sends its batch's b per-example losses (a low-dimensional
 exchange), the server computes best-response weights p over the pooled K x b losses with
-:func:`fedcomp.platform.dro_losses.robust_weights` (no gradient), each client gets its b weights back and
+:func:`fedcomp.losses.dro.robust_weights` (no gradient), each client gets its b weights back and
 uploads grad sum_{i in b_k} p_i l_i(x_t), and x_{t+1} = x_t - eta sum_k (that) (one model round). The task's
 own h, g, f are not used: FastDRO minimises its mini-batch robust loss. Geometry, size and regulariser used by
 FedDRO are **[unknown]**; the default is chi^2 with rho = 1 and no penalty.
@@ -82,8 +82,8 @@ from fedcomp.platform.algorithms.base import (
 )
 from fedcomp.platform.algorithms.base import batch_size
 from fedcomp.platform.algorithms.feddro import CompositionalHParams, _Compositional, _outer_grad
-from fedcomp.platform.config import Params
-from fedcomp.platform.dro_losses import DualPenalty, project_simplex, robust_loss, robust_weights
+from fedcomp.platform.params import Params
+from fedcomp.losses.dro import DualPenalty, project_simplex, robust_loss, robust_weights
 from fedcomp.platform.errors import ConfigError
 from fedcomp.platform.problems import GlobalCompositionalProblem
 from fedcomp.platform.registry import register_algorithm

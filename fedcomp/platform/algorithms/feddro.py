@@ -41,7 +41,7 @@ from fedcomp.platform.algorithms.base import (
     StepInfo,
     batch_size,
 )
-from fedcomp.platform.config import Params
+from fedcomp.platform.params import Params
 from fedcomp.platform.problems import COMPOSITIONAL_GLOBAL, GlobalCompositionalProblem
 from fedcomp.platform.registry import register_algorithm
 

@@ -43,7 +43,7 @@ from fedcomp.platform.algorithms.base import (
     StepInfo,
     batch_size,
 )
-from fedcomp.platform.config import Params
+from fedcomp.platform.params import Params
 from fedcomp.platform.oracles import grad_xy, grad_y, hvp_yy, jvp_xy
 from fedcomp.platform.problems import BILEVEL, MINIMAX, BilevelProblem, MinimaxProblem
 from fedcomp.platform.registry import register_algorithm

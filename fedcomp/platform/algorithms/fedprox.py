@@ -21,7 +21,7 @@ from pydantic import Field
 from torch import Tensor
 
 from fedcomp.platform.algorithms.base import CommonHParams, DrawUpdate, State, grad_and_loss
-from fedcomp.platform.config import Params
+from fedcomp.platform.params import Params
 from fedcomp.platform.problems import PLAIN, PlainProblem
 from fedcomp.platform.registry import register_algorithm
 

@@ -61,7 +61,7 @@ from torch import Tensor
 
 from fedcomp.platform.algorithms.base import Algorithm, CommonHParams, State, StepInfo, batch_size
 from fedcomp.platform.compositional import inner_value_vjp
-from fedcomp.platform.config import Params
+from fedcomp.platform.params import Params
 from fedcomp.platform.errors import ConfigError
 from fedcomp.platform.problems import (
     COMPOSITIONAL_MINIMAX,

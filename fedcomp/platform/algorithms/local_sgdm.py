@@ -66,7 +66,7 @@ from fedcomp.platform.algorithms.base import (
     State,
     grad_and_loss,
 )
-from fedcomp.platform.config import Params
+from fedcomp.platform.params import Params
 from fedcomp.platform.errors import ConfigError
 from fedcomp.platform.problems import PLAIN, PlainProblem
 from fedcomp.platform.registry import register_algorithm

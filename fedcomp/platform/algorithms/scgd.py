@@ -32,7 +32,7 @@ from torch import Tensor
 
 from fedcomp.platform.algorithms.base import CommonHParams, DrawUpdate, State
 from fedcomp.platform.compositional import inner_value_vjp, outer_grad
-from fedcomp.platform.config import Params
+from fedcomp.platform.params import Params
 from fedcomp.platform.errors import ConfigError
 from fedcomp.platform.problems import COMPOSITIONAL, CompositionalProblem
 from fedcomp.platform.registry import register_algorithm
