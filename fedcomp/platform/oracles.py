@@ -1,6 +1,8 @@
 """First- and second-order oracles of two-variable losses by automatic differentiation.
 
 Each takes the loss as a function of explicit flat parameters ``(x, y)`` and returns detached tensors.
+The compositional kinds' oracles are here too: :func:`inner_value_vjp` (g_k(x; xi) and v -> (dg_k/dx)^T v on
+the same draw; second order for MAML unless first-order) and :func:`outer_grad` (grad f_k(y; zeta)).
 Second-order products use double backpropagation: H_yy v = d/dy <d/dy l, v> and H_xy v = d/dx <d/dy l, v>
 (the mixed second derivative applied to a vector in y-space gives a vector in x-space).
 """
@@ -67,3 +69,34 @@ def jvp_xy(loss: Loss2, x: Tensor, y: Tensor, v: Tensor) -> Tensor:
     (gy,) = torch.autograd.grad(loss(x, y), y, create_graph=True)
     (gx,) = torch.autograd.grad(gy @ v, x, allow_unused=True)
     return torch.zeros_like(x) if gx is None else gx
+
+
+# -- the compositional problem kinds' oracles (g's value with its vector-Jacobian product on the same draw;
+# grad f) -- under lockstep clients by torch.func transforms, otherwise plain autograd (fewer operations).
+
+
+def inner_value_vjp(problem: Any, x: Tensor, xi: Any) -> tuple[Tensor, Callable[[Tensor], Tensor]]:
+    """(g_k(x; xi), v -> (dg_k(x; xi)/dx)^T v); the product may be taken once."""
+    if LOCKSTEP.get():
+        value, pullback = torch.func.vjp(lambda z: problem.inner(z, xi), x)
+        return value, lambda v: pullback(v)[0]
+    x = x.detach().requires_grad_(True)
+    value = problem.inner(x, xi)
+
+    def vjp(v: Tensor) -> Tensor:
+        if not value.requires_grad:  # g does not depend on x
+            return torch.zeros_like(x)
+        (grad,) = torch.autograd.grad(value, x, v, allow_unused=True)
+        return torch.zeros_like(x) if grad is None else grad.detach()
+
+    return value.detach(), vjp
+
+
+def outer_grad(problem: Any, y: Tensor, zeta: Any) -> tuple[Tensor, Tensor]:
+    """(grad f_k(y; zeta), f_k(y; zeta)) at the point ``y``."""
+    if LOCKSTEP.get():
+        return torch.func.grad_and_value(lambda z: problem.outer(z, zeta))(y)
+    y = y.detach().requires_grad_(True)
+    value = problem.outer(y, zeta)
+    (grad,) = torch.autograd.grad(value, y)
+    return grad.detach(), value.detach()

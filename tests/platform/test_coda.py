@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import fedcomp
-from fedcomp.platform.algorithms.base import RoundContext
+from fedcomp.platform.algorithms.legacy import RoundContext
 from fedcomp.platform.algorithms.coda import MarginAUCProblem, ScoredProblem, StagePlan, dual_restart_value
 from fedcomp.platform.config import load_config
 from fedcomp.platform.errors import ConfigError
@@ -187,9 +187,9 @@ def test_coda_rounds_match_a_hand_computation(restart_from):
     assert server.algorithm.synced == ("x", "y")
     for r, want in enumerate(expected):
         record = server.run_round()
-        assert set(server.state) == {"x", "y", "v_ref", "x_acc"}
+        assert set(server.tensors()) == {"x", "y", "v_ref", "x_acc"}
         for key in want:
-            torch.testing.assert_close(server.state[key], want[key], rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(server.tensors()[key], want[key], rtol=1e-5, atol=1e-5)
         assert server.federation.private_states() == {}
     d = cfg.task.dim
     assert record["comm_rounds"] == 5 and record["local_steps"] == 10
@@ -212,7 +212,7 @@ def test_coda_plus_rounds_match_a_hand_computation(dual_step):
     for want in expected:
         record = server.run_round()
         for key in want:
-            torch.testing.assert_close(server.state[key], want[key], rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(server.tensors()[key], want[key], rtol=1e-5, atol=1e-5)
     assert record["embedding_exchanges"] == 0 and record["samples"] == 2 * 10 * 4
 
 
@@ -221,7 +221,7 @@ def test_plain_local_sgda_is_local_gradient_descent_ascent_with_x_and_y_averaged
     task = build_task(cfg)
     server = Server(cfg, LocalFederation)
     server.run_round()
-    assert set(server.state) == {"x", "y"}
+    assert set(server.tensors()) == {"x", "y"}
     params = task.init_params(generator(SEED, "init"))
     finals = []
     for k in range(2):
@@ -230,8 +230,8 @@ def test_plain_local_sgda_is_local_gradient_descent_ascent_with_x_and_y_averaged
             gx, gy = grads_closed(task, k, x, y, task.sample(k, "inner", 4, generator(SEED, "client-step", k, t)))
             x, y = x - 0.2 * gx, y + 0.2 * gy
         finals.append((x, y))
-    torch.testing.assert_close(server.state["x"], (finals[0][0] + finals[1][0]) / 2, rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(server.state["y"], (finals[0][1] + finals[1][1]) / 2, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(server.tensors()["x"], (finals[0][0] + finals[1][0]) / 2, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(server.tensors()["y"], (finals[0][1] + finals[1][1]) / 2, rtol=1e-5, atol=1e-6)
 
 
 # -- convergence and resume ---------------------------------------------------------------------------------------
@@ -274,8 +274,8 @@ def test_resume_across_stage_boundaries_gives_identical_numbers(name, algo):
     resumed.restore(checkpoint)
     for _ in range(3):
         resumed.run_round()
-    for key in straight.state:
-        torch.testing.assert_close(resumed.state[key], straight.state[key], rtol=0, atol=0)
+    for key in straight.tensors():
+        torch.testing.assert_close(resumed.tensors()[key], straight.tensors()[key], rtol=0, atol=0)
 
 
 # -- bad input ------------------------------------------------------------------------------------------------------

@@ -43,8 +43,8 @@ def test_feddro_recursion_matches_a_hand_computation():
             x_prev, x = x, new
         x_bar = sum(x) / K
         x = [x_bar.clone() for _ in range(K)]  # model round; x_prev stays each client's own iterate
-    torch.testing.assert_close(server.state["x"], x_bar, rtol=0, atol=1e-5)
-    torch.testing.assert_close(server.state["y"], y_bar, rtol=0, atol=1e-5)
+    torch.testing.assert_close(server.tensors()["x"], x_bar, rtol=0, atol=1e-5)
+    torch.testing.assert_close(server.tensors()["y"], y_bar, rtol=0, atol=1e-5)
 
 
 @pytest.mark.parametrize(

@@ -9,7 +9,7 @@ import torch
 from pydantic import Field
 
 import fedcomp
-from fedcomp.platform.algorithms.base import RoundContext
+from fedcomp.platform.algorithms.legacy import RoundContext
 from fedcomp.platform.algorithms.fednest import _Epoch
 from fedcomp.platform.config import load_config
 from fedcomp.platform.params import Params
@@ -141,7 +141,7 @@ def test_fednest_reaches_the_bilevel_solution():
     x_star = torch.linalg.solve(M.T @ M + torch.eye(4, dtype=torch.float64), M.T @ c)
     for _ in range(60):
         server.run_round()
-    torch.testing.assert_close(server.state["x"].double(), x_star, rtol=0, atol=1e-3)
+    torch.testing.assert_close(server.tensors()["x"].double(), x_star, rtol=0, atol=1e-3)
 
 
 def minimax(algorithm, rounds, **algo):

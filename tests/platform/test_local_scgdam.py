@@ -9,7 +9,7 @@ import torch
 
 import fedcomp
 from fedcomp.platform.algorithms.local_scgdam import LocalSCGDAM, LocalSGDAM
-from fedcomp.platform.compositional import inner_value_vjp
+from fedcomp.platform.oracles import inner_value_vjp
 from fedcomp.platform.errors import ConfigError
 from fedcomp.platform.federation import LocalFederation, build_algorithm, build_task
 from fedcomp.platform.problems import COMPOSITIONAL_MINIMAX, CompositionalMinimaxProblem, MinimaxProblem
@@ -97,14 +97,14 @@ def test_local_scgdam_is_algorithm_1_with_all_five_states_averaged(options):
     cfg = config("local-scgdam", clients=2, task=task, local_steps=2, lr=0.1, gamma_x=1.5, gamma_y=0.7, alpha=4.0,
                  beta_x=3.0, beta_y=5.0, inner_batch=3, outer_batch=4, **options)
     server = Server(cfg, LocalFederation)
-    assert server.algorithm.synced == ("x", "y", "h", "u", "v") and set(server.state) == set(server.algorithm.synced)
+    assert server.algorithm.synced == ("x", "y", "h", "u", "v") and set(server.tensors()) == set(server.algorithm.synced)
     expected = hand_scgdam(cfg, rounds=2)
     for r in range(2):
         record = server.run_round()
         for key in ("x", "y", "h", "u", "v"):
-            torch.testing.assert_close(server.state[key], expected[r][key], rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(server.tensors()[key], expected[r][key], rtol=1e-5, atol=1e-5)
     if options.get("dual") == "clamp":
-        assert float(server.state["y"]) >= 0
+        assert float(server.tensors()["y"]) >= 0
     assert server.federation.private_states() == {}  # nothing stays on the clients
     d = cfg.task.dim
     assert record["comm_rounds"] == 2 and record["local_steps"] == 4  # counters are cumulative
@@ -142,8 +142,8 @@ def test_degenerate_case_rho_zero_and_alpha_eta_one_is_local_sgdam():
     for _ in range(3):
         scgdam.run_round(), sgdam.run_round()
     for key in ("x", "y", "u", "v"):
-        torch.testing.assert_close(scgdam.state[key], sgdam.state[key], rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(scgdam.state["h"], scgdam.state["x"], rtol=1e-5, atol=1e-6)  # h = g(x) = x
+        torch.testing.assert_close(scgdam.tensors()[key], sgdam.tensors()[key], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(scgdam.tensors()["h"], scgdam.tensors()["x"], rtol=1e-5, atol=1e-6)  # h = g(x) = x
 
 
 def hand_sgdam_clients(cfg, steps):
@@ -170,11 +170,11 @@ def test_local_sgdam_averages_exactly_the_documented_state(average, synced):
     cfg = config("local-sgdam", task={"rho": 0.0, "noise": 0.5}, local_steps=3, lr=0.1, beta_x=4.0, beta_y=6.0,
                  outer_batch=4, average=average)
     server = Server(cfg, LocalFederation)
-    assert server.algorithm.synced == synced and set(server.state) == set(synced)
+    assert server.algorithm.synced == synced and set(server.tensors()) == set(synced)
     record = server.run_round()
     clients = hand_sgdam_clients(cfg, 3)
     for key in synced:
-        torch.testing.assert_close(server.state[key], (clients[0][key] + clients[1][key]) / 2, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(server.tensors()[key], (clients[0][key] + clients[1][key]) / 2, rtol=1e-5, atol=1e-6)
     private = server.federation.private_states()
     if average == "all":
         assert private == {}
@@ -237,8 +237,8 @@ def test_resume_from_a_checkpoint_gives_identical_numbers(name, algo):
     resumed.restore(first.checkpoint())
     for _ in range(3):
         resumed.run_round()
-    for key in straight.state:
-        torch.testing.assert_close(resumed.state[key], straight.state[key], rtol=0, atol=0)
+    for key in straight.tensors():
+        torch.testing.assert_close(resumed.tensors()[key], straight.tensors()[key], rtol=0, atol=0)
 
 
 @pytest.mark.parametrize(

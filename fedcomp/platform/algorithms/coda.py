@@ -64,17 +64,9 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
-from fedcomp.platform.algorithms.base import (
-    Algorithm,
-    ClientContext,
-    CommonHParams,
-    Federation,
-    RoundContext,
-    RoundRecord,
-    State,
-    StepInfo,
-    batch_size,
-)
+from fedcomp.platform.algorithms.base import ClientContext, CommonHParams, Federation, StepInfo, batch_size
+from fedcomp.platform.algorithms.legacy import DictAlgorithm, RoundContext, State
+from fedcomp.platform.rounds import RoundRecord
 from fedcomp.platform.algorithms.local_scgdam import DUAL_CLAMP, grads_and_value
 from fedcomp.platform.params import Params
 from fedcomp.platform.errors import ConfigError
@@ -187,7 +179,7 @@ class CODAPlusHParams(_StagewiseHParams):
     period_growth: int = Field(1, ge=1, description="g: the period of stage s is min(I g^(s-1), T0); 1 = constant")
 
 
-class _Stagewise(Algorithm):
+class _Stagewise(DictAlgorithm):
     """Shared schedule, client program and round program of the stagewise proximal primal-dual methods."""
 
     kind = MINIMAX

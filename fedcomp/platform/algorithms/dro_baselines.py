@@ -72,15 +72,9 @@ import torch
 from pydantic import Field, model_validator
 from torch import Tensor
 
-from fedcomp.platform.algorithms.base import (
-    ClientContext,
-    Federation,
-    RoundContext,
-    RoundRecord,
-    State,
-    StepInfo,
-)
-from fedcomp.platform.algorithms.base import batch_size
+from fedcomp.platform.algorithms.base import ClientContext, Federation, StepInfo, batch_size
+from fedcomp.platform.algorithms.legacy import RoundContext, State
+from fedcomp.platform.rounds import RoundRecord
 from fedcomp.platform.algorithms.feddro import CompositionalHParams, _Compositional, _outer_grad
 from fedcomp.platform.params import Params
 from fedcomp.losses.dro import DualPenalty, project_simplex, robust_loss, robust_weights

@@ -5,7 +5,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from fedcomp.platform.algorithms.base import CommonHParams, DrawUpdate, State, grad_and_loss
+from fedcomp.platform.algorithms.base import CommonHParams, grad_and_loss
+from fedcomp.platform.algorithms.legacy import DictDrawUpdate, State
 from fedcomp.platform.problems import PLAIN, PlainProblem
 from fedcomp.platform.registry import register_algorithm
 
@@ -15,7 +16,7 @@ class FedAvgHParams(CommonHParams):
 
 
 @register_algorithm("fedavg")
-class FedAvg(DrawUpdate):
+class FedAvg(DictDrawUpdate):
     """x <- x - lr * grad l(x; batch) for q steps on each client; then x <- mean over the cohort."""
 
     kind = PLAIN

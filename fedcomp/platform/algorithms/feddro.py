@@ -31,16 +31,9 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
-from fedcomp.platform.algorithms.base import (
-    Algorithm,
-    ClientContext,
-    Federation,
-    RoundContext,
-    RoundRecord,
-    State,
-    StepInfo,
-    batch_size,
-)
+from fedcomp.platform.algorithms.base import ClientContext, Federation, StepInfo, batch_size
+from fedcomp.platform.algorithms.legacy import DictAlgorithm, RoundContext, State
+from fedcomp.platform.rounds import RoundRecord
 from fedcomp.platform.params import Params
 from fedcomp.platform.problems import COMPOSITIONAL_GLOBAL, GlobalCompositionalProblem
 from fedcomp.platform.registry import register_algorithm
@@ -78,7 +71,7 @@ def _outer_grad(problem: GlobalCompositionalProblem, z: Tensor) -> Tensor:
     return grad
 
 
-class _Compositional(Algorithm):
+class _Compositional(DictAlgorithm):
     kind = COMPOSITIONAL_GLOBAL
     synced = ("x",)
 

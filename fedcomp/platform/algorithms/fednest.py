@@ -33,16 +33,9 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
-from fedcomp.platform.algorithms.base import (
-    Algorithm,
-    ClientContext,
-    Federation,
-    RoundContext,
-    RoundRecord,
-    State,
-    StepInfo,
-    batch_size,
-)
+from fedcomp.platform.algorithms.base import ClientContext, Federation, StepInfo, batch_size
+from fedcomp.platform.algorithms.legacy import DictAlgorithm, RoundContext, State
+from fedcomp.platform.rounds import RoundRecord
 from fedcomp.platform.params import Params
 from fedcomp.platform.oracles import grad_xy, grad_y, hvp_yy, jvp_xy
 from fedcomp.platform.problems import BILEVEL, MINIMAX, BilevelProblem, MinimaxProblem
@@ -66,7 +59,7 @@ class FedNestHParams(Params):
 
 
 
-class _Nested(Algorithm):
+class _Nested(DictAlgorithm):
     """Shared client programs and sub-round helpers of the FedNest family."""
 
     kind = BILEVEL
@@ -299,7 +292,7 @@ class FedAvgSHParams(Params):
 
 
 @register_algorithm("fedavg-s")
-class FedAvgS(Algorithm):
+class FedAvgS(DictAlgorithm):
     """FedAvg-S (Hou et al. 2021): local simultaneous SGDA x <- x - alpha grad_x f, y <- y + beta grad_y f;
     x and y averaged every ``local_steps`` steps."""
 

@@ -20,7 +20,8 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
-from fedcomp.platform.algorithms.base import CommonHParams, DrawUpdate, State, grad_and_loss
+from fedcomp.platform.algorithms.base import CommonHParams, grad_and_loss
+from fedcomp.platform.algorithms.legacy import DictDrawUpdate, State
 from fedcomp.platform.params import Params
 from fedcomp.platform.problems import PLAIN, PlainProblem
 from fedcomp.platform.registry import register_algorithm
@@ -35,7 +36,7 @@ class FedProxHParams(CommonHParams):
 
 
 @register_algorithm("fedprox")
-class FedProx(DrawUpdate):
+class FedProx(DictDrawUpdate):
     """p SGD steps on f_i(w) + (mu/2)||w - w_g||^2 from the broadcast w_g; then w averaged."""
 
     kind = PLAIN

@@ -59,8 +59,9 @@ import torch
 from pydantic import Field, model_validator
 from torch import Tensor
 
-from fedcomp.platform.algorithms.base import Algorithm, CommonHParams, State, StepInfo, batch_size
-from fedcomp.platform.compositional import inner_value_vjp
+from fedcomp.platform.algorithms.base import CommonHParams, StepInfo, batch_size
+from fedcomp.platform.algorithms.legacy import DictAlgorithm, State
+from fedcomp.platform.oracles import inner_value_vjp
 from fedcomp.platform.params import Params
 from fedcomp.platform.errors import ConfigError
 from fedcomp.platform.problems import (
@@ -148,7 +149,7 @@ class LocalSGDAMHParams(_MomentumGDAHParams):
         return self
 
 
-class _MomentumGDA(Algorithm):
+class _MomentumGDA(DictAlgorithm):
     """What both algorithms share: the two descent-ascent moves with the previous momenta."""
 
     def _move(self, state: State) -> tuple[Tensor, Tensor]:

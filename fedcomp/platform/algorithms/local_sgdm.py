@@ -57,15 +57,9 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
-from fedcomp.platform.algorithms.base import (
-    CommonHParams,
-    DrawUpdate,
-    Federation,
-    RoundContext,
-    RoundRecord,
-    State,
-    grad_and_loss,
-)
+from fedcomp.platform.algorithms.base import CommonHParams, Federation, grad_and_loss
+from fedcomp.platform.algorithms.legacy import DictDrawUpdate, RoundContext, State
+from fedcomp.platform.rounds import RoundRecord
 from fedcomp.platform.params import Params
 from fedcomp.platform.errors import ConfigError
 from fedcomp.platform.problems import PLAIN, PlainProblem
@@ -209,7 +203,7 @@ class _Weighted:
 
 
 @register_algorithm("local-sgdm")
-class LocalSGDM(DrawUpdate):
+class LocalSGDM(DictDrawUpdate):
     """buf = mu buf + grad l(x); x = x - lr buf for p steps; then x (and buf, ``average: all``) averaged."""
 
     kind = PLAIN

@@ -32,15 +32,9 @@ import torch
 from pydantic import Field, model_validator
 from torch import Tensor
 
-from fedcomp.platform.algorithms.base import (
-    CommonHParams,
-    DrawUpdate,
-    Federation,
-    RoundContext,
-    RoundRecord,
-    State,
-    grad_and_loss,
-)
+from fedcomp.platform.algorithms.base import CommonHParams, Federation, grad_and_loss
+from fedcomp.platform.algorithms.legacy import DictDrawUpdate, RoundContext, State
+from fedcomp.platform.rounds import RoundRecord
 from fedcomp.platform.params import Params
 from fedcomp.platform.problems import PLAIN, PlainProblem
 from fedcomp.platform.registry import register_algorithm
@@ -67,7 +61,7 @@ class ScaffoldHParams(CommonHParams):
 
 
 @register_algorithm("scaffold")
-class Scaffold(DrawUpdate):
+class Scaffold(DictDrawUpdate):
     """Local steps corrected by c - c_i; x and c move by the cohort's mean changes (c scaled by |S|/N)."""
 
     kind = PLAIN
