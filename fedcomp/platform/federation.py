@@ -131,7 +131,7 @@ class ClientHost:
             start = self.private.get(client)
             if start is None:
                 start = self.algorithm.start_state(broadcast)
-            starts.append({**start, **{k: v.clone() for k, v in broadcast.items()}})
+            starts.append(self.algorithm.begin({**start, **{k: v.clone() for k, v in broadcast.items()}}))
             contexts.append(ClientContext(client, round, sub, lambda *ids, s=stream: generator(seed, "client-step", s, *ids)))
         results = None
         if self.config.federation.vectorise and can_lockstep(self.algorithm, self.problem, program, len(clients)):
@@ -146,7 +146,8 @@ class ClientHost:
             sums += out_layout.pack(outputs, np.float64)
             samples += info.samples
             loss_sum += info.loss
-            kept = {k: v.detach() for k, v in state.items() if k not in outputs and k not in broadcast}
+            dropped = outputs.keys() | broadcast.keys() | self.algorithm.round_local
+            kept = {k: v.detach() for k, v in state.items() if k not in dropped}
             self.private[client] = kept
             if kept and program not in self.algorithm.transient_programs:
                 private[client] = {k: v.cpu() for k, v in kept.items()}

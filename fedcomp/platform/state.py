@@ -8,13 +8,17 @@ An algorithm declares its client state and its server state as dataclasses deriv
         u: Tensor
 
 Every field exists from the start (no lazily created keys) and an update builds a new record
-(``state.replace(x=...)``). On the wire, in checkpoints and under ``vmap`` a state travels as its plain
-mapping of named tensors (:meth:`State.tensors`), which :meth:`State.of` turns back into the record.
+(``state.replace(x=...)``). A field may itself be a record (a server optimiser's state inside the server
+state). On the wire, in checkpoints and under ``vmap`` a state travels as its plain mapping of named tensors
+(:meth:`State.tensors`; a nested record's fields as ``outer.inner``), which :meth:`State.of` turns back into
+the record.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import typing
 from typing import Any, Mapping, TypeVar
 
 from torch import Tensor
@@ -34,18 +38,42 @@ class State:
     @classmethod
     def of(cls: type[S], tensors: Mapping[str, Tensor]) -> S:
         """The record from a mapping that holds (at least) every field; other keys are ignored."""
-        missing = [n for n in cls.names() if n not in tensors]
+        values: dict[str, Any] = {}
+        missing = []
+        for name in cls.names():
+            nested = _nested_types(cls).get(name)
+            if nested is not None:
+                prefix = name + "."
+                values[name] = nested.of({k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)})
+            elif name in tensors:
+                values[name] = tensors[name]
+            else:
+                missing.append(name)
         if missing:
             raise KeyError(f"{cls.__name__} needs {', '.join(missing)}; got {', '.join(sorted(tensors)) or 'nothing'}")
-        return cls(**{n: tensors[n] for n in cls.names()})
+        return cls(**values)
 
     def tensors(self) -> dict[str, Tensor]:
         """The fields as a plain mapping (the form that crosses the wire and goes into checkpoints)."""
-        return {n: getattr(self, n) for n in self.names()}
+        out: dict[str, Tensor] = {}
+        for name in self.names():
+            value = getattr(self, name)
+            if isinstance(value, State):
+                out.update({f"{name}.{k}": v for k, v in value.tensors().items()})
+            else:
+                out[name] = value
+        return out
 
     def replace(self: S, **changes: Any) -> S:
         """A new record with some fields replaced."""
         return dataclasses.replace(self, **changes)
+
+
+@functools.cache
+def _nested_types(cls: type[State]) -> dict[str, type[State]]:
+    """The fields of ``cls`` that are records themselves, with their types."""
+    hints = typing.get_type_hints(cls)
+    return {n: t for n, t in hints.items() if isinstance(t, type) and issubclass(t, State)}
 
 
 class Means(dict[str, Tensor]):

@@ -117,6 +117,9 @@ class Algorithm(ABC, Generic[C, S]):
     description: ClassVar[str] = ""
     vectorisable: ClassVar[bool] = False
     """Whether the ``local_steps`` program may run a host's clients in lockstep under ``torch.func.vmap``."""
+    round_local: ClassVar[frozenset[str]] = frozenset()
+    """Client fields that live for one client program only (FedProx's proximal anchor): :meth:`begin` sets them
+    when the program starts, and they are not kept on the client afterwards."""
     transient_programs: ClassVar[frozenset[str]] = frozenset()
     """Client programs whose effect on private state need not be saved after each call: they run in a
     sequence that ends with a saving program, and a replacement client replays them from the federation's log."""
@@ -131,7 +134,7 @@ class Algorithm(ABC, Generic[C, S]):
     def join(self, broadcast: Tensors) -> C:
         """A client's state the first time it takes part, from the first broadcast it receives; by default the
         broadcast fields (an algorithm with private fields that start otherwise overrides this)."""
-        return self.Client.of({k: v.clone() for k, v in broadcast.items()})  # type: ignore[return-value]
+        return self.Client.of(self.begin({k: v.clone() for k, v in broadcast.items()}))  # type: ignore[return-value]
 
     @abstractmethod
     def round(self, fed: Round, server: S) -> S:
@@ -143,6 +146,11 @@ class Algorithm(ABC, Generic[C, S]):
         """Client fields the server keeps a copy of: broadcast to the cohort, averaged back by ``local_steps``."""
         server = set(self.Server.names())
         return tuple(n for n in self.Client.names() if n in server)
+
+    def begin(self, state: Tensors) -> Tensors:
+        """The client's state as a program starts (after the broadcast overwrote its shared fields): sets the
+        :attr:`round_local` fields; by default there are none."""
+        return state
 
     def start_state(self, broadcast: Tensors) -> Tensors:
         return self.join(broadcast).tensors()

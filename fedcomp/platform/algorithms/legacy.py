@@ -64,6 +64,11 @@ class DictAlgorithm(ABC):
     def averaged(self) -> tuple[str, ...]:
         return self.synced
 
+    round_local: ClassVar[frozenset[str]] = frozenset()
+
+    def begin(self, state: State) -> State:
+        return state
+
     def start_state(self, broadcast: State) -> State:
         return self.init_state(broadcast)
 
