@@ -10,12 +10,12 @@ import pytest
 import torch
 
 import fedcomp
-from fedcomp.platform.algorithms.legacy import RoundContext
 from fedcomp.platform.algorithms.coda import MarginAUCProblem, ScoredProblem, StagePlan, dual_restart_value
 from fedcomp.platform.config import load_config
 from fedcomp.platform.errors import ConfigError
 from fedcomp.platform.federation import LocalFederation, build_algorithm, build_task
 from fedcomp.platform.registry import TASKS
+from fedcomp.platform.rounds import Round
 from fedcomp.platform.rng import generator
 from fedcomp.platform.server import Server
 from tests.platform.minimax_tiny import config
@@ -101,9 +101,9 @@ def test_dual_restart_is_mean_negative_minus_mean_positive_score_over_all_client
     x, y = torch.tensor([0.3, -0.2, 0.5]), torch.tensor([7.0])
     for round_, stage in ((0, 1), (2_500, 2)):
         assert server.algorithm.plan(round_).stage == stage and server.algorithm.plan(round_).first
-        ctx = RoundContext(round_, lambda k=0: [0, 1, 2], lambda *ids: generator(SEED, "server", round_, *ids),
-                           server.problem)
-        alpha, outcome = server.algorithm._restart(server.federation, ctx, x, y)
+        fed = Round(server.federation, round_, lambda k=0: [0, 1, 2], lambda *ids: generator(SEED, "server", round_, *ids),
+                    server.problem, 3)
+        alpha = server.algorithm.restart_dual(fed, x, y)
         scores, labels = [], []
         for k in range(3):  # the same draws, by hand
             gen = generator(SEED, "client-step", k, -1, stage)
@@ -114,7 +114,7 @@ def test_dual_restart_is_mean_negative_minus_mean_positive_score_over_all_client
         scores, labels = torch.cat(scores).double(), torch.cat(labels).bool()
         closed = 0.25 + scores[~labels].mean() - scores[labels].mean()  # the margin form's best response
         assert float(alpha) == pytest.approx(float(closed), rel=1e-5)
-        assert outcome.samples == 3 * 4 * 5 and outcome.floats_up == 4
+        assert fed.record.samples == 3 * 4 * 5 and fed.record.embedding_floats_up == 4
 
 
 def test_dual_restart_leaves_alpha_when_a_class_is_missing():
@@ -184,7 +184,7 @@ def test_coda_rounds_match_a_hand_computation(restart_from):
              (3, True, eta / 9, 6)]
     expected = hand_rounds(cfg, plans, restart=True)
     server = Server(cfg, LocalFederation)
-    assert server.algorithm.synced == ("x", "y")
+    assert server.algorithm.averaged == ("x", "y")
     for r, want in enumerate(expected):
         record = server.run_round()
         assert set(server.tensors()) == {"x", "y", "v_ref", "x_acc"}

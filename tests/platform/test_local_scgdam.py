@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import fedcomp
+from fedcomp.platform.algorithms.base import ClientContext
 from fedcomp.platform.algorithms.local_scgdam import LocalSCGDAM, LocalSGDAM
 from fedcomp.platform.oracles import inner_value_vjp
 from fedcomp.platform.errors import ConfigError
@@ -97,7 +98,7 @@ def test_local_scgdam_is_algorithm_1_with_all_five_states_averaged(options):
     cfg = config("local-scgdam", clients=2, task=task, local_steps=2, lr=0.1, gamma_x=1.5, gamma_y=0.7, alpha=4.0,
                  beta_x=3.0, beta_y=5.0, inner_batch=3, outer_batch=4, **options)
     server = Server(cfg, LocalFederation)
-    assert server.algorithm.synced == ("x", "y", "h", "u", "v") and set(server.tensors()) == set(server.algorithm.synced)
+    assert server.algorithm.averaged == ("x", "y", "h", "u", "v") and set(server.tensors()) == set(server.algorithm.averaged)
     expected = hand_scgdam(cfg, rounds=2)
     for r in range(2):
         record = server.run_round()
@@ -170,7 +171,7 @@ def test_local_sgdam_averages_exactly_the_documented_state(average, synced):
     cfg = config("local-sgdam", task={"rho": 0.0, "noise": 0.5}, local_steps=3, lr=0.1, beta_x=4.0, beta_y=6.0,
                  outer_batch=4, average=average)
     server = Server(cfg, LocalFederation)
-    assert server.algorithm.synced == synced and set(server.tensors()) == set(synced)
+    assert server.algorithm.averaged == synced and set(server.tensors()) == set(synced)
     record = server.run_round()
     clients = hand_sgdam_clients(cfg, 3)
     for key in synced:
@@ -188,14 +189,16 @@ def test_local_sgdam_averages_exactly_the_documented_state(average, synced):
 
 def test_model_only_client_joining_late_starts_its_momenta_from_its_first_batch():
     cfg = config("local-sgdam", clients=3, federation={"clients_per_round": 1}, task={"rho": 0.0},
-                 local_steps=2, average="model")
+                 local_steps=1, average="model")
     algorithm, task = build_algorithm(cfg), build_task(cfg)
-    state = algorithm.init_state(task.init_params(generator(SEED, "init")))
-    assert set(state) == {"x", "y"}
-    new, info = algorithm.local_step(task, 1, state, 7, generator(SEED, "client-step", 1, 7))
+    server = algorithm.init(task.init_params(generator(SEED, "init")))
+    assert set(server.names()) == {"x", "y"}
+    state = algorithm.join(server.tensors())
+    ctx = ClientContext(1, 7, 0, lambda *ids: generator(SEED, "client-step", 1, *ids))  # round 7 = step 7
+    new, _, info = algorithm.local_steps(task, state, ctx)
     first_batch = task.sample(1, "inner", 32, generator(SEED, "client-step", 1, 7))
-    fresh = grads_closed(task, 1, state["x"], state["y"], first_batch)
-    torch.testing.assert_close(new["x"], state["x"] - 0.1 * fresh[0])
+    fresh = grads_closed(task, 1, state.x, state.y, first_batch)
+    torch.testing.assert_close(new.x, state.x - 0.1 * fresh[0])
     assert info.samples == 2 * 32
 
 
