@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 
+import pandas as pd
 import pytest
 import torch
 
@@ -340,3 +341,20 @@ def test_runs_end_to_end_on_breast_cancer(tmp_path, name, extra):
     final = result.final
     assert final["comm_rounds"] == 3 and final["local_steps"] == 6
     assert 0.0 <= final["test_auroc"] <= 1.0
+
+
+@pytest.mark.ray
+@pytest.mark.skipif("imbalanced-binary" not in TASKS, reason="the imbalanced-binary task is not registered")
+@pytest.mark.slow
+def test_stages_and_dual_restarts_give_the_same_numbers_on_ray(ray_session, tmp_path):
+    """Partial participation across two stage boundaries (three dual restarts, whose broadcast is the model alone,
+    between rounds whose broadcast carries v_ref): every metric and counter of the Ray backend (2 clients per
+    actor) equals the local backend's."""
+    raw = {"task": {"name": "imbalanced-binary", "dataset": "breast-cancer", "model": "linear"},
+           "algorithm": {"name": "coda", "local_steps": 2, "outer_batch": 16, "stage_steps": 2, "restart_batches": 2},
+           "federation": {"clients": 4, "clients_per_round": 3, "backend": "local"},
+           "run": {"rounds": 5, "progress": "none", "out": str(tmp_path)}}
+    local = fedcomp.run(raw).metrics.drop(columns="wall_time")
+    ray = fedcomp.run(raw, {"federation.backend": "ray", "federation.clients_per_actor": 2})
+    pd.testing.assert_frame_equal(ray.metrics.drop(columns="wall_time"), local, check_exact=True)
+    assert local["embedding_exchanges"].tolist() == [0, 1, 2, 2, 2, 3]  # stages open at rounds 0, 1 and 4

@@ -47,12 +47,15 @@ first stage's v_ref is x_0. ``period_growth: g`` makes the period grow by stages
 CODA+ paper lets I_s increase; this geometric shape with a constant T_s is **[inferred]**, the default g = 1 is the
 reference code's constant period.
 
-Schedules are pure functions of the round index (:meth:`_Stagewise.plan`), and the server-side state -- v_ref,
-the stage's running sum of iterates (``x_acc``) and alpha -- lives in the algorithm state the checkpoint carries,
-so a resumed run continues with identical numbers. T0 (``stage_steps``) counts local steps; a stage ends at the first
-communication at or after its T_s steps (T_s is rounded up to whole rounds, and the time average divides by the
-steps the stage really ran). Counters: one model round per round; CoDA's dual restart
-is a low-dimensional exchange (4 floats up; its download is the model it scores, as the simulation sends it).
+State: a client keeps nothing between rounds (its record is the model (x, y) every message brings); the server
+state (:class:`StageServer`) is x, y, the stage's v_ref and the stage's running sum of averaged iterates
+``x_acc``, all present from ``init`` (v_ref = x_0, x_acc = 0: stage 1's values), so a checkpoint is that record
+and a resumed run continues with identical numbers. Schedules are pure functions of the round index
+(:meth:`_Stagewise.plan`). T0 (``stage_steps``) counts local steps; a stage ends at the first communication at or
+after its T_s steps (T_s is rounded up to whole rounds, and the time average divides by the steps the stage really
+ran). Counters: one model round per round; CoDA's dual restart is a low-dimensional exchange (4 floats up; its
+download is the model it scores, as the simulation sends it). ``coda_mode: plain_local_sgda`` builds
+:class:`PlainLocalSGDA`, whose server state is (x, y) alone.
 """
 
 from __future__ import annotations

@@ -6,8 +6,8 @@ Problem (class C4): min_x max_y (1/K) sum_k f_k( (1/K) sum_k' g_k'(x), y ). For 
 x = (w, a, b), y = [alpha], g(x) = x - rho (grad_w CE(w), 0, 0) and f the square-loss AUC surrogate; here any
 :class:`~fedcomp.platform.problems.CompositionalMinimaxProblem` runs.
 
-**LocalSCGDAM** (``local-scgdam``). State per device: x, y, h (the inner estimate, the size of g's value --
-for deep AUC the size of x), u (x-side momentum), v (y-side momentum). With eta = ``lr``:
+**LocalSCGDAM** (``local-scgdam``). State per device: x, y, h (the inner estimate, the size of g's value,
+which class C4 makes model-sized: ALGORITHMS.md A17), u (x-side momentum), v (y-side momentum). With eta = ``lr``:
 
     init:  h = g(x_0; xi_0),  u = J_g(x_0; xi_0)^T grad_z f(h, y_0; zeta_0),  v = grad_y f(h, y_0; zeta_0)
     iteration t = 0, 1, ...:
@@ -21,14 +21,14 @@ for deep AUC the size of x), u (x-side momentum), v (y-side momentum). With eta 
 How the sequence maps onto local steps (global index s = round * p + i): step 0 runs the init on its own
 draws (xi_0, zeta_0) and then iteration t = 0 on the next draws; every step s >= 1 runs iteration t = s. So the
 p-th step of round r ends iteration t = (r + 1) p - 1 and the server averages exactly where the pseudo-code
-does; every iterate and every average is the paper's. The init's draws are part of step 0, so its sample
-count is twice that of later steps. xi (for g and its Jacobian, ``inner_batch`` examples) and zeta (for both
+does; every iterate and every average is the paper's. The init's draws are part of step 0 (drawn first), so its
+sample count is twice that of later steps. Both algorithms are a draw and a pure update
+(:class:`~fedcomp.platform.algorithms.base.LocalSteps`), so a host may run its clients in lockstep. xi (for g and its Jacobian, ``inner_batch`` examples) and zeta (for both
 gradients of f, ``outer_batch`` examples) are independent draws from the step's generator (S5); the same xi
 gives g's value and J_g^T; the same zeta gives grad_z f and grad_y f.
 
 Options: ``jacobian: exact`` (the paper: J_g^T by a vector-Jacobian product, a Hessian-vector product when g
-contains a gradient step) or ``identity`` (J_g ~ I, cheaper, LibAUC PDSCA-like; pitfall S3; needs g's value
-the size of x). ``batches: shared`` uses one draw zeta for g and f (pitfall S5; needs a task whose inner
+contains a gradient step) or ``identity`` (J_g ~ I, cheaper, LibAUC PDSCA-like; pitfall S3). ``batches: shared`` uses one draw zeta for g and f (pitfall S5; needs a task whose inner
 oracle accepts its outer batches). ``dual: clamp`` keeps y in [0, 999] after each ascent step (LibAUC's
 margin form, pitfall S7); the paper's y is unconstrained.
 
@@ -37,8 +37,9 @@ margin form, pitfall S7); the paper's y is unconstrained.
 init u = grad_x f(x_0, y_0; zeta_0), v = grad_y f(x_0, y_0; zeta_0), then iteration t moves x and y with
 (u, v) and refreshes u, v at the new point, with the same step-to-iteration mapping. ``average: all``
 (default, following the LocalSCGDAM template **[inferred]**) averages x, y, u and v; ``average: model``
-averages x and y only and leaves each client its own momenta (pitfall S10); a client that takes part for the
-first time after step 0 then starts its momenta from its first step's batch, as every client does at step 0.
+averages x and y only and leaves each client its own momenta (pitfall S10; :class:`PrivateMomenta`, whose
+server state is (x, y)); a client that takes part for the first time after step 0 then starts its momenta from
+its first step's batch, as every client does at step 0.
 The batch is the task's ``sample(client, "inner", outer_batch, gen)``.
 
 Degenerate case (ALGORITHMS.md 10, item 5): with g(x) = x (rho = 0) and alpha eta = 1, LocalSCGDAM's h is x
