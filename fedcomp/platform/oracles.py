@@ -51,9 +51,20 @@ def grad_y(loss: Loss2, x: Tensor, y: Tensor) -> Tensor:
 
 def grad_xy(loss: Loss2, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
     """Both partial gradients from one backward pass."""
+    gx, gy, _ = grad_xy_and_value(loss, x, y)
+    return gx, gy
+
+
+def grad_xy_and_value(loss: Loss2, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """(d loss / dx, d loss / dy, loss) at (x, y) from one forward and one backward pass; a variable the loss
+    does not use gets a zero gradient. Under lockstep clients by ``torch.func.grad_and_value``."""
+    if LOCKSTEP.get():
+        (gx, gy), value = torch.func.grad_and_value(loss, argnums=(0, 1))(x, y)
+        return gx, gy, value
     x, y = _leaves(x, y)
-    gx, gy = torch.autograd.grad(loss(x, y), (x, y), allow_unused=True)
-    return (torch.zeros_like(x) if gx is None else gx), gy
+    value = loss(x, y)
+    gx, gy = torch.autograd.grad(value, (x, y), allow_unused=True)
+    return (torch.zeros_like(x) if gx is None else gx), (torch.zeros_like(y) if gy is None else gy), value.detach()
 
 
 def hvp_yy(loss: Loss2, x: Tensor, y: Tensor, v: Tensor) -> Tensor:
