@@ -9,14 +9,14 @@ import torch
 from pydantic import Field
 
 import fedcomp
-from fedcomp.platform.algorithms.legacy import RoundContext
-from fedcomp.platform.algorithms.fednest import _Epoch
+from fedcomp.platform.algorithms.fednest import fresh_cohorts
 from fedcomp.platform.config import load_config
 from fedcomp.platform.params import Params
 from fedcomp.platform.federation import LocalFederation
 from fedcomp.platform.problems import BILEVEL
 from fedcomp.platform.registry import TASKS, register_task
 from fedcomp.platform.rng import generator
+from fedcomp.platform.rounds import Round
 from fedcomp.platform.server import Server
 from fedcomp.platform.tasks.base import Task
 
@@ -73,9 +73,9 @@ def bilevel_config(algorithm="fednest", **algo):
 
 def ihgp(config, x, y, round_=0):
     server = Server(config, LocalFederation)
-    ctx = RoundContext(round_, lambda k=0: list(range(5)), lambda *ids: generator(0, "server", round_, *ids), server.problem)
-    epoch = _Epoch(server.federation, ctx)
-    return server.algorithm._fedihgp(epoch, ctx, x, y), epoch.calls
+    fed = Round(server.federation, round_, lambda k=0: list(range(5)), lambda *ids: generator(0, "server", round_, *ids),
+                server.problem, 5)
+    return server.algorithm.fedihgp(fed, fresh_cohorts(fed), x, y), fed.record.comm_rounds
 
 
 def exact_ihgp(task, x, y):
