@@ -34,7 +34,7 @@ from __future__ import annotations
 import itertools
 import typing
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Literal, Mapping
+from typing import Any, Callable, Iterator, Literal, Mapping, TypeVar
 
 import torch
 from pydantic import Field
@@ -99,7 +99,7 @@ class Counter(Point):
     counter: Tensor
     """(I - H_i / l)^m p_0 after the client's m-th FedIHGP call of epoch ``counter_epoch``."""
     counter_epoch: Tensor
-    """The epoch whose p_0 the counter started from (-1 before any): a client's first call of a new epoch restarts it."""
+    """The epoch whose p_0 the counter started from (-1: none): the client's first call of an epoch restarts it."""
 
 
 @dataclass(frozen=True)
@@ -108,8 +108,16 @@ class CounterStep(Counter):
     """p_0, broadcast with every call."""
 
 
+V = TypeVar("V", bound=State)
+Reply = tuple[V, Mapping[str, Tensor], StepInfo]
+"""What a client program returns: its view (updated where it keeps private fields), outputs to average, counts."""
+Counted = tuple[Tensor, StepInfo]
+"""A client-side vector with the oracle calls (and loss) it took."""
+Cohorts = Iterator[list[int]]
+
+
 # -- sub-rounds: what the server does ----------------------------------------------------------------------
-def fresh_cohorts(fed: Round) -> Iterator[list[int]]:
+def fresh_cohorts(fed: Round) -> Cohorts:
     """The round's cohorts 0, 1, 2, ... in turn: FedNest samples a fresh cohort for every sub-round."""
     return (fed.cohort(k) for k in itertools.count())
 
@@ -134,7 +142,7 @@ def neumann_series(v: Tensor, step: Callable[[Tensor], Tensor], terms: int, eta:
     return eta * total
 
 
-def fedihgp_paper(fed: Round, cohorts: Iterator[list[int]], x: Tensor, y: Tensor, terms: int, eta: float) -> Tensor:
+def fedihgp_paper(fed: Round, cohorts: Cohorts, x: Tensor, y: Tensor, terms: int, eta: float) -> Tensor:
     """p_0 = N eta <grad_y f_i>, then N' ~ U{0..N-1} rounds p <- <(I - eta H_i) p> (1 + N' rounds)."""
     v = fed.call("ihgp_start", next(cohorts), Point(x, y)).v
     n_prime = int(torch.randint(terms, (1,), generator=fed.rng("neumann")))
@@ -144,13 +152,13 @@ def fedihgp_paper(fed: Round, cohorts: Iterator[list[int]], x: Tensor, y: Tensor
     return p
 
 
-def fedihgp_deterministic(fed: Round, cohorts: Iterator[list[int]], x: Tensor, y: Tensor, terms: int, eta: float) -> Tensor:
+def fedihgp_deterministic(fed: Round, cohorts: Cohorts, x: Tensor, y: Tensor, terms: int, eta: float) -> Tensor:
     """p = eta sum_{n=0..N} (I - eta H)^n <grad_y f_i>, one round per power (1 + N rounds)."""
     v = fed.call("ihgp_start", next(cohorts), Point(x, y)).v
     return neumann_series(v, lambda p: fed.call("ihgp_step", next(cohorts), WithP(x, y, p)).p, terms, eta)
 
 
-def fedihgp_code(fed: Round, cohorts: Iterator[list[int]], x: Tensor, y: Tensor, terms: int, eta: float) -> Tensor:
+def fedihgp_code(fed: Round, cohorts: Cohorts, x: Tensor, y: Tensor, terms: int, eta: float) -> Tensor:
     """The code's p = eta (p_0 + sum_{n=1..N} (1/n) <c_i>), c_i each client's own counter (1 + N rounds)."""
     v = fed.call("ihgp_start", next(cohorts), Point(x, y)).v
     total = v.clone()
@@ -163,7 +171,7 @@ FEDIHGP = {"paper": fedihgp_paper, "deterministic": fedihgp_deterministic, "code
 
 
 def fedout_svrg(fed: Round, cohort: list[int], x: Tensor, y: Tensor, h: Tensor) -> Tensor:
-    """FedOut's local part (1 round): tau SVRG-corrected local steps on x around the hypergradient h, averaged."""
+    """FedOut after the hypergradient h (1 round): tau SVRG-corrected local steps on x around h, averaged."""
     return fed.call("outer_svrg", cohort, WithH(x, y, h)).x
 
 
@@ -199,19 +207,24 @@ class _FedNestFamily(Algorithm[Point, Point]):
 
         return run
 
-    def _sample(self, problem: BilevelProblem, ctx: ClientContext, split: str, size: int | None, call: int, tag: int) -> Any:
+    def _sample(
+        self, problem: BilevelProblem, ctx: ClientContext, split: str, size: int | None, call: int, tag: int
+    ) -> Any:
+        """The client's batch of ``split`` keyed by (round, call, tag)."""
         return problem.sample(ctx.client, split, size, ctx.rng(ctx.round, call, tag))
 
-    def _direct(self, problem: BilevelProblem, ctx: ClientContext, call: int, x: Tensor, y: Tensor) -> tuple[Tensor, StepInfo]:
-        """grad_x f_i(x, y) and f_i(x, y) on an oracle batch."""
+    def _hypergradient(
+        self, problem: BilevelProblem, ctx: ClientContext, call: int, x: Tensor, y: Tensor, p: Tensor | None
+    ) -> Counted:
+        """h_i = grad_x f_i(x, y) - grad^2_xy g_i(x, y) p (just grad_x f_i if p is None), and f_i(x, y)."""
         outer = self._sample(problem, ctx, "outer", self.hp.oracle_batch, call, 0)
-        gx, _ = grad_xy(lambda a, b: problem.outer_loss(a, b, outer), x, y)
-        return gx, StepInfo(batch_size(outer), float(problem.outer_loss(x, y, outer)))
-
-    def _indirect(self, problem: BilevelProblem, ctx: ClientContext, call: int, x: Tensor, y: Tensor, p: Tensor) -> tuple[Tensor, int]:
-        """grad^2_xy g_i(x, y) p on an oracle batch, with the batch's size."""
-        inner = self._sample(problem, ctx, "inner", self.hp.oracle_batch, call, 1)
-        return jvp_xy(lambda a, b: problem.inner_loss(a, b, inner), x, y, p), batch_size(inner)
+        h, _ = grad_xy(lambda a, b: problem.outer_loss(a, b, outer), x, y)
+        info = StepInfo(batch_size(outer), float(problem.outer_loss(x, y, outer)))
+        if p is not None:
+            inner = self._sample(problem, ctx, "inner", self.hp.oracle_batch, call, 1)
+            h = h - jvp_xy(lambda a, b: problem.inner_loss(a, b, inner), x, y, p)
+            info.samples += batch_size(inner)
+        return h, info
 
     def local_ihgp(self, problem: BilevelProblem, x: Tensor, y: Tensor, batch: Any, v: Tensor) -> Tensor:
         """(1/l) sum_{n=0..N} (I - H_i/l)^n v with the client's own Hessian (LFedNest's local FedIHGP)."""
@@ -219,18 +232,20 @@ class _FedNestFamily(Algorithm[Point, Point]):
         step = lambda t: t - eta * hvp_yy(lambda a, b: problem.inner_loss(a, b, batch), x, y, t)  # noqa: E731
         return neumann_series(v, step, self.hp.neumann_terms, eta)
 
-    def _local_hypergradient(self, problem: BilevelProblem, ctx: ClientContext, call: int, x: Tensor, y: Tensor) -> tuple[Tensor, StepInfo]:
-        """h_i = grad_x f_i - grad^2_xy g_i p_i with p_i the client's own Neumann series (grad_x f_i if minimax)."""
-        gx, info = self._direct(problem, ctx, call, x, y)
-        if problem.minimax:
-            return gx, info
-        outer = self._sample(problem, ctx, "outer", self.hp.oracle_batch, call, 2)
-        inner = self._sample(problem, ctx, "inner", self.hp.oracle_batch, call, 3)
-        p = self.local_ihgp(problem, x, y, inner, grad_y(lambda a, b: problem.outer_loss(a, b, outer), x, y))
-        m, samples = self._indirect(problem, ctx, call, x, y, p)
-        return gx - m, StepInfo(info.samples + samples, info.loss)
+    def _local_hypergradient(
+        self, problem: BilevelProblem, ctx: ClientContext, call: int, x: Tensor, y: Tensor
+    ) -> Counted:
+        """h_i with p_i = the client's own Neumann series on grad_y f_i (no indirect term for minimax problems)."""
+        p = None
+        if not problem.minimax:
+            outer = self._sample(problem, ctx, "outer", self.hp.oracle_batch, call, 2)
+            inner = self._sample(problem, ctx, "inner", self.hp.oracle_batch, call, 3)
+            p = self.local_ihgp(problem, x, y, inner, grad_y(lambda a, b: problem.outer_loss(a, b, outer), x, y))
+        return self._hypergradient(problem, ctx, call, x, y, p)
 
-    def _inner_steps(self, problem: BilevelProblem, view: Point, ctx: ClientContext, direction: Callable, oracles: int) -> tuple[Tensor, StepInfo]:
+    def _inner_steps(
+        self, problem: BilevelProblem, view: Point, ctx: ClientContext, direction: Callable[..., Tensor], oracles: int
+    ) -> Counted:
         """``inner_steps`` steps y <- y - beta direction(g_i(.; z), y), one batch z per step."""
         y, samples, loss = view.y.clone(), 0, 0.0
         for s in range(self.hp.inner_steps):
@@ -242,59 +257,59 @@ class _FedNestFamily(Algorithm[Point, Point]):
             y = y - self.hp.inner_lr * d
         return y, StepInfo(samples, loss)
 
-    def inner_anchor(self, problem: BilevelProblem, view: Point, ctx: ClientContext) -> tuple[Point, Mapping[str, Tensor], StepInfo]:
+    def inner_anchor(self, problem: BilevelProblem, view: Point, ctx: ClientContext) -> Reply[Point]:
         """q_i = grad_y g_i(x, y)."""
         batch = self._sample(problem, ctx, "inner", self.hp.oracle_batch, ctx.sub, 0)
         q = grad_y(lambda a, b: problem.inner_loss(a, b, batch), view.x, view.y)
         return view, {"q": q}, StepInfo(batch_size(batch), float(problem.inner_loss(view.x, view.y, batch)))
 
-    def inner_svrg(self, problem: BilevelProblem, view: WithQ, ctx: ClientContext) -> tuple[WithQ, Mapping[str, Tensor], StepInfo]:
+    def inner_svrg(self, problem: BilevelProblem, view: WithQ, ctx: ClientContext) -> Reply[WithQ]:
         """y_i <- y_i - beta (grad_y g_i(x, y_i; z) - grad_y g_i(x, y; z) + q)."""
         x, y0, q = view.x, view.y, view.q
         y, info = self._inner_steps(problem, view, ctx, lambda g, y: grad_y(g, x, y) - grad_y(g, x, y0) + q, oracles=2)
         return view, {"y": y}, info
 
-    def inner_sgd(self, problem: BilevelProblem, view: Point, ctx: ClientContext) -> tuple[Point, Mapping[str, Tensor], StepInfo]:
+    def inner_sgd(self, problem: BilevelProblem, view: Point, ctx: ClientContext) -> Reply[Point]:
         """y_i <- y_i - beta grad_y g_i(x, y_i; z)."""
         y, info = self._inner_steps(problem, view, ctx, lambda g, y: grad_y(g, view.x, y), oracles=1)
         return view, {"y": y}, info
 
-    def ihgp_start(self, problem: BilevelProblem, view: Point, ctx: ClientContext) -> tuple[Point, Mapping[str, Tensor], StepInfo]:
+    def ihgp_start(self, problem: BilevelProblem, view: Point, ctx: ClientContext) -> Reply[Point]:
         """v_i = grad_y f_i(x, y) (the server scales the mean)."""
         batch = self._sample(problem, ctx, "outer", self.hp.oracle_batch, ctx.sub, 0)
         v = grad_y(lambda a, b: problem.outer_loss(a, b, batch), view.x, view.y)
         return view, {"v": v}, StepInfo(batch_size(batch), float(problem.outer_loss(view.x, view.y, batch)))
 
-    def ihgp_step(self, problem: BilevelProblem, view: WithP, ctx: ClientContext) -> tuple[WithP, Mapping[str, Tensor], StepInfo]:
+    def ihgp_step(self, problem: BilevelProblem, view: WithP, ctx: ClientContext) -> Reply[WithP]:
         """p_i = (I - H_i / l) p."""
         batch = self._sample(problem, ctx, "inner", self.hp.oracle_batch, ctx.sub, 0)
         p = view.p - self.hp.neumann_lr * hvp_yy(lambda a, b: problem.inner_loss(a, b, batch), view.x, view.y, view.p)
         return view, {"p": p}, StepInfo(batch_size(batch))
 
-    def ihgp_code_step(self, problem: BilevelProblem, view: CounterStep, ctx: ClientContext) -> tuple[CounterStep, Mapping[str, Tensor], StepInfo]:
+    def ihgp_code_step(self, problem: BilevelProblem, view: CounterStep, ctx: ClientContext) -> Reply[CounterStep]:
         """c_i <- (I - H_i / l) c_i on the client's own counter, started at p_0 by its first call of the epoch."""
         batch = self._sample(problem, ctx, "inner", self.hp.oracle_batch, ctx.sub, 0)
         c = view.p if int(view.counter_epoch) != ctx.round else view.counter
         c = c - self.hp.neumann_lr * hvp_yy(lambda a, b: problem.inner_loss(a, b, batch), view.x, view.y, c)
-        return view.replace(counter=c, counter_epoch=torch.tensor(float(ctx.round))), {"c": c}, StepInfo(batch_size(batch))
+        view = view.replace(counter=c, counter_epoch=torch.tensor(float(ctx.round)))
+        return view, {"c": c}, StepInfo(batch_size(batch))
 
-    def hypergradient(self, problem: BilevelProblem, view: WithP, ctx: ClientContext) -> tuple[WithP, Mapping[str, Tensor], StepInfo]:
+    def hypergradient(self, problem: BilevelProblem, view: WithP, ctx: ClientContext) -> Reply[WithP]:
         """h_i = grad_x f_i(x, y) - grad^2_xy g_i(x, y) p."""
-        gx, info = self._direct(problem, ctx, ctx.sub, view.x, view.y)
-        m, samples = self._indirect(problem, ctx, ctx.sub, view.x, view.y, view.p)
-        return view, {"h": gx - m}, StepInfo(info.samples + samples, info.loss)
+        h, info = self._hypergradient(problem, ctx, ctx.sub, view.x, view.y, view.p)
+        return view, {"h": h}, info
 
-    def direct_gradient(self, problem: BilevelProblem, view: Point, ctx: ClientContext) -> tuple[Point, Mapping[str, Tensor], StepInfo]:
+    def direct_gradient(self, problem: BilevelProblem, view: Point, ctx: ClientContext) -> Reply[Point]:
         """h_i = grad_x f_i(x, y): the hypergradient of a minimax problem."""
-        gx, info = self._direct(problem, ctx, ctx.sub, view.x, view.y)
-        return view, {"h": gx}, info
+        h, info = self._hypergradient(problem, ctx, ctx.sub, view.x, view.y, None)
+        return view, {"h": h}, info
 
-    def local_hypergradient(self, problem: BilevelProblem, view: Point, ctx: ClientContext) -> tuple[Point, Mapping[str, Tensor], StepInfo]:
+    def local_hypergradient(self, problem: BilevelProblem, view: Point, ctx: ClientContext) -> Reply[Point]:
         """h_i with the client's own Neumann series (LFedNest_SVRG averages them)."""
         h, info = self._local_hypergradient(problem, ctx, ctx.sub, view.x, view.y)
         return view, {"h": h}, info
 
-    def outer_svrg(self, problem: BilevelProblem, view: WithH, ctx: ClientContext) -> tuple[WithH, Mapping[str, Tensor], StepInfo]:
+    def outer_svrg(self, problem: BilevelProblem, view: WithH, ctx: ClientContext) -> Reply[WithH]:
         """tau steps x_i <- x_i - alpha (grad_x f_i(x_i, y; z) - grad_x f_i(x, y; z) + h)."""
         x0, y, h = view.x, view.y, view.h
         x, samples = x0.clone(), 0
@@ -305,7 +320,7 @@ class _FedNestFamily(Algorithm[Point, Point]):
             samples += 2 * batch_size(batch)
         return view, {"x": x}, StepInfo(samples)
 
-    def local_outer(self, problem: BilevelProblem, view: Point, ctx: ClientContext) -> tuple[Point, Mapping[str, Tensor], StepInfo]:
+    def local_outer(self, problem: BilevelProblem, view: Point, ctx: ClientContext) -> Reply[Point]:
         """LFedNest: tau local steps x_i <- x_i - alpha h_i(x_i) with purely local hypergradients."""
         x, samples, loss = view.x.clone(), 0, 0.0
         for s in range(self.hp.local_steps):
@@ -334,7 +349,7 @@ class FedNest(_FedNestFamily):
             return Counter(x, y, counter=torch.zeros_like(y), counter_epoch=torch.tensor(-1.0))
         return Point(x, y)
 
-    def fedihgp(self, fed: Round, cohorts: Iterator[list[int]], x: Tensor, y: Tensor) -> Tensor:
+    def fedihgp(self, fed: Round, cohorts: Cohorts, x: Tensor, y: Tensor) -> Tensor:
         """FedIHGP by the configured variant (``ihgp``): p ~ [grad^2_yy g]^{-1} grad_y f."""
         return FEDIHGP[self.hp.ihgp](fed, cohorts, x, y, self.hp.neumann_terms, self.hp.neumann_lr)
 
