@@ -20,7 +20,7 @@ and each on a fresh cohort. The sub-rounds are the functions below, and each alg
 
 Rounds per epoch: FedNest 2T + N' + 3 (2T + N + 3 with a fixed N), FedNest_SGD T + N' + 3, LFedNest T + 1
 (local hypergradients with each client's own Hessian, tau local outer steps, then x averaged),
-LFedNest_SVRG 2T + 2 **[inferred]**. FedAvg-S: tau simultaneous local SGDA steps, then x and y averaged.
+LFedNest_SVRG 2T + 2 **[inferred]**. The paper's minimax baseline FedAvg-S is in :mod:`.fedavg_s`.
 Anchors, grad_y f, Hessian products and hypergradients use each client's full local data unless
 ``oracle_batch`` is set (the code's choice; pitfall N4).
 
@@ -40,10 +40,10 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
-from fedcomp.platform.algorithms.base import Algorithm, ClientContext, LocalSteps, StepInfo, Tensors, batch_size
+from fedcomp.platform.algorithms.base import Algorithm, ClientContext, StepInfo, Tensors, batch_size
 from fedcomp.platform.oracles import grad_xy, grad_y, hvp_yy, jvp_xy
 from fedcomp.platform.params import Params
-from fedcomp.platform.problems import BILEVEL, MINIMAX, BilevelProblem, MinimaxProblem
+from fedcomp.platform.problems import BILEVEL, BilevelProblem
 from fedcomp.platform.registry import register_algorithm
 from fedcomp.platform.rounds import Round
 from fedcomp.platform.state import State
@@ -410,37 +410,4 @@ class LFedNestSVRG(_FedNestFamily):
         return Point(x, y)
 
 
-# -- FedAvg-S ----------------------------------------------------------------------------------------------
-class FedAvgSHParams(Params):
-    lr: float = Field(0.01, gt=0, description="descent step on x")
-    inner_lr: float = Field(0.01, gt=0, description="ascent step on y")
-    local_steps: int = Field(1, ge=1, description="simultaneous local steps per round")
-    outer_batch: int | None = Field(None, ge=1, description="batch per step; null = all local data")
-
-
-@register_algorithm("fedavg-s")
-class FedAvgS(LocalSteps[Point, Point]):
-    """FedAvg-S (Hou et al. 2021): local simultaneous SGDA x <- x - alpha grad_x f, y <- y + beta grad_y f;
-    x and y averaged every ``local_steps`` steps."""
-
-    kind = MINIMAX
-    HParams = FedAvgSHParams
-    Client = Server = Point
-    description = "FedAvg-S: local simultaneous gradient descent-ascent, x and y averaged (minimax)"
-    vectorisable = False  # grad_xy is plain autograd, which torch.func.vmap cannot batch
-    hp: FedAvgSHParams
-
-    def init(self, variables: Tensors) -> Point:
-        return Point(x=variables["x"].clone(), y=variables["y"].clone())
-
-    def draw(self, problem: MinimaxProblem, client: int, step: int, gen: torch.Generator) -> tuple[Any, int]:
-        batch = problem.sample(client, "outer", self.hp.outer_batch, gen)
-        return batch, batch_size(batch)
-
-    def update(self, problem: MinimaxProblem, state: Point, batch: Any, step: int) -> tuple[Point, Tensor]:
-        gx, gy = grad_xy(lambda a, b: problem.loss(a, b, batch), state.x, state.y)
-        loss = problem.loss(state.x, state.y, batch).detach()
-        return Point(x=state.x - self.hp.lr * gx, y=state.y + self.hp.inner_lr * gy), loss
-
-
-__all__ = ["FedAvgS", "FedNest", "FedNestSGD", "LFedNest", "LFedNestSVRG"]
+__all__ = ["FedNest", "FedNestSGD", "LFedNest", "LFedNestSVRG"]
