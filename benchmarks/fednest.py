@@ -44,9 +44,10 @@ from typing import Any
 import numpy as np
 
 import fedcomp
-from fedcomp.platform.algorithms.fednest import FedNest, _Epoch
+from fedcomp.platform.algorithms.fednest import FedNest, Point, fedinn_svrg, fresh_cohorts
 from fedcomp.platform.registry import ALGORITHMS, register_algorithm
 from fedcomp.platform.results import CHECKPOINT, read_checkpoint
+from fedcomp.platform.rounds import Round
 
 REPO = Path(__file__).resolve().parents[1]
 HR, HR_TAU5, LT, MM = "fednest-hr-offline", "fednest-hr-tau5-offline", "fednest-losstune-offline", "fednest-minimax"
@@ -65,14 +66,12 @@ class FedInnFrozenX(FedNest):
 
     description = "benchmark baseline: FedNest's FedInn with x frozen at its initial value (no tuning)"
 
-    def round(self, federation, state, ctx):
-        epoch = _Epoch(federation, ctx)
-        x, y = state["x"], state["y"]
+    def round(self, fed: Round, server: Point) -> Point:
+        x, y, cohorts = server.x, server.y, fresh_cohorts(fed)
         for _ in range(self.hp.inner_rounds):
-            cohort = epoch.next_cohort()
-            q = epoch.call("inner_anchor", cohort, {"x": x, "y": y})["q"]
-            y = epoch.call("inner_local", cohort, {"x": x, "y": y, "q": q})["y"]
-        return {"x": x, "y": y}, epoch.record(self.hp.inner_rounds * self.hp.inner_steps)
+            y = fedinn_svrg(fed, next(cohorts), x, y)
+        fed.count(local_steps=self.hp.inner_rounds * self.hp.inner_steps)
+        return Point(x, y)
 
 
 if "fedinn-frozen-x" not in ALGORITHMS:

@@ -5,6 +5,7 @@ from fedcomp.platform.algorithms import (  # noqa: F401
     dro_baselines,
     fcsg,
     fedavg,
+    fedavg_s,
     feddro,
     fednest,
     fedprox,
