@@ -618,15 +618,27 @@ def test_float_counters_follow_the_communication_pattern(name):
 # ------------------------------------------------------------------------------------------------ 5. bad input
 
 
+def out_of_range(name: str) -> tuple[str, float]:
+    """A hyperparameter of ``name`` with a lower bound (``lr`` where there is one) and a value just below it."""
+    fields = ALGORITHMS[name].HParams.model_fields
+    for key in ("lr", *fields):
+        for bound in getattr(fields.get(key), "metadata", ()):
+            for attr in ("gt", "ge"):
+                if isinstance(getattr(bound, attr, None), (int, float)):
+                    return f"algorithm.{key}", getattr(bound, attr) - 1
+    raise AssertionError(f"algorithm {name!r} has no hyperparameter with a lower bound to violate")
+
+
 @pytest.mark.parametrize("name", cases("bad input"))
 def test_a_bad_hyperparameter_is_rejected_in_one_line_and_nothing_is_written(name, tmp_path):
     out = tmp_path / "results"
-    for key, value, allowed in (("algorithm.lr", -1, "greater than 0"), ("algorithm.bogus", 1, "allowed keys: name")):
+    key, value = out_of_range(name)
+    for key, value, allowed in ((key, value, "greater than"), ("algorithm.bogus", 1, "allowed keys: name")):
         with pytest.raises(ConfigError) as error:
             load_config(raw_config(name), {key: value})
         message = str(error.value)
         assert "\n" not in message and message.startswith(key), message
-        assert allowed in message and (key.endswith("bogus") or "-1" in message), message
+        assert allowed in message and (key.endswith("bogus") or f" = {value!r}" in message), message
         with pytest.raises(ConfigError, match=f"^{key}"):
             fedcomp.run(raw_config(name), {key: value, "run.out": str(out)})
         assert not out.exists()
