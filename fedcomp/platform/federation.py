@@ -139,6 +139,7 @@ class ClientHost:
         if results is None:
             run_one = self.algorithm.program(program)
             results = [run_one(self.problem, state, ctx) for state, ctx in zip(starts, contexts)]
+        transient = program in self.algorithm.transient_programs
         for client, (state, outputs, info) in zip(clients, results):
             if out_layout is None:
                 out_layout = Layout.of(outputs)
@@ -146,10 +147,14 @@ class ClientHost:
             sums += out_layout.pack(outputs, np.float64)
             samples += info.samples
             loss_sum += info.loss
-            dropped = outputs.keys() | broadcast.keys() | self.algorithm.round_local
+            # A saving call keeps (and ships) only the private fields: the broadcast ones come again with the
+            # next broadcast. A transient call's state is never shipped, so it keeps the broadcast fields too:
+            # the next call of its sequence may broadcast less (FedDRO's per-step calls send y-bar alone).
+            # Round-local fields are never kept (Algorithm.begin sets them again).
+            dropped = outputs.keys() | self.algorithm.round_local | (set() if transient else broadcast.keys())
             kept = {k: v.detach() for k, v in state.items() if k not in dropped}
             self.private[client] = kept
-            if kept and program not in self.algorithm.transient_programs:
+            if kept and not transient:
                 private[client] = {k: v.cpu() for k, v in kept.items()}
         if out_layout is None or sums is None:
             raise ValueError("ClientHost.run needs a non-empty cohort")

@@ -2,7 +2,9 @@
 
 Each takes the loss as a function of explicit flat parameters ``(x, y)`` and returns detached tensors.
 The compositional kinds' oracles are here too: :func:`inner_value_vjp` (g_k(x; xi) and v -> (dg_k/dx)^T v on
-the same draw; second order for MAML unless first-order) and :func:`outer_grad` (grad f_k(y; zeta)).
+the same draw; second order for MAML unless first-order), :func:`outer_grad` (grad f_k(y; zeta), or grad f(y)
+for FedDRO's deterministic f), and FedDRO's problem kind h + f(g) on one batch: :func:`plain_inner_vjp`,
+:func:`plain_grad`, :func:`inner_and_jacobian`.
 Second-order products use double backpropagation: H_yy v = d/dy <d/dy l, v> and H_xy v = d/dx <d/dy l, v>
 (the mixed second derivative applied to a vector in y-space gives a vector in x-space).
 """
@@ -103,11 +105,40 @@ def inner_value_vjp(problem: Any, x: Tensor, xi: Any) -> tuple[Tensor, Callable[
     return value.detach(), vjp
 
 
-def outer_grad(problem: Any, y: Tensor, zeta: Any) -> tuple[Tensor, Tensor]:
-    """(grad f_k(y; zeta), f_k(y; zeta)) at the point ``y``."""
+def outer_grad(problem: Any, y: Tensor, *zeta: Any) -> tuple[Tensor, Tensor]:
+    """(grad f_k(y; zeta), f_k(y; zeta)) at the point ``y``; without ``zeta``, grad f(y) of a deterministic f
+    (FedDRO's ``problem.outer(z)``)."""
     if LOCKSTEP.get():
-        return torch.func.grad_and_value(lambda z: problem.outer(z, zeta))(y)
+        return torch.func.grad_and_value(lambda z: problem.outer(z, *zeta))(y)
     y = y.detach().requires_grad_(True)
-    value = problem.outer(y, zeta)
+    value = problem.outer(y, *zeta)
     (grad,) = torch.autograd.grad(value, y)
     return grad.detach(), value.detach()
+
+
+def plain_inner_vjp(problem: Any, x: Tensor, batch: Any, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """grad h_k(x; b) + (dg_k(x; b)/dx)^T v -- the gradient of h_k(x; b) + g_k(x; b).v, one backward pass --
+    with h_k(x; b) and g_k(x; b) (detached). With v = grad f(y) it is the compositional direction at x."""
+    x = x.detach().requires_grad_(True)
+    plain, inner = problem.plain(x, batch), problem.inner(x, batch)
+    (grad,) = torch.autograd.grad(plain + inner @ v, x)
+    return grad, plain.detach(), inner.detach()
+
+
+def plain_grad(problem: Any, x: Tensor, batch: Any) -> tuple[Tensor, Tensor]:
+    """(grad h_k(x; b), h_k(x; b)); a zero gradient for a problem without a plain part."""
+    x = x.detach().requires_grad_(True)
+    value = problem.plain(x, batch)
+    grad = torch.autograd.grad(value, x)[0] if value.requires_grad else torch.zeros_like(x)
+    return grad, value.detach()
+
+
+def inner_and_jacobian(problem: Any, x: Tensor, batch: Any) -> tuple[Tensor, Tensor]:
+    """g_k(x; b) [d_g] and its Jacobian [d_g, d] (one backward pass per row; d_g is small)."""
+    x = x.detach().requires_grad_(True)
+    value = problem.inner(x, batch)
+    rows = [
+        torch.autograd.grad(value[i], x, retain_graph=True)[0] if value.requires_grad else torch.zeros_like(x)
+        for i in range(value.numel())
+    ]
+    return value.detach(), torch.stack(rows)

@@ -91,12 +91,15 @@ class Round:
         broadcast: Mapping[str, Tensor] | State,
         *,
         sub: int | None = None,
-        message: Literal["model", "embedding"] = "model",
+        message: Literal["model", "embedding"] | None = "model",
     ) -> Means:
         """Run the client program ``program`` on ``cohort`` with ``broadcast``; the means of its outputs.
 
         ``sub`` numbers the call within the round (it keys the clients' random streams); by default calls are
-        numbered 0, 1, 2, ... in the order the round makes them.
+        numbered 0, 1, 2, ... in the order the round makes them. ``message=None``: the call is one half of a
+        protocol step whose messages straddle calls (the model goes down with one call and comes back with
+        the next); it counts its samples only, and the round program counts the protocol's messages with
+        :meth:`count`.
         """
         payload = broadcast.tensors() if isinstance(broadcast, State) else dict(broadcast)
         sub = self._calls if sub is None else sub
@@ -105,7 +108,9 @@ class Round:
         r = self.record
         r.samples += out.samples
         r.train_loss = out.loss
-        if message == "model":
+        if message is None:
+            pass
+        elif message == "model":
             r.comm_rounds += 1
             r.floats_up += out.floats_up
             r.floats_down += out.floats_down

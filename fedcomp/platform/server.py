@@ -94,7 +94,8 @@ class Server:
         started = time.perf_counter()
         if isinstance(self.algorithm, Algorithm):
             round_ = Round(self.federation, r, cohort, rng, self.problem, fed.clients)
-            self.state = self.algorithm.round(round_, self.state)
+            state = self.algorithm.start(round_, self.state) if r == 0 else self.state
+            self.state = self.algorithm.round(round_, state)
             record = round_.finish()
         else:
             ctx = RoundContext(round=r, cohort=cohort, rng=rng, problem=self.problem, clients=fed.clients)
@@ -124,8 +125,11 @@ class Server:
 
     def restore(self, checkpoint: dict[str, Any]) -> None:
         state = {k: v.clone() for k, v in checkpoint["state"].items()}
-        self.state = self.algorithm.Server.of(state) if isinstance(self.algorithm, Algorithm) else state
         self.counters = Counters(**checkpoint["counters"])
+        if isinstance(self.algorithm, Algorithm):  # before round 0 the state is init's, not yet started
+            record = self.algorithm.Server if self.counters.round > 0 else type(self.state)
+            state = record.of(state)
+        self.state = state
         self.train_loss = checkpoint["train_loss"]
         self.federation.load_private_states(checkpoint["private"])
 

@@ -6,6 +6,9 @@ programs, and a round program that says what each communication round does.
   record plus the clients' records. Each broadcast overwrites the client fields that share a name with it;
   the client's other fields are private and stay on the client between rounds.
 * ``init(variables) -> Server`` and ``join(broadcast) -> Client`` (a client's state the first time it takes part).
+* ``start(fed, server) -> Server``: once, before round 0, the part of the initial server state that needs the
+  clients or the task (FedDRO's first estimate y-bar_0; PDSGD's dual weights, one per training example); by
+  default nothing. Its communication counts in round 0 (the first row of counters).
 * ``round(fed, server) -> Server``: the round program, over the primitives of
   :class:`~fedcomp.platform.rounds.Round`; the round counts its communication itself.
 
@@ -128,8 +131,16 @@ class Algorithm(ABC, Generic[C, S]):
         self.hp: Any = hparams
 
     @abstractmethod
-    def init(self, variables: Tensors) -> S:
-        """The server's state at round 0, from the task's initial variables (``x``, maybe ``y``)."""
+    def init(self, variables: Tensors) -> State:
+        """The server's state before round 0, from the task's initial variables (``x``, maybe ``y``): the whole
+        ``Server`` record, or the part of it that :meth:`start` completes."""
+
+    def start(self, fed: Round, server: Any) -> S:
+        """Once, before round 0 (the server calls it with round 0's :class:`Round`, so what it communicates
+        counts in round 0): the initial server state that needs the clients or the task's problem -- FedDRO's
+        first estimate y-bar_0 = <g_k(x_0; b)>, PDSGD's dual weights over the task's examples. A server restored
+        from a checkpoint does not start again. By default ``init``'s state as it is."""
+        return server  # type: ignore[no-any-return]
 
     def join(self, broadcast: Tensors) -> C:
         """A client's state the first time it takes part, from the first broadcast it receives; by default the

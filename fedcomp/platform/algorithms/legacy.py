@@ -1,7 +1,7 @@
 """The first core's algorithm API, kept while the algorithms move to the typed one in
 :mod:`fedcomp.platform.algorithms.base`: untyped dict states whose ``synced`` keys are averaged, and round
 programs over the raw federation that build their :class:`~fedcomp.platform.rounds.RoundRecord` themselves.
-Algorithms still written against it: CoDA / CODA+, LocalSCGDAM / LocalSGDAM and the DRO baselines.
+Algorithms still written against it: CoDA / CODA+, LocalSCGDAM / LocalSGDAM.
 """
 
 from __future__ import annotations
