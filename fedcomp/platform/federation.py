@@ -17,7 +17,6 @@ import numpy as np
 import torch
 
 from fedcomp.platform.algorithms.base import Algorithm, ClientContext, Outcome, Tensors
-from fedcomp.platform.algorithms.legacy import DictAlgorithm
 from fedcomp.platform.config import Config, FederationConfig
 from fedcomp.platform.errors import ResourceError
 from fedcomp.platform.catalog import load_builtins
@@ -32,7 +31,7 @@ def build_task(config: Config, device: str = "cpu") -> Task:
     return TASKS[config.task_name](config.task, config.run.seed, config.federation.clients, device)
 
 
-def build_algorithm(config: Config) -> Algorithm | DictAlgorithm:
+def build_algorithm(config: Config) -> Algorithm:
     load_builtins()
     return ALGORITHMS[config.algorithm_name](config.algorithm)
 

@@ -13,8 +13,7 @@ from typing import Any, Callable, Protocol
 
 import torch
 
-from fedcomp.platform.algorithms.base import Algorithm, Federation, Tensors
-from fedcomp.platform.algorithms.legacy import RoundContext
+from fedcomp.platform.algorithms.base import Federation, Tensors
 from fedcomp.platform.config import Config
 from fedcomp.platform.federation import build_algorithm, build_task
 from fedcomp.platform.rng import generator
@@ -71,12 +70,9 @@ class Server:
         task = build_task(config)
         self.algorithm = build_algorithm(config)
         params = task.init_params(generator(config.run.seed, "init"))
-        self.state: Any = (
-            self.algorithm.init(params)
-            if isinstance(self.algorithm, Algorithm)
-            else {k: v for k, v in self.algorithm.init_state(params).items() if k in self.algorithm.synced}
-        )
-        """The global state: the algorithm's typed ``Server`` record (a dict for algorithms on the legacy API)."""
+        self.state: State = self.algorithm.init(params)
+        """The global state: the algorithm's typed ``Server`` record (before round 0: what ``init`` returns,
+        which ``Algorithm.start`` completes in round 0)."""
         self.counters = Counters()
         self.train_loss = float("nan")
         self._evaluate = task.evaluator()
@@ -92,14 +88,10 @@ class Server:
         cohort = lambda sub=0: sample_cohort(run.seed, r, fed.clients, fed.cohort_size, sub)  # noqa: E731
         rng = lambda *ids: generator(run.seed, "server", r, *ids)  # noqa: E731
         started = time.perf_counter()
-        if isinstance(self.algorithm, Algorithm):
-            round_ = Round(self.federation, r, cohort, rng, self.problem, fed.clients)
-            state = self.algorithm.start(round_, self.state) if r == 0 else self.state
-            self.state = self.algorithm.round(round_, state)
-            record = round_.finish()
-        else:
-            ctx = RoundContext(round=r, cohort=cohort, rng=rng, problem=self.problem, clients=fed.clients)
-            self.state, record = self.algorithm.round(self.federation, self.state, ctx)
+        round_ = Round(self.federation, r, cohort, rng, self.problem, fed.clients)
+        state = self.algorithm.start(round_, self.state) if r == 0 else self.state
+        self.state = self.algorithm.round(round_, state)
+        record = round_.finish()
         self.round_s += time.perf_counter() - started
         self.counters.add(record)
         self.train_loss = record.train_loss
@@ -107,7 +99,7 @@ class Server:
 
     def tensors(self) -> Tensors:
         """The global state as named tensors (what is evaluated and checkpointed)."""
-        return self.state.tensors() if isinstance(self.state, State) else dict(self.state)
+        return self.state.tensors()
 
     def evaluate(self) -> dict[str, float]:
         return self._evaluate(self.tensors())
@@ -126,10 +118,8 @@ class Server:
     def restore(self, checkpoint: dict[str, Any]) -> None:
         state = {k: v.clone() for k, v in checkpoint["state"].items()}
         self.counters = Counters(**checkpoint["counters"])
-        if isinstance(self.algorithm, Algorithm):  # before round 0 the state is init's, not yet started
-            record = self.algorithm.Server if self.counters.round > 0 else type(self.state)
-            state = record.of(state)
-        self.state = state
+        record = self.algorithm.Server if self.counters.round > 0 else type(self.state)  # round 0: init's record
+        self.state = record.of(state)
         self.train_loss = checkpoint["train_loss"]
         self.federation.load_private_states(checkpoint["private"])
 

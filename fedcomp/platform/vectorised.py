@@ -24,17 +24,17 @@ from typing import Any, Sequence
 import torch
 
 from fedcomp.platform.algorithms.base import LOCKSTEP, Algorithm, ClientContext, LocalSteps, StepInfo, Tensors
-from fedcomp.platform.algorithms.legacy import DictAlgorithm
 
 
-def can_lockstep(algorithm: Algorithm | DictAlgorithm, problem: Any, program: str, clients: int) -> bool:
+def can_lockstep(algorithm: Algorithm, problem: Any, program: str, clients: int) -> bool:
     """Whether ``program`` may run these clients in lockstep: the default ``local_steps`` program of a
     :class:`~fedcomp.platform.algorithms.base.DrawUpdate` algorithm on a vmappable problem, two clients or more."""
     return (
         program == "local_steps"
         and clients > 1
         and algorithm.vectorisable
-        and type(algorithm).local_steps in (LocalSteps.local_steps, DictAlgorithm.local_steps)
+        and isinstance(algorithm, LocalSteps)
+        and type(algorithm).local_steps is LocalSteps.local_steps
         and bool(getattr(problem, "vmappable", False))
     )
 
