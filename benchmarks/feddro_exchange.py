@@ -57,7 +57,7 @@ def write_report(printed: list[str], seconds: float) -> None:
     section = [
         HEADING,
         "",
-        f"{common.generated_by()} in {seconds:.0f} s; the machine was shared with other work. What the script "
+        f"{common.generated_by()}, in {seconds:.0f} s; the machine was shared with other work. What the script "
         "printed:",
         "",
         *printed,

@@ -61,7 +61,7 @@ def main() -> None:
     header = [
         "# Where a Ray-backend round's time goes",
         "",
-        f"{common.generated_by()}, one torch thread per process, load average (1/5/15 min) before the run "
+        f"{common.generated_by()} (in every process, actors included), load average (1/5/15 min) before the run "
         f"{load_before}. Mean per round over {args.rounds} rounds after one warm-up round.",
         "",
     ]

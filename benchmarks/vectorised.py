@@ -88,7 +88,7 @@ def main() -> None:
     header = [
         TITLE,
         "",
-        f"{common.generated_by()}, one torch thread per process; median per-round time (driver's view of "
+        f"{common.generated_by()} (in every process, actors included); median per-round time (driver's view of "
         "`run_round`) over rounds, then over repeats. Ray: 16 clients in 2 client actors (8 in lockstep per actor) + "
         "the server actor; local: 16 in one host. Where lockstep does not apply (an algorithm that is not draw + pure "
         f"update, or a task not declared vmappable) both columns run one at a time. Load average (1/5/15 min) before: "
