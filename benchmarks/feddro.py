@@ -282,8 +282,8 @@ def main() -> None:
     lines = [
         "# The FedDRO paper on our runs",
         "",
-        f"{common.generated_by()}, in {elapsed:.0f} s (comparison grid {timed - started:.0f} s including the negative result, "
-        f"local-steps study {time.time() - timed:.0f} s; the machine was shared with other work).",
+        f"{common.generated_by()}, in {elapsed:.0f} s (comparison grid {timed - started:.0f} s including the negative "
+        f"result, local-steps study {time.time() - timed:.0f} s; the machine was shared with other work).",
         "",
         *negative_section(curves),
         *offline_sections(grid, chosen, steps_runs, lrs, seeds, rounds),

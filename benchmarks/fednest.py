@@ -33,7 +33,6 @@ import argparse
 import os
 import tempfile
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -304,11 +303,8 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
 
-    started, started_cpu = time.time(), time.process_time()
-    started_at = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-
-    def log(text: str) -> None:
-        print(f"[{time.time() - started:7.1f}s] {text}", flush=True)
+    clock, started_cpu = common.Stopwatch(), time.process_time()
+    started, log = clock.start, clock.log
 
     tmp = tempfile.TemporaryDirectory(prefix="fednest-bench-") if args.out is None else None
     out = tmp.name if tmp is not None else args.out
@@ -644,7 +640,7 @@ def main() -> None:
         "## How it was run",
         "",
         f"- Command (from the repository root): `{common.command()}`",
-        f"- Started {started_at}; code revision {common.revision()}.",
+        f"- Started {clock.started_at}; code revision {common.revision()}.",
         f"- Machine: {common.machine()}; no GPU used. Runs are sequential, one torch thread each (`--threads {args.threads}`); other "
         "jobs may have shared the machine, so wall times are indicative.",
         f"- Wall time: {total / 60:.1f} min in all (hyper-representation {seconds['hr'] / 60:.1f} min, loss tuning "

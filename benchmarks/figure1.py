@@ -28,7 +28,6 @@ import itertools
 import os
 import tempfile
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
@@ -178,11 +177,8 @@ def main() -> None:
     parser.add_argument("--png", default=str(common.HERE / "figure1.png"), help="figure path")
     args = parser.parse_args()
 
-    started = time.time()
-    started_at = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-
-    def log(text: str) -> None:
-        print(f"[{time.time() - started:7.1f}s] {text}", flush=True)
+    clock = common.Stopwatch()
+    started, log = clock.start, clock.log
 
     tmp = None
     if args.out is None:
@@ -285,7 +281,7 @@ def main() -> None:
         "## How it was run",
         "",
         f"- Command (from the repository root): `{common.command()}`",
-        f"- Started {started_at}; code revision {common.revision()}.",
+        f"- Started {clock.started_at}; code revision {common.revision()}.",
         f"- Machine: {common.machine()}; no GPU used.",
         f"- Wall time: {total_seconds / 60:.1f} min in all"
         + (f" (pilot {pilot_seconds / 60:.1f} min, " if pilot_lines else " (")

@@ -50,8 +50,8 @@ def main() -> None:
     lines = [
         "# MAML: conditional (FCSG-M) vs compositional (Local-SCGDM) view, offline few-shot",
         "",
-        f"{common.generated_by()} (settings in its docstring) in {time.time() - started:.0f} s. Final = after "
-        "round 20 (20 communication rounds, 60 local steps).",
+        f"{common.generated_by()}, in {time.time() - started:.0f} s (settings in the script's docstring). Final = "
+        "after round 20 (20 communication rounds, 60 local steps).",
         "",
         "| algorithm | final query accuracy (mean ± sample std, 3 seeds) | per seed | final training loss (mean ± sample std) |",
         "|---|---|---|---|",

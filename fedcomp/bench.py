@@ -171,6 +171,7 @@ def busier_share(clients: int, cohort: int, rounds: int) -> float:
 
 
 def cpu_model() -> str:
+    """The processor's model name (Linux's /proc/cpuinfo), else what the platform module knows."""
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
@@ -182,6 +183,7 @@ def cpu_model() -> str:
 
 
 def load_average() -> str:
+    """The 1, 5 and 15 minute load averages as ``a/b/c`` (other work on a shared machine skews timings)."""
     try:
         return "/".join(f"{v:.2f}" for v in os.getloadavg())
     except (AttributeError, OSError):

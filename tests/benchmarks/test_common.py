@@ -49,3 +49,11 @@ def test_a_report_names_revision_machine_and_command():
     rev = common.revision()
     assert len(rev.split()[0]) >= 7 and rev.split()[0] in line
     assert "cores" in common.machine() and "torch " in common.machine()
+
+
+def test_stopwatch_stamps_progress_lines_with_the_seconds_since_the_start(capsys):
+    clock = common.Stopwatch()
+    clock.log("one run done")
+    line = capsys.readouterr().out.strip()
+    assert line.startswith("[") and line.endswith("s] one run done") and float(line[1:line.index("s]")]) >= 0
+    assert clock.started_at.endswith(" UTC")
