@@ -31,24 +31,20 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
-import shlex
-import subprocess
-import sys
 import tempfile
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+import common
 import fedcomp
-from fedcomp.platform.algorithms.fednest import FedNest, _Epoch
+from fedcomp.platform.algorithms.fednest import FedNest, Point, fedinn_svrg, fresh_cohorts
 from fedcomp.platform.registry import ALGORITHMS, register_algorithm
 from fedcomp.platform.results import CHECKPOINT, read_checkpoint
+from fedcomp.platform.rounds import Round
 
-REPO = Path(__file__).resolve().parents[1]
 HR, HR_TAU5, LT, MM = "fednest-hr-offline", "fednest-hr-tau5-offline", "fednest-losstune-offline", "fednest-minimax"
 PARTITIONS = {"iid": "iid", "shards": "non-iid"}
 LABELS = {"fednest": "FedNest", "lfednest": "LFedNest", "fednest-sgd": "FedNest_SGD", "fedavg-s": "FedAvg-S",
@@ -65,14 +61,12 @@ class FedInnFrozenX(FedNest):
 
     description = "benchmark baseline: FedNest's FedInn with x frozen at its initial value (no tuning)"
 
-    def round(self, federation, state, ctx):
-        epoch = _Epoch(federation, ctx)
-        x, y = state["x"], state["y"]
+    def round(self, fed: Round, server: Point) -> Point:
+        x, y, cohorts = server.x, server.y, fresh_cohorts(fed)
         for _ in range(self.hp.inner_rounds):
-            cohort = epoch.next_cohort()
-            q = epoch.call("inner_anchor", cohort, {"x": x, "y": y})["q"]
-            y = epoch.call("inner_local", cohort, {"x": x, "y": y, "q": q})["y"]
-        return {"x": x, "y": y}, epoch.record(self.hp.inner_rounds * self.hp.inner_steps)
+            y = fedinn_svrg(fed, next(cohorts), x, y)
+        fed.count(local_steps=self.hp.inner_rounds * self.hp.inner_steps)
+        return Point(x, y)
 
 
 if "fedinn-frozen-x" not in ALGORITHMS:
@@ -141,14 +135,12 @@ def first_epoch(curve: np.ndarray, target: float) -> float:
     return float(hit[0]) if hit.size else float("nan")
 
 
-def pm(values, digits: int = 4) -> str:
-    values = np.asarray(values, dtype=float)
-    return f"{np.mean(values):.{digits}f} ± {np.std(values):.{digits}f}"
+pm = common.mean_std  # mean ± std over seeds, 4 decimals unless told
 
 
 def sci_pm(values) -> str:
-    values = np.asarray(values, dtype=float)
-    return f"{np.mean(values):.3g} ± {np.std(values):.2g}"
+    """Mean ± std over seeds of quantities spanning decades (distances to x*, contraction rates)."""
+    return common.mean_std(values, spec=".3g", std_spec=".2g")
 
 
 def verdict(holds: bool | None) -> str:
@@ -159,33 +151,6 @@ def paired(a: list[float], b: list[float]) -> tuple[float, int, int]:
     """Mean of a - b over seeds, and in how many of the seeds a > b."""
     diffs = np.asarray(a) - np.asarray(b)
     return float(diffs.mean()), int((diffs > 0).sum()), len(diffs)
-
-
-# -- reporting helpers (as in benchmarks/figure1.py) ------------------------------------------------------
-def machine() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    import torch
-
-    return (
-        f"{cpu}, {os.cpu_count()} CPU cores visible, torch {torch.__version__} ({torch.get_num_threads()} threads), "
-        f"Python {platform.python_version()}, {platform.system()} {platform.release()}, no GPU used"
-    )
-
-
-def git_revision() -> str:
-    try:
-        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
-        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=REPO, capture_output=True, text=True)
-        return rev.stdout.strip() + (" (working tree has uncommitted changes)" if dirty.stdout.strip() else "")
-    except OSError:
-        return "unknown"
 
 
 def mean_band(runs: list[dict[str, Any]], metric: str, x: str, points: int = 200):
@@ -323,10 +288,9 @@ def main() -> None:
                         help="torch threads (default 1: with 2, any other busy process makes torch's OpenMP threads "
                              "spin, and runs get up to ~50x slower)")
     parser.add_argument("--out", default=None, help="results root for the runs' folders (default: a temporary folder, deleted)")
-    parser.add_argument("--md", default=str(REPO / "benchmarks" / "FEDNEST.md"), help="markdown report path")
-    parser.add_argument("--png-prefix", default=str(REPO / "benchmarks" / "fednest"), help="figures: <prefix>_hr.png, ...")
+    parser.add_argument("--md", default=str(common.HERE / "FEDNEST.md"), help="markdown report path")
+    parser.add_argument("--png-prefix", default=str(common.HERE / "fednest"), help="figures: <prefix>_hr.png, ...")
     args = parser.parse_args()
-    command = shlex.join(["python", *sys.argv])
     if args.quick:
         args.seeds = 1
         args.hr_epochs, args.lt_epochs, args.mm_epochs = args.hr_epochs or 6, args.lt_epochs or 6, args.mm_epochs or 12
@@ -338,11 +302,8 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
 
-    started, started_cpu = time.time(), time.process_time()
-    started_at = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-
-    def log(text: str) -> None:
-        print(f"[{time.time() - started:7.1f}s] {text}", flush=True)
+    clock, started_cpu = common.Stopwatch(), time.process_time()
+    started, log = clock.start, clock.log
 
     tmp = tempfile.TemporaryDirectory(prefix="fednest-bench-") if args.out is None else None
     out = tmp.name if tmp is not None else args.out
@@ -677,9 +638,9 @@ def main() -> None:
         "",
         "## How it was run",
         "",
-        f"- Command (from the repository root): `{command}`",
-        f"- Started {started_at}; code revision {git_revision()}.",
-        f"- Machine: {machine()}. Runs are sequential, one torch thread each (`--threads {args.threads}`); other "
+        f"- Command (from the repository root): `{common.command()}`",
+        f"- Started {clock.started_at}; code revision {common.revision()}.",
+        f"- Machine: {common.machine()}; no GPU used. Runs are sequential, one torch thread each (`--threads {args.threads}`); other "
         "jobs may have shared the machine, so wall times are indicative.",
         f"- Wall time: {total / 60:.1f} min in all (hyper-representation {seconds['hr'] / 60:.1f} min, loss tuning "
         f"{seconds['lt'] / 60:.1f} min, minimax {seconds['mm'] / 60:.1f} min); CPU time of this process "

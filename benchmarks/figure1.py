@@ -26,17 +26,13 @@ from __future__ import annotations
 import argparse
 import itertools
 import os
-import platform
-import shlex
-import subprocess
-import sys
 import tempfile
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
 
+import common
 import fedcomp
 
 LR_GRID = (0.01, 0.005, 0.001)
@@ -47,7 +43,6 @@ ALGORITHMS = ("fcsg", "fcsg-m")
 LABELS = {"fcsg": "FCSG", "fcsg-m": "FCSG-M"}
 PILOT_PANELS = ((1, 2.0), (10, 1.5))  # (m, noise ratio): the hardest panel and the centre panel
 PILOT_SEED = 1000  # disjoint from the main runs' seeds 0..S-1
-REPO = Path(__file__).resolve().parents[1]
 
 
 # -- running ---------------------------------------------------------------------------------------------
@@ -132,32 +127,6 @@ def pilot(rounds: int, out: str, log) -> tuple[float, float, list[str]]:
 
 
 # -- reporting -------------------------------------------------------------------------------------------
-def machine() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    import torch
-
-    return (
-        f"{cpu}, {os.cpu_count()} CPU cores visible, torch {torch.__version__} ({torch.get_num_threads()} threads), "
-        f"Python {platform.python_version()}, {platform.system()} {platform.release()}, no GPU used"
-    )
-
-
-def git_revision() -> str:
-    try:
-        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
-        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=REPO, capture_output=True, text=True)
-        return rev.stdout.strip() + (" (working tree has uncommitted changes)" if dirty.stdout.strip() else "")
-    except OSError:
-        return "unknown"
-
-
 def draw(curves: dict, rounds: int, lr: float, beta: float, seeds: int, path: Path) -> None:
     import matplotlib
 
@@ -196,10 +165,6 @@ def draw(curves: dict, rounds: int, lr: float, beta: float, seeds: int, path: Pa
     plt.close(fig)
 
 
-def fmt_pm(values: list[float], digits: int = 4) -> str:
-    return f"{np.mean(values):.{digits}f} ± {np.std(values):.{digits}f}"
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--lr", type=float, default=None, help=f"step size for every run, from {LR_GRID} (default 0.01, or the pilot's choice)")
@@ -208,16 +173,12 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=3, help="seeds per (panel, algorithm): run.seed = 0..N-1")
     parser.add_argument("--pilot", action="store_true", help="choose lr and beta by a small grid search first (unless given)")
     parser.add_argument("--out", default=None, help="results root for the runs' folders (default: a temporary folder, deleted)")
-    parser.add_argument("--md", default=str(REPO / "benchmarks" / "FIGURE1.md"), help="markdown report path")
-    parser.add_argument("--png", default=str(REPO / "benchmarks" / "figure1.png"), help="figure path")
+    parser.add_argument("--md", default=str(common.HERE / "FIGURE1.md"), help="markdown report path")
+    parser.add_argument("--png", default=str(common.HERE / "figure1.png"), help="figure path")
     args = parser.parse_args()
-    command = shlex.join(["python", *sys.argv])
 
-    started = time.time()
-    started_at = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-
-    def log(text: str) -> None:
-        print(f"[{time.time() - started:7.1f}s] {text}", flush=True)
+    clock = common.Stopwatch()
+    started, log = clock.start, clock.log
 
     tmp = None
     if args.out is None:
@@ -261,7 +222,7 @@ def main() -> None:
     ]
     for ratio, m, algo in itertools.product(NOISE_RATIOS, INNER_BATCHES, ALGORITHMS):
         key = (algo, m, ratio)
-        table.append(f"| {ratio:g} | {m} | {LABELS[algo]} | {fmt_pm(final[key])} | {var[key]:.4f} |")
+        table.append(f"| {ratio:g} | {m} | {LABELS[algo]} | {common.mean_std(final[key])} | {var[key]:.4f} |")
 
     # -- claims ----------------------------------------------------------------------------------------
     verdicts = []
@@ -319,9 +280,9 @@ def main() -> None:
         "",
         "## How it was run",
         "",
-        f"- Command (from the repository root): `{command}`",
-        f"- Started {started_at}; code revision {git_revision()}.",
-        f"- Machine: {machine()}.",
+        f"- Command (from the repository root): `{common.command()}`",
+        f"- Started {clock.started_at}; code revision {common.revision()}.",
+        f"- Machine: {common.machine()}; no GPU used.",
         f"- Wall time: {total_seconds / 60:.1f} min in all"
         + (f" (pilot {pilot_seconds / 60:.1f} min, " if pilot_lines else " (")
         + f"{n_runs} main runs {main_seconds / 60:.1f} min, {main_seconds / n_runs:.1f} s per run).",

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import tempfile
 import time
-from pathlib import Path
 
 import matplotlib
 
@@ -25,9 +24,10 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
 
+import common  # noqa: E402
 import fedcomp  # noqa: E402
 
-HERE = Path(__file__).resolve().parent
+HERE = common.HERE
 SEEDS = (0, 1, 2)
 COMMON = {"federation.backend": "local", "algorithm.outer_batch": 2, "run.rounds": 20, "run.eval_every": 5,
           "run.progress": "none"}
@@ -50,10 +50,10 @@ def main() -> None:
     lines = [
         "# MAML: conditional (FCSG-M) vs compositional (Local-SCGDM) view, offline few-shot",
         "",
-        "Written by `python benchmarks/maml.py` (settings in its docstring); total "
-        f"{time.time() - started:.0f} s on this machine. Final = after round 20 (20 communication rounds, 60 local steps).",
+        f"{common.generated_by()}, in {time.time() - started:.0f} s (settings in the script's docstring). Final = "
+        "after round 20 (20 communication rounds, 60 local steps).",
         "",
-        "| algorithm | final query accuracy (mean ± std, 3 seeds) | per seed | final training loss (mean ± std) |",
+        "| algorithm | final query accuracy (mean ± sample std, 3 seeds) | per seed | final training loss (mean ± sample std) |",
         "|---|---|---|---|",
     ]
     summary = {}
@@ -62,7 +62,8 @@ def main() -> None:
         loss = torch.tensor([float(runs[label, s]["train_loss"].iloc[-1]) for s in SEEDS])
         summary[label] = acc
         per_seed = ", ".join(f"{a:.4f}" for a in acc.tolist())
-        lines.append(f"| {label} | {acc.mean():.4f} ± {acc.std():.4f} | {per_seed} | {loss.mean():.4f} ± {loss.std():.4f} |")
+        lines.append(f"| {label} | {common.mean_std(acc.tolist(), ddof=1)} | {per_seed} | "
+                     f"{common.mean_std(loss.tolist(), ddof=1)} |")
     diff = summary["FCSG-M"] - summary["Local-SCGDM"]
     ahead = int((diff > 0).sum())
     holds = diff.mean() > 0 and ahead == len(SEEDS)

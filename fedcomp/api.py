@@ -1,24 +1,15 @@
-"""The Python API: ``fedcomp.run(...)``, ``fedcomp.sweep(...)`` and the backend choice (the one place that
-knows both backends)."""
+"""The Python API: ``fedcomp.run(...)``, ``fedcomp.resume(...)``, ``fedcomp.sweep(...)``."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any, Mapping
 
+from fedcomp.backends import make_server
 from fedcomp.platform.config import Config, load_config
-from fedcomp.platform.federation import LocalFederation
 from fedcomp.platform.runner import RunResult, execute, resume_config
-from fedcomp.platform.server import Server, ServerLike
 
-
-def make_server(config: Config) -> ServerLike:
-    """An in-process server for ``federation.backend: local``, else a Ray server actor."""
-    if config.federation.backend == "local":
-        return Server(config, LocalFederation)
-    from fedcomp.actors.server_actor import RayServer
-
-    return RayServer(config)
+__all__ = ["make_server", "resume", "resume_sweep", "run", "sweep"]
 
 
 def run(

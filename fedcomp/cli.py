@@ -70,7 +70,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
     failed = sorted(set(result.trials.loc[result.trials["status"] != "completed", "trial"]))
     print(markdown(result.trials, result.spec))
-    png, md = sweep_report(result.path)
+    png, md = sweep_report(result)
     print(f"sweep {result.path.name}: {result.trials['trial'].nunique()} trials, {len(failed)} failed")
     print(f"results: {result.path / 'trials.parquet'}\nplot: {png}\ntable: {md}")
     from fedcomp.platform.tracking import where
@@ -95,7 +95,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
 def cmd_list(args: argparse.Namespace) -> int:
     from fedcomp.platform.config import preset_description, preset_names
     from fedcomp.platform.problems import KIND_DESCRIPTIONS
-    from fedcomp.platform.registry import ALGORITHMS, TASKS, load_builtins
+    from fedcomp.platform.catalog import load_builtins
+    from fedcomp.platform.registry import ALGORITHMS, TASKS
 
     load_builtins()
     print("algorithms:")
@@ -123,10 +124,11 @@ def cmd_report(args: argparse.Namespace) -> int:
 
     from fedcomp.platform.report import report
     from fedcomp.sweeps.report import sweep_report
+    from fedcomp.sweeps.tuner import load_sweep
 
     try:
         if (Path(args.results_dir) / "sweep.json").is_file():
-            png, md = sweep_report(args.results_dir, metric=args.metric, x=args.x, out=args.out)
+            png, md = sweep_report(load_sweep(args.results_dir), metric=args.metric, x=args.x, out=args.out)
         else:
             png, md = report(args.results_dir, metric=args.metric or "test_accuracy", x=args.x, out=args.out)
     except (FileNotFoundError, ValueError) as error:
@@ -190,28 +192,20 @@ def build_parser() -> argparse.ArgumentParser:
     rep.set_defaults(func=cmd_report)
 
     bench = sub.add_parser(
-        "bench", help="time the Ray and local backends against a plain PyTorch loop (--peers: and against pfl, Flower)",
-        description="Time fedcomp's Ray and local backends against a plain PyTorch loop in this process; with "
-                    "--peers, run one FedAvg workload matrix in fedcomp (Ray, local), a plain loop, pfl 0.6 and "
-                    "Flower 1.42 (Ray simulation), each run in its own process, and write benchmarks/RESULTS.md.",
+        "bench", help="time the Ray and local backends against a plain PyTorch loop",
+        description="Time fedcomp's Ray and local backends against a plain PyTorch loop in this process. The "
+                    "side-by-side benchmark against pfl and Flower is `python benchmarks/peers.py` in a source checkout.",
     )
     bench.add_argument("--clients", type=int, nargs="+", help="registered clients (default: 100 1000)")
     bench.add_argument("--cohort", type=int, help="clients per round (default: 10)")
     bench.add_argument("--rounds", type=int, help="rounds (default: 20)")
     bench.add_argument("--local-steps", type=int, help="local SGD steps per client and round (default: 5)")
-    bench.add_argument("--repeats", type=int, help="runs per configuration (default: 3; 1 with --quick)")
+    bench.add_argument("--repeats", type=int, help="runs per configuration (default: 3)")
     bench.add_argument("--markdown", action="store_true", help="print the table as markdown")
     bench.add_argument("--hidden", type=int, nargs="+", help="MLP hidden layer widths (default: 64)")
-    bench.add_argument("--runners", nargs="+", choices=["ray", "local", "plain", "pfl", "flower"],
-                       help="which runners to time (default: all; pfl and flower only with --peers)")
-    bench.add_argument("--peers", action="store_true",
-                       help="side-by-side benchmark against pfl and Flower (subprocesses; installs the peers into "
-                            "--bench-dir on first use) writing --results")
-    bench.add_argument("--quick", action="store_true", help="with --peers: one small workload, 5 rounds, 1 repeat")
-    bench.add_argument("--no-install", action="store_true",
-                       help="with --peers: fail (one line, exit 2) instead of installing a missing peer")
-    bench.add_argument("--bench-dir", help="with --peers: peers' installs and work files (default: .bench in the checkout)")
-    bench.add_argument("--results", help="with --peers: where to write the report (default: benchmarks/RESULTS.md; - for none)")
+    bench.add_argument("--runners", nargs="+", choices=["ray", "local", "plain"], help="which runners to time (default: all)")
+    # moved to benchmarks/peers.py: `--peers [FLAGS]` names the command to run instead (exit 2)
+    bench.add_argument("--peers", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     bench.set_defaults(func=cmd_bench)
     return parser
 

@@ -63,146 +63,30 @@ def test_bench_plain_text_table_and_bad_input(capsys):
     assert "--clients" in capsys.readouterr().err
 
 
-# -- fedcomp bench --peers: the harness's own logic (the peers themselves are never installed by the tests) --
-
-import subprocess  # noqa: E402
-import sys  # noqa: E402
-
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-
-from fedcomp import bench  # noqa: E402
-
-SMALL = bench.Workload("small", clients=20, rounds=3, cohort=4, local_steps=2)
-
-
-def test_workload_data_is_seeded_and_is_what_fedcomp_trains_on():
-    a, b = bench.workload_arrays(SMALL), bench.workload_arrays(SMALL)
-    assert set(a) == {"init", "cohorts", "features", "labels"}
-    for key in a:
-        np.testing.assert_array_equal(a[key], b[key])
-    assert a["features"].shape == (3, 4, 2 * bench.BATCH, bench.FEATURES) and a["features"].dtype == np.float32
-    assert all(len(set(row)) == 4 for row in a["cohorts"].tolist())
-    other = bench.workload_arrays(bench.Workload("small", clients=40, rounds=3, cohort=4, local_steps=2))
-    assert not np.array_equal(a["cohorts"], other["cohorts"])
-
-    # FedAvg on the written arrays gives the plain loop's (and so fedcomp's) final weights bit for bit
-    from fedcomp.platform.federation import build_task
-
-    config = SMALL.config()
-    task = build_task(config)
-    x = torch.from_numpy(a["init"].copy())
-    for r in range(SMALL.rounds):
-        total = torch.zeros(x.numel(), dtype=torch.float64)
-        for j in range(a["cohorts"].shape[1]):
-            xc = x.clone()
-            for s in range(SMALL.local_steps):
-                rows = slice(s * bench.BATCH, (s + 1) * bench.BATCH)
-                batch = (torch.from_numpy(a["features"][r, j, rows]), torch.from_numpy(a["labels"][r, j, rows]))
-                xg = xc.detach().requires_grad_(True)
-                (grad,) = torch.autograd.grad(task.loss(xg, batch), xg)
-                xc = xc - bench.LR * grad
-            total += xc.double()
-        x = (total / a["cohorts"].shape[1]).float()
-    assert bench.weights_hash(x) == bench.weights_hash(bench.run_plain(config, 0).final)
-
-
-def fake_run(runner, workload, workers, repeat, round_ms, final, startup=1.0, peak_mib=100):
-    return bench.PeerRun(runner, workload, workers, repeat, startup, [round_ms / 1e3] * workload.rounds,
-                         peak_mib * 2**20, np.asarray(final, dtype=np.float32), {runner: "1.0"},
-                         {1: (f"{runner}-main", peak_mib * 2**20)})
-
-
-def test_peer_table_takes_medians_and_compares_with_the_plain_loop():
-    w = bench.Workload("small", clients=100, rounds=4)
-    ref = [0.5, -0.25]
-    runs = [fake_run("plain", w, 1, i, ms, ref) for i, ms in enumerate((10, 12, 11))]
-    runs += [fake_run("ray", w, 2, i, ms, ref, startup=s, peak_mib=m)
-             for i, (ms, s, m) in enumerate(((30, 4.0, 900), (20, 5.0, 1100), (25, 6.0, 1000)))]
-    runs += [fake_run("flower", w, 2, i, 500, [0.5, -0.25 + 1e-7]) for i in range(3)]
-    rows, round_s = bench.summarise_peers(runs)
-    cells = {(r.cells["runner"], r.cells["workers"]): r.cells for r in rows}
-    assert list(cells) == [("fedcomp ray", "2"), ("plain PyTorch", "1"), ("Flower", "2")]
-    ray = cells[("fedcomp ray", "2")]
-    assert ray["round (ms)"] == "25.0" and ray["overhead vs plain (ms/round)"] == "+14.0"
-    assert ray["start-up (s)"] == "5.00" and ray["peak memory (MiB)"] == "1000" and ray["client updates/s"] == "400"
-    assert ray["final weights sha256"] == cells[("plain PyTorch", "1")]["final weights sha256"]
-    assert ray["max abs diff vs plain"] == "0.0e+00" and cells[("Flower", "2")]["max abs diff vs plain"] == "1.0e-07"
-    assert cells[("plain PyTorch", "1")]["overhead vs plain (ms/round)"] == "—"
-
-    table = bench.render(bench.PEER_COLUMNS, rows, markdown=True)
-    assert table[0].startswith("| model | clients | rounds | runner |") and len(table) == 2 + len(rows)
-    targets = "\n".join(bench.peer_target_lines(runs, round_s))
-    assert "+14.0 ms" in targets and "20.0x" in targets
-    assert "fedcomp ray, small 100 clients, 2 worker(s), peak" in "\n".join(bench.memory_lines(runs))
-
-
-def test_tree_memory_counts_children(tmp_path):
-    child = subprocess.Popen([sys.executable, "-c", "import time; x = bytearray(64 << 20); time.sleep(30)"])
+def exit_code(argv: list[str]) -> int:
+    """The CLI's exit code for ``argv``, argparse's refusals (SystemExit) included."""
     try:
-        import os
-        import time
-
-        memory = bench.TreeMemory(os.getpid())
-        deadline = time.time() + 20
-        while time.time() < deadline and memory.sample() < bench.process_memory(os.getpid()) + (48 << 20):
-            time.sleep(0.1)
-        assert child.pid in memory.seen
-        assert memory.peak >= bench.process_memory(os.getpid()) + (48 << 20)
-    finally:
-        child.kill()
-        child.wait()
-
-
-@pytest.mark.parametrize("runner, says", [("pfl", "pfl 0.6 is not installed"), ("flower", "Flower 1.42 is not installed")])
-def test_a_missing_peer_is_one_line_and_exit_2(tmp_path, capsys, runner, says):
-    args = ["bench", "--peers", "--quick", "--no-install", "--bench-dir", str(tmp_path), "--runners", runner]
-    assert main(args) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and says in err[0] and "--no-install" in err[0]
-    assert not (tmp_path / "work").exists()  # failed before any work
+        return main(argv)
+    except SystemExit as stop:
+        return int(stop.code)
 
 
 @pytest.mark.parametrize("argv, says", [
-    (["--quick"], "--quick: only with --peers"),
-    (["--results", "x.md"], "--results: only with --peers"),
-    (["--runners", "flower"], "--runners flower: the peers run only with --peers"),
-    (["--peers", "--clients", "10"], "--clients: not with --peers"),
-    (["--peers", "--markdown"], "--markdown: not with --peers"),
-    (["--peers", "--repeats", "0"], "--repeats = 0: must be >= 1"),
+    (["--quick"], "unrecognized arguments: --quick"),  # the peers' flags belong to benchmarks/peers.py
+    (["--results", "x.md"], "unrecognized arguments: --results x.md"),
+    (["--runners", "flower"], "argument --runners: invalid choice: 'flower'"),
+    (["--repeats", "0"], "--repeats = 0: must be >= 1"),
 ])
 def test_bench_bad_flags(capsys, argv, says):
-    assert main(["bench", *argv]) == 2
+    assert exit_code(["bench", *argv]) == 2
     assert says in capsys.readouterr().err
 
 
-@pytest.mark.slow
-def test_peers_quick_with_fedcomp_runners_only(tmp_path, capsys):
-    """The harness end to end (subprocesses, memory, report) with the runners that need no peer installed."""
-    out = tmp_path / "RESULTS.md"
-    args = ["bench", "--peers", "--quick", "--runners", "local", "plain", "--bench-dir", str(tmp_path),
-            "--results", str(out)]
-    assert main(args) == 0
-    text = out.read_text()
-    assert text.strip() == capsys.readouterr().out.strip()
-    rows = {}
-    for line in (ln for ln in text.splitlines() if ln.startswith("| small")):
-        cells = [c.strip() for c in line.strip("|").split("|")]
-        rows[cells[3]] = dict(zip(bench.PEER_COLUMNS, cells))
-    assert set(rows) == {"fedcomp local", "plain PyTorch"}
-    assert rows["fedcomp local"]["final weights sha256"] == rows["plain PyTorch"]["final weights sha256"]
-    assert rows["fedcomp local"]["max abs diff vs plain"] == "0.0e+00"
-    for cells in rows.values():
-        assert float(cells["round (ms)"]) > 0 and float(cells["peak memory (MiB)"]) > 10
-        assert float(cells["start-up (s)"]) > 0 and float(cells["test acc"]) > 0
-    assert "machine:" in text and "load average" in text and "fedcomp bench --peers --quick" in text
-
-
-def test_rewriting_results_keeps_sections_other_scripts_published(tmp_path):
-    results = tmp_path / "RESULTS.md"
-    bench.write_results(results, "# peers, first run")
-    results.write_text(results.read_text() + f"\n{bench.SECTION_MARK}vectorised.py -->\n## Vectorised\n| table |\n")
-    bench.write_results(results, "# peers, second run")
-    text = results.read_text()
-    assert text.startswith("# peers, second run") and "first run" not in text
-    assert text.endswith(f"{bench.SECTION_MARK}vectorised.py -->\n## Vectorised\n| table |\n")
+@pytest.mark.parametrize("argv, command", [
+    ([], "python benchmarks/peers.py"),
+    (["--quick", "--no-install"], "python benchmarks/peers.py --quick --no-install"),
+])
+def test_bench_peers_says_where_the_peers_benchmark_went(capsys, argv, command):
+    assert main(["bench", "--peers", *argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("fedcomp: error: --peers:") and err[0].endswith(f"`{command}`")

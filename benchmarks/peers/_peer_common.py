@@ -1,6 +1,6 @@
-"""What every runner of ``fedcomp bench --peers`` shares: the workload files and the result file.
+"""What every runner of ``benchmarks/peers.py`` shares: the workload files and the result file.
 
-The harness (``fedcomp/bench.py``) writes one workload as two files and starts a runner with
+The harness (``benchmarks/peers.py``) writes one workload as two files and starts a runner with
 ``--workload SPEC.json --out RESULT.json``:
 
 * ``SPEC.json``: ``data`` (path of the ``.npz``), ``sizes`` (MLP layer widths), ``lr``, ``local_steps``,

@@ -1,4 +1,4 @@
-"""fedcomp's runners of ``fedcomp bench --peers``: the Ray backend, the local backend and the plain loop.
+"""fedcomp's runners of ``benchmarks/peers.py``: the Ray backend, the local backend and the plain loop.
 
 Each runs in its own process like the peers, so start-up (imports, Ray's start, actors) and the memory
 of the whole process tree are measured the same way for all. fedcomp draws the workload's batches from

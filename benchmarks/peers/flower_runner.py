@@ -1,4 +1,4 @@
-"""Flower 1.42 runner of ``fedcomp bench --peers``: its message-based FedAvg on the Ray simulation backend.
+"""Flower 1.42 runner of ``benchmarks/peers.py``: its message-based FedAvg on the Ray simulation backend.
 
 Runs in the harness's own virtualenv for Flower (``.bench/flower-venv``: Flower pins its own Ray).
 ``clients`` virtual SuperNodes are registered; ``workers`` Ray actors run the ClientApp (the Ray

@@ -1,4 +1,4 @@
-"""pfl 0.6 runner of ``fedcomp bench --peers``: FedAvg with pfl's ``SimulatedBackend`` on the harness's data.
+"""pfl 0.6 runner of ``benchmarks/peers.py``: FedAvg with pfl's ``SimulatedBackend`` on the harness's data.
 
 pfl trains the cohort's users one after another in one process (with ``workers`` > 1 the harness starts
 this script under ``torchrun`` and pfl splits each cohort over the processes, summing with gloo).

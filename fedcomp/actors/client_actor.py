@@ -9,7 +9,7 @@ import numpy as np
 import ray
 import torch
 
-from fedcomp.platform.algorithms.base import State
+from fedcomp.platform.algorithms.base import Tensors
 from fedcomp.platform.config import Config
 from fedcomp.platform.federation import ClientHost, Layout, Partial
 
@@ -36,13 +36,13 @@ class ClientActor:
             "device": self.host.device,
         }
 
-    def load_private(self, states: dict[int, State]) -> None:
+    def load_private(self, states: dict[int, Tensors]) -> None:
         self.host.load_private(states)
 
     @ray.method(num_returns=2)
     def run(
         self, program: str, round: int, cohort: Sequence[int], payload: np.ndarray, layout: Layout, sub: int = 0
-    ) -> tuple[Partial, dict[int, State]]:
+    ) -> tuple[Partial, dict[int, Tensors]]:
         """The partial sums, and (as a separate object) copies of the clients' private state."""
         if self.incarnation == 0 and self._kill in (f"{round}:{self.host.clients[0]}", f"{round}:{self.host.clients[0]}:{sub}"):
             os._exit(1)

@@ -20,7 +20,7 @@ from ray.exceptions import RayActorError
 
 from fedcomp.actors.client_actor import ClientActor
 from fedcomp.actors.cluster import ActorPlan, actor_options, describe_resources, plan_actors
-from fedcomp.platform.algorithms.base import Outcome, State
+from fedcomp.platform.algorithms.base import Outcome, Tensors
 from fedcomp.platform.config import Config
 from fedcomp.platform.errors import ClientFailure, ResourceError
 from fedcomp.platform.federation import Layout, Partial, build_algorithm, combine
@@ -90,7 +90,7 @@ class RayFederation:
             if i in members:
                 ray.get(self.actors[i].run.remote(program, round, members[i], ref, layout, sub)[0], timeout=self.timeout)
 
-    def call(self, program: str, round: int, cohort: list[int], payload: State, sub: int = 0) -> Outcome:
+    def call(self, program: str, round: int, cohort: list[int], payload: Tensors, sub: int = 0) -> Outcome:
         started = time.perf_counter()
         layout = Layout.of(payload)
         flat = layout.pack(payload)
@@ -167,21 +167,21 @@ class RayFederation:
         self.profile["transport, scheduling, replies"] += time.perf_counter() - submitted - compute
         return sorted(failed)
 
-    def _private_of(self, clients: list[int]) -> dict[int, State]:
+    def _private_of(self, clients: list[int]) -> dict[int, Tensors]:
         """The latest private state of ``clients`` (fetched from the object store)."""
         by_ref: dict[Any, list[int]] = {}
         for c in clients:
             by_ref.setdefault(self.private_refs[c], []).append(c)
-        out: dict[int, State] = {}
+        out: dict[int, Tensors] = {}
         for ref, members in by_ref.items():
             states = ray.get(ref, timeout=self.timeout)
             out.update({c: states[c] for c in members if c in states})
         return out
 
-    def private_states(self) -> dict[int, State]:
+    def private_states(self) -> dict[int, Tensors]:
         return self._private_of(sorted(self.private_refs))
 
-    def load_private_states(self, states: dict[int, State]) -> None:
+    def load_private_states(self, states: dict[int, Tensors]) -> None:
         self.private_refs = {}
         refs = []
         for i, actor in enumerate(self.actors):

@@ -16,18 +16,14 @@ from pathlib import Path
 from typing import Any, Literal, Mapping, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from fedcomp.platform.errors import ConfigError
-from fedcomp.platform.registry import ALGORITHMS, TASKS, load_builtins
+from fedcomp.platform.params import Params
+from fedcomp.platform.catalog import load_builtins
+from fedcomp.platform.registry import ALGORITHMS, TASKS
 
 SECTIONS = ("task", "algorithm", "federation", "run")
-
-
-class Params(BaseModel):
-    """Base of every frozen, validated parameter model (task params, hyperparameters, sections)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid", validate_default=True)
 
 
 class FederationConfig(Params):

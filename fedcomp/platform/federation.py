@@ -16,10 +16,11 @@ from typing import Iterable, Sequence
 import numpy as np
 import torch
 
-from fedcomp.platform.algorithms.base import Algorithm, ClientContext, Outcome, State
+from fedcomp.platform.algorithms.base import Algorithm, ClientContext, Outcome, Tensors
 from fedcomp.platform.config import Config, FederationConfig
 from fedcomp.platform.errors import ResourceError
-from fedcomp.platform.registry import ALGORITHMS, TASKS, load_builtins
+from fedcomp.platform.catalog import load_builtins
+from fedcomp.platform.registry import ALGORITHMS, TASKS
 from fedcomp.platform.rng import generator
 from fedcomp.platform.vectorised import can_lockstep, lockstep_local_steps
 from fedcomp.platform.tasks.base import Task
@@ -43,7 +44,7 @@ class Layout:
     sizes: tuple[int, ...]
 
     @classmethod
-    def of(cls, state: State) -> "Layout":
+    def of(cls, state: Tensors) -> "Layout":
         keys = tuple(sorted(state))
         return cls(keys, tuple(int(state[k].numel()) for k in keys))
 
@@ -51,12 +52,12 @@ class Layout:
     def total(self) -> int:
         return sum(self.sizes)
 
-    def pack(self, state: State, dtype: type = np.float32) -> np.ndarray:
+    def pack(self, state: Tensors, dtype: type = np.float32) -> np.ndarray:
         if not self.keys:
             return np.zeros(0, dtype)
         return torch.cat([state[k].detach().reshape(-1).cpu() for k in self.keys]).numpy().astype(dtype, copy=False)
 
-    def unpack(self, flat: np.ndarray, device: str | torch.device = "cpu") -> State:
+    def unpack(self, flat: np.ndarray, device: str | torch.device = "cpu") -> Tensors:
         tensor = torch.tensor(flat, dtype=torch.float32, device=device)  # copies: broadcast buffers are read-only
         return dict(zip(self.keys, tensor.split(list(self.sizes))))
 
@@ -70,7 +71,7 @@ class Partial:
     clients: int
     samples: int
     loss_sum: float
-    private: dict[int, State] = field(default_factory=dict)
+    private: dict[int, Tensors] = field(default_factory=dict)
     """Copies of the clients' private (unsynchronised) state after the program, for recovery and checkpoints."""
     has_private: bool = False
     """Whether the program left private state (kept true when ``private`` travels separately)."""
@@ -106,9 +107,9 @@ class ClientHost:
         self.task = build_task(config, device)
         self.algorithm = build_algorithm(config)
         self.problem = self.task.problem(self.algorithm.kind)
-        self.private: dict[int, State] = {}
+        self.private: dict[int, Tensors] = {}
 
-    def load_private(self, states: dict[int, State]) -> None:
+    def load_private(self, states: dict[int, Tensors]) -> None:
         """Restore private states (after a checkpoint or when this host replaces a dead one)."""
         self.private.update({c: {k: v.to(self.device) for k, v in s.items()} for c, s in states.items()})
 
@@ -128,15 +129,16 @@ class ClientHost:
             stream = self.task.stream_id(client)
             start = self.private.get(client)
             if start is None:
-                start = self.algorithm.init_state(broadcast)
-            starts.append({**start, **{k: v.clone() for k, v in broadcast.items()}})
+                start = self.algorithm.start_state(broadcast)
+            starts.append(self.algorithm.begin({**start, **{k: v.clone() for k, v in broadcast.items()}}))
             contexts.append(ClientContext(client, round, sub, lambda *ids, s=stream: generator(seed, "client-step", s, *ids)))
         results = None
         if self.config.federation.vectorise and can_lockstep(self.algorithm, self.problem, program, len(clients)):
             results = lockstep_local_steps(self.algorithm, self.problem, starts, contexts)
         if results is None:
-            run_one = getattr(self.algorithm, program)
+            run_one = self.algorithm.program(program)
             results = [run_one(self.problem, state, ctx) for state, ctx in zip(starts, contexts)]
+        transient = program in self.algorithm.transient_programs
         for client, (state, outputs, info) in zip(clients, results):
             if out_layout is None:
                 out_layout = Layout.of(outputs)
@@ -144,9 +146,14 @@ class ClientHost:
             sums += out_layout.pack(outputs, np.float64)
             samples += info.samples
             loss_sum += info.loss
-            kept = {k: v.detach() for k, v in state.items() if k not in outputs and k not in broadcast}
+            # A saving call keeps (and ships) only the private fields: the broadcast ones come again with the
+            # next broadcast. A transient call's state is never shipped, so it keeps the broadcast fields too:
+            # the next call of its sequence may broadcast less (FedDRO's per-step calls send y-bar alone).
+            # Round-local fields are never kept (Algorithm.begin sets them again).
+            dropped = outputs.keys() | self.algorithm.round_local | (set() if transient else broadcast.keys())
+            kept = {k: v.detach() for k, v in state.items() if k not in dropped}
             self.private[client] = kept
-            if kept and program not in self.algorithm.transient_programs:
+            if kept and not transient:
                 private[client] = {k: v.cpu() for k, v in kept.items()}
         if out_layout is None or sums is None:
             raise ValueError("ClientHost.run needs a non-empty cohort")
@@ -172,18 +179,18 @@ class LocalFederation:
 
     def __init__(self, config: Config) -> None:
         self.host = ClientHost(config, range(config.federation.clients), local_device(config.federation))
-        self.private: dict[int, State] = {}
+        self.private: dict[int, Tensors] = {}
 
-    def call(self, program: str, round: int, cohort: list[int], payload: State, sub: int = 0) -> Outcome:
+    def call(self, program: str, round: int, cohort: list[int], payload: Tensors, sub: int = 0) -> Outcome:
         layout = Layout.of(payload)
         partial = self.host.run(program, round, cohort, layout.pack(payload), layout, sub)
         self.private.update(partial.private)
         return combine([partial], layout.total)
 
-    def private_states(self) -> dict[int, State]:
+    def private_states(self) -> dict[int, Tensors]:
         return dict(self.private)
 
-    def load_private_states(self, states: dict[int, State]) -> None:
+    def load_private_states(self, states: dict[int, Tensors]) -> None:
         self.private = dict(states)
         self.host.load_private(states)
 

@@ -1,6 +1,10 @@
 """First- and second-order oracles of two-variable losses by automatic differentiation.
 
 Each takes the loss as a function of explicit flat parameters ``(x, y)`` and returns detached tensors.
+The compositional kinds' oracles are here too: :func:`inner_value_vjp` (g_k(x; xi) and v -> (dg_k/dx)^T v on
+the same draw; second order for MAML unless first-order), :func:`outer_grad` (grad f_k(y; zeta), or grad f(y)
+for FedDRO's deterministic f), and FedDRO's problem kind h + f(g) on one batch: :func:`plain_inner_vjp`,
+:func:`plain_grad`, :func:`inner_and_jacobian`.
 Second-order products use double backpropagation: H_yy v = d/dy <d/dy l, v> and H_xy v = d/dx <d/dy l, v>
 (the mixed second derivative applied to a vector in y-space gives a vector in x-space).
 """
@@ -49,9 +53,20 @@ def grad_y(loss: Loss2, x: Tensor, y: Tensor) -> Tensor:
 
 def grad_xy(loss: Loss2, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
     """Both partial gradients from one backward pass."""
+    gx, gy, _ = grad_xy_and_value(loss, x, y)
+    return gx, gy
+
+
+def grad_xy_and_value(loss: Loss2, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """(d loss / dx, d loss / dy, loss) at (x, y) from one forward and one backward pass; a variable the loss
+    does not use gets a zero gradient. Under lockstep clients by ``torch.func.grad_and_value``."""
+    if LOCKSTEP.get():
+        (gx, gy), value = torch.func.grad_and_value(loss, argnums=(0, 1))(x, y)
+        return gx, gy, value
     x, y = _leaves(x, y)
-    gx, gy = torch.autograd.grad(loss(x, y), (x, y), allow_unused=True)
-    return (torch.zeros_like(x) if gx is None else gx), gy
+    value = loss(x, y)
+    gx, gy = torch.autograd.grad(value, (x, y), allow_unused=True)
+    return (torch.zeros_like(x) if gx is None else gx), (torch.zeros_like(y) if gy is None else gy), value.detach()
 
 
 def hvp_yy(loss: Loss2, x: Tensor, y: Tensor, v: Tensor) -> Tensor:
@@ -67,3 +82,63 @@ def jvp_xy(loss: Loss2, x: Tensor, y: Tensor, v: Tensor) -> Tensor:
     (gy,) = torch.autograd.grad(loss(x, y), y, create_graph=True)
     (gx,) = torch.autograd.grad(gy @ v, x, allow_unused=True)
     return torch.zeros_like(x) if gx is None else gx
+
+
+# -- the compositional problem kinds' oracles (g's value with its vector-Jacobian product on the same draw;
+# grad f) -- under lockstep clients by torch.func transforms, otherwise plain autograd (fewer operations).
+
+
+def inner_value_vjp(problem: Any, x: Tensor, xi: Any) -> tuple[Tensor, Callable[[Tensor], Tensor]]:
+    """(g_k(x; xi), v -> (dg_k(x; xi)/dx)^T v); the product may be taken once."""
+    if LOCKSTEP.get():
+        value, pullback = torch.func.vjp(lambda z: problem.inner(z, xi), x)
+        return value, lambda v: pullback(v)[0]
+    x = x.detach().requires_grad_(True)
+    value = problem.inner(x, xi)
+
+    def vjp(v: Tensor) -> Tensor:
+        if not value.requires_grad:  # g does not depend on x
+            return torch.zeros_like(x)
+        (grad,) = torch.autograd.grad(value, x, v, allow_unused=True)
+        return torch.zeros_like(x) if grad is None else grad.detach()
+
+    return value.detach(), vjp
+
+
+def outer_grad(problem: Any, y: Tensor, *zeta: Any) -> tuple[Tensor, Tensor]:
+    """(grad f_k(y; zeta), f_k(y; zeta)) at the point ``y``; without ``zeta``, grad f(y) of a deterministic f
+    (FedDRO's ``problem.outer(z)``)."""
+    if LOCKSTEP.get():
+        return torch.func.grad_and_value(lambda z: problem.outer(z, *zeta))(y)
+    y = y.detach().requires_grad_(True)
+    value = problem.outer(y, *zeta)
+    (grad,) = torch.autograd.grad(value, y)
+    return grad.detach(), value.detach()
+
+
+def plain_inner_vjp(problem: Any, x: Tensor, batch: Any, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """grad h_k(x; b) + (dg_k(x; b)/dx)^T v -- the gradient of h_k(x; b) + g_k(x; b).v, one backward pass --
+    with h_k(x; b) and g_k(x; b) (detached). With v = grad f(y) it is the compositional direction at x."""
+    x = x.detach().requires_grad_(True)
+    plain, inner = problem.plain(x, batch), problem.inner(x, batch)
+    (grad,) = torch.autograd.grad(plain + inner @ v, x)
+    return grad, plain.detach(), inner.detach()
+
+
+def plain_grad(problem: Any, x: Tensor, batch: Any) -> tuple[Tensor, Tensor]:
+    """(grad h_k(x; b), h_k(x; b)); a zero gradient for a problem without a plain part."""
+    x = x.detach().requires_grad_(True)
+    value = problem.plain(x, batch)
+    grad = torch.autograd.grad(value, x)[0] if value.requires_grad else torch.zeros_like(x)
+    return grad, value.detach()
+
+
+def inner_and_jacobian(problem: Any, x: Tensor, batch: Any) -> tuple[Tensor, Tensor]:
+    """g_k(x; b) [d_g] and its Jacobian [d_g, d] (one backward pass per row; d_g is small)."""
+    x = x.detach().requires_grad_(True)
+    value = problem.inner(x, batch)
+    rows = [
+        torch.autograd.grad(value[i], x, retain_graph=True)[0] if value.requires_grad else torch.zeros_like(x)
+        for i in range(value.numel())
+    ]
+    return value.detach(), torch.stack(rows)

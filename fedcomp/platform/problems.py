@@ -153,8 +153,8 @@ class CompositionalProblem(Protocol):
     local to client k and with independent samples xi, zeta (Local-SCGD(M)'s problem; ALGORITHMS.md class C2).
 
     The oracles an algorithm uses -- g_k's value, its vector-Jacobian product (dg_k/dx)^T v and grad f_k --
-    come from :func:`fedcomp.platform.compositional.inner_value_vjp` and
-    :func:`~fedcomp.platform.compositional.outer_grad` by automatic differentiation of :meth:`inner` and
+    come from :func:`fedcomp.platform.oracles.inner_value_vjp` and
+    :func:`~fedcomp.platform.oracles.outer_grad` by automatic differentiation of :meth:`inner` and
     :meth:`outer`.
     """
 
@@ -193,7 +193,7 @@ class CompositionalMinimaxProblem(Protocol):
 
     The inner value may be as large as x itself (compositional deep AUC: g(x) = x - rho (grad_w CE(w), 0, 0)),
     so algorithms keep and average an estimate of it. The vector-Jacobian product (dg_k/dx)^T v comes from
-    :func:`fedcomp.platform.compositional.inner_value_vjp` by automatic differentiation of :meth:`inner`
+    :func:`fedcomp.platform.oracles.inner_value_vjp` by automatic differentiation of :meth:`inner`
     (a Hessian-vector product when g contains a gradient step).
     """
 

@@ -33,9 +33,3 @@ def register_algorithm(name: str) -> Callable[[T], T]:
 def register_task(name: str) -> Callable[[T], T]:
     """Class decorator: make a task available as ``task.name: <name>``."""
     return _register(TASKS, "task", name)
-
-
-def load_builtins() -> None:
-    """Import the built-in algorithm and task modules so that they register themselves."""
-    import fedcomp.platform.algorithms  # noqa: F401
-    import fedcomp.platform.tasks  # noqa: F401

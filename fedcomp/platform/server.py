@@ -13,10 +13,12 @@ from typing import Any, Callable, Protocol
 
 import torch
 
-from fedcomp.platform.algorithms.base import Federation, RoundContext, RoundRecord, State
+from fedcomp.platform.algorithms.base import Federation, Tensors
 from fedcomp.platform.config import Config
 from fedcomp.platform.federation import build_algorithm, build_task
 from fedcomp.platform.rng import generator
+from fedcomp.platform.rounds import Round, RoundRecord
+from fedcomp.platform.state import State
 
 
 @dataclass
@@ -68,7 +70,9 @@ class Server:
         task = build_task(config)
         self.algorithm = build_algorithm(config)
         params = task.init_params(generator(config.run.seed, "init"))
-        self.state: State = {k: v for k, v in self.algorithm.init_state(params).items() if k in self.algorithm.synced}
+        self.state: State = self.algorithm.init(params)
+        """The global state: the algorithm's typed ``Server`` record (before round 0: what ``init`` returns,
+        which ``Algorithm.start`` completes in round 0)."""
         self.counters = Counters()
         self.train_loss = float("nan")
         self._evaluate = task.evaluator()
@@ -81,37 +85,41 @@ class Server:
         """One communication round; returns the cumulative counters and the round's training loss."""
         fed, run = self.config.federation, self.config.run
         r = self.counters.round
-        ctx = RoundContext(
-            round=r,
-            cohort=lambda sub=0: sample_cohort(run.seed, r, fed.clients, fed.cohort_size, sub),
-            rng=lambda *ids: generator(run.seed, "server", r, *ids),
-            problem=self.problem,
-            clients=fed.clients,
-        )
+        cohort = lambda sub=0: sample_cohort(run.seed, r, fed.clients, fed.cohort_size, sub)  # noqa: E731
+        rng = lambda *ids: generator(run.seed, "server", r, *ids)  # noqa: E731
         started = time.perf_counter()
-        self.state, record = self.algorithm.round(self.federation, self.state, ctx)
+        round_ = Round(self.federation, r, cohort, rng, self.problem, fed.clients)
+        state = self.algorithm.start(round_, self.state) if r == 0 else self.state
+        self.state = self.algorithm.round(round_, state)
+        record = round_.finish()
         self.round_s += time.perf_counter() - started
         self.counters.add(record)
         self.train_loss = record.train_loss
         return {**asdict(self.counters), "train_loss": record.train_loss}
 
+    def tensors(self) -> Tensors:
+        """The global state as named tensors (what is evaluated and checkpointed)."""
+        return self.state.tensors()
+
     def evaluate(self) -> dict[str, float]:
-        return self._evaluate(self.state)
+        return self._evaluate(self.tensors())
 
     def model(self) -> torch.Tensor:
-        return self.state["x"].detach().clone()
+        return self.tensors()["x"].detach().clone()
 
     def checkpoint(self) -> dict[str, Any]:
         return {
-            "state": {k: v.detach().cpu().clone() for k, v in self.state.items()},
+            "state": {k: v.detach().cpu().clone() for k, v in self.tensors().items()},
             "counters": asdict(self.counters),
             "train_loss": self.train_loss,
             "private": self.federation.private_states(),
         }
 
     def restore(self, checkpoint: dict[str, Any]) -> None:
-        self.state = {k: v.clone() for k, v in checkpoint["state"].items()}
+        state = {k: v.clone() for k, v in checkpoint["state"].items()}
         self.counters = Counters(**checkpoint["counters"])
+        record = self.algorithm.Server if self.counters.round > 0 else type(self.state)  # round 0: init's record
+        self.state = record.of(state)
         self.train_loss = checkpoint["train_loss"]
         self.federation.load_private_states(checkpoint["private"])
 

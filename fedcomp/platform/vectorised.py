@@ -23,7 +23,7 @@ from typing import Any, Sequence
 
 import torch
 
-from fedcomp.platform.algorithms.base import LOCKSTEP, Algorithm, ClientContext, State, StepInfo
+from fedcomp.platform.algorithms.base import LOCKSTEP, Algorithm, ClientContext, LocalSteps, StepInfo, Tensors
 
 
 def can_lockstep(algorithm: Algorithm, problem: Any, program: str, clients: int) -> bool:
@@ -33,7 +33,8 @@ def can_lockstep(algorithm: Algorithm, problem: Any, program: str, clients: int)
         program == "local_steps"
         and clients > 1
         and algorithm.vectorisable
-        and type(algorithm).local_steps is Algorithm.local_steps
+        and isinstance(algorithm, LocalSteps)
+        and type(algorithm).local_steps is LocalSteps.local_steps
         and bool(getattr(problem, "vmappable", False))
     )
 
@@ -59,8 +60,8 @@ class _ShapeMismatch(Exception):
 
 
 def lockstep_local_steps(
-    algorithm: Any, problem: Any, states: Sequence[State], contexts: Sequence[ClientContext]
-) -> list[tuple[State, State, StepInfo]] | None:
+    algorithm: Any, problem: Any, states: Sequence[Tensors], contexts: Sequence[ClientContext]
+) -> list[tuple[Tensors, Tensors, StepInfo]] | None:
     """Run :meth:`Algorithm.local_steps` for every client at once; ``None`` if their draws differ in shape.
 
     Samples never depend on the state, so the round's draws are made first (client by client, step by step,
@@ -85,10 +86,10 @@ def lockstep_local_steps(
         chunk = [steps[i] for i in run]
         batches = _stack([per_step[i] for i in run])  # [steps, clients, ...] -> vmapped over dim 1
 
-        def steps_of_one_client(state: State, batch: Any, chunk: list[int] = chunk) -> tuple[State, torch.Tensor]:
+        def steps_of_one_client(state: Tensors, batch: Any, chunk: list[int] = chunk) -> tuple[Tensors, torch.Tensor]:
             values = []
             for j, step in enumerate(chunk):
-                state, loss = algorithm.update(problem, state, _index(batch, j), step)
+                state, loss = algorithm.update_tensors(problem, state, _index(batch, j), step)
                 values.append(loss)
             return state, torch.stack(values)
 
@@ -106,7 +107,7 @@ def lockstep_local_steps(
             info.samples += drawn[s][i][1]
             info.loss += loss_table[i][s] / q
         state = {k: v[i] for k, v in stacked.items()}
-        out.append((state, {k: state[k] for k in algorithm.synced}, info))
+        out.append((state, {k: state[k] for k in algorithm.averaged}, info))
     return out
 
 

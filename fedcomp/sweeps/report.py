@@ -6,6 +6,7 @@ communication rounds, one line per algorithm at its best configuration, a band o
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
@@ -140,17 +141,15 @@ def markdown(trials: pd.DataFrame, spec: SweepSpec, metric: str | None = None) -
     return "\n".join(lines) + "\n"
 
 
-def sweep_report(path: str | Path, metric: str | None = None, x: str = "comm_rounds", out: str | Path | None = None) -> tuple[Path, Path]:
-    """Write ``report.png`` and ``report.md`` for the sweep in ``path``; return their paths."""
+def sweep_report(result: Any, metric: str | None = None, x: str = "comm_rounds", out: str | Path | None = None) -> tuple[Path, Path]:
+    """Write ``report.png`` and ``report.md`` for a loaded sweep (a :class:`~fedcomp.sweeps.tuner.SweepResult`:
+    ``path``, ``spec``, ``trials``) into its folder or ``out``; return their paths."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from fedcomp.sweeps.tuner import load_sweep
-
-    result = load_sweep(path)
-    trials, spec = result.trials, result.spec
+    trials, spec, path = result.trials, result.spec, result.path
     metric = metric or spec.resolved_metric()[0]
     if x not in trials:
         raise ValueError(f"column {x!r} is not in this sweep's trials; allowed: comm_rounds, round, local_steps, samples, wall_time")

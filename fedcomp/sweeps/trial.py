@@ -107,7 +107,7 @@ def run_trial(trial: dict[str, Any], spec_json: str, cluster_has_gpus: bool, env
     checkpoint every ``run.checkpoint_every`` rounds and at the end."""
     import torch
 
-    from fedcomp.api import make_server
+    from fedcomp.backends import make_server
 
     os.environ.update(env)  # the driver's FEDCOMP_* settings, passed on to the actors this trial starts
     torch.set_num_threads(1)

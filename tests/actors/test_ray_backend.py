@@ -176,6 +176,18 @@ def test_fednest_sub_rounds_same_on_ray(ray_session, tmp_path):
     assert reference["comm_rounds"].tolist() == [0, 4, 8, 12]  # minimax: 2T + 2 per epoch (no FedIHGP)
 
 
+def test_fednest_code_variant_private_counters_same_on_ray(ray_session, tmp_path):
+    # ihgp: code keeps each client's Neumann counter as private state on its actor across sub-rounds
+    over = {"algorithm.name": "fednest", "algorithm.ihgp": "code", "algorithm.inner_steps": 2,
+            "algorithm.neumann_terms": 3, "federation.clients": 6, "federation.clients_per_round": 3,
+            "federation.backend": "local", "task.per_client": 40, "task.hidden": 20, "run.rounds": 2,
+            "run.eval_every": 1, "run.progress": "none", "run.out": str(tmp_path)}
+    reference = metrics(fedcomp.run("fednest-hr-offline", over))
+    ray_run = fedcomp.run("fednest-hr-offline", {**over, "federation.backend": "ray", "federation.clients_per_actor": 2})
+    pd.testing.assert_frame_equal(metrics(ray_run), reference, rtol=0, atol=1e-6)
+    assert reference["comm_rounds"].tolist() == [0, 8, 16]  # 2T + N + 3 per epoch
+
+
 @pytest.mark.slow
 def test_feddro_per_step_exchanges_same_on_ray(ray_session, tmp_path):
     raw = {"task": {"name": "heterogeneous-composition"}, "algorithm": {"name": "feddro", "local_steps": 3, "lr": 0.3},

@@ -30,7 +30,7 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
-from fedcomp.platform.config import Params
+from fedcomp.platform.params import Params
 from fedcomp.platform.problems import COMPOSITIONAL_MINIMAX, MINIMAX
 from fedcomp.platform.registry import TASKS, register_task
 from fedcomp.platform.rng import generator

@@ -18,7 +18,9 @@ import torch.nn.functional as F
 from pydantic import Field
 from torch import Tensor
 
-from fedcomp.platform.config import Params, load_config
+from fedcomp.platform.config import load_config
+
+from fedcomp.platform.params import Params
 from fedcomp.platform.federation import LocalFederation
 from fedcomp.platform.problems import PLAIN
 from fedcomp.platform.registry import TASKS, register_task

@@ -6,16 +6,17 @@ from __future__ import annotations
 
 import time
 
+import pandas as pd
 import pytest
 import torch
 
 import fedcomp
-from fedcomp.platform.algorithms.base import RoundContext
 from fedcomp.platform.algorithms.coda import MarginAUCProblem, ScoredProblem, StagePlan, dual_restart_value
 from fedcomp.platform.config import load_config
 from fedcomp.platform.errors import ConfigError
 from fedcomp.platform.federation import LocalFederation, build_algorithm, build_task
 from fedcomp.platform.registry import TASKS
+from fedcomp.platform.rounds import Round
 from fedcomp.platform.rng import generator
 from fedcomp.platform.server import Server
 from tests.platform.minimax_tiny import config
@@ -101,9 +102,9 @@ def test_dual_restart_is_mean_negative_minus_mean_positive_score_over_all_client
     x, y = torch.tensor([0.3, -0.2, 0.5]), torch.tensor([7.0])
     for round_, stage in ((0, 1), (2_500, 2)):
         assert server.algorithm.plan(round_).stage == stage and server.algorithm.plan(round_).first
-        ctx = RoundContext(round_, lambda k=0: [0, 1, 2], lambda *ids: generator(SEED, "server", round_, *ids),
-                           server.problem)
-        alpha, outcome = server.algorithm._restart(server.federation, ctx, x, y)
+        fed = Round(server.federation, round_, lambda k=0: [0, 1, 2], lambda *ids: generator(SEED, "server", round_, *ids),
+                    server.problem, 3)
+        alpha = server.algorithm.restart_dual(fed, x, y)
         scores, labels = [], []
         for k in range(3):  # the same draws, by hand
             gen = generator(SEED, "client-step", k, -1, stage)
@@ -114,7 +115,7 @@ def test_dual_restart_is_mean_negative_minus_mean_positive_score_over_all_client
         scores, labels = torch.cat(scores).double(), torch.cat(labels).bool()
         closed = 0.25 + scores[~labels].mean() - scores[labels].mean()  # the margin form's best response
         assert float(alpha) == pytest.approx(float(closed), rel=1e-5)
-        assert outcome.samples == 3 * 4 * 5 and outcome.floats_up == 4
+        assert fed.record.samples == 3 * 4 * 5 and fed.record.embedding_floats_up == 4
 
 
 def test_dual_restart_leaves_alpha_when_a_class_is_missing():
@@ -184,12 +185,12 @@ def test_coda_rounds_match_a_hand_computation(restart_from):
              (3, True, eta / 9, 6)]
     expected = hand_rounds(cfg, plans, restart=True)
     server = Server(cfg, LocalFederation)
-    assert server.algorithm.synced == ("x", "y")
+    assert server.algorithm.averaged == ("x", "y")
     for r, want in enumerate(expected):
         record = server.run_round()
-        assert set(server.state) == {"x", "y", "v_ref", "x_acc"}
+        assert set(server.tensors()) == {"x", "y", "v_ref", "x_acc"}
         for key in want:
-            torch.testing.assert_close(server.state[key], want[key], rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(server.tensors()[key], want[key], rtol=1e-5, atol=1e-5)
         assert server.federation.private_states() == {}
     d = cfg.task.dim
     assert record["comm_rounds"] == 5 and record["local_steps"] == 10
@@ -212,7 +213,7 @@ def test_coda_plus_rounds_match_a_hand_computation(dual_step):
     for want in expected:
         record = server.run_round()
         for key in want:
-            torch.testing.assert_close(server.state[key], want[key], rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(server.tensors()[key], want[key], rtol=1e-5, atol=1e-5)
     assert record["embedding_exchanges"] == 0 and record["samples"] == 2 * 10 * 4
 
 
@@ -221,7 +222,7 @@ def test_plain_local_sgda_is_local_gradient_descent_ascent_with_x_and_y_averaged
     task = build_task(cfg)
     server = Server(cfg, LocalFederation)
     server.run_round()
-    assert set(server.state) == {"x", "y"}
+    assert set(server.tensors()) == {"x", "y"}
     params = task.init_params(generator(SEED, "init"))
     finals = []
     for k in range(2):
@@ -230,8 +231,8 @@ def test_plain_local_sgda_is_local_gradient_descent_ascent_with_x_and_y_averaged
             gx, gy = grads_closed(task, k, x, y, task.sample(k, "inner", 4, generator(SEED, "client-step", k, t)))
             x, y = x - 0.2 * gx, y + 0.2 * gy
         finals.append((x, y))
-    torch.testing.assert_close(server.state["x"], (finals[0][0] + finals[1][0]) / 2, rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(server.state["y"], (finals[0][1] + finals[1][1]) / 2, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(server.tensors()["x"], (finals[0][0] + finals[1][0]) / 2, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(server.tensors()["y"], (finals[0][1] + finals[1][1]) / 2, rtol=1e-5, atol=1e-6)
 
 
 # -- convergence and resume ---------------------------------------------------------------------------------------
@@ -274,8 +275,8 @@ def test_resume_across_stage_boundaries_gives_identical_numbers(name, algo):
     resumed.restore(checkpoint)
     for _ in range(3):
         resumed.run_round()
-    for key in straight.state:
-        torch.testing.assert_close(resumed.state[key], straight.state[key], rtol=0, atol=0)
+    for key in straight.tensors():
+        torch.testing.assert_close(resumed.tensors()[key], straight.tensors()[key], rtol=0, atol=0)
 
 
 # -- bad input ------------------------------------------------------------------------------------------------------
@@ -340,3 +341,20 @@ def test_runs_end_to_end_on_breast_cancer(tmp_path, name, extra):
     final = result.final
     assert final["comm_rounds"] == 3 and final["local_steps"] == 6
     assert 0.0 <= final["test_auroc"] <= 1.0
+
+
+@pytest.mark.ray
+@pytest.mark.skipif("imbalanced-binary" not in TASKS, reason="the imbalanced-binary task is not registered")
+@pytest.mark.slow
+def test_stages_and_dual_restarts_give_the_same_numbers_on_ray(ray_session, tmp_path):
+    """Partial participation across two stage boundaries (three dual restarts, whose broadcast is the model alone,
+    between rounds whose broadcast carries v_ref): every metric and counter of the Ray backend (2 clients per
+    actor) equals the local backend's."""
+    raw = {"task": {"name": "imbalanced-binary", "dataset": "breast-cancer", "model": "linear"},
+           "algorithm": {"name": "coda", "local_steps": 2, "outer_batch": 16, "stage_steps": 2, "restart_batches": 2},
+           "federation": {"clients": 4, "clients_per_round": 3, "backend": "local"},
+           "run": {"rounds": 5, "progress": "none", "out": str(tmp_path)}}
+    local = fedcomp.run(raw).metrics.drop(columns="wall_time")
+    ray = fedcomp.run(raw, {"federation.backend": "ray", "federation.clients_per_actor": 2})
+    pd.testing.assert_frame_equal(ray.metrics.drop(columns="wall_time"), local, check_exact=True)
+    assert local["embedding_exchanges"].tolist() == [0, 1, 2, 2, 2, 3]  # stages open at rounds 0, 1 and 4

@@ -48,7 +48,7 @@ def test_parse_value_types():
         ("quickstart", {"federation.backend": "mpi"}, "federation.backend = 'mpi': Input should be 'ray' or 'local'"),
         ("quickstart", {"federation.gpus_per_client": -1}, "federation.gpus_per_client = -1.0: must be 'auto' or a number >= 0"),
         ("quickstart", {"run.rounds": 0}, "run.rounds = 0: Input should be greater than or equal to 1"),
-        ("quickstart", {"algorithm.name": "sgd2"}, "algorithm.name = 'sgd2' is unknown; allowed: acc-fcsg-m, coda, coda-plus, fcsg, fcsg-m, fedavg"),
+        ("quickstart", {"algorithm.name": "sgd2"}, "algorithm.name = 'sgd2' is unknown; allowed: acc-fcsg-m, coda, coda-plus, fcsg, fcsg-m, fedadam, fedavg"),
         ("quickstart", {"task.name": "mnist9"}, "task.name = 'mnist9' is unknown; allowed: "),
         ("quickstart", {"task.noise_ratio": -2}, "task.noise_ratio = -2: Input should be greater than 0"),
         ("quickstart", {"task.objective": "mine"}, "task.objective = 'mine': Input should be 'paper' or 'official-code'"),
@@ -71,7 +71,7 @@ def test_algorithm_whose_kind_the_task_lacks():
     raw = load_config("quickstart").to_dict()
     raw["task"] = {"name": "synthetic-classification"}
     with pytest.raises(ConfigError, match=r"algorithm.name = 'fcsg-m' needs a 'conditional' problem but task "
-                       r"'synthetic-classification' offers plain; algorithms that run on it: fedavg"):
+                       r"'synthetic-classification' offers plain; algorithms that run on it: fedadam, fedavg, fedavgm"):
         load_config(raw)
 
 

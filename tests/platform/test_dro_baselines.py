@@ -10,8 +10,9 @@ from torch import Tensor
 
 import fedcomp
 import fedcomp.platform.algorithms.dro_baselines as dro_baselines  # registers the algorithms
-from fedcomp.platform.config import Params, load_config
-from fedcomp.platform.dro_losses import robust_weights
+from fedcomp.platform.config import load_config
+from fedcomp.platform.params import Params
+from fedcomp.losses.dro import robust_weights
 from fedcomp.platform.errors import ConfigError
 from fedcomp.platform.federation import LocalFederation, build_task
 from fedcomp.platform.problems import COMPOSITIONAL_GLOBAL
@@ -121,7 +122,7 @@ def test_gcivr_recursion_matches_a_hand_computation(init, optimizer, refresh_eve
     lr, rounds = 0.2, 4
     cfg = config("gcivr", lr=lr, outer_batch=B, init=init, optimizer=optimizer, refresh_every=refresh_every)
     task, server = build_task(cfg), Server(cfg, LocalFederation)
-    x = server.state["x"].clone()
+    x = server.tensors()["x"].clone()
     param = torch.nn.Parameter(x.clone())
     adagrad = torch.optim.Adagrad([param], lr=lr)  # the reference for optimizer: adagrad
     G = J = x_prev = None
@@ -146,9 +147,9 @@ def test_gcivr_recursion_matches_a_hand_computation(init, optimizer, refresh_eve
             param.grad = direction.clone()
             adagrad.step()
             x = param.detach().clone()
-        torch.testing.assert_close(server.state["G"], G, rtol=0, atol=1e-5)
-        torch.testing.assert_close(server.state["J"], J.reshape(-1), rtol=0, atol=1e-5)
-        torch.testing.assert_close(server.state["x"], x, rtol=0, atol=1e-5)
+        torch.testing.assert_close(server.tensors()["G"], G, rtol=0, atol=1e-5)
+        torch.testing.assert_close(server.tensors()["J"], J.reshape(-1), rtol=0, atol=1e-5)
+        torch.testing.assert_close(server.tensors()["x"], x, rtol=0, atol=1e-5)
 
 
 def test_gcivr_resumes_from_a_checkpoint_with_identical_numbers():
@@ -164,7 +165,7 @@ def test_gcivr_resumes_from_a_checkpoint_with_identical_numbers():
     for _ in range(2):
         resumed.run_round()
     for key in ("x", "G", "J"):
-        torch.testing.assert_close(resumed.state[key], straight.state[key], rtol=0, atol=0)
+        torch.testing.assert_close(resumed.tensors()[key], straight.tensors()[key], rtol=0, atol=0)
 
 
 def test_gcivr_needs_every_client_every_step():
@@ -193,7 +194,7 @@ def test_fastdro_weights_and_step_match_a_hand_computation(monkeypatch, geometry
     lr, rounds = 0.1, 2
     cfg = config("parallel-fastdro", lr=lr, outer_batch=B, geometry=geometry, size=size, reg=reg)
     task, server = build_task(cfg), Server(cfg, LocalFederation)
-    x = server.state["x"].clone()
+    x = server.tensors()["x"].clone()
     for t in range(rounds):
         server.run_round()
         batches = [step_batch(task, k, t) for k in range(K)]
@@ -208,7 +209,7 @@ def test_fastdro_weights_and_step_match_a_hand_computation(monkeypatch, geometry
         robust = weights @ torch.cat([task.example_losses(xv, b) for b in batches])
         (grad,) = torch.autograd.grad(robust, xv)
         x = x - lr * grad
-        torch.testing.assert_close(server.state["x"], x, rtol=0, atol=1e-6)
+        torch.testing.assert_close(server.tensors()["x"], x, rtol=0, atol=1e-6)
 
 
 def test_fastdro_with_uniform_weights_is_parallel_sgd_on_the_mean_loss():
@@ -216,11 +217,11 @@ def test_fastdro_with_uniform_weights_is_parallel_sgd_on_the_mean_loss():
     lr = 0.1
     cfg = config("parallel-fastdro", lr=lr, outer_batch=B, geometry="cvar", size=1.0)
     task, server = build_task(cfg), Server(cfg, LocalFederation)
-    x = server.state["x"].clone().requires_grad_(True)
+    x = server.tensors()["x"].clone().requires_grad_(True)
     server.run_round()
     mean = torch.cat([task.example_losses(x, step_batch(task, k, 0)) for k in range(K)]).mean()
     (grad,) = torch.autograd.grad(mean, x)
-    torch.testing.assert_close(server.state["x"], (x - lr * grad).detach(), rtol=0, atol=1e-6)
+    torch.testing.assert_close(server.tensors()["x"], (x - lr * grad).detach(), rtol=0, atol=1e-6)
 
 
 # ------------------------------------------------------------------------------------------------ MBSGD
@@ -230,7 +231,7 @@ def test_mbsgd_step_uses_independent_batches_for_the_inner_value_and_the_gradien
     lr = 0.1
     cfg = config("parallel-mbsgd", lr=lr, outer_batch=B)
     task, server = build_task(cfg), Server(cfg, LocalFederation)
-    x = server.state["x"].clone()
+    x = server.tensors()["x"].clone()
     for t in range(2):
         server.run_round()
         y = sum(task.inner(x, step_batch(task, k, t, "inner")) for k in range(K)) / K
@@ -239,7 +240,7 @@ def test_mbsgd_step_uses_independent_batches_for_the_inner_value_and_the_gradien
             b = step_batch(task, k, t)
             grads.append(plain_grad(task, x, b) + jacobian(task, x, b).T @ grad_f(y))
         x = x - lr * sum(grads) / K
-        torch.testing.assert_close(server.state["x"], x, rtol=0, atol=1e-6)
+        torch.testing.assert_close(server.tensors()["x"], x, rtol=0, atol=1e-6)
 
 
 # ------------------------------------------------------------------------------------------------ all three

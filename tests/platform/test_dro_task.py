@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 import fedcomp
 from fedcomp.datasets import cifar
-from fedcomp.platform import dro_losses
+from fedcomp.losses import dro as dro_losses
 from fedcomp.platform.config import load_config
 from fedcomp.platform.federation import build_task
 from tests.conftest import results_root

@@ -59,17 +59,17 @@ def test_fcsg_m_matches_hand_computation():
     config, x, u = hand_run("fcsg-m", steps=4, lr=0.05, beta=0.3, b0=8, m=5)
     server = Server(config, LocalFederation)
     server.run_round()
-    torch.testing.assert_close(server.state["x"], x, rtol=0, atol=1e-6)
-    torch.testing.assert_close(server.state["u"], u, rtol=0, atol=1e-6)
+    torch.testing.assert_close(server.state.x, x, rtol=0, atol=1e-6)
+    torch.testing.assert_close(server.state.u, u, rtol=0, atol=1e-6)
 
 
 def test_acc_fcsg_m_matches_hand_computation_and_keeps_x_prev_local():
     config, x, u = hand_run("acc-fcsg-m", steps=4, lr=0.05, beta=0.3, b0=8, m=5)
     server = Server(config, LocalFederation)
     server.run_round()
-    torch.testing.assert_close(server.state["x"], x, rtol=0, atol=1e-6)
-    torch.testing.assert_close(server.state["u"], u, rtol=0, atol=1e-6)
-    assert set(server.state) == {"x", "u"}
+    torch.testing.assert_close(server.state.x, x, rtol=0, atol=1e-6)
+    torch.testing.assert_close(server.state.u, u, rtol=0, atol=1e-6)
+    assert set(server.state.names()) == {"x", "u"}
     assert set(server.federation.private_states()[0]) == {"x_prev"}
 
 
@@ -77,14 +77,14 @@ def test_fcsg_one_client_one_step_is_centralised_sgd():
     config, x, _ = hand_run("fcsg", steps=3, lr=0.1, beta=1.0, b0=4, m=3)
     server = Server(config.replace(**{"algorithm.local_steps": 1, "run.rounds": 3}), LocalFederation)
     run_rounds(server, 3)
-    torch.testing.assert_close(server.state["x"], x, rtol=0, atol=1e-6)
+    torch.testing.assert_close(server.state.x, x, rtol=0, atol=1e-6)
 
 
 def test_fcsg_m_with_beta_one_is_fcsg():
     a = server_for(**{"algorithm.name": "fcsg"})
     b = server_for(**{"algorithm.name": "fcsg-m", "algorithm.beta": 1.0})
     run_rounds(a, 3), run_rounds(b, 3)
-    torch.testing.assert_close(a.state["x"], b.state["x"], rtol=0, atol=0)
+    torch.testing.assert_close(a.state.x, b.state.x, rtol=0, atol=0)
 
 
 def test_averaged_state_is_exactly_the_documented_one():
@@ -92,7 +92,7 @@ def test_averaged_state_is_exactly_the_documented_one():
     for name, (synced, private) in expected.items():
         server = server_for(**{"algorithm.name": name})
         server.run_round()
-        assert set(server.state) == synced, name
+        assert set(server.state.names()) == synced, name
         states = server.federation.private_states()
         assert all(set(s) == private for s in states.values()), name
         assert len(states) == (4 if private else 0)
@@ -103,18 +103,17 @@ def test_clients_agree_after_averaging():
     # comparing with the average of the per-client states computed by hand from the first round's outputs.
     server = server_for(**{"algorithm.name": "fcsg-m"})
     server.run_round()
-    x1 = server.state["x"].clone()
+    x1 = server.state.x.clone()
     host = server.federation.host
     outs = []
     for c in range(4):
-        state = host.algorithm.init_state({"x": x1})
-        state["u"] = server.state["u"].clone()
+        state = host.algorithm.join({"x": x1, "u": server.state.u.clone()})
         from fedcomp.platform.algorithms.base import ClientContext
 
         ctx = ClientContext(c, 1, 0, lambda step, c=c: generator(0, "client-step", c, step))
         outs.append(host.algorithm.local_steps(host.problem, state, ctx)[1])
     server.run_round()
-    torch.testing.assert_close(server.state["x"], torch.stack([o["x"] for o in outs]).mean(0), rtol=0, atol=1e-6)
+    torch.testing.assert_close(server.state.x, torch.stack([o["x"] for o in outs]).mean(0), rtol=0, atol=1e-6)
 
 
 def test_counters_match_hand_counts():

@@ -44,8 +44,8 @@ def test_feddro_recursion_matches_a_hand_computation():
             x_prev, x = x, new
         x_bar = sum(x) / K
         x = [x_bar.clone() for _ in range(K)]  # model round; x_prev stays each client's own iterate
-    torch.testing.assert_close(server.state["x"], x_bar, rtol=0, atol=1e-5)
-    torch.testing.assert_close(server.state["y"], y_bar, rtol=0, atol=1e-5)
+    torch.testing.assert_close(server.tensors()["x"], x_bar, rtol=0, atol=1e-5)
+    torch.testing.assert_close(server.tensors()["y"], y_bar, rtol=0, atol=1e-5)
 
 
 @pytest.mark.parametrize(
@@ -91,3 +91,60 @@ def test_negative_result_vanilla_fedavg_stalls_while_sharing_y_every_step_conver
 def test_lr_schedule_is_a_function_of_the_round():
     hp = config("feddro", lr=0.1, lr_milestones=[90, 120], lr_factor=0.1).algorithm
     assert [hp.lr_at(r) for r in (0, 89, 90, 119, 120)] == pytest.approx([0.1, 0.1, 0.01, 0.01, 0.001])
+
+
+def test_y_bar_0_is_server_state_from_the_start_and_a_resumed_run_is_identical():
+    cfg = config("feddro", lr=0.3, beta=0.4, local_steps=3)
+    straight = Server(cfg, LocalFederation)
+    assert set(straight.tensors()) == {"x"}  # before round 0: init's state; start adds y_bar_0
+    rows = [straight.run_round() for _ in range(4)]
+    assert set(straight.tensors()) == {"x", "y"}
+    for before_round_0 in (True, False):
+        first = Server(cfg, LocalFederation)
+        if not before_round_0:
+            for _ in range(2):
+                first.run_round()
+        resumed = Server(cfg, LocalFederation)
+        resumed.restore(first.checkpoint())  # carries each client's x_prev
+        done = first.counters.round
+        resumed_rows = [resumed.run_round() for _ in range(4 - done)]
+        assert resumed_rows == rows[done:]  # counters (the initial exchange in round 0 included) and losses
+        for key in ("x", "y"):
+            torch.testing.assert_close(resumed.tensors()[key], straight.tensors()[key], rtol=0, atol=0)
+
+
+def test_feddro_with_a_partial_cohort_matches_a_hand_computation():
+    # Clients outside the first cohort join later with x_prev = the model they first receive.
+    from fedcomp.platform.server import sample_cohort
+
+    lr, beta, steps, K, per_round, rounds = 0.3, 0.4, 2, 6, 3, 4
+    cfg = load_config(
+        {"task": {"name": "heterogeneous-composition", "heterogeneity": 1.0},
+         "algorithm": {"name": "feddro", "lr": lr, "beta": beta, "local_steps": steps},
+         "federation": {"clients": K, "clients_per_round": per_round, "backend": "local"},
+         "run": {"progress": "none", "out": "/tmp/fedcomp-test-feddro"}}
+    )
+    task, server = build_task(cfg), Server(cfg, LocalFederation)
+    for _ in range(rounds):
+        record = server.run_round()
+
+    def grad_f(z):
+        return z / torch.sqrt(1 + z @ z)
+
+    x_bar = torch.zeros(10)
+    cohorts = [sample_cohort(cfg.run.seed, r, K, per_round) for r in range(rounds)]
+    y_bar = sum(task.inner(x_bar, k) for k in cohorts[0]) / per_round
+    x_prev = {k: x_bar.clone() for k in cohorts[0]}
+    for cohort in cohorts:
+        x = {k: x_bar.clone() for k in cohort}
+        prev = {k: x_prev.get(k, x_bar.clone()) for k in cohort}
+        for _ in range(steps):
+            y = {k: (1 - beta) * (y_bar - task.inner(prev[k], k)) + task.inner(x[k], k) for k in cohort}
+            y_bar = sum(y.values()) / per_round
+            prev, x = x, {k: x[k] - lr * task.A[k].T @ grad_f(y_bar) for k in cohort}
+        x_prev.update(prev)
+        x_bar = sum(x.values()) / per_round
+    assert len({k for c in cohorts for k in c}) > per_round  # some clients joined after round 0
+    torch.testing.assert_close(server.tensors()["x"], x_bar, rtol=0, atol=1e-5)
+    torch.testing.assert_close(server.tensors()["y"], y_bar, rtol=0, atol=1e-5)
+    assert record["embedding_exchanges"] == rounds * steps + 1 and record["comm_rounds"] == rounds

@@ -9,13 +9,14 @@ import torch
 from pydantic import Field
 
 import fedcomp
-from fedcomp.platform.algorithms.base import RoundContext
-from fedcomp.platform.algorithms.fednest import _Epoch
-from fedcomp.platform.config import Params, load_config
+from fedcomp.platform.algorithms.fednest import fresh_cohorts
+from fedcomp.platform.config import load_config
+from fedcomp.platform.params import Params
 from fedcomp.platform.federation import LocalFederation
 from fedcomp.platform.problems import BILEVEL
 from fedcomp.platform.registry import TASKS, register_task
 from fedcomp.platform.rng import generator
+from fedcomp.platform.rounds import Round
 from fedcomp.platform.server import Server
 from fedcomp.platform.tasks.base import Task
 from tests.conftest import results_root
@@ -73,9 +74,9 @@ def bilevel_config(algorithm="fednest", **algo):
 
 def ihgp(config, x, y, round_=0):
     server = Server(config, LocalFederation)
-    ctx = RoundContext(round_, lambda k=0: list(range(5)), lambda *ids: generator(0, "server", round_, *ids), server.problem)
-    epoch = _Epoch(server.federation, ctx)
-    return server.algorithm._fedihgp(epoch, ctx, x, y), epoch.calls
+    fed = Round(server.federation, round_, lambda k=0: list(range(5)), lambda *ids: generator(0, "server", round_, *ids),
+                server.problem, 5)
+    return server.algorithm.fedihgp(fed, fresh_cohorts(fed), x, y), fed.record.comm_rounds
 
 
 def exact_ihgp(task, x, y):
@@ -106,6 +107,29 @@ def test_paper_fedihgp_is_unbiased_for_the_truncated_series():
     mean = torch.stack([p for p, _ in samples]).double().mean(0)
     truncated, _ = ihgp(bilevel_config(ihgp="deterministic", neumann_lr=0.25, neumann_terms=n - 1), x, y)
     torch.testing.assert_close(mean, truncated.double(), rtol=0.1, atol=0.02)
+
+
+def test_code_fedihgp_restarts_each_clients_counter_at_its_first_call_of_an_epoch():
+    # ihgp: code -- each client multiplies its own counter by (I - H_i / l) per call, starting from p_0 at its first
+    # call of the epoch, also when it kept a counter from an earlier epoch; the server adds (1/n) <c_i>.
+    eta, n = 0.25, 3
+    config = bilevel_config(ihgp="code", neumann_lr=eta, neumann_terms=n)
+    task = TASKS["quadratic-bilevel-test"](config.task, 0, 5)
+    server = Server(config, LocalFederation)
+    x, y = torch.zeros(4), torch.ones(4)
+    v = sum(y.double() - c for c in task.c) / 5
+    factors = [torch.eye(4, dtype=torch.float64) - eta * h for h in task.H]
+    for epoch, cohorts in enumerate([[[0, 1], [1, 2], [0, 2]], [[2, 3], [2, 4], [0, 2]]]):
+        fed = Round(server.federation, epoch, lambda k, c=cohorts: list(range(5)) if k == 0 else c[k - 1],
+                    lambda *ids: generator(0, "server", *ids), server.problem, 5)
+        p = server.algorithm.fedihgp(fed, fresh_cohorts(fed), x, y)
+        counters, expected = {}, v.clone()
+        for i, cohort in enumerate(cohorts, 1):
+            for c in cohort:
+                counters[c] = factors[c] @ counters.get(c, v)
+            expected += sum(counters[c] for c in cohort) / len(cohort) / i
+        torch.testing.assert_close(p.double(), eta * expected, rtol=1e-5, atol=1e-6)
+        assert fed.record.comm_rounds == 1 + n
 
 
 @pytest.mark.parametrize(
@@ -142,7 +166,7 @@ def test_fednest_reaches_the_bilevel_solution():
     x_star = torch.linalg.solve(M.T @ M + torch.eye(4, dtype=torch.float64), M.T @ c)
     for _ in range(60):
         server.run_round()
-    torch.testing.assert_close(server.state["x"].double(), x_star, rtol=0, atol=1e-3)
+    torch.testing.assert_close(server.tensors()["x"].double(), x_star, rtol=0, atol=1e-3)
 
 
 def minimax(algorithm, rounds, **algo):

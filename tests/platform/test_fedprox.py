@@ -27,8 +27,8 @@ def test_two_clients_two_steps_two_rounds_match_a_hand_computation():
             ws.append(w)
         x = torch.stack(ws).mean(0)
     server = run(cfg, 2)
-    assert set(server.state) == {"x"} and server.federation.private_states() == {}
-    torch.testing.assert_close(server.state["x"], x, rtol=0, atol=1e-6)
+    assert set(server.tensors()) == {"x"} and server.federation.private_states() == {}
+    torch.testing.assert_close(server.tensors()["x"], x, rtol=0, atol=1e-6)
 
 
 def test_mu_zero_is_fedavg_bit_for_bit_on_synthetic_classification():
@@ -41,7 +41,7 @@ def test_mu_zero_is_fedavg_bit_for_bit_on_synthetic_classification():
         )
 
     fedavg, fedprox = run(cfg("fedavg"), 3), run(cfg("fedprox", mu=0.0), 3)
-    assert torch.equal(fedprox.state["x"], fedavg.state["x"])
+    assert torch.equal(fedprox.tensors()["x"], fedavg.tensors()["x"])
 
 
 def test_many_local_steps_reach_each_clients_proximal_minimiser():
@@ -51,7 +51,7 @@ def test_many_local_steps_reach_each_clients_proximal_minimiser():
     task = build_task(cfg)
     x = x0(task)
     expected = ((task.h * task.m + mu * x) / (task.h + mu)).mean(0)
-    torch.testing.assert_close(run(cfg, 1).state["x"], expected, rtol=0, atol=1e-5)
+    torch.testing.assert_close(run(cfg, 1).tensors()["x"], expected, rtol=0, atol=1e-5)
 
 
 def test_one_client_period_one_is_centralised_sgd():
@@ -62,7 +62,7 @@ def test_one_client_period_one_is_centralised_sgd():
     for t in range(steps):
         _, _, z = task.sample_batch(0, b, step_gen(0, t))
         x = x - lr * task.grad(0, x, z)
-    torch.testing.assert_close(run(cfg, steps).state["x"], x, rtol=0, atol=1e-6)
+    torch.testing.assert_close(run(cfg, steps).tensors()["x"], x, rtol=0, atol=1e-6)
 
 
 def test_lockstep_clients_give_the_same_numbers():
@@ -71,7 +71,7 @@ def test_lockstep_clients_give_the_same_numbers():
                       task_params={"noise": 0.5})
 
     one, lock = run(cfg(False), 3), run(cfg(True), 3)
-    torch.testing.assert_close(lock.state["x"], one.state["x"], rtol=0, atol=1e-6)
+    torch.testing.assert_close(lock.tensors()["x"], one.tensors()["x"], rtol=0, atol=1e-6)
     assert lock.federation.private_states() == {}
 
 

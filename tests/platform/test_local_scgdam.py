@@ -4,18 +4,21 @@ LocalSGDAM, convergence to the known saddle point, exact resume, and bad hyperpa
 
 from __future__ import annotations
 
+import pandas as pd
 import pytest
 import torch
 
 import fedcomp
+from fedcomp.platform.algorithms.base import ClientContext
 from fedcomp.platform.algorithms.local_scgdam import LocalSCGDAM, LocalSGDAM
-from fedcomp.platform.compositional import inner_value_vjp
+from fedcomp.platform.oracles import inner_value_vjp
 from fedcomp.platform.errors import ConfigError
 from fedcomp.platform.federation import LocalFederation, build_algorithm, build_task
 from fedcomp.platform.problems import COMPOSITIONAL_MINIMAX, CompositionalMinimaxProblem, MinimaxProblem
 from fedcomp.platform.registry import TASKS
 from fedcomp.platform.rng import generator
 from fedcomp.platform.server import Server
+from fedcomp.platform.vectorised import can_lockstep
 from tests.platform.minimax_tiny import config
 
 torch.set_num_threads(1)
@@ -97,14 +100,14 @@ def test_local_scgdam_is_algorithm_1_with_all_five_states_averaged(options):
     cfg = config("local-scgdam", clients=2, task=task, local_steps=2, lr=0.1, gamma_x=1.5, gamma_y=0.7, alpha=4.0,
                  beta_x=3.0, beta_y=5.0, inner_batch=3, outer_batch=4, **options)
     server = Server(cfg, LocalFederation)
-    assert server.algorithm.synced == ("x", "y", "h", "u", "v") and set(server.state) == set(server.algorithm.synced)
+    assert server.algorithm.averaged == ("x", "y", "h", "u", "v") and set(server.tensors()) == set(server.algorithm.averaged)
     expected = hand_scgdam(cfg, rounds=2)
     for r in range(2):
         record = server.run_round()
         for key in ("x", "y", "h", "u", "v"):
-            torch.testing.assert_close(server.state[key], expected[r][key], rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(server.tensors()[key], expected[r][key], rtol=1e-5, atol=1e-5)
     if options.get("dual") == "clamp":
-        assert float(server.state["y"]) >= 0
+        assert float(server.tensors()["y"]) >= 0
     assert server.federation.private_states() == {}  # nothing stays on the clients
     d = cfg.task.dim
     assert record["comm_rounds"] == 2 and record["local_steps"] == 4  # counters are cumulative
@@ -142,8 +145,8 @@ def test_degenerate_case_rho_zero_and_alpha_eta_one_is_local_sgdam():
     for _ in range(3):
         scgdam.run_round(), sgdam.run_round()
     for key in ("x", "y", "u", "v"):
-        torch.testing.assert_close(scgdam.state[key], sgdam.state[key], rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(scgdam.state["h"], scgdam.state["x"], rtol=1e-5, atol=1e-6)  # h = g(x) = x
+        torch.testing.assert_close(scgdam.tensors()[key], sgdam.tensors()[key], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(scgdam.tensors()["h"], scgdam.tensors()["x"], rtol=1e-5, atol=1e-6)  # h = g(x) = x
 
 
 def hand_sgdam_clients(cfg, steps):
@@ -170,11 +173,11 @@ def test_local_sgdam_averages_exactly_the_documented_state(average, synced):
     cfg = config("local-sgdam", task={"rho": 0.0, "noise": 0.5}, local_steps=3, lr=0.1, beta_x=4.0, beta_y=6.0,
                  outer_batch=4, average=average)
     server = Server(cfg, LocalFederation)
-    assert server.algorithm.synced == synced and set(server.state) == set(synced)
+    assert server.algorithm.averaged == synced and set(server.tensors()) == set(synced)
     record = server.run_round()
     clients = hand_sgdam_clients(cfg, 3)
     for key in synced:
-        torch.testing.assert_close(server.state[key], (clients[0][key] + clients[1][key]) / 2, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(server.tensors()[key], (clients[0][key] + clients[1][key]) / 2, rtol=1e-5, atol=1e-6)
     private = server.federation.private_states()
     if average == "all":
         assert private == {}
@@ -188,14 +191,16 @@ def test_local_sgdam_averages_exactly_the_documented_state(average, synced):
 
 def test_model_only_client_joining_late_starts_its_momenta_from_its_first_batch():
     cfg = config("local-sgdam", clients=3, federation={"clients_per_round": 1}, task={"rho": 0.0},
-                 local_steps=2, average="model")
+                 local_steps=1, average="model")
     algorithm, task = build_algorithm(cfg), build_task(cfg)
-    state = algorithm.init_state(task.init_params(generator(SEED, "init")))
-    assert set(state) == {"x", "y"}
-    new, info = algorithm.local_step(task, 1, state, 7, generator(SEED, "client-step", 1, 7))
+    server = algorithm.init(task.init_params(generator(SEED, "init")))
+    assert set(server.names()) == {"x", "y"}
+    state = algorithm.join(server.tensors())
+    ctx = ClientContext(1, 7, 0, lambda *ids: generator(SEED, "client-step", 1, *ids))  # round 7 = step 7
+    new, _, info = algorithm.local_steps(task, state, ctx)
     first_batch = task.sample(1, "inner", 32, generator(SEED, "client-step", 1, 7))
-    fresh = grads_closed(task, 1, state["x"], state["y"], first_batch)
-    torch.testing.assert_close(new["x"], state["x"] - 0.1 * fresh[0])
+    fresh = grads_closed(task, 1, state.x, state.y, first_batch)
+    torch.testing.assert_close(new.x, state.x - 0.1 * fresh[0])
     assert info.samples == 2 * 32
 
 
@@ -237,8 +242,8 @@ def test_resume_from_a_checkpoint_gives_identical_numbers(name, algo):
     resumed.restore(first.checkpoint())
     for _ in range(3):
         resumed.run_round()
-    for key in straight.state:
-        torch.testing.assert_close(resumed.state[key], straight.state[key], rtol=0, atol=0)
+    for key in straight.tensors():
+        torch.testing.assert_close(resumed.tensors()[key], straight.tensors()[key], rtol=0, atol=0)
 
 
 @pytest.mark.parametrize(
@@ -279,3 +284,50 @@ def test_runs_end_to_end_on_breast_cancer(tmp_path, name, extra):
     final = result.final
     assert final["comm_rounds"] == 2 and final["local_steps"] == 4
     assert 0.0 <= final["test_auroc"] <= 1.0
+
+
+def breast_cancer(name: str, out, **algo) -> dict:
+    return {"task": {"name": "imbalanced-binary", "dataset": "breast-cancer", "model": "linear"},
+            "algorithm": {"name": name, "local_steps": 3, "outer_batch": 16, **algo},
+            "federation": {"clients": 4, "backend": "local"},
+            "run": {"rounds": 2, "progress": "none", "out": str(out)}}
+
+
+@pytest.mark.skipif("imbalanced-binary" not in TASKS, reason="the imbalanced-binary task is not registered")
+@pytest.mark.parametrize("name, algo", [
+    ("local-scgdam", {}),
+    ("local-scgdam", {"jacobian": "identity"}),
+    ("local-scgdam", {"batches": "shared", "dual": "clamp"}),
+    ("local-sgdam", {}),
+])
+def test_lockstep_clients_give_the_one_at_a_time_numbers_up_to_rounding(tmp_path, name, algo):
+    """Draw + pure update: a host's clients run their local steps together under vmap (step 0's init included)."""
+    raw = breast_cancer(name, tmp_path, **algo)
+    algorithm, task = build_algorithm(fedcomp.load_config(raw)), build_task(fedcomp.load_config(raw))
+    assert can_lockstep(algorithm, task.problem(algorithm.kind), "local_steps", 4)
+    one = fedcomp.run(raw).metrics.drop(columns="wall_time")
+    raw["federation"]["vectorise"] = True
+    vec = fedcomp.run(raw).metrics.drop(columns="wall_time")
+    pd.testing.assert_frame_equal(vec, one, check_exact=False, rtol=1e-5, atol=1e-6)
+
+
+def test_model_only_averaging_does_not_run_in_lockstep():
+    cfg = config("local-sgdam", average="model")
+    algorithm = build_algorithm(cfg)
+    assert isinstance(algorithm, LocalSGDAM) and not algorithm.vectorisable
+    assert not can_lockstep(algorithm, build_task(cfg).problem("minimax"), "local_steps", 4)
+
+
+@pytest.mark.ray
+@pytest.mark.skipif("imbalanced-binary" not in TASKS, reason="the imbalanced-binary task is not registered")
+@pytest.mark.slow
+def test_private_momenta_and_late_joiners_give_the_same_numbers_on_ray(ray_session, tmp_path):
+    """``average: model`` with 2 of 4 clients per round: clients that join late estimate their momenta on
+    their first step, which then stay on their actor; every metric and counter of the Ray backend (2 clients per
+    actor) equals the local backend's."""
+    raw = breast_cancer("local-sgdam", tmp_path, average="model")
+    raw["federation"]["clients_per_round"] = 2
+    raw["run"]["rounds"] = 4
+    local = fedcomp.run(raw).metrics.drop(columns="wall_time")
+    ray = fedcomp.run(raw, {"federation.backend": "ray", "federation.clients_per_actor": 2})
+    pd.testing.assert_frame_equal(ray.metrics.drop(columns="wall_time"), local, check_exact=True)

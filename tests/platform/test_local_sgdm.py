@@ -44,13 +44,13 @@ def test_two_clients_two_steps_two_rounds_match_a_hand_computation(average):
         if average == "all":
             bufs = [torch.stack(bufs).mean(0)] * 2
     server = run(cfg, 2)
-    torch.testing.assert_close(server.state["x"], x, rtol=0, atol=1e-6)
+    torch.testing.assert_close(server.tensors()["x"], x, rtol=0, atol=1e-6)
     private = server.federation.private_states()
     if average == "all":
-        assert set(server.state) == {"x", "buf"} and private == {}
-        torch.testing.assert_close(server.state["buf"], bufs[0], rtol=0, atol=1e-6)
+        assert set(server.tensors()) == {"x", "buf"} and private == {}
+        torch.testing.assert_close(server.tensors()["buf"], bufs[0], rtol=0, atol=1e-6)
     else:
-        assert set(server.state) == {"x"} and all(set(s) == {"buf"} for s in private.values())
+        assert set(server.tensors()) == {"x"} and all(set(s) == {"buf"} for s in private.values())
         for k in range(2):
             torch.testing.assert_close(private[k]["buf"], bufs[k], rtol=0, atol=1e-6)
 
@@ -67,7 +67,7 @@ def test_momentum_zero_is_fedavg_bit_for_bit_on_synthetic_classification():
     fedavg = run(cfg("fedavg"), 3)
     for average in ("all", "model"):
         sgdm = run(cfg("local-sgdm", momentum=0.0, average=average), 3)
-        assert torch.equal(sgdm.state["x"], fedavg.state["x"]), average
+        assert torch.equal(sgdm.tensors()["x"], fedavg.tensors()["x"]), average
 
 
 def test_one_client_period_one_is_centralised_sgd_with_momentum():
@@ -81,7 +81,7 @@ def test_one_client_period_one_is_centralised_sgd_with_momentum():
         param.grad = task.grad(0, param.detach(), z)
         sgd.step()
     server = run(cfg, steps)
-    torch.testing.assert_close(server.state["x"], param.detach(), rtol=0, atol=1e-6)
+    torch.testing.assert_close(server.tensors()["x"], param.detach(), rtol=0, atol=1e-6)
 
 
 @pytest.mark.parametrize("name, task, extra", [
@@ -95,8 +95,8 @@ def test_lockstep_clients_give_the_same_numbers(name, task, extra):
                       outer_batch=4, task_params={"noise": 0.5} if task == "tiny-quadratics" else {}, **extra)
 
     one, lock = run(cfg(False), 2), run(cfg(True), 2)
-    for key in one.state:
-        torch.testing.assert_close(lock.state[key], one.state[key], rtol=0, atol=1e-6)
+    for key in one.tensors():
+        torch.testing.assert_close(lock.tensors()[key], one.tensors()[key], rtol=0, atol=1e-6)
 
 
 # ------------------------------------------------------------------------------------------------ LocalSGDM_RL
@@ -156,7 +156,7 @@ def test_prior_weights_are_the_inverse_frequency_ratios():
     torch.testing.assert_close(prior_ratios(0.2), torch.tensor([0.25, 4.0]))
     cfg = config("local-sgdm-rl", task="tiny-binary", weights="prior", alpha_rl=1.0, beta_rl=0.5)
     server = Server(cfg, LocalFederation)
-    w = server.algorithm.class_weights(server.problem, server.state["x"])
+    w = server.algorithm.class_weights(server.problem, server.tensors()["x"])
     torch.testing.assert_close(w, torch.tensor([1.125, 3.0]))
 
 
@@ -183,8 +183,8 @@ def test_rl_round_weights_the_loss_with_the_monitors_broadcast_weights():
     record = server.run_round()
     assert record["floats_down"] == 5 + 5 + 2 and record["floats_up"] == 5 + 5  # x, buf and the 2 weights
     server.run_round()
-    torch.testing.assert_close(server.state["x"], x, rtol=0, atol=1e-6)
-    torch.testing.assert_close(server.state["buf"], buf, rtol=0, atol=1e-6)
+    torch.testing.assert_close(server.tensors()["x"], x, rtol=0, atol=1e-6)
+    torch.testing.assert_close(server.tensors()["buf"], buf, rtol=0, atol=1e-6)
 
 
 def test_rl_one_client_period_one_is_centralised_sgdm_on_the_ratio_loss():
@@ -198,7 +198,7 @@ def test_rl_one_client_period_one_is_centralised_sgdm_on_the_ratio_loss():
         w = hand_weights(task, param.detach())
         (param.grad,) = torch.autograd.grad(task.class_weighted_loss(param, task.sample_batch(0, b, step_gen(0, t)), w), param)
         sgd.step()
-    torch.testing.assert_close(run(cfg, steps).state["x"], param.detach(), rtol=0, atol=1e-6)
+    torch.testing.assert_close(run(cfg, steps).tensors()["x"], param.detach(), rtol=0, atol=1e-6)
 
 
 @pytest.mark.parametrize("weights, missing", [("monitor", "monitor_batches"), ("prior", "prior")])

@@ -8,11 +8,12 @@ import pytest
 import torch
 
 import fedcomp
-from fedcomp.platform.compositional import inner_value_vjp, outer_grad
+from fedcomp.platform.oracles import inner_value_vjp, outer_grad
 from fedcomp.platform.config import load_config
 from fedcomp.platform.errors import ConfigError
 from fedcomp.platform.federation import LocalFederation, build_algorithm, build_task
-from fedcomp.platform.models import FlatModel, mlp
+from fedcomp.models.functional import FlatModel
+from fedcomp.models.mlp import mlp
 from fedcomp.platform.problems import COMPOSITIONAL, CONDITIONAL, CompositionalProblem, ConditionalProblem
 from fedcomp.platform.rng import generator
 from fedcomp.platform.server import Server
@@ -134,7 +135,7 @@ def test_local_scgd_with_gamma_one_takes_fcsgs_steps_on_fixed_tasks():
                              "algorithm.inner_batch": 5}), LocalFederation)
     for _ in range(2):
         scgd.run_round(), fcsg.run_round()
-    torch.testing.assert_close(scgd.state["x"], fcsg.state["x"], rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(scgd.tensors()["x"], fcsg.tensors()["x"], rtol=1e-4, atol=1e-5)
 
 
 def test_per_task_mix_with_gamma_one_is_the_exact_maml_gradient():
@@ -144,12 +145,13 @@ def test_per_task_mix_with_gamma_one_is_the_exact_maml_gradient():
                         "algorithm.outer_batch": 2, "algorithm.lr": 1.0})
     task, algorithm = build_task(config), build_algorithm(config)
     x = task.init_params(generator(0, "init"))["x"]
-    state = algorithm.init_state({"x": x})
-    new, _ = algorithm.local_step(task.problem(COMPOSITIONAL), 0, state, 5, generator(0, "step"))
+    state = algorithm.join(algorithm.broadcast(algorithm.init({"x": x})))
+    batch, _ = algorithm.draw(task.problem(COMPOSITIONAL), 0, 5, generator(0, "step"))
+    new, _ = algorithm.update(task.problem(COMPOSITIONAL), state, batch, 5)
     episodes = task.episodes(0, 2, generator(0, "step"))  # what sample_pairs drew
     x_leaf = x.clone().requires_grad_(True)
     (exact,) = torch.autograd.grad(task.problem(CONDITIONAL).loss(x_leaf, episodes, None), x_leaf)
-    torch.testing.assert_close(x - new["x"], exact, rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(x - new.x, exact, rtol=1e-4, atol=1e-6)
 
 
 # -- Local-SCGD(M): the slides' rules and the averaged state ---------------------------------------------------------
@@ -187,15 +189,15 @@ def test_local_scgd_family_averages_exactly_the_documented_state(name, synced):
         overrides["algorithm.beta"] = beta = 0.4
     config = sinewave(**overrides)
     algorithm = build_algorithm(config)
-    assert algorithm.synced == synced
+    assert algorithm.averaged == synced
     server = Server(config, LocalFederation)
-    assert set(server.state) == set(synced)
+    assert set(server.tensors()) == set(synced)
     record = server.run_round()
     clients = hand_round(config, 2, 3, 0.05, 0.3, beta)
     for key in synced:
-        torch.testing.assert_close(server.state[key], (clients[0][key] + clients[1][key]) / 2, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(server.tensors()[key], (clients[0][key] + clients[1][key]) / 2, rtol=1e-5, atol=1e-6)
     assert server.federation.private_states() == {}  # nothing stays on the clients
-    d = server.state["x"].numel()
+    d = server.tensors()["x"].numel()
     assert record["floats_up"] == len(synced) * d and record["comm_rounds"] == 1
 
 
@@ -206,7 +208,7 @@ def test_fcsg_family_on_meta_tasks_averages_its_documented_state():
         server = Server(sinewave(**{"algorithm.name": name, "algorithm.first_batch": 2, "algorithm.inner_batch": 5,
                                     **extra}), LocalFederation)
         server.run_round()
-        assert set(server.state) == set(synced)
+        assert set(server.tensors()) == set(synced)
         assert {k for s in server.federation.private_states().values() for k in s} == private
 
 

@@ -57,7 +57,7 @@ def test_loss_tuning_direct_hypergradient_is_exactly_zero():
 @pytest.mark.parametrize("terms, step", [(3, 0.5), (6, 0.2)])
 def test_local_neumann_series_matches_a_dense_hessian_reference(terms, step):
     # Loss tuning with a tiny 784-2-10 network (1,600 inner parameters) on one client's handful of images,
-    # in float64: _Nested._neumann_local must equal (1/l) sum_{n=0..N} (I - H/l)^n v with H = d^2 g / dy^2.
+    # in float64: the local FedIHGP (local_ihgp) must equal (1/l) sum_{n=0..N} (I - H/l)^n v with H = d^2 g / dy^2.
     task, _ = make_task("loss-tuning", clients=10, per_client=98, layers=2)
     task.widths = [784, 2, 10]
     gen = torch.Generator().manual_seed(5)
@@ -73,7 +73,7 @@ def test_local_neumann_series_matches_a_dense_hessian_reference(terms, step):
     algorithm = build_algorithm(config)
     v = torch.randn(y.numel(), generator=gen, dtype=torch.float64)
 
-    p = algorithm._neumann_local(task.problem(BILEVEL), x, y, batch, v)
+    p = algorithm.local_ihgp(task.problem(BILEVEL), x, y, batch, v)
 
     hessian = torch.autograd.functional.hessian(lambda b: task.inner_loss(x, b, batch), y, vectorize=True)
     assert hessian.shape == (y.numel(), y.numel())

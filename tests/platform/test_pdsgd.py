@@ -12,8 +12,9 @@ from pydantic import Field
 from torch import Tensor
 
 from fedcomp.platform.algorithms.dro_baselines import IndexedExampleProblem
-from fedcomp.platform.config import Params, load_config
-from fedcomp.platform.dro_losses import DualPenalty, project_simplex, robust_loss
+from fedcomp.platform.config import load_config
+from fedcomp.platform.params import Params
+from fedcomp.losses.dro import DualPenalty, project_simplex, robust_loss
 from fedcomp.platform.errors import ConfigError
 from fedcomp.platform.federation import LocalFederation, build_task
 from fedcomp.platform.problems import COMPOSITIONAL_GLOBAL
@@ -131,7 +132,7 @@ def test_two_steps_match_a_hand_computation(divergence, scale, per_round):
     assert isinstance(task, IndexedExampleProblem)
     m = sum(SIZES)
     offsets = [0, SIZES[0], SIZES[0] + SIZES[1]]
-    x, p = server.state["x"].clone(), torch.full((m,), 1.0 / m)
+    x, p = server.tensors()["x"].clone(), torch.full((m,), 1.0 / m)
     for t in range(rounds):
         record = server.run_round()
         cohort = sample_cohort(SEED, t, K, per_round or K)
@@ -155,8 +156,8 @@ def test_two_steps_match_a_hand_computation(divergence, scale, per_round):
             new_p = project_simplex((1 - tau) * p + tau / m * (1 + ghat / lam))
         assert record["train_loss"] == pytest.approx(scale * (float(primal.detach()) - lam * penalty), rel=1e-5, abs=1e-6)
         x, p = x - lr * scale * grad, new_p
-        torch.testing.assert_close(server.state["x"], x, rtol=0, atol=1e-6)
-        stored = server.state["log_p"].exp() if divergence == "kl" else server.state["p"]
+        torch.testing.assert_close(server.tensors()["x"], x, rtol=0, atol=1e-6)
+        stored = server.tensors()["log_p"].exp() if divergence == "kl" else server.tensors()["p"]
         torch.testing.assert_close(stored, p, rtol=0, atol=1e-6)
         assert float(stored.sum()) == pytest.approx(1.0, abs=1e-5) and bool((stored >= 0).all())
 
@@ -199,10 +200,10 @@ def minimum(task: TinyGame, x0: Tensor) -> float:
 def test_it_closes_most_of_the_gap_to_the_minimum_of_the_robust_objective(divergence):
     cfg = config({"divergence": divergence, "lam": 1.0}, lr=0.01, outer_batch=B, dual_step=0.05, lr_milestones=[200])
     task, server = build_task(cfg), Server(cfg, LocalFederation)
-    best, start = minimum(task, server.state["x"]), robust_value(task, server.state["x"])
+    best, start = minimum(task, server.tensors()["x"]), robust_value(task, server.tensors()["x"])
     for _ in range(400):
         server.run_round()
-    end = robust_value(task, server.state["x"])
+    end = robust_value(task, server.tensors()["x"])
     assert end - best < 0.3 * (start - best), (best, start, end)
 
 
@@ -213,9 +214,9 @@ def test_with_the_model_frozen_the_dual_weights_approach_the_best_response():
     task, server = build_task(cfg), Server(cfg, LocalFederation)
     for _ in range(600):
         server.run_round()
-    best = torch.softmax(task.all_losses(server.state["x"]) / lam, 0)
+    best = torch.softmax(task.all_losses(server.tensors()["x"]) / lam, 0)
     uniform = torch.full_like(best, 1 / best.numel())
-    tv = 0.5 * float((server.state["log_p"].exp() - best).abs().sum())
+    tv = 0.5 * float((server.tensors()["log_p"].exp() - best).abs().sum())
     assert tv < 0.25 * 0.5 * float((uniform - best).abs().sum()), tv
 
 
@@ -228,7 +229,7 @@ def test_one_model_round_and_one_low_dimensional_exchange_per_step():
     assert record["floats_up"] == T * d and record["floats_down"] == T * d
     assert record["embedding_exchanges"] == T
     assert record["embedding_floats_up"] == T * 2 * B and record["embedding_floats_down"] == T * B
-    assert server.state["log_p"].numel() == sum(SIZES)  # one dual weight per training example, on the server
+    assert server.tensors()["log_p"].numel() == sum(SIZES)  # one dual weight per training example, on the server
 
 
 @pytest.mark.parametrize("divergence", ["kl", "chi2"])
@@ -244,14 +245,14 @@ def test_resumes_from_a_checkpoint_with_identical_numbers(divergence):
     resumed.restore(first.checkpoint())  # the dual weights are part of the server state
     for _ in range(2):
         resumed.run_round()
-    for key in straight.state:
-        torch.testing.assert_close(resumed.state[key], straight.state[key], rtol=0, atol=0)
+    for key in straight.tensors():
+        torch.testing.assert_close(resumed.tensors()[key], straight.tensors()[key], rtol=0, atol=0)
 
 
 def test_explicit_game_overrides_the_task():
     server = Server(config({"divergence": "kl"}, divergence="chi2", lam=1.0, outer_batch=B), LocalFederation)
     server.run_round()
-    assert set(server.state) == {"x", "p"}
+    assert set(server.tensors()) == {"x", "p"}
 
 
 def test_runs_on_the_dro_classification_task():
@@ -267,7 +268,7 @@ def test_runs_on_the_dro_classification_task():
     for _ in range(30):
         server.run_round()
     assert server.evaluate()["robust_loss"] < before
-    assert server.state["p"].numel() == sum(task.examples(k) for k in range(4))
+    assert server.tensors()["p"].numel() == sum(task.examples(k) for k in range(4))
 
 
 # ------------------------------------------------------------------------------------------------ validation

@@ -42,9 +42,9 @@ def test_rounds_match_a_hand_computation(clients, cohort, control, server_lr):
         x = x + server_lr * torch.stack(dys).mean(0)
         c = c + len(members) / clients * torch.stack(dcs).mean(0)
     server = run(cfg, rounds)
-    assert set(server.state) == {"x", "c"}
-    torch.testing.assert_close(server.state["x"], x, rtol=0, atol=1e-6)
-    torch.testing.assert_close(server.state["c"], c, rtol=0, atol=1e-6)
+    assert set(server.tensors()) == {"x", "c"}
+    torch.testing.assert_close(server.tensors()["x"], x, rtol=0, atol=1e-6)
+    torch.testing.assert_close(server.tensors()["c"], c, rtol=0, atol=1e-6)
     private = server.federation.private_states()
     assert set(private) == set(c_i) and all(set(s) == {"c_i"} for s in private.values())
     for k, value in c_i.items():
@@ -59,8 +59,8 @@ def test_reaches_the_global_optimum_of_heterogeneous_quadratics_where_fedavg_doe
     optimum = task.optimum()
     shrink = 1 - (1 - lr * task.h) ** q  # FedAvg: x -> mean_k m_k + (1 - lr h_k)^q (x - m_k)
     fedavg_point = (shrink * task.m).sum(0) / shrink.sum(0)
-    torch.testing.assert_close(scaffold.state["x"], optimum, rtol=0, atol=1e-5)
-    torch.testing.assert_close(fedavg.state["x"], fedavg_point, rtol=0, atol=1e-5)
+    torch.testing.assert_close(scaffold.tensors()["x"], optimum, rtol=0, atol=1e-5)
+    torch.testing.assert_close(fedavg.tensors()["x"], fedavg_point, rtol=0, atol=1e-5)
     assert float((fedavg_point - optimum).norm()) > 0.05
 
 
@@ -72,7 +72,7 @@ def test_one_client_period_one_is_centralised_sgd():
     for t in range(steps):
         _, _, z = task.sample_batch(0, b, step_gen(0, t))
         x = x - lr * task.grad(0, x, z)
-    torch.testing.assert_close(run(cfg, steps).state["x"], x, rtol=0, atol=1e-6)
+    torch.testing.assert_close(run(cfg, steps).tensors()["x"], x, rtol=0, atol=1e-6)
 
 
 def test_counters_count_both_vectors_each_way_and_the_option1_batch():
@@ -94,7 +94,7 @@ def test_resumes_from_a_checkpoint_with_identical_numbers():
     for _ in range(2):
         resumed.run_round()
     for key in ("x", "c"):
-        assert torch.equal(resumed.state[key], straight.state[key]), key
+        assert torch.equal(resumed.tensors()[key], straight.tensors()[key]), key
     for k, state in straight.federation.private_states().items():
         assert torch.equal(resumed.federation.private_states()[k]["c_i"], state["c_i"])
 
@@ -107,7 +107,7 @@ def test_lockstep_clients_give_the_same_numbers(control):
 
     one, lock = run(cfg(False), 3), run(cfg(True), 3)
     for key in ("x", "c"):
-        torch.testing.assert_close(lock.state[key], one.state[key], rtol=0, atol=1e-6)
+        torch.testing.assert_close(lock.tensors()[key], one.tensors()[key], rtol=0, atol=1e-6)
     for k, state in one.federation.private_states().items():
         torch.testing.assert_close(lock.federation.private_states()[k]["c_i"], state["c_i"], rtol=0, atol=1e-6)
 

@@ -29,7 +29,7 @@ def host_reply(cfg, vectorise: bool):
     cfg = cfg.replace(**{"federation.vectorise": vectorise})
     host = ClientHost(cfg, range(cfg.federation.clients))
     x0 = build_task(cfg).init_params(generator(0, "init"))
-    state = {k: v for k, v in host.algorithm.init_state(x0).items() if k in host.algorithm.synced}
+    state = host.algorithm.broadcast(host.algorithm.init(x0))
     layout = Layout.of(state)
     first = host.run("local_steps", 0, list(range(6)), layout.pack(state), layout)
     second = host.run("local_steps", 1, [0, 2, 3, 5], layout.pack(state), layout)
@@ -83,7 +83,7 @@ def test_clients_with_differently_shaped_draws_fall_back_to_one_at_a_time():
     cfg = config()
     algorithm, problem = RaggedFCSG(cfg.algorithm), build_task(cfg).problem("conditional")
     x0 = build_task(cfg).init_params(generator(0, "init"))
-    states = [algorithm.init_state(x0) for _ in range(2)]
+    states = [algorithm.join(algorithm.broadcast(algorithm.init(x0))).tensors() for _ in range(2)]
     contexts = [ClientContext(c, 0, 0, lambda *ids, c=c: generator(0, "client-step", c, *ids)) for c in range(2)]
     assert lockstep_local_steps(algorithm, problem, states, contexts) is None
 

@@ -76,7 +76,7 @@ def test_grid_sweep_with_more_trials_than_cpus_matches_single_runs(ray_session, 
     assert best["algorithm.name"].tolist() == ["fcsg"] and best["seeds"].tolist() == [2]
     finals = trials.sort_values("round").groupby("trial").tail(1).groupby("algorithm.lr")["test_accuracy"].mean()
     assert best["mean"].iloc[0] == pytest.approx(finals.max())
-    png, md = sweep_report(result.path)
+    png, md = sweep_report(result)
     assert png.stat().st_size > 1000 and "| fcsg | lr=" in md.read_text()
 
 

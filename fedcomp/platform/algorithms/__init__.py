@@ -5,6 +5,7 @@ from fedcomp.platform.algorithms import (  # noqa: F401
     dro_baselines,
     fcsg,
     fedavg,
+    fedavg_s,
     feddro,
     fednest,
     fedprox,
@@ -13,6 +14,6 @@ from fedcomp.platform.algorithms import (  # noqa: F401
     scaffold,
     scgd,
 )
-from fedcomp.platform.algorithms.base import Algorithm, CommonHParams, State, StepInfo
+from fedcomp.platform.algorithms.base import Algorithm, CommonHParams, LocalSteps, StepInfo
 
-__all__ = ["Algorithm", "CommonHParams", "State", "StepInfo"]
+__all__ = ["Algorithm", "CommonHParams", "LocalSteps", "StepInfo"]

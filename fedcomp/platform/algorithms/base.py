@@ -1,28 +1,41 @@
-"""What every algorithm is: frozen hyperparameters, an explicit per-client state, a local step, and a
-round program that says what each communication round does.
+"""What every algorithm is: frozen hyperparameters, a typed client state and a typed server state, client
+programs, and a round program that says what each communication round does.
 
-The common round -- every cohort client runs ``q`` local steps from the broadcast state, then the server
-averages the state keys named in ``synced`` -- is :meth:`Algorithm.round` plus the client program
-:meth:`Algorithm.local_steps`; an algorithm that follows it only writes ``init_state`` and ``local_step``.
-Algorithms with other communication patterns (per-step exchanges, sub-rounds) override ``round`` and add
-client programs; the federation runs any client program by name. Nothing here imports Ray.
+* ``Client`` / ``Server``: :class:`~fedcomp.platform.state.State` records. The server state is the whole
+  global state (server momentum, control variates and FedDRO's y-bar included) and a checkpoint is that
+  record plus the clients' records. Each broadcast overwrites the client fields that share a name with it;
+  the client's other fields are private and stay on the client between rounds.
+* ``init(variables) -> Server`` and ``join(broadcast) -> Client`` (a client's state the first time it takes part).
+* ``start(fed, server) -> Server``: once, before round 0, the part of the initial server state that needs the
+  clients or the task (FedDRO's first estimate y-bar_0; PDSGD's dual weights, one per training example); by
+  default nothing. Its communication counts in round 0 (the first row of counters).
+* ``round(fed, server) -> Server``: the round program, over the primitives of
+  :class:`~fedcomp.platform.rounds.Round`; the round counts its communication itself.
+
+The common family -- q local steps on every cohort client, then average -- is :class:`LocalSteps`: an
+algorithm writes ``draw`` (the step's samples, keyed randomness) and a pure ``update``; the round program
+is inherited. Nothing here imports Ray.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Protocol
+from typing import Any, Callable, ClassVar, Generic, Mapping, Protocol, TypeVar
 
 import torch
 from pydantic import Field
 from torch import Tensor
 
-from fedcomp.platform.config import Params
 from fedcomp.platform.oracles import LOCKSTEP, grad_and_loss  # noqa: F401  (re-exported: algorithms import them from here)
+from fedcomp.platform.params import Params
+from fedcomp.platform.rounds import Round
+from fedcomp.platform.state import State
 
-State = dict[str, Tensor]
-"""A client's (or the server's) algorithm state: named flat float32 tensors."""
+C = TypeVar("C", bound=State)
+S = TypeVar("S", bound=State)
+Tensors = dict[str, Tensor]
+"""A state or message as it crosses the wire: named flat float32 tensors."""
 
 
 class CommonHParams(Params):
@@ -53,28 +66,11 @@ class ClientContext:
     """``rng(*ids)`` -> the client's generator keyed by ``ids`` (e.g. its global local-step index)."""
 
 
-@dataclass(frozen=True)
-class RoundContext:
-    """What a server-side round program may use besides the federation and the state."""
-
-    round: int
-    cohort: Callable[[int], list[int]]
-    """``cohort(k)`` -> the clients of the round's k-th sampled cohort (programs that resample clients per
-    sub-round, as FedNest does, ask for 0, 1, ...; cohort 0 is the round's)."""
-    rng: Callable[..., torch.Generator]
-    """``rng(*ids)`` -> a server-side generator keyed by the round and ``ids``."""
-    problem: Any
-    """The task's problem object for the algorithm's kind (for properties such as ``minimax``; no data)."""
-    clients: int | None = None
-    """N, the number of registered clients (``federation.clients``), for server updates that scale by the
-    participating share |S|/N (SCAFFOLD's control variate); ``None`` in contexts built by hand without it."""
-
-
 @dataclass
 class Outcome:
     """The server's view of one client program run over a cohort: means of outputs plus counters."""
 
-    means: State
+    means: Tensors
     clients: int
     samples: int
     loss: float
@@ -88,15 +84,15 @@ class Outcome:
 class Federation(Protocol):
     """Where client programs run (in-process or on Ray actors); identical numbers either way."""
 
-    def call(self, program: str, round: int, cohort: list[int], payload: State, sub: int = 0) -> Outcome:
+    def call(self, program: str, round: int, cohort: list[int], payload: Tensors, sub: int = 0) -> Outcome:
         """Run ``algorithm.<program>`` on every cohort client with ``payload``; return the means of its outputs."""
         ...
 
-    def private_states(self) -> dict[int, State]:
+    def private_states(self) -> dict[int, Tensors]:
         """Copies of every client's private (unsynchronised) state, for checkpoints."""
         ...
 
-    def load_private_states(self, states: dict[int, State]) -> None:
+    def load_private_states(self, states: dict[int, Tensors]) -> None:
         """Restore the clients' private states from a checkpoint."""
         ...
 
@@ -109,110 +105,121 @@ class Federation(Protocol):
         ...
 
 
-@dataclass
-class RoundRecord:
-    """What one round adds to the counters (floats: per participating client), and its training loss.
-
-    ``comm_rounds`` and ``floats_*`` count model-sized messages; ``embedding_*`` count the low-dimensional
-    exchanges some algorithms make between them (FedDRO's inner value, every local step).
-    """
-
-    comm_rounds: int
-    local_steps: int
-    samples: int
-    floats_up: int
-    floats_down: int
-    train_loss: float
-    embedding_exchanges: int = 0
-    embedding_floats_up: int = 0
-    embedding_floats_down: int = 0
+ClientProgram = Callable[[Any, Any, ClientContext], tuple[Any, Mapping[str, Tensor], StepInfo]]
+"""``program(problem, client_state, ctx) -> (new client state, outputs to average, info)``."""
 
 
-class Algorithm(ABC):
-    """Base class: subclasses set ``kind``, ``HParams``, ``synced`` and write ``init_state``/``local_step``."""
+class Algorithm(ABC, Generic[C, S]):
+    """Base class: subclasses set ``kind``, ``HParams``, ``Client``, ``Server`` and write ``init`` and ``round``."""
 
     name: ClassVar[str]
     kind: ClassVar[str]
     HParams: ClassVar[type[Params]]
-    synced: ClassVar[tuple[str, ...]]
-    """State keys averaged over the cohort at each communication; the rest of the state stays on the client."""
+    Client: ClassVar[type[State]]
+    Server: ClassVar[type[State]]
     description: ClassVar[str] = ""
     vectorisable: ClassVar[bool] = False
-    """Whether the ``local_steps`` program may run a host's clients in lockstep under ``torch.func.vmap``
-    (see :class:`DrawUpdate`)."""
+    """Whether the ``local_steps`` program may run a host's clients in lockstep under ``torch.func.vmap``."""
+    round_local: ClassVar[frozenset[str]] = frozenset()
+    """Client fields that live for one client program only (FedProx's proximal anchor): :meth:`begin` sets them
+    when the program starts, and they are not kept on the client afterwards."""
     transient_programs: ClassVar[frozenset[str]] = frozenset()
     """Client programs whose effect on private state need not be saved after each call: they run in a
-    sequence that ends with a saving program (FedDRO's per-step calls end with the model round), and a
-    replacement client replays them from the federation's log. Every other program's private state is
-    saved after each call."""
+    sequence that ends with a saving program, and a replacement client replays them from the federation's log."""
 
     def __init__(self, hparams: Params) -> None:
         self.hp: Any = hparams
 
-    # -- client side ------------------------------------------------------------------------------
     @abstractmethod
-    def init_state(self, params: State) -> State:
-        """The state a client starts from, given the variables (``x``, maybe ``y``) it first receives.
+    def init(self, variables: Tensors) -> State:
+        """The server's state before round 0, from the task's initial variables (``x``, maybe ``y``): the whole
+        ``Server`` record, or the part of it that :meth:`start` completes."""
 
-        On the server it is called with the task's initial variables; its ``synced`` keys are the initial
-        global state.
-        """
+    def start(self, fed: Round, server: Any) -> S:
+        """Once, before round 0 (the server calls it with round 0's :class:`Round`, so what it communicates
+        counts in round 0): the initial server state that needs the clients or the task's problem -- FedDRO's
+        first estimate y-bar_0 = <g_k(x_0; b)>, PDSGD's dual weights over the task's examples. A server restored
+        from a checkpoint does not start again. By default ``init``'s state as it is."""
+        return server  # type: ignore[no-any-return]
+
+    def join(self, broadcast: Tensors) -> C:
+        """A client's state the first time it takes part, from the first broadcast it receives; by default the
+        broadcast fields (an algorithm with private fields that start otherwise overrides this)."""
+        return self.Client.of(self.begin({k: v.clone() for k, v in broadcast.items()}))  # type: ignore[return-value]
 
     @abstractmethod
-    def local_step(
-        self, problem: Any, client: int, state: State, step: int, gen: torch.Generator
-    ) -> tuple[State, StepInfo]:
-        """One local update of one client at global step index ``step`` (0-based); returns a new state."""
+    def round(self, fed: Round, server: S) -> S:
+        """One server round (one iteration of the paper's outer loop); returns the new server state."""
 
-    def local_steps(self, problem: Any, state: State, ctx: ClientContext) -> tuple[State, State, StepInfo]:
-        """Client program: ``q`` local steps from the broadcast state; outputs the ``synced`` keys."""
-        q = self.hp.local_steps
-        total = StepInfo()
-        for s in range(q):
-            step = ctx.round * q + s
-            state, info = self.local_step(problem, ctx.client, state, step, ctx.rng(step))
-            total.samples += info.samples
-            total.loss += info.loss / q
-        return state, {k: state[k] for k in self.synced}, total
+    # -- what the runtime uses -------------------------------------------------------------------------
+    @property
+    def averaged(self) -> tuple[str, ...]:
+        """Client fields the server keeps a copy of: broadcast to the cohort, averaged back by ``local_steps``."""
+        server = set(self.Server.names())
+        return tuple(n for n in self.Client.names() if n in server)
 
-    # -- server side ------------------------------------------------------------------------------
-    def round(self, federation: Federation, state: State, ctx: RoundContext) -> tuple[State, RoundRecord]:
-        """One round of the algorithm (one server iteration; possibly several communication sub-rounds).
+    def begin(self, state: Tensors) -> Tensors:
+        """The client's state as a program starts (after the broadcast overwrote its shared fields): sets the
+        :attr:`round_local` fields; by default there are none."""
+        return state
 
-        This default: q local steps on every client of ``ctx.cohort(0)``, then average ``synced``.
-        """
-        out = federation.call("local_steps", ctx.round, ctx.cohort(0), {k: state[k] for k in self.synced})
-        record = RoundRecord(
-            comm_rounds=1,
-            local_steps=self.hp.local_steps,
-            samples=out.samples,
-            floats_up=out.floats_up,
-            floats_down=out.floats_down,
-            train_loss=out.loss,
-        )
-        return {**state, **out.means}, record
+    def start_state(self, broadcast: Tensors) -> Tensors:
+        return self.join(broadcast).tensors()
+
+    def program(self, name: str) -> Callable[[Any, Tensors, ClientContext], tuple[Tensors, Tensors, StepInfo]]:
+        """The client program ``name`` on the wire form of the client state."""
+        method = getattr(self, name)
+
+        def run(problem: Any, state: Tensors, ctx: ClientContext) -> tuple[Tensors, Tensors, StepInfo]:
+            client, outputs, info = method(problem, self.Client.of(state), ctx)
+            return client.tensors(), dict(outputs), info
+
+        return run
 
 
-class DrawUpdate(Algorithm):
-    """An algorithm whose local step is ``update(draw(...))``: drawing the step's samples (keyed randomness,
-    one client at a time) apart from a pure tensor update. The update uses ``torch.func`` transforms only, so
-    a host can run the clients it holds in lockstep under ``torch.func.vmap`` (:mod:`fedcomp.platform.vectorised`)
-    with the same numbers as one at a time."""
+class LocalSteps(Algorithm[C, S]):
+    """An algorithm of the local-steps family: every cohort client takes ``local_steps`` steps
+    ``update(draw(...))`` from the broadcast, then the server averages the shared fields.
+
+    ``draw`` makes the step's samples (keyed randomness, one client at a time) and ``update`` is a pure tensor
+    function using ``torch.func``-compatible oracles only, so a host can run the clients it holds in lockstep
+    under ``torch.func.vmap`` (:mod:`fedcomp.platform.vectorised`) with the same numbers up to rounding.
+    """
 
     vectorisable: ClassVar[bool] = True
 
     @abstractmethod
     def draw(self, problem: Any, client: int, step: int, gen: torch.Generator) -> tuple[Any, int]:
-        """The step's samples (a tuple of tensors, the same shapes for every client) and their oracle count."""
+        """The step's samples (the same shapes for every client) and their oracle count."""
 
     @abstractmethod
-    def update(self, problem: Any, state: State, batch: Any, step: int) -> tuple[State, Tensor]:
-        """The new state and the step's training loss (a 0-d tensor), from the state and the drawn samples."""
+    def update(self, problem: Any, state: C, batch: Any, step: int) -> tuple[C, Tensor]:
+        """The new client state and the step's training loss (a 0-d tensor) from the drawn samples."""
 
-    def local_step(self, problem: Any, client: int, state: State, step: int, gen: torch.Generator) -> tuple[State, StepInfo]:
-        batch, samples = self.draw(problem, client, step, gen)
-        state, loss = self.update(problem, state, batch, step)
-        return state, StepInfo(samples, float(loss))
+    def broadcast(self, server: S) -> Tensors:
+        """What the server sends each round: the fields it shares with the client state."""
+        return {n: getattr(server, n) for n in self.averaged}
+
+    def round(self, fed: Round, server: S) -> S:
+        """q local steps on the round's cohort, then the cohort means of the shared fields."""
+        return server.replace(**fed.local_steps(self.broadcast(server), self.hp.local_steps))
+
+    def local_steps(self, problem: Any, state: C, ctx: ClientContext) -> tuple[C, Tensors, StepInfo]:
+        """Client program: ``q`` local steps (global step index ``round * q + s``); outputs the shared fields."""
+        q = self.hp.local_steps
+        total = StepInfo()
+        for s in range(q):
+            step = ctx.round * q + s
+            batch, samples = self.draw(problem, ctx.client, step, ctx.rng(step))
+            state, loss = self.update(problem, state, batch, step)
+            total.samples += samples
+            total.loss += float(loss) / q
+        return state, {n: getattr(state, n) for n in self.averaged}, total
+
+    def update_tensors(self, problem: Any, state: Tensors, batch: Any, step: int) -> tuple[Tensors, Tensor]:
+        """:meth:`update` on the wire form of the state (what lockstep ``vmap`` batches)."""
+        new, loss = self.update(problem, self.Client.of(state), batch, step)  # type: ignore[arg-type]
+        return new.tensors(), loss
 
 
 def batch_size(batch: Any) -> int:

@@ -47,39 +47,36 @@ first stage's v_ref is x_0. ``period_growth: g`` makes the period grow by stages
 CODA+ paper lets I_s increase; this geometric shape with a constant T_s is **[inferred]**, the default g = 1 is the
 reference code's constant period.
 
-Schedules are pure functions of the round index (:meth:`_Stagewise.plan`), and the server-side state -- v_ref,
-the stage's running sum of iterates (``x_acc``) and alpha -- lives in the algorithm state the checkpoint carries,
-so a resumed run continues with identical numbers. T0 (``stage_steps``) counts local steps; a stage ends at the first
-communication at or after its T_s steps (T_s is rounded up to whole rounds, and the time average divides by the
-steps the stage really ran). Counters: one model round per round; CoDA's dual restart
-is a low-dimensional exchange (4 floats up; its download is the model it scores, as the simulation sends it).
+State: a client keeps nothing between rounds (its record is the model (x, y) every message brings); the server
+state (:class:`StageServer`) is x, y, the stage's v_ref and the stage's running sum of averaged iterates
+``x_acc``, all present from ``init`` (v_ref = x_0, x_acc = 0: stage 1's values), so a checkpoint is that record
+and a resumed run continues with identical numbers. Schedules are pure functions of the round index
+(:meth:`_Stagewise.plan`). T0 (``stage_steps``) counts local steps; a stage ends at the first communication at or
+after its T_s steps (T_s is rounded up to whole rounds, and the time average divides by the steps the stage really
+ran). Counters: one model round per round; CoDA's dual restart is a low-dimensional exchange (4 floats up; its
+download is the model it scores, as the simulation sends it). ``coda_mode: plain_local_sgda`` builds
+:class:`PlainLocalSGDA`, whose server state is (x, y) alone.
 """
 
 from __future__ import annotations
 
+from abc import abstractmethod
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
+from typing import Any, Callable, ClassVar, Literal, Protocol, runtime_checkable
 
 import torch
 from pydantic import Field
 from torch import Tensor
 
-from fedcomp.platform.algorithms.base import (
-    Algorithm,
-    ClientContext,
-    CommonHParams,
-    Federation,
-    RoundContext,
-    RoundRecord,
-    State,
-    StepInfo,
-    batch_size,
-)
-from fedcomp.platform.algorithms.local_scgdam import DUAL_CLAMP, grads_and_value
-from fedcomp.platform.config import Params
+from fedcomp.platform.algorithms.base import Algorithm, ClientContext, CommonHParams, StepInfo, Tensors, batch_size
+from fedcomp.platform.algorithms.local_scgdam import DUAL_CLAMP, Model
 from fedcomp.platform.errors import ConfigError
+from fedcomp.platform.oracles import grad_xy_and_value
+from fedcomp.platform.params import Params
 from fedcomp.platform.problems import MINIMAX, MinimaxProblem
 from fedcomp.platform.registry import register_algorithm
+from fedcomp.platform.rounds import Round
+from fedcomp.platform.state import State
 
 __all__ = [
     "CoDA",
@@ -87,6 +84,7 @@ __all__ = [
     "CODAPlus",
     "CODAPlusHParams",
     "MarginAUCProblem",
+    "PlainLocalSGDA",
     "ScoredProblem",
     "StagePlan",
     "dual_restart_value",
@@ -147,6 +145,20 @@ class StagePlan:
     """T_{s-1}, the local steps of the previous stage (0 in stage 1)."""
 
 
+@dataclass(frozen=True)
+class Proximal(Model):
+    """What a stagewise round's local steps read: the client's (x, y) and the stage's reference point."""
+
+    v_ref: Tensor
+
+
+@dataclass(frozen=True)
+class StageServer(Proximal):
+    """The server of a stagewise run: x, y, the stage's v_ref and the stage's running sum of averaged iterates."""
+
+    x_acc: Tensor
+
+
 class _StagewiseHParams(CommonHParams):
     lr: float = Field(0.1, gt=0, description="eta_0, the first stage's step size (divided by 3 at each new stage)")
     outer_batch: int = Field(32, ge=1, description="examples per local step")
@@ -187,29 +199,27 @@ class CODAPlusHParams(_StagewiseHParams):
     period_growth: int = Field(1, ge=1, description="g: the period of stage s is min(I g^(s-1), T0); 1 = constant")
 
 
-class _Stagewise(Algorithm):
-    """Shared schedule, client program and round program of the stagewise proximal primal-dual methods."""
+class _Stagewise(Algorithm[Model, StageServer]):
+    """Shared schedule, client programs and round program of the stagewise proximal primal-dual methods.
+
+    Every message carries the model (x, y), which is all a client keeps (``Client``); a stagewise round's local
+    steps also read the stage's v_ref from their broadcast (``Steps``), which the dual restart's does not carry.
+    """
 
     kind = MINIMAX
-    synced = ("x", "y")
+    Client = Model
+    Server: ClassVar[type[State]] = StageServer
+    Steps: ClassVar[type[Model]] = Proximal
     restarts_dual: ClassVar[bool] = False
 
-    @property
-    def stagewise(self) -> bool:
-        return True
-
-    def init_state(self, params: State) -> State:
-        return {"x": params["x"].clone(), "y": params["y"].clone()}
-
-    def local_step(
-        self, problem: Any, client: int, state: State, step: int, gen: torch.Generator
-    ) -> tuple[State, StepInfo]:
-        raise NotImplementedError("the stagewise methods run their own round program (stage_steps)")
+    def init(self, variables: Tensors) -> StageServer:
+        x, y = variables["x"], variables["y"]
+        return StageServer(x=x.clone(), y=y.clone(), v_ref=x.clone(), x_acc=torch.zeros_like(x))
 
     # -- schedule ----------------------------------------------------------------------------------------------
+    @abstractmethod
     def lengths(self, stage: int) -> tuple[int, int]:
         """(T_s, I_s): the nominal local steps and the period of stage ``stage``."""
-        raise NotImplementedError
 
     def plan(self, round: int) -> StagePlan:
         """The stage, period, step offset and step size of round ``round``.
@@ -217,8 +227,6 @@ class _Stagewise(Algorithm):
         Walks the stages from the first; once two consecutive stages have the same lengths, all later ones do
         (true of both schedules here), and the rest is a closed form.
         """
-        if not self.stagewise:
-            return StagePlan(1, round == 0, self.hp.local_steps, round * self.hp.local_steps, self.hp.lr, 0)
         stage, first_round, first_step, previous = 1, 0, 0, 0
         while True:
             nominal, period = self.lengths(stage)
@@ -247,31 +255,68 @@ class _Stagewise(Algorithm):
         except OverflowError:
             return 0.0
 
+    # -- server side ----------------------------------------------------------------------------------------------
+    def round(self, fed: Round, server: StageServer) -> StageServer:
+        """One round of stage s: at the stage's first round, v_ref = the previous stage's time average (x_0 in
+        stage 1, from ``init``), and CoDA restarts the dual; then I_s local steps and the cohort means."""
+        self.check(fed.problem)
+        plan = self.plan(fed.number)
+        if plan.first and plan.stage > 1:
+            v_ref = server.x_acc / plan.previous_length
+            x = v_ref.clone() if self.hp.restart_from == "average" else server.x
+            server = server.replace(x=x, v_ref=v_ref, x_acc=torch.zeros_like(x))
+        if plan.first and self.restarts_dual:
+            server = server.replace(y=self.restart_dual(fed, server.x, server.y))
+        means = fed.local_steps(Proximal(x=server.x, y=server.y, v_ref=server.v_ref), plan.steps)
+        return server.replace(x=means.x, y=means.y, x_acc=server.x_acc + means.x_sum)
+
+    def check(self, problem: Any) -> None:
+        """Fail before any client work when the task lacks what the options need."""
+
+    def restart_dual(self, fed: Round, x: Tensor, y: Tensor) -> Tensor:
+        """CoDA's dual restart at the stage's start point x: alpha = margin + mean negative score - mean positive
+        score over the cohort's scored batches; y unchanged when a class was not seen."""
+        if not isinstance(fed.problem, ScoredProblem):
+            raise ConfigError(
+                f"algorithm.name = {self.name!r} restarts the dual from class-wise mean scores, but the task's problem "
+                f"{type(fed.problem).__name__} has no scores(x, batch) / labels(batch); allowed without them: "
+                f"algorithm.coda_mode = 'plain_local_sgda'"
+            )
+        if y.numel() != 1:
+            raise ConfigError(
+                f"algorithm.name = {self.name!r}: the dual restart needs a scalar dual y, got {y.numel()} entries; "
+                f"allowed without it: algorithm.coda_mode = 'plain_local_sgda'"
+            )
+        sums = fed.call("coda_restart", fed.cohort(), Model(x=x, y=y), message="embedding").class_sums
+        margin = float(getattr(fed.problem, "margin", 0.0))
+        alpha = dual_restart_value(*(float(v) for v in sums), margin=margin)
+        return y if alpha is None else torch.full_like(y, alpha)
+
     # -- client side ----------------------------------------------------------------------------------------------
-    def _update(
+    @abstractmethod
+    def step(
         self, problem: Any, x: Tensor, y: Tensor, gx: Tensor, gy: Tensor, v_ref: Tensor | None, lr: float
     ) -> tuple[Tensor, Tensor]:
-        raise NotImplementedError
+        """One local primal-dual step from the batch gradients (gx, gy); ``v_ref`` None: no proximal term."""
 
-    def stage_steps(self, problem: MinimaxProblem, state: State, ctx: ClientContext) -> tuple[State, State, StepInfo]:
-        """Client program: the round's I_s local steps from the broadcast (x, y[, v_ref]); outputs x, y and, in a
-        stagewise run, the sum of the round's iterates x (for the server's exact time average)."""
+    def local_steps(self, problem: MinimaxProblem, client: Model, ctx: ClientContext) -> tuple[Model, Tensors, StepInfo]:
+        """Client program: the round's I_s local steps from the broadcast; outputs x, y and, in a stagewise round
+        (a :class:`Proximal` record), the sum of the round's iterates x (for the server's exact time average)."""
         plan = self.plan(ctx.round)
-        x, y, v_ref = state["x"], state["y"], state.get("v_ref")
+        v_ref = client.v_ref if isinstance(client, Proximal) else None
+        x, y = client.x, client.y
         x_sum, samples, loss = torch.zeros_like(x), 0, 0.0
         for i in range(plan.steps):
             batch = problem.sample(ctx.client, "inner", self.hp.outer_batch, ctx.rng(plan.first_step + i))
-            gx, gy, value = grads_and_value(lambda a, b: problem.loss(a, b, batch), x, y)
-            x, y = self._update(problem, x, y, gx, gy, v_ref, plan.lr)
+            gx, gy, value = grad_xy_and_value(lambda a, b: problem.loss(a, b, batch), x, y)
+            x, y = self.step(problem, x, y, gx, gy, v_ref, plan.lr)
             x_sum = x_sum + x
             samples += batch_size(batch)
             loss += float(value) / plan.steps
-        outputs = {"x": x, "y": y}
-        if self.stagewise:
-            outputs["x_sum"] = x_sum
-        return {"x": x, "y": y}, outputs, StepInfo(samples, loss)
+        outputs = {"x": x, "y": y} if v_ref is None else {"x": x, "y": y, "x_sum": x_sum}
+        return client.replace(x=x, y=y), outputs, StepInfo(samples, loss)
 
-    def coda_restart(self, problem: ScoredProblem, state: State, ctx: ClientContext) -> tuple[State, State, StepInfo]:
+    def coda_restart(self, problem: ScoredProblem, client: Model, ctx: ClientContext) -> tuple[Model, Tensors, StepInfo]:
         """Client program: class-wise score sums and counts of n_s forward-only batches at the broadcast x."""
         plan = self.plan(ctx.round)
         n = self.hp.restart_batches or 3**plan.stage
@@ -280,66 +325,25 @@ class _Stagewise(Algorithm):
         with torch.no_grad():
             for _ in range(n):
                 batch = problem.sample(ctx.client, "inner", self.hp.outer_batch, gen)
-                scores = problem.scores(state["x"], batch).reshape(-1).double()
+                scores = problem.scores(client.x, batch).reshape(-1).double()
                 positive = problem.labels(batch).reshape(-1).to(scores.device) > 0
                 counts = positive.sum().double()
                 sums += torch.stack([
                     scores[positive].sum(), counts, scores[~positive].sum(), positive.numel() - counts
                 ]).cpu()
                 samples += int(positive.numel())
-        return {}, {"class_sums": sums.float()}, StepInfo(samples)
+        return client, {"class_sums": sums.float()}, StepInfo(samples)
 
-    # -- server side ----------------------------------------------------------------------------------------------
-    def _restart(self, federation: Federation, ctx: RoundContext, x: Tensor, y: Tensor) -> tuple[Tensor, Any]:
-        if not isinstance(ctx.problem, ScoredProblem):
-            raise ConfigError(
-                f"algorithm.name = {self.name!r} restarts the dual from class-wise mean scores, but the task's problem "
-                f"{type(ctx.problem).__name__} has no scores(x, batch) / labels(batch); allowed without them: "
-                f"algorithm.coda_mode = 'plain_local_sgda'"
-            )
-        if y.numel() != 1:
-            raise ConfigError(
-                f"algorithm.name = {self.name!r}: the dual restart needs a scalar dual y, got {y.numel()} entries; "
-                f"allowed without it: algorithm.coda_mode = 'plain_local_sgda'"
-            )
-        out = federation.call("coda_restart", ctx.round, ctx.cohort(0), {"x": x, "y": y}, sub=0)
-        margin = float(getattr(ctx.problem, "margin", 0.0))
-        alpha = dual_restart_value(*(float(v) for v in out.means["class_sums"]), margin=margin)
-        return (y if alpha is None else torch.full_like(y, alpha)), out
+    def program(self, name: str) -> Callable[[Any, Tensors, ClientContext], tuple[Tensors, Tensors, StepInfo]]:
+        """The client programs on the wire; the local steps read their broadcast's record (``Steps``)."""
+        if name != "local_steps":
+            return super().program(name)
 
-    def round(self, federation: Federation, state: State, ctx: RoundContext) -> tuple[State, RoundRecord]:
-        plan = self.plan(ctx.round)
-        x, y = state["x"], state["y"]
-        restart = None
-        payload: State = {"x": x, "y": y}
-        if self.stagewise:
-            if plan.first:
-                if plan.stage == 1:
-                    v_ref = x.clone()
-                else:
-                    v_ref = state["x_acc"] / plan.previous_length
-                    if self.hp.restart_from == "average":
-                        x = v_ref.clone()
-                x_acc = torch.zeros_like(x)
-                if self.restarts_dual:
-                    y, restart = self._restart(federation, ctx, x, y)
-            else:
-                v_ref, x_acc = state["v_ref"], state["x_acc"]
-            payload = {"x": x, "y": y, "v_ref": v_ref}
-        out = federation.call("stage_steps", ctx.round, ctx.cohort(0), payload, sub=1)
-        new: State = {"x": out.means["x"], "y": out.means["y"]}
-        if self.stagewise:
-            new.update(v_ref=v_ref, x_acc=x_acc + out.means["x_sum"])
-        record = RoundRecord(
-            comm_rounds=1, local_steps=plan.steps, samples=out.samples, floats_up=out.floats_up,
-            floats_down=out.floats_down, train_loss=out.loss,
-        )
-        if restart is not None:
-            record.samples += restart.samples
-            record.embedding_exchanges = 1
-            record.embedding_floats_up = restart.floats_up
-            record.embedding_floats_down = restart.floats_down
-        return new, record
+        def run(problem: Any, state: Tensors, ctx: ClientContext) -> tuple[Tensors, Tensors, StepInfo]:
+            client, outputs, info = self.local_steps(problem, self.Steps.of(state), ctx)
+            return client.tensors(), dict(outputs), info
+
+        return run
 
 
 @register_algorithm("coda")
@@ -350,18 +354,36 @@ class CoDA(_Stagewise):
     description = "CoDA: stagewise proximal local SGDA with dual restarts; x, y averaged (Guo et al. 2020; A19)"
     restarts_dual = True
 
-    @property
-    def stagewise(self) -> bool:
-        return self.hp.coda_mode == "stagewise"
+    def __new__(cls, hparams: Any = None) -> "CoDA":
+        """``coda_mode: plain_local_sgda`` builds :class:`PlainLocalSGDA` (no stages: another server state)."""
+        plain = hparams is not None and hparams.coda_mode == "plain_local_sgda"
+        return super().__new__(PlainLocalSGDA if plain else cls)
 
     def lengths(self, stage: int) -> tuple[int, int]:
         return self.hp.stage_steps * 3 ** (stage - 1), self.hp.local_steps
 
-    def _update(
+    def step(
         self, problem: Any, x: Tensor, y: Tensor, gx: Tensor, gy: Tensor, v_ref: Tensor | None, lr: float
     ) -> tuple[Tensor, Tensor]:
         direction = gx if v_ref is None else gx + (x - v_ref) / self.hp.gamma
         return x - lr * direction, y + lr * gy
+
+
+class PlainLocalSGDA(CoDA):
+    """``coda_mode: plain_local_sgda``: local SGDA with the constant step eta_0 from the broadcast (x, y), no
+    stages, no proximal term, no dual restart; x and y averaged every I steps."""
+
+    Server = Steps = Model
+
+    def init(self, variables: Tensors) -> Model:  # type: ignore[override]
+        return Model(x=variables["x"].clone(), y=variables["y"].clone())
+
+    def plan(self, round: int) -> StagePlan:
+        q = self.hp.local_steps
+        return StagePlan(stage=1, first=round == 0, steps=q, first_step=round * q, lr=self.hp.lr, previous_length=0)
+
+    def round(self, fed: Round, server: Model) -> Model:  # type: ignore[override]
+        return server.replace(**fed.local_steps(server, self.hp.local_steps))
 
 
 @register_algorithm("coda-plus")
@@ -375,18 +397,20 @@ class CODAPlus(_Stagewise):
         period = min(self.hp.local_steps * self.hp.period_growth ** (stage - 1), self.hp.stage_steps)
         return self.hp.stage_steps, period
 
-    def _update(
+    def check(self, problem: Any) -> None:
+        if self.hp.dual_step == "closed-form" and not isinstance(problem, MarginAUCProblem):
+            raise ConfigError(
+                f"algorithm.dual_step = 'closed-form' needs the task's margin and auc_ab(x); the task's problem "
+                f"{type(problem).__name__} has neither; allowed with it: gradient"
+            )
+
+    def step(
         self, problem: Any, x: Tensor, y: Tensor, gx: Tensor, gy: Tensor, v_ref: Tensor | None, lr: float
     ) -> tuple[Tensor, Tensor]:
         hp = self.hp
         clipped = gx if hp.clip is None else gx.clamp(-hp.clip, hp.clip)
         x = x - lr * (clipped + (x - v_ref) / hp.gamma + hp.weight_decay * x)
         if hp.dual_step == "closed-form":
-            if not isinstance(problem, MarginAUCProblem):
-                raise ConfigError(
-                    f"algorithm.dual_step = 'closed-form' needs the task's margin and auc_ab(x); the task's problem "
-                    f"{type(problem).__name__} has neither; allowed with it: gradient"
-                )
             a, b = problem.auc_ab(x)
             gy = 2 * (problem.margin + b - a) - 2 * y
         return x, (y + lr * gy).clamp(*DUAL_CLAMP)

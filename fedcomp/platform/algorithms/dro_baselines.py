@@ -43,7 +43,7 @@ Biased (f(y) with a batch estimate y), as the paper says.
 **Parallel FastDRO** (``parallel-fastdro``; Levy, Carmon, Duchi, Sidford 2020). Needs per-example losses
 (:class:`ExampleLossProblem`). Per step every client sends its batch's b per-example losses (a low-dimensional
 exchange), the server computes best-response weights p over the pooled K x b losses with
-:func:`fedcomp.platform.dro_losses.robust_weights` (no gradient), each client gets its b weights back and
+:func:`fedcomp.losses.dro.robust_weights` (no gradient), each client gets its b weights back and
 uploads grad sum_{i in b_k} p_i l_i(x_t), and x_{t+1} = x_t - eta sum_k (that) (one model round). The task's
 own h, g, f are not used: FastDRO minimises its mini-batch robust loss. Geometry, size and regulariser used by
 FedDRO are **[unknown]**; the default is chi^2 with rho = 1 and no penalty.
@@ -66,27 +66,22 @@ vectors as zero-padded K x b vectors (the federation returns means only), which 
 from __future__ import annotations
 
 import math
-from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal, Mapping, Protocol, runtime_checkable
 
 import torch
 from pydantic import Field, model_validator
 from torch import Tensor
 
-from fedcomp.platform.algorithms.base import (
-    ClientContext,
-    Federation,
-    RoundContext,
-    RoundRecord,
-    State,
-    StepInfo,
-)
-from fedcomp.platform.algorithms.base import batch_size
-from fedcomp.platform.algorithms.feddro import CompositionalHParams, _Compositional, _outer_grad
-from fedcomp.platform.config import Params
-from fedcomp.platform.dro_losses import DualPenalty, project_simplex, robust_loss, robust_weights
+from fedcomp.losses.dro import DualPenalty, project_simplex, robust_loss, robust_weights
+from fedcomp.platform.algorithms.base import ClientContext, StepInfo, Tensors, batch_size
+from fedcomp.platform.algorithms.feddro import Compositional, CompositionalHParams, Model, ModelEstimate, unsent
 from fedcomp.platform.errors import ConfigError
+from fedcomp.platform.oracles import inner_and_jacobian, outer_grad, plain_grad, plain_inner_vjp
+from fedcomp.platform.params import Params
 from fedcomp.platform.problems import GlobalCompositionalProblem
 from fedcomp.platform.registry import register_algorithm
+from fedcomp.platform.rounds import Round
 
 __all__ = [
     "ExampleLossProblem",
@@ -205,34 +200,95 @@ class PDSGDHParams(ParallelHParams):
         return self
 
 
-# ------------------------------------------------------------------------------------------------ helpers
+# ------------------------------------------------------------------------------------------------ states
 
 
-def _inner_and_jacobian(problem: GlobalCompositionalProblem, x: Tensor, batch: Any) -> tuple[Tensor, Tensor]:
-    """g_k(x; b) [d_g] and its Jacobian [d_g, d] (one backward pass per row; d_g is small)."""
-    x = x.detach().requires_grad_(True)
-    value = problem.inner(x, batch)
-    rows = [
-        torch.autograd.grad(value[i], x, retain_graph=True)[0] if value.requires_grad else torch.zeros_like(x)
-        for i in range(value.numel())
-    ]
-    return value.detach(), torch.stack(rows)
+@dataclass(frozen=True)
+class Estimates(Model):
+    """GCIVR's server: x_t and the SARAH estimates of g(x_t) and of its Jacobian, with Adagrad's accumulator."""
+
+    G: Tensor
+    """G ~ g(x_t) (d_g floats)."""
+    J: Tensor
+    """J ~ the Jacobian of g at x_t (d_g x d, flat)."""
+    accum: Tensor
+    """Adagrad's sum of squared directions (zero and unused with ``optimizer: sgd``)."""
 
 
-def _plain_grad(problem: GlobalCompositionalProblem, x: Tensor, batch: Any) -> tuple[Tensor, float]:
-    """grad h_k(x; b) and h_k(x; b) (zero gradient for a problem without a plain part)."""
-    x = x.detach().requires_grad_(True)
-    value = problem.plain(x, batch)
-    grad = torch.autograd.grad(value, x)[0] if value.requires_grad else torch.zeros_like(x)
-    return grad, float(value.detach())
+@dataclass(frozen=True)
+class SeenModel(Model):
+    """GCIVR's client: the broadcast x_t and the model it received the step before (for the differences)."""
+
+    x_seen: Tensor
+    seen_at: Tensor
+    """The step x_seen was received at ([1] float; -1: none yet, so x_{-1} = x_0)."""
 
 
-def _direction(problem: GlobalCompositionalProblem, x: Tensor, batch: Any, v: Tensor) -> tuple[Tensor, float]:
-    """grad h_k(x; b) + grad g_k(x; b)^T v, and h_k(x; b)."""
-    x = x.detach().requires_grad_(True)
-    plain = problem.plain(x, batch)
-    (grad,) = torch.autograd.grad(plain + problem.inner(x, batch) @ v, x)
-    return grad, float(plain.detach())
+@dataclass(frozen=True)
+class CohortWeights(Model):
+    """FastDRO's and PDSGD's client: x_t, the cohort's client ids (each client's slot in the pooled vectors:
+    the federation returns means only) and the server's weights of the pooled examples, by slot."""
+
+    cohort: Tensor
+    w: Tensor
+
+
+@dataclass(frozen=True)
+class Game(Model):
+    """PDSGD's server: x_t and the dual weights p over all m training examples, kept as the divergence's
+    ascent step needs them (:class:`KLGame`: log p; :class:`Chi2Game`: p). A checkpoint's field names which."""
+
+    @classmethod
+    def of(cls, tensors: Mapping[str, Tensor]) -> "Game":
+        if cls is Game:
+            return (KLGame if "log_p" in tensors else Chi2Game).of(tensors)
+        return super().of(tensors)  # type: ignore[return-value]
+
+
+@dataclass(frozen=True)
+class KLGame(Game):
+    log_p: Tensor
+
+    @classmethod
+    def uniform(cls, x: Tensor, m: int) -> "KLGame":
+        return cls(x=x, log_p=torch.full((m,), -math.log(m)))
+
+    def weights(self) -> Tensor:
+        return self.log_p.exp()
+
+    def penalty(self) -> float:
+        """D(p, uniform) = sum_i p_i log(m p_i)."""
+        return float((self.weights() * (self.log_p + math.log(self.log_p.numel()))).sum())
+
+    def ascend(self, ghat: Tensor, tau: float, lam: float) -> "KLGame":
+        """Entropic mirror ascent: log p = (1 - tau) log p + (tau / lam) ghat - logsumexp(...)."""
+        log_p = (1 - tau) * self.log_p + (tau / lam) * ghat
+        return self.replace(log_p=log_p - torch.logsumexp(log_p, 0))
+
+
+@dataclass(frozen=True)
+class Chi2Game(Game):
+    p: Tensor
+
+    @classmethod
+    def uniform(cls, x: Tensor, m: int) -> "Chi2Game":
+        return cls(x=x, p=torch.full((m,), 1.0 / m))
+
+    def weights(self) -> Tensor:
+        return self.p
+
+    def penalty(self) -> float:
+        """D(p, uniform) = (m / 2) sum_i (p_i - 1/m)^2."""
+        m = self.p.numel()
+        return float(((self.p - 1.0 / m) ** 2).sum() * m / 2)
+
+    def ascend(self, ghat: Tensor, tau: float, lam: float) -> "Chi2Game":
+        """Projected ascent: p = Proj_simplex((1 - tau) p + (tau / m)(1 + ghat / lam))."""
+        m = self.p.numel()
+        return self.replace(p=project_simplex((1 - tau) * self.p + (tau / m) * (1 + ghat / lam)))
+
+
+GAMES: dict[str, type[KLGame] | type[Chi2Game]] = {"kl": KLGame, "chi2": Chi2Game}
 
 
 def _slot(cohort: Tensor, client: int) -> int:
@@ -243,54 +299,59 @@ def _slot(cohort: Tensor, client: int) -> int:
     return int(hits[0, 0])
 
 
-class _Parallel(_Compositional):
-    """A synchronous parallel method: one step per round, the step taken on the server."""
+def _count_step(fed: Round, d: int, up: int = 0, down: int = 0) -> None:
+    """One parallel step as the protocol sends it: a model round (d floats each way), and one low-dimensional
+    exchange of ``up`` / ``down`` floats where there is one."""
+    fed.count(comm_rounds=1, floats_up=d, floats_down=d, local_steps=1)
+    if up or down:
+        fed.count(embedding_exchanges=1, embedding_floats_up=up, embedding_floats_down=down)
 
 
 # ------------------------------------------------------------------------------------------------ GCIVR
 
 
 @register_algorithm("gcivr")
-class GCIVR(_Parallel):
+class GCIVR(Compositional):
     """GCIVR as a synchronous parallel method: SARAH recursion on g and its Jacobian, one model round per step."""
 
     HParams: ClassVar[type[Params]] = GCIVRHParams
+    Client, Server = SeenModel, Estimates
     description = "GCIVR (Haddadpour et al. 2022) in parallel: SARAH estimates of g and its Jacobian, 1 round/step"
+    hp: GCIVRHParams
+
+    def join(self, broadcast: Tensors) -> SeenModel:
+        x = broadcast["x"]
+        return SeenModel(x=x.clone(), x_seen=x.clone(), seen_at=torch.tensor([-1.0]))
 
     # -- client programs -------------------------------------------------------------------------------------
-    def gcivr_refresh(self, problem: GlobalCompositionalProblem, state: State, ctx: ClientContext) -> tuple[State, State, StepInfo]:
-        """Fresh estimates at the broadcast x on the refresh batch B_k: g_k, its Jacobian and grad h_k."""
-        x = state["x"]
+    def fresh_estimates(self, problem: GlobalCompositionalProblem, client: SeenModel, ctx: ClientContext) -> tuple[SeenModel, Tensors, StepInfo]:
+        """g_k, its Jacobian and grad h_k at the broadcast x on the refresh batch B_k."""
         batch = problem.sample(ctx.client, self.hp.refresh_batch, ctx.rng(ctx.round, "refresh"))
-        g, jac = _inner_and_jacobian(problem, x, batch)
-        grad_h, h = _plain_grad(problem, x, batch)
+        g, jac = inner_and_jacobian(problem, client.x, batch)
+        grad_h, h = plain_grad(problem, client.x, batch)
         outputs = {"g": g, "jac": jac.reshape(-1), "grad_h": grad_h}
-        return self._seen(x, ctx), outputs, StepInfo(batch_size(batch), h)
+        return self.seen(client, ctx), outputs, StepInfo(batch_size(batch), float(h))
 
-    def gcivr_step(self, problem: GlobalCompositionalProblem, state: State, ctx: ClientContext) -> tuple[State, State, StepInfo]:
-        """Differences of g_k and its Jacobian between the broadcast x_t and x_{t-1} on one batch, and grad h_k(x_t)."""
-        x, prev = state["x"], state.get("x_seen")
+    def differences(self, problem: GlobalCompositionalProblem, client: SeenModel, ctx: ClientContext) -> tuple[SeenModel, Tensors, StepInfo]:
+        """g_k and its Jacobian at the broadcast x_t minus at x_{t-1} on one batch, and grad h_k(x_t)."""
         batch = problem.sample(ctx.client, self.hp.outer_batch, ctx.rng(ctx.round))
-        g, jac = _inner_and_jacobian(problem, x, batch)
-        grad_h, h = _plain_grad(problem, x, batch)
-        n = batch_size(batch)
-        if prev is None:
-            if ctx.round > 0:
-                raise ConfigError(self._stale(ctx))
-            # init 'code' at step 0: x_prev = x_0, so the differences vanish
+        g, jac = inner_and_jacobian(problem, client.x, batch)
+        grad_h, h = plain_grad(problem, client.x, batch)
+        n, seen_at = batch_size(batch), int(client.seen_at)
+        if seen_at != ctx.round - 1:
+            raise ConfigError(self._stale(ctx))
+        if seen_at < 0:  # x_{-1} = x_0 (init 'code'): the differences vanish
             dg, djac, samples = torch.zeros_like(g), torch.zeros_like(jac), n
         else:
-            if int(state["seen_at"]) != ctx.round - 1:
-                raise ConfigError(self._stale(ctx))
-            g_prev, jac_prev = _inner_and_jacobian(problem, prev, batch)
+            g_prev, jac_prev = inner_and_jacobian(problem, client.x_seen, batch)
             dg, djac, samples = g - g_prev, jac - jac_prev, 2 * n
         outputs = {"dg": dg, "djac": djac.reshape(-1), "grad_h": grad_h}
-        return self._seen(x, ctx), outputs, StepInfo(samples, h)
+        return self.seen(client, ctx), outputs, StepInfo(samples, float(h))
 
     @staticmethod
-    def _seen(x: Tensor, ctx: ClientContext) -> State:
-        """Private state: the model just received, for the next step's differences, and its step index."""
-        return {"x_seen": x.detach().clone(), "seen_at": torch.tensor([float(ctx.round)])}
+    def seen(client: SeenModel, ctx: ClientContext) -> SeenModel:
+        """Keep the model just received, for the next step's differences, and its step index."""
+        return client.replace(x_seen=client.x, seen_at=torch.tensor([float(ctx.round)]))
 
     @staticmethod
     def _stale(ctx: ClientContext) -> str:
@@ -300,144 +361,130 @@ class GCIVR(_Parallel):
         )
 
     # -- server ------------------------------------------------------------------------------------------------
-    def _refresh_due(self, state: State, round: int) -> bool:
-        if "G" not in state:
-            return self.hp.init == "estimate"
-        every = self.hp.refresh_every
-        return every is not None and round % every == 0
+    def start(self, fed: Round, server: Model) -> Estimates:
+        """G_0 ~ U(0, 1), J_0 = 0 as in the code (with init 'estimate' step 0 replaces them by fresh estimates)."""
+        dg = int(fed.problem.inner_dim)
+        G = torch.rand(dg, generator=fed.rng("gcivr-init"))
+        return Estimates(x=server.x, G=G, J=torch.zeros(dg * server.x.numel()), accum=torch.zeros_like(server.x))
 
-    def round(self, federation: Federation, state: State, ctx: RoundContext) -> tuple[State, RoundRecord]:
-        problem, cohort, t, x = ctx.problem, ctx.cohort(0), ctx.round, state["x"]
-        d = x.numel()
-        if self._refresh_due(state, t):
-            out = federation.call("gcivr_refresh", t, cohort, {"x": x})
-            G, J = out.means["g"], out.means["jac"]
+    def refreshes(self, t: int) -> bool:
+        """Fresh estimates at step t: step 0 with init 'estimate', then every ``refresh_every`` steps."""
+        if t == 0:
+            return self.hp.init == "estimate"
+        return self.hp.refresh_every is not None and t % self.hp.refresh_every == 0
+
+    def round(self, fed: Round, server: Estimates) -> Estimates:
+        t, x = fed.number, server.x
+        if self.refreshes(t):
+            est = fed.call("fresh_estimates", fed.cohort(), Model(x=x))
+            G, J = est.g, est.jac
         else:
-            if "G" in state:
-                G, J = state["G"], state["J"]
-            else:  # init 'code': a random G in (0, 1) and a zero Jacobian estimate
-                dg = int(problem.inner_dim)
-                G, J = torch.rand(dg, generator=ctx.rng("gcivr-init")), torch.zeros(dg * d)
-            out = federation.call("gcivr_step", t, cohort, {"x": x})
-            G, J = G + out.means["dg"], J + out.means["djac"]
-        dg = G.numel()
-        direction = out.means["grad_h"] + J.view(dg, d).T @ _outer_grad(problem, G)
-        lr = self.hp.lr_at(t)
-        new: State = {"G": G, "J": J}
+            est = fed.call("differences", fed.cohort(), Model(x=x))
+            G, J = server.G + est.dg, server.J + est.djac
+        fed.count(local_steps=1)
+        direction = est.grad_h + J.view(G.numel(), x.numel()).T @ outer_grad(fed.problem, G)[0]
+        lr, accum = self.hp.lr_at(t), server.accum
         if self.hp.optimizer == "adagrad":  # torch.optim.Adagrad with lr_decay = 0, initial accumulator 0
-            accum = state.get("accum", torch.zeros_like(x)) + direction**2
-            new["x"] = x - lr * direction / (accum.sqrt() + self.hp.adagrad_eps)
-            new["accum"] = accum
+            accum = accum + direction**2
+            x = x - lr * direction / (accum.sqrt() + self.hp.adagrad_eps)
         else:
-            new["x"] = x - lr * direction
+            x = x - lr * direction
         with torch.no_grad():
-            loss = out.loss + float(problem.outer(G))
-        record = RoundRecord(
-            comm_rounds=1, local_steps=1, samples=out.samples, floats_up=dg + dg * d + d, floats_down=d,
-            train_loss=loss,
-        )
-        return new, record
+            fed.train_loss = fed.train_loss + float(fed.problem.outer(G))
+        return Estimates(x=x, G=G, J=J, accum=accum)
 
 
 # ------------------------------------------------------------------------------------------------ MBSGD
 
 
 @register_algorithm("parallel-mbsgd")
-class ParallelMBSGD(_Parallel):
+class ParallelMBSGD(Compositional):
     """Mini-batch SGD for compositional problems in parallel: y = <g_k(x; b)>, then a step on a fresh batch b'."""
 
     HParams: ClassVar[type[Params]] = ParallelHParams
+    Client = ModelEstimate
     description = "MBSGD (Ghadimi & Lan) in parallel: <g_k(x; b)> exchanged, grad on fresh b', 1 round/step"
-    transient_programs = frozenset({"mbsgd_inner"})
 
-    def mbsgd_inner(self, problem: GlobalCompositionalProblem, state: State, ctx: ClientContext) -> tuple[State, State, StepInfo]:
-        """g_k(x_t; b_k); the client keeps x_t for the step's second half."""
-        x = state["x"]
+    def inner_value(self, problem: GlobalCompositionalProblem, client: ModelEstimate, ctx: ClientContext) -> tuple[ModelEstimate, Tensors, StepInfo]:
+        """g_k(x_t; b_k)."""
         batch = problem.sample(ctx.client, self.hp.outer_batch, ctx.rng(ctx.round, "inner"))
         with torch.no_grad():
-            y = problem.inner(x, batch)
-        return {"x_local": x.clone()}, {"y": y}, StepInfo(batch_size(batch))
+            y = problem.inner(client.x, batch)
+        return client, {"y": y}, StepInfo(batch_size(batch))
 
-    def mbsgd_grad(self, problem: GlobalCompositionalProblem, state: State, ctx: ClientContext) -> tuple[State, State, StepInfo]:
+    def gradient(self, problem: GlobalCompositionalProblem, client: ModelEstimate, ctx: ClientContext) -> tuple[ModelEstimate, Tensors, StepInfo]:
         """grad h_k(x_t; b'_k) + grad g_k(x_t; b'_k)^T grad f(y) on a batch independent of b_k."""
         batch = problem.sample(ctx.client, self.hp.outer_batch, ctx.rng(ctx.round))
-        grad, h = _direction(problem, state["x_local"], batch, _outer_grad(problem, state["y"]))
-        return {}, {"grad": grad}, StepInfo(batch_size(batch), h)
+        v, _ = outer_grad(problem, client.y)
+        grad, h, _ = plain_inner_vjp(problem, client.x, batch, v)
+        return client, {"grad": grad}, StepInfo(batch_size(batch), float(h))
 
-    def round(self, federation: Federation, state: State, ctx: RoundContext) -> tuple[State, RoundRecord]:
-        cohort, t, x = ctx.cohort(0), ctx.round, state["x"]
-        inner = federation.call("mbsgd_inner", t, cohort, {"x": x}, sub=0)
-        y = inner.means["y"]
-        out = federation.call("mbsgd_grad", t, cohort, {"y": y}, sub=1)
+    def round(self, fed: Round, server: Model) -> Model:
+        """x_t down, g_k up and y = <g_k> down (one exchange), the gradient up (the model round), the step."""
+        cohort, x = fed.cohort(), server.x
+        y = fed.call("inner_value", cohort, ModelEstimate(x=x, y=unsent()), message=None).y
+        grad = fed.call("gradient", cohort, ModelEstimate(x=x, y=y), message=None).grad
         with torch.no_grad():
-            loss = out.loss + float(ctx.problem.outer(y))
-        d, dg = x.numel(), y.numel()
-        record = RoundRecord(
-            comm_rounds=1, local_steps=1, samples=inner.samples + out.samples, floats_up=d, floats_down=d,
-            train_loss=loss, embedding_exchanges=1, embedding_floats_up=dg, embedding_floats_down=dg,
-        )
-        return {"x": x - self.hp.lr_at(t) * out.means["grad"]}, record
+            fed.train_loss = fed.train_loss + float(fed.problem.outer(y))
+        _count_step(fed, x.numel(), up=y.numel(), down=y.numel())
+        return Model(x=x - self.hp.lr_at(fed.number) * grad)
 
 
 # ------------------------------------------------------------------------------------------------ FastDRO
 
 
 @register_algorithm("parallel-fastdro")
-class ParallelFastDRO(_Parallel):
+class ParallelFastDRO(Compositional):
     """FastDRO's batch robust loss in parallel: best-response weights over the pooled K x b losses."""
 
     HParams: ClassVar[type[Params]] = FastDROHParams
+    Client = CohortWeights
     description = "FastDRO (Levy et al. 2020) in parallel: robust weights over pooled K x b losses, 1 round/step"
-    transient_programs = frozenset({"fastdro_losses"})
+    hp: FastDROHParams
 
-    def fastdro_losses(self, problem: ExampleLossProblem, state: State, ctx: ClientContext) -> tuple[State, State, StepInfo]:
+    def example_losses(self, problem: ExampleLossProblem, client: CohortWeights, ctx: ClientContext) -> tuple[CohortWeights, Tensors, StepInfo]:
         """The batch's per-example losses at x_t, in the client's slot of a cohort-sized zero vector."""
-        x, cohort = state["x"], state["cohort"]
         batch = problem.sample(ctx.client, self.hp.outer_batch, ctx.rng(ctx.round))
         with torch.no_grad():
-            losses = problem.example_losses(x, batch).reshape(-1)
+            losses = problem.example_losses(client.x, batch).reshape(-1)
         if losses.numel() != self.hp.outer_batch:
             raise ValueError(f"example_losses gave {losses.numel()} losses for a batch of {self.hp.outer_batch}")
-        slots = losses.new_zeros(cohort.numel(), losses.numel())
-        slots[_slot(cohort, ctx.client)] = losses
-        return {"x_local": x.clone()}, {"losses": slots.reshape(-1)}, StepInfo(losses.numel(), float(losses.mean()))
+        slots = losses.new_zeros(client.cohort.numel(), losses.numel())
+        slots[_slot(client.cohort, ctx.client)] = losses
+        return client, {"losses": slots.reshape(-1)}, StepInfo(losses.numel(), float(losses.mean()))
 
-    def fastdro_grad(self, problem: ExampleLossProblem, state: State, ctx: ClientContext) -> tuple[State, State, StepInfo]:
+    def weighted_gradient(self, problem: ExampleLossProblem, client: CohortWeights, ctx: ClientContext) -> tuple[CohortWeights, Tensors, StepInfo]:
         """grad sum_i p_i l_i(x_t) over the client's batch, with its slot of the server's weights p (constants)."""
         b = self.hp.outer_batch
-        weights = state["w"].view(-1, b)[_slot(state["cohort"], ctx.client)].detach()
+        weights = client.w.view(-1, b)[_slot(client.cohort, ctx.client)].detach()
         batch = problem.sample(ctx.client, b, ctx.rng(ctx.round))  # the same batch as the losses: keyed by the step
-        x = state["x_local"].detach().requires_grad_(True)
+        x = client.x.detach().requires_grad_(True)
         (grad,) = torch.autograd.grad(weights @ problem.example_losses(x, batch).reshape(-1), x)
-        return {}, {"grad": grad}, StepInfo(b)
+        return client, {"grad": grad}, StepInfo(b)
 
-    def round(self, federation: Federation, state: State, ctx: RoundContext) -> tuple[State, RoundRecord]:
-        if not isinstance(ctx.problem, ExampleLossProblem):
+    def round(self, fed: Round, server: Model) -> Model:
+        if not isinstance(fed.problem, ExampleLossProblem):
             raise ConfigError(
                 f"algorithm.name = 'parallel-fastdro' needs per-example losses: the task's problem "
-                f"{type(ctx.problem).__name__} has no example_losses(x, batch)"
+                f"{type(fed.problem).__name__} has no example_losses(x, batch)"
             )
-        cohort, t, x = ctx.cohort(0), ctx.round, state["x"]
+        cohort, x, b = fed.cohort(), server.x, self.hp.outer_batch
         n, ids = len(cohort), torch.tensor(cohort, dtype=torch.float32)
-        out = federation.call("fastdro_losses", t, cohort, {"x": x, "cohort": ids}, sub=0)
-        pooled = out.means["losses"] * n  # each client filled only its own slot
+        out = fed.call("example_losses", cohort, CohortWeights(x=x, cohort=ids, w=unsent()), message=None)
+        pooled = out.losses * n  # each client filled only its own slot
         weights = robust_weights(pooled, **self.hp.robust)
-        grads = federation.call("fastdro_grad", t, cohort, {"w": weights, "cohort": ids}, sub=1)
-        direction = grads.means["grad"] * n  # sum over clients of sum_i p_i grad l_i
-        b, d = self.hp.outer_batch, x.numel()
-        record = RoundRecord(
-            comm_rounds=1, local_steps=1, samples=out.samples + grads.samples, floats_up=d, floats_down=d,
-            train_loss=float(robust_loss(pooled, **self.hp.robust)), embedding_exchanges=1,
-            embedding_floats_up=b, embedding_floats_down=b,
-        )
-        return {"x": x - self.hp.lr_at(t) * direction}, record
+        grads = fed.call("weighted_gradient", cohort, CohortWeights(x=x, cohort=ids, w=weights), message=None)
+        fed.train_loss = float(robust_loss(pooled, **self.hp.robust))
+        _count_step(fed, x.numel(), up=b, down=b)
+        direction = grads.grad * n  # sum over clients of sum_i p_i grad l_i
+        return Model(x=x - self.hp.lr_at(fed.number) * direction)
 
 
 # ------------------------------------------------------------------------------------------------ PDSGD
 
 
 @register_algorithm("parallel-pdsgd")
-class ParallelPDSGD(_Parallel):
+class ParallelPDSGD(Compositional):
     """Stochastic primal-dual SGD on the DRO game, in parallel, with the per-example weights p on the server.
 
     The game (**reconstruction**, see the module doc) is ``s * min_x max_{p in simplex} sum_i p_i l_i(x) -
@@ -468,33 +515,35 @@ class ParallelPDSGD(_Parallel):
     as float32, exact below 2^24 examples per client.
     """
 
+
     HParams: ClassVar[type[Params]] = PDSGDHParams
+    Client, Server = CohortWeights, Game
     description = "Primal-dual SGD (reconstruction of the paper's PDSGD) in parallel: x SGD, p on the server, 1 round/step"
-    transient_programs = frozenset({"pdsgd_losses"})
+    hp: PDSGDHParams
 
     # -- client programs -------------------------------------------------------------------------------------
-    def pdsgd_losses(self, problem: IndexedExampleProblem, state: State, ctx: ClientContext) -> tuple[State, State, StepInfo]:
+    def example_losses(self, problem: IndexedExampleProblem, client: CohortWeights, ctx: ClientContext) -> tuple[CohortWeights, Tensors, StepInfo]:
         """The batch's positions and per-example losses at x_t, in the client's slot of cohort-sized vectors."""
-        x, cohort, b = state["x"], state["cohort"], self.hp.outer_batch
+        b = self.hp.outer_batch
         positions = problem.sample_positions(ctx.client, b, ctx.rng(ctx.round))
         with torch.no_grad():
-            losses = problem.example_losses(x, problem.batch_at(ctx.client, positions)).reshape(-1)
+            losses = problem.example_losses(client.x, problem.batch_at(ctx.client, positions)).reshape(-1)
         if losses.numel() != b:
             raise ValueError(f"example_losses gave {losses.numel()} losses for a batch of {b}")
-        slot = _slot(cohort, ctx.client)
-        pos_slots, loss_slots = losses.new_zeros(cohort.numel(), b), losses.new_zeros(cohort.numel(), b)
+        slot, n = _slot(client.cohort, ctx.client), client.cohort.numel()
+        pos_slots, loss_slots = losses.new_zeros(n, b), losses.new_zeros(n, b)
         pos_slots[slot], loss_slots[slot] = positions.to(losses.dtype), losses
         outputs = {"positions": pos_slots.reshape(-1), "losses": loss_slots.reshape(-1)}
-        return {"x_local": x.clone()}, outputs, StepInfo(b, float(losses.mean()))
+        return client, outputs, StepInfo(b, float(losses.mean()))
 
-    def pdsgd_grad(self, problem: IndexedExampleProblem, state: State, ctx: ClientContext) -> tuple[State, State, StepInfo]:
+    def weighted_gradient(self, problem: IndexedExampleProblem, client: CohortWeights, ctx: ClientContext) -> tuple[CohortWeights, Tensors, StepInfo]:
         """sum_i w_i grad l_i(x_t) over the client's batch, with its slot of the server's weights w (constants)."""
         b = self.hp.outer_batch
-        weights = state["w"].view(-1, b)[_slot(state["cohort"], ctx.client)].detach()
+        weights = client.w.view(-1, b)[_slot(client.cohort, ctx.client)].detach()
         positions = problem.sample_positions(ctx.client, b, ctx.rng(ctx.round))  # the same batch: keyed by the step
-        x = state["x_local"].detach().requires_grad_(True)
+        x = client.x.detach().requires_grad_(True)
         (grad,) = torch.autograd.grad(weights @ problem.example_losses(x, problem.batch_at(ctx.client, positions)).reshape(-1), x)
-        return {}, {"grad": grad}, StepInfo(b)
+        return client, {"grad": grad}, StepInfo(b)
 
     # -- server ------------------------------------------------------------------------------------------------
     def game(self, problem: Any) -> DualPenalty:
@@ -510,51 +559,42 @@ class ParallelPDSGD(_Parallel):
             )
         return penalty
 
-    def round(self, federation: Federation, state: State, ctx: RoundContext) -> tuple[State, RoundRecord]:
-        problem = ctx.problem
+    @staticmethod
+    def examples(problem: Any) -> Tensor:
+        """n_k of every client (the task must give its examples stable positions)."""
         if not isinstance(problem, IndexedExampleProblem):
             raise ConfigError(
                 f"algorithm.name = 'parallel-pdsgd' needs per-example positions and losses: the task's problem "
                 f"{type(problem).__name__} lacks examples / sample_positions / batch_at / example_losses"
             )
-        game = self.game(problem)
-        sizes = torch.tensor([problem.examples(k) for k in range(problem.clients)])
-        offsets, m = torch.cumsum(sizes, 0) - sizes, int(sizes.sum())
-        cohort, t, x, b = ctx.cohort(0), ctx.round, state["x"], self.hp.outer_batch
-        n, ids = len(cohort), torch.tensor(cohort, dtype=torch.float32)
-        key = "log_p" if game.divergence == "kl" else "p"
-        if key in state:
-            dual = state[key]
-        else:  # p_0 uniform
-            dual = torch.full((m,), -math.log(m)) if key == "log_p" else torch.full((m,), 1.0 / m)
-        if dual.numel() != m:
-            raise ConfigError(f"the stored dual weights have {dual.numel()} entries but the task has {m} examples")
-        p = dual.exp() if key == "log_p" else dual
+        return torch.tensor([problem.examples(k) for k in range(problem.clients)])
 
-        out = federation.call("pdsgd_losses", t, cohort, {"x": x, "cohort": ids}, sub=0)
-        positions = (out.means["positions"] * n).round().long().view(n, b)  # each client filled only its slot
-        losses = (out.means["losses"] * n).view(n, b)
+    def start(self, fed: Round, server: Model) -> Game:
+        """p_0 uniform over the task's m training examples, kept as the game's divergence needs it."""
+        m = int(self.examples(fed.problem).sum())
+        return GAMES[self.game(fed.problem).divergence].uniform(server.x, m)
+
+    def round(self, fed: Round, server: KLGame | Chi2Game) -> Game:
+        problem, game = fed.problem, self.game(fed.problem)
+        sizes = self.examples(problem)
+        offsets, m = torch.cumsum(sizes, 0) - sizes, int(sizes.sum())
+        p = server.weights()
+        if p.numel() != m:
+            raise ConfigError(f"the stored dual weights have {p.numel()} entries but the task has {m} examples")
+        cohort, x, b = fed.cohort(), server.x, self.hp.outer_batch
+        n, ids = len(cohort), torch.tensor(cohort, dtype=torch.float32)
+
+        out = fed.call("example_losses", cohort, CohortWeights(x=x, cohort=ids, w=unsent()), message=None)
+        positions = (out.positions * n).round().long().view(n, b)  # each client filled only its slot
+        losses = (out.losses * n).view(n, b)
         members = torch.tensor(cohort)
         index = offsets[members].unsqueeze(1) + positions                     # global example ids [n, b]
         c = (problem.clients / n) * sizes[members].to(losses.dtype).unsqueeze(1) / b   # c_k per row [n, 1]
         weights = c * p[index]
-        grads = federation.call("pdsgd_grad", t, cohort, {"w": weights.reshape(-1), "cohort": ids}, sub=1)
-        direction = grads.means["grad"] * n  # sum over clients of sum_i w_i grad l_i
+        grads = fed.call("weighted_gradient", cohort, CohortWeights(x=x, cohort=ids, w=weights.reshape(-1)), message=None)
+        direction = grads.grad * n  # sum over clients of sum_i w_i grad l_i
 
         ghat = torch.zeros(m, dtype=losses.dtype).index_add_(0, index.reshape(-1), (c * losses).reshape(-1))
-        tau, lam = self.hp.dual_step, game.lam
-        if key == "log_p":
-            new_dual = (1 - tau) * dual + (tau / lam) * ghat
-            new_dual = new_dual - torch.logsumexp(new_dual, 0)
-            penalty = float((p * (dual + math.log(m))).sum())
-        else:
-            new_dual = project_simplex((1 - tau) * dual + (tau / m) * (1 + ghat / lam))
-            penalty = float(((p - 1.0 / m) ** 2).sum() * m / 2)
-        lagrangian = game.scale * (float((weights * losses).sum()) - lam * penalty)
-
-        d = x.numel()
-        record = RoundRecord(
-            comm_rounds=1, local_steps=1, samples=out.samples + grads.samples, floats_up=d, floats_down=d,
-            train_loss=lagrangian, embedding_exchanges=1, embedding_floats_up=2 * b, embedding_floats_down=b,
-        )
-        return {"x": x - self.hp.lr_at(t) * game.scale * direction, key: new_dual}, record
+        fed.train_loss = game.scale * (float((weights * losses).sum()) - game.lam * server.penalty())
+        _count_step(fed, x.numel(), up=2 * b, down=b)
+        return server.ascend(ghat, self.hp.dual_step, game.lam).replace(x=x - self.hp.lr_at(fed.number) * game.scale * direction)

@@ -17,13 +17,16 @@ G is the gradient of the empirical nested objective f_xi(mean_j g_{eta_j}(x, xi)
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from pydantic import Field
 from torch import Tensor
 
-from fedcomp.platform.algorithms.base import CommonHParams, DrawUpdate, State, grad_and_loss
+from fedcomp.platform.algorithms.base import CommonHParams, LocalSteps, Tensors, grad_and_loss
 from fedcomp.platform.problems import CONDITIONAL, ConditionalProblem
 from fedcomp.platform.registry import register_algorithm
+from fedcomp.platform.state import State
 
 
 class FCSGHParams(CommonHParams):
@@ -39,17 +42,31 @@ class FCSGMHParams(FCSGHParams):
     beta: float = Field(0.1, gt=0, le=1, description="momentum weight, in (0, 1]")
 
 
-def _sample(problem: ConditionalProblem, client: int, n: int, m: int, gen: torch.Generator) -> tuple:
-    outer = problem.sample_outer(client, n, gen)
-    return outer, problem.sample_inner(client, outer, m, gen)
+@dataclass(frozen=True)
+class Model(State):
+    x: Tensor
 
 
-class _FCSGBase(DrawUpdate):
+@dataclass(frozen=True)
+class ModelMomentum(State):
+    x: Tensor
+    u: Tensor
+
+
+@dataclass(frozen=True)
+class AccClient(ModelMomentum):
+    x_prev: Tensor
+    """The point of the client's previous estimate (kept locally, never averaged)."""
+
+
+class _FCSGBase(LocalSteps):
     kind = CONDITIONAL
+    hp: FCSGHParams
 
     def draw(self, problem: ConditionalProblem, client: int, step: int, gen: torch.Generator) -> tuple[tuple, int]:
         n = self.hp.first_batch if step == 0 else self.hp.outer_batch
-        return _sample(problem, client, n, self.hp.inner_batch, gen), n * self.hp.inner_batch
+        outer = problem.sample_outer(client, n, gen)
+        return (outer, problem.sample_inner(client, outer, self.hp.inner_batch, gen)), n * self.hp.inner_batch
 
 
 @register_algorithm("fcsg")
@@ -57,15 +74,15 @@ class FCSG(_FCSGBase):
     """u_t = G(x_t); x_{t+1} = x_t - alpha u_t; x averaged every q steps."""
 
     HParams = FCSGHParams
-    synced = ("x",)
+    Client = Server = Model
     description = "FCSG: federated conditional stochastic gradient (Wu et al. 2023, Alg. 1)"
 
-    def init_state(self, params: State) -> State:
-        return {"x": params["x"].clone()}
+    def init(self, variables: Tensors) -> Model:
+        return Model(x=variables["x"].clone())
 
-    def update(self, problem: ConditionalProblem, state: State, batch: tuple, step: int) -> tuple[State, Tensor]:
-        grad, loss = grad_and_loss(problem, state["x"], *batch)
-        return {"x": state["x"] - self.hp.lr * grad}, loss
+    def update(self, problem: ConditionalProblem, state: Model, batch: tuple, step: int) -> tuple[Model, Tensor]:
+        grad, loss = grad_and_loss(problem, state.x, *batch)
+        return Model(x=state.x - self.hp.lr * grad), loss
 
 
 @register_algorithm("fcsg-m")
@@ -73,16 +90,18 @@ class FCSGM(_FCSGBase):
     """u_t = (1 - beta) u_{t-1} + beta G(x_t); x_{t+1} = x_t - alpha u_t; x and u averaged every q steps."""
 
     HParams = FCSGMHParams
-    synced = ("x", "u")
+    Client = Server = ModelMomentum
     description = "FCSG-M: FCSG with momentum; x and u averaged (Wu et al. 2023, Alg. 1)"
+    hp: FCSGMHParams
 
-    def init_state(self, params: State) -> State:
-        return {"x": params["x"].clone(), "u": torch.zeros_like(params["x"])}
+    def init(self, variables: Tensors) -> ModelMomentum:
+        x0 = variables["x"]
+        return ModelMomentum(x=x0.clone(), u=torch.zeros_like(x0))
 
-    def update(self, problem: ConditionalProblem, state: State, batch: tuple, step: int) -> tuple[State, Tensor]:
-        grad, loss = grad_and_loss(problem, state["x"], *batch)
-        u = grad if step == 0 else (1 - self.hp.beta) * state["u"] + self.hp.beta * grad
-        return {"x": state["x"] - self.hp.lr * u, "u": u}, loss
+    def update(self, problem: ConditionalProblem, state: ModelMomentum, batch: tuple, step: int) -> tuple[ModelMomentum, Tensor]:
+        grad, loss = grad_and_loss(problem, state.x, *batch)
+        u = grad if step == 0 else (1 - self.hp.beta) * state.u + self.hp.beta * grad
+        return ModelMomentum(x=state.x - self.hp.lr * u, u=u), loss
 
 
 @register_algorithm("acc-fcsg-m")
@@ -90,23 +109,26 @@ class AccFCSGM(_FCSGBase):
     """u_t = G(x_t) + (1 - beta)(u_{t-1} - G(x_{t-1})) on one batch; x, u averaged; x_prev stays local."""
 
     HParams = FCSGMHParams
-    synced = ("x", "u")
+    Client, Server = AccClient, ModelMomentum
     description = "Acc-FCSG-M: STORM-type variance-reduced FCSG-M (Wu et al. 2023, Alg. 2)"
+    hp: FCSGMHParams
 
-    def init_state(self, params: State) -> State:
-        x0 = params["x"]
-        return {"x": x0.clone(), "u": torch.zeros_like(x0), "x_prev": x0.clone()}
+    def init(self, variables: Tensors) -> ModelMomentum:
+        x0 = variables["x"]
+        return ModelMomentum(x=x0.clone(), u=torch.zeros_like(x0))
+
+    def join(self, broadcast: Tensors) -> AccClient:
+        return AccClient(x=broadcast["x"].clone(), u=broadcast["u"].clone(), x_prev=broadcast["x"].clone())
 
     def draw(self, problem: ConditionalProblem, client: int, step: int, gen: torch.Generator) -> tuple[tuple, int]:
         batch, samples = super().draw(problem, client, step, gen)
         return batch, samples if step == 0 else 2 * samples  # evaluated at x and at x_prev
 
-    def update(self, problem: ConditionalProblem, state: State, batch: tuple, step: int) -> tuple[State, Tensor]:
-        x = state["x"]
-        grad, loss = grad_and_loss(problem, x, *batch)
+    def update(self, problem: ConditionalProblem, state: AccClient, batch: tuple, step: int) -> tuple[AccClient, Tensor]:
+        grad, loss = grad_and_loss(problem, state.x, *batch)
         if step == 0:
             u = grad
         else:
-            grad_prev, _ = grad_and_loss(problem, state["x_prev"], *batch)
-            u = grad + (1 - self.hp.beta) * (state["u"] - grad_prev)
-        return {"x": x - self.hp.lr * u, "u": u, "x_prev": x}, loss
+            grad_prev, _ = grad_and_loss(problem, state.x_prev, *batch)
+            u = grad + (1 - self.hp.beta) * (state.u - grad_prev)
+        return AccClient(x=state.x - self.hp.lr * u, u=u, x_prev=state.x), loss

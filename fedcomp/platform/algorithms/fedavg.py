@@ -1,34 +1,123 @@
-"""FedAvg (McMahan et al., 2017): local SGD on the client's loss, average the model every q steps."""
+"""FedAvg (McMahan et al., 2017) and its server-optimiser variants FedAvgM (Hsu, Qi, Brown 2019) and FedAdam
+(Reddi et al., ICLR 2021, Algorithm 2): local SGD on the client's loss, then the server moves the model.
+
+    every cohort client, q steps:  x_i <- x_i - lr grad l_i(x_i; batch)
+    FedAvg:                        x <- <x_i>
+    FedAvgM / FedAdam:             Delta = x - <x_i>;  x, opt <- server_optimizer.step(x, Delta, opt)
+
+The server optimisers are transforms of the averaged update (:mod:`fedcomp.platform.server_optimizers`);
+their state lives in the server's typed state and is checkpointed with it.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
+from pydantic import Field
 from torch import Tensor
 
-from fedcomp.platform.algorithms.base import CommonHParams, DrawUpdate, State, grad_and_loss
+from fedcomp.platform.algorithms.base import CommonHParams, LocalSteps, Tensors, grad_and_loss
 from fedcomp.platform.problems import PLAIN, PlainProblem
 from fedcomp.platform.registry import register_algorithm
+from fedcomp.platform.rounds import Round
+from fedcomp.platform.server_optimizers import Adam, AdamState, Momentum, MomentumState, ServerOptimizer
+from fedcomp.platform.state import State
 
 
 class FedAvgHParams(CommonHParams):
     """lr, q (``local_steps``) and the batch size (``outer_batch``)."""
 
 
+class FedAvgMHParams(FedAvgHParams):
+    """FedAvg's plus the server step eta and the server momentum beta."""
+
+    server_lr: float = Field(1.0, gt=0, description="server step eta on the momentum")
+    server_momentum: float = Field(0.9, ge=0, lt=1, description="server momentum beta in [0, 1) (0 = FedAvg)")
+
+
+class FedAdamHParams(FedAvgHParams):
+    """FedAvg's plus the server Adam's step eta, decay rates and adaptivity tau (Reddi et al.'s defaults)."""
+
+    server_lr: float = Field(0.01, gt=0, description="server step eta")
+    server_beta1: float = Field(0.9, ge=0, lt=1, description="first-moment decay beta1")
+    server_beta2: float = Field(0.99, ge=0, lt=1, description="second-moment decay beta2")
+    server_tau: float = Field(1e-3, gt=0, description="adaptivity tau (added to sqrt(v))")
+
+
+@dataclass(frozen=True)
+class Model(State):
+    x: Tensor
+
+
+@dataclass(frozen=True)
+class MomentumServer(State):
+    x: Tensor
+    opt: MomentumState
+
+
+@dataclass(frozen=True)
+class AdamServer(State):
+    x: Tensor
+    opt: AdamState
+
+
 @register_algorithm("fedavg")
-class FedAvg(DrawUpdate):
+class FedAvg(LocalSteps):
     """x <- x - lr * grad l(x; batch) for q steps on each client; then x <- mean over the cohort."""
 
     kind = PLAIN
     HParams = FedAvgHParams
-    synced = ("x",)
+    Client = Server = Model
     description = "FedAvg: local SGD, model averaged every q steps (plain problems)"
 
-    def init_state(self, params: State) -> State:
-        return {"x": params["x"].clone()}
+    def init(self, variables: Tensors) -> Model:
+        return Model(x=variables["x"].clone())
 
     def draw(self, problem: PlainProblem, client: int, step: int, gen: torch.Generator) -> tuple[tuple, int]:
         return (problem.sample_batch(client, self.hp.outer_batch, gen),), self.hp.outer_batch
 
-    def update(self, problem: PlainProblem, state: State, batch: tuple, step: int) -> tuple[State, Tensor]:
-        grad, loss = grad_and_loss(problem, state["x"], *batch)
-        return {"x": state["x"] - self.hp.lr * grad}, loss
+    def update(self, problem: PlainProblem, state: Model, batch: tuple, step: int) -> tuple[Model, Tensor]:
+        grad, loss = grad_and_loss(problem, state.x, *batch)
+        return Model(x=state.x - self.hp.lr * grad), loss
+
+
+class _ServerOptimized(FedAvg):
+    """FedAvg whose server applies ``optimizer`` to the pseudo-gradient x - <x_i> (FedOpt)."""
+
+    optimizer: ServerOptimizer
+
+    def init(self, variables: Tensors) -> State:
+        x = variables["x"].clone()
+        return self.Server(x=x, opt=self.optimizer.init(x))  # type: ignore[call-arg]
+
+    def round(self, fed: Round, server: State) -> State:
+        mean = fed.local_steps({"x": server.x}, self.hp.local_steps)  # type: ignore[attr-defined]
+        x, opt = self.optimizer.step(server.x, server.x - mean.x, server.opt)  # type: ignore[attr-defined]
+        return self.Server(x=x, opt=opt)  # type: ignore[call-arg]
+
+
+@register_algorithm("fedavgm")
+class FedAvgM(_ServerOptimized):
+    """FedAvg whose server takes a momentum step: m <- beta m + (x - <x_i>), x <- x - eta m."""
+
+    HParams = FedAvgMHParams
+    Server = MomentumServer
+    description = "FedAvgM (Hsu et al. 2019): FedAvg with server momentum on the averaged update"
+
+    @property
+    def optimizer(self) -> Momentum:  # type: ignore[override]
+        return Momentum(self.hp.server_lr, self.hp.server_momentum)
+
+
+@register_algorithm("fedadam")
+class FedAdam(_ServerOptimized):
+    """FedAvg whose server takes an Adam step (no bias correction) on the pseudo-gradient x - <x_i>."""
+
+    HParams = FedAdamHParams
+    Server = AdamServer
+    description = "FedAdam (Reddi et al. 2021): FedAvg with a server Adam step on the averaged update"
+
+    @property
+    def optimizer(self) -> Adam:  # type: ignore[override]
+        return Adam(self.hp.server_lr, self.hp.server_beta1, self.hp.server_beta2, self.hp.server_tau)

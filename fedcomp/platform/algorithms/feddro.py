@@ -11,39 +11,34 @@ evaluations of g_k):
     x_k_prev = x_k;  x_k = x_k - eta (grad h_k(x_k; b) + grad g_k(x_k; b)^T grad f(y_bar))
     every I steps: x_k = <x_k>                                     # model round
 
-The per-step exchange is a federation call whose payload and reply are the d_g-float y alone; the model
-and the previous iterate stay on the clients between model rounds. One call both finishes step t - 1
-(the x update, which needs the y_bar just averaged) and starts step t (the new y_k), so a round of I
-steps is I + 1 calls: I embedding exchanges and one model round. The initial y_bar is the average of
-one-batch estimates of g_k at x_0 (one more exchange, in round 0).
+y_bar_0 = <g_k(x_0; b)> is the server's starting estimate (:meth:`FedDRO.start`, one exchange before round 0).
+A local step is cut at its exchange: one federation call ends step t - 1 (the move, which needs the y_bar
+just averaged) and begins step t (the new y_k), so a round of I steps is I + 1 calls, counted as what the
+protocol sends: I exchanges of d_g floats and one model round. The model and the previous iterate stay on
+the clients between calls (the per-step calls broadcast y_bar alone).
 
 **Modified FedAvg** (``fedavg-co-shared-y``, Theorem 4.2): y_bar = <g_k(x_k; b)> every step -- FedDRO with
-beta = 1. **Vanilla FedAvg** (``fedavg-co-1`` / ``fedavg-co-2``, Algorithm 1): each client uses its own
-y_k = g_k(x_k) between model rounds; at a model round case I resets y_k = g_k(x_bar) locally, case II
-averages y_k = <g_k(x_bar)> (a low-dimensional exchange inside the same round).
+beta = 1. **Vanilla FedAvg** (``fedavg-co-1`` / ``fedavg-co-2``, Algorithm 1): each client descends with its
+own y_k = g_k(x_k) between model rounds, from a reset at x_bar: its own g_k(x_bar) in case I, the average
+<g_k(x_bar)> in case II (a low-dimensional exchange inside the model round).
 """
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Literal
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import torch
 from pydantic import Field
 from torch import Tensor
 
-from fedcomp.platform.algorithms.base import (
-    Algorithm,
-    ClientContext,
-    Federation,
-    RoundContext,
-    RoundRecord,
-    State,
-    StepInfo,
-    batch_size,
-)
-from fedcomp.platform.config import Params
+from fedcomp.platform.algorithms.base import Algorithm, ClientContext, StepInfo, Tensors, batch_size
+from fedcomp.platform.oracles import outer_grad, plain_inner_vjp
+from fedcomp.platform.params import Params
 from fedcomp.platform.problems import COMPOSITIONAL_GLOBAL, GlobalCompositionalProblem
 from fedcomp.platform.registry import register_algorithm
+from fedcomp.platform.rounds import Round
+from fedcomp.platform.state import State
 
 
 class CompositionalHParams(Params):
@@ -64,107 +59,119 @@ class FedDROHParams(CompositionalHParams):
     beta: float = Field(0.1, gt=0, le=1, description="momentum weight of the y estimator, in (0, 1]")
 
 
-def _value_and_vjp(problem: GlobalCompositionalProblem, x: Tensor, batch: Any, v: Tensor) -> tuple[Tensor, Tensor]:
-    """grad h_k(x; b) + grad g_k(x; b)^T v, and h_k(x; b) + v.g_k(x; b) (a scalar whose gradient that is)."""
-    x = x.detach().requires_grad_(True)
-    surrogate = problem.plain(x, batch) + problem.inner(x, batch) @ v
-    (grad,) = torch.autograd.grad(surrogate, x)
-    return grad, surrogate.detach()
+@dataclass(frozen=True)
+class Model(State):
+    x: Tensor
 
 
-def _outer_grad(problem: GlobalCompositionalProblem, z: Tensor) -> Tensor:
-    z = z.detach().requires_grad_(True)
-    (grad,) = torch.autograd.grad(problem.outer(z), z)
-    return grad
+@dataclass(frozen=True)
+class ModelEstimate(Model):
+    y: Tensor
+    """y-bar, the cohort mean of the clients' estimates of g (d_g floats)."""
 
 
-class _Compositional(Algorithm):
+@dataclass(frozen=True)
+class DROClient(ModelEstimate):
+    x_prev: Tensor
+    """The client's previous local iterate (its own, never averaged)."""
+
+
+def unsent() -> Tensor:
+    """A message field the protocol has not sent yet (an empty tensor). A client record holds every field a
+    round's calls broadcast; a split step's first call carries the ones that only its second call fills."""
+    return torch.zeros(0)
+
+
+class Compositional(Algorithm):
+    """The FedDRO paper's problem kind; the server starts from x_0."""
+
     kind = COMPOSITIONAL_GLOBAL
-    synced = ("x",)
+    HParams: ClassVar[type[Params]] = CompositionalHParams
+    Client = Server = Model
+    hp: CompositionalHParams
 
-    def init_state(self, params: State) -> State:
-        return {"x": params["x"].clone()}
+    def init(self, variables: Tensors) -> Model:
+        return Model(x=variables["x"].clone())
 
-    def local_step(self, problem: Any, client: int, state: State, step: int, gen: torch.Generator) -> tuple[State, StepInfo]:
-        raise NotImplementedError("compositional algorithms run their own round programs")
-
-    def _batch(self, problem: GlobalCompositionalProblem, ctx: ClientContext, step: int) -> Any:
-        return problem.sample(ctx.client, self.hp.outer_batch, ctx.rng(step))
+    def sample(self, problem: GlobalCompositionalProblem, ctx: ClientContext, *ids: Any) -> Any:
+        """The client's batch b keyed by ``ids`` (the same ids give the same batch)."""
+        return problem.sample(ctx.client, self.hp.outer_batch, ctx.rng(*ids))
 
 
 @register_algorithm("feddro")
-class FedDRO(_Compositional):
+class FedDRO(Compositional):
     """FedDRO: hybrid estimator of g shared every local step, model averaged every I steps."""
 
     HParams: ClassVar[type[Params]] = FedDROHParams
+    Client, Server = DROClient, ModelEstimate
     description = "FedDRO: y (d_g floats) averaged every local step, x every I steps (FedDRO Alg. 2)"
-    transient_programs = frozenset({"dro_start", "dro_continue"})
+    transient_programs = frozenset({"begin_round", "next_step"})
 
     @property
     def beta(self) -> float:
         return self.hp.beta
 
-    # -- client programs -------------------------------------------------------------------------------------
-    def dro_init(self, problem: GlobalCompositionalProblem, state: State, ctx: ClientContext) -> tuple[State, State, StepInfo]:
-        """y_k = g_k(x_0; b): the clients' share of the initial estimate; x_prev starts at x_0."""
-        batch = problem.sample(ctx.client, self.hp.outer_batch, ctx.rng(-1))
-        x = state["x"]
-        return {"x_local": x.clone(), "x_prev": x.clone()}, {"y": problem.inner(x, batch).detach()}, StepInfo(batch_size(batch))
+    def join(self, broadcast: Tensors) -> DROClient:
+        """x_prev starts at the first model the client receives."""
+        return DROClient(x=broadcast["x"].clone(), y=broadcast["y"].clone(), x_prev=broadcast["x"].clone())
 
-    def _start(self, problem: GlobalCompositionalProblem, state: State, y_bar: Tensor, step: int, ctx: ClientContext) -> tuple[Tensor, StepInfo]:
-        batch = self._batch(problem, ctx, step)
+    # -- one local step: estimate, (exchange), move -----------------------------------------------------------
+    def estimate(self, problem: GlobalCompositionalProblem, client: DROClient, step: int, ctx: ClientContext) -> tuple[Tensor, StepInfo]:
+        """y_k = (1 - beta)(y_bar - g_k(x_prev; b)) + g_k(x; b), both on the step's batch b."""
+        batch = self.sample(problem, ctx, step)
         with torch.no_grad():
-            new, old = problem.inner(state["x_local"], batch), problem.inner(state["x_prev"], batch)
-        return (1 - self.beta) * (y_bar - old) + new, StepInfo(2 * batch_size(batch))
+            new, old = problem.inner(client.x, batch), problem.inner(client.x_prev, batch)
+        return (1 - self.beta) * (client.y - old) + new, StepInfo(2 * batch_size(batch))
 
-    def _finish(self, problem: GlobalCompositionalProblem, state: State, y_bar: Tensor, step: int, ctx: ClientContext) -> tuple[State, StepInfo]:
-        batch = self._batch(problem, ctx, step)  # the same batch as the step's start: keyed by the step
-        grad, value = _value_and_vjp(problem, state["x_local"], batch, _outer_grad(problem, y_bar))
-        x = state["x_local"]
-        new = {**state, "x_prev": x, "x_local": x - self.hp.lr_at(ctx.round) * grad}
-        return new, StepInfo(batch_size(batch), float(value))
+    def move(self, problem: GlobalCompositionalProblem, client: DROClient, step: int, ctx: ClientContext) -> tuple[DROClient, StepInfo]:
+        """x_prev = x; x = x - eta (grad h_k(x; b) + grad g_k(x; b)^T grad f(y_bar)) on the step's batch b again."""
+        batch = self.sample(problem, ctx, step)
+        v, _ = outer_grad(problem, client.y)
+        grad, h, g = plain_inner_vjp(problem, client.x, batch, v)
+        x = client.x - self.hp.lr_at(ctx.round) * grad
+        return client.replace(x=x, x_prev=client.x), StepInfo(batch_size(batch), float(h + g @ v))
 
-    def dro_start(self, problem: GlobalCompositionalProblem, state: State, ctx: ClientContext) -> tuple[State, State, StepInfo]:
-        """Take the averaged model (x_prev stays the client's own last iterate) and start the round's first step."""
-        state = {**state, "x_local": state["x"].clone()}
-        y, info = self._start(problem, state, state["y"], ctx.round * self.hp.local_steps, ctx)
-        return state, {"y": y}, info
+    # -- client programs ---------------------------------------------------------------------------------------
+    def initial_estimate(self, problem: GlobalCompositionalProblem, client: DROClient, ctx: ClientContext) -> tuple[DROClient, Tensors, StepInfo]:
+        """y_k = g_k(x_0; b), the client's share of y_bar_0."""
+        batch = self.sample(problem, ctx, -1)
+        return client, {"y": problem.inner(client.x, batch).detach()}, StepInfo(batch_size(batch))
 
-    def dro_continue(self, problem: GlobalCompositionalProblem, state: State, ctx: ClientContext) -> tuple[State, State, StepInfo]:
-        """Finish step t - 1 with the y_bar just averaged, start step t."""
+    def begin_round(self, problem: GlobalCompositionalProblem, client: DROClient, ctx: ClientContext) -> tuple[DROClient, Tensors, StepInfo]:
+        """From the averaged model (x_prev stays the client's own last iterate): the round's first estimate."""
+        y, info = self.estimate(problem, client, ctx.round * self.hp.local_steps, ctx)
+        return client, {"y": y}, info
+
+    def next_step(self, problem: GlobalCompositionalProblem, client: DROClient, ctx: ClientContext) -> tuple[DROClient, Tensors, StepInfo]:
+        """Step t - 1's move with the y_bar just averaged, then step t's estimate (t: the call's ``sub``)."""
         step = ctx.round * self.hp.local_steps + ctx.sub
-        state, done = self._finish(problem, state, state["y"], step - 1, ctx)
-        y, info = self._start(problem, state, state["y"], step, ctx)
-        return state, {"y": y}, StepInfo(done.samples + info.samples, done.loss)
+        client, moved = self.move(problem, client, step - 1, ctx)
+        y, info = self.estimate(problem, client, step, ctx)
+        return client, {"y": y}, StepInfo(moved.samples + info.samples, moved.loss)
 
-    def dro_finish(self, problem: GlobalCompositionalProblem, state: State, ctx: ClientContext) -> tuple[State, State, StepInfo]:
-        """Finish the round's last step and hand the model in for averaging."""
-        step = ctx.round * self.hp.local_steps + self.hp.local_steps - 1
-        state, done = self._finish(problem, state, state["y"], step, ctx)
-        return state, {"x": state["x_local"]}, done
+    def end_round(self, problem: GlobalCompositionalProblem, client: DROClient, ctx: ClientContext) -> tuple[DROClient, Tensors, StepInfo]:
+        """The round's last move; the model goes up for averaging."""
+        client, moved = self.move(problem, client, (ctx.round + 1) * self.hp.local_steps - 1, ctx)
+        return client, {"x": client.x}, moved
 
     # -- server ------------------------------------------------------------------------------------------------
-    def round(self, federation: Federation, state: State, ctx: RoundContext) -> tuple[State, RoundRecord]:
-        cohort, steps = ctx.cohort(0), self.hp.local_steps
-        d, samples, exchanges, loss = state["x"].numel(), 0, 0, float("nan")
-        y_bar = state.get("y")
-        if y_bar is None:  # round 0: the initial estimate y_bar_0 = <g_k(x_0; b)>, one exchange
-            out = federation.call("dro_init", ctx.round, cohort, {"x": state["x"]}, sub=-1)
-            y_bar, samples, exchanges = out.means["y"], out.samples, 1
-        dg = y_bar.numel()
-        out = federation.call("dro_start", ctx.round, cohort, {"x": state["x"], "y": y_bar}, sub=0)
-        y_bar, samples = out.means["y"], samples + out.samples
+    def start(self, fed: Round, server: Model) -> ModelEstimate:
+        """y_bar_0 = <g_k(x_0; b)>: one exchange of d_g floats (the clients hold x_0)."""
+        y = fed.call("initial_estimate", fed.cohort(), ModelEstimate(x=server.x, y=unsent()), message=None).y
+        fed.count(embedding_exchanges=1, embedding_floats_up=y.numel(), embedding_floats_down=y.numel())
+        return ModelEstimate(x=server.x, y=y)
+
+    def round(self, fed: Round, server: ModelEstimate) -> ModelEstimate:
+        """I local steps with y exchanged at each (call s ends step s - 1 and begins step s), then the model round."""
+        cohort, steps = fed.cohort(), self.hp.local_steps
+        y = fed.call("begin_round", cohort, server, sub=0, message=None).y
         for s in range(1, steps):
-            out = federation.call("dro_continue", ctx.round, cohort, {"y": y_bar}, sub=s)
-            y_bar, samples, loss = out.means["y"], samples + out.samples, out.loss
-        out = federation.call("dro_finish", ctx.round, cohort, {"y": y_bar}, sub=steps)
-        samples, loss = samples + out.samples, out.loss
-        exchanges += steps
-        record = RoundRecord(
-            comm_rounds=1, local_steps=steps, samples=samples, floats_up=d, floats_down=d, train_loss=loss,
-            embedding_exchanges=exchanges, embedding_floats_up=exchanges * dg, embedding_floats_down=exchanges * dg,
-        )
-        return {"x": out.means["x"], "y": y_bar}, record
+            y = fed.call("next_step", cohort, {"y": y}, sub=s, message=None).y
+        x = fed.call("end_round", cohort, {"y": y}, sub=steps, message=None).x
+        d, dg = x.numel(), y.numel()
+        fed.count(comm_rounds=1, floats_up=d, floats_down=d, local_steps=steps,
+                  embedding_exchanges=steps, embedding_floats_up=steps * dg, embedding_floats_down=steps * dg)
+        return ModelEstimate(x=x, y=y)
 
 
 class _NoMomentumHParams(CompositionalHParams):
@@ -183,61 +190,67 @@ class FedAvgSharedY(FedDRO):
         return 1.0
 
 
-class _VanillaCO(_Compositional):
-    """Vanilla FedAvg for compositional problems: local y_k = g_k(x_k) between model rounds."""
+class _VanillaCO(Compositional):
+    """Vanilla FedAvg for compositional problems: local y_k = g_k(x_k) between model rounds, from a reset."""
 
-    HParams = CompositionalHParams
-    case: ClassVar[Literal[1, 2]]
+    def reset(self, problem: GlobalCompositionalProblem, x: Tensor, ctx: ClientContext) -> tuple[Tensor, Any]:
+        """g_k(x_bar; b) on the round's reset batch b (and the batch)."""
+        batch = self.sample(problem, ctx, ctx.round * self.hp.local_steps, "reset")
+        return problem.inner(x, batch).detach(), batch
 
-    def co_inner_value(self, problem: GlobalCompositionalProblem, state: State, ctx: ClientContext) -> tuple[State, State, StepInfo]:
-        """g_k(x_bar; b), for case II's averaged reset."""
-        batch = problem.sample(ctx.client, self.hp.outer_batch, ctx.rng(ctx.round * self.hp.local_steps, "reset"))
-        return state, {"y": problem.inner(state["x"], batch).detach()}, StepInfo(batch_size(batch))
-
-    def co_local_steps(self, problem: GlobalCompositionalProblem, state: State, ctx: ClientContext) -> tuple[State, State, StepInfo]:
-        """I steps x <- x - eta grad g_k(x)^T grad f(y_k), y_k <- g_k(x) at the new point."""
-        x, first = state["x"], ctx.round * self.hp.local_steps
-        if "y" in state:
-            y = state["y"]  # case II: the averaged g_k(x_bar)
-        else:  # case I: the client's own g_k(x_bar)
-            batch = problem.sample(ctx.client, self.hp.outer_batch, ctx.rng(first, "reset"))
-            y = problem.inner(x, batch).detach()
-        samples, loss = 0, 0.0
+    def descend(self, problem: GlobalCompositionalProblem, x: Tensor, y: Tensor, ctx: ClientContext) -> tuple[Tensor, StepInfo]:
+        """I steps x <- x - eta grad g_k(x; b)^T grad f(y_k), then y_k <- g_k(x; b) at the new point (same b)."""
+        first, samples, loss = ctx.round * self.hp.local_steps, 0, 0.0
         for s in range(self.hp.local_steps):
-            batch = problem.sample(ctx.client, self.hp.outer_batch, ctx.rng(first + s))
-            grad, value = _value_and_vjp(problem, x, batch, _outer_grad(problem, y))
+            batch = self.sample(problem, ctx, first + s)
+            v, _ = outer_grad(problem, y)
+            grad, h, g = plain_inner_vjp(problem, x, batch, v)
             x = x - self.hp.lr_at(ctx.round) * grad
             with torch.no_grad():
                 y = problem.inner(x, batch)
-            samples, loss = samples + 2 * batch_size(batch), float(value)
-        return state, {"x": x}, StepInfo(samples, loss)
-
-    def round(self, federation: Federation, state: State, ctx: RoundContext) -> tuple[State, RoundRecord]:
-        cohort, d = ctx.cohort(0), state["x"].numel()
-        payload, samples, exchanges, dg = {"x": state["x"]}, 0, 0, 0
-        if self.case == 2:
-            out = federation.call("co_inner_value", ctx.round, cohort, {"x": state["x"]}, sub=0)
-            payload["y"], samples, exchanges, dg = out.means["y"], out.samples, 1, out.means["y"].numel()
-        out = federation.call("co_local_steps", ctx.round, cohort, payload, sub=1)
-        record = RoundRecord(
-            comm_rounds=1, local_steps=self.hp.local_steps, samples=samples + out.samples, floats_up=d,
-            floats_down=d, train_loss=out.loss, embedding_exchanges=exchanges,
-            embedding_floats_up=exchanges * dg, embedding_floats_down=exchanges * dg,
-        )
-        return {"x": out.means["x"]}, record
+            samples, loss = samples + 2 * batch_size(batch), float(h + g @ v)
+        return x, StepInfo(samples, loss)
 
 
 @register_algorithm("fedavg-co-1")
 class FedAvgCO1(_VanillaCO):
     """Vanilla FedAvg for compositional problems, case I: y_k = g_k(x_bar) reset locally at each model round."""
 
-    case = 1
     description = "Vanilla FedAvg for CO, case I: only x shared (FedDRO Alg. 1; stalls for I > 1)"
+
+    def local_steps(self, problem: GlobalCompositionalProblem, client: Model, ctx: ClientContext) -> tuple[Model, Tensors, StepInfo]:
+        """The client's own reset y_k = g_k(x_bar; b), then I local steps."""
+        y, _ = self.reset(problem, client.x, ctx)
+        x, info = self.descend(problem, client.x, y, ctx)
+        return Model(x=x), {"x": x}, info
+
+    def round(self, fed: Round, server: Model) -> Model:
+        return Model(x=fed.local_steps(server, self.hp.local_steps).x)
 
 
 @register_algorithm("fedavg-co-2")
 class FedAvgCO2(_VanillaCO):
     """Vanilla FedAvg for compositional problems, case II: y_k = <g_k(x_bar)> at each model round."""
 
-    case = 2
+    Client = ModelEstimate
     description = "Vanilla FedAvg for CO, case II: x and <g_k(x_bar)> shared at model rounds (FedDRO Alg. 1)"
+
+    def inner_value(self, problem: GlobalCompositionalProblem, client: ModelEstimate, ctx: ClientContext) -> tuple[ModelEstimate, Tensors, StepInfo]:
+        """g_k(x_bar; b), the client's share of the averaged reset."""
+        y, batch = self.reset(problem, client.x, ctx)
+        return client, {"y": y}, StepInfo(batch_size(batch))
+
+    def local_steps(self, problem: GlobalCompositionalProblem, client: ModelEstimate, ctx: ClientContext) -> tuple[ModelEstimate, Tensors, StepInfo]:
+        """I local steps from the averaged reset y = <g_k(x_bar)>."""
+        x, info = self.descend(problem, client.x, client.y, ctx)
+        return client, {"x": x}, info
+
+    def round(self, fed: Round, server: Model) -> Model:
+        """x_bar down, g_k(x_bar) up and its mean down (one exchange), I local steps, x up (the model round)."""
+        cohort, steps = fed.cohort(), self.hp.local_steps
+        y = fed.call("inner_value", cohort, ModelEstimate(x=server.x, y=unsent()), message=None).y
+        x = fed.call("local_steps", cohort, ModelEstimate(x=server.x, y=y), message=None).x
+        d, dg = x.numel(), y.numel()
+        fed.count(comm_rounds=1, floats_up=d, floats_down=d, local_steps=steps,
+                  embedding_exchanges=1, embedding_floats_up=dg, embedding_floats_down=dg)
+        return Model(x=x)

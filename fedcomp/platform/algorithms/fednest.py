@@ -1,52 +1,52 @@
 """FedNest and its variants -- "FedNest: Federated Bilevel, Minimax, and Compositional Optimization"
 (Tarzanagh et al., ICML 2022), Algorithms 1-4, as restated in ``reference/ALGORITHMS.md`` section 7.
 
-One round here is one FedNest *epoch* (outer iteration k), made of communication sub-rounds, each counted:
+One round here is one FedNest *epoch* (outer iteration k), made of communication sub-rounds, each counted
+and each on a fresh cohort. The sub-rounds are the functions below, and each algorithm's round composes them:
 
-* FedInn (SVRG on y, 2 rounds): q = <grad_y g_i(x, y)>; every client runs ``inner_steps`` steps
-  y_i <- y_i - beta (grad_y g_i(x, y_i; z) - grad_y g_i(x, y; z) + q) on one batch z per step; y = <y_i>.
-  FedNest_SGD and LFedNest use plain local SGD on y instead (1 round).
-* FedIHGP (1 + N' rounds): p_0 = (N / l) <grad_y f_i(x, y)>, then N' ~ U{0..N-1} rounds of
+* FedInn by SVRG (2 rounds, :func:`fedinn_svrg`): q = <grad_y g_i(x, y)>; every client runs ``inner_steps``
+  steps y_i <- y_i - beta (grad_y g_i(x, y_i; z) - grad_y g_i(x, y; z) + q) on one batch z per step;
+  y = <y_i>. By local SGD instead (1 round, :func:`fedinn_sgd`): y_i <- y_i - beta grad_y g_i(x, y_i; z).
+* FedIHGP: ``paper`` (1 + N' rounds): p_0 = (N / l) <grad_y f_i(x, y)>, then N' ~ U{0..N-1} rounds of
   p_n = <(I - H_i / l) p_{n-1}> with H_i = grad^2_yy g_i -- an unbiased truncated Neumann estimate of
-  [grad^2_yy g]^{-1} grad_y f (``ihgp: paper``). ``deterministic``: p = (1/l) sum_{n=0..N} (I - H/l)^n
-  grad_y f in 1 + N rounds. ``code``: the authors' code -- fixed N rounds, no N/l factor, each client
-  multiplying its own counter by (I - H_i / l), the server adding (1/n) <counter> -- **[derived from the
-  code reading in ALGORITHMS.md 7.5; reconstruction]**, with the indirect term scaled by 1/l as in the
+  [grad^2_yy g]^{-1} grad_y f. ``deterministic``: p = (1/l) sum_{n=0..N} (I - H/l)^n grad_y f in 1 + N
+  rounds. ``code``: the authors' code -- fixed N rounds, no N/l factor, each client multiplying its own
+  counter by (I - H_i / l), the server adding (1/n) <counter> -- **[derived from the code reading in
+  ALGORITHMS.md 7.5; reconstruction]**, with the indirect term scaled by 1/l as in the
   hyper-representation code.
-* FedOut (2 rounds): h = <grad_x f_i(x, y) - grad^2_xy g_i(x, y) p>; every client runs ``local_steps``
-  (tau) steps x_i <- x_i - alpha (grad_x f_i(x_i, y; z) - grad_x f_i(x, y; z) + h); x = <x_i>.
+* FedOut by SVRG (2 rounds): h = <grad_x f_i(x, y) - grad^2_xy g_i(x, y) p>; every client runs
+  ``local_steps`` (tau) steps x_i <- x_i - alpha (grad_x f_i(x_i, y; z) - grad_x f_i(x, y; z) + h); x = <x_i>.
   For minimax problems (g = -f) the indirect term vanishes and FedIHGP is skipped.
 
 Rounds per epoch: FedNest 2T + N' + 3 (2T + N + 3 with a fixed N), FedNest_SGD T + N' + 3, LFedNest T + 1
 (local hypergradients with each client's own Hessian, tau local outer steps, then x averaged),
-LFedNest_SVRG 2T + 2 **[inferred]**. FedAvg-S: tau simultaneous local SGDA steps, then x and y averaged.
+LFedNest_SVRG 2T + 2 **[inferred]**. The paper's minimax baseline FedAvg-S is in :mod:`.fedavg_s`.
 Anchors, grad_y f, Hessian products and hypergradients use each client's full local data unless
-``oracle_batch`` is set (the code's choice; pitfall N4); clients are resampled for every FedInn call,
-for S_0 and each Neumann round of FedIHGP, and for FedOut.
+``oracle_batch`` is set (the code's choice; pitfall N4).
+
+A FedNest client keeps nothing between sub-rounds (except the ``code`` variant's counter): each client
+program reads the typed message its sub-round broadcasts -- the type of its ``view`` parameter -- and
+returns the vector the server averages.
 """
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Literal
+import itertools
+import typing
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Literal, Mapping, TypeVar
 
 import torch
 from pydantic import Field
 from torch import Tensor
 
-from fedcomp.platform.algorithms.base import (
-    Algorithm,
-    ClientContext,
-    Federation,
-    RoundContext,
-    RoundRecord,
-    State,
-    StepInfo,
-    batch_size,
-)
-from fedcomp.platform.config import Params
+from fedcomp.platform.algorithms.base import Algorithm, ClientContext, StepInfo, Tensors, batch_size
 from fedcomp.platform.oracles import grad_xy, grad_y, hvp_yy, jvp_xy
-from fedcomp.platform.problems import BILEVEL, MINIMAX, BilevelProblem, MinimaxProblem
+from fedcomp.platform.params import Params
+from fedcomp.platform.problems import BILEVEL, BilevelProblem
 from fedcomp.platform.registry import register_algorithm
+from fedcomp.platform.rounds import Round
+from fedcomp.platform.state import State
 
 
 class FedNestHParams(Params):
@@ -65,259 +65,349 @@ class FedNestHParams(Params):
     oracle_batch: int | None = Field(None, ge=1, description="batch of anchors, HVPs, hypergradients; null = all")
 
 
+# -- states and messages ---------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Point(State):
+    """(x, y): the server's state, a client's, and what every sub-round broadcasts."""
 
-class _Nested(Algorithm):
-    """Shared client programs and sub-round helpers of the FedNest family."""
+    x: Tensor
+    y: Tensor
+
+
+@dataclass(frozen=True)
+class WithQ(Point):
+    q: Tensor
+    """FedInn's SVRG anchor <grad_y g_i(x, y)>."""
+
+
+@dataclass(frozen=True)
+class WithP(Point):
+    p: Tensor
+    """A FedIHGP vector (p_{n-1}; for the ``code`` variant p_0), or its final estimate."""
+
+
+@dataclass(frozen=True)
+class WithH(Point):
+    h: Tensor
+    """The hypergradient: FedOut's SVRG anchor."""
+
+
+@dataclass(frozen=True)
+class Counter(Point):
+    """A client of the ``code`` variant: its own Neumann counter, private, restarted once per epoch."""
+
+    counter: Tensor
+    """(I - H_i / l)^m p_0 after the client's m-th FedIHGP call of epoch ``counter_epoch``."""
+    counter_epoch: Tensor
+    """The epoch whose p_0 the counter started from (-1: none): the client's first call of an epoch restarts it."""
+
+
+@dataclass(frozen=True)
+class CounterStep(Counter):
+    p: Tensor
+    """p_0, broadcast with every call."""
+
+
+V = TypeVar("V", bound=State)
+Reply = tuple[V, Mapping[str, Tensor], StepInfo]
+"""What a client program returns: its view (updated where it keeps private fields), outputs to average, counts."""
+Counted = tuple[Tensor, StepInfo]
+"""A client-side vector with the oracle calls (and loss) it took."""
+Cohorts = Iterator[list[int]]
+
+
+# -- sub-rounds: what the server does ----------------------------------------------------------------------
+def fresh_cohorts(fed: Round) -> Cohorts:
+    """The round's cohorts 0, 1, 2, ... in turn: FedNest samples a fresh cohort for every sub-round."""
+    return (fed.cohort(k) for k in itertools.count())
+
+
+def fedinn_svrg(fed: Round, cohort: list[int], x: Tensor, y: Tensor) -> Tensor:
+    """FedInn by SVRG (2 rounds): the anchor q, then ``inner_steps`` corrected local steps on y, averaged."""
+    q = fed.call("inner_anchor", cohort, Point(x, y)).q
+    return fed.call("inner_svrg", cohort, WithQ(x, y, q)).y
+
+
+def fedinn_sgd(fed: Round, cohort: list[int], x: Tensor, y: Tensor) -> Tensor:
+    """FedInn by local SGD (1 round)."""
+    return fed.call("inner_sgd", cohort, Point(x, y)).y
+
+
+def neumann_series(v: Tensor, step: Callable[[Tensor], Tensor], terms: int, eta: float) -> Tensor:
+    """eta sum_{n=0..terms} A^n v, where ``step`` applies A = I - eta H (an approximation of H^{-1} v)."""
+    term, total = v, v.clone()
+    for _ in range(terms):
+        term = step(term)
+        total = total + term
+    return eta * total
+
+
+def fedihgp_paper(fed: Round, cohorts: Cohorts, x: Tensor, y: Tensor, terms: int, eta: float) -> Tensor:
+    """p_0 = N eta <grad_y f_i>, then N' ~ U{0..N-1} rounds p <- <(I - eta H_i) p> (1 + N' rounds)."""
+    v = fed.call("ihgp_start", next(cohorts), Point(x, y)).v
+    n_prime = int(torch.randint(terms, (1,), generator=fed.rng("neumann")))
+    p = terms * eta * v
+    for _ in range(n_prime):
+        p = fed.call("ihgp_step", next(cohorts), WithP(x, y, p)).p
+    return p
+
+
+def fedihgp_deterministic(fed: Round, cohorts: Cohorts, x: Tensor, y: Tensor, terms: int, eta: float) -> Tensor:
+    """p = eta sum_{n=0..N} (I - eta H)^n <grad_y f_i>, one round per power (1 + N rounds)."""
+    v = fed.call("ihgp_start", next(cohorts), Point(x, y)).v
+    return neumann_series(v, lambda p: fed.call("ihgp_step", next(cohorts), WithP(x, y, p)).p, terms, eta)
+
+
+def fedihgp_code(fed: Round, cohorts: Cohorts, x: Tensor, y: Tensor, terms: int, eta: float) -> Tensor:
+    """The code's p = eta (p_0 + sum_{n=1..N} (1/n) <c_i>), c_i each client's own counter (1 + N rounds)."""
+    v = fed.call("ihgp_start", next(cohorts), Point(x, y)).v
+    total = v.clone()
+    for n in range(1, terms + 1):
+        total = total + fed.call("ihgp_code_step", next(cohorts), WithP(x, y, v)).c / n
+    return eta * total
+
+
+FEDIHGP = {"paper": fedihgp_paper, "deterministic": fedihgp_deterministic, "code": fedihgp_code}
+
+
+def fedout_svrg(fed: Round, cohort: list[int], x: Tensor, y: Tensor, h: Tensor) -> Tensor:
+    """FedOut after the hypergradient h (1 round): tau SVRG-corrected local steps on x around h, averaged."""
+    return fed.call("outer_svrg", cohort, WithH(x, y, h)).x
+
+
+def local_step_call(call: int, step: int) -> int:
+    """The call id that keys the oracle batches of LFedNest's local outer step ``step`` in call ``call``.
+
+    The first implementation ran each local step as a nested client program numbered ``call * 1000 + step``;
+    keeping that id keeps its random streams, so runs reproduce bit for bit."""
+    return call * 1000 + step
+
+
+# -- client programs -----------------------------------------------------------------------------------
+class _FedNestFamily(Algorithm[Point, Point]):
+    """The client programs of the FedNest family; each algorithm below writes its round from the sub-rounds."""
 
     kind = BILEVEL
     HParams = FedNestHParams
-    synced = ("x", "y")
-    inner: ClassVar[Literal["svrg", "sgd"]]
-    outer: ClassVar[Literal["svrg", "local", "local-svrg"]]
+    Client = Server = Point
+    hp: FedNestHParams
 
-    def init_state(self, params: State) -> State:
-        return {"x": params["x"].clone(), "y": params["y"].clone()}
+    def init(self, variables: Tensors) -> Point:
+        return Point(x=variables["x"].clone(), y=variables["y"].clone())
 
-    def local_step(self, problem: Any, client: int, state: State, step: int, gen: torch.Generator) -> tuple[State, StepInfo]:
-        raise NotImplementedError("the FedNest family runs its own round programs")
+    def program(self, name: str) -> Callable[[Any, Tensors, ClientContext], tuple[Tensors, Tensors, StepInfo]]:
+        """The client program ``name``, given the record its ``view`` parameter declares (read from the client's
+        private fields and the broadcast); the fields the program does not read stay as they are."""
+        method = getattr(self, name)
+        view_type: type[State] = typing.get_type_hints(method)["view"]
 
-    # -- helpers -------------------------------------------------------------------------------------------
-    def _oracle_batch(self, problem: BilevelProblem, ctx: ClientContext, split: str, tag: int) -> Any:
-        return problem.sample(ctx.client, split, self.hp.oracle_batch, ctx.rng(ctx.round, ctx.sub, tag))
+        def run(problem: Any, state: Tensors, ctx: ClientContext) -> tuple[Tensors, Tensors, StepInfo]:
+            view, outputs, info = method(problem, view_type.of(state), ctx)
+            return {**state, **view.tensors()}, dict(outputs), info
 
-    def _neumann_local(self, problem: BilevelProblem, x: Tensor, y: Tensor, batch: Any, v: Tensor) -> Tensor:
+        return run
+
+    def _sample(
+        self, problem: BilevelProblem, ctx: ClientContext, split: str, size: int | None, call: int, tag: int
+    ) -> Any:
+        """The client's batch of ``split`` keyed by (round, call, tag)."""
+        return problem.sample(ctx.client, split, size, ctx.rng(ctx.round, call, tag))
+
+    def _hypergradient(
+        self, problem: BilevelProblem, ctx: ClientContext, call: int, x: Tensor, y: Tensor, p: Tensor | None
+    ) -> Counted:
+        """h_i = grad_x f_i(x, y) - grad^2_xy g_i(x, y) p (just grad_x f_i if p is None), and f_i(x, y)."""
+        outer = self._sample(problem, ctx, "outer", self.hp.oracle_batch, call, 0)
+        h, _ = grad_xy(lambda a, b: problem.outer_loss(a, b, outer), x, y)
+        info = StepInfo(batch_size(outer), float(problem.outer_loss(x, y, outer)))
+        if p is not None:
+            inner = self._sample(problem, ctx, "inner", self.hp.oracle_batch, call, 1)
+            h = h - jvp_xy(lambda a, b: problem.inner_loss(a, b, inner), x, y, p)
+            info.samples += batch_size(inner)
+        return h, info
+
+    def local_ihgp(self, problem: BilevelProblem, x: Tensor, y: Tensor, batch: Any, v: Tensor) -> Tensor:
         """(1/l) sum_{n=0..N} (I - H_i/l)^n v with the client's own Hessian (LFedNest's local FedIHGP)."""
-        eta, term, total = self.hp.neumann_lr, v, v.clone()
-        for _ in range(self.hp.neumann_terms):
-            term = term - eta * hvp_yy(lambda a, b: problem.inner_loss(a, b, batch), x, y, term)
-            total = total + term
-        return eta * total
+        eta = self.hp.neumann_lr
+        step = lambda t: t - eta * hvp_yy(lambda a, b: problem.inner_loss(a, b, batch), x, y, t)  # noqa: E731
+        return neumann_series(v, step, self.hp.neumann_terms, eta)
 
-    def _hypergradient(self, problem: BilevelProblem, x: Tensor, y: Tensor, p: Tensor | None, ctx: ClientContext) -> tuple[Tensor, float, int]:
-        outer = self._oracle_batch(problem, ctx, "outer", 0)
-        gx, _ = grad_xy(lambda a, b: problem.outer_loss(a, b, outer), x, y)
-        loss = float(problem.outer_loss(x, y, outer))
-        samples = batch_size(outer)
-        if p is not None and not problem.minimax:
-            inner = self._oracle_batch(problem, ctx, "inner", 1)
-            gx = gx - jvp_xy(lambda a, b: problem.inner_loss(a, b, inner), x, y, p)
-            samples += batch_size(inner)
-        return gx, loss, samples
-
-    # -- client programs (run by the federation, named in the round program) ---------------------------------
-    def inner_anchor(self, problem: BilevelProblem, state: State, ctx: ClientContext) -> tuple[State, State, StepInfo]:
-        """q_i = grad_y g_i(x, y) on the client's inner data."""
-        batch = self._oracle_batch(problem, ctx, "inner", 0)
-        q = grad_y(lambda a, b: problem.inner_loss(a, b, batch), state["x"], state["y"])
-        return state, {"q": q}, StepInfo(batch_size(batch), float(problem.inner_loss(state["x"], state["y"], batch)))
-
-    def inner_local(self, problem: BilevelProblem, state: State, ctx: ClientContext) -> tuple[State, State, StepInfo]:
-        """``inner_steps`` local steps on y: SVRG-corrected with the anchor q when q is sent, else plain SGD."""
-        x, y0 = state["x"], state["y"]
-        y, q, samples, loss = y0.clone(), state.get("q"), 0, 0.0
-        for s in range(self.hp.inner_steps):
-            batch = problem.sample(ctx.client, "inner", self.hp.inner_batch, ctx.rng(ctx.round, ctx.sub, s))
-            g_inner = lambda a, b: problem.inner_loss(a, b, batch)  # noqa: E731
-            direction = grad_y(g_inner, x, y)
-            if q is not None:  # SVRG: the same batch at the round's y, plus the global anchor
-                direction = direction - grad_y(g_inner, x, y0) + q
-            samples += batch_size(batch) * (2 if q is not None else 1)
-            loss += float(problem.inner_loss(x, y, batch)) / self.hp.inner_steps
-            y = y - self.hp.inner_lr * direction
-        return state, {"y": y}, StepInfo(samples, loss)
-
-    def ihgp_start(self, problem: BilevelProblem, state: State, ctx: ClientContext) -> tuple[State, State, StepInfo]:
-        """grad_y f_i(x, y) on the client's outer data (the server scales it)."""
-        batch = self._oracle_batch(problem, ctx, "outer", 0)
-        v = grad_y(lambda a, b: problem.outer_loss(a, b, batch), state["x"], state["y"])
-        return state, {"p": v}, StepInfo(batch_size(batch), float(problem.outer_loss(state["x"], state["y"], batch)))
-
-    def ihgp_step(self, problem: BilevelProblem, state: State, ctx: ClientContext) -> tuple[State, State, StepInfo]:
-        """p_i = (I - H_i / l) p with H_i the client's Hessian of g in y."""
-        batch = self._oracle_batch(problem, ctx, "inner", 0)
-        p = state["p"]
-        p = p - self.hp.neumann_lr * hvp_yy(lambda a, b: problem.inner_loss(a, b, batch), state["x"], state["y"], p)
-        return state, {"p": p}, StepInfo(batch_size(batch))
-
-    def ihgp_code_step(self, problem: BilevelProblem, state: State, ctx: ClientContext) -> tuple[State, State, StepInfo]:
-        """The code's variant: the client's own counter c_i <- (I - H_i / l) c_i, started at p_0 in this epoch."""
-        batch = self._oracle_batch(problem, ctx, "inner", 0)
-        fresh = "ihgp_round" not in state or int(state["ihgp_round"]) != ctx.round
-        c = state["p"] if fresh else state["ihgp_c"]
-        c = c - self.hp.neumann_lr * hvp_yy(lambda a, b: problem.inner_loss(a, b, batch), state["x"], state["y"], c)
-        state = {**state, "ihgp_c": c, "ihgp_round": torch.tensor(float(ctx.round))}
-        return state, {"c": c}, StepInfo(batch_size(batch))
-
-    def hypergrad(self, problem: BilevelProblem, state: State, ctx: ClientContext) -> tuple[State, State, StepInfo]:
-        """h_i = grad_x f_i(x, y) - grad^2_xy g_i(x, y) p (just grad_x f_i for minimax problems)."""
-        h, loss, samples = self._hypergradient(problem, state["x"], state["y"], state.get("p"), ctx)
-        return state, {"h": h}, StepInfo(samples, loss)
-
-    def local_hypergrad(self, problem: BilevelProblem, state: State, ctx: ClientContext) -> tuple[State, State, StepInfo]:
-        """h_i with the client's own Neumann series (LFedNest_SVRG's averaged local hypergradients)."""
-        x, y = state["x"], state["y"]
+    def _local_hypergradient(
+        self, problem: BilevelProblem, ctx: ClientContext, call: int, x: Tensor, y: Tensor
+    ) -> Counted:
+        """h_i with p_i = the client's own Neumann series on grad_y f_i (no indirect term for minimax problems)."""
         p = None
         if not problem.minimax:
-            outer, inner = self._oracle_batch(problem, ctx, "outer", 2), self._oracle_batch(problem, ctx, "inner", 3)
-            v = grad_y(lambda a, b: problem.outer_loss(a, b, outer), x, y)
-            p = self._neumann_local(problem, x, y, inner, v)
-        h, loss, samples = self._hypergradient(problem, x, y, p, ctx)
-        return state, {"h": h}, StepInfo(samples, loss)
+            outer = self._sample(problem, ctx, "outer", self.hp.oracle_batch, call, 2)
+            inner = self._sample(problem, ctx, "inner", self.hp.oracle_batch, call, 3)
+            p = self.local_ihgp(problem, x, y, inner, grad_y(lambda a, b: problem.outer_loss(a, b, outer), x, y))
+        return self._hypergradient(problem, ctx, call, x, y, p)
 
-    def outer_svrg(self, problem: BilevelProblem, state: State, ctx: ClientContext) -> tuple[State, State, StepInfo]:
+    def _inner_steps(
+        self, problem: BilevelProblem, view: Point, ctx: ClientContext, direction: Callable[..., Tensor], oracles: int
+    ) -> Counted:
+        """``inner_steps`` steps y <- y - beta direction(g_i(.; z), y), one batch z per step."""
+        y, samples, loss = view.y.clone(), 0, 0.0
+        for s in range(self.hp.inner_steps):
+            batch = self._sample(problem, ctx, "inner", self.hp.inner_batch, ctx.sub, s)
+            g = lambda a, b: problem.inner_loss(a, b, batch)  # noqa: E731
+            d = direction(g, y)
+            samples += batch_size(batch) * oracles
+            loss += float(problem.inner_loss(view.x, y, batch)) / self.hp.inner_steps
+            y = y - self.hp.inner_lr * d
+        return y, StepInfo(samples, loss)
+
+    def inner_anchor(self, problem: BilevelProblem, view: Point, ctx: ClientContext) -> Reply[Point]:
+        """q_i = grad_y g_i(x, y)."""
+        batch = self._sample(problem, ctx, "inner", self.hp.oracle_batch, ctx.sub, 0)
+        q = grad_y(lambda a, b: problem.inner_loss(a, b, batch), view.x, view.y)
+        return view, {"q": q}, StepInfo(batch_size(batch), float(problem.inner_loss(view.x, view.y, batch)))
+
+    def inner_svrg(self, problem: BilevelProblem, view: WithQ, ctx: ClientContext) -> Reply[WithQ]:
+        """y_i <- y_i - beta (grad_y g_i(x, y_i; z) - grad_y g_i(x, y; z) + q)."""
+        x, y0, q = view.x, view.y, view.q
+        y, info = self._inner_steps(problem, view, ctx, lambda g, y: grad_y(g, x, y) - grad_y(g, x, y0) + q, oracles=2)
+        return view, {"y": y}, info
+
+    def inner_sgd(self, problem: BilevelProblem, view: Point, ctx: ClientContext) -> Reply[Point]:
+        """y_i <- y_i - beta grad_y g_i(x, y_i; z)."""
+        y, info = self._inner_steps(problem, view, ctx, lambda g, y: grad_y(g, view.x, y), oracles=1)
+        return view, {"y": y}, info
+
+    def ihgp_start(self, problem: BilevelProblem, view: Point, ctx: ClientContext) -> Reply[Point]:
+        """v_i = grad_y f_i(x, y) (the server scales the mean)."""
+        batch = self._sample(problem, ctx, "outer", self.hp.oracle_batch, ctx.sub, 0)
+        v = grad_y(lambda a, b: problem.outer_loss(a, b, batch), view.x, view.y)
+        return view, {"v": v}, StepInfo(batch_size(batch), float(problem.outer_loss(view.x, view.y, batch)))
+
+    def ihgp_step(self, problem: BilevelProblem, view: WithP, ctx: ClientContext) -> Reply[WithP]:
+        """p_i = (I - H_i / l) p."""
+        batch = self._sample(problem, ctx, "inner", self.hp.oracle_batch, ctx.sub, 0)
+        p = view.p - self.hp.neumann_lr * hvp_yy(lambda a, b: problem.inner_loss(a, b, batch), view.x, view.y, view.p)
+        return view, {"p": p}, StepInfo(batch_size(batch))
+
+    def ihgp_code_step(self, problem: BilevelProblem, view: CounterStep, ctx: ClientContext) -> Reply[CounterStep]:
+        """c_i <- (I - H_i / l) c_i on the client's own counter, started at p_0 by its first call of the epoch."""
+        batch = self._sample(problem, ctx, "inner", self.hp.oracle_batch, ctx.sub, 0)
+        c = view.p if int(view.counter_epoch) != ctx.round else view.counter
+        c = c - self.hp.neumann_lr * hvp_yy(lambda a, b: problem.inner_loss(a, b, batch), view.x, view.y, c)
+        view = view.replace(counter=c, counter_epoch=torch.tensor(float(ctx.round)))
+        return view, {"c": c}, StepInfo(batch_size(batch))
+
+    def hypergradient(self, problem: BilevelProblem, view: WithP, ctx: ClientContext) -> Reply[WithP]:
+        """h_i = grad_x f_i(x, y) - grad^2_xy g_i(x, y) p."""
+        h, info = self._hypergradient(problem, ctx, ctx.sub, view.x, view.y, view.p)
+        return view, {"h": h}, info
+
+    def direct_gradient(self, problem: BilevelProblem, view: Point, ctx: ClientContext) -> Reply[Point]:
+        """h_i = grad_x f_i(x, y): the hypergradient of a minimax problem."""
+        h, info = self._hypergradient(problem, ctx, ctx.sub, view.x, view.y, None)
+        return view, {"h": h}, info
+
+    def local_hypergradient(self, problem: BilevelProblem, view: Point, ctx: ClientContext) -> Reply[Point]:
+        """h_i with the client's own Neumann series (LFedNest_SVRG averages them)."""
+        h, info = self._local_hypergradient(problem, ctx, ctx.sub, view.x, view.y)
+        return view, {"h": h}, info
+
+    def outer_svrg(self, problem: BilevelProblem, view: WithH, ctx: ClientContext) -> Reply[WithH]:
         """tau steps x_i <- x_i - alpha (grad_x f_i(x_i, y; z) - grad_x f_i(x, y; z) + h)."""
-        x0, y, h = state["x"], state["y"], state["h"]
+        x0, y, h = view.x, view.y, view.h
         x, samples = x0.clone(), 0
         for s in range(self.hp.local_steps):
-            batch = problem.sample(ctx.client, "outer", self.hp.outer_batch, ctx.rng(ctx.round, ctx.sub, s))
+            batch = self._sample(problem, ctx, "outer", self.hp.outer_batch, ctx.sub, s)
             f = lambda a, b: problem.outer_loss(a, b, batch)  # noqa: E731
             x = x - self.hp.lr * (grad_xy(f, x, y)[0] - grad_xy(f, x0, y)[0] + h)
             samples += 2 * batch_size(batch)
-        return state, {"x": x}, StepInfo(samples)
+        return view, {"x": x}, StepInfo(samples)
 
-    def local_outer(self, problem: BilevelProblem, state: State, ctx: ClientContext) -> tuple[State, State, StepInfo]:
+    def local_outer(self, problem: BilevelProblem, view: Point, ctx: ClientContext) -> Reply[Point]:
         """LFedNest: tau local steps x_i <- x_i - alpha h_i(x_i) with purely local hypergradients."""
-        x, y, samples, loss = state["x"].clone(), state["y"], 0, 0.0
+        x, samples, loss = view.x.clone(), 0, 0.0
         for s in range(self.hp.local_steps):
-            local = ClientContext(ctx.client, ctx.round, ctx.sub * 1000 + s, ctx.rng)
-            _, out, info = self.local_hypergrad(problem, {"x": x, "y": y}, local)
-            x = x - self.hp.lr * out["h"]
+            h, info = self._local_hypergradient(problem, ctx, local_step_call(ctx.sub, s), x, view.y)
+            x = x - self.hp.lr * h
             samples, loss = samples + info.samples, info.loss
-        return state, {"x": x}, StepInfo(samples, loss)
-
-    # -- server: one epoch ---------------------------------------------------------------------------------
-    def round(self, federation: Federation, state: State, ctx: RoundContext) -> tuple[State, RoundRecord]:
-        epoch = _Epoch(federation, ctx)
-        x, y = state["x"], state["y"]
-        for _ in range(self.hp.inner_rounds):  # FedInn, T times, each on a fresh cohort
-            cohort = epoch.next_cohort()
-            if self.inner == "svrg":
-                q = epoch.call("inner_anchor", cohort, {"x": x, "y": y})["q"]
-                y = epoch.call("inner_local", cohort, {"x": x, "y": y, "q": q})["y"]
-            else:
-                y = epoch.call("inner_local", cohort, {"x": x, "y": y})["y"]
-        if self.outer == "local":
-            x = epoch.call("local_outer", epoch.next_cohort(), {"x": x, "y": y})["x"]
-        else:
-            if self.outer == "local-svrg":
-                cohort = epoch.next_cohort()
-                h = epoch.call("local_hypergrad", cohort, {"x": x, "y": y})["h"]
-            else:
-                p = None if ctx.problem.minimax else self._fedihgp(epoch, ctx, x, y)
-                cohort = epoch.next_cohort()
-                h = epoch.call("hypergrad", cohort, {"x": x, "y": y, **({"p": p} if p is not None else {})})["h"]
-                epoch.train_loss = epoch.last_loss
-            x = epoch.call("outer_svrg", cohort, {"x": x, "y": y, "h": h})["x"]
-        steps = self.hp.inner_rounds * self.hp.inner_steps + self.hp.local_steps
-        return {"x": x, "y": y}, epoch.record(steps)
-
-    def _fedihgp(self, epoch: "_Epoch", ctx: RoundContext, x: Tensor, y: Tensor) -> Tensor:
-        hp = self.hp
-        v = epoch.call("ihgp_start", epoch.next_cohort(), {"x": x, "y": y})["p"]
-        if hp.ihgp == "paper":
-            n_prime = int(torch.randint(hp.neumann_terms, (1,), generator=ctx.rng("neumann")))
-            p = hp.neumann_terms * hp.neumann_lr * v
-            for _ in range(n_prime):
-                p = epoch.call("ihgp_step", epoch.next_cohort(), {"x": x, "y": y, "p": p})["p"]
-            return p
-        if hp.ihgp == "deterministic":
-            term, total = v, v.clone()
-            for _ in range(hp.neumann_terms):
-                term = epoch.call("ihgp_step", epoch.next_cohort(), {"x": x, "y": y, "p": term})["p"]
-                total = total + term
-            return hp.neumann_lr * total
-        total = v.clone()  # "code": p_0 + sum_n (1/n) <c_i>, c_i the clients' own powers applied to p_0
-        for n in range(1, hp.neumann_terms + 1):
-            total = total + epoch.call("ihgp_code_step", epoch.next_cohort(), {"x": x, "y": y, "p": v})["c"] / n
-        return hp.neumann_lr * total
+        return view, {"x": x}, StepInfo(samples, loss)
 
 
-class _Epoch:
-    """Bookkeeping of one epoch's sub-rounds: call numbering, fresh cohorts and counters."""
-
-    def __init__(self, federation: Federation, ctx: RoundContext) -> None:
-        self.federation, self.ctx = federation, ctx
-        self.calls = self.cohorts = self.samples = self.floats_up = self.floats_down = 0
-        self.last_loss = self.train_loss = float("nan")
-
-    def next_cohort(self) -> list[int]:
-        cohort = self.ctx.cohort(self.cohorts)
-        self.cohorts += 1
-        return cohort
-
-    def call(self, program: str, cohort: list[int], payload: State) -> State:
-        out = self.federation.call(program, self.ctx.round, cohort, payload, self.calls)
-        self.calls += 1
-        self.samples += out.samples
-        self.floats_up += out.floats_up
-        self.floats_down += out.floats_down
-        self.last_loss = out.loss
-        return out.means
-
-    def record(self, local_steps: int) -> RoundRecord:
-        loss = self.train_loss if self.train_loss == self.train_loss else self.last_loss
-        return RoundRecord(self.calls, local_steps, self.samples, self.floats_up, self.floats_down, loss)
-
-
+# -- the algorithms: one epoch each --------------------------------------------------------------------------
 @register_algorithm("fednest")
-class FedNest(_Nested):
-    """FedNest: T x FedInn (SVRG), FedIHGP, FedOut (SVRG); 2T + N + 3 rounds per epoch."""
+class FedNest(_FedNestFamily):
+    """FedNest: T x FedInn (SVRG), FedIHGP, FedOut (SVRG); 2T + N' + 3 rounds per epoch."""
 
-    inner, outer = "svrg", "svrg"
     description = "FedNest: federated bilevel/minimax with SVRG FedInn, FedIHGP, FedOut (Tarzanagh et al. 2022)"
+    fedinn = staticmethod(fedinn_svrg)
+
+    def __init__(self, hparams: Params) -> None:
+        super().__init__(hparams)
+        if self.hp.ihgp == "code":
+            self.Client = Counter  # type: ignore[misc]
+
+    def join(self, broadcast: Tensors) -> Point:
+        x, y = broadcast["x"].clone(), broadcast["y"].clone()
+        if self.hp.ihgp == "code":
+            return Counter(x, y, counter=torch.zeros_like(y), counter_epoch=torch.tensor(-1.0))
+        return Point(x, y)
+
+    def fedihgp(self, fed: Round, cohorts: Cohorts, x: Tensor, y: Tensor) -> Tensor:
+        """FedIHGP by the configured variant (``ihgp``): p ~ [grad^2_yy g]^{-1} grad_y f."""
+        return FEDIHGP[self.hp.ihgp](fed, cohorts, x, y, self.hp.neumann_terms, self.hp.neumann_lr)
+
+    def round(self, fed: Round, server: Point) -> Point:
+        hp, (x, y), cohorts = self.hp, (server.x, server.y), fresh_cohorts(fed)
+        for _ in range(hp.inner_rounds):
+            y = self.fedinn(fed, next(cohorts), x, y)
+        if fed.problem.minimax:  # g = -f: no indirect term, no FedIHGP
+            cohort = next(cohorts)
+            h = fed.call("direct_gradient", cohort, Point(x, y)).h
+        else:
+            p = self.fedihgp(fed, cohorts, x, y)
+            cohort = next(cohorts)
+            h = fed.call("hypergradient", cohort, WithP(x, y, p)).h
+        fed.train_loss = fed.record.train_loss  # the round reports f(x, y) as the hypergradient call measured it
+        x = fedout_svrg(fed, cohort, x, y, h)
+        fed.count(local_steps=hp.inner_rounds * hp.inner_steps + hp.local_steps)
+        return Point(x, y)
 
 
 @register_algorithm("fednest-sgd")
-class FedNestSGD(_Nested):
-    """FedNest with FedInn by local SGD (1 round per call); T + N + 3 rounds per epoch."""
+class FedNestSGD(FedNest):
+    """FedNest with FedInn by local SGD (1 round per call); T + N' + 3 rounds per epoch."""
 
-    inner, outer = "sgd", "svrg"
     description = "FedNest_SGD: FedNest with local SGD in FedInn (ablation)"
+    fedinn = staticmethod(fedinn_sgd)
 
 
 @register_algorithm("lfednest")
-class LFedNest(_Nested):
+class LFedNest(_FedNestFamily):
     """Light FedNest: local SGD on y, then local hypergradient steps on x; T + 1 rounds per epoch."""
 
-    inner, outer = "sgd", "local"
     description = "LFedNest: local FedInn and local hypergradients, T+1 rounds (reconstructed from the code)"
+
+    def round(self, fed: Round, server: Point) -> Point:
+        hp, (x, y), cohorts = self.hp, (server.x, server.y), fresh_cohorts(fed)
+        for _ in range(hp.inner_rounds):
+            y = fedinn_sgd(fed, next(cohorts), x, y)
+        x = fed.call("local_outer", next(cohorts), Point(x, y)).x  # tau local hypergradient steps, x averaged
+        fed.count(local_steps=hp.inner_rounds * hp.inner_steps + hp.local_steps)
+        return Point(x, y)
 
 
 @register_algorithm("lfednest-svrg")
-class LFedNestSVRG(_Nested):
+class LFedNestSVRG(_FedNestFamily):
     """LFedNest with SVRG FedInn, averaged local hypergradients and SVRG outer steps; 2T + 2 rounds."""
 
-    inner, outer = "svrg", "local-svrg"
     description = "LFedNest_SVRG: SVRG FedInn, averaged local hypergradients (code only; inferred)"
 
-
-class FedAvgSHParams(Params):
-    lr: float = Field(0.01, gt=0, description="descent step on x")
-    inner_lr: float = Field(0.01, gt=0, description="ascent step on y")
-    local_steps: int = Field(1, ge=1, description="simultaneous local steps per round")
-    outer_batch: int | None = Field(None, ge=1, description="batch per step; null = all local data")
-
-
-@register_algorithm("fedavg-s")
-class FedAvgS(Algorithm):
-    """FedAvg-S (Hou et al. 2021): local simultaneous SGDA x <- x - alpha grad_x f, y <- y + beta grad_y f;
-    x and y averaged every ``local_steps`` steps."""
-
-    kind = MINIMAX
-    HParams = FedAvgSHParams
-    synced = ("x", "y")
-    description = "FedAvg-S: local simultaneous gradient descent-ascent, x and y averaged (minimax)"
-
-    def init_state(self, params: State) -> State:
-        return {"x": params["x"].clone(), "y": params["y"].clone()}
-
-    def local_step(
-        self, problem: MinimaxProblem, client: int, state: State, step: int, gen: torch.Generator
-    ) -> tuple[State, StepInfo]:
-        batch = problem.sample(client, "outer", self.hp.outer_batch, gen)
-        gx, gy = grad_xy(lambda a, b: problem.loss(a, b, batch), state["x"], state["y"])
-        new = {"x": state["x"] - self.hp.lr * gx, "y": state["y"] + self.hp.inner_lr * gy}
-        return new, StepInfo(batch_size(batch), float(problem.loss(state["x"], state["y"], batch)))
+    def round(self, fed: Round, server: Point) -> Point:
+        hp, (x, y), cohorts = self.hp, (server.x, server.y), fresh_cohorts(fed)
+        for _ in range(hp.inner_rounds):
+            y = fedinn_svrg(fed, next(cohorts), x, y)
+        cohort = next(cohorts)
+        h = fed.call("local_hypergradient", cohort, Point(x, y)).h
+        x = fedout_svrg(fed, cohort, x, y, h)  # the round reports FedOut's loss, which it does not measure (0)
+        fed.count(local_steps=hp.inner_rounds * hp.inner_steps + hp.local_steps)
+        return Point(x, y)
 
 
-__all__ = ["FedAvgS", "FedNest", "FedNestSGD", "LFedNest", "LFedNestSVRG"]
+__all__ = ["FedNest", "FedNestSGD", "LFedNest", "LFedNestSVRG"]

@@ -8,22 +8,24 @@ Each cohort client starts from the broadcast model w_g and takes p SGD steps on 
 then the server averages w. The proximal term's gradient is added in closed form, so with mu = 0 every
 step is FedAvg's, bit for bit. mu is **[unknown]** for the LocalSCGDAM paper's runs; 0.01 is one of the
 values the FedProx paper tried, and only that. The reported training loss is f_i's (the task's loss, as
-for the other baselines), not h_i's. The round's w_g is held in the state as ``x_start`` during the round
-only (dropped at the last local step), so clients keep no private state.
+for the other baselines), not h_i's. The round's w_g is the client state's round-local ``anchor`` (set when
+the client's program starts, not kept afterwards), so clients keep no private state.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
 from pydantic import Field
 from torch import Tensor
 
-from fedcomp.platform.algorithms.base import CommonHParams, DrawUpdate, State, grad_and_loss
-from fedcomp.platform.config import Params
+from fedcomp.platform.algorithms.base import CommonHParams, LocalSteps, Tensors, grad_and_loss
+from fedcomp.platform.params import Params
 from fedcomp.platform.problems import PLAIN, PlainProblem
 from fedcomp.platform.registry import register_algorithm
+from fedcomp.platform.state import State
 
 __all__ = ["FedProx", "FedProxHParams"]
 
@@ -34,26 +36,36 @@ class FedProxHParams(CommonHParams):
     mu: float = Field(0.01, ge=0, description="proximal weight mu >= 0 (unknown in the paper; 0 = FedAvg)")
 
 
+@dataclass(frozen=True)
+class Model(State):
+    x: Tensor
+
+
+@dataclass(frozen=True)
+class ProxClient(Model):
+    anchor: Tensor
+    """w_g, the global model the round started from (round-local: set when the client's program starts)."""
+
+
 @register_algorithm("fedprox")
-class FedProx(DrawUpdate):
+class FedProx(LocalSteps):
     """p SGD steps on f_i(w) + (mu/2)||w - w_g||^2 from the broadcast w_g; then w averaged."""
 
     kind = PLAIN
     HParams: ClassVar[type[Params]] = FedProxHParams
-    synced = ("x",)
+    Client, Server = ProxClient, Model
+    round_local = frozenset({"anchor"})
     description = "FedProx (Li et al. 2020): local SGD with a proximal term to the global model; x averaged (A23)"
 
-    def init_state(self, params: State) -> State:
-        return {"x": params["x"].clone()}
+    def init(self, variables: Tensors) -> Model:
+        return Model(x=variables["x"].clone())
+
+    def begin(self, state: Tensors) -> Tensors:
+        return {**state, "anchor": state["x"]}
 
     def draw(self, problem: PlainProblem, client: int, step: int, gen: torch.Generator) -> tuple[tuple, int]:
         return (problem.sample_batch(client, self.hp.outer_batch, gen),), self.hp.outer_batch
 
-    def update(self, problem: PlainProblem, state: State, batch: tuple, step: int) -> tuple[State, Tensor]:
-        q, x = self.hp.local_steps, state["x"]
-        start = x if step % q == 0 else state["x_start"]
-        grad, loss = grad_and_loss(problem, x, *batch)
-        new = {"x": x - self.hp.lr * (grad + self.hp.mu * (x - start))}
-        if step % q != q - 1:
-            new["x_start"] = start
-        return new, loss
+    def update(self, problem: PlainProblem, state: ProxClient, batch: tuple, step: int) -> tuple[ProxClient, Tensor]:
+        grad, loss = grad_and_loss(problem, state.x, *batch)
+        return state.replace(x=state.x - self.hp.lr * (grad + self.hp.mu * (state.x - state.anchor))), loss

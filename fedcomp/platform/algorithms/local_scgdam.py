@@ -6,8 +6,8 @@ Problem (class C4): min_x max_y (1/K) sum_k f_k( (1/K) sum_k' g_k'(x), y ). For 
 x = (w, a, b), y = [alpha], g(x) = x - rho (grad_w CE(w), 0, 0) and f the square-loss AUC surrogate; here any
 :class:`~fedcomp.platform.problems.CompositionalMinimaxProblem` runs.
 
-**LocalSCGDAM** (``local-scgdam``). State per device: x, y, h (the inner estimate, the size of g's value --
-for deep AUC the size of x), u (x-side momentum), v (y-side momentum). With eta = ``lr``:
+**LocalSCGDAM** (``local-scgdam``). State per device: x, y, h (the inner estimate, the size of g's value,
+which class C4 makes model-sized: ALGORITHMS.md A17), u (x-side momentum), v (y-side momentum). With eta = ``lr``:
 
     init:  h = g(x_0; xi_0),  u = J_g(x_0; xi_0)^T grad_z f(h, y_0; zeta_0),  v = grad_y f(h, y_0; zeta_0)
     iteration t = 0, 1, ...:
@@ -21,14 +21,14 @@ for deep AUC the size of x), u (x-side momentum), v (y-side momentum). With eta 
 How the sequence maps onto local steps (global index s = round * p + i): step 0 runs the init on its own
 draws (xi_0, zeta_0) and then iteration t = 0 on the next draws; every step s >= 1 runs iteration t = s. So the
 p-th step of round r ends iteration t = (r + 1) p - 1 and the server averages exactly where the pseudo-code
-does; every iterate and every average is the paper's. The init's draws are part of step 0, so its sample
-count is twice that of later steps. xi (for g and its Jacobian, ``inner_batch`` examples) and zeta (for both
+does; every iterate and every average is the paper's. The init's draws are part of step 0 (drawn first), so its
+sample count is twice that of later steps. Both algorithms are a draw and a pure update
+(:class:`~fedcomp.platform.algorithms.base.LocalSteps`), so a host may run its clients in lockstep. xi (for g and its Jacobian, ``inner_batch`` examples) and zeta (for both
 gradients of f, ``outer_batch`` examples) are independent draws from the step's generator (S5); the same xi
 gives g's value and J_g^T; the same zeta gives grad_z f and grad_y f.
 
 Options: ``jacobian: exact`` (the paper: J_g^T by a vector-Jacobian product, a Hessian-vector product when g
-contains a gradient step) or ``identity`` (J_g ~ I, cheaper, LibAUC PDSCA-like; pitfall S3; needs g's value
-the size of x). ``batches: shared`` uses one draw zeta for g and f (pitfall S5; needs a task whose inner
+contains a gradient step) or ``identity`` (J_g ~ I, cheaper, LibAUC PDSCA-like; pitfall S3). ``batches: shared`` uses one draw zeta for g and f (pitfall S5; needs a task whose inner
 oracle accepts its outer batches). ``dual: clamp`` keeps y in [0, 999] after each ascent step (LibAUC's
 margin form, pitfall S7); the paper's y is unconstrained.
 
@@ -37,8 +37,9 @@ margin form, pitfall S7); the paper's y is unconstrained.
 init u = grad_x f(x_0, y_0; zeta_0), v = grad_y f(x_0, y_0; zeta_0), then iteration t moves x and y with
 (u, v) and refreshes u, v at the new point, with the same step-to-iteration mapping. ``average: all``
 (default, following the LocalSCGDAM template **[inferred]**) averages x, y, u and v; ``average: model``
-averages x and y only and leaves each client its own momenta (pitfall S10); a client that takes part for the
-first time after step 0 then starts its momenta from its first step's batch, as every client does at step 0.
+averages x and y only and leaves each client its own momenta (pitfall S10; :class:`PrivateMomenta`, whose
+server state is (x, y)); a client that takes part for the first time after step 0 then starts its momenta from
+its first step's batch, as every client does at step 0.
 The batch is the task's ``sample(client, "inner", outer_batch, gen)``.
 
 Degenerate case (ALGORITHMS.md 10, item 5): with g(x) = x (rho = 0) and alpha eta = 1, LocalSCGDAM's h is x
@@ -53,16 +54,18 @@ gamma_y eta = 0.1, alpha eta = beta_x eta = beta_y eta = 0.9.
 
 from __future__ import annotations
 
-from typing import Any, Callable, ClassVar, Literal
+from abc import abstractmethod
+from dataclasses import dataclass
+from typing import Any, Callable, Literal
 
 import torch
 from pydantic import Field, model_validator
 from torch import Tensor
 
-from fedcomp.platform.algorithms.base import Algorithm, CommonHParams, State, StepInfo, batch_size
-from fedcomp.platform.compositional import inner_value_vjp
-from fedcomp.platform.config import Params
+from fedcomp.platform.algorithms.base import ClientContext, CommonHParams, LocalSteps, StepInfo, Tensors, batch_size
 from fedcomp.platform.errors import ConfigError
+from fedcomp.platform.oracles import grad_xy_and_value, inner_value_vjp
+from fedcomp.platform.params import Params
 from fedcomp.platform.problems import (
     COMPOSITIONAL_MINIMAX,
     MINIMAX,
@@ -70,6 +73,7 @@ from fedcomp.platform.problems import (
     MinimaxProblem,
 )
 from fedcomp.platform.registry import register_algorithm
+from fedcomp.platform.state import State
 
 __all__ = [
     "DUAL_CLAMP",
@@ -77,21 +81,39 @@ __all__ = [
     "LocalSCGDAMHParams",
     "LocalSGDAM",
     "LocalSGDAMHParams",
-    "grads_and_value",
+    "Model",
+    "Momenta",
+    "PrivateMomenta",
+    "SCGDAMState",
 ]
 
 DUAL_CLAMP = (0.0, 999.0)
 """LibAUC's range for the dual variable of its margin AUC loss (``torch.clamp(alpha, 0, 999)``)."""
 
 
-def grads_and_value(fn: Callable[[Tensor, Tensor], Tensor], a: Tensor, b: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """(d fn / da, d fn / db, fn) at (a, b) from one forward and one backward pass (detached)."""
-    a, b = a.detach().requires_grad_(True), b.detach().requires_grad_(True)
-    value = fn(a, b)
-    ga, gb = torch.autograd.grad(value, (a, b), allow_unused=True)
-    ga = torch.zeros_like(a) if ga is None else ga
-    gb = torch.zeros_like(b) if gb is None else gb
-    return ga, gb, value.detach()
+@dataclass(frozen=True)
+class Model(State):
+    """The minimax variables: the primal x and the dual y."""
+
+    x: Tensor
+    y: Tensor
+
+
+@dataclass(frozen=True)
+class Momenta(Model):
+    """LocalSGDAM's state: x, y and their momenta u (x side) and v (y side)."""
+
+    u: Tensor
+    v: Tensor
+
+
+@dataclass(frozen=True)
+class SCGDAMState(Model):
+    """LocalSCGDAM's state: x, y, the inner estimate h (model-sized: g maps x to x's space, class C4) and u, v."""
+
+    h: Tensor
+    u: Tensor
+    v: Tensor
 
 
 class _MomentumGDAHParams(CommonHParams):
@@ -148,21 +170,35 @@ class LocalSGDAMHParams(_MomentumGDAHParams):
         return self
 
 
-class _MomentumGDA(Algorithm):
-    """What both algorithms share: the two descent-ascent moves with the previous momenta."""
+class _MomentumGDA(LocalSteps):
+    """What both algorithms share: the two descent-ascent moves with the previous momenta, and the momenta's
+    update. A step's draw holds one batch, or two at the momenta's first estimate (the init's own draw first)."""
 
-    def _move(self, state: State) -> tuple[Tensor, Tensor]:
+    def _move(self, state: Momenta | SCGDAMState) -> tuple[Tensor, Tensor]:
         hp = self.hp
-        x = state["x"] - hp.gamma_x * hp.lr * state["u"]
-        y = state["y"] + hp.gamma_y * hp.lr * state["v"]
+        x = state.x - hp.gamma_x * hp.lr * state.u
+        y = state.y + hp.gamma_y * hp.lr * state.v
         if hp.dual == "clamp":
             y = y.clamp(*DUAL_CLAMP)
         return x, y
 
-    def _momenta(self, state: State, gx: Tensor, gy: Tensor) -> tuple[Tensor, Tensor]:
+    def _momenta(self, state: Momenta | SCGDAMState, gx: Tensor, gy: Tensor) -> tuple[Tensor, Tensor]:
         """u, v after an iteration whose fresh gradients are (gx, gy)."""
         bx, by = self.hp.beta_x * self.hp.lr, self.hp.beta_y * self.hp.lr
-        return (1 - bx) * state["u"] + bx * gx, (1 - by) * state["v"] + by * gy
+        return (1 - bx) * state.u + bx * gx, (1 - by) * state.v + by * gy
+
+    def draw(self, problem: Any, client: int, step: int, gen: torch.Generator) -> tuple[tuple, int]:
+        """Step 0 draws the pseudo-code's init batches before the iteration's."""
+        return self._draws(problem, client, 2 if step == 0 else 1, gen)
+
+    def _draws(self, problem: Any, client: int, n: int, gen: torch.Generator) -> tuple[tuple, int]:
+        """``n`` independent draws of one iteration's samples, and the examples drawn."""
+        draws = [self._draw(problem, client, gen) for _ in range(n)]
+        return tuple(batch for batch, _ in draws), sum(examples for _, examples in draws)
+
+    @abstractmethod
+    def _draw(self, problem: Any, client: int, gen: torch.Generator) -> tuple[Any, int]:
+        """One iteration's samples and the examples drawn."""
 
 
 @register_algorithm("local-scgdam")
@@ -170,63 +206,57 @@ class LocalSCGDAM(_MomentumGDA):
     """Local stochastic compositional gradient descent-ascent with momentum; x, y, h, u, v averaged every p steps."""
 
     kind = COMPOSITIONAL_MINIMAX
-    HParams: ClassVar[type[Params]] = LocalSCGDAMHParams
-    synced = ("x", "y", "h", "u", "v")
+    HParams = LocalSCGDAMHParams
+    Client = Server = SCGDAMState
     description = "LocalSCGDAM: compositional minimax GDA with momentum; x, y, h, u, v averaged (Zhang et al. 2023)"
 
-    def init_state(self, params: State) -> State:
-        x, y = params["x"], params["y"]
-        # h, u, v are set from samples at global step 0 (the pseudo-code's init); zeros only give the server's
-        # round-0 broadcast a shape. h takes g's dimension at step 0 (x's for deep AUC).
-        zeros = torch.zeros_like
-        return {"x": x.clone(), "y": y.clone(), "h": zeros(x), "u": zeros(x), "v": zeros(y)}
+    def init(self, variables: Tensors) -> SCGDAMState:
+        x, y = variables["x"], variables["y"]
+        zeros = torch.zeros_like  # h, u, v are estimated from samples at global step 0 (the pseudo-code's init)
+        return SCGDAMState(x=x.clone(), y=y.clone(), h=zeros(x), u=zeros(x), v=zeros(y))
 
-    def _draw(self, problem: CompositionalMinimaxProblem, client: int, gen: torch.Generator) -> tuple[Any, Any, int]:
-        """(xi, zeta, examples drawn) of one iteration."""
+    def _draw(self, problem: CompositionalMinimaxProblem, client: int, gen: torch.Generator) -> tuple[Any, int]:
+        """(xi, zeta) of one iteration and the examples drawn."""
         if self.hp.batches == "shared":
             zeta = problem.sample_outer(client, self.hp.outer_batch, gen)
-            return zeta, zeta, self.hp.outer_batch
+            return (zeta, zeta), self.hp.outer_batch
         xi = problem.sample_inner(client, self.hp.inner_batch, gen)
         zeta = problem.sample_outer(client, self.hp.outer_batch, gen)
-        return xi, zeta, self.hp.inner_batch + self.hp.outer_batch
+        return (xi, zeta), self.hp.inner_batch + self.hp.outer_batch
+
+    def update(
+        self, problem: CompositionalMinimaxProblem, state: SCGDAMState, batch: tuple, step: int
+    ) -> tuple[SCGDAMState, Tensor]:
+        *init, (xi, zeta) = batch
+        if init:  # the pseudo-code's init on its own draws (xi_0, zeta_0), before iteration t = 0
+            h, u, v, _ = self._estimates(problem, state.x, state.y, None, *init[0])
+            state = state.replace(h=h, u=u, v=v)
+        x, y = self._move(state)
+        h, gx, gy, loss = self._estimates(problem, x, y, state.h, xi, zeta)
+        u, v = self._momenta(state, gx, gy)
+        return SCGDAMState(x=x, y=y, h=h, u=u, v=v), loss
+
+    def _estimates(
+        self, problem: CompositionalMinimaxProblem, x: Tensor, y: Tensor, h: Tensor | None, xi: Any, zeta: Any
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """(new h, J_g^T grad_z f, grad_y f, f) at (x, y) on (xi, zeta); ``h`` None: the init (h = g)."""
+        g, vjp = self._inner(problem, x, xi)
+        weight = self.hp.alpha * self.hp.lr
+        h = g if h is None else (1 - weight) * h + weight * g
+        gz, gy, value = grad_xy_and_value(lambda z, w: problem.outer(z, w, zeta), h, y)
+        return h, vjp(gz), gy, value
 
     def _inner(
         self, problem: CompositionalMinimaxProblem, x: Tensor, xi: Any
     ) -> tuple[Tensor, Callable[[Tensor], Tensor]]:
         """g(x; xi) and v -> J_g(x; xi)^T v (exact, or the identity)."""
-        g, vjp = inner_value_vjp(problem, x, xi)  # type: ignore[arg-type]  # only .inner is used
-        if self.hp.jacobian == "exact":
-            return g, vjp
+        g, vjp = inner_value_vjp(problem, x, xi)
         if g.shape != x.shape:
             raise ConfigError(
-                f"algorithm.jacobian = 'identity' needs g(x) the size of x, but the task's g has shape "
-                f"{tuple(g.shape)} for x of shape {tuple(x.shape)}; allowed with it: exact"
+                f"algorithm.name = 'local-scgdam' keeps the inner estimate h the size of x (class C4), but the task's "
+                f"g has shape {tuple(g.shape)} for x of shape {tuple(x.shape)}"
             )
-        return g, lambda v: v  # the graph behind g is dropped unused
-
-    def _estimates(
-        self, problem: CompositionalMinimaxProblem, client: int, x: Tensor, y: Tensor, h: Tensor | None,
-        gen: torch.Generator,
-    ) -> tuple[Tensor, Tensor, Tensor, float, int]:
-        """(new h, J_g^T grad_z f, grad_y f, f, examples) at (x, y) on one draw; ``h`` None: the init (h = g)."""
-        xi, zeta, examples = self._draw(problem, client, gen)
-        g, vjp = self._inner(problem, x, xi)
-        weight = self.hp.alpha * self.hp.lr
-        h = g if h is None else (1 - weight) * h + weight * g
-        gz, gy, value = grads_and_value(lambda z, w: problem.outer(z, w, zeta), h, y)
-        return h, vjp(gz), gy, float(value), examples
-
-    def local_step(
-        self, problem: CompositionalMinimaxProblem, client: int, state: State, step: int, gen: torch.Generator
-    ) -> tuple[State, StepInfo]:
-        samples = 0
-        if step == 0:  # the pseudo-code's init, on its own draws, before iteration t = 0
-            h, gx, gy, _, samples = self._estimates(problem, client, state["x"], state["y"], None, gen)
-            state = {**state, "h": h, "u": gx, "v": gy}
-        x, y = self._move(state)
-        h, gx, gy, loss, examples = self._estimates(problem, client, x, y, state["h"], gen)
-        u, v = self._momenta(state, gx, gy)
-        return {"x": x, "y": y, "h": h, "u": u, "v": v}, StepInfo(samples + examples, loss)
+        return (g, vjp) if self.hp.jacobian == "exact" else (g, lambda v: v)  # identity: g's graph dropped unused
 
 
 @register_algorithm("local-sgdam")
@@ -234,31 +264,58 @@ class LocalSGDAM(_MomentumGDA):
     """Local stochastic gradient descent-ascent with momentum; x, y (and by default u, v) averaged every p steps."""
 
     kind = MINIMAX
-    HParams: ClassVar[type[Params]] = LocalSGDAMHParams
-    synced: tuple[str, ...] = ("x", "y", "u", "v")
+    HParams = LocalSGDAMHParams
+    Client = Server = Momenta
     description = "LocalSGDAM: local minimax GDA with momentum; x, y, u, v averaged [inferred] (Sharma et al. 2022)"
 
-    def __init__(self, hparams: Params) -> None:
-        super().__init__(hparams)
-        self.synced = ("x", "y", "u", "v") if self.hp.average == "all" else ("x", "y")
+    def __new__(cls, hparams: Any = None) -> "LocalSGDAM":
+        """``average: model`` builds :class:`PrivateMomenta` (another server state and a client's first step)."""
+        model_only = hparams is not None and hparams.average == "model"
+        return super().__new__(PrivateMomenta if model_only else cls)
 
-    def init_state(self, params: State) -> State:
-        state = {"x": params["x"].clone(), "y": params["y"].clone()}
-        if "u" in self.synced:  # shapes for the server's averaged momenta; set from samples at step 0
-            state.update(u=torch.zeros_like(params["x"]), v=torch.zeros_like(params["y"]))
-        return state
+    def init(self, variables: Tensors) -> State:
+        x, y = variables["x"], variables["y"]  # u, v are estimated from samples at global step 0
+        return Momenta(x=x.clone(), y=y.clone(), u=torch.zeros_like(x), v=torch.zeros_like(y))
 
-    def local_step(
-        self, problem: MinimaxProblem, client: int, state: State, step: int, gen: torch.Generator
-    ) -> tuple[State, StepInfo]:
-        samples = 0
-        if step == 0 or "u" not in state:  # init (a model-only client's first step after step 0 too)
-            batch = problem.sample(client, "inner", self.hp.outer_batch, gen)
-            gx, gy, _ = grads_and_value(lambda a, b: problem.loss(a, b, batch), state["x"], state["y"])
-            state = {**state, "u": gx, "v": gy}
-            samples += batch_size(batch)
-        x, y = self._move(state)
+    def _draw(self, problem: MinimaxProblem, client: int, gen: torch.Generator) -> tuple[Any, int]:
         batch = problem.sample(client, "inner", self.hp.outer_batch, gen)
-        gx, gy, value = grads_and_value(lambda a, b: problem.loss(a, b, batch), x, y)
+        return batch, batch_size(batch)
+
+    def update(self, problem: MinimaxProblem, state: Momenta, batch: tuple, step: int) -> tuple[Momenta, Tensor]:
+        *init, current = batch
+        if init:  # the momenta's first estimate at (x, y), on its own draw
+            u, v, _ = grad_xy_and_value(lambda a, b: problem.loss(a, b, init[0]), state.x, state.y)
+            state = state.replace(u=u, v=v)
+        x, y = self._move(state)
+        gx, gy, loss = grad_xy_and_value(lambda a, b: problem.loss(a, b, current), x, y)
         u, v = self._momenta(state, gx, gy)
-        return {"x": x, "y": y, "u": u, "v": v}, StepInfo(samples + batch_size(batch), float(value))
+        return Momenta(x=x, y=y, u=u, v=v), loss
+
+
+class PrivateMomenta(LocalSGDAM):
+    """LocalSGDAM with ``average: model``: x and y averaged, each client keeps its momenta (pitfall S10). A client
+    that takes part for the first time after step 0 estimates them on its first step's draw, as every client
+    does at step 0 (until then they are NaN: ``join``), so its first draw depends on its state: no lockstep."""
+
+    Server = Model
+    vectorisable = False
+
+    def init(self, variables: Tensors) -> Model:
+        return Model(x=variables["x"].clone(), y=variables["y"].clone())
+
+    def join(self, broadcast: Tensors) -> Momenta:
+        x, y = broadcast["x"], broadcast["y"]
+        nan = float("nan")
+        return Momenta(x=x.clone(), y=y.clone(), u=torch.full_like(x, nan), v=torch.full_like(y, nan))
+
+    def local_steps(self, problem: MinimaxProblem, state: Momenta, ctx: ClientContext) -> tuple[Momenta, Tensors, StepInfo]:
+        """``q`` local steps (global step index ``round * q + s``); a client without momenta estimates them first."""
+        q, fresh = self.hp.local_steps, bool(state.u.isnan().all())
+        total = StepInfo()
+        for s in range(q):
+            step = ctx.round * q + s
+            batch, samples = self._draws(problem, ctx.client, 2 if s == 0 and fresh else 1, ctx.rng(step))
+            state, loss = self.update(problem, state, batch, step)
+            total.samples += samples
+            total.loss += float(loss) / q
+        return state, {"x": state.x, "y": state.y}, total

@@ -57,19 +57,15 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
-from fedcomp.platform.algorithms.base import (
-    CommonHParams,
-    DrawUpdate,
-    Federation,
-    RoundContext,
-    RoundRecord,
-    State,
-    grad_and_loss,
-)
-from fedcomp.platform.config import Params
+from dataclasses import dataclass
+
+from fedcomp.platform.algorithms.base import CommonHParams, LocalSteps, Tensors, grad_and_loss
 from fedcomp.platform.errors import ConfigError
+from fedcomp.platform.params import Params
 from fedcomp.platform.problems import PLAIN, PlainProblem
 from fedcomp.platform.registry import register_algorithm
+from fedcomp.platform.rounds import Round
+from fedcomp.platform.state import State
 
 __all__ = [
     "ClassPriorProblem",
@@ -205,36 +201,62 @@ class _Weighted:
         return self.problem.class_weighted_loss(x, batch, self.weights)
 
 
+# ------------------------------------------------------------------------------------------------ states
+
+
+@dataclass(frozen=True)
+class Model(State):
+    x: Tensor
+
+
+@dataclass(frozen=True)
+class ModelMomentum(Model):
+    buf: Tensor
+    """The heavy-ball buffer."""
+
+
+@dataclass(frozen=True)
+class WeightedClient(ModelMomentum):
+    w: Tensor
+    """The round's class weights (broadcast with the model)."""
+
+
 # ------------------------------------------------------------------------------------------------ algorithms
 
 
 @register_algorithm("local-sgdm")
-class LocalSGDM(DrawUpdate):
+class LocalSGDM(LocalSteps):
     """buf = mu buf + grad l(x); x = x - lr buf for p steps; then x (and buf, ``average: all``) averaged."""
 
     kind = PLAIN
     HParams: ClassVar[type[Params]] = LocalSGDMHParams
-    synced = ("x", "buf")
+    Client = Server = ModelMomentum
     description = "LocalSGDM (Yu et al. 2019): local SGD with momentum; x and the momentum averaged (A20)"
 
     def __init__(self, hparams: Params) -> None:
         super().__init__(hparams)
-        # what is averaged is a hyperparameter here (S10), so the class default is replaced per instance
-        self.synced = ("x", "buf") if self.hp.average == "all" else ("x",)
+        # what is averaged is a hyperparameter here (S10): with 'model' the server keeps x alone and each
+        # client's buffer stays on the client
+        self.Server = ModelMomentum if self.hp.average == "all" else Model  # type: ignore[misc]
 
-    def init_state(self, params: State) -> State:
-        x = params["x"]
-        return {"x": x.clone(), "buf": torch.zeros_like(x)}
+    def init(self, variables: Tensors) -> State:
+        x = variables["x"]
+        return self.Server.of({"x": x.clone(), "buf": torch.zeros_like(x)})
+
+    def join(self, broadcast: Tensors) -> ModelMomentum:  # type: ignore[override]
+        x = broadcast["x"]
+        buf = broadcast["buf"].clone() if self.hp.average == "all" else torch.zeros_like(x)
+        return self.Client.of({**broadcast, "x": x.clone(), "buf": buf})  # type: ignore[return-value]
 
     def draw(self, problem: PlainProblem, client: int, step: int, gen: torch.Generator) -> tuple[tuple, int]:
         return (problem.sample_batch(client, self.hp.outer_batch, gen),), self.hp.outer_batch
 
-    def update(self, problem: PlainProblem, state: State, batch: tuple, step: int) -> tuple[State, Tensor]:
-        grad, loss = grad_and_loss(self._loss(problem, state), state["x"], *batch)
-        buf = self.hp.momentum * state["buf"] + grad
-        return {**state, "x": state["x"] - self.hp.lr * buf, "buf": buf}, loss
+    def update(self, problem: PlainProblem, state: ModelMomentum, batch: tuple, step: int) -> tuple[ModelMomentum, Tensor]:
+        grad, loss = grad_and_loss(self._loss(problem, state), state.x, *batch)
+        buf = self.hp.momentum * state.buf + grad
+        return state.replace(x=state.x - self.hp.lr * buf, buf=buf), loss
 
-    def _loss(self, problem: Any, state: State) -> Any:
+    def _loss(self, problem: Any, state: ModelMomentum) -> Any:
         """The object whose ``loss`` the step differentiates (the task's own loss here)."""
         return problem
 
@@ -245,10 +267,11 @@ class LocalSGDMRL(LocalSGDM):
     each round (a reconstruction; see the module doc)."""
 
     HParams: ClassVar[type[Params]] = LocalSGDMRLHParams
+    Client = WeightedClient
     description = "LocalSGDM_RL (Wang et al. 2021, reconstruction): LocalSGDM on a monitor-weighted CE (A21)"
 
-    def _loss(self, problem: Any, state: State) -> Any:
-        return _Weighted(problem, state["w"])
+    def _loss(self, problem: Any, state: WeightedClient) -> Any:  # type: ignore[override]
+        return _Weighted(problem, state.w)
 
     def class_weights(self, problem: Any, x: Tensor) -> Tensor:
         """The round's weights w_c = alpha_rl + beta_rl * Ra_c from the monitor at ``x`` or from the prior."""
@@ -269,16 +292,7 @@ class LocalSGDMRL(LocalSGDM):
             f"{', '.join(needed)}; the task's problem {type(problem).__name__} lacks {lacking}"
         )
 
-    def round(self, federation: Federation, state: State, ctx: RoundContext) -> tuple[State, RoundRecord]:
-        weights = self.class_weights(ctx.problem, state["x"])
-        payload = {**{k: state[k] for k in self.synced}, "w": weights}
-        out = federation.call("local_steps", ctx.round, ctx.cohort(0), payload)
-        record = RoundRecord(
-            comm_rounds=1,
-            local_steps=self.hp.local_steps,
-            samples=out.samples,
-            floats_up=out.floats_up,
-            floats_down=out.floats_down,  # the model (and buffer) plus the C class weights
-            train_loss=out.loss,
-        )
-        return {**state, **out.means}, record
+    def round(self, fed: Round, server: State) -> State:
+        """The monitor's weights at the global x go out with the model (C more floats down); then LocalSGDM."""
+        weights = self.class_weights(fed.problem, server.x)  # type: ignore[attr-defined]
+        return server.replace(**fed.local_steps({**self.broadcast(server), "w": weights}, self.hp.local_steps))

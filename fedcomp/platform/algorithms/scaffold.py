@@ -17,33 +17,28 @@ The defaults are the paper's: option II, eta_g = 1 and full participation (then 
 c_i). The loss of the LocalSCGDAM paper's STL10 run was presumably cross-entropy **[unknown]**: here it is
 whatever the plain task's loss is.
 
-Implementation: a :class:`DrawUpdate`, so lockstep hosts can vectorise it. The client's program outputs
-x := y_i and c := c + (c_i+ - c_i) at its last local step; their cohort means are <y_i> and c + <c_i+ - c_i>,
-from which the server takes the two steps above (the same floats on the wire as the two differences). The
-round's starting point x is held in the state as ``x_start`` during the round only (option I also holds
-c_i+ there as ``control_next``); both are dropped at the last step, so c_i is the only private state.
+Implementation: a :class:`LocalSteps` algorithm, so lockstep hosts can vectorise it. The client's program
+outputs x := y_i and c := c + (c_i+ - c_i) at its last local step; their cohort means are <y_i> and
+c + <c_i+ - c_i>, from which the server takes the two steps above (the same floats on the wire as the two
+differences). The round's starting point x (``x_start``) and option I's c_i+ (``control_next``) are
+round-local client fields, so c_i is the only private state.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import ClassVar, Literal
 
 import torch
 from pydantic import Field, model_validator
 from torch import Tensor
 
-from fedcomp.platform.algorithms.base import (
-    CommonHParams,
-    DrawUpdate,
-    Federation,
-    RoundContext,
-    RoundRecord,
-    State,
-    grad_and_loss,
-)
-from fedcomp.platform.config import Params
+from fedcomp.platform.algorithms.base import CommonHParams, LocalSteps, Tensors, grad_and_loss
+from fedcomp.platform.params import Params
 from fedcomp.platform.problems import PLAIN, PlainProblem
 from fedcomp.platform.registry import register_algorithm
+from fedcomp.platform.rounds import Round
+from fedcomp.platform.state import State
 
 __all__ = ["Scaffold", "ScaffoldHParams"]
 
@@ -66,19 +61,42 @@ class ScaffoldHParams(CommonHParams):
         return self
 
 
+@dataclass(frozen=True)
+class ScaffoldServer(State):
+    x: Tensor
+    c: Tensor
+    """The server control variate."""
+
+
+@dataclass(frozen=True)
+class ScaffoldClient(ScaffoldServer):
+    c_i: Tensor
+    """The client's control variate (private; zero until its first round)."""
+    x_start: Tensor
+    """The round's starting point x (round-local)."""
+    control_next: Tensor
+    """Option I's c_i+ = grad f_i(x; B_i), drawn at the round's first step (round-local)."""
+
+
 @register_algorithm("scaffold")
-class Scaffold(DrawUpdate):
+class Scaffold(LocalSteps):
     """Local steps corrected by c - c_i; x and c move by the cohort's mean changes (c scaled by |S|/N)."""
 
     kind = PLAIN
     HParams: ClassVar[type[Params]] = ScaffoldHParams
-    synced = ("x", "c")
-    """The server's state and what each client's program outputs (its y_i and c + c_i+ - c_i); c_i is private."""
+    Client, Server = ScaffoldClient, ScaffoldServer
+    round_local = frozenset({"x_start", "control_next"})
     description = "SCAFFOLD (Karimireddy et al. 2020): control variates correct the client drift (A22)"
 
-    def init_state(self, params: State) -> State:
-        x = params["x"]
-        return {"x": x.clone(), "c": torch.zeros_like(x), "c_i": torch.zeros_like(x)}
+    def init(self, variables: Tensors) -> ScaffoldServer:
+        x = variables["x"]
+        return ScaffoldServer(x=x.clone(), c=torch.zeros_like(x))
+
+    def join(self, broadcast: Tensors) -> ScaffoldClient:
+        return super().join({**broadcast, "c_i": torch.zeros_like(broadcast["x"])})
+
+    def begin(self, state: Tensors) -> Tensors:
+        return {**state, "x_start": state["x"], "control_next": torch.zeros_like(state["x"])}
 
     def draw(self, problem: PlainProblem, client: int, step: int, gen: torch.Generator) -> tuple[tuple, int]:
         b = self.hp.outer_batch
@@ -88,44 +106,25 @@ class Scaffold(DrawUpdate):
             return (batch, problem.sample_batch(client, extra, gen)), b + extra
         return (batch,), b
 
-    def update(self, problem: PlainProblem, state: State, batch: tuple, step: int) -> tuple[State, Tensor]:
+    def update(self, problem: PlainProblem, state: ScaffoldClient, batch: tuple, step: int) -> tuple[ScaffoldClient, Tensor]:
         q, lr = self.hp.local_steps, self.hp.lr
-        first, last = step % q == 0, step % q == q - 1
-        y, c, c_i = state["x"], state["c"], state["c_i"]
-        new: State = {k: v for k, v in state.items()}
-        if first:
-            new["x_start"] = y
-            if self.hp.control == "option1":
-                new["control_next"], _ = grad_and_loss(problem, y, batch[1])
-        grad, loss = grad_and_loss(problem, y, batch[0])
-        y = y - lr * (grad - c_i + c)
-        new["x"] = y
-        if last:
-            if self.hp.control == "option1":
-                c_next = new.pop("control_next")
-            else:
-                c_next = c_i - c + (new["x_start"] - y) / (q * lr)
-            del new["x_start"]
-            new["c"], new["c_i"] = c + (c_next - c_i), c_next
+        control_next = state.control_next
+        if step % q == 0 and self.hp.control == "option1":
+            control_next, _ = grad_and_loss(problem, state.x, batch[1])
+        grad, loss = grad_and_loss(problem, state.x, batch[0])
+        y = state.x - lr * (grad - state.c_i + state.c)
+        new = state.replace(x=y, control_next=control_next)
+        if step % q == q - 1:
+            c_next = control_next if self.hp.control == "option1" else state.c_i - state.c + (state.x_start - y) / (q * lr)
+            new = new.replace(c=state.c + (c_next - state.c_i), c_i=c_next)
         return new, loss
 
-    def round(self, federation: Federation, state: State, ctx: RoundContext) -> tuple[State, RoundRecord]:
-        if ctx.clients is None:
-            raise ValueError("scaffold needs the number of registered clients N (RoundContext.clients) for |S|/N")
-        x, c = state["x"], state["c"]
-        out = federation.call("local_steps", ctx.round, ctx.cohort(0), {"x": x, "c": c})
-        share = out.clients / ctx.clients
-        new = {
-            **state,
-            "x": x + self.hp.server_lr * (out.means["x"] - x),
-            "c": c + share * (out.means["c"] - c),
-        }
-        record = RoundRecord(
-            comm_rounds=1,
-            local_steps=self.hp.local_steps,
-            samples=out.samples,
-            floats_up=out.floats_up,  # y_i - x and c_i+ - c_i
-            floats_down=out.floats_down,  # x and c
-            train_loss=out.loss,
+    def round(self, fed: Round, server: ScaffoldServer) -> ScaffoldServer:
+        """x <- x + eta_g (<y_i> - x);  c <- c + (|S| / N) (<c + c_i+ - c_i> - c)."""
+        cohort = fed.cohort()
+        mean = fed.local_steps(server, self.hp.local_steps, cohort)
+        share = len(cohort) / fed.clients
+        return ScaffoldServer(
+            x=server.x + self.hp.server_lr * (mean.x - server.x),
+            c=server.c + share * (mean.c - server.c),
         )
-        return new, record

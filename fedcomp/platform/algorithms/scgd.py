@@ -24,18 +24,20 @@ is the slides' single moving-average point (``moving-average``).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
 from pydantic import Field
 from torch import Tensor
 
-from fedcomp.platform.algorithms.base import CommonHParams, DrawUpdate, State
-from fedcomp.platform.compositional import inner_value_vjp, outer_grad
-from fedcomp.platform.config import Params
+from fedcomp.platform.algorithms.base import CommonHParams, LocalSteps, Tensors
 from fedcomp.platform.errors import ConfigError
+from fedcomp.platform.oracles import inner_value_vjp, outer_grad
+from fedcomp.platform.params import Params
 from fedcomp.platform.problems import COMPOSITIONAL, CompositionalProblem
 from fedcomp.platform.registry import register_algorithm
+from fedcomp.platform.state import State
 
 
 class LocalSCGDHParams(CommonHParams):
@@ -53,23 +55,29 @@ class LocalSCGDMHParams(LocalSCGDHParams):
     beta: float = Field(0.1, gt=0, le=1, description="momentum weight, in (0, 1]")
 
 
-class _SCGDBase(DrawUpdate):
+@dataclass(frozen=True)
+class SCGDState(State):
+    x: Tensor
+    u: Tensor
+    """The moving average of the inner value g (g's dimension; for MAML the model's, d)."""
+
+
+@dataclass(frozen=True)
+class SCGDMState(SCGDState):
+    m: Tensor
+    """The momentum of the compositional gradient."""
+
+
+class _SCGDBase(LocalSteps):
     """Draw (xi_t, zeta_t) -- or, per-task-mix, the step's (xi_i, zeta_i) pairs -- then a pure update, so hosts
     can run clients in lockstep (``moving-average`` only: the pairs are a list of episodes, one at a time)."""
 
     kind = COMPOSITIONAL
-    momentum = False
+    hp: LocalSCGDHParams
 
     def __init__(self, hparams: Params) -> None:
         super().__init__(hparams)
-        self.vectorisable = hparams.inner_state == "moving-average"  # type: ignore[attr-defined]
-
-    def init_state(self, params: State) -> State:
-        x = params["x"]
-        state = {"x": x.clone(), "u": torch.zeros_like(x)}  # u has g's dimension; MAML: d
-        if self.momentum:
-            state["m"] = torch.zeros_like(x)
-        return state
+        self.vectorisable = self.hp.inner_state == "moving-average"  # type: ignore[misc]
 
     def draw(self, problem: CompositionalProblem, client: int, step: int, gen: torch.Generator) -> tuple[Any, int]:
         b = self.hp.outer_batch
@@ -109,12 +117,16 @@ class LocalSCGD(_SCGDBase):
     """u = (1 - gamma) u + gamma g(x; xi); x = x - lr (dg/dx)^T grad f(u; zeta); x and u averaged every p steps."""
 
     HParams = LocalSCGDHParams
-    synced = ("x", "u")
+    Client = Server = SCGDState
     description = "Local-SCGD: local stochastic compositional gradient descent; x and u averaged (A4)"
 
-    def update(self, problem: CompositionalProblem, state: State, batch: Any, step: int) -> tuple[State, Tensor]:
-        z, u, loss = self._gradient(problem, state["x"], state["u"], step == 0, batch)
-        return {"x": state["x"] - self.hp.lr * z, "u": u}, loss
+    def init(self, variables: Tensors) -> SCGDState:
+        x = variables["x"]
+        return SCGDState(x=x.clone(), u=torch.zeros_like(x))
+
+    def update(self, problem: CompositionalProblem, state: SCGDState, batch: Any, step: int) -> tuple[SCGDState, Tensor]:
+        z, u, loss = self._gradient(problem, state.x, state.u, step == 0, batch)
+        return SCGDState(x=state.x - self.hp.lr * z, u=u), loss
 
 
 @register_algorithm("local-scgdm")
@@ -122,12 +134,16 @@ class LocalSCGDM(_SCGDBase):
     """Local-SCGD plus momentum m = (1 - beta) m + beta z, x = x - lr m; x, u and m averaged every p steps."""
 
     HParams = LocalSCGDMHParams
-    synced = ("x", "u", "m")
+    Client = Server = SCGDMState
     description = "Local-SCGDM: Local-SCGD with momentum; x, u and m averaged (Gao et al. 2022, Alg. 1; A5)"
-    momentum = True
+    hp: LocalSCGDMHParams
 
-    def update(self, problem: CompositionalProblem, state: State, batch: Any, step: int) -> tuple[State, Tensor]:
+    def init(self, variables: Tensors) -> SCGDMState:
+        x = variables["x"]
+        return SCGDMState(x=x.clone(), u=torch.zeros_like(x), m=torch.zeros_like(x))
+
+    def update(self, problem: CompositionalProblem, state: SCGDMState, batch: Any, step: int) -> tuple[SCGDMState, Tensor]:
         first = step == 0
-        z, u, loss = self._gradient(problem, state["x"], state["u"], first, batch)
-        m = z if first else (1 - self.hp.beta) * state["m"] + self.hp.beta * z
-        return {"x": state["x"] - self.hp.lr * m, "u": u, "m": m}, loss
+        z, u, loss = self._gradient(problem, state.x, state.u, first, batch)
+        m = z if first else (1 - self.hp.beta) * state.m + self.hp.beta * z
+        return SCGDMState(x=state.x - self.hp.lr * m, u=u, m=m), loss

@@ -20,8 +20,8 @@ from pydantic import Field
 from torch import Tensor
 
 from fedcomp.datasets import adult, partition
-from fedcomp.platform import dro_losses
-from fedcomp.platform.config import Params
+from fedcomp.losses import dro as dro_losses
+from fedcomp.platform.params import Params
 from fedcomp.platform.errors import ConfigError
 from fedcomp.platform.problems import COMPOSITIONAL_GLOBAL
 from fedcomp.platform.registry import register_task

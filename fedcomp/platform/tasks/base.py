@@ -8,7 +8,7 @@ from typing import Any, Callable, ClassVar, Literal
 import torch
 from torch import Tensor
 
-from fedcomp.platform.config import Params
+from fedcomp.platform.params import Params
 
 
 class Task(ABC):

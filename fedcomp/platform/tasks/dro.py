@@ -5,7 +5,7 @@ The KL-regularised DRO objective lambda log mean_i exp(l_i / lambda) over all cl
 h + f(g) with h = 0, g_k = mean over client k's data of exp((l - c) / lambda) (a scalar, d_g = 1) and
 f(z) = lambda log z + c; the chi^2-regularised one in its derived form is h_k = mean(l + l^2 / 2 lambda),
 g_k = mean l, f(z) = -z^2 / 2 lambda (``chi2_variant: as_printed`` is the paper's sign-flipped version,
-kept only to document it; see ``fedcomp.platform.dro_losses``). ``objective: erm`` is the plain mean loss
+kept only to document it; see ``fedcomp.losses.dro``). ``objective: erm`` is the plain mean loss
 (h = mean l, no inner value) for reference runs. The training set is split equally over the clients, as
 in the paper (8 clients). Data: ``digits-st`` (scikit-learn's digits, digits 5-9 kept at
 ``keep_fraction``; offline default) or ``breast-cancer`` (offline, binary), or CIFAR10-ST / CIFAR100-ST
@@ -24,10 +24,11 @@ from pydantic import Field
 from torch import Tensor
 
 from fedcomp.datasets import cifar, offline, partition
-from fedcomp.platform import dro_losses
-from fedcomp.platform.config import Params
+from fedcomp.losses import dro as dro_losses
+from fedcomp.platform.params import Params
 from fedcomp.platform.errors import ConfigError
-from fedcomp.platform.models import FlatModel, mlp
+from fedcomp.models.functional import FlatModel
+from fedcomp.models.mlp import mlp
 from fedcomp.platform.problems import COMPOSITIONAL_GLOBAL
 from fedcomp.platform.registry import register_task
 from fedcomp.platform.tasks.base import Task
@@ -92,7 +93,7 @@ class DROClassification(Task):
         if kind == "resnet20":
             if not p.dataset.startswith("cifar"):
                 raise ConfigError(f"task.model = 'resnet20' needs a CIFAR dataset, not task.dataset = {p.dataset!r}")
-            from fedcomp.platform.resnet import resnet20
+            from fedcomp.models.resnet import resnet20
 
             return resnet20(self.classes)
         features = self.x_train.shape[1]
@@ -107,7 +108,7 @@ class DROClassification(Task):
         return dro_losses.Composition(lambda l: l.mean(), lambda l: l.new_zeros(1), lambda z: z.sum())
 
     def init_params(self, gen: torch.Generator) -> dict[str, Tensor]:
-        from fedcomp.platform.resnet import init_flat
+        from fedcomp.models.resnet import init_flat
 
         return {"x": init_flat(self.model.module, gen)}
 
@@ -135,7 +136,7 @@ class DROClassification(Task):
         """The objective's min-max game over per-example weights (None for ``objective: erm``).
 
         chi^2 with ``chi2_variant: as_printed`` still names the chi^2 game: the printed form is a sign error
-        of it, not another game (see :mod:`fedcomp.platform.dro_losses`)."""
+        of it, not another game (see :mod:`fedcomp.losses.dro`)."""
         p = self.params
         if p.objective == "kl":
             return dro_losses.DualPenalty("kl", p.lam, 1.0 if p.kl_scale == "lambda" else 1.0 / p.lam)

@@ -20,7 +20,7 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
-from fedcomp.platform.config import Params
+from fedcomp.platform.params import Params
 from fedcomp.platform.problems import COMPOSITIONAL_GLOBAL
 from fedcomp.platform.registry import register_task
 from fedcomp.platform.rng import generator

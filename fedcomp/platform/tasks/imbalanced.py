@@ -21,7 +21,7 @@ convention, ALGORITHMS.md S6 [inferred]) or the raw logit; cross-entropy always 
   :meth:`ImbalancedBinary.class_weighted_loss`, :meth:`~ImbalancedBinary.monitor_batches`,
   :attr:`~ImbalancedBinary.monitor_slice` and ``prior``.
 * ``minimax`` (:class:`MinimaxView`) -- the AUC square loss (``auc_form``: the paper's form or LibAUC's
-  margin form; :mod:`fedcomp.platform.auc_losses`) with (a, b) from x and alpha = y, for CoDA, CODA+,
+  margin form; :mod:`fedcomp.losses.auc`) with (a, b) from x and alpha = y, for CoDA, CODA+,
   LocalSGDAM. The prior p is the real training positive ratio unless ``prior`` fixes it (P2, S4). The
   view also gives ``scores(x, batch)`` and ``labels(batch)`` (CoDA's dual restart) and ``auc_ab(x)`` with
   ``margin`` (CODA+'s closed-form dual step; margin 0 for the paper's form, whose dual optimum is b - a).
@@ -37,7 +37,7 @@ convention, ALGORITHMS.md S6 [inferred]) or the raw logit; cross-entropy always 
 
 **Metrics** (first = headline), all on the server model x, in evaluation mode, in chunks of
 ``eval_batch`` test examples (models with BatchNorm normalise with each chunk's statistics, see
-:mod:`fedcomp.platform.convnets`): ``test_auroc`` and ``test_ap`` (scikit-learn's ``roc_auc_score`` and
+:mod:`fedcomp.models.convnets`): ``test_auroc`` and ``test_ap`` (scikit-learn's ``roc_auc_score`` and
 ``average_precision_score`` on the full test set; scores = logits, which rank like sigmoid outputs without
 float32 saturation ties), ``client_auroc_mean`` and ``client_auroc_var`` (Table 1's per-device mean and
 variance, population variance ddof 0), ``test_accuracy`` (logit > 0). **Inference:** Table 1 evaluates
@@ -58,10 +58,12 @@ from pydantic import Field
 from torch import Tensor, nn
 
 from fedcomp.datasets import imbalance, partition
-from fedcomp.platform import auc_losses, convnets
-from fedcomp.platform.config import Params
+from fedcomp.losses import auc as auc_losses
+from fedcomp.models import convnets
+from fedcomp.platform.params import Params
 from fedcomp.platform.errors import ConfigError
-from fedcomp.platform.models import FlatModel, mlp
+from fedcomp.models.functional import FlatModel
+from fedcomp.models.mlp import mlp
 from fedcomp.platform.problems import COMPOSITIONAL_MINIMAX, CONDITIONAL, MINIMAX, PLAIN
 from fedcomp.platform.registry import register_task
 from fedcomp.platform.rng import generator
@@ -217,7 +219,7 @@ class ImbalancedBinary(Task):
             return nn.Sequential(nn.Flatten(), mlp([width, p.hidden, 1] if name == "mlp" else [width, 1]))
         channels, height, width = features.shape[1:]
         if name == "resnet20":
-            from fedcomp.platform.resnet import resnet20
+            from fedcomp.models.resnet import resnet20
 
             return resnet20(1, in_channels=channels)
         if height != width:
@@ -239,8 +241,8 @@ class ImbalancedBinary(Task):
             raise ConfigError(f"task.model = {name!r} on task.dataset = {p.dataset!r}: {error}") from None
 
     def init_params(self, gen: torch.Generator) -> dict[str, Tensor]:
-        """x = (w from :func:`~fedcomp.platform.resnet.init_flat` with ``init``, a = 0, b = 0); y = [alpha = 0]."""
-        from fedcomp.platform.resnet import init_flat
+        """x = (w from :func:`~fedcomp.models.resnet.init_flat` with ``init``, a = 0, b = 0); y = [alpha = 0]."""
+        from fedcomp.models.resnet import init_flat
 
         w = init_flat(self.model.module, gen, self.params.init)
         return {"x": torch.cat([w, torch.zeros(2)]), "y": torch.zeros(1)}

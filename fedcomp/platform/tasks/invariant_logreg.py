@@ -26,7 +26,7 @@ from pydantic import Field
 from torch import Tensor
 
 from fedcomp.datasets.synthetic import gaussian_inner, gaussian_outer
-from fedcomp.platform.config import Params
+from fedcomp.platform.params import Params
 from fedcomp.platform.problems import CONDITIONAL, PLAIN
 from fedcomp.platform.registry import register_task
 from fedcomp.platform.rng import generator

@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils._pytree import register_dataclass
 
-from fedcomp.platform.models import FlatModel
+from fedcomp.models.functional import FlatModel
 from fedcomp.platform.problems import COMPOSITIONAL, CONDITIONAL
 from fedcomp.platform.tasks.base import Task
 

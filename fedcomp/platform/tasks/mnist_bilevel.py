@@ -30,7 +30,7 @@ from pydantic import Field
 from torch import Tensor
 
 from fedcomp.datasets import mnist, partition
-from fedcomp.platform.config import Params
+from fedcomp.platform.params import Params
 from fedcomp.platform.errors import ConfigError
 from fedcomp.platform.problems import BILEVEL
 from fedcomp.platform.registry import register_task

@@ -16,8 +16,9 @@ from pydantic import Field
 from torch import Tensor
 
 from fedcomp.datasets.synthetic import GaussianMixtureStream
-from fedcomp.platform.config import Params
-from fedcomp.platform.models import FlatModel, mlp
+from fedcomp.platform.params import Params
+from fedcomp.models.functional import FlatModel
+from fedcomp.models.mlp import mlp
 from fedcomp.platform.problems import PLAIN
 from fedcomp.platform.registry import register_task
 from fedcomp.platform.rng import generator

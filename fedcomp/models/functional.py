@@ -32,13 +32,3 @@ class FlatModel:
 
     def __call__(self, x: Tensor, *inputs: Tensor) -> Tensor:
         return functional_call(self.module, self.unflatten(x), inputs)
-
-
-def mlp(sizes: list[int]) -> nn.Sequential:
-    """A ReLU multilayer perceptron with the given layer widths."""
-    layers: list[nn.Module] = []
-    for i, (fan_in, fan_out) in enumerate(zip(sizes[:-1], sizes[1:])):
-        layers.append(nn.Linear(fan_in, fan_out))
-        if i < len(sizes) - 2:
-            layers.append(nn.ReLU())
-    return nn.Sequential(*layers)

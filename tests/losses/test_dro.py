@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fedcomp.platform.dro_losses import (
+from fedcomp.losses.dro import (
     chi2_dro,
     chi2_feasible,
     chi2_value,

@@ -7,7 +7,7 @@ implemented by the module :class:`ShortcutA` rather than a lambda so the model p
 With 10 outputs it has 269,722 parameters (269,137 with 1), the count of the RECOVER and LibAUC versions.
 
 BatchNorm running statistics are **buffers, not parameters**: they are not in the flat vector that
-algorithms average, and :class:`~fedcomp.platform.models.FlatModel` in train mode would update the
+algorithms average, and :class:`~fedcomp.models.functional.FlatModel` in train mode would update the
 module's own buffers as a hidden side effect (different on every Ray actor). Two ways to keep runs
 deterministic and backend-independent:
 
@@ -36,7 +36,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call
 
-from fedcomp.platform.models import FlatModel
+from fedcomp.models.functional import FlatModel
 
 __all__ = ["BasicBlock", "FlatBNModel", "ResNet20", "ShortcutA", "init_flat", "resnet20"]
 

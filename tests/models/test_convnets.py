@@ -6,9 +6,9 @@ import pytest
 import torch
 from torch import nn
 
-from fedcomp.platform.convnets import cifar_conv, densenet121, fashion_conv, mnist_conv, output_weight_slice
-from fedcomp.platform.models import FlatModel
-from fedcomp.platform.resnet import init_flat, resnet20
+from fedcomp.models.convnets import cifar_conv, densenet121, fashion_conv, mnist_conv, output_weight_slice
+from fedcomp.models.functional import FlatModel
+from fedcomp.models.resnet import init_flat, resnet20
 
 
 def count(module: nn.Module) -> int:

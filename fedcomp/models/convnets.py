@@ -12,15 +12,15 @@
   weights** (they would be downloaded, and the paper does not say whether Melanoma used ImageNet
   pre-training, EXPERIMENTS.md E10). Its BatchNorm layers keep no running statistics (see below).
 * ResNet20 (CIFAR, option A, 269,137 parameters with one output) is
-  :func:`fedcomp.platform.resnet.resnet20` with ``num_outputs=1``.
+  :func:`fedcomp.models.resnet.resnet20` with ``num_outputs=1``.
 
-BatchNorm: as :mod:`fedcomp.platform.resnet` explains, running statistics are module buffers that a flat
+BatchNorm: as :mod:`fedcomp.models.resnet` explains, running statistics are module buffers that a flat
 parameter vector does not carry; the platform's federated default normalises with the current batch's
 statistics in training and evaluation (``track_running_stats=False``), so the flat vector is the whole
-model state and :class:`~fedcomp.platform.models.FlatModel` works unchanged. :func:`densenet121` converts
+model state and :class:`~fedcomp.models.functional.FlatModel` works unchanged. :func:`densenet121` converts
 torchvision's layers to that mode (``running_stats=True`` keeps them, for :class:`FlatBNModel`).
 
-Weights are not initialised here: draw a flat vector with :func:`fedcomp.platform.resnet.init_flat`
+Weights are not initialised here: draw a flat vector with :func:`fedcomp.models.resnet.init_flat`
 (``"xavier"`` is D-AUPRC's and LibAUC's scheme). :func:`output_weight_slice` locates the last linear
 layer's weight matrix in that flat vector.
 """

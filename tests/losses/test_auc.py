@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fedcomp.platform.auc_losses import (
+from fedcomp.losses.auc import (
     ap_surrogate_loss,
     ap_weighted_surrogate,
     auc_optimum,

@@ -8,8 +8,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fedcomp.platform.models import FlatModel
-from fedcomp.platform.resnet import FlatBNModel, ShortcutA, init_flat, resnet20
+from fedcomp.models.functional import FlatModel
+from fedcomp.models.resnet import FlatBNModel, ShortcutA, init_flat, resnet20
 
 
 @pytest.mark.parametrize(("outputs", "count"), [(10, 269_722), (1, 269_137), (100, 275_572)])

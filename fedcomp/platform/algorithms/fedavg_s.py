@@ -1,0 +1,55 @@
+"""FedAvg-S -- local stochastic gradient descent-ascent with periodic averaging ("Efficient Algorithms for
+Federated Saddle Point Optimization", Hou et al. 2021), the minimax baseline of the FedNest paper (Fig. 4):
+
+    every client:  x <- x - alpha grad_x f_i(x, y; z),   y <- y + beta grad_y f_i(x, y; z)   (simultaneous)
+    every ``local_steps`` steps the server averages x and y.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from pydantic import Field
+from torch import Tensor
+
+from fedcomp.platform.algorithms.base import LocalSteps, Tensors, batch_size
+from fedcomp.platform.algorithms.fednest import Point
+from fedcomp.platform.oracles import grad_xy
+from fedcomp.platform.params import Params
+from fedcomp.platform.problems import MINIMAX, MinimaxProblem
+from fedcomp.platform.registry import register_algorithm
+
+
+class FedAvgSHParams(Params):
+    """alpha (``lr``), beta (``inner_lr``), the period (``local_steps``) and the batch."""
+
+    lr: float = Field(0.01, gt=0, description="descent step on x")
+    inner_lr: float = Field(0.01, gt=0, description="ascent step on y")
+    local_steps: int = Field(1, ge=1, description="simultaneous local steps per round")
+    outer_batch: int | None = Field(None, ge=1, description="batch per step; null = all local data")
+
+
+@register_algorithm("fedavg-s")
+class FedAvgS(LocalSteps[Point, Point]):
+    """FedAvg-S (Hou et al. 2021): local simultaneous SGDA x <- x - alpha grad_x f, y <- y + beta grad_y f;
+    x and y averaged every ``local_steps`` steps."""
+
+    kind = MINIMAX
+    HParams = FedAvgSHParams
+    Client = Server = Point
+    description = "FedAvg-S: local simultaneous gradient descent-ascent, x and y averaged (minimax)"
+    vectorisable = False  # grad_xy is plain autograd, which torch.func.vmap cannot batch
+    hp: FedAvgSHParams
+
+    def init(self, variables: Tensors) -> Point:
+        return Point(x=variables["x"].clone(), y=variables["y"].clone())
+
+    def draw(self, problem: MinimaxProblem, client: int, step: int, gen: torch.Generator) -> tuple[Any, int]:
+        batch = problem.sample(client, "outer", self.hp.outer_batch, gen)
+        return batch, batch_size(batch)
+
+    def update(self, problem: MinimaxProblem, state: Point, batch: Any, step: int) -> tuple[Point, Tensor]:
+        gx, gy = grad_xy(lambda a, b: problem.loss(a, b, batch), state.x, state.y)
+        loss = problem.loss(state.x, state.y, batch).detach()
+        return Point(x=state.x - self.hp.lr * gx, y=state.y + self.hp.inner_lr * gy), loss

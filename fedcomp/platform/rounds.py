@@ -1,0 +1,137 @@
+"""What a round program talks to: :class:`Round`, a view of the federation for one server round.
+
+A round program (``Algorithm.round``) reads like the paper's pseudo-code over a few primitives:
+
+* ``fed.cohort(k)``: the clients of the round's k-th sampled cohort;
+* ``fed.local_steps(broadcast, steps)``: every cohort client runs the algorithm's ``local_steps`` client
+  program from the broadcast values; returns the cohort means of the averaged fields;
+* ``fed.call(program, cohort, broadcast)``: run any named client program; returns the means of its outputs;
+  ``message="embedding"`` marks a low-dimensional exchange (FedDRO's inner value) counted apart from the
+  model-sized messages.
+
+The round counts what it does as the papers count it -- a model-sized call is one communication round with
+its floats per participating client, an embedding call one exchange -- so an algorithm never builds its
+:class:`RoundRecord` by hand; ``fed.count(local_steps=...)`` adds local steps a program took outside
+``local_steps``, and ``fed.train_loss`` may be set to the loss the round should report.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Literal, Mapping
+
+import torch
+from torch import Tensor
+
+from fedcomp.platform.state import Means, State
+
+
+@dataclass
+class RoundRecord:
+    """What one round adds to the counters (floats: per participating client), and its training loss.
+
+    ``comm_rounds`` and ``floats_*`` count model-sized messages; ``embedding_*`` count the low-dimensional
+    exchanges some algorithms make between them (FedDRO's inner value, every local step).
+    """
+
+    comm_rounds: int
+    local_steps: int
+    samples: int
+    floats_up: int
+    floats_down: int
+    train_loss: float
+    embedding_exchanges: int = 0
+    embedding_floats_up: int = 0
+    embedding_floats_down: int = 0
+
+
+class Round:
+    """One server round's access to the clients, with the round's counters."""
+
+    def __init__(
+        self,
+        federation: Any,
+        number: int,
+        cohort: Callable[[int], list[int]],
+        rng: Callable[..., torch.Generator],
+        problem: Any,
+        clients: int,
+    ) -> None:
+        self.federation = federation
+        self.number = number
+        """The round's index (0-based)."""
+        self._cohort = cohort
+        self.rng = rng
+        """``rng(*ids)`` -> a server-side generator keyed by the round and ``ids``."""
+        self.problem = problem
+        """The task's problem object for the algorithm's kind (for properties such as ``minimax``; no data)."""
+        self.clients = clients
+        """N, the number of registered clients (for server updates that scale by the participating share |S|/N)."""
+        self.record = RoundRecord(0, 0, 0, 0, 0, float("nan"))
+        self._calls = 0
+        self._loss: float | None = None
+
+    def cohort(self, k: int = 0) -> list[int]:
+        """The clients of the round's k-th sampled cohort (FedNest resamples per sub-round: 0, 1, ...)."""
+        return self._cohort(k)
+
+    @property
+    def train_loss(self) -> float:
+        """The loss the round reports: the last call's mean training loss unless set."""
+        return self.record.train_loss if self._loss is None else self._loss
+
+    @train_loss.setter
+    def train_loss(self, value: float) -> None:
+        self._loss = value
+
+    def call(
+        self,
+        program: str,
+        cohort: list[int],
+        broadcast: Mapping[str, Tensor] | State,
+        *,
+        sub: int | None = None,
+        message: Literal["model", "embedding"] | None = "model",
+    ) -> Means:
+        """Run the client program ``program`` on ``cohort`` with ``broadcast``; the means of its outputs.
+
+        ``sub`` numbers the call within the round (it keys the clients' random streams); by default calls are
+        numbered 0, 1, 2, ... in the order the round makes them. ``message=None``: the call is one half of a
+        protocol step whose messages straddle calls (the model goes down with one call and comes back with
+        the next); it counts its samples only, and the round program counts the protocol's messages with
+        :meth:`count`.
+        """
+        payload = broadcast.tensors() if isinstance(broadcast, State) else dict(broadcast)
+        sub = self._calls if sub is None else sub
+        self._calls += 1
+        out = self.federation.call(program, self.number, cohort, payload, sub)
+        r = self.record
+        r.samples += out.samples
+        r.train_loss = out.loss
+        if message is None:
+            pass
+        elif message == "model":
+            r.comm_rounds += 1
+            r.floats_up += out.floats_up
+            r.floats_down += out.floats_down
+        else:
+            r.embedding_exchanges += 1
+            r.embedding_floats_up += out.floats_up
+            r.embedding_floats_down += out.floats_down
+        return Means(out.means)
+
+    def local_steps(self, broadcast: Mapping[str, Tensor] | State, steps: int, cohort: list[int] | None = None) -> Means:
+        """``steps`` local steps on every client of ``cohort`` (default: the round's), then the cohort means."""
+        means = self.call("local_steps", self.cohort() if cohort is None else cohort, broadcast)
+        self.count(local_steps=steps)
+        return means
+
+    def count(self, **counts: int) -> None:
+        """Add to the round's counters what its calls do not count themselves (e.g. local steps of sub-rounds)."""
+        for name, value in counts.items():
+            setattr(self.record, name, getattr(self.record, name) + value)
+
+    def finish(self) -> RoundRecord:
+        """The round's record (after the round program returned)."""
+        self.record.train_loss = self.train_loss
+        return self.record

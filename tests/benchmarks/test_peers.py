@@ -1,0 +1,143 @@
+"""``benchmarks/peers.py``, the side-by-side benchmark against pfl and Flower: the harness's own logic (the
+peers themselves are never installed by the tests)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+import peers
+import pytest
+import torch
+
+from fedcomp import bench
+
+SMALL = peers.Workload("small", clients=20, rounds=3, cohort=4, local_steps=2)
+
+
+def exit_code(argv: list[str]) -> int:
+    """The harness's exit code for ``argv``, argparse's refusals (SystemExit) included."""
+    try:
+        return peers.main(argv)
+    except SystemExit as stop:
+        return int(stop.code)
+
+
+def test_workload_data_is_seeded_and_is_what_fedcomp_trains_on():
+    a, b = peers.workload_arrays(SMALL), peers.workload_arrays(SMALL)
+    assert set(a) == {"init", "cohorts", "features", "labels"}
+    for key in a:
+        np.testing.assert_array_equal(a[key], b[key])
+    assert a["features"].shape == (3, 4, 2 * bench.BATCH, bench.FEATURES) and a["features"].dtype == np.float32
+    assert all(len(set(row)) == 4 for row in a["cohorts"].tolist())
+    other = peers.workload_arrays(peers.Workload("small", clients=40, rounds=3, cohort=4, local_steps=2))
+    assert not np.array_equal(a["cohorts"], other["cohorts"])
+
+    # FedAvg on the written arrays gives the plain loop's (and so fedcomp's) final weights bit for bit
+    from fedcomp.platform.federation import build_task
+
+    config = SMALL.config()
+    task = build_task(config)
+    x = torch.from_numpy(a["init"].copy())
+    for r in range(SMALL.rounds):
+        total = torch.zeros(x.numel(), dtype=torch.float64)
+        for j in range(a["cohorts"].shape[1]):
+            xc = x.clone()
+            for s in range(SMALL.local_steps):
+                rows = slice(s * bench.BATCH, (s + 1) * bench.BATCH)
+                batch = (torch.from_numpy(a["features"][r, j, rows]), torch.from_numpy(a["labels"][r, j, rows]))
+                xg = xc.detach().requires_grad_(True)
+                (grad,) = torch.autograd.grad(task.loss(xg, batch), xg)
+                xc = xc - bench.LR * grad
+            total += xc.double()
+        x = (total / a["cohorts"].shape[1]).float()
+    assert bench.weights_hash(x) == bench.weights_hash(bench.run_plain(config, 0).final)
+
+
+def fake_run(runner, workload, workers, repeat, round_ms, final, startup=1.0, peak_mib=100):
+    return peers.PeerRun(runner, workload, workers, repeat, startup, [round_ms / 1e3] * workload.rounds,
+                         peak_mib * 2**20, np.asarray(final, dtype=np.float32), {runner: "1.0"},
+                         {1: (f"{runner}-main", peak_mib * 2**20)})
+
+
+def test_peer_table_takes_medians_and_compares_with_the_plain_loop():
+    w = peers.Workload("small", clients=100, rounds=4)
+    ref = [0.5, -0.25]
+    runs = [fake_run("plain", w, 1, i, ms, ref) for i, ms in enumerate((10, 12, 11))]
+    runs += [fake_run("ray", w, 2, i, ms, ref, startup=s, peak_mib=m)
+             for i, (ms, s, m) in enumerate(((30, 4.0, 900), (20, 5.0, 1100), (25, 6.0, 1000)))]
+    runs += [fake_run("flower", w, 2, i, 500, [0.5, -0.25 + 1e-7]) for i in range(3)]
+    rows, round_s = peers.summarise_peers(runs)
+    cells = {(r.cells["runner"], r.cells["workers"]): r.cells for r in rows}
+    assert list(cells) == [("fedcomp ray", "2"), ("plain PyTorch", "1"), ("Flower", "2")]
+    ray = cells[("fedcomp ray", "2")]
+    assert ray["round (ms)"] == "25.0" and ray["overhead vs plain (ms/round)"] == "+14.0"
+    assert ray["start-up (s)"] == "5.00" and ray["peak memory (MiB)"] == "1000" and ray["client updates/s"] == "400"
+    assert ray["final weights sha256"] == cells[("plain PyTorch", "1")]["final weights sha256"]
+    assert ray["max abs diff vs plain"] == "0.0e+00" and cells[("Flower", "2")]["max abs diff vs plain"] == "1.0e-07"
+    assert cells[("plain PyTorch", "1")]["overhead vs plain (ms/round)"] == "—"
+
+    table = bench.render(peers.PEER_COLUMNS, rows, markdown=True)
+    assert table[0].startswith("| model | clients | rounds | runner |") and len(table) == 2 + len(rows)
+    targets = "\n".join(peers.peer_target_lines(runs, round_s))
+    assert "+14.0 ms" in targets and "20.0x" in targets
+    assert "fedcomp ray, small 100 clients, 2 worker(s), peak" in "\n".join(peers.memory_lines(runs))
+
+
+def test_tree_memory_counts_children(tmp_path):
+    child = subprocess.Popen([sys.executable, "-c", "import time; x = bytearray(64 << 20); time.sleep(30)"])
+    try:
+        memory = peers.TreeMemory(os.getpid())
+        deadline = time.time() + 20
+        while time.time() < deadline and memory.sample() < peers.process_memory(os.getpid()) + (48 << 20):
+            time.sleep(0.1)
+        assert child.pid in memory.seen
+        assert memory.peak >= peers.process_memory(os.getpid()) + (48 << 20)
+    finally:
+        child.kill()
+        child.wait()
+
+
+@pytest.mark.parametrize("runner, says", [("pfl", "pfl 0.6 is not installed"), ("flower", "Flower 1.42 is not installed")])
+def test_a_missing_peer_is_one_line_and_exit_2(tmp_path, capsys, runner, says):
+    args = ["--quick", "--no-install", "--bench-dir", str(tmp_path), "--runners", runner]
+    assert peers.main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and says in err[0] and "--no-install" in err[0]
+    assert not (tmp_path / "work").exists()  # failed before any work
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--clients", "10"], "unrecognized arguments: --clients 10"),  # its workloads are fixed
+    (["--markdown"], "unrecognized arguments: --markdown"),
+    (["--runners", "tff"], "argument --runners: invalid choice: 'tff'"),
+    (["--repeats", "0"], "--repeats = 0: must be >= 1"),
+])
+def test_peers_bad_flags(tmp_path, capsys, argv, says):
+    assert exit_code([*argv, "--bench-dir", str(tmp_path)]) == 2
+    assert says in capsys.readouterr().err
+    assert not (tmp_path / "work").exists()
+
+
+@pytest.mark.slow
+def test_peers_quick_with_fedcomp_runners_only(tmp_path, capsys):
+    """The harness end to end (subprocesses, memory, report) with the runners that need no peer installed."""
+    out = tmp_path / "RESULTS.md"
+    args = ["--quick", "--runners", "local", "plain", "--bench-dir", str(tmp_path), "--results", str(out)]
+    assert peers.main(args) == 0
+    text = out.read_text()
+    assert text.strip() == capsys.readouterr().out.strip()
+    rows = {}
+    for line in (ln for ln in text.splitlines() if ln.startswith("| small")):
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        rows[cells[3]] = dict(zip(peers.PEER_COLUMNS, cells))
+    assert set(rows) == {"fedcomp local", "plain PyTorch"}
+    assert rows["fedcomp local"]["final weights sha256"] == rows["plain PyTorch"]["final weights sha256"]
+    assert rows["fedcomp local"]["max abs diff vs plain"] == "0.0e+00"
+    for cells in rows.values():
+        assert float(cells["round (ms)"]) > 0 and float(cells["peak memory (MiB)"]) > 10
+        assert float(cells["start-up (s)"]) > 0 and float(cells["test acc"]) > 0
+    assert "machine:" in text and "load average" in text and "python benchmarks/peers.py --quick" in text
