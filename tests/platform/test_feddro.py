@@ -122,7 +122,7 @@ def test_feddro_with_a_partial_cohort_matches_a_hand_computation():
         {"task": {"name": "heterogeneous-composition", "heterogeneity": 1.0},
          "algorithm": {"name": "feddro", "lr": lr, "beta": beta, "local_steps": steps},
          "federation": {"clients": K, "clients_per_round": per_round, "backend": "local"},
-         "run": {"progress": "none", "out": "/tmp/fedcomp-test-feddro"}}
+         "run": {"progress": "none", "out": results_root()}}
     )
     task, server = build_task(cfg), Server(cfg, LocalFederation)
     for _ in range(rounds):
