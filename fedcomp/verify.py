@@ -39,6 +39,7 @@ ALLOWED = (
 )
 """Settings a verification may change: where the clients run, never what they compute."""
 NOT_COMPARED = ("wall_time",)
+NOT_RECORDED = "environment not recorded in the original run"
 
 
 @dataclass(frozen=True)
@@ -86,7 +87,9 @@ class Verification:
                          + (f"; {'; '.join(self.problems)}" if self.problems else ""))
             lines += [f"  {d.column}: {d.rows} of {self.rows} rows differ, max abs diff {d.max_abs_diff:.3g}"
                       for d in self.differences]
-        if self.environment:
+        if self.environment == [NOT_RECORDED]:
+            lines.append("environment: not recorded in the original run (written before fedcomp recorded it)")
+        elif self.environment:
             lines.append("environment differs from the original's:")
             lines += [f"  {line}" for line in self.environment]
         else:

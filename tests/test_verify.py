@@ -87,6 +87,16 @@ def test_a_tampered_metrics_file_and_environment_are_reported(tmp_path, capsys):
     assert any(line.strip().startswith("packages.torch: 0.0.1 -> ") for line in out)
 
 
+def test_a_run_without_a_recorded_environment_still_verifies(tmp_path):
+    run_dir = finished_run(tmp_path)
+    meta = json.loads((run_dir / "run.json").read_text())
+    del meta["environment"]
+    (run_dir / "run.json").write_text(json.dumps(meta))
+    outcome = fedcomp.verify(run_dir, progress="none")
+    assert outcome.identical
+    assert "environment: not recorded in the original run" in outcome.report()
+
+
 def test_a_missing_row_is_reported(tmp_path):
     run_dir = finished_run(tmp_path)
     pd.read_parquet(run_dir / "metrics.parquet").iloc[:-1].to_parquet(run_dir / "metrics.parquet", index=False)

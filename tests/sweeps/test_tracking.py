@@ -8,7 +8,6 @@ import pytest
 
 import fedcomp
 from fedcomp.platform import tracking
-from fedcomp.sweeps.callbacks import trial_label
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
@@ -68,9 +67,3 @@ def test_tensorboard_event_files_in_every_trial_folder_and_none_without_tracking
     none = sweep(tmp_path / "none", "none")
     assert not list(none.path.rglob("events.out.tfevents.*"))
     assert len(list(none.path.rglob("progress.csv"))) == 2  # Tune's own result files stay
-
-
-def test_trial_labels_flatten_grid_points():
-    assert trial_label({"point": {"algorithm.name": "fcsg", "algorithm.lr": 0.1}, "run.seed": 1}) == \
-        "algorithm.name=fcsg algorithm.lr=0.1 run.seed=1"
-    assert trial_label({"algorithm.lr": 0.02, "run.seed": 0}) == "algorithm.lr=0.02 run.seed=0"

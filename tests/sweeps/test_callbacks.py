@@ -1,0 +1,63 @@
+"""The sweep's progress callback (a line per finished trial, or a bar on a terminal with Tune's output off)
+and its trial labels, on stand-in trials: no Tune run needed."""
+
+from __future__ import annotations
+
+import io
+import sys
+from types import SimpleNamespace
+
+from fedcomp.sweeps.callbacks import TrialProgress, trial_label
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def trial(lr: float, value: float, metric: str = "test_accuracy") -> SimpleNamespace:
+    return SimpleNamespace(config={"point": {"algorithm.lr": lr}, "run.seed": 0}, last_result={metric: value})
+
+
+def test_a_line_per_finished_trial_with_counts_metric_and_eta(monkeypatch):
+    err = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", err)
+    progress = TrialProgress(3, "test_accuracy", "max", progress="auto", verbose=1)
+    progress.setup()
+    progress.on_trial_complete(1, [], trial(0.1, 0.9))
+    progress.on_trial_error(2, [], trial(0.5, float("nan")))
+    progress.on_trial_complete(3, [], trial(0.01, 0.7))
+    lines = err.getvalue().splitlines()
+    assert [line.split("  ")[0] for line in lines] == ["trial 1/3 completed", "trial 2/3 failed", "trial 3/3 completed"]
+    assert "algorithm.lr=0.1 run.seed=0  test_accuracy=0.9000  elapsed" in lines[0] and "eta" in lines[0]
+    assert "eta" not in lines[2]
+    assert progress.best == 0.9 and progress.failed == 1
+
+
+def test_a_bar_over_trials_on_a_terminal_when_tunes_output_is_off(monkeypatch):
+    err = Terminal()
+    monkeypatch.setattr(sys, "stderr", err)
+    progress = TrialProgress(2, "test_loss", "min", progress="auto", verbose=0)
+    progress.setup()
+    progress.on_trial_complete(1, [], trial(0.1, 0.5, "test_loss"))
+    progress.on_trial_complete(2, [], trial(0.2, 0.3, "test_loss"))
+    progress.on_experiment_end([])
+    text = err.getvalue()
+    assert "2/2" in text and "trial" in text and "best test_loss=0.3000" in text
+    assert "trial 1/2 completed" not in text
+
+
+def test_the_callback_pickles_without_its_bar(monkeypatch):
+    import pickle
+
+    monkeypatch.setattr(sys, "stderr", Terminal())
+    progress = TrialProgress(2, "test_accuracy", "max", verbose=0)
+    progress.setup()
+    copy = pickle.loads(pickle.dumps(progress))
+    assert copy._bar is None and copy.total == 2
+
+
+def test_trial_labels_flatten_grid_points():
+    assert trial_label({"point": {"algorithm.name": "fcsg", "algorithm.lr": 0.1}, "run.seed": 1}) == \
+        "algorithm.name=fcsg algorithm.lr=0.1 run.seed=1"
+    assert trial_label({"algorithm.lr": 0.02, "run.seed": 0}) == "algorithm.lr=0.02 run.seed=0"
