@@ -74,8 +74,8 @@ from pydantic import Field, model_validator
 from torch import Tensor
 
 from fedcomp.losses.dro import DualPenalty, project_simplex, robust_loss, robust_weights
-from fedcomp.platform.algorithms.base import ClientContext, StepInfo, Tensors, batch_size
-from fedcomp.platform.algorithms.feddro import Compositional, CompositionalHParams, Model, ModelEstimate, unsent
+from fedcomp.platform.algorithms.base import ClientContext, Exchange, StepInfo, Tensors, batch_size
+from fedcomp.platform.algorithms.feddro import Compositional, CompositionalHParams, Model, unsent
 from fedcomp.platform.errors import ConfigError
 from fedcomp.platform.oracles import inner_and_jacobian, outer_grad, plain_grad, plain_inner_vjp
 from fedcomp.platform.params import Params
@@ -299,12 +299,11 @@ def _slot(cohort: Tensor, client: int) -> int:
     return int(hits[0, 0])
 
 
-def _count_step(fed: Round, d: int, up: int = 0, down: int = 0) -> None:
-    """One parallel step as the protocol sends it: a model round (d floats each way), and one low-dimensional
-    exchange of ``up`` / ``down`` floats where there is one."""
-    fed.count(comm_rounds=1, floats_up=d, floats_down=d, local_steps=1)
-    if up or down:
-        fed.count(embedding_exchanges=1, embedding_floats_up=up, embedding_floats_down=down)
+def _count_step(fed: Round, d: int, up: int, down: int) -> None:
+    """One parallel step as the protocol sends it: a model round (d floats each way) and one low-dimensional
+    exchange of ``up`` / ``down`` floats (the simulation's zero-padded cohort vectors are not charged)."""
+    fed.count(comm_rounds=1, floats_up=d, floats_down=d, local_steps=1,
+              embedding_exchanges=1, embedding_floats_up=up, embedding_floats_down=down)
 
 
 # ------------------------------------------------------------------------------------------------ GCIVR
@@ -402,32 +401,25 @@ class ParallelMBSGD(Compositional):
     """Mini-batch SGD for compositional problems in parallel: y = <g_k(x; b)>, then a step on a fresh batch b'."""
 
     HParams: ClassVar[type[Params]] = ParallelHParams
-    Client = ModelEstimate
     description = "MBSGD (Ghadimi & Lan) in parallel: <g_k(x; b)> exchanged, grad on fresh b', 1 round/step"
 
-    def inner_value(self, problem: GlobalCompositionalProblem, client: ModelEstimate, ctx: ClientContext) -> tuple[ModelEstimate, Tensors, StepInfo]:
-        """g_k(x_t; b_k)."""
-        batch = problem.sample(ctx.client, self.hp.outer_batch, ctx.rng(ctx.round, "inner"))
+    def step(self, problem: GlobalCompositionalProblem, client: Model, ctx: ClientContext) -> Exchange[Model]:
+        """g_k(x_t; b_k) exchanged for y = <g_k>, then grad h_k + grad g_k^T grad f(y) on an independent b'_k."""
+        inner = problem.sample(ctx.client, self.hp.outer_batch, ctx.rng(ctx.round, "inner"))
         with torch.no_grad():
-            y = problem.inner(client.x, batch)
-        return client, {"y": y}, StepInfo(batch_size(batch))
-
-    def gradient(self, problem: GlobalCompositionalProblem, client: ModelEstimate, ctx: ClientContext) -> tuple[ModelEstimate, Tensors, StepInfo]:
-        """grad h_k(x_t; b'_k) + grad g_k(x_t; b'_k)^T grad f(y) on a batch independent of b_k."""
+            g = problem.inner(client.x, inner)
+        y = (yield {"y": g}).y
         batch = problem.sample(ctx.client, self.hp.outer_batch, ctx.rng(ctx.round))
-        v, _ = outer_grad(problem, client.y)
-        grad, h, _ = plain_inner_vjp(problem, client.x, batch, v)
-        return client, {"grad": grad}, StepInfo(batch_size(batch), float(h))
+        grad, h, _ = plain_inner_vjp(problem, client.x, batch, outer_grad(problem, y)[0])
+        return client, {"grad": grad}, StepInfo(batch_size(inner) + batch_size(batch), float(h))
 
     def round(self, fed: Round, server: Model) -> Model:
         """x_t down, g_k up and y = <g_k> down (one exchange), the gradient up (the model round), the step."""
-        cohort, x = fed.cohort(), server.x
-        y = fed.call("inner_value", cohort, ModelEstimate(x=x, y=unsent()), message=None).y
-        grad = fed.call("gradient", cohort, ModelEstimate(x=x, y=y), message=None).grad
+        means = fed.exchange("step", fed.cohort(), server, 1)
+        fed.count(local_steps=1)
         with torch.no_grad():
-            fed.train_loss = fed.train_loss + float(fed.problem.outer(y))
-        _count_step(fed, x.numel(), up=y.numel(), down=y.numel())
-        return Model(x=x - self.hp.lr_at(fed.number) * grad)
+            fed.train_loss = fed.train_loss + float(fed.problem.outer(means.y))
+        return Model(x=server.x - self.hp.lr_at(fed.number) * means.grad)
 
 
 # ------------------------------------------------------------------------------------------------ FastDRO
