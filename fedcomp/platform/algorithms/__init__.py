@@ -8,8 +8,10 @@ from fedcomp.platform.algorithms import (  # noqa: F401
     feddro,
     fednest,
     fedprox,
+    gcivr,
     local_scgdam,
     local_sgdm,
+    pdsgd,
     scaffold,
     scgd,
 )
