@@ -133,7 +133,7 @@ def offline_sections(grid: dict[tuple[str, float], dict[int, pd.DataFrame]], cho
         "initialisation, batches; the data split is fixed). Baseline settings: GCIVR with fresh initial estimates, "
         "no refresh, plain SGD steps; FastDRO with a χ² set of size ρ = 1 and no penalty; PDSGD on the task's KL game "
         f"(λ = {p.task.lam:g}) with dual step τ = 0.05 (defaults; PDSGD's form is our reconstruction, see "
-        "`fedcomp/platform/algorithms/dro_baselines.py`). Worst-class test recall is the lowest per-class recall on "
+        "`fedcomp/platform/algorithms/pdsgd.py`). Worst-class test recall is the lowest per-class recall on "
         "the balanced test set; the KL robust loss is λ log mean exp(ℓ/λ) over the whole training set.",
         "",
         "| algorithm | lr | " + " | ".join(METRICS.values()) + " |",

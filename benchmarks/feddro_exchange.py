@@ -64,11 +64,11 @@ def write_report(printed: list[str], seconds: float) -> None:
         "",
         "Reading it (a fixed note of the script, not a measurement): the rows at d = 10 isolate the per-step "
         "exchange, since there FedDRO's extra computation is negligible. At d = 1,000,000 the Ray difference also "
-        "holds d-sized work that FedAvg-CO case I does not do: FedDRO's model-round call is not transient, so each "
-        "actor also ships its clients' private state (x_prev and x_local, 2 d floats per client) to the object store "
-        "once per round, for recovery and checkpoints (`fedcomp/platform/federation.py`, `ClientHost.run`); the "
-        "per-step calls themselves carry only y. The d = 1,000,000 rows also move with the machine's load (it is "
-        "shared): compare the range column.",
+        "holds d-sized work that FedAvg-CO case I does not do: at the end of each round every actor also ships its "
+        "clients' private state (x_prev, d floats per client) to the object store, for recovery and checkpoints "
+        "(`fedcomp/platform/federation.py`, `ClientHost`); the per-step answers to the clients' generator programs "
+        "(`fed.exchange`) carry only y. The d = 1,000,000 rows also move with the machine's load (it is shared): "
+        "compare the range column.",
         "",
     ]
     common.put_section(REPORT, "feddro_exchange.py", "\n".join(section))

@@ -23,8 +23,8 @@ class ClientActor:
         self.host = ClientHost(config, clients, device)
         self.incarnation = incarnation
         # Fault injection for the reliability tests: FEDCOMP_FAULT_KILL="<round>:<first client of the actor>"
-        # (or "<round>:<client>:<sub>") makes the first incarnation of that actor die (a real process exit)
-        # in that round (and sub-round).
+        # (or "<round>:<client>:<sub>", or "<round>:<client>:<sub>:<step>" for a step of an exchange: 0 =
+        # begin, k = the k-th answer) makes the first incarnation of that actor die (a real process exit) there.
         self._kill = os.environ.get("FEDCOMP_FAULT_KILL", "")
 
     def ready(self) -> dict:
@@ -39,13 +39,37 @@ class ClientActor:
     def load_private(self, states: dict[int, Tensors]) -> None:
         self.host.load_private(states)
 
+    def _die_at(self, *where: int) -> None:
+        """Exit the process if this is the first incarnation and ``where`` is the fault to inject."""
+        first = self.host.clients[0]
+        spec = ":".join(str(w) for w in (where[0], first, *where[1:]))
+        if self.incarnation == 0 and self._kill in (spec, f"{where[0]}:{first}"):
+            os._exit(1)
+
+    @staticmethod
+    def _split(partial: Partial) -> tuple[Partial, dict[int, Tensors]]:
+        """The partial sums, and (as a separate object) copies of the clients' private state."""
+        private, partial.private = partial.private, {}
+        return partial, private
+
     @ray.method(num_returns=2)
     def run(
         self, program: str, round: int, cohort: Sequence[int], payload: np.ndarray, layout: Layout, sub: int = 0
     ) -> tuple[Partial, dict[int, Tensors]]:
-        """The partial sums, and (as a separate object) copies of the clients' private state."""
-        if self.incarnation == 0 and self._kill in (f"{round}:{self.host.clients[0]}", f"{round}:{self.host.clients[0]}:{sub}"):
-            os._exit(1)
-        partial = self.host.run(program, round, cohort, payload, layout, sub)
-        private, partial.private = partial.private, {}
-        return partial, private
+        self._die_at(round, sub)
+        return self._split(self.host.run(program, round, cohort, payload, layout, sub))
+
+    @ray.method(num_returns=2)
+    def begin(
+        self, program: str, round: int, cohort: Sequence[int], payload: np.ndarray, layout: Layout, sub: int = 0,
+        last: bool = False,
+    ) -> tuple[Partial, dict[int, Tensors]]:
+        self._die_at(round, sub, 0)
+        return self._split(self.host.begin(program, round, cohort, payload, layout, sub, last))
+
+    @ray.method(num_returns=2)
+    def resume(self, payload: np.ndarray, layout: Layout, last: bool = False) -> tuple[Partial, dict[int, Tensors]]:
+        session = self.host.session
+        if session is not None:
+            self._die_at(session.round, session.sub, session.step + 1)
+        return self._split(self.host.resume(payload, layout, last))

@@ -8,12 +8,16 @@ on arrival order or packing). An actor that dies is replaced by a fresh one that
 private state back from the object store (each reply leaves a copy there), and only its share of the round
 is run again -- which gives the
 same numbers as an undisturbed round, because every random draw is keyed by (seed, client, step).
+
+A generator program (``begin`` / ``resume``, for ``fed.exchange``) lives in its actor between the steps of
+an exchange and cannot be shipped; a replacement actor re-creates it from the clients' saved state and
+replays the logged answers (the means sent so far), as it replays transient calls.
 """
 
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Callable
 
 import ray
 from ray.exceptions import RayActorError
@@ -26,6 +30,8 @@ from fedcomp.platform.errors import ClientFailure, ResourceError
 from fedcomp.platform.federation import Layout, Partial, build_algorithm, combine
 
 RemoteClient = ray.remote(ClientActor)
+Submit = Callable[[Any, list[int]], Any]
+"""One step of a federation call on one actor: ``submit(actor, its cohort members) -> (partial, private) refs``."""
 INLINE_BYTES = 100 * 1024
 PHASES = ("serialise broadcast", "submit actor calls", "actor compute (slowest actor)",
           "transport, scheduling, replies", "combine partials")
@@ -61,8 +67,11 @@ class RayFederation:
         self.private_refs: dict[int, Any] = {}
         """Client -> the object holding its latest saved private state (the reply of the last saving call)."""
         self.transient = build_algorithm(config).transient_programs
-        self.replay: list[tuple[str, int, int, dict[int, list[int]], Any, Layout]] = []
-        """Transient calls since the last saving call: what a replacement actor re-runs to catch up."""
+        self.replay: list[tuple[dict[int, list[int]], Submit]] = []
+        """Steps since the last saving call (transient calls, the steps of an exchange in progress): what a
+        replacement actor re-runs to catch up."""
+        self.exchange: tuple[int, dict[int, list[int]]] = (-1, {})
+        """The round of the exchange in progress, and each actor's members of its cohort."""
         self.restarts = 0
         self.profile: dict[str, float] = dict.fromkeys(PHASES, 0.0)
         """Seconds spent per phase of ``call`` since the start (see :data:`PHASES`)."""
@@ -86,11 +95,12 @@ class RayFederation:
         mine = self._private_of([c for c in self.plan.groups[i] if c in self.private_refs])
         if mine:
             ray.get(self.actors[i].load_private.remote(mine))
-        for program, round, sub, members, ref, layout in self.replay:  # catch up on transient calls
+        for members, submit in self.replay:  # catch up on the steps since the last saving call
             if i in members:
-                ray.get(self.actors[i].run.remote(program, round, members[i], ref, layout, sub)[0], timeout=self.timeout)
+                ray.get(submit(self.actors[i], members[i])[0], timeout=self.timeout)
 
-    def call(self, program: str, round: int, cohort: list[int], payload: Tensors, sub: int = 0) -> Outcome:
+    def _put(self, payload: Tensors) -> tuple[Any, Layout]:
+        """The payload as one flat buffer: in the object store once if large, else inline in the calls."""
         started = time.perf_counter()
         layout = Layout.of(payload)
         flat = layout.pack(payload)
@@ -98,13 +108,47 @@ class RayFederation:
         # limit) travel inside the call, which measured 1.5-4 ms faster per round for an 11 KB model.
         ref = ray.put(flat) if flat.nbytes > INLINE_BYTES else flat
         self.profile["serialise broadcast"] += time.perf_counter() - started
+        return ref, layout
+
+    def call(self, program: str, round: int, cohort: list[int], payload: Tensors, sub: int = 0) -> Outcome:
+        ref, layout = self._put(payload)
         members: dict[int, list[int]] = {}
         for c in cohort:
             members.setdefault(self.owner[c], []).append(c)
+
+        def submit(actor: Any, clients: list[int]) -> Any:
+            return actor.run.remote(program, round, clients, ref, layout, sub)
+
+        return self._step(submit, members, round, layout.total, saving=program not in self.transient)
+
+    def begin(self, program: str, round: int, cohort: list[int], payload: Tensors, sub: int = 0, last: bool = False) -> Outcome:
+        ref, layout = self._put(payload)
+        members: dict[int, list[int]] = {}
+        for c in cohort:
+            members.setdefault(self.owner[c], []).append(c)
+        self.exchange = (round, members)
+
+        def submit(actor: Any, clients: list[int]) -> Any:
+            return actor.begin.remote(program, round, clients, ref, layout, sub, last)
+
+        return self._step(submit, members, round, layout.total, saving=last)
+
+    def resume(self, means: Tensors, last: bool = False) -> Outcome:
+        ref, layout = self._put(means)
+
+        def submit(actor: Any, clients: list[int]) -> Any:
+            return actor.resume.remote(ref, layout, last)
+
+        round, members = self.exchange
+        return self._step(submit, members, round, layout.total, saving=last)
+
+    def _step(self, submit: Submit, members: dict[int, list[int]], round: int, floats_down: int, saving: bool) -> Outcome:
+        """Run ``submit`` on every actor with members, replacing dead actors (up to ``max_retries`` times);
+        log the step for replay unless it saves the clients' state; combine the partials in actor order."""
         partials: dict[int, Partial] = {}
         todo = sorted(members)
         for attempt in range(self.config.federation.max_retries + 1):
-            failed = self._collect(program, round, sub, members, todo, ref, layout, partials)
+            failed = self._collect(submit, members, todo, partials, round)
             if not failed:
                 break
             if attempt == self.config.federation.max_retries:
@@ -115,25 +159,17 @@ class RayFederation:
             for i in failed:
                 self._replace(i)
             todo = failed
-        if program in self.transient:
-            self.replay.append((program, round, sub, members, ref, layout))
-        else:
+        if saving:
             self.replay = []
+        else:
+            self.replay.append((members, submit))
         started = time.perf_counter()
-        outcome = combine([partials[i] for i in sorted(partials)], layout.total)
+        outcome = combine([partials[i] for i in sorted(partials)], floats_down)
         self.profile["combine partials"] += time.perf_counter() - started
         return outcome
 
     def _collect(
-        self,
-        program: str,
-        round: int,
-        sub: int,
-        members: dict[int, list[int]],
-        todo: list[int],
-        ref: Any,
-        layout: Layout,
-        partials: dict[int, Partial],
+        self, submit: Submit, members: dict[int, list[int]], todo: list[int], partials: dict[int, Partial], round: int
     ) -> list[int]:
         """Run the actors in ``todo``; store their partials; return the ones whose actor died.
 
@@ -143,7 +179,7 @@ class RayFederation:
         started = time.perf_counter()
         pending: dict[Any, tuple[int, Any]] = {}
         for i in todo:
-            partial_ref, private_ref = self.actors[i].run.remote(program, round, members[i], ref, layout, sub)
+            partial_ref, private_ref = submit(self.actors[i], members[i])
             pending[partial_ref] = (i, private_ref)
         submitted = time.perf_counter()
         self.profile["submit actor calls"] += submitted - started

@@ -11,17 +11,18 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Iterable, Sequence
+from typing import Any, Callable, Generator, Iterable, Sequence
 
 import numpy as np
 import torch
 
-from fedcomp.platform.algorithms.base import Algorithm, ClientContext, Outcome, Tensors
+from fedcomp.platform.algorithms.base import Algorithm, ClientContext, Outcome, StepInfo, Tensors
 from fedcomp.platform.config import Config, FederationConfig
 from fedcomp.platform.errors import ResourceError
 from fedcomp.platform.catalog import load_builtins
 from fedcomp.platform.registry import ALGORITHMS, TASKS
 from fedcomp.platform.rng import generator
+from fedcomp.platform.state import Means
 from fedcomp.platform.vectorised import can_lockstep, lockstep_local_steps
 from fedcomp.platform.tasks.base import Task
 
@@ -97,6 +98,19 @@ def combine(partials: Sequence[Partial], floats_down: int) -> Outcome:
     )
 
 
+@dataclass
+class Session:
+    """A generator program mid-exchange on a host: each hosted cohort member's generator, and where it is."""
+
+    program: str
+    round: int
+    sub: int
+    broadcast: Tensors
+    programs: dict[int, Generator]
+    step: int = 0
+    """How many times the server has answered (0 after ``begin``)."""
+
+
 class ClientHost:
     """Hosts clients ``clients``: runs client programs and keeps each client's private state."""
 
@@ -108,6 +122,8 @@ class ClientHost:
         self.algorithm = build_algorithm(config)
         self.problem = self.task.problem(self.algorithm.kind)
         self.private: dict[int, Tensors] = {}
+        self.session: Session | None = None
+        """The generator program in progress (between ``begin`` and its last ``resume``)."""
 
     def load_private(self, states: dict[int, Tensors]) -> None:
         """Restore private states (after a checkpoint or when this host replaces a dead one)."""
@@ -121,8 +137,67 @@ class ClientHost:
         program runs the clients in lockstep under ``vmap`` where the algorithm and task allow it (same numbers)."""
         started = time.perf_counter()
         broadcast = layout.unpack(payload, self.device)
-        seed, sums, out_layout = self.config.run.seed, None, None
-        samples, loss_sum, private = 0, 0.0, {}
+        clients, starts, contexts = self._open(cohort, broadcast, round, sub)
+        results = None
+        if self.config.federation.vectorise and can_lockstep(self.algorithm, self.problem, program, len(clients)):
+            results = lockstep_local_steps(self.algorithm, self.problem, starts, contexts)
+        if results is None:
+            run_one = self.algorithm.program(program)
+            results = [run_one(self.problem, state, ctx) for state, ctx in zip(starts, contexts)]
+        return self._close(program, clients, results, broadcast, started)
+
+    def begin(
+        self, program: str, round: int, cohort: Sequence[int], payload: np.ndarray, layout: Layout, sub: int = 0,
+        last: bool = False,
+    ) -> Partial:
+        """Start the generator program ``algorithm.<program>`` for the cohort members here and run each to its
+        first yield (``last``: to its end): the partial sums of what they yielded (returned)."""
+        started = time.perf_counter()
+        broadcast = layout.unpack(payload, self.device)
+        clients, starts, contexts = self._open(cohort, broadcast, round, sub)
+        run_one = self.algorithm.program(program)
+        programs = {c: run_one(self.problem, state, ctx) for c, state, ctx in zip(clients, starts, contexts)}
+        self.session = Session(program, round, sub, broadcast, programs)
+        return self._advance(next, last, started)
+
+    def resume(self, payload: np.ndarray, layout: Layout, last: bool = False) -> Partial:
+        """Send the server's answer (the means of the last yield) into every generator of the session and run
+        each to its next yield (``last``: to its end)."""
+        started = time.perf_counter()
+        if self.session is None:
+            raise RuntimeError("ClientHost.resume without a generator program in progress (begin first)")
+        means = layout.unpack(payload, self.device)
+        self.session.step += 1
+        return self._advance(lambda gen: gen.send(Means({k: v.clone() for k, v in means.items()})), last, started)
+
+    def _advance(self, step: Callable[[Generator], Any], last: bool, started: float) -> Partial:
+        """Run ``step`` on every generator of the session; sum the yields, or close the session at its end."""
+        session = self.session
+        assert session is not None
+        yielded, results = [], []
+        for gen in session.programs.values():
+            try:
+                yielded.append(step(gen))
+            except StopIteration as stop:
+                results.append(stop.value)
+        if len(results if last else yielded) != len(session.programs):
+            self.session = None
+            raise RuntimeError(
+                f"client program {session.program!r} is out of step with the server: after {session.step} answers "
+                f"every client should have {'returned' if last else 'yielded'}, but {len(results)} of "
+                f"{len(session.programs)} returned"
+            )
+        if not last:
+            return self._sum(yielded, started)
+        self.session = None
+        return self._close(session.program, list(session.programs), results, session.broadcast, started)
+
+    def _open(
+        self, cohort: Sequence[int], broadcast: Tensors, round: int, sub: int
+    ) -> tuple[list[int], list[Tensors], list[ClientContext]]:
+        """The hosted cohort members in order, each one's state (its own, or a first one, overwritten by the
+        broadcast) and its context (its keyed random streams)."""
+        seed = self.config.run.seed
         clients = sorted(cohort)
         starts, contexts = [], []
         for client in clients:
@@ -132,33 +207,40 @@ class ClientHost:
                 start = self.algorithm.start_state(broadcast)
             starts.append(self.algorithm.begin({**start, **{k: v.clone() for k, v in broadcast.items()}}))
             contexts.append(ClientContext(client, round, sub, lambda *ids, s=stream: generator(seed, "client-step", s, *ids)))
-        results = None
-        if self.config.federation.vectorise and can_lockstep(self.algorithm, self.problem, program, len(clients)):
-            results = lockstep_local_steps(self.algorithm, self.problem, starts, contexts)
-        if results is None:
-            run_one = self.algorithm.program(program)
-            results = [run_one(self.problem, state, ctx) for state, ctx in zip(starts, contexts)]
+        return clients, starts, contexts
+
+    @staticmethod
+    def _sum(outputs: Sequence[Tensors], started: float) -> Partial:
+        """The partial sums of the clients' outputs (what a host returns for one exchange)."""
+        layout = Layout.of(outputs[0])
+        sums = np.zeros(layout.total, np.float64)
+        for out in outputs:
+            sums += layout.pack(out, np.float64)
+        return Partial(layout, sums, len(outputs), 0, 0.0, compute_s=time.perf_counter() - started)
+
+    def _close(
+        self, program: str, clients: list[int], results: Sequence[tuple[Tensors, Tensors, StepInfo]],
+        broadcast: Tensors, started: float,
+    ) -> Partial:
+        """Keep each client's private state and sum the outputs; the reply carries copies of the private
+        states unless the program is transient."""
+        if not clients:
+            raise ValueError("ClientHost.run needs a non-empty cohort")
         transient = program in self.algorithm.transient_programs
+        partial = self._sum([outputs for _, outputs, _ in results], started)
         for client, (state, outputs, info) in zip(clients, results):
-            if out_layout is None:
-                out_layout = Layout.of(outputs)
-                sums = np.zeros(out_layout.total, np.float64)
-            sums += out_layout.pack(outputs, np.float64)
-            samples += info.samples
-            loss_sum += info.loss
-            # A saving call keeps (and ships) only the private fields: the broadcast ones come again with the
-            # next broadcast. A transient call's state is never shipped, so it keeps the broadcast fields too:
-            # the next call of its sequence may broadcast less (FedDRO's per-step calls send y-bar alone).
-            # Round-local fields are never kept (Algorithm.begin sets them again).
-            dropped = outputs.keys() | self.algorithm.round_local | (set() if transient else broadcast.keys())
+            partial.samples += info.samples
+            partial.loss_sum += info.loss
+            # only the private fields are kept: the broadcast ones come again with the next broadcast, and
+            # round-local fields are set again by Algorithm.begin
+            dropped = outputs.keys() | broadcast.keys() | self.algorithm.round_local
             kept = {k: v.detach() for k, v in state.items() if k not in dropped}
             self.private[client] = kept
             if kept and not transient:
-                private[client] = {k: v.cpu() for k, v in kept.items()}
-        if out_layout is None or sums is None:
-            raise ValueError("ClientHost.run needs a non-empty cohort")
-        elapsed = time.perf_counter() - started
-        return Partial(out_layout, sums, len(cohort), samples, loss_sum, private, bool(private), elapsed)
+                partial.private[client] = {k: v.cpu() for k, v in kept.items()}
+        partial.has_private = bool(partial.private)
+        partial.compute_s = time.perf_counter() - started
+        return partial
 
 
 def local_device(fed: FederationConfig) -> str:
@@ -184,6 +266,18 @@ class LocalFederation:
     def call(self, program: str, round: int, cohort: list[int], payload: Tensors, sub: int = 0) -> Outcome:
         layout = Layout.of(payload)
         partial = self.host.run(program, round, cohort, layout.pack(payload), layout, sub)
+        self.private.update(partial.private)
+        return combine([partial], layout.total)
+
+    def begin(self, program: str, round: int, cohort: list[int], payload: Tensors, sub: int = 0, last: bool = False) -> Outcome:
+        layout = Layout.of(payload)
+        partial = self.host.begin(program, round, cohort, layout.pack(payload), layout, sub, last)
+        self.private.update(partial.private)
+        return combine([partial], layout.total)
+
+    def resume(self, means: Tensors, last: bool = False) -> Outcome:
+        layout = Layout.of(means)
+        partial = self.host.resume(layout.pack(means), layout, last)
         self.private.update(partial.private)
         return combine([partial], layout.total)
 

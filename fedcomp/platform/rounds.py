@@ -6,8 +6,10 @@ A round program (``Algorithm.round``) reads like the paper's pseudo-code over a 
 * ``fed.local_steps(broadcast, steps)``: every cohort client runs the algorithm's ``local_steps`` client
   program from the broadcast values; returns the cohort means of the averaged fields;
 * ``fed.call(program, cohort, broadcast)``: run any named client program; returns the means of its outputs;
-  ``message="embedding"`` marks a low-dimensional exchange (FedDRO's inner value) counted apart from the
-  model-sized messages.
+  ``message="embedding"`` marks a low-dimensional exchange counted apart from the model-sized messages;
+* ``fed.exchange(program, cohort, broadcast, steps)``: a model round whose client program is a generator
+  that exchanges a low-dimensional value ``steps`` times on the way -- ``y_bar = yield {"y": y_k}`` in its
+  loop, the cohort mean coming back -- and returns its outputs for averaging (FedDRO's local steps).
 
 The round counts what it does as the papers count it -- a model-sized call is one communication round with
 its floats per participating client, an embedding call one exchange -- so an algorithm never builds its
@@ -18,7 +20,7 @@ its floats per participating client, an embedding call one exchange -- so an alg
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Literal, Mapping
+from typing import Any, Callable, Collection, Literal, Mapping
 
 import torch
 from torch import Tensor
@@ -119,6 +121,48 @@ class Round:
             r.embedding_floats_up += out.floats_up
             r.embedding_floats_down += out.floats_down
         return Means(out.means)
+
+    def exchange(
+        self,
+        program: str,
+        cohort: list[int],
+        broadcast: Mapping[str, Tensor] | State,
+        steps: int,
+        *,
+        resent: Collection[str] = (),
+    ) -> Means:
+        """One model round whose client program exchanges a value with the cohort ``steps`` times on the way.
+
+        ``program`` is a generator method of the algorithm: from the broadcast it yields a mapping of
+        low-dimensional values ``steps`` times, each time receiving their cohort means (``y_bar = (yield
+        {"y": y_k}).y``), and finally returns ``(client state, outputs, info)`` like any client program. Returns
+        the cohort means of the outputs together with the last mean of each exchanged value.
+
+        Counted as the protocol sends it: ``steps`` embedding exchanges (each yielded value up, its mean
+        down) and one model round (the broadcast down, the outputs up); ``resent`` names broadcast fields the
+        clients already hold from an earlier exchange (sent again for any that missed it, not counted again).
+        Local steps are the round program's to count (``fed.count(local_steps=...)``).
+        """
+        payload = broadcast.tensors() if isinstance(broadcast, State) else dict(broadcast)
+        sub, r = self._calls, self.record
+        self._calls += 1
+        out = self.federation.begin(program, self.number, cohort, payload, sub, last=steps == 0)
+        exchanged: dict[str, Tensor] = {}
+        for step in range(steps):
+            exchanged = out.means
+            r.embedding_exchanges += 1
+            r.embedding_floats_up += out.floats_up
+            r.embedding_floats_down += out.floats_up  # the mean of what went up
+            out = self.federation.resume(exchanged, last=step == steps - 1)
+        clash = sorted(set(exchanged) & set(out.means))
+        if clash:
+            raise ValueError(f"client program {program!r} both exchanges and outputs {', '.join(clash)}")
+        r.comm_rounds += 1
+        r.samples += out.samples
+        r.train_loss = out.loss
+        r.floats_up += out.floats_up
+        r.floats_down += sum(int(v.numel()) for k, v in payload.items() if k not in resent)
+        return Means({**exchanged, **out.means})
 
     def local_steps(self, broadcast: Mapping[str, Tensor] | State, steps: int, cohort: list[int] | None = None) -> Means:
         """``steps`` local steps on every client of ``cohort`` (default: the round's), then the cohort means."""

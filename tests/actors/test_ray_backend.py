@@ -206,7 +206,7 @@ def test_actor_killed_between_per_step_exchanges_catches_up_by_replay(ray_sessio
            "federation": {"clients": 6, "clients_per_actor": 3, "backend": "local"},
            "run": {"rounds": 3, "progress": "none", "out": str(tmp_path)}}
     reference = metrics(fedcomp.run(raw))
-    monkeypatch.setenv("FEDCOMP_FAULT_KILL", "1:3:2")  # round 1, the actor of clients 3..5, third call
+    monkeypatch.setenv("FEDCOMP_FAULT_KILL", "1:3:0:2")  # round 1, the actor of clients 3..5, exchange 0, at its second answer
     server = RayServer(load_config(raw, {"federation.backend": "ray"}))
     try:
         rows = [server.run_round() for _ in range(3)]

@@ -1,12 +1,17 @@
 """The FedDRO family and the DRO baselines on a real local Ray: the same numbers bit for bit as the local
-backend with two clients per actor, partial cohorts included (clients that join late)."""
+backend with one and two clients per actor, partial cohorts included (clients that join late), and after
+an actor dies in the middle of an exchange."""
 
 from __future__ import annotations
 
 import pandas as pd
 import pytest
+import torch
 
 import fedcomp
+from fedcomp.actors.server_actor import RayServer
+from fedcomp.backends import make_server
+from fedcomp.platform.config import load_config
 
 pytestmark = pytest.mark.ray
 
@@ -35,3 +40,46 @@ def test_same_numbers_on_local_and_ray(ray_session, tmp_path, algorithm, task, e
     on_ray = fedcomp.run(raw, {"federation.backend": "ray", "federation.clients_per_actor": 2})
     pd.testing.assert_frame_equal(on_ray.metrics.drop(columns="wall_time"), local, rtol=0, atol=0)
     assert local["comm_rounds"].iloc[-1] == 3
+
+
+@pytest.mark.parametrize("algorithm", ["feddro", "fedavg-co-2", "parallel-mbsgd"])
+def test_exchanges_same_on_ray_with_one_client_per_actor(ray_session, tmp_path, algorithm):
+    raw = {"task": COMPOSITION, "algorithm": {"name": algorithm, "lr": 0.3},
+           "federation": {"clients": 3, "backend": "local"}, "run": {"rounds": 2, "progress": "none", "out": str(tmp_path)}}
+    if algorithm != "parallel-mbsgd":
+        raw["algorithm"]["local_steps"] = 3
+    local = fedcomp.run(raw).metrics.drop(columns="wall_time")
+    on_ray = fedcomp.run(raw, {"federation.backend": "ray", "federation.clients_per_actor": 1})
+    pd.testing.assert_frame_equal(on_ray.metrics.drop(columns="wall_time"), local, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize(
+    "per_actor, kill",
+    [
+        (1, "1:2:0:0"),  # round 1, client 2's actor, as the exchange begins
+        (1, "1:2:0:3"),  # ... at its last answer (the step that saves the clients' state)
+        (2, "0:2:1:2"),  # round 0 (after the initial estimate, call 0), clients 2-3's actor, mid-exchange
+    ],
+)
+def test_an_actor_killed_mid_exchange_is_replaced_and_replays_to_the_same_bits(ray_session, monkeypatch, per_actor, kill):
+    """The replacement re-creates its clients' generators from their saved state (x_prev) and replays the
+    means logged so far; the run then goes on as if nothing had happened."""
+    raw = {"task": COMPOSITION, "algorithm": {"name": "feddro", "local_steps": 3, "lr": 0.3, "beta": 0.4},
+           "federation": {"clients": 4, "clients_per_actor": per_actor, "backend": "local"},
+           "run": {"rounds": 3, "progress": "none"}}
+    local = make_server(load_config(raw))
+    expected = [local.run_round() for _ in range(3)]
+    reference = local.checkpoint()
+    monkeypatch.setenv("FEDCOMP_FAULT_KILL", kill)
+    server = RayServer(load_config(raw, {"federation.backend": "ray"}))
+    try:
+        rows = [server.run_round() for _ in range(3)]
+        got = server.checkpoint()
+        assert server.restarts() == 1
+    finally:
+        server.close()
+    assert rows == expected  # counters and losses, exactly
+    for key in ("x", "y"):
+        torch.testing.assert_close(got["state"][key], reference["state"][key], rtol=0, atol=0)
+    for client, state in reference["private"].items():
+        torch.testing.assert_close(got["private"][client]["x_prev"], state["x_prev"], rtol=0, atol=0)

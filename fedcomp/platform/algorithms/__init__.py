@@ -9,8 +9,10 @@ from fedcomp.platform.algorithms import (  # noqa: F401
     feddro,
     fednest,
     fedprox,
+    gcivr,
     local_scgdam,
     local_sgdm,
+    pdsgd,
     scaffold,
     scgd,
 )

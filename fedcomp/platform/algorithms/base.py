@@ -19,9 +19,10 @@ is inherited. Nothing here imports Ray.
 
 from __future__ import annotations
 
+import inspect
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Generic, Mapping, Protocol, TypeVar
+from typing import Any, Callable, ClassVar, Generator, Generic, Mapping, Protocol, TypeVar
 
 import torch
 from pydantic import Field
@@ -30,7 +31,7 @@ from torch import Tensor
 from fedcomp.platform.oracles import LOCKSTEP, grad_and_loss  # noqa: F401  (re-exported: algorithms import them from here)
 from fedcomp.platform.params import Params
 from fedcomp.platform.rounds import Round
-from fedcomp.platform.state import State
+from fedcomp.platform.state import Means, State
 
 C = TypeVar("C", bound=State)
 S = TypeVar("S", bound=State)
@@ -88,6 +89,15 @@ class Federation(Protocol):
         """Run ``algorithm.<program>`` on every cohort client with ``payload``; return the means of its outputs."""
         ...
 
+    def begin(self, program: str, round: int, cohort: list[int], payload: Tensors, sub: int = 0, last: bool = False) -> Outcome:
+        """Start the generator program ``algorithm.<program>`` on every cohort client with ``payload`` and run
+        it to its first yield (``last``: to its end); the means of what it yielded (returned)."""
+        ...
+
+    def resume(self, means: Tensors, last: bool = False) -> Outcome:
+        """Send ``means`` into every cohort client's generator and run it to its next yield (``last``: its end)."""
+        ...
+
     def private_states(self) -> dict[int, Tensors]:
         """Copies of every client's private (unsynchronised) state, for checkpoints."""
         ...
@@ -105,8 +115,13 @@ class Federation(Protocol):
         ...
 
 
+Exchange = Generator[Mapping[str, Tensor], Means, tuple[C, Mapping[str, Tensor], StepInfo]]
+"""A client program run by ``fed.exchange`` (``Exchange[Client]``): it yields the values to exchange, receives
+their cohort means, and returns (new client state, outputs to average, info)."""
+
 ClientProgram = Callable[[Any, Any, ClientContext], tuple[Any, Mapping[str, Tensor], StepInfo]]
-"""``program(problem, client_state, ctx) -> (new client state, outputs to average, info)``."""
+"""``program(problem, client_state, ctx) -> (new client state, outputs to average, info)``; a program run by
+``fed.exchange`` is a generator that yields values to exchange before it returns that triple."""
 
 
 class Algorithm(ABC, Generic[C, S]):
@@ -166,9 +181,17 @@ class Algorithm(ABC, Generic[C, S]):
     def start_state(self, broadcast: Tensors) -> Tensors:
         return self.join(broadcast).tensors()
 
-    def program(self, name: str) -> Callable[[Any, Tensors, ClientContext], tuple[Tensors, Tensors, StepInfo]]:
-        """The client program ``name`` on the wire form of the client state."""
+    def program(self, name: str) -> Callable[[Any, Tensors, ClientContext], Any]:
+        """The client program ``name`` on the wire form of the client state (a generator stays a generator:
+        what it yields and receives passes through)."""
         method = getattr(self, name)
+        if inspect.isgeneratorfunction(method):
+
+            def exchange(problem: Any, state: Tensors, ctx: ClientContext) -> Generator[Any, Any, tuple[Tensors, Tensors, StepInfo]]:
+                client, outputs, info = yield from method(problem, self.Client.of(state), ctx)
+                return client.tensors(), dict(outputs), info
+
+            return exchange
 
         def run(problem: Any, state: Tensors, ctx: ClientContext) -> tuple[Tensors, Tensors, StepInfo]:
             client, outputs, info = method(problem, self.Client.of(state), ctx)

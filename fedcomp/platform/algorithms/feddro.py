@@ -12,10 +12,9 @@ evaluations of g_k):
     every I steps: x_k = <x_k>                                     # model round
 
 y_bar_0 = <g_k(x_0; b)> is the server's starting estimate (:meth:`FedDRO.start`, one exchange before round 0).
-A local step is cut at its exchange: one federation call ends step t - 1 (the move, which needs the y_bar
-just averaged) and begins step t (the new y_k), so a round of I steps is I + 1 calls, counted as what the
-protocol sends: I exchanges of d_g floats and one model round. The model and the previous iterate stay on
-the clients between calls (the per-step calls broadcast y_bar alone).
+A round is that loop over I steps, run by every cohort client as a generator (``fed.exchange``): it yields
+y_k at each step and gets y_bar back (I exchanges of d_g floats), and its x goes up at the end (one model
+round). The clients keep x_prev (their own last iterate) between rounds.
 
 **Modified FedAvg** (``fedavg-co-shared-y``, Theorem 4.2): y_bar = <g_k(x_k; b)> every step -- FedDRO with
 beta = 1. **Vanilla FedAvg** (``fedavg-co-1`` / ``fedavg-co-2``, Algorithm 1): each client descends with its
@@ -32,7 +31,7 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
-from fedcomp.platform.algorithms.base import Algorithm, ClientContext, StepInfo, Tensors, batch_size
+from fedcomp.platform.algorithms.base import Algorithm, ClientContext, Exchange, StepInfo, Tensors, batch_size
 from fedcomp.platform.oracles import outer_grad, plain_inner_vjp
 from fedcomp.platform.params import Params
 from fedcomp.platform.problems import COMPOSITIONAL_GLOBAL, GlobalCompositionalProblem
@@ -78,7 +77,7 @@ class DROClient(ModelEstimate):
 
 def unsent() -> Tensor:
     """A message field the protocol has not sent yet (an empty tensor). A client record holds every field a
-    round's calls broadcast; a split step's first call carries the ones that only its second call fills."""
+    round's calls broadcast; a call made before the server has the value carries it empty."""
     return torch.zeros(0)
 
 
@@ -105,7 +104,6 @@ class FedDRO(Compositional):
     HParams: ClassVar[type[Params]] = FedDROHParams
     Client, Server = DROClient, ModelEstimate
     description = "FedDRO: y (d_g floats) averaged every local step, x every I steps (FedDRO Alg. 2)"
-    transient_programs = frozenset({"begin_round", "next_step"})
 
     @property
     def beta(self) -> float:
@@ -115,44 +113,26 @@ class FedDRO(Compositional):
         """x_prev starts at the first model the client receives."""
         return DROClient(x=broadcast["x"].clone(), y=broadcast["y"].clone(), x_prev=broadcast["x"].clone())
 
-    # -- one local step: estimate, (exchange), move -----------------------------------------------------------
-    def estimate(self, problem: GlobalCompositionalProblem, client: DROClient, step: int, ctx: ClientContext) -> tuple[Tensor, StepInfo]:
-        """y_k = (1 - beta)(y_bar - g_k(x_prev; b)) + g_k(x; b), both on the step's batch b."""
-        batch = self.sample(problem, ctx, step)
-        with torch.no_grad():
-            new, old = problem.inner(client.x, batch), problem.inner(client.x_prev, batch)
-        return (1 - self.beta) * (client.y - old) + new, StepInfo(2 * batch_size(batch))
-
-    def move(self, problem: GlobalCompositionalProblem, client: DROClient, step: int, ctx: ClientContext) -> tuple[DROClient, StepInfo]:
-        """x_prev = x; x = x - eta (grad h_k(x; b) + grad g_k(x; b)^T grad f(y_bar)) on the step's batch b again."""
-        batch = self.sample(problem, ctx, step)
-        v, _ = outer_grad(problem, client.y)
-        grad, h, g = plain_inner_vjp(problem, client.x, batch, v)
-        x = client.x - self.hp.lr_at(ctx.round) * grad
-        return client.replace(x=x, x_prev=client.x), StepInfo(batch_size(batch), float(h + g @ v))
-
     # -- client programs ---------------------------------------------------------------------------------------
     def initial_estimate(self, problem: GlobalCompositionalProblem, client: DROClient, ctx: ClientContext) -> tuple[DROClient, Tensors, StepInfo]:
         """y_k = g_k(x_0; b), the client's share of y_bar_0."""
         batch = self.sample(problem, ctx, -1)
         return client, {"y": problem.inner(client.x, batch).detach()}, StepInfo(batch_size(batch))
 
-    def begin_round(self, problem: GlobalCompositionalProblem, client: DROClient, ctx: ClientContext) -> tuple[DROClient, Tensors, StepInfo]:
-        """From the averaged model (x_prev stays the client's own last iterate): the round's first estimate."""
-        y, info = self.estimate(problem, client, ctx.round * self.hp.local_steps, ctx)
-        return client, {"y": y}, info
-
-    def next_step(self, problem: GlobalCompositionalProblem, client: DROClient, ctx: ClientContext) -> tuple[DROClient, Tensors, StepInfo]:
-        """Step t - 1's move with the y_bar just averaged, then step t's estimate (t: the call's ``sub``)."""
-        step = ctx.round * self.hp.local_steps + ctx.sub
-        client, moved = self.move(problem, client, step - 1, ctx)
-        y, info = self.estimate(problem, client, step, ctx)
-        return client, {"y": y}, StepInfo(moved.samples + info.samples, moved.loss)
-
-    def end_round(self, problem: GlobalCompositionalProblem, client: DROClient, ctx: ClientContext) -> tuple[DROClient, Tensors, StepInfo]:
-        """The round's last move; the model goes up for averaging."""
-        client, moved = self.move(problem, client, (ctx.round + 1) * self.hp.local_steps - 1, ctx)
-        return client, {"x": client.x}, moved
+    def local_round(self, problem: GlobalCompositionalProblem, client: DROClient, ctx: ClientContext) -> Exchange[DROClient]:
+        """Algorithm 2 over the round's I local steps, from the averaged x and y_bar; x goes up at the end."""
+        x, x_prev, y_bar = client.x, client.x_prev, client.y
+        lr, samples, loss = self.hp.lr_at(ctx.round), 0, 0.0
+        for t in range(ctx.round * self.hp.local_steps, (ctx.round + 1) * self.hp.local_steps):
+            b = self.sample(problem, ctx, t)
+            with torch.no_grad():
+                y = (1 - self.beta) * (y_bar - problem.inner(x_prev, b)) + problem.inner(x, b)
+            y_bar = (yield {"y": y}).y  # exchanged: y_bar = <y_k>
+            v, _ = outer_grad(problem, y_bar)
+            grad, h, g = plain_inner_vjp(problem, x, b, v)  # grad h_k(x; b) + grad g_k(x; b)^T grad f(y_bar)
+            x_prev, x = x, x - lr * grad
+            samples, loss = samples + 3 * batch_size(b), float(h + g @ v)
+        return client.replace(x=x, x_prev=x_prev, y=y_bar), {"x": x}, StepInfo(samples, loss)
 
     # -- server ------------------------------------------------------------------------------------------------
     def start(self, fed: Round, server: Model) -> ModelEstimate:
@@ -162,16 +142,10 @@ class FedDRO(Compositional):
         return ModelEstimate(x=server.x, y=y)
 
     def round(self, fed: Round, server: ModelEstimate) -> ModelEstimate:
-        """I local steps with y exchanged at each (call s ends step s - 1 and begins step s), then the model round."""
-        cohort, steps = fed.cohort(), self.hp.local_steps
-        y = fed.call("begin_round", cohort, server, sub=0, message=None).y
-        for s in range(1, steps):
-            y = fed.call("next_step", cohort, {"y": y}, sub=s, message=None).y
-        x = fed.call("end_round", cohort, {"y": y}, sub=steps, message=None).x
-        d, dg = x.numel(), y.numel()
-        fed.count(comm_rounds=1, floats_up=d, floats_down=d, local_steps=steps,
-                  embedding_exchanges=steps, embedding_floats_up=steps * dg, embedding_floats_down=steps * dg)
-        return ModelEstimate(x=x, y=y)
+        """I local steps exchanging y, then the model round (y_bar rides along for clients that missed its exchange)."""
+        means = fed.exchange("local_round", fed.cohort(), server, self.hp.local_steps, resent=("y",))
+        fed.count(local_steps=self.hp.local_steps)
+        return ModelEstimate(x=means.x, y=means.y)
 
 
 class _NoMomentumHParams(CompositionalHParams):
@@ -232,25 +206,16 @@ class FedAvgCO1(_VanillaCO):
 class FedAvgCO2(_VanillaCO):
     """Vanilla FedAvg for compositional problems, case II: y_k = <g_k(x_bar)> at each model round."""
 
-    Client = ModelEstimate
     description = "Vanilla FedAvg for CO, case II: x and <g_k(x_bar)> shared at model rounds (FedDRO Alg. 1)"
 
-    def inner_value(self, problem: GlobalCompositionalProblem, client: ModelEstimate, ctx: ClientContext) -> tuple[ModelEstimate, Tensors, StepInfo]:
-        """g_k(x_bar; b), the client's share of the averaged reset."""
+    def local_round(self, problem: GlobalCompositionalProblem, client: Model, ctx: ClientContext) -> Exchange[Model]:
+        """The averaged reset y = <g_k(x_bar; b)> (one exchange), then I local steps."""
         y, batch = self.reset(problem, client.x, ctx)
-        return client, {"y": y}, StepInfo(batch_size(batch))
-
-    def local_steps(self, problem: GlobalCompositionalProblem, client: ModelEstimate, ctx: ClientContext) -> tuple[ModelEstimate, Tensors, StepInfo]:
-        """I local steps from the averaged reset y = <g_k(x_bar)>."""
-        x, info = self.descend(problem, client.x, client.y, ctx)
-        return client, {"x": x}, info
+        y_bar = (yield {"y": y}).y
+        x, info = self.descend(problem, client.x, y_bar, ctx)
+        return Model(x=x), {"x": x}, StepInfo(batch_size(batch) + info.samples, info.loss)
 
     def round(self, fed: Round, server: Model) -> Model:
-        """x_bar down, g_k(x_bar) up and its mean down (one exchange), I local steps, x up (the model round)."""
-        cohort, steps = fed.cohort(), self.hp.local_steps
-        y = fed.call("inner_value", cohort, ModelEstimate(x=server.x, y=unsent()), message=None).y
-        x = fed.call("local_steps", cohort, ModelEstimate(x=server.x, y=y), message=None).x
-        d, dg = x.numel(), y.numel()
-        fed.count(comm_rounds=1, floats_up=d, floats_down=d, local_steps=steps,
-                  embedding_exchanges=1, embedding_floats_up=dg, embedding_floats_down=dg)
+        x = fed.exchange("local_round", fed.cohort(), server, 1).x
+        fed.count(local_steps=self.hp.local_steps)
         return Model(x=x)
