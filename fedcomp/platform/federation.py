@@ -9,6 +9,7 @@ fixed order, so the averages do not depend on how clients are packed into hosts.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence
@@ -77,6 +78,9 @@ class Partial:
     """Whether the program left private state (kept true when ``private`` travels separately)."""
     compute_s: float = 0.0
     """Seconds the host spent in the call (unpacking the broadcast, the clients' program, summing)."""
+    losses: tuple[float, ...] = ()
+    """Each client's loss: :func:`combine` adds them exactly (``math.fsum``), so the mean loss does not depend
+    on how clients are packed into hosts (adding per-host sums differed in the last bits)."""
 
 
 def combine(partials: Sequence[Partial], floats_down: int) -> Outcome:
@@ -91,7 +95,7 @@ def combine(partials: Sequence[Partial], floats_down: int) -> Outcome:
         means=means,
         clients=clients,
         samples=sum(p.samples for p in partials),
-        loss=sum(p.loss_sum for p in partials) / clients,
+        loss=math.fsum(loss for p in partials for loss in p.losses) / clients,
         floats_up=layout.total,
         floats_down=floats_down,
     )
@@ -122,7 +126,7 @@ class ClientHost:
         started = time.perf_counter()
         broadcast = layout.unpack(payload, self.device)
         seed, sums, out_layout = self.config.run.seed, None, None
-        samples, loss_sum, private = 0, 0.0, {}
+        samples, loss_sum, private, losses = 0, 0.0, {}, []
         clients = sorted(cohort)
         starts, contexts = [], []
         for client in clients:
@@ -145,6 +149,7 @@ class ClientHost:
             sums += out_layout.pack(outputs, np.float64)
             samples += info.samples
             loss_sum += info.loss
+            losses.append(info.loss)
             kept = {k: v.detach() for k, v in state.items() if k not in outputs and k not in broadcast}
             self.private[client] = kept
             if kept and program not in self.algorithm.transient_programs:
@@ -152,7 +157,7 @@ class ClientHost:
         if out_layout is None or sums is None:
             raise ValueError("ClientHost.run needs a non-empty cohort")
         elapsed = time.perf_counter() - started
-        return Partial(out_layout, sums, len(cohort), samples, loss_sum, private, bool(private), elapsed)
+        return Partial(out_layout, sums, len(cohort), samples, loss_sum, private, bool(private), elapsed, tuple(losses))
 
 
 def local_device(fed: FederationConfig) -> str:

@@ -106,7 +106,16 @@ def paper_table(trials: pd.DataFrame, spec: SweepSpec, metric: str | None = None
 
 
 def _missing(value: object) -> bool:
-    return value is None or (isinstance(value, float) and value != value)
+    return value is None or value is pd.NA or (isinstance(value, float) and value != value)
+
+
+def matches(column: pd.Series, value: object) -> pd.Series:
+    """The rows of ``column`` holding ``value``; a missing value (an axis that does not apply to an algorithm,
+    e.g. FCSG's beta) matches the missing ones -- comparing text alone dropped them, as ``astype(str)`` keeps
+    NaN, which equals nothing."""
+    if _missing(value):
+        return column.isna()
+    return column.notna() & (column.astype(str) == str(value))
 
 
 def _describe(row: pd.Series, keys: list[str], skip: tuple[str, ...] = ()) -> str:
@@ -165,7 +174,7 @@ def sweep_report(result: Any, metric: str | None = None, x: str = "comm_rounds",
         for _, row in chosen.iterrows():
             mask = pd.Series(True, index=trials.index)
             for k in keys:
-                mask &= trials[k].astype(str) == str(row[k])
+                mask &= matches(trials[k], row[k])
             curve = trials[mask].groupby(x)[metric].agg(["mean", "std"]).fillna(0.0)
             ax.plot(curve.index, curve["mean"], label=f"{row['algorithm.name']} ({_describe(row, keys, tuple(spec.panels))})")
             ax.fill_between(curve.index, curve["mean"] - curve["std"], curve["mean"] + curve["std"], alpha=0.2)
