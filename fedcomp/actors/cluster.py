@@ -15,6 +15,8 @@ import logging
 import math
 import os
 import socket
+import subprocess
+import sys
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 from urllib.parse import urlsplit
@@ -29,19 +31,24 @@ UNITS = 10_000  # resource amounts in units of GRANULARITY, so that fitting is i
 PROBE_TIMEOUT_S = 5.0
 
 
-def connect(address: str | None = None) -> dict[str, float]:
+def connect(address: str | None = None, worker_log_level: str | None = None) -> dict[str, float]:
     """Join ``address`` (or ``$RAY_ADDRESS``) if given, reuse an initialised Ray, else start a fresh local one.
 
-    Returns the cluster's total resources.
+    ``worker_log_level`` (e.g. ``"WARNING"``) quiets the Python logging of this job's Ray workers (Tune's
+    per-trial INFO lines), where this call starts the Ray session. Returns the cluster's total resources.
 
     Raises:
         ResourceError: the address is malformed, does not answer within seconds, or Ray refuses it.
     """
+    field = "federation.ray_address"
+    if not address and os.environ.get("RAY_ADDRESS"):
+        field, address = "RAY_ADDRESS", os.environ["RAY_ADDRESS"]
+    if address:
+        parse_address(address, field)  # a malformed address fails even where Ray is already up
     if not ray.is_initialized():
-        field = "federation.ray_address"
-        if not address and os.environ.get("RAY_ADDRESS"):
-            field, address = "RAY_ADDRESS", os.environ["RAY_ADDRESS"]
-        kwargs = dict(include_dashboard=False, logging_level=logging.WARNING, configure_logging=True)
+        kwargs: dict = dict(include_dashboard=False, logging_level=logging.WARNING, configure_logging=True)
+        if worker_log_level:
+            kwargs["logging_config"] = ray.LoggingConfig(log_level=worker_log_level)
         if address:
             probe(address, field)
             try:
@@ -56,15 +63,38 @@ def connect(address: str | None = None) -> dict[str, float]:
     return dict(ray.cluster_resources())
 
 
+def parse_address(address: str, field: str = "federation.ray_address") -> tuple[str, int] | None:
+    """``(host, port)`` of a Ray address -- ``HOST:PORT`` (the head's GCS port) or ``ray://HOST:PORT`` (Ray
+    Client) -- or None for ``auto`` (the cluster `ray start` recorded on this machine).
+
+    Raises:
+        ResourceError: one line naming ``field``, the address and the forms allowed.
+    """
+    text = address.strip()
+    if text == "auto":
+        return None
+    parts = urlsplit(text if "://" in text else f"tcp://{text}")
+    if parts.scheme not in ("tcp", "ray"):
+        hint = (" (that is the dashboard / jobs address; give the head's HOST:6379 or ray://HOST:10001)"
+                if parts.scheme in ("http", "https") else "")
+        raise ResourceError(f"{field} = {address!r}: allowed: auto, HOST:PORT or ray://HOST:PORT{hint}")
+    try:
+        host, port = parts.hostname, parts.port
+    except ValueError:  # a port that is not a number or out of range
+        host, port = None, None
+    if not host or port is None or parts.path not in ("", "/"):
+        raise ResourceError(f"{field} = {address!r}: expected HOST:PORT (e.g. 10.0.0.5:6379) or ray://HOST:PORT")
+    return host, port
+
+
 def probe(address: str, field: str = "federation.ray_address", timeout: float = PROBE_TIMEOUT_S) -> None:
-    """Check that ``address`` is a Ray address that answers: ``auto``, ``HOST:PORT`` (the head's GCS port)
-    or ``ray://HOST:PORT`` (Ray Client); fails in ``timeout`` seconds instead of Ray's minutes of retries.
+    """Check that ``address`` answers within ``timeout`` seconds (Ray itself retries for minutes).
 
     Raises:
         ResourceError: one line naming ``field``, the address and what is wrong.
     """
-    text = address.strip()
-    if text == "auto":
+    target = parse_address(address, field)
+    if target is None:
         from ray._private.services import find_bootstrap_address  # where `ray start` recorded its cluster
 
         found = find_bootstrap_address(None)
@@ -73,17 +103,9 @@ def probe(address: str, field: str = "federation.ray_address", timeout: float = 
                 f"{field} = 'auto': no Ray cluster started with `ray start` on this machine; give its HOST:PORT, "
                 f"or drop the address to run on a fresh local Ray"
             )
-        text = found
-    parts = urlsplit(text if "://" in text else f"tcp://{text}")
-    if parts.scheme not in ("tcp", "ray"):
-        hint = " (that is the dashboard / jobs address; give the head's HOST:6379 or ray://HOST:10001)" if parts.scheme in ("http", "https") else ""
-        raise ResourceError(f"{field} = {address!r}: allowed: auto, HOST:PORT or ray://HOST:PORT{hint}")
-    try:
-        host, port = parts.hostname, parts.port
-    except ValueError:
-        host, port = None, None
-    if not host or port is None:
-        raise ResourceError(f"{field} = {address!r}: expected HOST:PORT (e.g. 10.0.0.5:6379) or ray://HOST:PORT")
+        target = parse_address(found, field)
+        assert target is not None
+    host, port = target
     try:
         socket.create_connection((host, port), timeout=timeout).close()
     except OSError as error:
@@ -92,6 +114,30 @@ def probe(address: str, field: str = "federation.ray_address", timeout: float = 
             f"{field} = {address!r}: cannot reach {host}:{port} ({reason}) within {timeout:g}s; start the cluster "
             f"(`ray start --head`) or drop the address to run on a fresh local Ray"
         ) from None
+    if not address.strip().startswith("ray://"):
+        problem = _gcs_problem(host, port, 2 * timeout)
+        if problem:
+            raise ResourceError(
+                f"{field} = {address!r}: {host}:{port} is not a Ray head answering ({problem}); give the head's GCS "
+                f"port (6379 unless `ray start --port` said otherwise) or ray://HOST:10001"
+            )
+
+
+def _gcs_problem(host: str, port: int, timeout: float) -> str | None:
+    """Why ``host:port`` does not answer as a Ray head's GCS (None if it does).
+
+    Asked in a child process: Ray's own client retries a silent port for 40 s, prints its retries, and on
+    some settings ends the process; a child can be given a deadline and its output kept out of sight."""
+    target = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    code = "import sys, ray._raylet as r; r.GcsClient(address=sys.argv[1])"
+    try:
+        done = subprocess.run([sys.executable, "-c", code, target], capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return f"no reply within {timeout:g}s"
+    if done.returncode == 0:
+        return None
+    lines = [line for line in done.stderr.strip().splitlines() if line.strip() and not line.startswith("[")]
+    return (lines[-1] if lines else f"exit code {done.returncode}")[:160]
 
 
 def cluster_nodes() -> list[dict[str, float]]:

@@ -255,7 +255,8 @@ def _death(error: RayActorError) -> str:
     text = str(error)
     for line in text.splitlines():
         if "exit detail" in line.lower():
-            return line.split("detail:", 1)[-1].strip()[:160] or "the actor process died"
+            detail = line.split("detail:", 1)[-1].strip().split(". ")[0].rstrip(".")
+            return detail[:160] or "the actor process died"
     return first_line(error) if text.strip() else "the actor process died"
 
 
