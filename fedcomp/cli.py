@@ -126,7 +126,7 @@ class _Parser(argparse.ArgumentParser):
     every other bad input, instead of the usage block."""
 
     def error(self, message: str) -> NoReturn:
-        self.exit(2, f"fedcomp: error: {self.prog}: {message} (see `{self.prog} --help`)\n")
+        self.exit(2, f"fedcomp: error: {message} (see `{self.prog} --help`)\n")
 
 
 def build_parser() -> argparse.ArgumentParser:

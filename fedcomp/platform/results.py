@@ -121,7 +121,11 @@ def read_checkpoint(path: Path) -> dict[str, Any]:
         checkpoint = torch.load(path, weights_only=False)
     except Exception as error:  # torch raises RuntimeError, EOFError, UnpicklingError, ... on a damaged file
         raise StorageError(f"{path} cannot be read (truncated or corrupt: {first_line(error)})") from None
-    if not isinstance(checkpoint, dict) or not {"server", "rows", "wall_time"} <= set(checkpoint):
+    valid = (
+        isinstance(checkpoint, dict) and {"rows", "wall_time"} <= checkpoint.keys()
+        and isinstance(checkpoint.get("server"), dict) and {"state", "counters"} <= checkpoint["server"].keys()
+    )
+    if not valid:
         raise StorageError(f"{path} is not a fedcomp run checkpoint")
     return checkpoint
 

@@ -81,11 +81,11 @@ def _check_legacy(where: str, checkpoint: dict[str, Any], config: Config) -> Non
 
     server = checkpoint["server"]
     synced = set(build_algorithm(config).synced)
-    extra = sorted(set(server.get("state", {})) - synced)
-    if extra:
+    held = set(server.get("state", {}))
+    if held != synced:
         raise ConfigError(
-            f"{where}: {results.CHECKPOINT} holds state {extra} that algorithm.name = {config.algorithm_name!r} "
-            f"does not have ({', '.join(sorted(synced))}); it belongs to another run"
+            f"{where}: {results.CHECKPOINT} holds the state {sorted(held)} but algorithm.name = "
+            f"{config.algorithm_name!r} keeps {sorted(synced)}; it belongs to another run"
         )
     clients = sorted(server.get("private", {}))
     if clients and clients[-1] >= config.federation.clients:

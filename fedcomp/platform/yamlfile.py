@@ -25,8 +25,7 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         for key_node, _ in node.value:
             key = self.construct_object(key_node, deep=deep)
             if isinstance(key, (str, int, float, bool)) and key in seen:
-                line = key_node.start_mark.line + 1
-                raise yaml.constructor.ConstructorError(None, None, f"key {key!r} is given twice (line {line})",
+                raise yaml.constructor.ConstructorError(None, None, f"key {key!r} is given twice in one mapping",
                                                         key_node.start_mark)
             seen.add(key)
         return super().construct_mapping(node, deep=deep)
