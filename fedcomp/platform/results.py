@@ -75,24 +75,23 @@ def make_folder(path: Path) -> None:
         raise StorageError(f"cannot create the folder {path}: {describe_os_error(error)}") from None
 
 
-def check_writable(folder: str | Path, field: str = "run.out") -> None:
+def check_writable(folder: str | Path, label: str | None = None) -> None:
     """Fail before any work when results could not be written under ``folder``: its nearest existing
     ancestor must be a writable folder (a file in the way or a read-only folder is found here, not after
     the run's start-up).
 
     Raises:
-        StorageError: naming ``field``, the folder and the obstacle.
+        StorageError: starting with ``label`` (default ``run.out = '<folder>'``), naming the obstacle.
     """
     folder = Path(folder)
+    label = label or f"run.out = {str(folder)!r}"
     probe = folder
-    while not probe.exists():
-        if probe.parent == probe:
-            break
+    while not probe.exists() and probe.parent != probe:
         probe = probe.parent
     if probe.exists() and not probe.is_dir():
-        raise StorageError(f"{field} = {str(folder)!r}: {str(probe)!r} is a file, not a folder")
+        raise StorageError(f"{label}: {str(probe)!r} is a file, not a folder")
     if probe.is_dir() and not os.access(probe, os.W_OK | os.X_OK):
-        raise StorageError(f"{field} = {str(folder)!r}: the folder {str(probe)!r} is not writable")
+        raise StorageError(f"{label}: the folder {str(probe)!r} is not writable")
 
 
 def write_json(path: Path, obj: Any) -> None:

@@ -208,7 +208,7 @@ def execute(
         run_dir = Path(resume_dir)
         checkpoint = run_checks.open_checkpoint(run_dir, config)
         earlier = results.read_json(run_dir / results.RUN_JSON) if (run_dir / results.RUN_JSON).is_file() else {}
-        results.check_writable(run_dir, "--resume")
+        results.check_writable(run_dir, f"--resume {str(run_dir)!r}")
         run_id = run_dir.name
     else:
         run_id = new_run_id(config)
@@ -235,8 +235,8 @@ def execute(
                 progress.update(step.row, step.round)
                 if step.checkpoint is not None:
                     results.write_checkpoint(run_dir / results.CHECKPOINT, step.checkpoint)
+                    created = False  # resumable from here on, whatever happens to the metrics file
                     results.write_metrics(run_dir / results.METRICS, step.rows)
-                    created = False
                 rows, wall, done = step.rows, step.wall_time, step.round
         finally:
             progress.close()
