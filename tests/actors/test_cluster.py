@@ -158,7 +158,7 @@ class Cluster:
                 "--object-store-memory", str(100 * 1024**2), "--disable-usage-stats"]
         if head:
             args += ["--head", "--port", str(ports[7]), "--ray-client-server-port", str(ports[8]),
-                     "--include-dashboard", "false", "--temp-dir", self.tmp]
+                     "--include-dashboard", "false", "--temp-dir", str(Path(self.tmp) / "ray")]  # RAY_TMPDIR's default
         else:
             args += ["--address", f"127.0.0.1:{self.port}"]
         log = open(Path(self.tmp) / f"start-{len(self.procs)}.log", "w")
