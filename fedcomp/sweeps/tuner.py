@@ -9,14 +9,16 @@ experiment state), ``sweep.json`` (the validated spec, for ``--resume`` and ``fe
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import io
+import logging
 import os
 import secrets
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 import pandas as pd
 from pydantic import ValidationError
@@ -191,25 +193,27 @@ def sweep(
         tune_config=_tune_config(spec),
         run_config=_run_config(spec, path, verbose),
     )
-    return _finish(_fit(tuner, verbose), spec, path)
+    return _fit(tuner, spec, path, verbose)
 
 
-def _fit(tuner: Any, verbose: int) -> Any:
-    """``tuner.fit()``, silent at ``verbose=0``: Tune's newer console output prints its experiment box and
-    TensorBoard hint at every verbosity while its older reporter honours 0, and Tune's driver-side warnings
-    (e.g. a trial file a killed sweep never wrote, on ``--resume``) are raised to errors -- for the fit only."""
-    if verbose:
-        return tuner.fit()
-    import logging
+@contextlib.contextmanager
+def _quiet_tune(verbose: int) -> Iterator[None]:
+    """Keep Tune's console output to what fedcomp does not say itself, for the duration of a fit.
 
-    before = os.environ.get("RAY_AIR_NEW_OUTPUT")
-    loggers = [logging.getLogger(name) for name in ("ray.tune", "ray.train")]
+    Always: Tune's warning that it could not read a trial's own metrics files (``result.json``, e.g. of a
+    trial killed before its first report, on ``--resume``) -- fedcomp takes every trial's rows from its
+    checkpoints. At ``verbose=0`` also: Tune's newer console output (it prints its experiment box and
+    TensorBoard hint at every verbosity; its older reporter honours 0) and its driver-side warnings."""
+    names = ["ray.tune.analysis.experiment_analysis"] + ([] if verbose else ["ray.tune", "ray.train"])
+    loggers = [logging.getLogger(name) for name in names]
     levels = [logger.level for logger in loggers]
-    os.environ["RAY_AIR_NEW_OUTPUT"] = "0"
+    before = os.environ.get("RAY_AIR_NEW_OUTPUT")
+    if not verbose:
+        os.environ["RAY_AIR_NEW_OUTPUT"] = "0"
     for logger in loggers:
         logger.setLevel(logging.ERROR)
     try:
-        return tuner.fit()
+        yield
     finally:
         for logger, level in zip(loggers, levels):
             logger.setLevel(level)
@@ -217,6 +221,12 @@ def _fit(tuner: Any, verbose: int) -> Any:
             os.environ.pop("RAY_AIR_NEW_OUTPUT", None)
         else:
             os.environ["RAY_AIR_NEW_OUTPUT"] = before
+
+
+def _fit(tuner: Any, spec: SweepSpec, path: Path, verbose: int) -> SweepResult:
+    """Run (or continue) the sweep and collect its trials, with Tune's console output kept quiet."""
+    with _quiet_tune(verbose):
+        return _finish(tuner.fit(), spec, path)
 
 
 def read_sweep_json(path: str | Path) -> dict[str, Any]:
@@ -253,10 +263,11 @@ def resume_sweep(path: str | Path, ray_address: str | None = None, verbose: int 
         raise ConfigError(f"--resume {str(path)!r}: Tune's experiment state is missing; the sweep never started")
     cluster, has_gpus = _connect(ray_address, verbose)
     _check_fits(spec, cluster, has_gpus)
-    tuner = tune.Tuner.restore(
-        str(path), trainable=_trainable(spec, meta["cluster_has_gpus"]), resume_unfinished=True, resume_errored=True
-    )
-    return _finish(_fit(tuner, verbose), spec, path)
+    with _quiet_tune(verbose):  # restoring reads the trials' Tune results too
+        tuner = tune.Tuner.restore(
+            str(path), trainable=_trainable(spec, meta["cluster_has_gpus"]), resume_unfinished=True, resume_errored=True
+        )
+    return _fit(tuner, spec, path, verbose)
 
 
 def _finish(grid, spec: SweepSpec, path: Path) -> SweepResult:

@@ -4,12 +4,14 @@ table and must still match its rows), and a sweep at ``--verbose 0`` prints the 
 from __future__ import annotations
 
 import io
+import logging
 from types import SimpleNamespace
 
 import pandas as pd
 import pytest
 import yaml
 
+import fedcomp
 from fedcomp.cli import main
 from fedcomp.sweeps.report import _varying, best_configurations, best_curve, sweep_report
 from fedcomp.sweeps.spec import load_spec
@@ -66,3 +68,21 @@ def test_a_sweep_at_verbose_0_prints_the_report_and_nothing_of_tunes(ray_session
     assert captured.out.startswith("Final test_accuracy (higher is better)"), captured.out[:400]
     for noise in ("Configuration for experiment", "View detailed results", "tensorboard", "Trial status", "╭"):
         assert noise not in captured.out and noise not in captured.err, noise
+
+    # A trial whose own Tune metrics files are missing (as for one killed before its first report): resuming
+    # at the default verbosity gives the same rows, without Tune's warning that it could not read them.
+    (sweep_dir,) = (tmp_path / "out").iterdir()
+    before = pd.read_parquet(sweep_dir / "trials.parquet")
+    trial_dir = sorted(sweep_dir.glob("run_trial_*"))[0]
+    for name in ("result.json", "progress.csv"):
+        (trial_dir / name).unlink()
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append  # type: ignore[method-assign]
+    logging.getLogger("ray.tune.analysis.experiment_analysis").addHandler(handler)
+    try:
+        resumed = fedcomp.resume_sweep(sweep_dir, verbose=1)
+    finally:
+        logging.getLogger("ray.tune.analysis.experiment_analysis").removeHandler(handler)
+    assert [r.getMessage() for r in records if r.levelno >= logging.WARNING] == []
+    pd.testing.assert_frame_equal(resumed.trials, before)
