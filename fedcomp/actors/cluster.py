@@ -95,13 +95,16 @@ def probe(address: str, field: str = "federation.ray_address", timeout: float = 
     """
     target = parse_address(address, field)
     if target is None:
-        from ray._private.services import find_bootstrap_address  # where `ray start` recorded its cluster
+        from ray._private.services import canonicalize_bootstrap_address  # Ray's own reading of "auto"
 
-        found = find_bootstrap_address(None)
+        try:
+            found = canonicalize_bootstrap_address("auto")
+        except ConnectionError:
+            found = None
         if not found:
             raise ResourceError(
-                f"{field} = 'auto': no Ray cluster started with `ray start` on this machine; give its HOST:PORT, "
-                f"or drop the address to run on a fresh local Ray"
+                f"{field} = 'auto': no running Ray cluster found on this machine; give its HOST:PORT, or drop the "
+                f"address to run on a fresh local Ray"
             )
         target = parse_address(found, field)
         assert target is not None
