@@ -65,14 +65,14 @@ def negative_result(out: str) -> dict[tuple[str, int], pd.DataFrame]:
         for name in NEGATIVE:
             result = fedcomp.run("feddro-negative-result", {"algorithm.name": name, "algorithm.local_steps": steps,
                                                             "federation.backend": "local", "run.out": out,
-                                                            "run.progress": "none"})
+                                                            "run.progress": "none", "run.on_divergence": "continue"})
             curves[name, steps] = result.metrics
     return curves
 
 
 def offline_run(out: str, name: str, lr: float, seed: int, steps: int = 1) -> pd.DataFrame:
     overrides = {"algorithm.name": name, "algorithm.lr": lr, "run.seed": seed, "federation.backend": "local",
-                 "run.out": out, "run.progress": "none"}
+                 "run.out": out, "run.progress": "none", "run.on_divergence": "continue"}
     if name == "feddro":
         overrides["algorithm.local_steps"] = steps
     return fedcomp.run("feddro-offline", overrides).metrics

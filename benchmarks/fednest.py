@@ -87,6 +87,7 @@ def run_one(preset: str, overrides: dict[str, Any], seed: int, epochs: int, out:
             "run.checkpoint_every": epochs,
             "run.out": out,
             "run.progress": "none",
+            "run.on_divergence": "continue",  # the tables count diverged seeds
             **overrides,
         },
     )

@@ -59,6 +59,7 @@ def run_one(algo: str, m: int, ratio: float, seed: int, lr: float, beta: float, 
         "run.checkpoint_every": rounds,
         "run.out": out,
         "run.progress": "none",
+        "run.on_divergence": "continue",
     }
     if algo == "fcsg-m":
         overrides["algorithm.beta"] = beta

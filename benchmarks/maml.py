@@ -30,7 +30,7 @@ import fedcomp  # noqa: E402
 HERE = common.HERE
 SEEDS = (0, 1, 2)
 COMMON = {"federation.backend": "local", "algorithm.outer_batch": 2, "run.rounds": 20, "run.eval_every": 5,
-          "run.progress": "none"}
+          "run.progress": "none", "run.on_divergence": "continue"}
 ALGORITHMS = {
     "FCSG-M": {"algorithm.name": "fcsg-m", "algorithm.lr": 0.1, "algorithm.beta": 0.5, "algorithm.first_batch": 2},
     "Local-SCGDM": {"algorithm.name": "local-scgdm", "algorithm.lr": 0.1, "algorithm.gamma": 0.5, "algorithm.beta": 0.5},

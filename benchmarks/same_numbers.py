@@ -92,6 +92,7 @@ def _exact(value: Any) -> Any:
 def run_case(name: str, preset: str, overrides: dict[str, Any], out: str) -> dict[str, list[Any]] | str:
     algorithm = name.split("/")[0]
     settings = {"algorithm.name": algorithm, "federation.backend": "local", "run.progress": "none", "run.out": out,
+                "run.on_divergence": "continue",
                 **overrides}
     try:
         metrics = fedcomp.run(preset, settings).metrics

@@ -15,7 +15,7 @@ __version__ = "0.1.0"
 
 from fedcomp.api import resume, resume_sweep, run, sweep
 from fedcomp.platform.config import Config, load_config, preset_names
-from fedcomp.platform.errors import ClientFailure, ConfigError, PlatformError, ResourceError
+from fedcomp.platform.errors import ClientFailure, ConfigError, Diverged, PlatformError, ResourceError, StorageError
 from fedcomp.platform.registry import ALGORITHMS, TASKS, register_algorithm, register_task
 from fedcomp.platform.results import load_results
 from fedcomp.platform.runner import RunResult
@@ -27,6 +27,7 @@ __all__ = [
     "ClientFailure",
     "Config",
     "ConfigError",
+    "Diverged",
     "PlatformError",
     "ResourceError",
     "RunResult",
@@ -39,6 +40,7 @@ __all__ = [
     "resume",
     "resume_sweep",
     "run",
+    "StorageError",
     "sweep",
     "verify",
 ]

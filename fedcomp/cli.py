@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Sequence
+from typing import NoReturn, Sequence
 
 from fedcomp.platform.config import parse_value
 from fedcomp.platform.errors import PlatformError
@@ -130,7 +130,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         if (Path(args.results_dir) / "sweep.json").is_file():
             png, md = sweep_report(load_sweep(args.results_dir), metric=args.metric, x=args.x, out=args.out)
         else:
-            png, md = report(args.results_dir, metric=args.metric or "test_accuracy", x=args.x, out=args.out)
+            png, md = report(args.results_dir, metric=args.metric, x=args.x, out=args.out)
     except (FileNotFoundError, ValueError) as error:
         raise PlatformError(str(error)) from None
     print(md.read_text())
@@ -144,9 +144,17 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return bench_main(args)
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with a bad flag reported as one line (naming the flag, the value and what is allowed), like
+    every other bad input, instead of the usage block."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"fedcomp: error: {message} (see `{self.prog} --help`)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="fedcomp", description="Federated nested stochastic optimisation on Ray.")
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = _Parser(prog="fedcomp", description="Federated nested stochastic optimisation on Ray.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{run,list,sweep,report,bench}")
 
     run = sub.add_parser("run", help="run one experiment (default preset: quickstart)")
     run.add_argument("config", nargs="?", help="preset name or YAML file (see `fedcomp list`)")
@@ -186,7 +194,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     rep = sub.add_parser("report", help="plot and tabulate the runs or the sweep under a results folder")
     rep.add_argument("results_dir")
-    rep.add_argument("--metric", help="default: test_accuracy for runs, the sweep's metric for sweeps")
+    rep.add_argument("--metric", help="default: each run's task headline metric (test_accuracy, x_dist_sq, ...); "
+                                       "the sweep's metric for sweeps")
     rep.add_argument("--x", default="comm_rounds", help="x axis column (comm_rounds, local_steps, samples, wall_time)")
     rep.add_argument("--out", help="where to write report.png / report.md (default: RESULTS_DIR)")
     rep.set_defaults(func=cmd_report)
@@ -210,13 +219,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def one_line(error: BaseException) -> str:
+    """The error's message on one line (a message is one line by contract; this keeps it so if a library's
+    text slipped into one)."""
+    return " ".join(str(error).split()) or type(error).__name__
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
     except PlatformError as error:
-        print(f"fedcomp: error: {error}", file=sys.stderr)
-        return 2
+        print(f"fedcomp: error: {one_line(error)}", file=sys.stderr)
+        return error.exit_code
     except KeyboardInterrupt:
         print("fedcomp: interrupted", file=sys.stderr)
         return 130

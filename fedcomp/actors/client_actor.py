@@ -19,8 +19,14 @@ class ClientActor:
 
     def __init__(self, config: Config, clients: Sequence[int], incarnation: int = 0) -> None:
         torch.set_num_threads(1)
-        device = "cuda" if ray.get_gpu_ids() and torch.cuda.is_available() else "cpu"
-        self.host = ClientHost(config, clients, device)
+        self.error: Exception | None = None
+        """An error building the clients (e.g. a missing data root), raised by :meth:`ready`: an exception
+        leaving an actor's constructor reaches the driver only as text, after Ray has printed its traceback."""
+        try:
+            device = "cuda" if ray.get_gpu_ids() and torch.cuda.is_available() else "cpu"
+            self.host = ClientHost(config, clients, device)
+        except Exception as error:
+            self.error = error
         self.incarnation = incarnation
         # Fault injection for the reliability tests: FEDCOMP_FAULT_KILL="<round>:<first client of the actor>"
         # (or "<round>:<client>:<sub>", or "<round>:<client>:<sub>:<step>" for a step of an exchange: 0 =
@@ -29,6 +35,8 @@ class ClientActor:
 
     def ready(self) -> dict:
         """Where this actor landed: its clients, node, assigned GPU ids and the torch device it computes on."""
+        if self.error is not None:
+            raise self.error
         return {
             "clients": list(self.host.clients),
             "node": ray.get_runtime_context().get_node_id(),

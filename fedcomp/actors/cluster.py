@@ -1,7 +1,12 @@
-"""Joining or starting a Ray cluster, and sizing actor resource requests from what the cluster has.
+"""Joining or starting a Ray cluster, and sizing actor resource requests to fit the cluster's nodes.
 
-Ray waits forever for resources that do not exist, so every request is checked against
-``ray.cluster_resources()`` first and a shortfall fails at once with a message that names it.
+Without an address fedcomp starts its own local Ray (``address="local"``), never one that ``ray start``
+left on the machine; with one (``federation.ray_address``, ``--ray-address`` or ``$RAY_ADDRESS``) it checks
+that the address answers within seconds before handing it to Ray, which would otherwise retry for minutes.
+
+Ray waits forever for resources that do not exist, so every request is checked against the cluster's alive
+nodes first -- one actor must fit on one node, so totals are not enough -- and a shortfall fails at once with
+a message that names it and says what would fit.
 """
 
 from __future__ import annotations
@@ -9,9 +14,13 @@ from __future__ import annotations
 import logging
 import math
 import os
+import socket
+import subprocess
+import sys
 import time
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Mapping, Sequence
+from urllib.parse import urlsplit
 
 import ray
 
@@ -21,27 +30,131 @@ from fedcomp.platform.errors import ResourceError
 from fedcomp.platform.progress import announce
 
 GRANULARITY = 1e-4  # Ray's smallest fractional resource unit
+UNITS = 10_000  # resource amounts in units of GRANULARITY, so that fitting is integer arithmetic
+PROBE_TIMEOUT_S = 5.0
 
 
-def connect(address: str | None = None) -> dict[str, float]:
-    """Join ``address`` (or ``$RAY_ADDRESS``) if given, reuse an initialised Ray, else start a local one.
+def connect(address: str | None = None, worker_log_level: str | None = None) -> dict[str, float]:
+    """Join ``address`` (or ``$RAY_ADDRESS``) if given, reuse an initialised Ray, else start a fresh local one.
 
-    Returns the cluster's total resources.
+    ``worker_log_level`` (e.g. ``"WARNING"``) quiets the Python logging of this job's Ray workers (Tune's
+    per-trial INFO lines), where this call starts the Ray session. Returns the cluster's total resources.
+
+    Raises:
+        ResourceError: the address is malformed, does not answer within seconds, or Ray refuses it.
     """
+    field = "federation.ray_address"
+    if not address and os.environ.get("RAY_ADDRESS"):
+        field, address = "RAY_ADDRESS", os.environ["RAY_ADDRESS"]
+    if address:
+        parse_address(address, field)  # a malformed address fails even where Ray is already up
     if not ray.is_initialized():
-        address = address or os.environ.get("RAY_ADDRESS")
-        kwargs = dict(include_dashboard=False, logging_level=logging.WARNING, configure_logging=True)
+        kwargs: dict = dict(include_dashboard=False, logging_level=logging.WARNING, configure_logging=True)
+        if worker_log_level:
+            kwargs["logging_config"] = ray.LoggingConfig(log_level=worker_log_level)
         quiet_ray_start()
         announce(f"connecting to Ray at {address} ..." if address else "starting local Ray ...")
         started = time.perf_counter()
         if address:
-            ray.init(address=address, **kwargs)
+            probe(address, field)
+            try:
+                ray.init(address=address, **kwargs)
+            except (ConnectionError, TimeoutError, RuntimeError, ValueError) as error:
+                first = (str(error).strip().splitlines() or [type(error).__name__])[0]
+                raise ResourceError(f"{field} = {address!r}: Ray could not join that cluster: {first}") from None
         else:
-            ray.init(**kwargs)
+            # "local": a new instance even when `ray start` left a cluster on this machine (a bare ray.init()
+            # would join the latest one, and die with it).
+            ray.init(address="local", **kwargs)
         resources = ray.cluster_resources()
         announce(f"Ray ready in {time.perf_counter() - started:.1f} s: " + ", ".join(
             f"{resources.get(k, 0):g} {k}s" for k in ("CPU", "GPU") if k == "CPU" or resources.get(k)))
     return dict(ray.cluster_resources())
+
+
+def parse_address(address: str, field: str = "federation.ray_address") -> tuple[str, int] | None:
+    """``(host, port)`` of a Ray address -- ``HOST:PORT`` (the head's GCS port) or ``ray://HOST:PORT`` (Ray
+    Client) -- or None for ``auto`` (the cluster `ray start` recorded on this machine).
+
+    Raises:
+        ResourceError: one line naming ``field``, the address and the forms allowed.
+    """
+    text = address.strip()
+    if text == "auto":
+        return None
+    parts = urlsplit(text if "://" in text else f"tcp://{text}")
+    if parts.scheme not in ("tcp", "ray"):
+        hint = (" (that is the dashboard / jobs address; give the head's HOST:6379 or ray://HOST:10001)"
+                if parts.scheme in ("http", "https") else "")
+        raise ResourceError(f"{field} = {address!r}: allowed: auto, HOST:PORT or ray://HOST:PORT{hint}")
+    try:
+        host, port = parts.hostname, parts.port
+    except ValueError:  # a port that is not a number or out of range
+        host, port = None, None
+    if not host or port is None or parts.path not in ("", "/"):
+        raise ResourceError(f"{field} = {address!r}: expected HOST:PORT (e.g. 10.0.0.5:6379) or ray://HOST:PORT")
+    return host, port
+
+
+def probe(address: str, field: str = "federation.ray_address", timeout: float = PROBE_TIMEOUT_S) -> None:
+    """Check that ``address`` answers within ``timeout`` seconds (Ray itself retries for minutes).
+
+    Raises:
+        ResourceError: one line naming ``field``, the address and what is wrong.
+    """
+    target = parse_address(address, field)
+    if target is None:
+        from ray._private.services import canonicalize_bootstrap_address  # Ray's own reading of "auto"
+
+        try:
+            found = canonicalize_bootstrap_address("auto")
+        except ConnectionError:
+            found = None
+        if not found:
+            raise ResourceError(
+                f"{field} = 'auto': no running Ray cluster found on this machine; give its HOST:PORT, or drop the "
+                f"address to run on a fresh local Ray"
+            )
+        target = parse_address(found, field)
+        assert target is not None
+    host, port = target
+    try:
+        socket.create_connection((host, port), timeout=timeout).close()
+    except OSError as error:
+        reason = "no answer" if isinstance(error, socket.timeout) else (error.strerror or str(error))
+        raise ResourceError(
+            f"{field} = {address!r}: cannot reach {host}:{port} ({reason}) within {timeout:g}s; start the cluster "
+            f"(`ray start --head`) or drop the address to run on a fresh local Ray"
+        ) from None
+    if not address.strip().startswith("ray://"):
+        problem = _gcs_problem(host, port, 2 * timeout)
+        if problem:
+            raise ResourceError(
+                f"{field} = {address!r}: {host}:{port} is not a Ray head answering ({problem}); give the head's GCS "
+                f"port (6379 unless `ray start --port` said otherwise) or ray://HOST:10001"
+            )
+
+
+def _gcs_problem(host: str, port: int, timeout: float) -> str | None:
+    """Why ``host:port`` does not answer as a Ray head's GCS (None if it does).
+
+    Asked in a child process: Ray's own client retries a silent port for 40 s, prints its retries, and on
+    some settings ends the process; a child can be given a deadline and its output kept out of sight."""
+    target = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    code = "import sys, ray._raylet as r; r.GcsClient(address=sys.argv[1])"
+    try:
+        done = subprocess.run([sys.executable, "-c", code, target], capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return f"no reply within {timeout:g}s"
+    if done.returncode == 0:
+        return None
+    lines = [line for line in done.stderr.strip().splitlines() if line.strip() and not line.startswith("[")]
+    return (lines[-1] if lines else f"exit code {done.returncode}")[:160]
+
+
+def cluster_nodes() -> list[dict[str, float]]:
+    """The resources of each alive node of the connected cluster."""
+    return [dict(node["Resources"]) for node in ray.nodes() if node.get("Alive")]
 
 
 @dataclass(frozen=True)
@@ -68,18 +181,29 @@ def floor_share(value: float) -> float:
     return math.floor(value / GRANULARITY + 1e-9) * GRANULARITY
 
 
-def plan_actors(fed: FederationConfig, cluster: Mapping[str, float]) -> ActorPlan:
-    """Pack clients into actors and size their CPU/GPU requests for ``cluster`` (its total resources).
+def plan_actors(
+    fed: FederationConfig, cluster: Mapping[str, float], nodes: Sequence[Mapping[str, float]] | None = None
+) -> ActorPlan:
+    """Pack clients into actors and size their CPU/GPU requests so that they fit ``nodes`` (each alive node's
+    resources; default: one node holding ``cluster``, the totals).
+
+    One actor lives on one node, so shares are fitted per node: with ``auto``, the largest CPU share (at most
+    1) such that every client actor and the server find a node whichever node Ray puts the server on, and the
+    largest GPU share per client (at most 1 and the cluster's GPUs over the clients) such that every client
+    actor finds a node's GPU.
 
     Raises:
-        ResourceError: GPUs or CPUs are asked for that the cluster does not have.
+        ResourceError: GPUs or CPUs are asked for that the nodes do not have; the message says what would fit.
     """
     k, per = fed.clients, fed.clients_per_actor
     groups = tuple(tuple(range(i, min(i + per, k))) for i in range(0, k, per))
+    n = len(groups)
+    nodes = [dict(node) for node in nodes] if nodes else [dict(cluster)]
     total_gpus, total_cpus = float(cluster.get("GPU", 0.0)), float(cluster.get("CPU", 0.0))
+    units = [(_units(node.get("CPU", 0.0)), _units(node.get("GPU", 0.0))) for node in nodes]
 
     if fed.gpus_per_client == "auto":
-        gpc = floor_share(min(1.0, total_gpus / k)) if total_gpus else 0.0
+        gpc = _auto_gpus(units, n, per, min(1.0, total_gpus / k)) if total_gpus else 0.0
     else:
         gpc = float(fed.gpus_per_client)
         need = gpc * k
@@ -94,25 +218,99 @@ def plan_actors(fed: FederationConfig, cluster: Mapping[str, float]) -> ActorPla
                 f"federation.gpus_per_client = {gpc:g} x clients_per_actor = {per} asks one actor for "
                 f"{gpc * per:g} GPUs; an actor can take a fraction of one GPU or whole GPUs"
             )
+        held = _slots_total(units, 0, _units(gpc * per))
+        if held < n:
+            fits = _auto_gpus(units, n, per, min(1.0, total_gpus / k))
+            raise ResourceError(
+                f"federation.gpus_per_client = {gpc:g} asks {gpc * per:g} GPU per client actor; {_describe(nodes, 'GPU')} "
+                f"hold {held} such actors, the run has {n}; use gpus_per_client <= {fits:g} or 'auto'"
+            )
+    gpu_units = _units(floor_share(gpc * per))
 
-    n = len(groups)
     if fed.cpus_per_actor == "auto":
-        cpus = floor_share(min(1.0, total_cpus / (n + 1)))
-        if cpus < GRANULARITY:
+        cpu_units = _auto_cpus(units, n, gpu_units)
+        if cpu_units is None:
             raise ResourceError(
                 f"federation.clients = {k} with clients_per_actor = {per} makes {n} actors, too many for "
-                f"{total_cpus:g} CPUs; raise federation.clients_per_actor"
+                f"{total_cpus:g} CPUs; raise federation.clients_per_actor ({_describe(nodes, 'CPU')})"
             )
-        server = cpus
+        cpus = cpu_units / UNITS
     else:
-        cpus = server = float(fed.cpus_per_actor)
+        cpus = float(fed.cpus_per_actor)
         need = cpus * (n + 1)
         if need > total_cpus + 1e-9:
             raise ResourceError(
                 f"federation.cpus_per_actor = {cpus:g} needs {need:g} CPUs for {n} client actors and the server "
                 f"but the cluster has {total_cpus:g}"
             )
-    return ActorPlan(groups, cpus, gpc, server)
+        if not _fits(units, n, _units(cpus), gpu_units):
+            best = _auto_cpus(units, n, gpu_units)
+            advice = f"use cpus_per_actor <= {best / UNITS:g} or 'auto'" if best else "raise federation.clients_per_actor"
+            raise ResourceError(
+                f"federation.cpus_per_actor = {cpus:g}: {n} client actors and the server do not fit on "
+                f"{_describe(nodes, 'CPU')} (an actor lives on one node); {advice}"
+            )
+    return ActorPlan(groups, cpus, gpc, cpus)
+
+
+def _units(amount: float) -> int:
+    return int(math.floor(float(amount) * UNITS + 1e-6))
+
+
+def _slots(cpu: int, gpu: int, cpu_each: int, gpu_each: int) -> int:
+    """How many actors asking for ``cpu_each`` / ``gpu_each`` (units) one node with ``cpu`` / ``gpu`` holds."""
+    held = cpu // cpu_each if cpu_each else 1 << 40
+    return min(held, gpu // gpu_each) if gpu_each else held
+
+
+def _slots_total(nodes: Sequence[tuple[int, int]], cpu_each: int, gpu_each: int) -> int:
+    return sum(_slots(c, g, cpu_each, gpu_each) for c, g in nodes)
+
+
+def _fits(nodes: Sequence[tuple[int, int]], actors: int, cpu_each: int, gpu_each: int) -> bool:
+    """Whether ``actors`` client actors and a CPU-only server actor of the same CPU share fit ``nodes``,
+    wherever Ray puts the server (it is started first; equal-sized client actors then fit greedily)."""
+    slots = [_slots(c, g, cpu_each, gpu_each) for c, g in nodes]
+    after_server = [
+        sum(slots) - slots[j] + _slots(c - cpu_each, g, cpu_each, gpu_each)
+        for j, (c, g) in enumerate(nodes) if c >= cpu_each
+    ]
+    return bool(after_server) and min(after_server) >= actors
+
+
+def _auto_cpus(nodes: Sequence[tuple[int, int]], actors: int, gpu_each: int) -> int | None:
+    """The largest CPU share (units, at most one CPU) that fits; None if even Ray's smallest does not.
+
+    The candidates are the shares that split some node evenly; fitting only gets easier as the share
+    shrinks, so a binary search finds the largest."""
+    candidates = sorted({min(UNITS, c // m) for c, _ in nodes for m in range(1, actors + 2) if c // m > 0})
+    lo, hi, best = 0, len(candidates) - 1, None
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        if _fits(nodes, actors, candidates[mid], gpu_each):
+            best, lo = candidates[mid], mid + 1
+        else:
+            hi = mid - 1
+    return best
+
+
+def _auto_gpus(nodes: Sequence[tuple[int, int]], actors: int, per: int, cap: float) -> float:
+    """The largest GPU share per client (at most ``cap``) whose actors (``per`` clients each) all find a
+    node's GPU; 0 when none does (the run then computes on CPUs)."""
+    cap_units = _units(floor_share(cap))
+    shares = {cap_units} | {g // (m * per) for _, g in nodes for m in range(1, actors + 1)}
+    for share in sorted((s for s in shares if 0 < s <= cap_units), reverse=True):
+        each = share * per
+        if each > UNITS and each % UNITS:
+            continue  # Ray takes a fraction of one GPU or whole GPUs
+        if _slots_total(nodes, 0, each) >= actors:
+            return share / UNITS
+    return 0.0
+
+
+def _describe(nodes: Sequence[Mapping[str, float]], key: str) -> str:
+    amounts = ", ".join(f"{node.get(key, 0.0):g}" for node in nodes)
+    return f"{len(nodes)} node{'s' if len(nodes) > 1 else ''} with {key} {amounts}"
 
 
 def fedcomp_env() -> dict[str, str]:

@@ -20,13 +20,13 @@ import time
 from typing import Any, Callable
 
 import ray
-from ray.exceptions import RayActorError
+from ray.exceptions import RayActorError, RayTaskError
 
 from fedcomp.actors.client_actor import ClientActor
-from fedcomp.actors.cluster import ActorPlan, actor_options, describe_resources, plan_actors
+from fedcomp.actors.cluster import ActorPlan, actor_options, cluster_nodes, describe_resources, plan_actors
 from fedcomp.platform.algorithms.base import Outcome, Tensors
 from fedcomp.platform.config import Config
-from fedcomp.platform.errors import ClientFailure, ResourceError
+from fedcomp.platform.errors import ClientFailure, PlatformError, ResourceError
 from fedcomp.platform.federation import Layout, Partial, build_algorithm, combine
 
 RemoteClient = ray.remote(ClientActor)
@@ -41,8 +41,28 @@ the last reply is in (argument transfer, actor scheduling and queueing, reply se
 adding up the partial sums."""
 
 
+def unwrap(error: RayTaskError) -> BaseException:
+    """The fedcomp error an actor raised (through any number of actor layers), so that it reaches the user as
+    the same one line as on the local backend; other errors stay Ray's (with the remote traceback)."""
+    cause: Any = error
+    while isinstance(cause, RayTaskError):
+        cause = getattr(cause, "cause", None)
+    return cause if isinstance(cause, PlatformError) else error
+
+
+def first_line(error: BaseException) -> str:
+    lines = str(error).strip().splitlines()
+    return (lines[0] if lines else type(error).__name__)[:200]
+
+
 def wait_ready(actors: list[Any], what: list[str], timeout: float) -> list[Any]:
-    """Block until every actor answers ``ready`` (returns the answers); name the ones not placed in time."""
+    """Block until every actor answers ``ready`` (returns the answers); name the ones not placed in time.
+
+    Raises:
+        ResourceError: an actor was not placed within ``timeout``.
+        PlatformError: the error an actor's constructor met (e.g. a missing data root), as raised there.
+        ClientFailure: an actor's process died while starting.
+    """
     refs = [a.ready.remote() for a in actors]
     done, pending = ray.wait(refs, num_returns=len(refs), timeout=timeout)
     if pending:
@@ -51,7 +71,12 @@ def wait_ready(actors: list[Any], what: list[str], timeout: float) -> list[Any]:
             f"{len(pending)} of {len(refs)} actors did not start within {timeout:g}s "
             f"({'; '.join(missing[:3])}{' ...' if len(missing) > 3 else ''}); available now: {describe_resources()}"
         )
-    return ray.get(refs)
+    try:
+        return ray.get(refs)
+    except RayTaskError as error:
+        raise unwrap(error) from None
+    except RayActorError as error:
+        raise ClientFailure(f"an actor died while starting ({first_line(error)})") from None
 
 
 class RayFederation:
@@ -59,11 +84,15 @@ class RayFederation:
 
     def __init__(self, config: Config) -> None:
         self.config = config
-        self.plan: ActorPlan = plan_actors(config.federation, ray.cluster_resources())
+        self.plan: ActorPlan = plan_actors(config.federation, ray.cluster_resources(), cluster_nodes())
         self.owner = {c: i for i, group in enumerate(self.plan.groups) for c in group}
         self.incarnations = [0] * len(self.plan.groups)
         self.actors = [self._spawn(i) for i in range(len(self.plan.groups))]
-        self.placement = wait_ready(self.actors, [self._describe(i) for i in range(len(self.actors))], self.timeout)
+        try:
+            self.placement = wait_ready(self.actors, [self._describe(i) for i in range(len(self.actors))], self.timeout)
+        except BaseException:
+            self.close()
+            raise
         self.private_refs: dict[int, Any] = {}
         """Client -> the object holding its latest saved private state (the reply of the last saving call)."""
         self.transient = build_algorithm(config).transient_programs
@@ -73,6 +102,8 @@ class RayFederation:
         self.exchange: tuple[int, dict[int, list[int]]] = (-1, {})
         """The round of the exchange in progress, and each actor's members of its cohort."""
         self.restarts = 0
+        self.replacements: list[dict[str, Any]] = []
+        """Replaced actors not yet taken by :meth:`take_replacements`: round (1-based), actor, clients, reason."""
         self.profile: dict[str, float] = dict.fromkeys(PHASES, 0.0)
         """Seconds spent per phase of ``call`` since the start (see :data:`PHASES`)."""
 
@@ -87,9 +118,11 @@ class RayFederation:
         options = actor_options(self.plan.resources(i))
         return RemoteClient.options(**options).remote(self.config, self.plan.groups[i], self.incarnations[i])
 
-    def _replace(self, i: int) -> None:
+    def _replace(self, i: int, round: int, reason: str) -> None:
         self.incarnations[i] += 1
         self.restarts += 1
+        self.replacements.append({"round": round + 1, "actor": i, "clients": list(self.plan.groups[i]),
+                                  "incarnation": self.incarnations[i], "reason": reason})
         self.actors[i] = self._spawn(i)
         self.placement[i] = wait_ready([self.actors[i]], [self._describe(i)], self.timeout)[0]
         mine = self._private_of([c for c in self.plan.groups[i] if c in self.private_refs])
@@ -153,12 +186,12 @@ class RayFederation:
                 break
             if attempt == self.config.federation.max_retries:
                 raise ClientFailure(
-                    f"client actors {failed} died in round {round} {attempt + 1} times; "
+                    f"client actors {sorted(failed)} died in round {round + 1} {attempt + 1} times; "
                     f"federation.max_retries = {self.config.federation.max_retries}"
                 )
-            for i in failed:
-                self._replace(i)
-            todo = failed
+            for i, reason in sorted(failed.items()):
+                self._replace(i, round, reason)
+            todo = sorted(failed)
         if saving:
             self.replay = []
         else:
@@ -170,8 +203,8 @@ class RayFederation:
 
     def _collect(
         self, submit: Submit, members: dict[int, list[int]], todo: list[int], partials: dict[int, Partial], round: int
-    ) -> list[int]:
-        """Run the actors in ``todo``; store their partials; return the ones whose actor died.
+    ) -> dict[int, str]:
+        """Run the actors in ``todo``; store their partials; return the ones whose actor died (and how).
 
         Each actor also returns its clients' private state as a second object that stays in the object
         store (nothing crosses to the server unless a replacement actor or a checkpoint needs it).
@@ -183,7 +216,7 @@ class RayFederation:
             pending[partial_ref] = (i, private_ref)
         submitted = time.perf_counter()
         self.profile["submit actor calls"] += submitted - started
-        failed: list[int] = []
+        failed: dict[int, str] = {}
         while pending:
             ready, _ = ray.wait(list(pending), num_returns=1, timeout=self.timeout)
             if not ready:
@@ -193,15 +226,22 @@ class RayFederation:
                 i, private_ref = pending.pop(r)
                 try:
                     partials[i] = ray.get(r)
-                except RayActorError:
-                    failed.append(i)
+                except RayTaskError as error:  # the client program raised: the same error as on the local backend
+                    raise unwrap(error) from None
+                except RayActorError as error:
+                    failed[i] = _death(error)
                     continue
                 if partials[i].has_private:
                     self.private_refs.update({c: private_ref for c in members[i]})
         compute = max((partials[i].compute_s for i in todo if i in partials), default=0.0)
         self.profile["actor compute (slowest actor)"] += compute
         self.profile["transport, scheduling, replies"] += time.perf_counter() - submitted - compute
-        return sorted(failed)
+        return failed
+
+    def take_replacements(self) -> list[dict[str, Any]]:
+        """The actor replacements since the last call (for the run's log and ``run.json``)."""
+        taken, self.replacements = self.replacements, []
+        return taken
 
     def _private_of(self, clients: list[int]) -> dict[int, Tensors]:
         """The latest private state of ``clients`` (fetched from the object store)."""
@@ -246,3 +286,11 @@ class RayFederation:
         self.actors = []
 
 
+def _death(error: RayActorError) -> str:
+    """A short reason for an actor's death, from Ray's multi-line message (its exit detail where given)."""
+    text = str(error)
+    for line in text.splitlines():
+        if "exit detail" in line.lower():
+            detail = line.split("detail:", 1)[-1].strip().split(". ")[0].rstrip(".")
+            return detail[:160] or "the actor process died"
+    return first_line(error) if text.strip() else "the actor process died"

@@ -9,10 +9,10 @@ import ray
 import torch
 from ray.exceptions import RayTaskError
 
-from fedcomp.actors.cluster import actor_options, connect, plan_actors
-from fedcomp.actors.federation import RayFederation, wait_ready
+from fedcomp.actors.cluster import actor_options, cluster_nodes, connect, plan_actors
+from fedcomp.actors.federation import RayFederation, unwrap, wait_ready
 from fedcomp.platform.config import Config
-from fedcomp.platform.errors import PlatformError
+from fedcomp.platform.run_checks import state_finite
 from fedcomp.platform.server import Server
 
 
@@ -21,16 +21,31 @@ class ServerActor:
 
     def __init__(self, config: Config) -> None:
         torch.set_num_threads(1)
-        self.server = Server(config, RayFederation)
+        self.error: Exception | None = None
+        """An error building the server or its client actors, raised by :meth:`ready` (an exception leaving
+        an actor's constructor reaches the driver only as text, after Ray has printed its traceback)."""
+        try:
+            self.server = Server(config, RayFederation)
+        except Exception as error:
+            self.error = error
 
     def ready(self) -> int:
+        if self.error is not None:
+            raise self.error
         return len(self.server.federation.actors)  # type: ignore[attr-defined]
 
     def placement(self) -> list[dict]:
         return list(self.server.federation.placement)  # type: ignore[attr-defined]
 
     def run_round(self) -> dict[str, Any]:
-        return self.server.run_round()
+        """The round's record, with what the driver checks after every round in the same reply: whether the
+        global state is finite, and the client actors replaced during the round."""
+        record = self.server.run_round()
+        return {
+            "record": record,
+            "model_finite": state_finite(self.server.state),
+            "replacements": self.server.federation.take_replacements(),  # type: ignore[attr-defined]
+        }
 
     def evaluate(self) -> dict[str, float]:
         return self.server.evaluate()
@@ -57,26 +72,20 @@ class ServerActor:
 RemoteServer = ray.remote(ServerActor)
 
 
-def _unwrap(error: RayTaskError) -> BaseException:
-    cause = getattr(error, "cause", None)
-    return cause if isinstance(cause, PlatformError) else error
-
-
 class RayServer:
     """Driver-side proxy with the :class:`~fedcomp.platform.server.ServerLike` interface."""
 
     def __init__(self, config: Config) -> None:
         cluster = connect(config.federation.ray_address)
-        plan = plan_actors(config.federation, cluster)  # fail here, at once, on a resource shortfall
+        plan = plan_actors(config.federation, cluster, cluster_nodes())  # fail here, at once, on a shortfall
         options = actor_options({"CPU": plan.server_cpus})
         self.driver_s = 0.0
+        self.finite = True
+        self.replacements: list[dict[str, Any]] = []
         self.actor = RemoteServer.options(**options).remote(config)
         try:
             # The server's constructor starts and awaits the client actors under the same deadline.
             wait_ready([self.actor], ["the server actor"], 2 * config.federation.actor_timeout_s + 60)
-        except RayTaskError as error:
-            ray.kill(self.actor)
-            raise _unwrap(error) from None
         except BaseException:
             ray.kill(self.actor)
             raise
@@ -85,13 +94,24 @@ class RayServer:
         try:
             return ray.get(getattr(self.actor, method).remote(*args))
         except RayTaskError as error:
-            raise _unwrap(error) from None
+            raise unwrap(error) from None
 
     def run_round(self) -> dict[str, Any]:
         started = time.perf_counter()
-        record = self._call("run_round")
+        reply = self._call("run_round")
         self.driver_s += time.perf_counter() - started
-        return record
+        self.finite = reply["model_finite"]
+        self.replacements.extend(reply["replacements"])
+        return reply["record"]
+
+    def model_finite(self) -> bool:
+        """Whether the global state was finite after the last round (checked in the server actor)."""
+        return self.finite
+
+    def take_replacements(self) -> list[dict[str, Any]]:
+        """Client actors replaced since the last call: round (1-based), actor, clients, reason."""
+        taken, self.replacements = self.replacements, []
+        return taken
 
     def profile(self) -> dict[str, float]:
         """Seconds per phase of the rounds so far (see :meth:`Server.profile`), plus the driver's calls to

@@ -16,14 +16,27 @@ from pathlib import Path
 from typing import Any, Literal, Mapping, Union
 
 import yaml
-from pydantic import BaseModel, Field, ValidationError, model_validator
+from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
 from fedcomp.platform.errors import ConfigError
 from fedcomp.platform.params import Params
 from fedcomp.platform.catalog import load_builtins
 from fedcomp.platform.registry import ALGORITHMS, TASKS
+from fedcomp.platform.yamlfile import parse_yaml, read_yaml_file
 
 SECTIONS = ("task", "algorithm", "federation", "run")
+
+
+def plain_name(value: str) -> str:
+    """``value`` if it is a plain folder name. A run or sweep id becomes a folder under ``run.out``, so a name
+    holding a path (``../../escaped``) would write outside it.
+
+    Raises:
+        ValueError: the name has a separator, a leading dot, surrounding spaces or is empty.
+    """
+    if not value or value.startswith(".") or value != value.strip() or any(c in value for c in "/\\\0"):
+        raise ValueError("must be a plain folder name (no '/', '\\', leading '.' or surrounding spaces)")
+    return value
 
 
 class FederationConfig(Params):
@@ -80,6 +93,21 @@ class RunConfig(Params):
     track: Literal["none", "tensorboard", "mlflow", "wandb"] = Field(
         "tensorboard", description="experiment tracking written next to the results (see fedcomp.platform.tracking)"
     )
+    on_divergence: Literal["stop", "continue"] = Field(
+        "stop", description="a non-finite training loss or model: stop the run (keeping the finite rounds) or go on"
+    )
+
+    @field_validator("name")
+    @classmethod
+    def _plain_name(cls, value: str | None) -> str | None:
+        return None if value is None else plain_name(value)
+
+    @field_validator("out")
+    @classmethod
+    def _path(cls, value: str) -> str:
+        if not value.strip() or "\0" in value:
+            raise ValueError("must be a folder path")
+        return value
 
 
 @dataclass(frozen=True)
@@ -127,12 +155,11 @@ def _read_source(source: str | Path | Mapping[str, Any] | None) -> dict[str, Any
         return copy.deepcopy(dict(source))
     text = str(source)
     path = Path(text)
-    if text.endswith((".yaml", ".yml")) or path.is_file():
-        if not path.is_file():
-            raise ConfigError(f"config file {text!r} does not exist")
-        raw = yaml.safe_load(path.read_text())
+    if text.endswith((".yaml", ".yml")) or path.exists():
+        raw = read_yaml_file(path, "config file")
     elif text in preset_names():
-        raw = yaml.safe_load((resources.files("fedcomp.platform") / "presets" / f"{text}.yaml").read_text())
+        preset = (resources.files("fedcomp.platform") / "presets" / f"{text}.yaml").read_text()
+        raw = parse_yaml(preset, f"preset {text!r}")
     else:
         raise ConfigError(f"preset {text!r} is unknown; allowed: {', '.join(preset_names())} or a .yaml file")
     if not isinstance(raw, dict):

@@ -1,4 +1,8 @@
-"""The platform's exceptions: every user-facing failure is one of these, with a one-line message."""
+"""The platform's exceptions: every user-facing failure is one of these, with a one-line message.
+
+The command line prints the message as one line and exits with the error's ``exit_code``: 2 for anything
+the user can fix in the input, the files or the cluster, 3 for a run that diverged.
+"""
 
 from __future__ import annotations
 
@@ -6,14 +10,27 @@ from __future__ import annotations
 class PlatformError(Exception):
     """Base of every error fedcomp raises on purpose."""
 
+    exit_code = 2
+
 
 class ConfigError(PlatformError, ValueError):
     """A configuration value is unknown, mistyped or out of range (raised before any work starts)."""
 
 
 class ResourceError(PlatformError):
-    """The cluster cannot host what the configuration asks for (GPUs, CPUs, actors that never start)."""
+    """The cluster cannot host what the configuration asks for (GPUs, CPUs, actors that never start), or the
+    cluster asked for cannot be reached."""
 
 
 class ClientFailure(PlatformError):
     """A client kept failing after the configured number of retries."""
+
+
+class StorageError(PlatformError):
+    """Results cannot be written (disk full, read-only folder) or a stored file cannot be read back."""
+
+
+class Diverged(PlatformError):
+    """The training loss or the model became non-finite; the run stopped and kept its finite rounds."""
+
+    exit_code = 3

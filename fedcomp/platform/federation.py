@@ -9,6 +9,7 @@ fixed order, so the averages do not depend on how clients are packed into hosts.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Generator, Iterable, Sequence
@@ -78,6 +79,9 @@ class Partial:
     """Whether the program left private state (kept true when ``private`` travels separately)."""
     compute_s: float = 0.0
     """Seconds the host spent in the call (unpacking the broadcast, the clients' program, summing)."""
+    losses: tuple[float, ...] = ()
+    """Each client's loss: :func:`combine` adds them exactly (``math.fsum``), so the mean loss does not depend
+    on how clients are packed into hosts (adding per-host sums differed in the last bits)."""
 
 
 def combine(partials: Sequence[Partial], floats_down: int) -> Outcome:
@@ -92,7 +96,7 @@ def combine(partials: Sequence[Partial], floats_down: int) -> Outcome:
         means=means,
         clients=clients,
         samples=sum(p.samples for p in partials),
-        loss=sum(p.loss_sum for p in partials) / clients,
+        loss=math.fsum(loss for p in partials for loss in p.losses) / clients,
         floats_up=layout.total,
         floats_down=floats_down,
     )
@@ -231,6 +235,7 @@ class ClientHost:
         for client, (state, outputs, info) in zip(clients, results):
             partial.samples += info.samples
             partial.loss_sum += info.loss
+            partial.losses += (info.loss,)
             # only the private fields are kept: the broadcast ones come again with the next broadcast, and
             # round-local fields are set again by Algorithm.begin
             dropped = outputs.keys() | broadcast.keys() | self.algorithm.round_local

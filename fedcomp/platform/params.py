@@ -8,6 +8,7 @@ from pydantic import BaseModel, ConfigDict
 
 
 class Params(BaseModel):
-    """Frozen, forbids unknown keys, validates defaults."""
+    """Frozen, forbids unknown keys, validates defaults, and rejects infinite and NaN floats (``lr=inf`` would
+    otherwise run to a NaN loss) in every float field of every section, task and algorithm."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid", validate_default=True)
+    model_config = ConfigDict(frozen=True, extra="forbid", validate_default=True, allow_inf_nan=False)

@@ -1,31 +1,69 @@
-"""``fedcomp report``: a PNG of a metric against communication rounds (one line per run) and a markdown table."""
+"""``fedcomp report``: a PNG of each task's headline metric (or a chosen one) against communication rounds, one
+line per run, and a markdown table of every run's final and best value."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 import pandas as pd
 
+from fedcomp.platform.catalog import load_builtins
+from fedcomp.platform.registry import TASKS
 from fedcomp.platform.results import load_results
 
+MINIMISED = ("loss", "dist", "grad_norm", "violation", "gap", "objective")
+"""Words in a metric's name that make lower better (when it is not its task's headline, whose direction the
+task declares)."""
 
-def summary_table(df: pd.DataFrame, metric: str) -> str:
-    """Markdown table: one row per run with its final and best value of ``metric``."""
+
+def metric_mode(task: str, metric: str) -> Literal["min", "max"]:
+    """Whether ``metric`` of ``task`` is better lower or higher: the task's own direction for its headline
+    metric, else ``min`` for losses, distances, gradient norms and violations and ``max`` otherwise."""
+    load_builtins()
+    cls = TASKS.get(task)
+    if cls is not None and metric == cls.metrics[0]:
+        return cls.mode
+    return "min" if any(word in metric for word in MINIMISED) else "max"
+
+
+def headline(task: str) -> str:
+    """The task's headline metric (the first it reports); ``test_accuracy`` for a task no longer registered."""
+    load_builtins()
+    cls = TASKS.get(task)
+    return cls.metrics[0] if cls is not None else "test_accuracy"
+
+
+def _metric_per_run(df: pd.DataFrame, metric: str | None) -> dict[str, str]:
+    """Run id -> the metric shown for it: ``metric`` for every run, or by default its task's headline."""
+    tasks = df.groupby("run_id", sort=True)["task"].first()
+    return {run: metric or headline(task) for run, task in tasks.items()}
+
+
+def summary_table(df: pd.DataFrame, metric: str | None = None) -> str:
+    """Markdown table: one row per run with its metric's final and best value (best in the metric's direction)."""
+    shown = _metric_per_run(df, metric)
     lines = [
-        f"| run | algorithm | task | seed | rounds | final {metric} | best {metric} | wall time (s) |",
-        "|---|---|---|---|---:|---:|---:|---:|",
+        "| run | algorithm | task | seed | rounds | metric | final | best | wall time (s) |",
+        "|---|---|---|---|---:|---|---:|---:|---:|",
     ]
     for run_id, g in df.groupby("run_id", sort=True):
-        last = g.iloc[-1]
+        last, name = g.iloc[-1], shown[run_id]
+        values = g[name] if name in g else pd.Series(dtype=float)
+        best = values.min() if metric_mode(last["task"], name) == "min" else values.max()
+        final = values.iloc[-1] if len(values) else float("nan")
         lines.append(
-            f"| {run_id} | {last['algorithm']} | {last['task']} | {last['seed']} | {int(last['round'])} | "
-            f"{last[metric]:.4f} | {g[metric].max():.4f} | {last['wall_time']:.1f} |"
+            f"| {run_id} | {last['algorithm']} | {last['task']} | {last['seed']} | {int(last['round'])} | {name} | "
+            f"{final:.4f} | {best:.4f} | {last['wall_time']:.1f} |"
         )
     return "\n".join(lines) + "\n"
 
 
-def report(path: str | Path, metric: str = "test_accuracy", x: str = "comm_rounds", out: str | Path | None = None) -> tuple[Path, Path]:
-    """Write ``report.png`` and ``report.md`` for the run(s) at ``path``; return their paths."""
+def report(path: str | Path, metric: str | None = None, x: str = "comm_rounds", out: str | Path | None = None) -> tuple[Path, Path]:
+    """Write ``report.png`` and ``report.md`` for the run(s) at ``path``; return their paths.
+
+    ``metric`` None shows each run's task headline metric (one panel per metric when the runs' tasks differ).
+    """
     import matplotlib
 
     matplotlib.use("Agg")
@@ -33,22 +71,29 @@ def report(path: str | Path, metric: str = "test_accuracy", x: str = "comm_round
 
     df = load_results(path)
     for column in (metric, x):
-        if column not in df.columns:
+        if column is not None and column not in df.columns:
             allowed = ", ".join(c for c in df.columns if c not in ("run_id", "algorithm", "task"))
             raise ValueError(f"column {column!r} is not in these results; allowed: {allowed}")
     out_dir = Path(out) if out else Path(path)
     out_dir.mkdir(parents=True, exist_ok=True)
 
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
-    for run_id, g in df.groupby("run_id", sort=True):
-        ax.plot(g[x], g[metric], label=f"{g['algorithm'].iloc[0]} ({run_id})" if df["run_id"].nunique() > 1 else g["algorithm"].iloc[0])
-    ax.set_xlabel(x.replace("_", " "))
-    ax.set_ylabel(metric.replace("_", " "))
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
+    shown = _metric_per_run(df, metric)
+    panels = list(dict.fromkeys(shown.values()))
+    fig, axes = plt.subplots(1, len(panels), figsize=(6.4 * len(panels), 4.2), squeeze=False)
+    several = df["run_id"].nunique() > 1
+    for ax, name in zip(axes.flat, panels):
+        for run_id, g in df.groupby("run_id", sort=True):
+            if shown[run_id] == name:
+                label = f"{g['algorithm'].iloc[0]} ({run_id})" if several else g["algorithm"].iloc[0]
+                ax.plot(g[x], g[name], label=label)
+        ax.set_xlabel(x.replace("_", " "))
+        ax.set_ylabel(name.replace("_", " "))
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
     fig.tight_layout()
     png, md = out_dir / "report.png", out_dir / "report.md"
     fig.savefig(png, dpi=120)
     plt.close(fig)
-    md.write_text(f"# Results under `{path}`\n\n![{metric}](report.png)\n\n" + summary_table(df, metric))
+    title = " / ".join(panels)
+    md.write_text(f"# Results under `{path}`\n\n![{title}](report.png)\n\n" + summary_table(df, metric))
     return png, md

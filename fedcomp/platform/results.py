@@ -1,5 +1,9 @@
 """Run results on disk: ``<out>/<run-id>/metrics.parquet`` + ``run.json`` (+ ``checkpoint.pt``), written
-atomically (temporary file in the same folder, then ``os.replace``), and read back as pandas."""
+atomically (temporary file in the same folder, then ``os.replace``), and read back as pandas.
+
+A write that fails (disk full, read-only folder) or a stored file that cannot be read back (truncated,
+corrupt) is a one-line :class:`StorageError` naming the file, never an OS or unpickling traceback.
+"""
 
 from __future__ import annotations
 
@@ -13,24 +17,81 @@ from typing import Any
 import pandas as pd
 import torch
 
+from fedcomp.platform.errors import StorageError
+
 METRICS = "metrics.parquet"
 RUN_JSON = "run.json"
 CHECKPOINT = "checkpoint.pt"
 
 
 def atomic_write(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` so that readers see either the old file or the whole new one."""
+    """Write ``data`` to ``path`` so that readers see either the old file or the whole new one.
+
+    Raises:
+        StorageError: the file cannot be written (no space left, read-only folder, ...); nothing is left
+            half-written.
+    """
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    except OSError as error:
+        raise StorageError(f"cannot write {path}: {describe_os_error(error)}") from None
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+    except OSError as error:
+        Path(tmp).unlink(missing_ok=True)
+        raise StorageError(f"cannot write {path}: {describe_os_error(error)}") from None
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def describe_os_error(error: OSError) -> str:
+    """``No space left on device`` rather than ``[Errno 28] No space left on device: '/x/.tmp1234'``."""
+    return error.strerror or str(error)
+
+
+def first_line(error: BaseException, limit: int = 160) -> str:
+    """The first line of an exception's message (its type name if it has none), cut to ``limit`` characters."""
+    lines = str(error).strip().splitlines()
+    return (lines[0] if lines else type(error).__name__)[:limit]
+
+
+def make_folder(path: Path) -> None:
+    """Create the folder ``path`` (and its parents); it must not exist yet.
+
+    Raises:
+        StorageError: it cannot be created (a file in the way, read-only or full file system).
+    """
+    try:
+        path.mkdir(parents=True, exist_ok=False)
+    except FileExistsError:
+        raise StorageError(f"cannot create the folder {path}: it exists already") from None
+    except OSError as error:
+        raise StorageError(f"cannot create the folder {path}: {describe_os_error(error)}") from None
+
+
+def check_writable(folder: str | Path, label: str | None = None) -> None:
+    """Fail before any work when results could not be written under ``folder``: its nearest existing
+    ancestor must be a writable folder (a file in the way or a read-only folder is found here, not after
+    the run's start-up).
+
+    Raises:
+        StorageError: starting with ``label`` (default ``run.out = '<folder>'``), naming the obstacle.
+    """
+    folder = Path(folder)
+    label = label or f"run.out = {str(folder)!r}"
+    probe = folder
+    while not probe.exists() and probe.parent != probe:
+        probe = probe.parent
+    if probe.exists() and not probe.is_dir():
+        raise StorageError(f"{label}: {str(probe)!r} is a file, not a folder")
+    if probe.is_dir() and not os.access(probe, os.W_OK | os.X_OK):
+        raise StorageError(f"{label}: the folder {str(probe)!r} is not writable")
 
 
 def write_json(path: Path, obj: Any) -> None:
@@ -50,7 +111,37 @@ def write_checkpoint(path: Path, checkpoint: dict[str, Any]) -> None:
 
 
 def read_checkpoint(path: Path) -> dict[str, Any]:
-    return torch.load(path, weights_only=False)
+    """The checkpoint saved at ``path``.
+
+    Raises:
+        StorageError: the file is truncated, corrupt or not a fedcomp checkpoint.
+    """
+    try:
+        checkpoint = torch.load(path, weights_only=False)
+    except Exception as error:  # torch raises RuntimeError, EOFError, UnpicklingError, ... on a damaged file
+        raise StorageError(f"{path} cannot be read (truncated or corrupt: {first_line(error)})") from None
+    valid = (
+        isinstance(checkpoint, dict) and {"rows", "wall_time"} <= checkpoint.keys()
+        and isinstance(checkpoint.get("server"), dict) and {"state", "counters"} <= checkpoint["server"].keys()
+    )
+    if not valid:
+        raise StorageError(f"{path} is not a fedcomp run checkpoint")
+    return checkpoint
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    """The JSON object stored at ``path``.
+
+    Raises:
+        StorageError: the file cannot be read or is not a JSON object (truncated, corrupt).
+    """
+    try:
+        obj = json.loads(Path(path).read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise StorageError(f"{path} cannot be read ({first_line(error)})") from None
+    if not isinstance(obj, dict):
+        raise StorageError(f"{path} is not a JSON object")
+    return obj
 
 
 def run_dirs(path: str | Path) -> list[Path]:
@@ -69,13 +160,20 @@ def load_results(path: str | Path) -> pd.DataFrame:
     """
     frames = []
     for run in run_dirs(path):
-        meta = json.loads((run / RUN_JSON).read_text())
+        meta = read_json(run / RUN_JSON)
         if not (run / METRICS).is_file():
             continue
-        df = pd.read_parquet(run / METRICS)
-        df.insert(0, "seed", meta["config"]["run"]["seed"])
-        df.insert(0, "task", meta["config"]["task"]["name"])
-        df.insert(0, "algorithm", meta["config"]["algorithm"]["name"])
+        try:
+            df = pd.read_parquet(run / METRICS)
+            config = meta["config"]
+            seed, task, algorithm = config["run"]["seed"], config["task"]["name"], config["algorithm"]["name"]
+        except (KeyError, TypeError) as error:
+            raise StorageError(f"{run / RUN_JSON} lacks the run's config ({error})") from None
+        except Exception as error:  # pyarrow's errors for a damaged Parquet file
+            raise StorageError(f"{run / METRICS} cannot be read ({first_line(error)})") from None
+        df.insert(0, "seed", seed)
+        df.insert(0, "task", task)
+        df.insert(0, "algorithm", algorithm)
         df.insert(0, "run_id", run.name)
         frames.append(df)
     if not frames:

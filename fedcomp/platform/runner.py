@@ -1,11 +1,11 @@
 """The runner: drives a server for ``run.rounds`` rounds, evaluates every ``run.eval_every`` rounds,
-checkpoints every ``run.checkpoint_every`` rounds, shows progress (``platform/progress.py``), and writes the
-run's results (``metrics.parquet``, ``run.json`` with the environment, ``curves.png``) and its tracking
-(``run.track``, ``platform/tracking.py``).
+checkpoints every ``run.checkpoint_every`` rounds, shows progress, and writes the run's results.
 
 It never sees Ray: it is handed a factory that builds a server (in-process or a Ray actor proxy).
 Nothing is written until the server is up, and a run that fails before its first checkpoint leaves no
-folder behind; one that fails later keeps its folder so that ``fedcomp run --resume`` continues it.
+folder behind; one that fails later keeps its folder so that ``fedcomp run --resume`` continues it. A run
+whose training loss or model turns non-finite stops there (``run.on_divergence``) and keeps its finite
+rounds; client actors the backend replaced are reported on stderr and in ``run.json``.
 """
 
 from __future__ import annotations
@@ -24,11 +24,11 @@ from typing import Any, Callable, Iterator
 import pandas as pd
 import torch
 
-from fedcomp.platform import results, tracking
+from fedcomp.platform import results, run_checks, tracking
 from fedcomp.platform.config import Config, load_config
 from fedcomp.platform.curves import CURVES, write_curves
 from fedcomp.platform.environment import environment
-from fedcomp.platform.errors import ConfigError
+from fedcomp.platform.errors import ConfigError, Diverged, StorageError
 from fedcomp.platform.progress import RunProgress, output_mode
 from fedcomp.platform.registry import TASKS
 from fedcomp.platform.server import Counters, ServerLike
@@ -81,13 +81,15 @@ def _meta(config: Config, run_id: str, backend_info: dict[str, Any], status: str
 @dataclass
 class RoundDone:
     """One finished round as :func:`drive` yields it: the evaluation row if the round was evaluated and the
-    checkpoint if one is due (``rows`` is every evaluation row so far, also stored in the checkpoint)."""
+    checkpoint if one is due (``rows`` is every evaluation row so far, also stored in the checkpoint);
+    ``loss`` is the round's training loss (None when no round was run: a resumed run that had finished)."""
 
     round: int
     row: dict[str, Any] | None
     checkpoint: dict[str, Any] | None
     rows: list[dict[str, Any]]
     wall_time: float
+    loss: float | None = None
 
 
 def drive(config: Config, server: ServerLike, checkpoint: dict[str, Any] | None = None) -> Iterator[RoundDone]:
@@ -95,6 +97,8 @@ def drive(config: Config, server: ServerLike, checkpoint: dict[str, Any] | None 
 
     Evaluates every ``run.eval_every`` rounds and hands out a checkpoint every ``run.checkpoint_every``
     rounds and at the last round; what to do with them (files, Tune reports) is the caller's business.
+    A checkpoint carries the run's identity (:func:`~fedcomp.platform.run_checks.checkpoint_identity`), so a
+    resume can tell a checkpoint of another run.
     """
     if checkpoint is not None:
         server.restore(checkpoint["server"])
@@ -102,6 +106,7 @@ def drive(config: Config, server: ServerLike, checkpoint: dict[str, Any] | None 
         first = checkpoint["server"]["counters"]["round"]
     else:
         rows, wall_offset, first = [], 0.0, 0
+    identity = run_checks.checkpoint_identity(config)
     t0 = time.perf_counter()
     if not rows:
         rows.append({**asdict(Counters()), "train_loss": math.nan, "wall_time": 0.0, **server.evaluate()})
@@ -116,8 +121,45 @@ def drive(config: Config, server: ServerLike, checkpoint: dict[str, Any] | None 
         wall = wall_offset + time.perf_counter() - t0
         ckpt = None
         if r % config.run.checkpoint_every == 0 or r == config.run.rounds:
-            ckpt = {"server": server.checkpoint(), "rows": rows, "wall_time": wall}
-        yield RoundDone(r, row, ckpt, rows, wall)
+            ckpt = {"server": server.checkpoint(), "rows": rows, "wall_time": wall, "identity": identity}
+        yield RoundDone(r, row, ckpt, rows, wall, float(record["train_loss"]))
+
+
+class _RunLog:
+    """The run's ``run.json`` and its notices: status, timings, replaced client actors, divergence."""
+
+    def __init__(self, config: Config, run_id: str, run_dir: Path, backend: dict[str, Any], earlier: dict[str, Any]):
+        self.config, self.run_id, self.run_dir, self.backend = config, run_id, run_dir, backend
+        self.environment = environment(backend)
+        self.meta: dict[str, Any] = {}
+        """What :meth:`write` wrote last (the tracker's copy of ``run.json``)."""
+        self.replacements: list[dict[str, Any]] = list(earlier.get("actor_replacements", []))
+        self.diverged: dict[str, Any] | None = earlier.get("diverged")
+
+    def write(self, status: str, **extra: Any) -> None:
+        notes: dict[str, Any] = {"actor_replacements": self.replacements} if self.replacements else {}
+        if self.diverged is not None:
+            notes["diverged"] = self.diverged
+        meta = _meta(self.config, self.run_id, self.backend, status, environment=self.environment, **notes, **extra)
+        results.write_json(self.run_dir / results.RUN_JSON, meta)
+        self.meta = meta
+
+    def note_replacements(self, server: ServerLike) -> None:
+        """Say on stderr, and record in ``run.json``, every client actor the backend replaced since last asked
+        (a backend that replaces actors offers ``take_replacements()``)."""
+        take = getattr(server, "take_replacements", None)
+        events = take() if callable(take) else []
+        for event in events:
+            clients = event["clients"]
+            span = f"client {clients[0]}" if len(clients) == 1 else f"clients {clients[0]}-{clients[-1]}"
+            print(
+                f"fedcomp: round {event['round']}: client actor {event['actor']} ({span}) died "
+                f"({event['reason']}); replaced it and re-ran its share of the round",
+                file=sys.stderr, flush=True,
+            )
+        if events:
+            self.replacements.extend(events)
+            self.write("running")
 
 
 def execute(
@@ -125,69 +167,107 @@ def execute(
     make_server: ServerFactory,
     resume_dir: str | Path | None = None,
 ) -> RunResult:
-    """Run ``config`` to completion (or continue the run in ``resume_dir``) and return its results."""
+    """Run ``config`` to completion (or continue the run in ``resume_dir``) and return its results.
+
+    Raises:
+        ConfigError, StorageError: before any work, for a run folder or checkpoint that cannot be used; a
+            StorageError mid-run (disk full) says how to continue.
+        Diverged: the training loss or the model became non-finite (``run.on_divergence: stop``); the run
+            folder keeps the rounds before it.
+    """
     headline = build_task_metrics(config)[0]
     checkpoint: dict[str, Any] | None = None
+    earlier: dict[str, Any] = {}
     if resume_dir is not None:
         run_dir = Path(resume_dir)
-        ckpt_path = run_dir / results.CHECKPOINT
-        if not ckpt_path.is_file():
-            raise ConfigError(f"--resume {str(run_dir)!r}: no {results.CHECKPOINT} there; not a resumable run folder")
-        checkpoint = results.read_checkpoint(ckpt_path)
+        checkpoint = run_checks.open_checkpoint(run_dir, config)
+        earlier = results.read_json(run_dir / results.RUN_JSON) if (run_dir / results.RUN_JSON).is_file() else {}
+        results.check_writable(run_dir, f"--resume {str(run_dir)!r}")
         run_id = run_dir.name
     else:
         run_id = new_run_id(config)
-        run_dir = Path(config.run.out) / run_id
+        run_dir = run_checks.run_folder(config, run_id)
+        results.check_writable(run_dir.parent)
 
     tracking.require(config.run.track)
     t_start = time.perf_counter()
     with output_mode(config.run.progress):  # "starting local Ray ..." follows run.progress
         server = make_server(config)
     startup_s = time.perf_counter() - t_start
-    backend_info = server.describe()
-    env = environment(backend_info)
+    log = _RunLog(config, run_id, run_dir, server.describe(), earlier)
     created = checkpoint is None
-    start = checkpoint["server"]["counters"]["round"] if checkpoint else 0
+    done = checkpoint["server"]["counters"]["round"] if checkpoint else 0
     tracker: tracking.Tracker = tracking.Tracker()
     try:
-        if checkpoint is None:
-            run_dir.mkdir(parents=True, exist_ok=False)
-            results.write_json(run_dir / results.RUN_JSON, _meta(config, run_id, backend_info, "running", environment=env))
-        tracker = tracking.open_tracker(config.run.track, run_dir, config.to_dict(), run_id, start)
-        progress = RunProgress(config.run.rounds, start, headline, config.run.progress, label=config.algorithm_name)
+        if created:
+            results.make_folder(run_dir)
+            log.write("running")
+        tracker = tracking.open_tracker(config.run.track, run_dir, config.to_dict(), run_id, done)
+        progress = RunProgress(config.run.rounds, done, headline, config.run.progress, label=config.algorithm_name)
         logged = len(checkpoint["rows"]) if checkpoint else 0  # rows the tracker already has
         try:
             for step in drive(config, server, checkpoint):
+                log.note_replacements(server)
+                reason = run_checks.divergence(step.loss, server) if step.loss is not None else None
+                if reason is not None:
+                    _diverged(config, log, step, reason)
                 progress.update(step.round, step.rows[-1])
                 for row in step.rows[logged:]:  # round 0's row arrives with round 1
                     tracker.log_row(row)
                 logged = len(step.rows)
                 if step.checkpoint is not None:
                     results.write_checkpoint(run_dir / results.CHECKPOINT, step.checkpoint)
+                    created = False  # resumable from here on, whatever happens to the metrics file
                     results.write_metrics(run_dir / results.METRICS, step.rows)
-                    created = False
-                rows, wall = step.rows, step.wall_time
+                rows, wall, done = step.rows, step.wall_time, step.round
         finally:
             progress.close()
         _draw_curves(run_dir, rows, headline, run_id)
-        meta = _meta(config, run_id, backend_info, "completed", environment=env,
-                     timings={"startup_s": startup_s, "train_s": wall})
-        results.write_json(run_dir / results.RUN_JSON, meta)
-        tracker.finish("completed", meta, [run_dir / name for name in (results.RUN_JSON, results.METRICS, CURVES)])
+        log.write("completed", timings={"startup_s": startup_s, "train_s": wall})
+        tracker.finish("completed", log.meta, [run_dir / name for name in (results.RUN_JSON, results.METRICS, CURVES)])
+    except Diverged:
+        tracker.finish("diverged", log.meta, [run_dir / results.RUN_JSON, run_dir / results.METRICS])
+        raise  # its folder holds the finite rounds (written by _diverged)
     except BaseException as error:
         if created:
             tracker.discard()
             shutil.rmtree(run_dir, ignore_errors=True)
         elif (run_dir / results.RUN_JSON).is_file():
             note = f"{type(error).__name__}: {error}"[:500]
-            meta = _meta(config, run_id, backend_info, "interrupted", environment=env, error=note,
-                         resume=f"fedcomp run --resume {run_dir}")
-            results.write_json(run_dir / results.RUN_JSON, meta)
-            tracker.finish("interrupted", meta, [run_dir / results.RUN_JSON, run_dir / results.METRICS])
+            try:
+                log.write("interrupted", error=note, resume=f"fedcomp run --resume {run_dir}")
+                tracker.finish("interrupted", log.meta, [run_dir / results.RUN_JSON, run_dir / results.METRICS])
+            except StorageError:
+                pass  # the disk that stopped the run may not take this either; the checkpoint is what counts
+        if isinstance(error, StorageError):
+            tail = ("nothing was kept" if created else
+                    f"the run stopped after round {done}; make room and continue it with: fedcomp run --resume {run_dir}")
+            raise StorageError(f"{error}; {tail}") from None
         raise
     finally:
         server.close()
     return RunResult(run_dir, config, pd.DataFrame(rows))
+
+
+def _diverged(config: Config, log: _RunLog, step: RoundDone, reason: str) -> None:
+    """React to a non-finite round: with ``run.on_divergence: stop`` keep the rounds before it (metrics and
+    ``run.json``; the last checkpoint is older and finite) and raise; else say so once and go on."""
+    first = log.diverged is None
+    if first:
+        log.diverged = {"round": step.round, "reason": reason}
+    if config.run.on_divergence == "continue":
+        if first:
+            print(f"fedcomp: warning: the run diverged in round {step.round} ({reason}); continuing "
+                  f"(run.on_divergence = continue)", file=sys.stderr, flush=True)
+            log.write("running")
+        return
+    kept = [row for row in step.rows if row["round"] < step.round]
+    results.write_metrics(log.run_dir / results.METRICS, kept)
+    log.write("diverged")
+    raise Diverged(
+        f"the run diverged in round {step.round}: {reason}; kept rounds 0-{kept[-1]['round']} in {log.run_dir}; "
+        f"{run_checks.divergence_hint(config)}, or set run.on_divergence=continue to run on"
+    )
 
 
 def _draw_curves(run_dir: Path, rows: list[dict[str, Any]], headline: str, run_id: str) -> None:
@@ -204,10 +284,22 @@ def build_task_metrics(config: Config) -> tuple[str, ...]:
 
 
 def resume_config(run_dir: str | Path) -> Config:
-    """The validated config stored in a run folder's ``run.json``."""
+    """The validated config stored in a run folder's ``run.json``.
+
+    Raises:
+        ConfigError, StorageError: no run folder, or a ``run.json`` that cannot be read or holds no valid config.
+    """
+    where = f"--resume {str(run_dir)!r}"
     meta_path = Path(run_dir) / results.RUN_JSON
     if not meta_path.is_file():
-        raise ConfigError(f"--resume {str(run_dir)!r}: no {results.RUN_JSON} there; not a fedcomp run folder")
-    import json
-
-    return load_config(json.loads(meta_path.read_text())["config"])
+        raise ConfigError(f"{where}: no {results.RUN_JSON} there; not a fedcomp run folder")
+    try:
+        meta = results.read_json(meta_path)
+    except StorageError as error:
+        raise StorageError(f"{where}: {error}") from None
+    if not isinstance(meta.get("config"), dict):
+        raise StorageError(f"{where}: {meta_path} holds no run config")
+    try:
+        return load_config(meta["config"])
+    except ConfigError as error:
+        raise ConfigError(f"{where}: the config in {results.RUN_JSON} is not valid: {error}") from None

@@ -106,7 +106,16 @@ def paper_table(trials: pd.DataFrame, spec: SweepSpec, metric: str | None = None
 
 
 def _missing(value: object) -> bool:
-    return value is None or (isinstance(value, float) and value != value)
+    return value is None or value is pd.NA or (isinstance(value, float) and value != value)
+
+
+def matches(column: pd.Series, value: object) -> pd.Series:
+    """The rows of ``column`` holding ``value``; a missing value (an axis that does not apply to an algorithm,
+    e.g. FCSG's beta) matches the missing ones -- comparing text alone dropped them, as ``astype(str)`` keeps
+    NaN, which equals nothing."""
+    if _missing(value):
+        return column.isna()
+    return column.notna() & (column.astype(str) == str(value))
 
 
 def _describe(row: pd.Series, keys: list[str], skip: tuple[str, ...] = ()) -> str:
@@ -141,6 +150,15 @@ def markdown(trials: pd.DataFrame, spec: SweepSpec, metric: str | None = None) -
     return "\n".join(lines) + "\n"
 
 
+def best_curve(trials: pd.DataFrame, keys: list[str], row: pd.Series, x: str, metric: str) -> pd.DataFrame:
+    """The mean and std over seeds of ``metric`` against ``x`` for the configuration ``row`` (its values of
+    ``keys``; a missing value, e.g. FCSG's beta, matches the trials where the axis is missing)."""
+    mask = pd.Series(True, index=trials.index)
+    for k in keys:
+        mask &= matches(trials[k], row[k])
+    return trials[mask].groupby(x)[metric].agg(["mean", "std"]).fillna(0.0)
+
+
 def sweep_report(result: Any, metric: str | None = None, x: str = "comm_rounds", out: str | Path | None = None) -> tuple[Path, Path]:
     """Write ``report.png`` and ``report.md`` for a loaded sweep (a :class:`~fedcomp.sweeps.tuner.SweepResult`:
     ``path``, ``spec``, ``trials``) into its folder or ``out``; return their paths."""
@@ -163,10 +181,7 @@ def sweep_report(result: Any, metric: str | None = None, x: str = "comm_rounds",
     fig, axes = plt.subplots(rows, cols, figsize=(5.2 * cols, 3.8 * rows), squeeze=False)
     for ax, (panel, chosen) in zip(axes.flat, panels):
         for _, row in chosen.iterrows():
-            mask = pd.Series(True, index=trials.index)
-            for k in keys:
-                mask &= trials[k].astype(str) == str(row[k])
-            curve = trials[mask].groupby(x)[metric].agg(["mean", "std"]).fillna(0.0)
+            curve = best_curve(trials, keys, row, x, metric)
             ax.plot(curve.index, curve["mean"], label=f"{row['algorithm.name']} ({_describe(row, keys, tuple(spec.panels))})")
             ax.fill_between(curve.index, curve["mean"] - curve["std"], curve["mean"] + curve["std"], alpha=0.2)
         if spec.panels:

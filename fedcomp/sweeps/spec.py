@@ -32,15 +32,15 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Literal, Mapping, Union
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from fedcomp.platform.config import SECTIONS, Config, load_config
+from fedcomp.platform.config import SECTIONS, Config, load_config, plain_name
 from fedcomp.platform.errors import ConfigError
+from fedcomp.platform.report import metric_mode
+from fedcomp.platform.yamlfile import parse_yaml, read_yaml_file
 from fedcomp.platform.registry import TASKS
 
 DISTRIBUTIONS = ("uniform", "loguniform", "int", "choice")
-_MINIMISED = ("loss", "dist", "grad_norm", "violation", "gap", "objective")
 
 Grid = dict[str, list[Any]]
 
@@ -59,7 +59,7 @@ class TableSpec(BaseModel):
 class SweepSpec(BaseModel):
     """A validated sweep: what to run (``base`` + ``set``), what to vary, and how."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     name: str | None = Field(None, description="sweep-id prefix (default: the preset or file name)")
     description: str = ""
@@ -82,6 +82,11 @@ class SweepSpec(BaseModel):
     placement: Literal["pack", "spread"] = Field("pack", description="placement-group strategy of a trial")
     max_failures: int = Field(2, ge=0, description="times a failed trial is retried from its last checkpoint")
     seed: int = Field(0, ge=0, description="seed of the Optuna sampler")
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str | None) -> str | None:
+        return None if value is None else plain_name(value)
 
     @field_validator("grid")
     @classmethod
@@ -132,9 +137,7 @@ class SweepSpec(BaseModel):
         metric = self.metric or task.metrics[0]
         if self.mode:
             return metric, self.mode
-        if metric == task.metrics[0]:
-            return metric, task.mode
-        return metric, "min" if any(word in metric for word in _MINIMISED) else "max"
+        return metric, metric_mode(self.base_config().task_name, metric)
 
     def trial_overrides(self, trial: Mapping[str, Any]) -> dict[str, Any]:
         """The full override set of one Tune trial config (``point``/axes, then the repeat's seed)."""
@@ -278,13 +281,11 @@ def load_spec(source: str | Path | Mapping[str, Any] | SweepSpec, **changes: Any
     else:
         text = str(source)
         path = Path(text)
-        if text.endswith((".yaml", ".yml")) or path.is_file():
-            if not path.is_file():
-                raise ConfigError(f"sweep file {text!r} does not exist")
-            raw = yaml.safe_load(path.read_text())
+        if text.endswith((".yaml", ".yml")) or path.exists():
+            raw = read_yaml_file(path, "sweep file")
             default_name = path.stem
         elif text in preset_names():
-            raw = yaml.safe_load(_preset_text(text))
+            raw = parse_yaml(_preset_text(text), f"sweep preset {text!r}")
             default_name = text
         else:
             raise ConfigError(f"sweep {text!r} is unknown; allowed: {', '.join(preset_names())} or a .yaml file")

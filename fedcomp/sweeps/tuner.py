@@ -9,21 +9,23 @@ experiment state), ``sweep.json`` (the validated spec, for ``--resume`` and ``fe
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import io
-import json
+import logging
 import os
 import secrets
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 import pandas as pd
+from pydantic import ValidationError
 
 from fedcomp.actors.cluster import fedcomp_env
 from fedcomp.platform import results, tracking
-from fedcomp.platform.errors import ConfigError, ResourceError
+from fedcomp.platform.errors import ConfigError, ResourceError, StorageError
 from fedcomp.sweeps.callbacks import TrialProgress, logger_callbacks, no_auto_loggers
 from fedcomp.sweeps.spec import SweepSpec, corners, load_spec
 from fedcomp.sweeps.trial import placement_group_factory, read_trial_rows, run_trial, trial_resources
@@ -136,16 +138,17 @@ def _run_config(spec: SweepSpec, path: Path, verbose: int):
         checkpoint_config=tune.CheckpointConfig(num_to_keep=2),
         verbose=verbose,
         callbacks=[*logger_callbacks(run.track, path, spec.model_dump_json()), TrialProgress(trials, metric, mode, run.progress, verbose)],
+        log_to_file=not verbose,  # at verbose 0 the trials' own output goes to files in their folders
     )
 
 
-def _connect(ray_address: str | None) -> tuple[dict[str, float], bool]:
+def _connect(ray_address: str | None, verbose: int = 1) -> tuple[dict[str, float], bool]:
     from fedcomp.actors.cluster import connect
 
     os.environ.setdefault("RAY_CHDIR_TO_TRIAL_DIR", "0")  # trials keep the driver's working directory
     # Trials checkpoint every few rounds by design; Tune's warning about frequent snapshots is noise here.
     os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
-    cluster = connect(ray_address)
+    cluster = connect(ray_address, worker_log_level=None if verbose else "WARNING")
     return cluster, float(cluster.get("GPU", 0.0)) > 0
 
 
@@ -185,7 +188,7 @@ def sweep(
         max_concurrent=max_concurrent, set=dict(overrides or {}),
     )
     tracking.require(spec.base_config().run.track)
-    cluster, has_gpus = _connect(ray_address)
+    cluster, has_gpus = _connect(ray_address, verbose)
     _check_fits(spec, cluster, has_gpus)
     path = Path(spec.base_config().run.out).resolve() / new_sweep_id(spec)
     path.mkdir(parents=True)
@@ -196,16 +199,62 @@ def sweep(
         tune_config=_tune_config(spec),
         run_config=_run_config(spec, path, verbose),
     )
-    with no_auto_loggers():
-        grid = tuner.fit()
-    return _finish(grid, spec, path)
+    return _fit(tuner, spec, path, verbose)
+
+
+@contextlib.contextmanager
+def _quiet_tune(verbose: int) -> Iterator[None]:
+    """Keep Tune's console output to what fedcomp does not say itself, for the duration of a fit.
+
+    Always: Tune's warning that it could not read a trial's own metrics files (``result.json``, e.g. of a
+    trial killed before its first report, on ``--resume``) -- fedcomp takes every trial's rows from its
+    checkpoints. At ``verbose=0`` also: Tune's newer console output (it prints its experiment box and
+    TensorBoard hint at every verbosity; its older reporter honours 0) and its driver-side warnings."""
+    names = ["ray.tune.analysis.experiment_analysis"] + ([] if verbose else ["ray.tune", "ray.train"])
+    loggers = [logging.getLogger(name) for name in names]
+    levels = [logger.level for logger in loggers]
+    before = os.environ.get("RAY_AIR_NEW_OUTPUT")
+    if not verbose:
+        os.environ["RAY_AIR_NEW_OUTPUT"] = "0"
+    for logger in loggers:
+        logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, levels):
+            logger.setLevel(level)
+        if before is None:
+            os.environ.pop("RAY_AIR_NEW_OUTPUT", None)
+        else:
+            os.environ["RAY_AIR_NEW_OUTPUT"] = before
+
+
+def _fit(tuner: Any, spec: SweepSpec, path: Path, verbose: int) -> SweepResult:
+    """Run (or continue) the sweep and collect its trials, with Tune's console output kept quiet."""
+    with _quiet_tune(verbose), no_auto_loggers():
+        return _finish(tuner.fit(), spec, path)
 
 
 def read_sweep_json(path: str | Path) -> dict[str, Any]:
     meta = Path(path) / SWEEP_JSON
     if not meta.is_file():
         raise ConfigError(f"sweep folder {str(path)!r}: no {SWEEP_JSON} there; not a fedcomp sweep folder")
-    return json.loads(meta.read_text())
+    stored = results.read_json(meta)
+    if not isinstance(stored.get("spec"), dict):
+        raise StorageError(f"{meta} holds no sweep spec")
+    return stored
+
+
+def stored_spec(meta: Mapping[str, Any], path: str | Path) -> SweepSpec:
+    """The spec stored in a sweep folder's ``sweep.json``.
+
+    Raises:
+        StorageError: it is not a valid spec (an edited or damaged file).
+    """
+    try:
+        return SweepSpec.model_validate(meta["spec"])
+    except ValidationError as error:
+        raise StorageError(f"{Path(path) / SWEEP_JSON}: the stored spec is not valid ({error.errors()[0]['msg']})") from None
 
 
 def resume_sweep(path: str | Path, ray_address: str | None = None, verbose: int = 0) -> SweepResult:
@@ -215,17 +264,16 @@ def resume_sweep(path: str | Path, ray_address: str | None = None, verbose: int 
 
     path = Path(path).resolve()
     meta = read_sweep_json(path)
-    spec = SweepSpec.model_validate(meta["spec"])
+    spec = stored_spec(meta, path)
     if not tune.Tuner.can_restore(str(path)):
         raise ConfigError(f"--resume {str(path)!r}: Tune's experiment state is missing; the sweep never started")
-    cluster, has_gpus = _connect(ray_address)
+    cluster, has_gpus = _connect(ray_address, verbose)
     _check_fits(spec, cluster, has_gpus)
-    tuner = tune.Tuner.restore(
-        str(path), trainable=_trainable(spec, meta["cluster_has_gpus"]), resume_unfinished=True, resume_errored=True
-    )
-    with no_auto_loggers():
-        grid = tuner.fit()
-    return _finish(grid, spec, path)
+    with _quiet_tune(verbose):  # restoring reads the trials' Tune results too
+        tuner = tune.Tuner.restore(
+            str(path), trainable=_trainable(spec, meta["cluster_has_gpus"]), resume_unfinished=True, resume_errored=True
+        )
+    return _fit(tuner, spec, path, verbose)
 
 
 def _finish(grid, spec: SweepSpec, path: Path) -> SweepResult:
@@ -277,4 +325,4 @@ def load_sweep(path: str | Path) -> SweepResult:
     meta = read_sweep_json(path)
     if not (path / TRIALS).is_file():
         raise FileNotFoundError(f"sweep folder {str(path)!r} has no {TRIALS} yet; finish it with --resume")
-    return SweepResult(path, SweepSpec.model_validate(meta["spec"]), pd.read_parquet(path / TRIALS))
+    return SweepResult(path, stored_spec(meta, path), pd.read_parquet(path / TRIALS))

@@ -1,0 +1,126 @@
+"""The runner's guards: where a run may write, whether a checkpoint belongs to the run resuming from it, and
+whether a run has diverged.
+
+Each check fails with one line that says what is wrong and what would be right, as the config checks do.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from fedcomp.platform import results
+from fedcomp.platform.config import Config
+from fedcomp.platform.errors import ConfigError, StorageError
+
+IDENTITY_KEYS = ("federation.clients", "run.seed")
+"""Besides the whole ``algorithm`` and ``task`` sections: what a checkpoint must share with the run resuming it."""
+
+
+def run_folder(config: Config, run_id: str) -> Path:
+    """``<run.out>/<run_id>``, checked to lie directly inside ``run.out`` (a run name cannot climb out of it).
+
+    Raises:
+        ConfigError: the folder would lie elsewhere.
+    """
+    out = Path(config.run.out)
+    folder = out / run_id
+    if folder.resolve().parent != out.resolve():
+        raise ConfigError(f"run.name = {config.run.name!r}: the run folder {str(folder)!r} would lie outside run.out")
+    return folder
+
+
+def checkpoint_identity(config: Config) -> dict[str, Any]:
+    """What makes a checkpoint this run's: the algorithm and task sections, the client count and the seed
+    (flattened to ``section.key``); stored in every checkpoint and compared on resume."""
+    sections = config.to_dict()
+    identity = {f"{s}.{k}": v for s in ("algorithm", "task") for k, v in sections[s].items()}
+    for key in IDENTITY_KEYS:
+        section, field = key.split(".")
+        identity[key] = sections[section][field]
+    return identity
+
+
+def open_checkpoint(run_dir: Path, config: Config) -> dict[str, Any]:
+    """The checkpoint in ``run_dir``, checked to belong to ``config`` (the run's ``run.json``).
+
+    Raises:
+        ConfigError: there is no checkpoint, or it was written by another run; the message names what differs.
+        StorageError: the checkpoint cannot be read (truncated, corrupt).
+    """
+    path = run_dir / results.CHECKPOINT
+    where = f"--resume {str(run_dir)!r}"
+    if not path.is_file():
+        raise ConfigError(f"{where}: no {results.CHECKPOINT} there; not a resumable run folder")
+    try:
+        checkpoint = results.read_checkpoint(path)
+    except StorageError as error:
+        raise StorageError(f"{where}: {error}; the run cannot continue from it") from None
+    stored = checkpoint.get("identity")
+    if stored is not None:
+        wanted = checkpoint_identity(config)
+        differ = [
+            f"{key} = {stored.get(key, '(unset)')!r} in the checkpoint, {wanted.get(key, '(unset)')!r} in run.json"
+            for key in sorted(set(stored) | set(wanted)) if stored.get(key) != wanted.get(key)
+        ]
+        if differ:
+            more = f" (and {len(differ) - 3} more)" if len(differ) > 3 else ""
+            raise ConfigError(f"{where}: {results.CHECKPOINT} belongs to another run: {'; '.join(differ[:3])}{more}")
+    else:
+        _check_legacy(where, checkpoint, config)
+    return checkpoint
+
+
+def _check_legacy(where: str, checkpoint: dict[str, Any], config: Config) -> None:
+    """What can be checked of a checkpoint written before checkpoints carried their identity: its global
+    state keys belong to the algorithm and its clients to the run."""
+    from fedcomp.platform.federation import build_algorithm
+
+    server = checkpoint["server"]
+    synced = set(build_algorithm(config).synced)
+    held = set(server.get("state", {}))
+    if held != synced:
+        raise ConfigError(
+            f"{where}: {results.CHECKPOINT} holds the state {sorted(held)} but algorithm.name = "
+            f"{config.algorithm_name!r} keeps {sorted(synced)}; it belongs to another run"
+        )
+    clients = sorted(server.get("private", {}))
+    if clients and clients[-1] >= config.federation.clients:
+        raise ConfigError(
+            f"{where}: {results.CHECKPOINT} holds client {clients[-1]} but federation.clients = "
+            f"{config.federation.clients}; it belongs to another run"
+        )
+
+
+def model_finite(server: Any) -> bool:
+    """Whether the server's global state (the model and what else the algorithm keeps) is finite.
+
+    A server that can answer cheaply says so itself (``model_finite()``: the Ray server actor checks next to
+    the state and sends one flag with each round); an in-process server's ``state`` is checked here."""
+    probe = getattr(server, "model_finite", None)
+    if callable(probe):
+        return bool(probe())
+    state = getattr(server, "state", None)
+    return not isinstance(state, dict) or state_finite(state)
+
+
+def state_finite(state: dict[str, Any]) -> bool:
+    return all(bool(torch.isfinite(v).all()) for v in state.values() if isinstance(v, torch.Tensor))
+
+
+def divergence(loss: float, server: Any) -> str | None:
+    """Why the run has diverged after a round with training loss ``loss`` (None if it has not)."""
+    if not math.isfinite(loss):
+        return f"train_loss = {loss}"
+    if not model_finite(server):
+        return "the model has non-finite parameters"
+    return None
+
+
+def divergence_hint(config: Config) -> str:
+    """What to try after a divergence: a smaller step size, where the algorithm has one."""
+    lr = getattr(config.algorithm, "lr", None)
+    return f"lower algorithm.lr (now {lr:g})" if isinstance(lr, (int, float)) else "use a smaller step size"

@@ -1,0 +1,322 @@
+"""Which cluster a run uses and how its actors fit: a fresh local Ray without an address (never a cluster
+`ray start` left running), a fast one-line failure for an address that does not answer, placement on a real
+two-node cluster (two `ray start` processes on loopback, 1 CPU each), bit-identical numbers across backends
+and packings, errors raised inside actors as the local backend's one line, and replaced actors reported."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+import fedcomp
+from fedcomp.actors.cluster import plan_actors
+from fedcomp.cli import main
+from fedcomp.platform.config import FederationConfig
+from fedcomp.platform.errors import ResourceError
+
+ROOT = Path(__file__).resolve().parents[2]
+RAY = str(Path(sys.executable).with_name("ray"))
+FAST = ["--set", "federation.clients=8", "--set", "federation.clients_per_actor=2", "--set", "algorithm.local_steps=5",
+        "--set", "algorithm.first_batch=4", "--set", "task.test_samples=2000", "--set", "run.rounds=3",
+        "--set", "run.progress=none", "--set", "algorithm.name=acc-fcsg-m"]
+
+
+def overrides(args: list[str]) -> dict[str, str]:
+    return dict(a.split("=", 1) for a in args[1::2])
+
+
+def metrics(run_dir: Path) -> pd.DataFrame:
+    return pd.read_parquet(run_dir / "metrics.parquet").drop(columns="wall_time")
+
+
+def cli(*args: str, env: dict[str, str] | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
+    """The real command line in a fresh process (its own Ray, or the cluster it is told to join)."""
+    full = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
+    return subprocess.run([sys.executable, "-m", "fedcomp", *args], capture_output=True, text=True, timeout=timeout,
+                          env=full, cwd=ROOT)
+
+
+def free_ports(n: int) -> list[int]:
+    sockets = [socket.socket() for _ in range(n)]
+    for s in sockets:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in sockets]
+    for s in sockets:
+        s.close()
+    return ports
+
+
+# -- placement (no Ray needed) --------------------------------------------------------------------------------
+
+TWO_NODES = [{"CPU": 1.0}, {"CPU": 1.0}]
+
+
+def test_actor_shares_fit_the_nodes_not_the_total():
+    fed = FederationConfig(clients=16, clients_per_actor=4)  # quickstart: 4 client actors and the server
+    plan = plan_actors(fed, {"CPU": 2.0}, TWO_NODES)
+    # 2 CPUs / 5 actors = 0.4 fits the total but not the nodes (two 0.4 shares per node = 4 actors); a third
+    # of a CPU gives each node three.
+    assert plan.cpus == pytest.approx(0.3333) and plan.server_cpus == plan.cpus
+    assert 2 * int(1.0 / plan.cpus) >= len(plan.groups) + 1
+    assert plan_actors(fed, {"CPU": 2.0}).cpus == pytest.approx(0.4)  # one node of 2 CPUs: the old share
+    with pytest.raises(ResourceError, match=r"federation.cpus_per_actor = 0.4: 4 client actors and the server do not "
+                                            r"fit on 2 nodes with CPU 1, 1 \(an actor lives on one node\); use "
+                                            r"cpus_per_actor <= 0.3333 or 'auto'"):
+        plan_actors(FederationConfig(clients=16, clients_per_actor=4, cpus_per_actor=0.4), {"CPU": 2.0}, TWO_NODES)
+    assert plan_actors(FederationConfig(clients=16, clients_per_actor=4, cpus_per_actor=0.2), {"CPU": 2.0}, TWO_NODES).cpus == 0.2
+
+
+def test_gpu_shares_fit_the_gpu_nodes():
+    nodes = [{"CPU": 1.0, "GPU": 2.0}, {"CPU": 1.0}]
+    plan = plan_actors(FederationConfig(clients=6), {"CPU": 2.0, "GPU": 2.0}, nodes)
+    # Every client actor needs the GPU node: six of them and maybe the server share its one CPU.
+    assert plan.gpus_per_client == pytest.approx(0.3333) and plan.cpus == pytest.approx(1 / 7, abs=1e-4)
+    with pytest.raises(ResourceError, match=r"gpus_per_client = 0.75 asks 0.75 GPU per client actor; 2 nodes with GPU 1, 2 "
+                                            r"hold 3 such actors, the run has 4; use gpus_per_client <= 0.6666"):
+        plan_actors(FederationConfig(clients=4, gpus_per_client=0.75), {"CPU": 4.0, "GPU": 3.0},
+                    [{"CPU": 2.0, "GPU": 1.0}, {"CPU": 2.0, "GPU": 2.0}])
+
+
+def test_planning_many_actors_on_many_nodes_is_quick():
+    started = time.perf_counter()
+    plan = plan_actors(FederationConfig(clients=1000), {"CPU": 200.0}, [{"CPU": 2.0}] * 100)
+    assert time.perf_counter() - started < 2.0
+    assert 100 * int(2.0 / plan.cpus + 1e-9) >= 1001
+
+
+# -- addresses ------------------------------------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_an_address_nothing_listens_on_fails_in_seconds(tmp_path):
+    (port,) = free_ports(1)
+    started = time.monotonic()
+    done = cli("run", "quickstart", "--ray-address", f"127.0.0.1:{port}", "--set", f"run.out={tmp_path}")
+    assert done.returncode == 2
+    assert time.monotonic() - started < 60  # the command's own start-up included; Ray alone retried for minutes
+    assert done.stderr.strip().splitlines() == [
+        f"fedcomp: error: federation.ray_address = '127.0.0.1:{port}': cannot reach 127.0.0.1:{port} (Connection "
+        f"refused) within 5s; start the cluster (`ray start --head`) or drop the address to run on a fresh local Ray"
+    ]
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.slow
+def test_an_address_that_accepts_but_never_answers_fails_in_seconds(tmp_path):
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(16)
+    port = server.getsockname()[1]
+    held: list[socket.socket] = []
+    threading.Thread(target=lambda: [held.append(server.accept()[0]) for _ in range(16)], daemon=True).start()
+    try:
+        started = time.monotonic()
+        done = cli("run", "quickstart", "--set", f"federation.ray_address=127.0.0.1:{port}", "--set", f"run.out={tmp_path}",
+                   env={"RAY_ADDRESS": ""})
+        elapsed = time.monotonic() - started
+    finally:
+        server.close()
+    assert done.returncode == 2 and elapsed < 90
+    err = done.stderr.strip().splitlines()
+    assert len(err) == 1 and f"127.0.0.1:{port} is not a Ray head answering (no reply within 10s)" in err[0], err
+    assert list(tmp_path.iterdir()) == []
+
+
+# -- a real two-node cluster on loopback ----------------------------------------------------------------------
+
+class Cluster:
+    """Two `ray start` processes (head and worker, 1 CPU each) on their own ports and temp dir."""
+
+    def __init__(self) -> None:
+        self.tmp = tempfile.mkdtemp(prefix="fcr", dir="/tmp")  # short: Ray's socket paths have a length limit
+        self.env = {**os.environ, "RAY_TMPDIR": self.tmp, "RAY_AUTH_MODE": "disabled"}
+        self.env.pop("RAY_ADDRESS", None)
+        self.procs: list[subprocess.Popen] = []
+        self.port = self._start(head=True)
+        self._wait(lambda: self._answers(), "the head's GCS port")
+        self._start(head=False)
+        self.address = f"127.0.0.1:{self.port}"
+        self._wait(self._joined, "the second node")
+
+    def _start(self, head: bool) -> int:
+        ports = free_ports(9)
+        args = [RAY, "start", "--block", "--num-cpus", "1", "--num-gpus", "0", "--node-ip-address", "127.0.0.1",
+                "--object-manager-port", str(ports[0]), "--node-manager-port", str(ports[1]),
+                "--min-worker-port", str(ports[2]), "--max-worker-port", str(ports[2] + 60),
+                "--dashboard-agent-listen-port", str(ports[3]), "--dashboard-agent-grpc-port", str(ports[4]),
+                "--runtime-env-agent-port", str(ports[5]), "--metrics-export-port", str(ports[6]),
+                "--object-store-memory", str(100 * 1024**2), "--disable-usage-stats"]
+        if head:
+            args += ["--head", "--port", str(ports[7]), "--ray-client-server-port", str(ports[8]),
+                     "--include-dashboard", "false", "--temp-dir", str(Path(self.tmp) / "ray")]  # RAY_TMPDIR's default
+        else:
+            args += ["--address", f"127.0.0.1:{self.port}"]
+        log = open(Path(self.tmp) / f"start-{len(self.procs)}.log", "w")
+        self.procs.append(subprocess.Popen(args, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
+        return ports[7]
+
+    def _answers(self) -> bool:
+        try:
+            socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+            return True
+        except OSError:
+            return False
+
+    def _joined(self) -> bool:
+        """Whether the worker's `ray start` reports that it joined the head."""
+        return "Ray runtime started" in (Path(self.tmp) / "start-1.log").read_text()
+
+    def running(self) -> bool:
+        return all(p.poll() is None for p in self.procs)
+
+    def _wait(self, ready, what: str, timeout: float = 240) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if any(p.poll() is not None for p in self.procs):
+                break
+            if ready():
+                return
+            time.sleep(1)
+        self.stop()
+        pytest.fail(f"the test cluster did not bring up {what}")
+
+    def stop(self) -> None:
+        """Stop the two `ray start` processes (and what they started, their process groups) by their PIDs."""
+        for proc in reversed(self.procs):
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+        for proc in reversed(self.procs):
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        self.procs = []
+
+
+@pytest.fixture(scope="module")
+def two_nodes():
+    if not Path(RAY).is_file():
+        pytest.skip("the ray command is not installed next to this Python")
+    cluster = Cluster()
+    yield cluster
+    cluster.stop()
+    subprocess.run(["rm", "-rf", cluster.tmp], check=False)
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_a_run_places_its_actors_on_both_nodes_with_the_local_numbers(two_nodes, tmp_path):
+    done = cli("run", "quickstart", *FAST, "--ray-address", two_nodes.address, "--set", f"run.out={tmp_path / 'ray'}",
+               env={"RAY_TMPDIR": two_nodes.tmp})
+    assert done.returncode == 0, done.stderr[-3000:]
+    (run_dir,) = (tmp_path / "ray").iterdir()
+    backend = json.loads((run_dir / "run.json").read_text())["backend"]
+    assert backend["gcs_address"].endswith(f":{two_nodes.port}")
+    assert backend["client_actors"] == 4 and len(backend["nodes"]) == 2  # 5 actors of 1/3 CPU need both nodes
+    assert backend["cpus_per_actor"] == pytest.approx(0.3333)
+    local = fedcomp.run("quickstart", {**overrides(FAST), "federation.backend": "local", "run.out": str(tmp_path / "local")})
+    pd.testing.assert_frame_equal(metrics(run_dir), local.metrics.drop(columns="wall_time"), check_exact=True)
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_a_share_no_node_fits_fails_at_once_saying_what_fits(two_nodes, tmp_path):
+    started = time.monotonic()
+    done = cli("run", "quickstart", *FAST, "--ray-address", two_nodes.address, "--set", "federation.cpus_per_actor=0.4",
+               "--set", f"run.out={tmp_path}", env={"RAY_TMPDIR": two_nodes.tmp})
+    assert done.returncode == 2 and time.monotonic() - started < 120  # not the 120 s actor deadline plus start-up
+    assert done.stderr.strip().splitlines() == [
+        "fedcomp: error: federation.cpus_per_actor = 0.4: 4 client actors and the server do not fit on 2 nodes with "
+        "CPU 1, 1 (an actor lives on one node); use cpus_per_actor <= 0.3333 or 'auto'"
+    ]
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_without_an_address_a_run_starts_its_own_ray_and_never_joins_a_running_cluster(two_nodes, tmp_path):
+    # RAY_TMPDIR makes the two-node cluster the one Ray's discovery finds (as `ray start` in /tmp/ray would).
+    done = cli("run", "quickstart", *FAST, "--set", f"run.out={tmp_path}", env={"RAY_TMPDIR": two_nodes.tmp})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "Connecting to" not in done.stderr and "existing Ray cluster" not in done.stderr
+    (run_dir,) = tmp_path.iterdir()
+    backend = json.loads((run_dir / "run.json").read_text())["backend"]
+    assert not backend["gcs_address"].endswith(f":{two_nodes.port}") and len(backend["nodes"]) == 1
+    assert two_nodes.running()  # the cluster is untouched
+
+
+# -- the session's local Ray ----------------------------------------------------------------------------------
+
+@pytest.mark.ray
+def test_ray_and_local_give_bit_identical_numbers_train_loss_included(ray_session, tmp_path):
+    base = {**overrides(FAST), "run.out": str(tmp_path)}
+    local = fedcomp.run("quickstart", {**base, "federation.backend": "local"}).metrics.drop(columns="wall_time")
+    for per_actor in (4, 3):  # two even actors, and uneven packing (3 + 3 + 2)
+        ray_run = fedcomp.run("quickstart", {**base, "federation.backend": "ray", "federation.clients_per_actor": per_actor})
+        pd.testing.assert_frame_equal(ray_run.metrics.drop(columns="wall_time"), local, check_exact=True)
+
+
+@pytest.mark.ray
+def test_a_replaced_client_actor_is_reported_on_stderr_and_in_run_json(ray_session, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("FEDCOMP_FAULT_KILL", "1:4")  # the actor hosting clients 4 and 5 dies in round index 1
+    assert main(["run", "quickstart", *FAST, "--set", "federation.backend=ray", "--set", f"run.out={tmp_path / 'ray'}"]) == 0
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("fedcomp:")]
+    assert len(lines) == 1 and lines[0].startswith("fedcomp: round 2: client actor 2 (clients 4-5) died ("), lines
+    assert lines[0].endswith("); replaced it and re-ran its share of the round")
+    (run_dir,) = (tmp_path / "ray").iterdir()
+    meta = json.loads((run_dir / "run.json").read_text())
+    (event,) = meta["actor_replacements"]
+    assert {k: event[k] for k in ("round", "actor", "clients", "incarnation")} == {
+        "round": 2, "actor": 2, "clients": [4, 5], "incarnation": 1}
+    monkeypatch.delenv("FEDCOMP_FAULT_KILL")
+    local = fedcomp.run("quickstart", {**overrides(FAST), "federation.backend": "local", "run.out": str(tmp_path / "local")})
+    pd.testing.assert_frame_equal(metrics(run_dir), local.metrics.drop(columns="wall_time"), check_exact=True)
+
+
+@pytest.mark.ray
+def test_an_error_inside_the_actors_is_the_local_backends_one_line(ray_session, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("FEDCOMP_DATA", str(tmp_path / "no-data"))  # MNIST is not there
+    argv = ["run", "fednest-hr", "--set", "run.rounds=1", "--set", "run.progress=none", "--set", f"run.out={tmp_path / 'out'}"]
+    assert main([*argv, "--set", "federation.backend=local"]) == 2
+    local = capsys.readouterr().err.strip().splitlines()
+    assert main([*argv, "--set", "federation.backend=ray"]) == 2
+    remote = capsys.readouterr().err.strip().splitlines()
+    assert len(local) == 1 and "task.source = 'mnist': MNIST not found" in local[0]
+    assert remote == local
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.ray
+def test_errors_are_unwrapped_through_nested_actors(ray_session):
+    import ray
+
+    from fedcomp.actors.federation import wait_ready
+    from fedcomp.platform.errors import ConfigError
+
+    @ray.remote(num_cpus=0)
+    class Inner:
+        def ready(self):
+            raise ConfigError("task.root = '/nowhere': no data there")
+
+    @ray.remote(num_cpus=0)
+    class Outer:
+        def __init__(self):
+            self.inner = Inner.remote()
+
+        def ready(self):
+            return wait_ready([self.inner], ["inner"], 60)
+
+    outer = Outer.remote()
+    with pytest.raises(ConfigError, match=r"^task.root = '/nowhere': no data there$"):
+        wait_ready([outer], ["outer"], 60)

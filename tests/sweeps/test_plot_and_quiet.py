@@ -1,0 +1,88 @@
+"""The sweep report plots every algorithm (an axis an algorithm lacks, FCSG's beta, is NaN in the trials
+table and must still match its rows), and a sweep at ``--verbose 0`` prints the report and nothing of Tune's."""
+
+from __future__ import annotations
+
+import io
+import logging
+from types import SimpleNamespace
+
+import pandas as pd
+import pytest
+import yaml
+
+import fedcomp
+from fedcomp.cli import main
+from fedcomp.sweeps.report import _varying, best_configurations, best_curve, sweep_report
+from fedcomp.sweeps.spec import load_spec
+
+SPEC = {
+    "base": "quickstart",
+    "set": {"federation.backend": "local", "run.rounds": 2},
+    "grid": [{"algorithm.name": ["fcsg"], "algorithm.lr": [0.1, 0.01]},
+             {"algorithm.name": ["fcsg-m"], "algorithm.lr": [0.1, 0.01], "algorithm.beta": [0.1, 0.9]}],
+}
+
+
+def trials() -> pd.DataFrame:
+    """FCSG trials have no beta (NaN after the Parquet round trip, as in a real trials.parquet)."""
+    rows, i = [], 0
+    for name, lr, beta in [("fcsg", 0.1, None), ("fcsg", 0.01, None), ("fcsg-m", 0.1, 0.1), ("fcsg-m", 0.1, 0.9),
+                           ("fcsg-m", 0.01, 0.1), ("fcsg-m", 0.01, 0.9)]:
+        final = {"fcsg": 0.8, "fcsg-m": 0.9}[name] - lr - (beta or 0) / 10
+        for rnd in (0, 1, 2):
+            rows.append({"trial": f"t{i}", "status": "completed", "algorithm.name": name, "algorithm.lr": lr,
+                         "algorithm.beta": beta, "run.seed": 0, "round": rnd, "comm_rounds": rnd,
+                         "test_accuracy": final * rnd / 2})
+        i += 1
+    buffer = io.BytesIO()
+    pd.DataFrame(rows).to_parquet(buffer, index=False)
+    return pd.read_parquet(buffer)
+
+
+def test_every_algorithm_gets_its_curve_even_with_an_axis_it_lacks(tmp_path):
+    table, spec = trials(), load_spec(SPEC)
+    assert table["algorithm.beta"].isna().sum() == 6
+    best = best_configurations(table, spec)
+    assert sorted(best["algorithm.name"]) == ["fcsg", "fcsg-m"]
+    keys = _varying(table, spec)
+    for _, row in best.iterrows():
+        curve = best_curve(table, keys, row, "comm_rounds", "test_accuracy")
+        assert curve.index.tolist() == [0, 1, 2], row["algorithm.name"]
+        assert curve["mean"].iloc[-1] == pytest.approx(row["mean"])
+    png, md = sweep_report(SimpleNamespace(path=tmp_path, spec=spec, trials=table))
+    assert png.stat().st_size > 1000 and "| fcsg | lr=0.01 |" in md.read_text()
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_a_sweep_at_verbose_0_prints_the_report_and_nothing_of_tunes(ray_session, tmp_path, capsys):
+    spec = tmp_path / "tiny.yaml"
+    spec.write_text(yaml.safe_dump({
+        "base": "quickstart", "grid": {"algorithm.lr": [0.1, 0.05]},
+        "set": {"federation.backend": "local", "federation.clients": 4, "algorithm.local_steps": 5,
+                "task.test_samples": 2000, "run.rounds": 2},
+    }))
+    assert main(["sweep", str(spec), "--verbose", "0", "--set", f"run.out={tmp_path / 'out'}"]) == 0
+    captured = capsys.readouterr()
+    assert captured.out.startswith("Final test_accuracy (higher is better)"), captured.out[:400]
+    for noise in ("Configuration for experiment", "View detailed results", "tensorboard", "Trial status", "╭"):
+        assert noise not in captured.out and noise not in captured.err, noise
+
+    # A trial whose own Tune metrics files are missing (as for one killed before its first report): resuming
+    # at the default verbosity gives the same rows, without Tune's warning that it could not read them.
+    (sweep_dir,) = (tmp_path / "out").iterdir()
+    before = pd.read_parquet(sweep_dir / "trials.parquet")
+    trial_dir = sorted(sweep_dir.glob("run_trial_*"))[0]
+    for name in ("result.json", "progress.csv"):
+        (trial_dir / name).unlink()
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append  # type: ignore[method-assign]
+    logging.getLogger("ray.tune.analysis.experiment_analysis").addHandler(handler)
+    try:
+        resumed = fedcomp.resume_sweep(sweep_dir, verbose=1)
+    finally:
+        logging.getLogger("ray.tune.analysis.experiment_analysis").removeHandler(handler)
+    assert [r.getMessage() for r in records if r.levelno >= logging.WARNING] == []
+    pd.testing.assert_frame_equal(resumed.trials, before)

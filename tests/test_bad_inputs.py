@@ -1,0 +1,357 @@
+"""A regression corpus of bad input, table-driven: every case goes through the real command line
+(``fedcomp.cli.main``) and must end with exit code 2, exactly one line on stderr that names the field (or
+file), the value and what is allowed, and no file written or changed.
+
+Almost every case fails before Ray starts (config values, files, flags, addresses, run folders, sweep files);
+the few that can only fail inside the Ray backend are at the end, marked ``ray``.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import pytest
+import torch
+
+from fedcomp.cli import main
+from fedcomp.platform import results
+
+FAST = ["--set", "federation.backend=local", "--set", "federation.clients=4", "--set", "algorithm.local_steps=5",
+        "--set", "task.test_samples=2000", "--set", "run.rounds=2", "--set", "run.progress=none"]
+
+
+@dataclass(frozen=True)
+class Case:
+    """One bad input: ``argv`` (``{out}``, ``{tmp}`` and the setup's names filled in), the text its one error
+    line must hold, and what to prepare in the test's folder first."""
+
+    id: str
+    argv: tuple[str, ...]
+    needle: str
+    setup: Callable[[Path, dict], dict[str, str]] | None = None
+
+
+def run(*overrides: str) -> tuple[str, ...]:
+    """``fedcomp run quickstart`` (fast, local) with ``--set`` overrides, writing under ``{out}``."""
+    sets = [a for o in overrides for a in ("--set", o)]
+    return ("run", "quickstart", *FAST, "--set", "run.out={out}", *sets)
+
+
+def file(name: str, content: bytes | str) -> Callable[[Path, dict], dict[str, str]]:
+    """Setup: write ``content`` to ``{tmp}/name``; the path is ``{file}``."""
+
+    def make(tmp: Path, runs: dict) -> dict[str, str]:
+        path = tmp / name
+        path.write_bytes(content if isinstance(content, bytes) else content.encode())
+        return {"file": str(path)}
+
+    return make
+
+
+def folder(name: str) -> Callable[[Path, dict], dict[str, str]]:
+    def make(tmp: Path, runs: dict) -> dict[str, str]:
+        (tmp / name).mkdir()
+        return {"file": str(tmp / name)}
+
+    return make
+
+
+def run_copy(edit: Callable[[Path, dict], None] | None = None) -> Callable[[Path, dict], dict[str, str]]:
+    """Setup: a copy of a finished run's folder as ``{run}``, then ``edit(folder, runs)`` applied to it."""
+
+    def make(tmp: Path, runs: dict) -> dict[str, str]:
+        target = tmp / "run"
+        shutil.copytree(runs["base"], target)
+        if edit is not None:
+            edit(target, runs)
+        return {"run": str(target)}
+
+    return make
+
+
+def checkpoint_of(name: str, legacy: bool = False) -> Callable[[Path, dict], None]:
+    """Edit: put the checkpoint of the run ``name`` in place of the copy's own (without its identity: a
+    checkpoint from before checkpoints carried one)."""
+
+    def edit(target: Path, runs: dict) -> None:
+        checkpoint = torch.load(runs[name] / results.CHECKPOINT, weights_only=False)
+        if legacy:
+            checkpoint.pop("identity")
+        torch.save(checkpoint, target / results.CHECKPOINT)
+
+    return edit
+
+
+def write(relative: str, content: bytes | str) -> Callable[[Path, dict], None]:
+    def edit(target: Path, runs: dict) -> None:
+        (target / relative).write_bytes(content if isinstance(content, bytes) else content.encode())
+
+    return edit
+
+
+def truncate(relative: str, keep: float = 0.5) -> Callable[[Path, dict], None]:
+    def edit(target: Path, runs: dict) -> None:
+        data = (target / relative).read_bytes()
+        (target / relative).write_bytes(data[: int(len(data) * keep)])
+
+    return edit
+
+
+def remove(relative: str) -> Callable[[Path, dict], None]:
+    def edit(target: Path, runs: dict) -> None:
+        (target / relative).unlink()
+
+    return edit
+
+
+def edit_json(change: Callable[[dict], None]) -> Callable[[Path, dict], None]:
+    def edit(target: Path, runs: dict) -> None:
+        meta = json.loads((target / results.RUN_JSON).read_text())
+        change(meta)
+        (target / results.RUN_JSON).write_text(json.dumps(meta))
+
+    return edit
+
+
+def results_with(edit: Callable[[Path, dict], None]) -> Callable[[Path, dict], dict[str, str]]:
+    """Setup: a results folder ``{results}`` holding one (edited) run."""
+
+    def make(tmp: Path, runs: dict) -> dict[str, str]:
+        root = tmp / "results"
+        root.mkdir()
+        shutil.copytree(runs["base"], root / "run")
+        edit(root / "run", runs)
+        return {"results": str(root)}
+
+    return make
+
+
+def sweep_folder(content: str | None) -> Callable[[Path, dict], dict[str, str]]:
+    """Setup: a folder ``{sweep}`` with ``sweep.json`` holding ``content`` (None: no file)."""
+
+    def make(tmp: Path, runs: dict) -> dict[str, str]:
+        root = tmp / "sweep"
+        root.mkdir()
+        if content is not None:
+            (root / "sweep.json").write_text(content)
+        return {"sweep": str(root)}
+
+    return make
+
+
+GOOD_YAML = "task: {name: invariant-logreg}\nalgorithm: {name: fcsg-m}\n"
+
+CASES = [
+    # -- values: out of range, mistyped, not finite --------------------------------------------------------
+    Case("lr-inf", run("algorithm.lr=inf"), "algorithm.lr = 'inf': Input should be a finite number"),
+    Case("lr-yaml-inf", run("algorithm.lr=.inf"), "algorithm.lr = inf: Input should be a finite number"),
+    Case("lr-minus-inf", run("algorithm.lr=-inf"), "algorithm.lr = '-inf': Input should be a finite number"),
+    Case("lr-nan", run("algorithm.lr=nan"), "algorithm.lr = 'nan': Input should be a finite number"),
+    Case("lr-yaml-nan", run("algorithm.lr=.nan"), "algorithm.lr = nan: Input should be a finite number"),
+    Case("lr-negative", run("algorithm.lr=-1"), "algorithm.lr = -1: Input should be greater than 0"),
+    Case("lr-text", run("algorithm.lr=fast"), "algorithm.lr = 'fast': Input should be a valid number"),
+    Case("beta-nan", run("algorithm.beta=nan"), "algorithm.beta = 'nan': Input should be a finite number"),
+    Case("beta-above-1", run("algorithm.beta=2"), "algorithm.beta = 2: Input should be less than or equal to 1"),
+    Case("inner-batch-0", run("algorithm.inner_batch=0"), "algorithm.inner_batch = 0: Input should be greater than"),
+    Case("local-steps-0", run("algorithm.local_steps=0"), "algorithm.local_steps = 0: Input should be greater than"),
+    Case("local-steps-float", run("algorithm.local_steps=2.5"), "algorithm.local_steps = 2.5: Input should be a valid integer"),
+    Case("task-noise-inf", run("task.noise_ratio=inf"), "task.noise_ratio = 'inf': Input should be a finite number"),
+    Case("task-unknown-key", run("task.dimension=3"), "task.dimension: unknown key; allowed keys: name, dim"),
+    Case("task-objective", run("task.objective=mine"), "task.objective = 'mine': Input should be 'paper' or 'official-code'"),
+    Case("algorithm-unknown", run("algorithm.name=adam"), "algorithm.name = 'adam' is unknown; allowed: "),
+    Case("task-unknown", run("task.name=imagenet"), "task.name = 'imagenet' is unknown; allowed: "),
+    Case("algorithm-task-mismatch", run("task.name=synthetic-classification"),
+         "algorithm.name = 'fcsg-m' needs a 'conditional' problem but task 'synthetic-classification' offers plain"),
+    Case("clients-0", run("federation.clients=0"), "federation.clients = 0: Input should be greater than or equal to 1"),
+    Case("clients-text", run("federation.clients=many"), "federation.clients = 'many': Input should be a valid integer"),
+    Case("cohort-too-big", run("federation.clients_per_round=20"), "federation.clients_per_round = 20: must be <= federation.clients (4)"),
+    Case("backend", run("federation.backend=gpu"), "federation.backend = 'gpu': Input should be 'ray' or 'local'"),
+    Case("cpus-inf", run("federation.cpus_per_actor=inf"), "federation.cpus_per_actor = 'inf': Input should be a finite number"),
+    Case("cpus-negative", run("federation.cpus_per_actor=-1"), "federation.cpus_per_actor = -1"),
+    Case("gpus-nan", run("federation.gpus_per_client=nan"), "federation.gpus_per_client = 'nan': Input should be a finite number"),
+    Case("actor-timeout-0", run("federation.actor_timeout_s=0"), "federation.actor_timeout_s = 0: Input should be greater than 0"),
+    Case("actor-timeout-inf", run("federation.actor_timeout_s=inf"), "federation.actor_timeout_s = 'inf': Input should be a finite number"),
+    Case("retries-negative", run("federation.max_retries=-1"), "federation.max_retries = -1: Input should be greater than or equal to 0"),
+    Case("vectorise-text", run("federation.vectorise=maybe"), "federation.vectorise = 'maybe': Input should be a valid boolean"),
+    Case("rounds-0", run("run.rounds=0"), "run.rounds = 0: Input should be greater than or equal to 1"),
+    Case("rounds-text", run("run.rounds=many"), "run.rounds = 'many': Input should be a valid integer"),
+    Case("eval-every-0", run("run.eval_every=0"), "run.eval_every = 0: Input should be greater than or equal to 1"),
+    Case("seed-negative", run("run.seed=-1"), "run.seed = -1: Input should be greater than or equal to 0"),
+    Case("progress", run("run.progress=loud"), "run.progress = 'loud': Input should be 'auto', 'bar', 'log' or 'none'"),
+    Case("on-divergence", run("run.on_divergence=maybe"), "run.on_divergence = 'maybe': Input should be 'stop' or 'continue'"),
+    Case("unknown-section", run("model.depth=3"), "override 'model.depth' is not of the form section.key with section one of"),
+    Case("override-no-section", run("lr=0.1"), "override 'lr' is not of the form section.key"),
+    Case("override-no-value", ("run", "quickstart", "--set", "algorithm.lr", "--set", "run.out={out}"),
+         "--set 'algorithm.lr': expected section.key=value"),
+    # -- run names and results folders -----------------------------------------------------------------------
+    Case("name-escapes", run("run.name=../../escaped"), "run.name = '../../escaped': must be a plain folder name"),
+    Case("name-absolute", run("run.name=/tmp/x"), "run.name = '/tmp/x': must be a plain folder name"),
+    Case("name-hidden", run("run.name=.hidden"), "run.name = '.hidden': must be a plain folder name"),
+    Case("name-backslash", run("run.name=a\\b"), "run.name = 'a\\\\b': must be a plain folder name"),
+    Case("out-empty", ("run", "quickstart", *FAST, "--set", "run.out="), "run.out = None: Input should be a valid string"),
+    Case("out-under-a-file", ("run", "quickstart", *FAST, "--set", "run.out={file}/results"),
+         "run.out = '{file}/results': '{file}' is a file, not a folder", file("plain.txt", "not a folder")),
+    Case("out-is-a-file", ("run", "quickstart", *FAST, "--set", "run.out={file}"),
+         "run.out = '{file}': '{file}' is a file, not a folder", file("plain.txt", "not a folder")),
+    # -- config files ------------------------------------------------------------------------------------------
+    Case("preset-unknown", ("run", "nope", "--set", "run.out={out}"), "preset 'nope' is unknown; allowed: "),
+    Case("file-missing", ("run", "{tmp}/missing.yaml", "--set", "run.out={out}"), "config file '{tmp}/missing.yaml' does not exist"),
+    Case("file-is-folder", ("run", "{file}", "--set", "run.out={out}"), "config file '{file}' is a folder, not a YAML file",
+         folder("dir.yaml")),
+    Case("yaml-tab-indented", ("run", "{file}", "--set", "run.out={out}"),
+         "is not valid YAML: line 2, column 1: found character '\\t' that cannot start any token (YAML indents with spaces",
+         file("tabs.yaml", "task:\n\tname: invariant-logreg\n")),
+    Case("yaml-corrupt", ("run", "{file}", "--set", "run.out={out}"), "is not valid YAML: line 2",
+         file("corrupt.yaml", "task: {name: invariant-logreg\nalgorithm: [fcsg\n")),
+    Case("yaml-binary", ("run", "{file}", "--set", "run.out={out}"), "config file '{file}' is a binary file, not YAML text",
+         file("model.yaml", b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR")),
+    Case("yaml-latin1", ("run", "{file}", "--set", "run.out={out}"), "is not UTF-8 text (byte 0xe9 at offset",
+         file("latin1.yaml", "task: {name: caf\xe9}\n".encode("latin-1"))),
+    Case("yaml-duplicate-key", ("run", "{file}", "--set", "run.out={out}"), "line 4, column 3: key 'lr' is given twice in one mapping",
+         file("dup.yaml", "task: {name: invariant-logreg}\nalgorithm:\n  lr: 0.1\n  lr: 10\n  name: fcsg-m\n")),
+    Case("yaml-list", ("run", "{file}", "--set", "run.out={out}"), "must be a mapping with sections task, algorithm",
+         file("list.yaml", "- task\n- algorithm\n")),
+    Case("yaml-empty", ("run", "{file}", "--set", "run.out={out}"), "must be a mapping with sections task, algorithm",
+         file("empty.yaml", "")),
+    Case("yaml-section-scalar", ("run", "{file}", "--set", "run.out={out}"), "section 'algorithm' must be a mapping, got 3",
+         file("scalar.yaml", "task: {name: invariant-logreg}\nalgorithm: 3\n")),
+    Case("yaml-unknown-section", ("run", "{file}", "--set", "run.out={out}"), "section 'model' is unknown; allowed sections",
+         file("section.yaml", GOOD_YAML + "model: {depth: 3}\n")),
+    Case("yaml-lr-inf", ("run", "{file}", "--set", "run.out={out}"), "algorithm.lr = inf: Input should be a finite number",
+         file("inf.yaml", "task: {name: invariant-logreg}\nalgorithm: {name: fcsg-m, lr: .inf}\n")),
+    # -- cluster addresses (malformed ones fail before Ray starts) ---------------------------------------------
+    Case("address-dashboard", (*run(), "--set", "federation.backend=ray", "--ray-address", "http://127.0.0.1:8265"),
+         "federation.ray_address = 'http://127.0.0.1:8265': allowed: auto, HOST:PORT or ray://HOST:PORT (that is the dashboard"),
+    Case("address-no-port", (*run(), "--set", "federation.backend=ray", "--ray-address", "headnode"),
+         "federation.ray_address = 'headnode': expected HOST:PORT"),
+    Case("address-bad-port", (*run(), "--set", "federation.backend=ray", "--ray-address", "headnode:99999"),
+         "federation.ray_address = 'headnode:99999': expected HOST:PORT"),
+    Case("address-client-no-port", (*run(), "--set", "federation.backend=ray", "--ray-address", "ray://headnode"),
+         "federation.ray_address = 'ray://headnode': expected HOST:PORT"),
+    Case("address-scheme", run("federation.backend=ray", "federation.ray_address=grpc://h:1"),
+         "federation.ray_address = 'grpc://h:1': allowed: auto, HOST:PORT or ray://HOST:PORT"),
+    # -- command-line flags ------------------------------------------------------------------------------------
+    Case("no-command", (), "the following arguments are required: {{run,list,sweep,report,bench}}"),
+    Case("unknown-command", ("train",), "argument {{run,list,sweep,report,bench}}: invalid choice: 'train'"),
+    Case("unknown-flag", ("run", "quickstart", "--fast"), "unrecognized arguments: --fast"),
+    Case("sweep-verbose", ("sweep", "quick", "--verbose", "5"), "argument --verbose: invalid choice: 5 (choose from 0, 1, 2)"),
+    Case("sweep-seeds-text", ("sweep", "quick", "--seeds", "x"), "argument --seeds: invalid int value: 'x'"),
+    Case("sweep-search", ("sweep", "quick", "--search", "random"), "argument --search: invalid choice: 'random'"),
+    Case("sweep-seeds-0", ("sweep", "quick", "--seeds", "0", "--set", "run.out={out}"), "--seeds = 0: must be >= 1"),
+    Case("sweep-num-samples-0", ("sweep", "quick", "--num-samples", "0", "--set", "run.out={out}"), "--num-samples = 0: must be >= 1"),
+    Case("sweep-concurrent-0", ("sweep", "quick", "--max-concurrent", "0", "--set", "run.out={out}"), "--max-concurrent = 0: must be >= 1"),
+    Case("resume-with-preset", ("run", "quickstart", "--resume", "{tmp}"), "--resume RUN_DIR continues a run with its stored config"),
+    # -- sweep files -------------------------------------------------------------------------------------------
+    Case("sweep-unknown", ("sweep", "nosuch", "--set", "run.out={out}"), "sweep 'nosuch' is unknown; allowed:"),
+    Case("sweep-file-tabs", ("sweep", "{file}", "--set", "run.out={out}"),
+         "sweep file '{file}' is not valid YAML: line 2, column 1", file("tabs-sweep.yaml", "grid:\n\talgorithm.lr: [0.1]\n")),
+    Case("sweep-file-binary", ("sweep", "{file}", "--set", "run.out={out}"), "sweep file '{file}' is a binary file",
+         file("bin-sweep.yaml", b"\x00\x01\x02")),
+    Case("sweep-name-escapes", ("sweep", "{file}", "--set", "run.out={out}"),
+         "sweep name = '../../escaped': must be a plain folder name",
+         file("name-sweep.yaml", "name: ../../escaped\nbase: quickstart\ngrid: {algorithm.lr: [0.1]}\n")),
+    Case("sweep-cpus-inf", ("sweep", "{file}", "--set", "run.out={out}"), "cpus_per_trial = inf: Input should be a finite number",
+         file("cpus-sweep.yaml", "base: quickstart\ngrid: {algorithm.lr: [0.1]}\ncpus_per_trial: .inf\n")),
+    Case("sweep-grid-lr-inf", ("sweep", "{file}", "--set", "run.out={out}"), "algorithm.lr = inf: Input should be a finite number",
+         file("grid-sweep.yaml", "base: quickstart\ngrid: {algorithm.lr: [0.1, .inf]}\n")),
+    Case("sweep-resume-not-a-sweep", ("sweep", "--resume", "{sweep}"), "no sweep.json there; not a fedcomp sweep folder",
+         sweep_folder(None)),
+    Case("sweep-resume-corrupt-json", ("sweep", "--resume", "{sweep}"), "sweep.json cannot be read (Unterminated string",
+         sweep_folder('{"spec": {"base": "quick')),
+    Case("sweep-resume-no-spec", ("sweep", "--resume", "{sweep}"), "sweep.json holds no sweep spec", sweep_folder("{}")),
+    Case("sweep-resume-bad-spec", ("sweep", "--resume", "{sweep}"), "the stored spec is not valid",
+         sweep_folder('{"spec": {"search": "random"}}')),
+    # -- resuming a run ----------------------------------------------------------------------------------------
+    Case("resume-missing", ("run", "--resume", "{tmp}/nothing"), "no run.json there; not a fedcomp run folder"),
+    Case("resume-run-json-corrupt", ("run", "--resume", "{run}"), "run.json cannot be read (Unterminated string",
+         run_copy(truncate("run.json"))),
+    Case("resume-run-json-list", ("run", "--resume", "{run}"), "run.json is not a JSON object", run_copy(write("run.json", "[1, 2]"))),
+    Case("resume-run-json-no-config", ("run", "--resume", "{run}"), "run.json holds no run config",
+         run_copy(edit_json(lambda meta: meta.pop("config")))),
+    Case("resume-run-json-bad-value", ("run", "--resume", "{run}"),
+         "the config in run.json is not valid: algorithm.lr = 'inf': Input should be a finite number",
+         run_copy(edit_json(lambda meta: meta["config"]["algorithm"].update(lr="inf")))),
+    Case("resume-no-checkpoint", ("run", "--resume", "{run}"), "no checkpoint.pt there; not a resumable run folder",
+         run_copy(remove("checkpoint.pt"))),
+    Case("resume-truncated-checkpoint", ("run", "--resume", "{run}"),
+         "checkpoint.pt cannot be read (truncated or corrupt: ", run_copy(truncate("checkpoint.pt"))),
+    Case("resume-garbage-checkpoint", ("run", "--resume", "{run}"), "checkpoint.pt cannot be read (truncated or corrupt",
+         run_copy(write("checkpoint.pt", b"this is not a checkpoint"))),
+    Case("resume-foreign-pickle", ("run", "--resume", "{run}"), "checkpoint.pt is not a fedcomp run checkpoint",
+         run_copy(lambda target, runs: torch.save({"weights": torch.zeros(3)}, target / "checkpoint.pt"))),
+    Case("resume-other-algorithm", ("run", "--resume", "{run}"),
+         "checkpoint.pt belongs to another run: algorithm.beta = '(unset)' in the checkpoint, 0.1 in run.json; "
+         "algorithm.name = 'fcsg' in the checkpoint, 'fcsg-m' in run.json", run_copy(checkpoint_of("fcsg"))),
+    Case("resume-other-clients", ("run", "--resume", "{run}"),
+         "checkpoint.pt belongs to another run: federation.clients = 8 in the checkpoint, 4 in run.json",
+         run_copy(checkpoint_of("clients8"))),
+    Case("resume-other-seed", ("run", "--resume", "{run}"),
+         "checkpoint.pt belongs to another run: run.seed = 1 in the checkpoint, 0 in run.json", run_copy(checkpoint_of("seed1"))),
+    Case("resume-other-task", ("run", "--resume", "{run}"),
+         "checkpoint.pt belongs to another run: task.test_samples = 3000 in the checkpoint, 2000 in run.json",
+         run_copy(checkpoint_of("task3000"))),
+    Case("resume-legacy-other-algorithm", ("run", "--resume", "{run}"),
+         "checkpoint.pt holds the state ['x'] but algorithm.name = 'fcsg-m' keeps ['u', 'x']; it belongs to another run",
+         run_copy(checkpoint_of("fcsg", legacy=True))),
+    Case("resume-legacy-more-clients", ("run", "--resume", "{run}"),
+         "checkpoint.pt holds client 7 but federation.clients = 4; it belongs to another run",
+         run_copy(checkpoint_of("acc8", legacy=True))),
+    # -- reports -----------------------------------------------------------------------------------------------
+    Case("report-nothing", ("report", "{tmp}/nothing"), "no fedcomp run results under"),
+    Case("report-unknown-metric", ("report", "{results}", "--metric", "auroc"),
+         "column 'auroc' is not in these results; allowed:", results_with(lambda target, runs: None)),
+    Case("report-unknown-x", ("report", "{results}", "--x", "epochs"),
+         "column 'epochs' is not in these results; allowed:", results_with(lambda target, runs: None)),
+    Case("report-corrupt-run-json", ("report", "{results}"), "run.json cannot be read", results_with(truncate("run.json"))),
+    Case("report-corrupt-metrics", ("report", "{results}"), "metrics.parquet cannot be read",
+         results_with(truncate("metrics.parquet"))),
+]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict[str, Path]:
+    """Finished tiny runs (local backend) whose folders the resume and report cases copy and damage."""
+    root = tmp_path_factory.mktemp("runs")
+    variants = {"base": [], "fcsg": ["algorithm.name=fcsg"], "clients8": ["federation.clients=8"],
+                "seed1": ["run.seed=1"], "task3000": ["task.test_samples=3000"],
+                "acc8": ["algorithm.name=acc-fcsg-m", "federation.clients=8"]}
+    made = {}
+    for name, overrides in variants.items():
+        argv = [a.format(out=root / name) for a in run(*overrides)]
+        assert main(argv) == 0
+        (made[name],) = (root / name).iterdir()
+    return made
+
+
+def snapshot(folder: Path) -> dict[str, tuple[int, int]]:
+    """Every file and folder under ``folder`` with its size and modification time."""
+    return {str(p.relative_to(folder)): (p.stat().st_size, p.stat().st_mtime_ns) for p in folder.rglob("*")}
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_bad_input_is_one_line_exit_2_and_leaves_nothing(case: Case, runs, tmp_path, capsys):
+    names = {"tmp": str(tmp_path), "out": str(tmp_path / "out")}
+    if case.setup is not None:
+        names.update(case.setup(tmp_path, runs))
+    before = snapshot(tmp_path)
+    capsys.readouterr()
+    try:
+        code = main([a.format(**names) for a in case.argv])
+    except SystemExit as stop:  # argparse's exit, as the console script sees it
+        code = stop.code
+    captured = capsys.readouterr()
+    err = captured.err.strip().splitlines()
+    assert code == 2, (code, captured.err[-2000:])
+    assert len(err) == 1, err
+    assert err[0].startswith("fedcomp: error: "), err
+    assert case.needle.format(**names) in err[0], err[0]
+    assert snapshot(tmp_path) == before, "the failed command wrote or changed files"
+
+
+def test_the_corpus_is_large_and_distinct():
+    assert len(CASES) >= 60
+    assert len({c.id for c in CASES}) == len(CASES)
