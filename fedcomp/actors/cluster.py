@@ -53,10 +53,10 @@ def connect(address: str | None = None, worker_log_level: str | None = None) -> 
         if worker_log_level:
             kwargs["logging_config"] = ray.LoggingConfig(log_level=worker_log_level)
         quiet_ray_start()
-        announce(f"connecting to Ray at {address} ..." if address else "starting local Ray ...")
         started = time.perf_counter()
         if address:
-            probe(address, field)
+            probe(address, field)  # an address that cannot be a Ray head fails in one line, before anything is said
+            announce(f"connecting to Ray at {address} ...")
             try:
                 ray.init(address=address, **kwargs)
             except (ConnectionError, TimeoutError, RuntimeError, ValueError) as error:
@@ -65,6 +65,7 @@ def connect(address: str | None = None, worker_log_level: str | None = None) -> 
         else:
             # "local": a new instance even when `ray start` left a cluster on this machine (a bare ray.init()
             # would join the latest one, and die with it).
+            announce("starting local Ray ...")
             ray.init(address="local", **kwargs)
         resources = ray.cluster_resources()
         announce(f"Ray ready in {time.perf_counter() - started:.1f} s: " + ", ".join(

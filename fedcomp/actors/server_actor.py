@@ -43,7 +43,7 @@ class ServerActor:
         record = self.server.run_round()
         return {
             "record": record,
-            "model_finite": state_finite(self.server.state),
+            "model_finite": state_finite(self.server.tensors()),
             "replacements": self.server.federation.take_replacements(),  # type: ignore[attr-defined]
         }
 

@@ -80,7 +80,7 @@ def _check_legacy(where: str, checkpoint: dict[str, Any], config: Config) -> Non
     from fedcomp.platform.federation import build_algorithm
 
     server = checkpoint["server"]
-    synced = set(build_algorithm(config).synced)
+    synced = set(build_algorithm(config).Server.tensor_names())
     held = set(server.get("state", {}))
     if held != synced:
         raise ConfigError(
@@ -99,12 +99,11 @@ def model_finite(server: Any) -> bool:
     """Whether the server's global state (the model and what else the algorithm keeps) is finite.
 
     A server that can answer cheaply says so itself (``model_finite()``: the Ray server actor checks next to
-    the state and sends one flag with each round); an in-process server's ``state`` is checked here."""
+    the state and sends one flag with each round); an in-process server's state (``tensors()``) is checked here."""
     probe = getattr(server, "model_finite", None)
     if callable(probe):
         return bool(probe())
-    state = getattr(server, "state", None)
-    return not isinstance(state, dict) or state_finite(state)
+    return state_finite(server.tensors())
 
 
 def state_finite(state: dict[str, Any]) -> bool:

@@ -36,6 +36,14 @@ class State:
         return tuple(f.name for f in dataclasses.fields(cls))
 
     @classmethod
+    def tensor_names(cls) -> tuple[str, ...]:
+        """The names :meth:`tensors` gives (a nested record's fields as ``outer.inner``)."""
+        nested = _nested_types(cls)
+        return tuple(
+            m for n in cls.names() for m in ([f"{n}.{k}" for k in nested[n].tensor_names()] if n in nested else [n])
+        )
+
+    @classmethod
     def of(cls: type[S], tensors: Mapping[str, Tensor]) -> S:
         """The record from a mapping that holds (at least) every field; other keys are ignored."""
         values: dict[str, Any] = {}

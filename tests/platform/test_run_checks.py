@@ -202,3 +202,17 @@ def test_a_read_only_results_folder_is_one_line_before_any_work(tmp_path):
     old = (tmp_path / "old.err").read_text().strip().splitlines()
     assert old == [f"fedcomp: error: --resume '{shelf}/old': the folder '{shelf}/old' is not writable"]
     assert sorted(p.name for p in shelf.iterdir()) == ["old"]
+
+
+def test_a_non_finite_model_is_seen_on_an_in_process_server():
+    from fedcomp.platform.config import load_config
+    from fedcomp.platform.federation import LocalFederation
+    from fedcomp.platform.run_checks import model_finite
+    from fedcomp.platform.server import Server
+
+    config = load_config("quickstart", {"federation.backend": "local", "federation.clients": 2,
+                                        "task.test_samples": 100, "run.progress": "none"})
+    server = Server(config, LocalFederation)
+    assert model_finite(server)
+    server.state = server.state.replace(x=server.state.x.clone().fill_(float("inf")))
+    assert not model_finite(server)

@@ -61,7 +61,7 @@ def test_a_sweep_at_verbose_0_prints_the_report_and_nothing_of_tunes(ray_session
     spec.write_text(yaml.safe_dump({
         "base": "quickstart", "grid": {"algorithm.lr": [0.1, 0.05]},
         "set": {"federation.backend": "local", "federation.clients": 4, "algorithm.local_steps": 5,
-                "task.test_samples": 2000, "run.rounds": 2},
+                "task.test_samples": 2000, "run.rounds": 2, "run.track": "none"},  # no fedcomp tracking line either
     }))
     assert main(["sweep", str(spec), "--verbose", "0", "--set", f"run.out={tmp_path / 'out'}"]) == 0
     captured = capsys.readouterr()
