@@ -101,6 +101,16 @@ def truncate(relative: str, keep: float = 0.5) -> Callable[[Path, dict], None]:
     return edit
 
 
+def cut_inside_a_string(relative: str, key: str = "run_id") -> Callable[[Path, dict], None]:
+    """Truncate a JSON file inside the value of ``key`` (an unterminated string wherever the file's paths put it)."""
+    def edit(target: Path, runs: dict) -> None:
+        data = (target / relative).read_bytes()
+        start = data.index(f'"{key}": "'.encode()) + len(key) + 5
+        (target / relative).write_bytes(data[: start + 3])
+
+    return edit
+
+
 def remove(relative: str) -> Callable[[Path, dict], None]:
     def edit(target: Path, runs: dict) -> None:
         (target / relative).unlink()
@@ -268,7 +278,7 @@ CASES = [
     # -- resuming a run ----------------------------------------------------------------------------------------
     Case("resume-missing", ("run", "--resume", "{tmp}/nothing"), "no run.json there; not a fedcomp run folder"),
     Case("resume-run-json-corrupt", ("run", "--resume", "{run}"), "run.json cannot be read (Unterminated string",
-         run_copy(truncate("run.json"))),
+         run_copy(cut_inside_a_string("run.json"))),
     Case("resume-run-json-list", ("run", "--resume", "{run}"), "run.json is not a JSON object", run_copy(write("run.json", "[1, 2]"))),
     Case("resume-run-json-no-config", ("run", "--resume", "{run}"), "run.json holds no run config",
          run_copy(edit_json(lambda meta: meta.pop("config")))),

@@ -60,8 +60,6 @@ def test_a_local_run_verified_on_ray_is_identical(ray_session, tmp_path, capsys)
 
 @pytest.mark.slow
 @pytest.mark.ray
-@pytest.mark.xfail(strict=True, reason="train_loss is a float64 sum grouped per client actor (Partial.loss_sum), "
-                   "so packing 2 clients per actor rounds it differently (1 ulp); the other metrics are identical")
 def test_a_run_verified_with_two_clients_per_actor_is_identical(ray_session, tmp_path):
     run_dir = finished_run(tmp_path, **{"run.rounds": 6, "run.eval_every": 1})  # round 5 rounds differently
     outcome = fedcomp.verify(run_dir, backend="ray", overrides={"federation.clients_per_actor": 2})
