@@ -77,6 +77,13 @@ class State:
         return dataclasses.replace(self, **changes)
 
 
+@dataclasses.dataclass(frozen=True)
+class Model(State):
+    """The model alone: the state of algorithms whose clients and server keep nothing else (FedAvg, FCSG, ...)."""
+
+    x: Tensor
+
+
 @functools.cache
 def _nested_types(cls: type[State]) -> dict[str, type[State]]:
     """The fields of ``cls`` that are records themselves, with their types."""

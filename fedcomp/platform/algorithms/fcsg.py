@@ -26,7 +26,7 @@ from torch import Tensor
 from fedcomp.platform.algorithms.base import CommonHParams, LocalSteps, Tensors, grad_and_loss
 from fedcomp.platform.problems import CONDITIONAL, ConditionalProblem
 from fedcomp.platform.registry import register_algorithm
-from fedcomp.platform.state import State
+from fedcomp.platform.state import Model, State
 
 
 class FCSGHParams(CommonHParams):
@@ -40,11 +40,6 @@ class FCSGMHParams(FCSGHParams):
     """FCSG's hyperparameters plus the momentum weight beta in (0, 1] (beta = 1 is FCSG)."""
 
     beta: float = Field(0.1, gt=0, le=1, description="momentum weight, in (0, 1]")
-
-
-@dataclass(frozen=True)
-class Model(State):
-    x: Tensor
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from fedcomp.platform.problems import PLAIN, PlainProblem
 from fedcomp.platform.registry import register_algorithm
 from fedcomp.platform.rounds import Round
 from fedcomp.platform.server_optimizers import Adam, AdamState, Momentum, MomentumState, ServerOptimizer
-from fedcomp.platform.state import State
+from fedcomp.platform.state import Model, State
 
 
 class FedAvgHParams(CommonHParams):
@@ -43,11 +43,6 @@ class FedAdamHParams(FedAvgHParams):
     server_beta1: float = Field(0.9, ge=0, lt=1, description="first-moment decay beta1")
     server_beta2: float = Field(0.99, ge=0, lt=1, description="second-moment decay beta2")
     server_tau: float = Field(1e-3, gt=0, description="adaptivity tau (added to sqrt(v))")
-
-
-@dataclass(frozen=True)
-class Model(State):
-    x: Tensor
 
 
 @dataclass(frozen=True)

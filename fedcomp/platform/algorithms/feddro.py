@@ -37,7 +37,7 @@ from fedcomp.platform.params import Params
 from fedcomp.platform.problems import COMPOSITIONAL_GLOBAL, GlobalCompositionalProblem
 from fedcomp.platform.registry import register_algorithm
 from fedcomp.platform.rounds import Round
-from fedcomp.platform.state import State
+from fedcomp.platform.state import Model
 
 
 class CompositionalHParams(Params):
@@ -56,11 +56,6 @@ class CompositionalHParams(Params):
 
 class FedDROHParams(CompositionalHParams):
     beta: float = Field(0.1, gt=0, le=1, description="momentum weight of the y estimator, in (0, 1]")
-
-
-@dataclass(frozen=True)
-class Model(State):
-    x: Tensor
 
 
 @dataclass(frozen=True)

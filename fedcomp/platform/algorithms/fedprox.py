@@ -25,7 +25,7 @@ from fedcomp.platform.algorithms.base import CommonHParams, LocalSteps, Tensors,
 from fedcomp.platform.params import Params
 from fedcomp.platform.problems import PLAIN, PlainProblem
 from fedcomp.platform.registry import register_algorithm
-from fedcomp.platform.state import State
+from fedcomp.platform.state import Model
 
 __all__ = ["FedProx", "FedProxHParams"]
 
@@ -34,11 +34,6 @@ class FedProxHParams(CommonHParams):
     """lr, p (``local_steps``), batch (``outer_batch``) and the proximal weight mu."""
 
     mu: float = Field(0.01, ge=0, description="proximal weight mu >= 0 (unknown in the paper; 0 = FedAvg)")
-
-
-@dataclass(frozen=True)
-class Model(State):
-    x: Tensor
 
 
 @dataclass(frozen=True)

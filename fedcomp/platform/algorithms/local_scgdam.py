@@ -65,7 +65,6 @@ from torch import Tensor
 from fedcomp.platform.algorithms.base import ClientContext, CommonHParams, LocalSteps, StepInfo, Tensors, batch_size
 from fedcomp.platform.errors import ConfigError
 from fedcomp.platform.oracles import grad_xy_and_value, inner_value_vjp
-from fedcomp.platform.params import Params
 from fedcomp.platform.problems import (
     COMPOSITIONAL_MINIMAX,
     MINIMAX,

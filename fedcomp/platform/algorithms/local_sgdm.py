@@ -65,7 +65,7 @@ from fedcomp.platform.params import Params
 from fedcomp.platform.problems import PLAIN, PlainProblem
 from fedcomp.platform.registry import register_algorithm
 from fedcomp.platform.rounds import Round
-from fedcomp.platform.state import State
+from fedcomp.platform.state import Model, State
 
 __all__ = [
     "ClassPriorProblem",
@@ -202,11 +202,6 @@ class _Weighted:
 
 
 # ------------------------------------------------------------------------------------------------ states
-
-
-@dataclass(frozen=True)
-class Model(State):
-    x: Tensor
 
 
 @dataclass(frozen=True)
