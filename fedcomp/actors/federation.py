@@ -11,7 +11,7 @@ same numbers as an undisturbed round, because every random draw is keyed by (see
 
 A generator program (``begin`` / ``resume``, for ``fed.exchange``) lives in its actor between the steps of
 an exchange and cannot be shipped; a replacement actor re-creates it from the clients' saved state and
-replays the logged answers (the means sent so far), as it replays transient calls.
+replays the logged answers (the means sent so far).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from fedcomp.actors.cluster import ActorPlan, actor_options, cluster_nodes, desc
 from fedcomp.platform.algorithms.base import Outcome, Tensors
 from fedcomp.platform.config import Config
 from fedcomp.platform.errors import ClientFailure, PlatformError, ResourceError
-from fedcomp.platform.federation import Layout, Partial, build_algorithm, combine
+from fedcomp.platform.federation import Layout, Partial, combine
 
 RemoteClient = ray.remote(ClientActor)
 Submit = Callable[[Any, list[int]], Any]
@@ -95,10 +95,8 @@ class RayFederation:
             raise
         self.private_refs: dict[int, Any] = {}
         """Client -> the object holding its latest saved private state (the reply of the last saving call)."""
-        self.transient = build_algorithm(config).transient_programs
         self.replay: list[tuple[dict[int, list[int]], Submit]] = []
-        """Steps since the last saving call (transient calls, the steps of an exchange in progress): what a
-        replacement actor re-runs to catch up."""
+        """The steps of the exchange in progress since its start: what a replacement actor re-runs to catch up."""
         self.exchange: tuple[int, dict[int, list[int]]] = (-1, {})
         """The round of the exchange in progress, and each actor's members of its cohort."""
         self.restarts = 0
@@ -152,7 +150,7 @@ class RayFederation:
         def submit(actor: Any, clients: list[int]) -> Any:
             return actor.run.remote(program, round, clients, ref, layout, sub)
 
-        return self._step(submit, members, round, layout.total, saving=program not in self.transient)
+        return self._step(submit, members, round, layout.total, saving=True)
 
     def begin(self, program: str, round: int, cohort: list[int], payload: Tensors, sub: int = 0, last: bool = False) -> Outcome:
         ref, layout = self._put(payload)

@@ -137,7 +137,7 @@ class ClientHost:
         self, program: str, round: int, cohort: Sequence[int], payload: np.ndarray, layout: Layout, sub: int = 0
     ) -> Partial:
         """Run ``algorithm.<program>`` for the cohort members in ``cohort`` (all hosted here), in order; the
-        reply carries copies of their private state unless the program is transient. The default local-steps
+        reply carries copies of their private state. The default local-steps
         program runs the clients in lockstep under ``vmap`` where the algorithm and task allow it (same numbers)."""
         started = time.perf_counter()
         broadcast = layout.unpack(payload, self.device)
@@ -148,7 +148,7 @@ class ClientHost:
         if results is None:
             run_one = self.algorithm.program(program)
             results = [run_one(self.problem, state, ctx) for state, ctx in zip(starts, contexts)]
-        return self._close(program, clients, results, broadcast, started)
+        return self._close(clients, results, broadcast, started)
 
     def begin(
         self, program: str, round: int, cohort: Sequence[int], payload: np.ndarray, layout: Layout, sub: int = 0,
@@ -194,7 +194,7 @@ class ClientHost:
         if not last:
             return self._sum(yielded, started)
         self.session = None
-        return self._close(session.program, list(session.programs), results, session.broadcast, started)
+        return self._close(list(session.programs), results, session.broadcast, started)
 
     def _open(
         self, cohort: Sequence[int], broadcast: Tensors, round: int, sub: int
@@ -223,14 +223,12 @@ class ClientHost:
         return Partial(layout, sums, len(outputs), 0, 0.0, compute_s=time.perf_counter() - started)
 
     def _close(
-        self, program: str, clients: list[int], results: Sequence[tuple[Tensors, Tensors, StepInfo]],
+        self, clients: list[int], results: Sequence[tuple[Tensors, Tensors, StepInfo]],
         broadcast: Tensors, started: float,
     ) -> Partial:
-        """Keep each client's private state and sum the outputs; the reply carries copies of the private
-        states unless the program is transient."""
+        """Keep each client's private state and sum the outputs; the reply carries copies of the private states."""
         if not clients:
             raise ValueError("ClientHost.run needs a non-empty cohort")
-        transient = program in self.algorithm.transient_programs
         partial = self._sum([outputs for _, outputs, _ in results], started)
         for client, (state, outputs, info) in zip(clients, results):
             partial.samples += info.samples
@@ -241,7 +239,7 @@ class ClientHost:
             dropped = outputs.keys() | broadcast.keys() | self.algorithm.round_local
             kept = {k: v.detach() for k, v in state.items() if k not in dropped}
             self.private[client] = kept
-            if kept and not transient:
+            if kept:
                 partial.private[client] = {k: v.cpu() for k, v in kept.items()}
         partial.has_private = bool(partial.private)
         partial.compute_s = time.perf_counter() - started

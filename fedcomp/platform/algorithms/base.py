@@ -19,7 +19,9 @@ is inherited. Nothing here imports Ray.
 
 from __future__ import annotations
 
+import functools
 import inspect
+import typing
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Generator, Generic, Mapping, Protocol, TypeVar
@@ -138,9 +140,6 @@ class Algorithm(ABC, Generic[C, S]):
     round_local: ClassVar[frozenset[str]] = frozenset()
     """Client fields that live for one client program only (FedProx's proximal anchor): :meth:`begin` sets them
     when the program starts, and they are not kept on the client afterwards."""
-    transient_programs: ClassVar[frozenset[str]] = frozenset()
-    """Client programs whose effect on private state need not be saved after each call: they run in a
-    sequence that ends with a saving program, and a replacement client replays them from the federation's log."""
 
     def __init__(self, hparams: Params) -> None:
         self.hp: Any = hparams
@@ -181,23 +180,38 @@ class Algorithm(ABC, Generic[C, S]):
     def start_state(self, broadcast: Tensors) -> Tensors:
         return self.join(broadcast).tensors()
 
+    def reads(self, name: str) -> type[State]:
+        """The record client program ``name`` is given: what its state parameter is annotated with when that is a
+        record (FedNest's sub-round programs read the round's broadcast values, e.g. ``WithQ``), else ``Client``.
+        It is built from the client's private fields and the broadcast."""
+        return _annotated_record(type(self), name) or self.Client
+
     def program(self, name: str) -> Callable[[Any, Tensors, ClientContext], Any]:
-        """The client program ``name`` on the wire form of the client state (a generator stays a generator:
-        what it yields and receives passes through)."""
-        method = getattr(self, name)
+        """The client program ``name`` on the wire form of the client state: it gets its :meth:`reads` record;
+        the fields it does not read stay as they are (a generator stays a generator: what it yields and
+        receives passes through)."""
+        method, record = getattr(self, name), self.reads(name)
         if inspect.isgeneratorfunction(method):
 
             def exchange(problem: Any, state: Tensors, ctx: ClientContext) -> Generator[Any, Any, tuple[Tensors, Tensors, StepInfo]]:
-                client, outputs, info = yield from method(problem, self.Client.of(state), ctx)
-                return client.tensors(), dict(outputs), info
+                view, outputs, info = yield from method(problem, record.of(state), ctx)
+                return {**state, **view.tensors()}, dict(outputs), info
 
             return exchange
 
         def run(problem: Any, state: Tensors, ctx: ClientContext) -> tuple[Tensors, Tensors, StepInfo]:
-            client, outputs, info = method(problem, self.Client.of(state), ctx)
-            return client.tensors(), dict(outputs), info
+            view, outputs, info = method(problem, record.of(state), ctx)
+            return {**state, **view.tensors()}, dict(outputs), info
 
         return run
+
+
+@functools.cache
+def _annotated_record(cls: type, name: str) -> type[State] | None:
+    """The record the state parameter of ``cls.<name>`` is annotated with, if it is one (not a type variable)."""
+    hints = typing.get_type_hints(getattr(cls, name))
+    record = next((t for k, t in hints.items() if k not in ("self", "problem", "ctx", "return")), None)
+    return record if isinstance(record, type) and issubclass(record, State) else None
 
 
 class LocalSteps(Algorithm[C, S]):

@@ -62,7 +62,7 @@ from __future__ import annotations
 
 from abc import abstractmethod
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar, Literal, Protocol, runtime_checkable
+from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
 
 import torch
 from pydantic import Field
@@ -334,16 +334,9 @@ class _Stagewise(Algorithm[Model, StageServer]):
                 samples += int(positive.numel())
         return client, {"class_sums": sums.float()}, StepInfo(samples)
 
-    def program(self, name: str) -> Callable[[Any, Tensors, ClientContext], tuple[Tensors, Tensors, StepInfo]]:
-        """The client programs on the wire; the local steps read their broadcast's record (``Steps``)."""
-        if name != "local_steps":
-            return super().program(name)
-
-        def run(problem: Any, state: Tensors, ctx: ClientContext) -> tuple[Tensors, Tensors, StepInfo]:
-            client, outputs, info = self.local_steps(problem, self.Steps.of(state), ctx)
-            return client.tensors(), dict(outputs), info
-
-        return run
+    def reads(self, name: str) -> type[State]:
+        """The local steps read their broadcast's record (``Steps``: with the stage's v_ref, or without)."""
+        return self.Steps if name == "local_steps" else super().reads(name)
 
 
 @register_algorithm("coda")

@@ -32,7 +32,6 @@ returns the vector the server averages.
 from __future__ import annotations
 
 import itertools
-import typing
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Literal, Mapping, TypeVar
 
@@ -194,18 +193,6 @@ class _FedNestFamily(Algorithm[Point, Point]):
 
     def init(self, variables: Tensors) -> Point:
         return Point(x=variables["x"].clone(), y=variables["y"].clone())
-
-    def program(self, name: str) -> Callable[[Any, Tensors, ClientContext], tuple[Tensors, Tensors, StepInfo]]:
-        """The client program ``name``, given the record its ``view`` parameter declares (read from the client's
-        private fields and the broadcast); the fields the program does not read stay as they are."""
-        method = getattr(self, name)
-        view_type: type[State] = typing.get_type_hints(method)["view"]
-
-        def run(problem: Any, state: Tensors, ctx: ClientContext) -> tuple[Tensors, Tensors, StepInfo]:
-            view, outputs, info = method(problem, view_type.of(state), ctx)
-            return {**state, **view.tensors()}, dict(outputs), info
-
-        return run
 
     def _sample(
         self, problem: BilevelProblem, ctx: ClientContext, split: str, size: int | None, call: int, tag: int
