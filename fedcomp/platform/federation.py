@@ -72,7 +72,6 @@ class Partial:
     sums: np.ndarray
     clients: int
     samples: int
-    loss_sum: float
     private: dict[int, Tensors] = field(default_factory=dict)
     """Copies of the clients' private (unsynchronised) state after the program, for recovery and checkpoints."""
     has_private: bool = False
@@ -82,6 +81,11 @@ class Partial:
     losses: tuple[float, ...] = ()
     """Each client's loss: :func:`combine` adds them exactly (``math.fsum``), so the mean loss does not depend
     on how clients are packed into hosts (adding per-host sums differed in the last bits)."""
+
+    @property
+    def loss_sum(self) -> float:
+        """The exact sum of the clients' losses."""
+        return math.fsum(self.losses)
 
 
 def combine(partials: Sequence[Partial], floats_down: int) -> Outcome:
@@ -220,7 +224,7 @@ class ClientHost:
         sums = np.zeros(layout.total, np.float64)
         for out in outputs:
             sums += layout.pack(out, np.float64)
-        return Partial(layout, sums, len(outputs), 0, 0.0, compute_s=time.perf_counter() - started)
+        return Partial(layout, sums, len(outputs), 0, compute_s=time.perf_counter() - started)
 
     def _close(
         self, clients: list[int], results: Sequence[tuple[Tensors, Tensors, StepInfo]],
@@ -232,7 +236,6 @@ class ClientHost:
         partial = self._sum([outputs for _, outputs, _ in results], started)
         for client, (state, outputs, info) in zip(clients, results):
             partial.samples += info.samples
-            partial.loss_sum += info.loss
             partial.losses += (info.loss,)
             # only the private fields are kept: the broadcast ones come again with the next broadcast, and
             # round-local fields are set again by Algorithm.begin

@@ -23,7 +23,7 @@ import functools
 import inspect
 import typing
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, Generator, Generic, Mapping, Protocol, TypeVar
 
 import torch
@@ -81,7 +81,6 @@ class Outcome:
     """Floats each participating client uploaded."""
     floats_down: int = 0
     """Floats each participating client downloaded."""
-    extra: dict[str, float] = field(default_factory=dict)
 
 
 class Federation(Protocol):
