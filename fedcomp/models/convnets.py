@@ -10,15 +10,13 @@
   3x3 padded, ReLU, max-pool 2, conv 32->64 3x3 padded, ReLU, max-pool 2, fc 3136->128, ReLU, 128->1.
 * :func:`densenet121` -- torchvision's DenseNet121 with ``outputs`` logits, built **without pre-trained
   weights** (they would be downloaded, and the paper does not say whether Melanoma used ImageNet
-  pre-training, EXPERIMENTS.md E10). Its BatchNorm layers keep no running statistics (see below).
+  pre-training, EXPERIMENTS.md E10). On running statistics see below.
 * ResNet20 (CIFAR, option A, 269,137 parameters with one output) is
   :func:`fedcomp.models.resnet.resnet20` with ``num_outputs=1``.
 
-BatchNorm: as :mod:`fedcomp.models.resnet` explains, running statistics are module buffers that a flat
-parameter vector does not carry; the platform's federated default normalises with the current batch's
-statistics in training and evaluation (``track_running_stats=False``), so the flat vector is the whole
-model state and :class:`~fedcomp.models.functional.FlatModel` works unchanged. :func:`densenet121` converts
-torchvision's layers to that mode (``running_stats=True`` keeps them, for :class:`FlatBNModel`).
+BatchNorm: :func:`densenet121` keeps torchvision's running statistics with ``running_stats=True``
+(:class:`~fedcomp.models.functional.FlatModel` carries them as explicit state) and converts its layers to
+batch statistics only otherwise (:func:`without_running_stats`).
 
 Weights are not initialised here: draw a flat vector with :func:`fedcomp.models.resnet.init_flat`
 (``"xavier"`` is D-AUPRC's and LibAUC's scheme). :func:`output_weight_slice` locates the last linear

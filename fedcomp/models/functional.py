@@ -1,12 +1,29 @@
-"""Flat-parameter views of ``torch.nn`` models.
+"""Flat-parameter views of ``torch.nn`` models, with BatchNorm running statistics as explicit state.
 
 Algorithms see a model's parameters as one flat float32 vector (what is averaged and what crosses the
 wire); tasks call the model functionally on that vector through :class:`FlatModel`.
+
+BatchNorm running statistics are module *buffers*, not parameters: no gradient step touches them, every
+forward pass in training mode moves them (momentum rule), and evaluation normalises with them. A
+``FlatModel`` keeps them as one flat float32 vector, :attr:`FlatModel.running`, outside the module:
+
+* a forward pass in training mode normalises with the batch's statistics (so it is a pure function of the
+  parameters, which ``torch.func`` transforms and double backward need) and then moves ``running`` by
+  BatchNorm's rule ``r <- (1 - m) r + m s`` with the batch mean and unbiased variance -- what ``nn.BatchNorm``
+  does to its own buffers, computed outside the autograd graph;
+* a forward pass in evaluation mode normalises with ``running``.
+
+Whose statistics ``running`` holds is the caller's business: a client host swaps each client's in and out
+around its programs and the server loads the global ones before evaluating (:mod:`fedcomp.platform.buffers`).
+A module built without running statistics (``track_running_stats=False``) has none here either
+(``buffer_dim == 0``) and always normalises with batch statistics.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
+from typing import Iterator
 
 import torch
 from torch import Tensor, nn
@@ -14,7 +31,8 @@ from torch.func import functional_call
 
 
 class FlatModel:
-    """Calls ``module`` with parameters taken from a flat vector (views, no copies)."""
+    """Calls ``module`` with parameters taken from a flat vector (views, no copies) and running statistics from
+    :attr:`running` (module docstring); the module's own buffers are never read or written."""
 
     def __init__(self, module: nn.Module) -> None:
         self.module = module
@@ -22,6 +40,37 @@ class FlatModel:
         self.shapes = [p.shape for _, p in module.named_parameters()]
         self.sizes = [math.prod(s) for s in self.shapes]
         self.dim = sum(self.sizes)
+        self.norms: list[tuple[str, nn.modules.batchnorm._BatchNorm]] = []
+        for name, mod in module.named_modules():
+            if isinstance(mod, nn.modules.batchnorm._BatchNorm) and mod.track_running_stats:
+                if mod.momentum is None:
+                    raise ValueError(f"BatchNorm {name!r} has momentum=None (a cumulative average); use a number")
+                self.norms.append((name, mod))
+        self.buffer_names = [f"{n}.{s}" for n, _ in self.norms for s in ("running_mean", "running_var")]
+        self.buffer_sizes = [m.num_features for _, m in self.norms for _ in range(2)]
+        self.buffer_dim = sum(self.buffer_sizes)
+        """Entries of :attr:`running` (a mean and a variance per BatchNorm channel); 0 without running statistics."""
+        self._untracked = {n: None for n, b in module.named_buffers()}
+        self._running = self.initial_buffers()
+        self._pending: list[list[Tensor]] = []
+        """Batch statistics of training forwards not yet folded into ``_running`` (folded when it is read)."""
+        self._seen: list[Tensor] | None = None
+
+    @property
+    def running(self) -> Tensor:
+        """The running statistics training forwards move and evaluation forwards read (module docstring)."""
+        momenta = [m.momentum for _, m in self.norms for _ in range(2)]
+        for batch in self._pending:
+            old = self._running.to(batch[0].device).split(self.buffer_sizes)
+            self._running = torch.cat([(1 - m) * r + m * s for m, r, s in zip(momenta, old, batch)])
+        self._pending = []
+        return _plain(self._running)
+
+    @running.setter
+    def running(self, value: Tensor) -> None:
+        if value.shape != (self.buffer_dim,):
+            raise ValueError(f"running statistics of shape {tuple(value.shape)}: the model needs ({self.buffer_dim},)")
+        self._running, self._pending = value, []
 
     def unflatten(self, x: Tensor) -> dict[str, Tensor]:
         return {n: v.view(s) for n, v, s in zip(self.names, x.split(self.sizes), self.shapes)}
@@ -30,5 +79,61 @@ class FlatModel:
         """The module's current parameters as a new flat float32 vector."""
         return torch.cat([p.detach().reshape(-1) for p in self.module.parameters()]).float()
 
+    def initial_buffers(self) -> Tensor:
+        """Fresh running statistics, as ``nn.BatchNorm`` starts them: means 0, variances 1."""
+        parts = [torch.zeros(m.num_features) if s == 0 else torch.ones(m.num_features) for _, m in self.norms for s in (0, 1)]
+        return torch.cat(parts) if parts else torch.zeros(0)
+
+    @contextlib.contextmanager
+    def evaluation(self) -> Iterator[None]:
+        """Forward passes in evaluation mode (with :attr:`running`, no gradients) inside the block."""
+        was_training = self.module.training
+        self.module.eval()
+        try:
+            with torch.no_grad():
+                yield
+        finally:
+            self.module.train(was_training)
+
     def __call__(self, x: Tensor, *inputs: Tensor) -> Tensor:
-        return functional_call(self.module, self.unflatten(x), inputs)
+        """The module's output at parameters ``x``: in training mode with batch statistics (moving
+        :attr:`running`), in evaluation mode with :attr:`running`."""
+        params = self.unflatten(x)
+        if not self.buffer_dim:
+            return functional_call(self.module, params, inputs)
+        if not self.module.training:
+            stats = dict(zip(self.buffer_names, self.running.to(x.device).split(self.buffer_sizes)))
+            return functional_call(self.module, {**params, **self._untracked, **stats}, inputs)
+        self._seen = []
+        hooks = [mod.register_forward_pre_hook(self._record) for _, mod in self.norms]
+        try:
+            out = functional_call(self.module, {**params, **self._untracked}, inputs)
+            seen = self._seen
+        finally:
+            for hook in hooks:
+                hook.remove()
+            self._seen = None
+        if len(seen) != 2 * len(self.norms):
+            raise RuntimeError(f"the forward pass ran {len(seen) // 2} of the model's {len(self.norms)} BatchNorm layers")
+        # folded in when `running` is next read: here we may be inside a torch.func transform, where any
+        # arithmetic would give wrapped tensors
+        self._pending.append(seen)
+        return out
+
+    def _record(self, _module: nn.Module, inputs: tuple[Tensor, ...]) -> None:
+        """Forward pre-hook of each BatchNorm layer: the batch mean and unbiased variance per channel of its input."""
+        assert self._seen is not None
+        z = _plain(inputs[0])
+        with torch.no_grad():
+            dims = [d for d in range(z.dim()) if d != 1]
+            self._seen += [_plain(z.mean(dims).float()), _plain(z.var(dims, correction=1).float())]
+
+
+def _plain(t: Tensor) -> Tensor:
+    """``t`` without ``torch.func`` wrappers: inside a transform every result is wrapped, and the statistics
+    are values outside the autograd graph that must outlive the transform."""
+    while torch._C._functorch.is_functorch_wrapped_tensor(t):
+        if torch._C._functorch.is_batchedtensor(t):
+            raise RuntimeError("BatchNorm running statistics cannot be tracked under vmap (clients in lockstep)")
+        t = torch._C._functorch.get_unwrapped(t)
+    return t

@@ -1,4 +1,4 @@
-"""ResNet20 for 32 x 32 images (He et al. 2016, CIFAR variant) and a flat-parameter view that handles BatchNorm.
+"""ResNet20 for 32 x 32 images (He et al. 2016, CIFAR variant) and the flat initialisation of conv nets.
 
 The network: a 3 x 3 conv to 16 channels, three stages of three basic blocks at 16, 32 and 64 channels
 (the first block of stages 2 and 3 halves the resolution), global average pooling and a linear layer to
@@ -6,20 +6,11 @@ The network: a 3 x 3 conv to 16 channels, three stages of three basic blocks at 
 implemented by the module :class:`ShortcutA` rather than a lambda so the model pickles (Ray ships it).
 With 10 outputs it has 269,722 parameters (269,137 with 1), the count of the RECOVER and LibAUC versions.
 
-BatchNorm running statistics are **buffers, not parameters**: they are not in the flat vector that
-algorithms average, and :class:`~fedcomp.models.functional.FlatModel` in train mode would update the
-module's own buffers as a hidden side effect (different on every Ray actor). Two ways to keep runs
-deterministic and backend-independent:
-
-* ``running_stats=False`` (the federated default here): BatchNorm layers keep no buffers and always
-  normalise with the current batch's statistics, in training and in evaluation. The flat parameter vector
-  is then the whole model state and ``FlatModel`` works unchanged. Evaluate in large batches (e.g. 500+),
-  since predictions depend on the evaluation batch's statistics.
-* ``running_stats=True``: standard BatchNorm. :class:`FlatBNModel` carries the running statistics as an
-  explicit flat float32 vector (``buffers``) that an algorithm can keep in its state and average like the
-  model; :meth:`FlatBNModel.call_with_buffers` returns the updated statistics instead of writing them into
-  the module, and evaluates with given statistics in eval mode. Its plain call (``model(x, inputs)``)
-  normalises with batch statistics and leaves the module untouched, so it can stand in for ``FlatModel``.
+BatchNorm: ``running_stats=True`` is standard BatchNorm with running statistics, which
+:class:`~fedcomp.models.functional.FlatModel` keeps as explicit state outside the module (the platform
+carries them per client and averages them with the model, see ``task.batchnorm``); ``running_stats=False``
+normalises with the batch's statistics in training and evaluation alike (evaluate in large batches then,
+since predictions depend on the evaluation batch).
 
 Initialisation (:func:`init_flat`) draws from an explicit generator: ``"kaiming"`` (He-normal, fan-in, on
 conv and linear weights; RECOVER's ``resnet20.py``) or ``"xavier"`` (Xavier-normal; LibAUC's version);
@@ -34,11 +25,8 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.func import functional_call
 
-from fedcomp.models.functional import FlatModel
-
-__all__ = ["BasicBlock", "FlatBNModel", "ResNet20", "ShortcutA", "init_flat", "resnet20"]
+__all__ = ["BasicBlock", "ResNet20", "ShortcutA", "init_flat", "resnet20"]
 
 Init = Literal["kaiming", "xavier"]
 
@@ -112,7 +100,7 @@ class ResNet20(nn.Module):
 
 
 def resnet20(num_outputs: int = 10, *, running_stats: bool = False, in_channels: int = 3) -> ResNet20:
-    """A :class:`ResNet20`; ``running_stats=False`` normalises with batch statistics only (see module doc)."""
+    """A :class:`ResNet20`; ``running_stats=False`` normalises with batch statistics only (module docstring)."""
     return ResNet20(num_outputs, running_stats=running_stats, in_channels=in_channels)
 
 
@@ -150,66 +138,3 @@ def init_flat(module: nn.Module, gen: torch.Generator, scheme: Init = "kaiming")
             )
         parts.append(value.reshape(-1))
     return torch.cat(parts)
-
-
-class FlatBNModel(FlatModel):
-    """:class:`FlatModel` for modules with BatchNorm: parameters flat, running statistics explicit.
-
-    ``buffer_names`` lists the float buffers (``running_mean`` / ``running_var``) in order and
-    ``buffer_dim`` their total size; ``num_batches_tracked`` counters are not part of the state (they only
-    matter for BatchNorm with ``momentum=None``, which this class rejects). The module is never mutated.
-    """
-
-    def __init__(self, module: nn.Module) -> None:
-        super().__init__(module)
-        for name, mod in module.named_modules():
-            if isinstance(mod, nn.modules.batchnorm._BatchNorm) and mod.track_running_stats and mod.momentum is None:
-                raise ValueError(f"BatchNorm {name!r} has momentum=None (cumulative average); use a numeric momentum")
-        self.buffer_names = [n for n, b in module.named_buffers() if b.is_floating_point()]
-        self.buffer_shapes = [b.shape for n, b in module.named_buffers() if b.is_floating_point()]
-        self.buffer_sizes = [math.prod(s) for s in self.buffer_shapes]
-        self.buffer_dim = sum(self.buffer_sizes)
-        self._counters = {n: b for n, b in module.named_buffers() if not b.is_floating_point()}
-
-    def flatten_buffers(self) -> Tensor:
-        """The module's current running statistics as a new flat float32 vector (empty without buffers)."""
-        named = dict(self.module.named_buffers())
-        if not self.buffer_names:
-            return torch.zeros(0)
-        return torch.cat([named[n].detach().reshape(-1) for n in self.buffer_names]).float()
-
-    def unflatten_buffers(self, buffers: Tensor) -> dict[str, Tensor]:
-        if buffers.numel() != self.buffer_dim:
-            raise ValueError(f"buffers of size {buffers.numel()}: must have buffer_dim = {self.buffer_dim} entries")
-        parts = buffers.split(self.buffer_sizes)
-        return {n: v.view(s) for n, v, s in zip(self.buffer_names, parts, self.buffer_shapes)}
-
-    def initial_buffers(self) -> Tensor:
-        """Fresh running statistics: means 0, variances 1."""
-        parts = [
-            (torch.ones if n.endswith("running_var") else torch.zeros)(size)
-            for n, size in zip(self.buffer_names, self.buffer_sizes)
-        ]
-        return torch.cat(parts) if parts else torch.zeros(0)
-
-    def __call__(self, x: Tensor, *inputs: Tensor) -> Tensor:
-        """Forward in train mode: batch statistics, module buffers untouched (same value and gradient as FlatModel)."""
-        return self.call_with_buffers(x, self.initial_buffers().to(x.device), *inputs, train=True)[0]
-
-    def call_with_buffers(self, x: Tensor, buffers: Tensor, *inputs: Tensor, train: bool) -> tuple[Tensor, Tensor]:
-        """(output, running statistics after the call).
-
-        ``train=True`` normalises with batch statistics and returns the statistics updated by this batch
-        (BatchNorm's momentum rule) -- computed on a copy, so ``buffers`` is not modified; ``train=False``
-        normalises with ``buffers`` and returns them unchanged.
-        """
-        stats = buffers.detach().clone()
-        tensors: dict[str, Tensor] = {**self.unflatten(x), **self.unflatten_buffers(stats)}
-        tensors.update({n: torch.zeros_like(c) for n, c in self._counters.items()})
-        was_training = self.module.training
-        self.module.train(train)
-        try:
-            out = functional_call(self.module, tensors, inputs)
-        finally:
-            self.module.train(was_training)
-        return out, stats

@@ -5,6 +5,12 @@ and runs a named client program for the cohort members it hosts, returning one p
 use it: :class:`LocalFederation` hosts every client in one ClientHost in this process; the Ray backend
 (``fedcomp.actors``) wraps one ClientHost per actor. Sums are accumulated in float64 and combined in a
 fixed order, so the averages do not depend on how clients are packed into hosts.
+
+Module buffers (BatchNorm running statistics, where the task's model keeps them) are each client's own
+state, outside the algorithm's records: the host puts a client's statistics into the task's model around
+every step of its programs and keeps them with its private state. A broadcast that holds ``buffers`` asks
+the clients to send theirs back with their outputs; non-empty ones replace the clients' own first (the
+``averaged`` policy; :class:`~fedcomp.platform.rounds.Round` decides what goes down).
 """
 
 from __future__ import annotations
@@ -12,10 +18,11 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Generator, Iterable, Sequence
+from typing import Any, Callable, Generator, Iterable, Sequence, TypeVar
 
 import numpy as np
 import torch
+from torch import Tensor
 
 from fedcomp.platform.algorithms.base import Algorithm, ClientContext, Outcome, StepInfo, Tensors
 from fedcomp.platform.config import Config, FederationConfig
@@ -23,9 +30,12 @@ from fedcomp.platform.errors import ResourceError
 from fedcomp.platform.catalog import load_builtins
 from fedcomp.platform.registry import ALGORITHMS, TASKS
 from fedcomp.platform.rng import generator
-from fedcomp.platform.state import Means
+from fedcomp.platform.state import BUFFERS, Means
 from fedcomp.platform.vectorised import can_lockstep, lockstep_local_steps
 from fedcomp.platform.tasks.base import Task
+
+
+T = TypeVar("T")
 
 
 def build_task(config: Config, device: str = "cpu") -> Task:
@@ -115,6 +125,10 @@ class Session:
     sub: int
     broadcast: Tensors
     programs: dict[int, Generator]
+    running: dict[int, Tensor]
+    """Each client's running statistics between the generator's steps (empty without module buffers)."""
+    returned: bool
+    """Whether the broadcast asked for the running statistics back."""
     step: int = 0
     """How many times the server has answered (0 after ``begin``)."""
 
@@ -129,6 +143,8 @@ class ClientHost:
         self.task = build_task(config, device)
         self.algorithm = build_algorithm(config)
         self.problem = self.task.problem(self.algorithm.kind)
+        self.model = self.task.running_statistics()
+        """The model whose running statistics each client keeps (None: no module buffers)."""
         self.private: dict[int, Tensors] = {}
         self.session: Session | None = None
         """The generator program in progress (between ``begin`` and its last ``resume``)."""
@@ -145,13 +161,19 @@ class ClientHost:
         program runs the clients in lockstep under ``vmap`` where the algorithm and task allow it (same numbers)."""
         started = time.perf_counter()
         broadcast = layout.unpack(payload, self.device)
-        clients, starts, contexts = self._open(cohort, broadcast, round, sub)
+        clients, starts, contexts, returned = self._open(cohort, broadcast, round, sub)
         results = None
-        if self.config.federation.vectorise and can_lockstep(self.algorithm, self.problem, program, len(clients)):
+        if (
+            self.config.federation.vectorise and self.model is None
+            and can_lockstep(self.algorithm, self.problem, program, len(clients))
+        ):  # fmt: skip
             results = lockstep_local_steps(self.algorithm, self.problem, starts, contexts)
         if results is None:
             run_one = self.algorithm.program(program)
-            results = [run_one(self.problem, state, ctx) for state, ctx in zip(starts, contexts)]
+            results = []
+            for state, ctx in zip(starts, contexts):
+                (new, outputs, info), running = self._with_running(state, lambda: run_one(self.problem, state, ctx))
+                results.append((self._keep_running(new, running), self._send_running(outputs, running, returned), info))
         return self._close(clients, results, broadcast, started)
 
     def begin(
@@ -162,10 +184,11 @@ class ClientHost:
         first yield (``last``: to its end): the partial sums of what they yielded (returned)."""
         started = time.perf_counter()
         broadcast = layout.unpack(payload, self.device)
-        clients, starts, contexts = self._open(cohort, broadcast, round, sub)
+        clients, starts, contexts, returned = self._open(cohort, broadcast, round, sub)
         run_one = self.algorithm.program(program)
         programs = {c: run_one(self.problem, state, ctx) for c, state, ctx in zip(clients, starts, contexts)}
-        self.session = Session(program, round, sub, broadcast, programs)
+        running = {c: state[BUFFERS] for c, state in zip(clients, starts) if BUFFERS in state}
+        self.session = Session(program, round, sub, broadcast, programs, running, returned)
         return self._advance(next, last, started)
 
     def resume(self, payload: np.ndarray, layout: Layout, last: bool = False) -> Partial:
@@ -183,11 +206,17 @@ class ClientHost:
         session = self.session
         assert session is not None
         yielded, results = [], []
-        for gen in session.programs.values():
+        for client, gen in session.programs.items():
+            state = {BUFFERS: session.running[client]} if client in session.running else {}
             try:
-                yielded.append(step(gen))
+                value, running = self._with_running(state, lambda: step(gen))
+                yielded.append(value)
             except StopIteration as stop:
-                results.append(stop.value)
+                new, outputs, info = stop.value
+                running = self._take_running()
+                results.append((self._keep_running(new, running), self._send_running(outputs, running, session.returned), info))
+            if running is not None:
+                session.running[client] = running
         if len(results if last else yielded) != len(session.programs):
             self.session = None
             raise RuntimeError(
@@ -202,10 +231,13 @@ class ClientHost:
 
     def _open(
         self, cohort: Sequence[int], broadcast: Tensors, round: int, sub: int
-    ) -> tuple[list[int], list[Tensors], list[ClientContext]]:
+    ) -> tuple[list[int], list[Tensors], list[ClientContext], bool]:
         """The hosted cohort members in order, each one's state (its own, or a first one, overwritten by the
-        broadcast) and its context (its keyed random streams)."""
+        broadcast; with its running statistics where the model keeps them), its context (its keyed random
+        streams), and whether the broadcast asks for the running statistics back. Takes ``buffers`` out of
+        ``broadcast``."""
         seed = self.config.run.seed
+        down = broadcast.pop(BUFFERS, None)
         clients = sorted(cohort)
         starts, contexts = [], []
         for client in clients:
@@ -213,9 +245,34 @@ class ClientHost:
             start = self.private.get(client)
             if start is None:
                 start = self.algorithm.start_state(broadcast)
-            starts.append(self.algorithm.begin({**start, **{k: v.clone() for k, v in broadcast.items()}}))
+                if self.model is not None:
+                    start[BUFFERS] = self.model.initial_buffers().to(self.device)
+            state = self.algorithm.begin({**start, **{k: v.clone() for k, v in broadcast.items()}})
+            if self.model is not None and down is not None and down.numel():
+                state[BUFFERS] = down.clone()
+            starts.append(state)
             contexts.append(ClientContext(client, round, sub, lambda *ids, s=stream: generator(seed, "client-step", s, *ids)))
-        return clients, starts, contexts
+        return clients, starts, contexts, down is not None
+
+    def _with_running(self, state: Tensors, step: Callable[[], T]) -> tuple[T, Tensor | None]:
+        """``step()`` with the client's running statistics (``state["buffers"]``) in the task's model; its
+        result and the statistics after it (None without module buffers)."""
+        if self.model is None:
+            return step(), None
+        self.model.running = state[BUFFERS]
+        value = step()
+        return value, self._take_running()
+
+    def _take_running(self) -> Tensor | None:
+        return None if self.model is None else self.model.running
+
+    @staticmethod
+    def _keep_running(state: Tensors, running: Tensor | None) -> Tensors:
+        return state if running is None else {**state, BUFFERS: running}
+
+    @staticmethod
+    def _send_running(outputs: Tensors, running: Tensor | None, returned: bool) -> Tensors:
+        return {**outputs, BUFFERS: running} if running is not None and returned else outputs
 
     @staticmethod
     def _sum(outputs: Sequence[Tensors], started: float) -> Partial:
@@ -239,7 +296,7 @@ class ClientHost:
             partial.losses += (info.loss,)
             # only the private fields are kept: the broadcast ones come again with the next broadcast, and
             # round-local fields are set again by Algorithm.begin
-            dropped = outputs.keys() | broadcast.keys() | self.algorithm.round_local
+            dropped = (outputs.keys() | broadcast.keys() | self.algorithm.round_local) - {BUFFERS}
             kept = {k: v.detach() for k, v in state.items() if k not in dropped}
             self.private[client] = kept
             if kept:

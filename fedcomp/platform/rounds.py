@@ -11,6 +11,9 @@ A round program (``Algorithm.round``) reads like the paper's pseudo-code over a 
   that exchanges a low-dimensional value ``steps`` times on the way -- ``y_bar = yield {"y": y_k}`` in its
   loop, the cohort mean coming back -- and returns its outputs for averaging (FedDRO's local steps).
 
+A model message also carries the model's running statistics where it keeps them (:class:`GlobalBuffers`);
+round programs never see them.
+
 The round counts what it does as the papers count it -- a model-sized call is one communication round with
 its floats per participating client, an embedding call one exchange -- so an algorithm never builds its
 :class:`RoundRecord` by hand; ``fed.count(local_steps=...)`` adds local steps a program took outside
@@ -25,7 +28,7 @@ from typing import Any, Callable, Collection, Literal, Mapping
 import torch
 from torch import Tensor
 
-from fedcomp.platform.state import Means, State
+from fedcomp.platform.state import BUFFERS, Means, State
 
 
 @dataclass
@@ -47,6 +50,27 @@ class RoundRecord:
     embedding_floats_down: int = 0
 
 
+@dataclass
+class GlobalBuffers:
+    """The server's copy of the model's running statistics (BatchNorm buffers) and its policy.
+
+    Every model message carries them (``fed.local_steps``, ``fed.call(..., message="model")``,
+    ``fed.exchange``): the broadcast sends :meth:`down` and the cohort's statistics come back with the outputs,
+    their mean replacing :attr:`value`. Embedding-sized exchanges and the halves of a protocol step
+    (``message=None``) leave them on the clients.
+    """
+
+    value: Tensor
+    """The cohort mean of the statistics last sent up (what the server evaluates with)."""
+    averaged: bool
+    """``batchnorm: averaged``: the mean goes down with the model; ``local``: nothing goes down."""
+
+    def down(self) -> Tensor:
+        """What a model broadcast sends: the mean (averaged), or an empty tensor that only asks for the clients'
+        statistics back (local)."""
+        return self.value if self.averaged else self.value.new_zeros(0)
+
+
 class Round:
     """One server round's access to the clients, with the round's counters."""
 
@@ -58,6 +82,7 @@ class Round:
         rng: Callable[..., torch.Generator],
         problem: Any,
         clients: int,
+        buffers: GlobalBuffers | None = None,
     ) -> None:
         self.federation = federation
         self.number = number
@@ -69,6 +94,8 @@ class Round:
         """The task's problem object for the algorithm's kind (for properties such as ``minimax``; no data)."""
         self.clients = clients
         """N, the number of registered clients (for server updates that scale by the participating share |S|/N)."""
+        self.buffers = buffers
+        """The model's running statistics (updated by model messages), or None."""
         self.record = RoundRecord(0, 0, 0, 0, 0, float("nan"))
         self._calls = 0
         self._loss: float | None = None
@@ -103,10 +130,11 @@ class Round:
         the next); it counts its samples only, and the round program counts the protocol's messages with
         :meth:`count`.
         """
-        payload = broadcast.tensors() if isinstance(broadcast, State) else dict(broadcast)
+        payload = self._payload(broadcast, model=message == "model")
         sub = self._calls if sub is None else sub
         self._calls += 1
         out = self.federation.call(program, self.number, cohort, payload, sub)
+        self._take_buffers(out.means)
         r = self.record
         r.samples += out.samples
         r.train_loss = out.loss
@@ -121,6 +149,21 @@ class Round:
             r.embedding_floats_up += out.floats_up
             r.embedding_floats_down += out.floats_down
         return Means(out.means)
+
+    def _payload(self, broadcast: Mapping[str, Tensor] | State, model: bool) -> dict[str, Tensor]:
+        """The broadcast as named tensors, with the running statistics for a model message."""
+        payload = broadcast.tensors() if isinstance(broadcast, State) else dict(broadcast)
+        if BUFFERS in payload:
+            raise ValueError(f"a broadcast field is named {BUFFERS!r}: the name is reserved for the model's running statistics")
+        if model and self.buffers is not None:
+            payload[BUFFERS] = self.buffers.down()
+        return payload
+
+    def _take_buffers(self, means: dict[str, Tensor]) -> None:
+        """Keep the cohort mean of the running statistics the clients sent up (out of the means the round sees)."""
+        value = means.pop(BUFFERS, None)
+        if value is not None and self.buffers is not None:
+            self.buffers.value = value
 
     def exchange(
         self,
@@ -143,7 +186,7 @@ class Round:
         clients already hold from an earlier exchange (sent again for any that missed it, not counted again).
         Local steps are the round program's to count (``fed.count(local_steps=...)``).
         """
-        payload = broadcast.tensors() if isinstance(broadcast, State) else dict(broadcast)
+        payload = self._payload(broadcast, model=True)
         sub, r = self._calls, self.record
         self._calls += 1
         out = self.federation.begin(program, self.number, cohort, payload, sub, last=steps == 0)
@@ -154,6 +197,7 @@ class Round:
             r.embedding_floats_up += out.floats_up
             r.embedding_floats_down += out.floats_up  # the mean of what went up
             out = self.federation.resume(exchanged, last=step == steps - 1)
+        self._take_buffers(out.means)
         clash = sorted(set(exchanged) & set(out.means))
         if clash:
             raise ValueError(f"client program {program!r} both exchanges and outputs {', '.join(clash)}")

@@ -15,9 +15,10 @@ import torch
 
 from fedcomp.platform.algorithms.base import Federation, Tensors
 from fedcomp.platform.config import Config
+from fedcomp.platform.errors import ConfigError
 from fedcomp.platform.federation import build_algorithm, build_task
 from fedcomp.platform.rng import generator
-from fedcomp.platform.rounds import Round, RoundRecord
+from fedcomp.platform.rounds import GlobalBuffers, Round, RoundRecord
 from fedcomp.platform.state import State
 
 
@@ -77,6 +78,12 @@ class Server:
         self.train_loss = float("nan")
         self._evaluate = task.evaluator()
         self.problem = task.problem(self.algorithm.kind)
+        self._stats_model = task.running_statistics()
+        self.buffers = (
+            None if self._stats_model is None
+            else GlobalBuffers(self._stats_model.initial_buffers(), task.batchnorm == "averaged")
+        )  # fmt: skip
+        """The model's running statistics (BatchNorm), where it keeps them: what the server evaluates with."""
         self.federation = federation(config)
         self.round_s = 0.0
         """Seconds spent in round programs so far (federation calls included)."""
@@ -88,7 +95,7 @@ class Server:
         cohort = lambda sub=0: sample_cohort(run.seed, r, fed.clients, fed.cohort_size, sub)  # noqa: E731
         rng = lambda *ids: generator(run.seed, "server", r, *ids)  # noqa: E731
         started = time.perf_counter()
-        round_ = Round(self.federation, r, cohort, rng, self.problem, fed.clients)
+        round_ = Round(self.federation, r, cohort, rng, self.problem, fed.clients, self.buffers)
         state = self.algorithm.start(round_, self.state) if r == 0 else self.state
         self.state = self.algorithm.round(round_, state)
         record = round_.finish()
@@ -102,6 +109,8 @@ class Server:
         return self.state.tensors()
 
     def evaluate(self) -> dict[str, float]:
+        if self._stats_model is not None and self.buffers is not None:
+            self._stats_model.running = self.buffers.value
         return self._evaluate(self.tensors())
 
     def model(self) -> torch.Tensor:
@@ -113,6 +122,7 @@ class Server:
             "counters": asdict(self.counters),
             "train_loss": self.train_loss,
             "private": self.federation.private_states(),
+            "buffers": None if self.buffers is None else self.buffers.value.detach().cpu().clone(),
         }
 
     def restore(self, checkpoint: dict[str, Any]) -> None:
@@ -121,6 +131,13 @@ class Server:
         record = self.algorithm.Server if self.counters.round > 0 else type(self.state)  # round 0: init's record
         self.state = record.of(state)
         self.train_loss = checkpoint["train_loss"]
+        if self.buffers is not None:
+            if checkpoint.get("buffers") is None:
+                raise ConfigError(
+                    "task.batchnorm: the checkpoint holds no BatchNorm running statistics (written with batchnorm: "
+                    "batch or before they were kept); resume with task.batchnorm: batch"
+                )
+            self.buffers.value = checkpoint["buffers"].clone()
         self.federation.load_private_states(checkpoint["private"])
 
     def profile(self) -> dict[str, float]:

@@ -25,6 +25,10 @@ from torch import Tensor
 
 S = TypeVar("S", bound="State")
 
+BUFFERS = "buffers"
+"""The wire name of the model's running statistics (BatchNorm buffers), which the platform carries beside the
+algorithm's state (:mod:`fedcomp.platform.federation`); reserved: no record has a field of this name."""
+
 
 @dataclasses.dataclass(frozen=True)
 class State:

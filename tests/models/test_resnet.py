@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from fedcomp.models.functional import FlatModel
-from fedcomp.models.resnet import FlatBNModel, ShortcutA, init_flat, resnet20
+from fedcomp.models.resnet import ShortcutA, init_flat, resnet20
 
 
 @pytest.mark.parametrize(("outputs", "count"), [(10, 269_722), (1, 269_137), (100, 275_572)])
@@ -54,33 +54,6 @@ def test_flat_model_gradient_flows_and_init_is_seeded():
     assert grad.shape == w.shape and torch.isfinite(grad).all() and grad.abs().sum() > 0
 
 
-def test_flat_bn_model_keeps_running_statistics_explicit():
-    torch.manual_seed(0)
-    model = resnet20(10, running_stats=True)
-    flat = FlatBNModel(model)
-    assert flat.buffer_dim == 2 * (16 + 6 * 16 + 6 * 32 + 6 * 64) == 1376  # mean + var per BN channel
-    before = {n: b.clone() for n, b in model.named_buffers()}
-    w = init_flat(model, torch.Generator().manual_seed(0))
-    x = torch.randn(8, 3, 32, 32) * 2 + 1
-    stats = flat.initial_buffers()
-    out, new = flat.call_with_buffers(w, stats, x, train=True)
-    assert torch.equal(stats, flat.initial_buffers())  # input not modified
-    assert not torch.equal(new, stats)
-    assert all(torch.equal(before[n], b) for n, b in model.named_buffers())  # module untouched
-    mean = flat.unflatten_buffers(new)["bn1.running_mean"]
-    first = F.conv2d(x, flat.unflatten(w)["conv1.weight"], padding=1)
-    torch.testing.assert_close(mean, 0.1 * first.mean((0, 2, 3)), atol=1e-5, rtol=1e-4)  # momentum 0.1 from 0
-    evaluated, same = flat.call_with_buffers(w, new, x[:2], train=False)
-    assert torch.equal(same, new) and evaluated.shape == (2, 10)
-    assert model.training  # mode restored
-    # the plain call equals FlatModel's train-mode output; FlatModel updates the module's buffers as a
-    # hidden side effect, FlatBNModel does not
-    plain = flat(w, x)
-    assert all(torch.equal(before[n], b) for n, b in model.named_buffers())
-    torch.testing.assert_close(plain, FlatModel(model)(w, x))
-    assert not torch.equal(before["bn1.running_mean"], dict(model.named_buffers())["bn1.running_mean"])
-
-
 def test_batch_statistics_model_ignores_eval_mode():
     model = resnet20(3)
     x = torch.randn(6, 3, 32, 32)
@@ -94,9 +67,9 @@ def test_bad_arguments():
         resnet20(0)
     with pytest.raises(ValueError, match="scheme = 'orthogonal'"):
         init_flat(resnet20(), torch.Generator(), "orthogonal")
-    flat = FlatBNModel(resnet20(running_stats=True))
-    with pytest.raises(ValueError, match="buffers of size 3"):
-        flat.unflatten_buffers(torch.zeros(3))
+    flat = FlatModel(resnet20(running_stats=True))
+    with pytest.raises(ValueError, match=r"running statistics of shape \(3,\): the model needs \(1376,\)"):
+        flat.running = torch.zeros(3)
 
 
 @pytest.mark.parametrize("running_stats", [False, True])
@@ -104,7 +77,7 @@ def test_torch_func_grad_works_through_the_flat_views(running_stats):
     from torch.func import grad
 
     model = resnet20(4, running_stats=running_stats)
-    flat = FlatBNModel(model)
+    flat = FlatModel(model)
     w = init_flat(model, torch.Generator().manual_seed(3))
     x, y = torch.randn(3, 3, 32, 32), torch.tensor([0, 1, 3])
     loss = lambda v: F.cross_entropy(flat(v, x), y)  # noqa: E731

@@ -8,7 +8,18 @@ from typing import Any, Callable, ClassVar, Literal
 import torch
 from torch import Tensor
 
+from fedcomp.models.functional import FlatModel
 from fedcomp.platform.params import Params
+
+BatchNorm = Literal["averaged", "local", "batch"]
+"""What happens to a network's BatchNorm running statistics (:mod:`fedcomp.models.functional`):
+
+* ``averaged`` -- each client's statistics move with its training forward passes and go up with every model
+  message; the server averages them with the model, evaluates with the average and sends it down with the
+  model (what FedAvg implementations do with a model's ``state_dict``);
+* ``local`` -- each client keeps its own statistics (nothing comes down); they go up so that the server can
+  evaluate with their mean;
+* ``batch`` -- no running statistics: every forward pass, evaluation included, normalises with its batch."""
 
 
 class Task(ABC):
@@ -29,6 +40,11 @@ class Task(ABC):
     in training mode, no in-place updates or data-dependent Python control flow); then a host may run its
     clients' local steps in lockstep when ``federation.vectorise`` is on (see :mod:`fedcomp.platform.vectorised`)."""
     description: ClassVar[str] = ""
+    model: FlatModel | None = None
+    """The task's network, where it has one; when it keeps BatchNorm running statistics the platform carries
+    them per client (:meth:`running_statistics`)."""
+    batchnorm: BatchNorm = "averaged"
+    """The running statistics policy (:data:`BatchNorm`), for a :attr:`model` that keeps them."""
 
     def __init__(self, params: Any, seed: int, clients: int, device: str = "cpu") -> None:
         self.params, self.seed, self.clients = params, seed, clients
@@ -40,6 +56,11 @@ class Task(ABC):
         if kind not in self.kinds:
             raise ValueError(f"task {self.name!r} does not offer the {kind!r} problem kind")
         return self
+
+    def running_statistics(self) -> FlatModel | None:
+        """The model whose running statistics the federation carries per client, or None (no BatchNorm
+        running statistics: a model without BatchNorm, or ``batchnorm: batch``)."""
+        return self.model if self.model is not None and self.model.buffer_dim else None
 
     def stream_id(self, client: int) -> int:
         """The id that keys client ``client``'s random streams (a task may make clients share one)."""

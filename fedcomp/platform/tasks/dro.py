@@ -31,7 +31,7 @@ from fedcomp.models.functional import FlatModel
 from fedcomp.models.mlp import mlp
 from fedcomp.platform.problems import COMPOSITIONAL_GLOBAL
 from fedcomp.platform.registry import register_task
-from fedcomp.platform.tasks.base import Task
+from fedcomp.platform.tasks.base import BatchNorm, Task
 
 CIFAR_MEAN = torch.tensor([0.4914, 0.4822, 0.4465]).view(1, 3, 1, 1)
 CIFAR_STD = torch.tensor([0.2470, 0.2435, 0.2616]).view(1, 3, 1, 1)
@@ -49,6 +49,8 @@ class DROClassificationParams(Params):
     model: Literal["auto", "linear", "mlp", "resnet20"] = Field("auto", description="auto: resnet20 for CIFAR, else linear")
     hidden: int = Field(64, ge=1, description="hidden width of model: mlp")
     verify_md5: bool = Field(True, description="CIFAR: torchvision's md5 check of the files")
+    root: str | None = Field(None, description="CIFAR: data root (default FEDCOMP_DATA or ~/.cache/fedcomp)")
+    batchnorm: BatchNorm = Field("averaged", description="BatchNorm running statistics (resnet20): averaged, local or batch")
     data_seed: int = Field(0, ge=0)
 
 
@@ -64,6 +66,7 @@ class DROClassification(Task):
         self.x_train, self.y_train, self.x_test, self.y_test = self._load(params)
         self.classes = int(torch.cat([self.y_train, self.y_test]).max()) + 1
         self.shards = partition.iid(self.y_train.numel(), clients, None, params.data_seed)
+        self.batchnorm = params.batchnorm
         self.model = FlatModel(self._module(params).to(self.device))
         self.composition = self._composition(params)
         self.inner_dim = 1
@@ -77,8 +80,8 @@ class DROClassification(Task):
             return tuple(offline.breast_cancer(p.data_seed))  # type: ignore[return-value]
         name = p.dataset.removesuffix("-st")
         try:
-            train_images, train_labels = cifar.load_cifar(name, "train", verify_md5=p.verify_md5)
-            test_images, test_labels = cifar.load_cifar(name, "test", verify_md5=p.verify_md5)
+            train_images, train_labels = cifar.load_cifar(name, "train", p.root, verify_md5=p.verify_md5)
+            test_images, test_labels = cifar.load_cifar(name, "test", p.root, verify_md5=p.verify_md5)
         except (FileNotFoundError, ValueError) as error:
             raise ConfigError(f"task.dataset = {p.dataset!r}: {error}") from None
         keep = cifar.cifar_st(train_labels, variant=p.st_variant, seed=p.data_seed)
@@ -95,7 +98,7 @@ class DROClassification(Task):
                 raise ConfigError(f"task.model = 'resnet20' needs a CIFAR dataset, not task.dataset = {p.dataset!r}")
             from fedcomp.models.resnet import resnet20
 
-            return resnet20(self.classes)
+            return resnet20(self.classes, running_stats=p.batchnorm != "batch")
         features = self.x_train.shape[1]
         return mlp([features, p.hidden, self.classes] if kind == "mlp" else [features, self.classes])
 
@@ -164,7 +167,7 @@ class DROClassification(Task):
 
         def evaluate(state: dict[str, Tensor]) -> dict[str, float]:
             x = state["x"].detach().to(self.device)
-            with torch.no_grad():
+            with self.model.evaluation():
                 test_pred = predict(x, self.x_test).argmax(1)
                 train_logits = predict(x, self.x_train)
             recall = [float((test_pred[self.y_test == c] == c).float().mean()) for c in self.y_test.unique().tolist()]

@@ -36,8 +36,9 @@ convention, ALGORITHMS.md S6 [inferred]) or the raw logit; cross-entropy always 
   the default), or m uniform draws from the client's data independent of the outer ones (``iid``).
 
 **Metrics** (first = headline), all on the server model x, in evaluation mode, in chunks of
-``eval_batch`` test examples (models with BatchNorm normalise with each chunk's statistics, see
-:mod:`fedcomp.models.convnets`): ``test_auroc`` and ``test_ap`` (scikit-learn's ``roc_auc_score`` and
+``eval_batch`` test examples (ResNet20 and DenseNet121 normalise with the server's BatchNorm running
+statistics, ``batchnorm: averaged`` by default, see :data:`~fedcomp.platform.tasks.base.BatchNorm`; with
+``batchnorm: batch`` with each chunk's statistics): ``test_auroc`` and ``test_ap`` (scikit-learn's ``roc_auc_score`` and
 ``average_precision_score`` on the full test set; scores = logits, which rank like sigmoid outputs without
 float32 saturation ties), ``client_auroc_mean`` and ``client_auroc_var`` (Table 1's per-device mean and
 variance, population variance ddof 0), ``test_accuracy`` (logit > 0). **Inference:** Table 1 evaluates
@@ -67,7 +68,7 @@ from fedcomp.models.mlp import mlp
 from fedcomp.platform.problems import COMPOSITIONAL_MINIMAX, CONDITIONAL, MINIMAX, PLAIN
 from fedcomp.platform.registry import register_task
 from fedcomp.platform.rng import generator
-from fedcomp.platform.tasks.base import Task
+from fedcomp.platform.tasks.base import BatchNorm, Task
 
 Dataset = Literal[
     "breast-cancer", "digits", "mnist5k", "mnist", "fashionmnist", "cifar10", "cifar100", "stl10", "catvsdog",
@@ -133,6 +134,9 @@ class ImbalancedBinaryParams(Params):
     root: str | None = Field(None, description="data root (default FEDCOMP_DATA or ~/.cache/fedcomp)")
     verify_md5: bool = Field(True, description="torchvision's md5 check of CIFAR/STL10 files")
     image_size: int | None = Field(None, ge=8, description="resize images to this side; null = the dataset's own")
+    batchnorm: BatchNorm = Field(
+        "averaged", description="BatchNorm running statistics (resnet20, densenet121): averaged, local or batch"
+    )
 
 
 Batch = tuple[Tensor, Tensor]
@@ -164,6 +168,7 @@ class ImbalancedBinary(Task):
                 )
         self.model_name = self._model_name(params, self.x_train)
         module = self._module(self.model_name, params, self.x_train)
+        self.batchnorm = params.batchnorm
         self.model = FlatModel(module.to(self.device))
         self.dim = self.model.dim
         """Size of the network's flat weights w; x = (w, a, b) has ``dim + 2`` entries."""
@@ -221,7 +226,7 @@ class ImbalancedBinary(Task):
         if name == "resnet20":
             from fedcomp.models.resnet import resnet20
 
-            return resnet20(1, in_channels=channels)
+            return resnet20(1, in_channels=channels, running_stats=p.batchnorm != "batch")
         if height != width:
             raise ConfigError(
                 f"task.model = {name!r}: needs square images; task.dataset = {p.dataset!r} gives {height} x {width}"
@@ -230,7 +235,7 @@ class ImbalancedBinary(Task):
             if name == "densenet121":
                 if height < 32:
                     raise ValueError(f"image_size = {height}: too small for densenet121 (needs at least 32 x 32)")
-                return convnets.densenet121(1, in_channels=channels)
+                return convnets.densenet121(1, in_channels=channels, running_stats=p.batchnorm != "batch")
             build = {
                 "mnist-conv": convnets.mnist_conv,
                 "cifar-conv": convnets.cifar_conv,
@@ -321,17 +326,11 @@ class ImbalancedBinary(Task):
 
     # -- evaluation --------------------------------------------------------------------------------------------
     def predict(self, x: Tensor, features: Tensor) -> Tensor:
-        """Logits of ``features`` at x, in evaluation mode and chunks of ``eval_batch``, on the CPU."""
-        module, chunks = self.model.module, []
-        was_training = module.training
-        module.eval()
-        try:
-            with torch.no_grad():
-                for chunk in features.split(self.params.eval_batch):
-                    chunks.append(self.logits(x.detach().to(self.device), chunk.to(self.device)).cpu())
-        finally:
-            module.train(was_training)
-        return torch.cat(chunks)
+        """Logits of ``features`` at x, in evaluation mode (running statistics, where the model keeps them) and
+        chunks of ``eval_batch``, on the CPU."""
+        with self.model.evaluation():
+            x = x.detach().to(self.device)
+            return torch.cat([self.logits(x, chunk.to(self.device)).cpu() for chunk in features.split(self.params.eval_batch)])
 
     def evaluator(self) -> Callable[[dict[str, Tensor]], dict[str, float]]:
         from sklearn.metrics import average_precision_score
