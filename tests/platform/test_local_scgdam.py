@@ -183,7 +183,7 @@ def test_local_sgdam_averages_exactly_the_documented_state(average, synced):
         assert private == {}
     else:  # each client keeps its own momenta
         for k in range(2):
-            assert set(private[k]) == {"u", "v"}
+            assert set(private[k]) == {"u", "v", "estimated"} and torch.equal(private[k]["estimated"], torch.ones(1))
             torch.testing.assert_close(private[k]["u"], clients[k]["u"], rtol=1e-5, atol=1e-6)
         assert not torch.allclose(private[0]["u"], private[1]["u"])
     assert record["floats_up"] == (2 * cfg.task.dim + 2 if average == "all" else cfg.task.dim + 1)  # one round

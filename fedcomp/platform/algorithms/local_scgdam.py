@@ -107,6 +107,14 @@ class Momenta(Model):
 
 
 @dataclass(frozen=True)
+class OwnMomenta(Momenta):
+    """A client's state under ``average: model``: its own momenta, and whether it has estimated them yet."""
+
+    estimated: Tensor
+    """[1.0] once the client estimated its momenta (its first step), [0.0] before."""
+
+
+@dataclass(frozen=True)
 class SCGDAMState(Model):
     """LocalSCGDAM's state: x, y, the inner estimate h (model-sized: g maps x to x's space, class C4) and u, v."""
 
@@ -288,28 +296,30 @@ class LocalSGDAM(_MomentumGDA):
         x, y = self._move(state)
         gx, gy, loss = grad_xy_and_value(lambda a, b: problem.loss(a, b, current), x, y)
         u, v = self._momenta(state, gx, gy)
-        return Momenta(x=x, y=y, u=u, v=v), loss
+        return state.replace(x=x, y=y, u=u, v=v), loss
 
 
 class PrivateMomenta(LocalSGDAM):
     """LocalSGDAM with ``average: model``: x and y averaged, each client keeps its momenta (pitfall S10). A client
     that takes part for the first time after step 0 estimates them on its first step's draw, as every client
-    does at step 0 (until then they are NaN: ``join``), so its first draw depends on its state: no lockstep."""
+    does at step 0, so its first draw depends on its state: no lockstep."""
 
+    Client = OwnMomenta
     Server = Model
     vectorisable = False
 
     def init(self, variables: Tensors) -> Model:
         return Model(x=variables["x"].clone(), y=variables["y"].clone())
 
-    def join(self, broadcast: Tensors) -> Momenta:
-        x, y = broadcast["x"], broadcast["y"]
-        nan = float("nan")
-        return Momenta(x=x.clone(), y=y.clone(), u=torch.full_like(x, nan), v=torch.full_like(y, nan))
+    def join(self, broadcast: Tensors) -> OwnMomenta:
+        x, y = broadcast["x"].clone(), broadcast["y"].clone()
+        return OwnMomenta(x=x, y=y, u=torch.zeros_like(x), v=torch.zeros_like(y), estimated=torch.zeros(1))
 
-    def local_steps(self, problem: MinimaxProblem, state: Momenta, ctx: ClientContext) -> tuple[Momenta, Tensors, StepInfo]:
+    def local_steps(
+        self, problem: MinimaxProblem, state: OwnMomenta, ctx: ClientContext
+    ) -> tuple[OwnMomenta, Tensors, StepInfo]:
         """``q`` local steps (global step index ``round * q + s``); a client without momenta estimates them first."""
-        q, fresh = self.hp.local_steps, bool(state.u.isnan().all())
+        q, fresh = self.hp.local_steps, not bool(state.estimated)
         total = StepInfo()
         for s in range(q):
             step = ctx.round * q + s
@@ -317,4 +327,4 @@ class PrivateMomenta(LocalSGDAM):
             state, loss = self.update(problem, state, batch, step)
             total.samples += samples
             total.loss += float(loss) / q
-        return state, {"x": state.x, "y": state.y}, total
+        return state.replace(estimated=torch.ones(1)), {"x": state.x, "y": state.y}, total
