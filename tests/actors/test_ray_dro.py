@@ -1,6 +1,6 @@
 """The FedDRO family and the DRO baselines on a real local Ray: the same numbers bit for bit as the local
-backend with one and two clients per actor, partial cohorts included (clients that join late), and after
-an actor dies in the middle of an exchange."""
+backend with partial cohorts (clients that join late), and after an actor dies in the middle of an exchange.
+One and two clients per actor with full cohorts: the conformance suite (tests/platform/test_conformance.py)."""
 
 from __future__ import annotations
 
@@ -40,17 +40,6 @@ def test_same_numbers_on_local_and_ray(ray_session, tmp_path, algorithm, task, e
     on_ray = fedcomp.run(raw, {"federation.backend": "ray", "federation.clients_per_actor": 2})
     pd.testing.assert_frame_equal(on_ray.metrics.drop(columns="wall_time"), local, rtol=0, atol=0)
     assert local["comm_rounds"].iloc[-1] == 3
-
-
-@pytest.mark.parametrize("algorithm", ["feddro", "fedavg-co-2", "parallel-mbsgd"])
-def test_exchanges_same_on_ray_with_one_client_per_actor(ray_session, tmp_path, algorithm):
-    raw = {"task": COMPOSITION, "algorithm": {"name": algorithm, "lr": 0.3},
-           "federation": {"clients": 3, "backend": "local"}, "run": {"rounds": 2, "progress": "none", "out": str(tmp_path)}}
-    if algorithm != "parallel-mbsgd":
-        raw["algorithm"]["local_steps"] = 3
-    local = fedcomp.run(raw).metrics.drop(columns="wall_time")
-    on_ray = fedcomp.run(raw, {"federation.backend": "ray", "federation.clients_per_actor": 1})
-    pd.testing.assert_frame_equal(on_ray.metrics.drop(columns="wall_time"), local, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize(

@@ -212,16 +212,7 @@ def test_fcsg_family_on_meta_tasks_averages_its_documented_state():
         assert {k for s in server.federation.private_states().values() for k in s} == private
 
 
-@pytest.mark.ray
-@pytest.mark.slow
-def test_local_scgdm_same_numbers_on_ray(ray_session, tmp_path):
-    overrides = {"task.name": "sinewave", "algorithm.name": "local-scgdm", "federation.clients": 4,
-                 "federation.clients_per_actor": 2, "algorithm.local_steps": 2, "algorithm.outer_batch": 2,
-                 "task.eval_tasks": 5, "run.rounds": 2, "run.progress": "none", "run.out": str(tmp_path)}
-    local = fedcomp.run("quickstart", {**overrides, "federation.backend": "local"})
-    ray = fedcomp.run("quickstart", {**overrides, "federation.backend": "ray"})
-    assert local.metrics["test_loss"].tolist() == ray.metrics["test_loss"].tolist()
-    assert local.metrics["train_loss"].tolist()[1:] == ray.metrics["train_loss"].tolist()[1:]
+# local = Ray for every MAML algorithm: the conformance suite (tests/platform/test_conformance.py)
 
 
 # -- training ------------------------------------------------------------------------------------------------------------
