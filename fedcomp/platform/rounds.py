@@ -121,6 +121,7 @@ class Round:
         *,
         sub: int | None = None,
         message: Literal["model", "embedding"] | None = "model",
+        resent: Collection[str] = (),
     ) -> Means:
         """Run the client program ``program`` on ``cohort`` with ``broadcast``; the means of its outputs.
 
@@ -128,7 +129,8 @@ class Round:
         numbered 0, 1, 2, ... in the order the round makes them. ``message=None``: the call is one half of a
         protocol step whose messages straddle calls (the model goes down with one call and comes back with
         the next); it counts its samples only, and the round program counts the protocol's messages with
-        :meth:`count`.
+        :meth:`count`. ``resent`` names broadcast fields the cohort already holds from the round's previous
+        call (FedInn's local round after its anchor round): sent again for the engine, not counted again.
         """
         payload = self._payload(broadcast, model=message == "model")
         sub = self._calls if sub is None else sub
@@ -143,7 +145,7 @@ class Round:
         elif message == "model":
             r.comm_rounds += 1
             r.floats_up += out.floats_up
-            r.floats_down += out.floats_down
+            r.floats_down += out.floats_down - sum(int(payload[k].numel()) for k in resent)
         else:
             r.embedding_exchanges += 1
             r.embedding_floats_up += out.floats_up

@@ -143,10 +143,6 @@ def config(name: str, **overrides: Any) -> Config:
 
 # ------------------------------------------------------------------------------------------------ known failures
 
-_REBROADCAST = (
-    "floats_down re-sends x and y to a cohort that already holds them: {calls} -- {extra} = {formula} floats more "
-    "per epoch than the protocol needs (measured round 0, d_x = 2355, d_y = 40: {seen} vs {paper})"
-)
 KNOWN_FAILURES: dict[tuple[str, str], str] = {
     ("float counters", "coda"): (
         "2d + 1 floats up and down per round where the paper averages x and alpha (d + 1): the round's sum of "
@@ -157,18 +153,6 @@ KNOWN_FAILURES: dict[tuple[str, str], str] = {
     ("float counters", "coda-plus"): (
         "2d + 1 floats up and down per round where the paper averages x and alpha (d + 1): x_sum up and v_ref down "
         "every round (measured, d = 33: 67 vs 34)"
-    ),
-    ("float counters", "fednest"): _REBROADCAST.format(
-        calls="FedInn's local round (after its anchor round) and FedOut's local round (after its hypergradient "
-        "round)", extra="2 (d_x + d_y)", formula=4790, seen=14410, paper=9620,
-    ),
-    ("float counters", "fednest-sgd"): _REBROADCAST.format(
-        calls="FedOut's local round (after its hypergradient round)", extra="d_x + d_y", formula=2395, seen=16845,
-        paper=14450,
-    ),
-    ("float counters", "lfednest-svrg"): _REBROADCAST.format(
-        calls="FedInn's local round (after its anchor round) and the SVRG outer round (after the hypergradient "
-        "round)", extra="2 (d_x + d_y)", formula=4790, seen=11975, paper=7185,
     ),
 }
 """(property, algorithm) -> the measured reason the case fails today; the case runs as xfail(strict=True)."""

@@ -124,7 +124,7 @@ def fresh_cohorts(fed: Round) -> Cohorts:
 def fedinn_svrg(fed: Round, cohort: list[int], x: Tensor, y: Tensor) -> Tensor:
     """FedInn by SVRG (2 rounds): the anchor q, then ``inner_steps`` corrected local steps on y, averaged."""
     q = fed.call("inner_anchor", cohort, Point(x, y)).q
-    return fed.call("inner_svrg", cohort, WithQ(x, y, q)).y
+    return fed.call("inner_svrg", cohort, WithQ(x, y, q), resent=("x", "y")).y
 
 
 def fedinn_sgd(fed: Round, cohort: list[int], x: Tensor, y: Tensor) -> Tensor:
@@ -170,8 +170,9 @@ FEDIHGP = {"paper": fedihgp_paper, "deterministic": fedihgp_deterministic, "code
 
 
 def fedout_svrg(fed: Round, cohort: list[int], x: Tensor, y: Tensor, h: Tensor) -> Tensor:
-    """FedOut after the hypergradient h (1 round): tau SVRG-corrected local steps on x around h, averaged."""
-    return fed.call("outer_svrg", cohort, WithH(x, y, h)).x
+    """FedOut after the hypergradient h (1 round, the hypergradient round's cohort, which holds x and y): tau
+    SVRG-corrected local steps on x around h, averaged."""
+    return fed.call("outer_svrg", cohort, WithH(x, y, h), resent=("x", "y")).x
 
 
 def local_step_call(call: int, step: int) -> int:
@@ -392,7 +393,8 @@ class LFedNestSVRG(_FedNestFamily):
             y = fedinn_svrg(fed, next(cohorts), x, y)
         cohort = next(cohorts)
         h = fed.call("local_hypergradient", cohort, Point(x, y)).h
-        x = fedout_svrg(fed, cohort, x, y, h)  # the round reports FedOut's loss, which it does not measure (0)
+        fed.train_loss = fed.record.train_loss  # f(x, y) as the hypergradient call measured it (FedOut does not)
+        x = fedout_svrg(fed, cohort, x, y, h)
         fed.count(local_steps=hp.inner_rounds * hp.inner_steps + hp.local_steps)
         return Point(x, y)
 
