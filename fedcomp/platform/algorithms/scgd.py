@@ -14,6 +14,12 @@ runs both methods with eta = 1, which is what ``gamma`` and ``beta`` are here (t
 the x-update is unreadable, so ``lr`` is the whole step). xi_t and zeta_t are independent draws; the same
 xi_t gives g's value and its vector-Jacobian product.
 
+``sync_inner: false`` keeps u on each client instead of averaging it (the server averages x, and m): with
+inner maps that differ across clients the average of the clients' u is not any client's inner value, which
+biases the fixed point of the slides' scheme (an audit measured ||grad Phi|| = 0.39 at p = 1 with exact
+oracles, against 6e-15 with u kept local). A client without its own u yet (every client at step 0, a late
+joiner at its first step) starts it at g(x; xi), as step 0 does.
+
 ``inner_state: per-task-mix`` is the FCSG authors' code instead (pitfall L4, ``ALGORITHMS.md`` 5.4): for
 each task i of the step's batch, the query loss is differentiated at its own point
 u_i = (1 - gamma) u + gamma fast_i (u_i = fast_i at t = 0), the meta-gradient is the task mean of
@@ -37,7 +43,7 @@ from fedcomp.platform.oracles import inner_value_vjp, outer_grad
 from fedcomp.platform.params import Params
 from fedcomp.platform.problems import COMPOSITIONAL, CompositionalProblem
 from fedcomp.platform.registry import register_algorithm
-from fedcomp.platform.state import State
+from fedcomp.platform.state import Model, State
 
 
 class LocalSCGDHParams(CommonHParams):
@@ -47,6 +53,7 @@ class LocalSCGDHParams(CommonHParams):
     inner_state: Literal["moving-average", "per-task-mix"] = Field(
         "moving-average", description="slides' single inner estimate, or the FCSG code's per-task mixture"
     )
+    sync_inner: bool = Field(True, description="u averaged at each communication (the slides), or kept on each client")
 
 
 class LocalSCGDMHParams(LocalSCGDHParams):
@@ -66,6 +73,28 @@ class SCGDState(State):
 class SCGDMState(SCGDState):
     m: Tensor
     """The momentum of the compositional gradient."""
+
+
+@dataclass(frozen=True)
+class OwnInner(SCGDState):
+    """A client's state under ``sync_inner: false``: its own u, and whether it has one yet."""
+
+    known: Tensor
+    """[1.0] once the client has estimated u (its first step), [0.0] before."""
+
+
+@dataclass(frozen=True)
+class OwnInnerM(SCGDMState):
+    """Local-SCGDM's client state under ``sync_inner: false``."""
+
+    known: Tensor
+
+
+@dataclass(frozen=True)
+class ModelMomentum(Model):
+    """Local-SCGDM's server state under ``sync_inner: false``: x and m."""
+
+    m: Tensor
 
 
 class _SCGDBase(LocalSteps):
@@ -91,20 +120,29 @@ class _SCGDBase(LocalSteps):
             )
         return (sample_pairs(client, b, gen),), 2 * b
 
-    def _gradient(self, problem: CompositionalProblem, x: Tensor, u: Tensor, first: bool, batch: Any) -> tuple[Tensor, Tensor, Tensor]:
-        """(z, new u, outer loss) of one step: the compositional gradient and the updated inner estimate."""
+    def _gradient(
+        self, problem: CompositionalProblem, x: Tensor, u: Tensor, first: bool | Tensor, batch: Any
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """(z, new u, outer loss) of one step: the compositional gradient and the updated inner estimate; ``first``
+        (a Python bool, or a 0/1 tensor that may be batched under lockstep clients) starts u at g."""
         gamma = self.hp.gamma
+
+        def inner_point(g: Tensor) -> Tensor:
+            if isinstance(first, Tensor):
+                return torch.where(first > 0, g, (1 - gamma) * u + gamma * g)
+            return g if first else (1 - gamma) * u + gamma * g
+
         if self.hp.inner_state == "moving-average":
             xi, zeta = batch
             g, vjp = inner_value_vjp(problem, x, xi)
-            u = g if first else (1 - gamma) * u + gamma * g
+            u = inner_point(g)
             v, loss = outer_grad(problem, u, zeta)
             return vjp(v), u, loss
         (pairs,) = batch
         z, points, loss = torch.zeros_like(x), torch.zeros_like(u), torch.zeros(())
         for xi, zeta in pairs:
             g, vjp = inner_value_vjp(problem, x, xi)
-            point = g if first else (1 - gamma) * u + gamma * g
+            point = inner_point(g)
             v, value = outer_grad(problem, point, zeta)
             z += vjp(v) / len(pairs)
             points += point / len(pairs)
@@ -120,13 +158,32 @@ class LocalSCGD(_SCGDBase):
     Client = Server = SCGDState
     description = "Local-SCGD: local stochastic compositional gradient descent; x and u averaged (A4)"
 
+    def __new__(cls, hparams: Any = None) -> "LocalSCGD":
+        """``sync_inner: false`` builds :class:`LocalSCGDOwnInner` (another client and server state)."""
+        own = hparams is not None and not hparams.sync_inner
+        return super().__new__(LocalSCGDOwnInner if own and cls is LocalSCGD else cls)
+
     def init(self, variables: Tensors) -> SCGDState:
         x = variables["x"]
         return SCGDState(x=x.clone(), u=torch.zeros_like(x))
 
     def update(self, problem: CompositionalProblem, state: SCGDState, batch: Any, step: int) -> tuple[SCGDState, Tensor]:
-        z, u, loss = self._gradient(problem, state.x, state.u, step == 0, batch)
-        return SCGDState(x=state.x - self.hp.lr * z, u=u), loss
+        z, u, loss = self._gradient(problem, state.x, state.u, _first(state, step), batch)
+        return _known(state.replace(x=state.x - self.hp.lr * z, u=u)), loss
+
+
+class LocalSCGDOwnInner(LocalSCGD):
+    """Local-SCGD with ``sync_inner: false``: x averaged, u kept on each client."""
+
+    Client = OwnInner
+    Server = Model
+
+    def init(self, variables: Tensors) -> Model:
+        return Model(x=variables["x"].clone())
+
+    def join(self, broadcast: Tensors) -> OwnInner:
+        x = broadcast["x"].clone()
+        return OwnInner(x=x, u=torch.zeros_like(x), known=torch.zeros(1))
 
 
 @register_algorithm("local-scgdm")
@@ -138,12 +195,42 @@ class LocalSCGDM(_SCGDBase):
     description = "Local-SCGDM: Local-SCGD with momentum; x, u and m averaged (Gao et al. 2022, Alg. 1; A5)"
     hp: LocalSCGDMHParams
 
+    def __new__(cls, hparams: Any = None) -> "LocalSCGDM":
+        """``sync_inner: false`` builds :class:`LocalSCGDMOwnInner` (another client and server state)."""
+        own = hparams is not None and not hparams.sync_inner
+        return super().__new__(LocalSCGDMOwnInner if own and cls is LocalSCGDM else cls)
+
     def init(self, variables: Tensors) -> SCGDMState:
         x = variables["x"]
         return SCGDMState(x=x.clone(), u=torch.zeros_like(x), m=torch.zeros_like(x))
 
     def update(self, problem: CompositionalProblem, state: SCGDMState, batch: Any, step: int) -> tuple[SCGDMState, Tensor]:
-        first = step == 0
-        z, u, loss = self._gradient(problem, state.x, state.u, first, batch)
-        m = z if first else (1 - self.hp.beta) * state.m + self.hp.beta * z
-        return SCGDMState(x=state.x - self.hp.lr * m, u=u, m=m), loss
+        z, u, loss = self._gradient(problem, state.x, state.u, _first(state, step), batch)
+        m = z if step == 0 else (1 - self.hp.beta) * state.m + self.hp.beta * z
+        return _known(state.replace(x=state.x - self.hp.lr * m, u=u, m=m)), loss
+
+
+class LocalSCGDMOwnInner(LocalSCGDM):
+    """Local-SCGDM with ``sync_inner: false``: x and m averaged, u kept on each client."""
+
+    Client = OwnInnerM
+    Server = ModelMomentum
+
+    def init(self, variables: Tensors) -> ModelMomentum:
+        x = variables["x"]
+        return ModelMomentum(x=x.clone(), m=torch.zeros_like(x))
+
+    def join(self, broadcast: Tensors) -> OwnInnerM:
+        x = broadcast["x"].clone()
+        return OwnInnerM(x=x, u=torch.zeros_like(x), m=broadcast["m"].clone(), known=torch.zeros(1))
+
+
+def _first(state: SCGDState, step: int) -> bool | Tensor:
+    """Whether u starts at g this step: at step 0, or -- with u kept on the client -- until the client has one."""
+    known = getattr(state, "known", None)
+    return step == 0 if known is None else known == 0
+
+
+def _known(state: SCGDState) -> SCGDState:
+    """After a step the client has its u."""
+    return state.replace(known=torch.ones_like(state.known)) if hasattr(state, "known") else state

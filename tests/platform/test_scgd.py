@@ -1,0 +1,132 @@
+"""Local-SCGD(M)'s inner estimate u: averaged at each communication (the slides) or kept on each client
+(``sync_inner: false``), on a compositional problem with a known optimum whose inner maps differ per client."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import pytest
+import torch
+from pydantic import Field
+from torch import Tensor
+
+from fedcomp.platform.algorithms.base import ClientContext
+from fedcomp.platform.config import load_config
+from fedcomp.platform.federation import LocalFederation, build_algorithm, build_task
+from fedcomp.platform.params import Params
+from fedcomp.platform.problems import COMPOSITIONAL
+from fedcomp.platform.registry import TASKS, register_task
+from fedcomp.platform.rng import generator
+from fedcomp.platform.server import Server
+from fedcomp.platform.tasks.base import Task
+from tests.conftest import results_root
+
+
+class TinyCompositionParams(Params):
+    dim: int = Field(3, ge=1)
+
+
+class TinyComposition(Task):
+    """Client k: g_k(x) = a_k * x (elementwise), f_k(u) = |u - c_k|^2 / 2, exact oracles. The optimum of
+    Phi(x) = (1/K) sum_k f_k(g_k(x)) is x* = sum_k a_k c_k / sum_k a_k^2 (per coordinate)."""
+
+    Params = TinyCompositionParams
+    kinds = frozenset({COMPOSITIONAL})
+    metrics = ("distance", "grad_norm")
+    mode = "min"
+    vmappable = True
+
+    def __init__(self, params: TinyCompositionParams, seed: int, clients: int, device: str = "cpu") -> None:
+        super().__init__(params, seed, clients, device)
+        gen = generator(0, "tiny-composition")
+        self.a = 0.5 + 1.5 * torch.rand(clients, params.dim, generator=gen)
+        self.c = 2 * torch.randn(clients, params.dim, generator=gen)
+
+    def optimum(self) -> Tensor:
+        return (self.a * self.c).sum(0) / (self.a**2).sum(0)
+
+    def gradient(self, x: Tensor) -> Tensor:
+        return (self.a * (self.a * x - self.c)).mean(0)
+
+    def init_params(self, gen: torch.Generator) -> dict[str, Tensor]:
+        return {"x": torch.zeros(self.params.dim)}
+
+    def sample_inner(self, client: int, n: int, gen: torch.Generator) -> Tensor:
+        return self.a[client]
+
+    def sample_outer(self, client: int, n: int, gen: torch.Generator) -> Tensor:
+        return self.c[client]
+
+    def inner(self, x: Tensor, a: Tensor) -> Tensor:
+        return a * x
+
+    def outer(self, u: Tensor, c: Tensor) -> Tensor:
+        return 0.5 * ((u - c) ** 2).sum()
+
+    def evaluator(self) -> Callable[[dict[str, Tensor]], dict[str, float]]:
+        def evaluate(state: dict[str, Tensor]) -> dict[str, float]:
+            x = state["x"]
+            return {"distance": float((x - self.optimum()).norm()), "grad_norm": float(self.gradient(x).norm())}
+
+        return evaluate
+
+
+if "tiny-composition" not in TASKS:
+    register_task("tiny-composition")(TinyComposition)
+
+
+def config(name: str, sync_inner: bool, **federation: object):
+    return load_config({
+        "task": {"name": "tiny-composition"},
+        "algorithm": {"name": name, "lr": 0.2, "gamma": 0.5, "local_steps": 1, "sync_inner": sync_inner,
+                      **({"beta": 0.5} if name == "local-scgdm" else {})},
+        "federation": {"clients": 3, "backend": "local", **federation},
+        "run": {"rounds": 300, "out": results_root()},
+    })  # fmt: skip
+
+
+def train(cfg) -> Server:
+    server = Server(cfg, LocalFederation)
+    for _ in range(cfg.run.rounds):
+        server.run_round()
+    return server
+
+
+@pytest.mark.parametrize("name", ["local-scgd", "local-scgdm"])
+def test_u_kept_on_the_clients_reaches_the_optimum_where_averaging_u_biases_the_fixed_point(name):
+    own = train(config(name, sync_inner=False))
+    averaged = train(config(name, sync_inner=True))
+    assert set(own.tensors()) == ({"x"} if name == "local-scgd" else {"x", "m"})  # u is not the server's
+    assert set(averaged.tensors()) == ({"x", "u"} if name == "local-scgd" else {"x", "u", "m"})
+    assert own.evaluate()["distance"] < 1e-5
+    assert averaged.evaluate()["grad_norm"] > 0.05  # the slides' scheme stops at a biased point
+    private = own.federation.private_states()
+    task = build_task(own.config)
+    for k in range(3):  # each client's u is its own inner value g_k(x) at the end
+        torch.testing.assert_close(private[k]["u"], task.a[k] * own.tensors()["x"], rtol=1e-4, atol=1e-5)
+        assert torch.equal(private[k]["known"], torch.ones(1))
+
+
+def test_a_client_without_u_starts_it_at_g_then_moves_it_by_gamma():
+    cfg = config("local-scgd", sync_inner=False, clients_per_round=1)
+    algorithm, task = build_algorithm(cfg), build_task(cfg)
+    x = torch.tensor([1.0, -2.0, 0.5])
+    state = algorithm.join({"x": x})
+    assert torch.equal(state.known, torch.zeros(1))
+    ctx = ClientContext(1, 7, 0, lambda *ids: generator(0, "client-step", 1, *ids))  # a late joiner: round 7
+    first, outputs, _ = algorithm.local_steps(task, state, ctx)
+    torch.testing.assert_close(first.u, task.a[1] * x)  # u = g(x), not a mixture with the zeros it held
+    assert set(outputs) == {"x"} and torch.equal(first.known, torch.ones(1))
+    second, _, _ = algorithm.local_steps(task, first, ClientContext(1, 8, 0, ctx.rng))
+    torch.testing.assert_close(second.u, 0.5 * first.u + 0.5 * task.a[1] * first.x)
+
+
+@pytest.mark.parametrize("name", ["local-scgd", "local-scgdm"])
+def test_clients_in_lockstep_give_the_one_at_a_time_numbers(name):
+    rounds = {"run": {"rounds": 5}}
+    one = Server(config(name, sync_inner=False, vectorise=False).replace(**{"run.rounds": 5}), LocalFederation)
+    lock = Server(config(name, sync_inner=False, vectorise=True).replace(**{"run.rounds": 5}), LocalFederation)
+    for _ in range(rounds["run"]["rounds"]):
+        one.run_round(), lock.run_round()
+    for key, value in one.tensors().items():
+        torch.testing.assert_close(lock.tensors()[key], value, rtol=1e-6, atol=1e-7)
