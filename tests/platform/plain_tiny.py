@@ -21,11 +21,9 @@ from torch import Tensor
 from fedcomp.platform.config import load_config
 
 from fedcomp.platform.params import Params
-from fedcomp.platform.federation import LocalFederation
 from fedcomp.platform.problems import PLAIN
 from fedcomp.platform.registry import TASKS, register_task
 from fedcomp.platform.rng import generator
-from fedcomp.platform.server import Server
 from fedcomp.platform.tasks.base import Task
 from tests.conftest import results_root
 
@@ -150,9 +148,3 @@ def x0(task: Task) -> torch.Tensor:
     return task.init_params(generator(SEED, "init"))["x"]
 
 
-def run(cfg: Any, rounds: int) -> Server:
-    """A local-backend server after ``rounds`` rounds."""
-    server = Server(cfg, LocalFederation)
-    for _ in range(rounds):
-        server.run_round()
-    return server

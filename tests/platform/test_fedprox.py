@@ -10,7 +10,8 @@ from fedcomp.platform.config import load_config
 from fedcomp.platform.errors import ConfigError
 from fedcomp.platform.federation import build_task
 from tests.conftest import results_root
-from tests.platform.plain_tiny import SEED, config, run, step_gen, x0
+from tests.platform.helpers import run
+from tests.platform.plain_tiny import SEED, config, step_gen, x0
 
 
 def test_two_clients_two_steps_two_rounds_match_a_hand_computation():

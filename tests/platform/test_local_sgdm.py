@@ -19,7 +19,8 @@ from fedcomp.platform.errors import ConfigError
 from fedcomp.platform.federation import LocalFederation, build_task
 from fedcomp.platform.server import Server
 from tests.conftest import results_root
-from tests.platform.plain_tiny import SEED, config, run, step_gen, x0
+from tests.platform.helpers import run
+from tests.platform.plain_tiny import SEED, config, step_gen, x0
 
 
 # ------------------------------------------------------------------------------------------------ LocalSGDM

@@ -1,0 +1,40 @@
+"""What the algorithms' tests share: running a local-backend server for some rounds, and checking that a run
+resumed from a checkpoint ends with the same numbers as the run that never stopped."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+from fedcomp.platform.federation import LocalFederation
+from fedcomp.platform.server import Server
+
+
+def run(cfg: Any, rounds: int) -> Server:
+    """A local-backend server after ``rounds`` rounds."""
+    server = Server(cfg, LocalFederation)
+    for _ in range(rounds):
+        server.run_round()
+    return server
+
+
+def check_resume(cfg: Any, rounds: int, stop: int, keys: Iterable[str] | None = None) -> tuple[Server, Server, dict]:
+    """Runs ``cfg`` for ``rounds`` rounds straight, and again for ``stop`` rounds, whose checkpoint a fresh server
+    restores and runs for the remaining rounds; asserts the two end states are equal bit for bit (the tensors
+    named ``keys``, by default all of the straight run's).
+
+    Returns:
+        The straight server, the resumed one (for checks of their private states) and the checkpoint.
+    """
+    straight = run(cfg, rounds)
+    checkpoint = run(cfg, stop).checkpoint()
+    resumed = Server(cfg, LocalFederation)
+    resumed.restore(checkpoint)
+    for _ in range(rounds - stop):
+        resumed.run_round()
+    for key in straight.tensors() if keys is None else keys:
+        torch.testing.assert_close(resumed.tensors()[key], straight.tensors()[key], rtol=0, atol=0,
+                                   msg=lambda text, key=key: f"{key}: {text}")
+    return straight, resumed, checkpoint
