@@ -13,7 +13,7 @@ from fedcomp.platform.errors import ConfigError
 from fedcomp.platform.federation import LocalFederation, build_task
 from fedcomp.platform.server import Server, sample_cohort
 from tests.platform.helpers import check_resume, run
-from tests.platform.plain_tiny import SEED, config, step_gen, x0
+from tests.platform.plain_tiny import SEED, centralised_sgd, config, x0
 
 
 @pytest.mark.parametrize("clients, cohort, control, server_lr", [
@@ -68,11 +68,7 @@ def test_reaches_the_global_optimum_of_heterogeneous_quadratics_where_fedavg_doe
 def test_one_client_period_one_is_centralised_sgd():
     lr, steps, b = 0.05, 6, 4
     cfg = config("scaffold", clients=1, lr=lr, local_steps=1, outer_batch=b, task_params={"noise": 1.0})
-    task = build_task(cfg)
-    x = x0(task)
-    for t in range(steps):
-        _, _, z = task.sample_batch(0, b, step_gen(0, t))
-        x = x - lr * task.grad(0, x, z)
+    x = centralised_sgd(build_task(cfg), lr, steps, b)
     torch.testing.assert_close(run(cfg, steps).tensors()["x"], x, rtol=0, atol=1e-6)
 
 
