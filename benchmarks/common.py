@@ -28,8 +28,8 @@ import torch
 
 from fedcomp.bench import load_average, machine as machine_summary, versions
 
-__all__ = ["HERE", "REPO", "SECTION_MARK", "Stopwatch", "command", "generated_by", "load_average", "machine", "mean_std",
-           "put_section", "revision", "section_mark", "trials_seconds", "write_report"]
+__all__ = ["HERE", "REPO", "SECTION_MARK", "Stopwatch", "claims_section", "command", "generated_by", "load_average",
+           "machine", "mean_std", "put_section", "revision", "section_mark", "trials_seconds", "write_report"]
 
 HERE = Path(__file__).resolve().parent
 """The ``benchmarks/`` folder: where the reports and figures go."""
@@ -101,6 +101,15 @@ def mean_std(values: Iterable[float], digits: int = 4, ddof: int = 0, spec: str 
 def trials_seconds(trials: pd.DataFrame) -> float:
     """A sweep's trials' own training time, summed: each trial's last ``wall_time``."""
     return float(trials.groupby("trial")["wall_time"].max().sum())
+
+
+# -- report text -----------------------------------------------------------------------------------------------
+
+
+def claims_section(summary: list[str], verdicts: list[str]) -> list[str]:
+    """A reproduction report's section on the paper's claims: one line a claim (``summary``), then the evidence
+    for each (``verdicts``); the lines of Markdown, ending with a blank one."""
+    return ["## The paper's claims, checked on these numbers", "", *summary, "", "Details:", "", *verdicts, ""]
 
 
 # -- report files -------------------------------------------------------------------------------------------

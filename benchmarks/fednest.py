@@ -685,14 +685,7 @@ def main() -> None:
         f"simultaneous local steps per epoch (as many as FedInn). Seeds = problem instances (`task.data_seed`). "
         f"{mm_epochs} epochs. Exact oracles.",
         "",
-        "## The paper's claims, checked on these numbers",
-        "",
-        *summary,
-        "",
-        "Details:",
-        "",
-        *verdicts,
-        "",
+        *common.claims_section(summary, verdicts),
         *([
             "Why hyper-representation runs can blow up (an explanation found while preparing this script, not "
             "measured by it): the inner objective's head penalty 0.5 * 0.1 * (||W|| + ||b||) uses unsquared norms, as "
