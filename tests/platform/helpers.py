@@ -1,5 +1,6 @@
-"""What the algorithms' tests share: running a local-backend server for some rounds, and checking that a run
-resumed from a checkpoint ends with the same numbers as the run that never stopped."""
+"""What the algorithms' tests share: running a local-backend server for some rounds, checking that a run
+resumed from a checkpoint ends with the same numbers as the run that never stopped, and a short AUC run on a
+real data set."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import Any
 
 import torch
 
+import fedcomp
 from fedcomp.platform.federation import LocalFederation
 from fedcomp.platform.server import Server
 
@@ -38,3 +40,17 @@ def check_resume(cfg: Any, rounds: int, stop: int, keys: Iterable[str] | None = 
         torch.testing.assert_close(resumed.tensors()[key], straight.tensors()[key], rtol=0, atol=0,
                                    msg=lambda text, key=key: f"{key}: {text}")
     return straight, resumed, checkpoint
+
+
+def check_breast_cancer_run(out: Any, name: str, rounds: int, task: dict[str, Any] | None = None, **algo: Any) -> None:
+    """Runs ``name`` end to end on the imbalanced breast-cancer task (2 local clients, 2 local steps of 16 examples
+    a round) and checks its counters and that its test AUROC is a valid AUC."""
+    result = fedcomp.run({
+        "task": {"name": "imbalanced-binary", "dataset": "breast-cancer", **(task or {})},
+        "algorithm": {"name": name, "local_steps": 2, "outer_batch": 16, **algo},
+        "federation": {"clients": 2, "backend": "local"},
+        "run": {"rounds": rounds, "progress": "none", "out": str(out)},
+    })
+    final = result.final
+    assert final["comm_rounds"] == rounds and final["local_steps"] == 2 * rounds
+    assert 0.0 <= final["test_auroc"] <= 1.0

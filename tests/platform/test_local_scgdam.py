@@ -19,7 +19,7 @@ from fedcomp.platform.registry import TASKS
 from fedcomp.platform.rng import generator
 from fedcomp.platform.server import Server
 from fedcomp.platform.vectorised import can_lockstep
-from tests.platform.helpers import check_resume
+from tests.platform.helpers import check_breast_cancer_run, check_resume
 from tests.platform.minimax_tiny import config
 
 torch.set_num_threads(1)
@@ -265,15 +265,7 @@ def test_algorithms_need_their_problem_kind():
 @pytest.mark.parametrize("name, extra", [("local-scgdam", {}), ("local-scgdam", {"jacobian": "identity"}),
                                          ("local-sgdam", {})])
 def test_runs_end_to_end_on_breast_cancer(tmp_path, name, extra):
-    result = fedcomp.run({
-        "task": {"name": "imbalanced-binary", "dataset": "breast-cancer"},
-        "algorithm": {"name": name, "local_steps": 2, "outer_batch": 16, **extra},
-        "federation": {"clients": 2, "backend": "local"},
-        "run": {"rounds": 2, "progress": "none", "out": str(tmp_path)},
-    })
-    final = result.final
-    assert final["comm_rounds"] == 2 and final["local_steps"] == 4
-    assert 0.0 <= final["test_auroc"] <= 1.0
+    check_breast_cancer_run(tmp_path, name, 2, **extra)
 
 
 def breast_cancer(name: str, out, **algo) -> dict:
