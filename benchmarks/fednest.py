@@ -306,6 +306,13 @@ def main() -> None:
     seconds: dict[str, float] = {"hr": 0.0, "lt": 0.0, "mm": 0.0}
     cpu: dict[str, float] = {"hr": 0.0, "lt": 0.0, "mm": 0.0}
 
+    def timed(figure: str, preset: str, overrides: dict[str, Any], seed: int, epochs: int) -> dict[str, Any]:
+        """One run, its wall and CPU seconds added to ``figure``'s totals."""
+        run = run_one(preset, overrides, seed, epochs, out)
+        seconds[figure] += run["seconds"]
+        cpu[figure] += run["cpu"]
+        return run
+
     # -- hyper-representation (Fig. 2) -------------------------------------------------------------------
     hr: dict[tuple, list] = {}
     hr_settings = {
@@ -317,10 +324,8 @@ def main() -> None:
     for part in PARTITIONS:
         for algo, (preset, extra) in hr_settings.items():
             for seed in seeds:
-                run = run_one(preset, {"task.partition": part, **extra}, seed, hr_epochs, out)
+                run = timed("hr", preset, {"task.partition": part, **extra}, seed, hr_epochs)
                 hr.setdefault((algo, part), []).append(run)
-                seconds["hr"] += run["seconds"]
-                cpu["hr"] += run["cpu"]
                 log(f"hr {part:6s} {algo:12s} seed={seed}: acc {run['curves']['test_accuracy'][-1]:.4f} "
                     f"comm {run['curves']['comm_rounds'][-1]:.0f} ({run['seconds']:.1f}s)")
 
@@ -330,17 +335,13 @@ def main() -> None:
         for algo in ("fednest", "fedinn-frozen-x"):
             for seed in seeds:
                 extra = {} if algo == "fednest" else {"algorithm.name": algo}
-                run = run_one(LT, {"task.partition": part, **extra}, seed, lt_epochs, out)
+                run = timed("lt", LT, {"task.partition": part, **extra}, seed, lt_epochs)
                 lt.setdefault((algo, part), []).append(run)
-                seconds["lt"] += run["seconds"]
-                cpu["lt"] += run["cpu"]
                 log(f"lt {part:6s} {algo:16s} seed={seed}: bal.acc {run['curves']['balanced_accuracy'][-1]:.4f} "
                     f"|x| {np.linalg.norm(run['x']):.3f} ({run['seconds']:.1f}s)")
     pilot = None
     if not args.no_pilot:
-        pilot = run_one(LT, {"task.partition": "iid", "algorithm.lr": CODE_HLR}, 0, lt_epochs, out)
-        seconds["lt"] += pilot["seconds"]
-        cpu["lt"] += pilot["cpu"]
+        pilot = timed("lt", LT, {"task.partition": "iid", "algorithm.lr": CODE_HLR}, 0, lt_epochs)
         log(f"lt pilot lr={CODE_HLR}: bal.acc {pilot['curves']['balanced_accuracy'][-1]:.4f} |x| {np.linalg.norm(pilot['x']):.4f}")
     lt_lr = fedcomp.load_config(LT).algorithm.lr
 
@@ -359,10 +360,8 @@ def main() -> None:
     for s in scales:
         for (algo, mode), extra in mm_settings.items():
             for seed in seeds:
-                run = run_one(MM, {"task.noise_scale": s, "task.data_seed": seed, **extra}, seed, mm_epochs, out)
+                run = timed("mm", MM, {"task.noise_scale": s, "task.data_seed": seed, **extra}, seed, mm_epochs)
                 mm.setdefault((algo, s, mode), []).append(run)
-                seconds["mm"] += run["seconds"]
-                cpu["mm"] += run["cpu"]
             log(f"mm s={s:g} {algo:9s} {mode:7s}: x_dist {np.mean([r['curves']['x_dist_sq'][-1] for r in mm[(algo, s, mode)]]):.3g}")
     if tmp is not None:
         tmp.cleanup()
