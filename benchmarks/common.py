@@ -28,8 +28,9 @@ import torch
 
 from fedcomp.bench import load_average, machine as machine_summary, versions
 
-__all__ = ["HERE", "REPO", "SECTION_MARK", "Stopwatch", "command", "generated_by", "load_average", "machine", "mean_std",
-           "put_section", "revision", "section_mark", "trials_seconds", "write_report"]
+__all__ = ["HERE", "REPO", "SECTION_MARK", "Stopwatch", "claims_section", "command", "generated_by", "load_average",
+           "machine", "mean_std", "put_section", "revision", "section_mark", "table_report", "trials_seconds",
+           "write_report"]
 
 HERE = Path(__file__).resolve().parent
 """The ``benchmarks/`` folder: where the reports and figures go."""
@@ -103,7 +104,25 @@ def trials_seconds(trials: pd.DataFrame) -> float:
     return float(trials.groupby("trial")["wall_time"].max().sum())
 
 
+# -- report text -----------------------------------------------------------------------------------------------
+
+
+def claims_section(summary: list[str], verdicts: list[str]) -> list[str]:
+    """A reproduction report's section on the paper's claims: one line a claim (``summary``), then the evidence
+    for each (``verdicts``); the lines of Markdown, ending with a blank one."""
+    return ["## The paper's claims, checked on these numbers", "", *summary, "", "Details:", "", *verdicts, ""]
+
+
 # -- report files -------------------------------------------------------------------------------------------
+
+
+def table_report(path: os.PathLike[str] | str, title: str, intro: str, table: list[str]) -> str:
+    """A one-table report: the ``title`` line, the ``intro`` paragraph (what ran, where, how it was timed) and the
+    ``table``'s lines; printed, written to ``path`` and returned (a script may publish it elsewhere too)."""
+    text = "\n".join([title, "", intro, "", *table]) + "\n"
+    print(text)
+    Path(path).write_text(text)
+    return text
 
 
 def section_mark(script: str) -> str:

@@ -182,12 +182,38 @@ COLOURS = {"fednest": "tab:blue", "lfednest": "tab:orange", "fednest-sgd": "tab:
            "fedinn-frozen-x": "tab:gray", "pilot": "tab:purple", "fedavg-s": "tab:green"}
 
 
-def draw_hr(hr, seeds: int, path: Path) -> None:
+def pyplot():
+    """matplotlib.pyplot drawing into files only (the Agg backend), imported when a figure is drawn."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    return plt
+
+
+def finish_panel(ax, title: str, xlabel: str, ylabel: str | None = None, legend: str = "lower right",
+                 legend_size: int = 9) -> None:
+    """A panel's title, axis labels, grid and legend, alike in every figure."""
+    ax.set_title(title, fontsize=10)
+    ax.set_xlabel(xlabel)
+    if ylabel is not None:
+        ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+    ax.legend(loc=legend, fontsize=legend_size)
+
+
+def save(fig, title: str, top: float, path: Path) -> None:
+    """Title the figure, lay its panels out below the title (in the lower ``top`` of its height), write it at
+    100 dpi and close it."""
+    fig.suptitle(title, fontsize=11)
+    fig.tight_layout(rect=(0, 0, 1, top))
+    fig.savefig(path, dpi=100)
+    pyplot().close(fig)
+
+
+def draw_hr(hr, seeds: int, path: Path) -> None:
+    plt = pyplot()
     fig, axes = plt.subplots(2, 3, figsize=(15, 8.5))
     panels = [
         ("(a) FedNest vs LFedNest", ("fednest", "lfednest"), "round", "epochs"),
@@ -200,26 +226,14 @@ def draw_hr(hr, seeds: int, path: Path) -> None:
             for algo in algos:
                 label = "FedNest, tau = 1" if (algo == "fednest" and j == 2) else LABELS[algo]
                 band(ax, hr[(algo, part)], "test_accuracy", x, label, COLOURS[algo])
-            ax.set_title(f"{title}, {name}", fontsize=10)
-            ax.set_xlabel(xlabel)
-            ax.set_ylabel("test accuracy")
             ax.set_ylim(0.4, 1.0)
-            ax.grid(alpha=0.3)
-            ax.legend(loc="lower right", fontsize=9)
-    fig.suptitle(
-        f"Hyper-representation on the 5k MNIST subset (FedNest paper Fig. 2): 20 clients, 10 per sub-round, "
-        f"mean ± std over {seeds} seeds", fontsize=11)
-    fig.tight_layout(rect=(0, 0, 1, 0.96))
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+            finish_panel(ax, f"{title}, {name}", xlabel, "test accuracy")
+    save(fig, f"Hyper-representation on the 5k MNIST subset (FedNest paper Fig. 2): 20 clients, 10 per sub-round, "
+              f"mean ± std over {seeds} seeds", 0.96, path)
 
 
 def draw_lt(lt, pilot, seeds: int, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
     for i, (part, name) in enumerate(PARTITIONS.items()):
         ax = axes[i]
@@ -227,34 +241,20 @@ def draw_lt(lt, pilot, seeds: int, path: Path) -> None:
             band(ax, lt[(algo, part)], "balanced_accuracy", "round", LABELS[algo], COLOURS[algo])
         if part == "iid" and pilot is not None:
             band(ax, [pilot], "balanced_accuracy", "round", LABELS["pilot"] + " (seed 0)", COLOURS["pilot"], "--")
-        ax.set_title(f"Loss tuning, {name}", fontsize=10)
-        ax.set_xlabel("epochs")
-        ax.set_ylabel("balanced test accuracy")
-        ax.grid(alpha=0.3)
-        ax.legend(loc="lower right", fontsize=9)
+        finish_panel(ax, f"Loss tuning, {name}", "epochs", "balanced test accuracy")
     ax = axes[2]
     for part, style in (("iid", "-"), ("shards", "--")):
         for algo in ("fednest", "fedinn-frozen-x"):
             band(ax, lt[(algo, part)], "balanced_accuracy", "comm_rounds", f"{LABELS[algo]}, {PARTITIONS[part]}",
                  COLOURS[algo], style)
-    ax.set_title("Loss tuning vs communication rounds", fontsize=10)
-    ax.set_xlabel("communication rounds")
-    ax.set_ylabel("balanced test accuracy")
-    ax.grid(alpha=0.3)
-    ax.legend(loc="lower right", fontsize=8)
-    fig.suptitle(f"Loss-function tuning on the long-tailed 5k MNIST subset (FedNest paper Fig. 3): mean ± std over "
-                 f"{seeds} seeds", fontsize=11)
-    fig.tight_layout(rect=(0, 0, 1, 0.93))
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    finish_panel(ax, "Loss tuning vs communication rounds", "communication rounds", "balanced test accuracy",
+                 legend_size=8)
+    save(fig, f"Loss-function tuning on the long-tailed 5k MNIST subset (FedNest paper Fig. 3): mean ± std over "
+              f"{seeds} seeds", 0.93, path)
 
 
 def draw_mm(mm, scales, seeds: int, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, axes = plt.subplots(len(scales), 2, figsize=(12, 4.2 * len(scales)), squeeze=False)
     for i, s in enumerate(scales):
         for j, metric in enumerate(("x_dist_sq", "y_dist_sq")):
@@ -265,15 +265,10 @@ def draw_mm(mm, scales, seeds: int, path: Path) -> None:
                 band(ax, mm[(algo, s, "sampled")], metric, "round", f"{LABELS[algo]}, 5 of 20 clients per sub-round",
                      COLOURS[algo], ":", log=True)
             ax.set_yscale("log")
-            ax.set_title(f"s = {s:g}: {'||x - x*||^2' if metric == 'x_dist_sq' else '||y - y*||^2'}", fontsize=10)
-            ax.set_xlabel("epochs (fedcomp rounds)")
-            ax.grid(alpha=0.3)
-            ax.legend(loc="lower left", fontsize=8)
-    fig.suptitle(f"Federated quadratic minimax (FedNest paper Fig. 4), 20 clients: geometric mean over {seeds} "
-                 f"problem instances, band = min..max", fontsize=11)
-    fig.tight_layout(rect=(0, 0, 1, 0.96))
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+            finish_panel(ax, f"s = {s:g}: {'||x - x*||^2' if metric == 'x_dist_sq' else '||y - y*||^2'}",
+                         "epochs (fedcomp rounds)", legend="lower left", legend_size=8)
+    save(fig, f"Federated quadratic minimax (FedNest paper Fig. 4), 20 clients: geometric mean over {seeds} "
+              f"problem instances, band = min..max", 0.96, path)
 
 
 # -- main --------------------------------------------------------------------------------------------------
@@ -311,6 +306,13 @@ def main() -> None:
     seconds: dict[str, float] = {"hr": 0.0, "lt": 0.0, "mm": 0.0}
     cpu: dict[str, float] = {"hr": 0.0, "lt": 0.0, "mm": 0.0}
 
+    def timed(figure: str, preset: str, overrides: dict[str, Any], seed: int, epochs: int) -> dict[str, Any]:
+        """One run, its wall and CPU seconds added to ``figure``'s totals."""
+        run = run_one(preset, overrides, seed, epochs, out)
+        seconds[figure] += run["seconds"]
+        cpu[figure] += run["cpu"]
+        return run
+
     # -- hyper-representation (Fig. 2) -------------------------------------------------------------------
     hr: dict[tuple, list] = {}
     hr_settings = {
@@ -322,10 +324,8 @@ def main() -> None:
     for part in PARTITIONS:
         for algo, (preset, extra) in hr_settings.items():
             for seed in seeds:
-                run = run_one(preset, {"task.partition": part, **extra}, seed, hr_epochs, out)
+                run = timed("hr", preset, {"task.partition": part, **extra}, seed, hr_epochs)
                 hr.setdefault((algo, part), []).append(run)
-                seconds["hr"] += run["seconds"]
-                cpu["hr"] += run["cpu"]
                 log(f"hr {part:6s} {algo:12s} seed={seed}: acc {run['curves']['test_accuracy'][-1]:.4f} "
                     f"comm {run['curves']['comm_rounds'][-1]:.0f} ({run['seconds']:.1f}s)")
 
@@ -335,17 +335,13 @@ def main() -> None:
         for algo in ("fednest", "fedinn-frozen-x"):
             for seed in seeds:
                 extra = {} if algo == "fednest" else {"algorithm.name": algo}
-                run = run_one(LT, {"task.partition": part, **extra}, seed, lt_epochs, out)
+                run = timed("lt", LT, {"task.partition": part, **extra}, seed, lt_epochs)
                 lt.setdefault((algo, part), []).append(run)
-                seconds["lt"] += run["seconds"]
-                cpu["lt"] += run["cpu"]
                 log(f"lt {part:6s} {algo:16s} seed={seed}: bal.acc {run['curves']['balanced_accuracy'][-1]:.4f} "
                     f"|x| {np.linalg.norm(run['x']):.3f} ({run['seconds']:.1f}s)")
     pilot = None
     if not args.no_pilot:
-        pilot = run_one(LT, {"task.partition": "iid", "algorithm.lr": CODE_HLR}, 0, lt_epochs, out)
-        seconds["lt"] += pilot["seconds"]
-        cpu["lt"] += pilot["cpu"]
+        pilot = timed("lt", LT, {"task.partition": "iid", "algorithm.lr": CODE_HLR}, 0, lt_epochs)
         log(f"lt pilot lr={CODE_HLR}: bal.acc {pilot['curves']['balanced_accuracy'][-1]:.4f} |x| {np.linalg.norm(pilot['x']):.4f}")
     lt_lr = fedcomp.load_config(LT).algorithm.lr
 
@@ -364,10 +360,8 @@ def main() -> None:
     for s in scales:
         for (algo, mode), extra in mm_settings.items():
             for seed in seeds:
-                run = run_one(MM, {"task.noise_scale": s, "task.data_seed": seed, **extra}, seed, mm_epochs, out)
+                run = timed("mm", MM, {"task.noise_scale": s, "task.data_seed": seed, **extra}, seed, mm_epochs)
                 mm.setdefault((algo, s, mode), []).append(run)
-                seconds["mm"] += run["seconds"]
-                cpu["mm"] += run["cpu"]
             log(f"mm s={s:g} {algo:9s} {mode:7s}: x_dist {np.mean([r['curves']['x_dist_sq'][-1] for r in mm[(algo, s, mode)]]):.3g}")
     if tmp is not None:
         tmp.cleanup()
@@ -685,14 +679,7 @@ def main() -> None:
         f"simultaneous local steps per epoch (as many as FedInn). Seeds = problem instances (`task.data_seed`). "
         f"{mm_epochs} epochs. Exact oracles.",
         "",
-        "## The paper's claims, checked on these numbers",
-        "",
-        *summary,
-        "",
-        "Details:",
-        "",
-        *verdicts,
-        "",
+        *common.claims_section(summary, verdicts),
         *([
             "Why hyper-representation runs can blow up (an explanation found while preparing this script, not "
             "measured by it): the inner objective's head penalty 0.5 * 0.1 * (||W|| + ||b||) uses unsquared norms, as "

@@ -58,16 +58,13 @@ def main() -> None:
         cells = [f"{1e3 * results[n][0][phase]:.2f} ({100 * results[n][0][phase] / results[n][1]:.0f} %)" for n in names]
         lines.append(f"| {phase} | " + " | ".join(cells) + " |")
     lines.append("| **round, as the driver sees it** | " + " | ".join(f"**{1e3 * results[n][1]:.2f}**" for n in names) + " |")
-    header = [
+    common.table_report(
+        common.HERE / "PROFILE.md",
         "# Where a Ray-backend round's time goes",
-        "",
         f"{common.generated_by()} (in every process, actors included), load average (1/5/15 min) before the run "
         f"{load_before}. Mean per round over {args.rounds} rounds after one warm-up round.",
-        "",
-    ]
-    text = "\n".join(header + lines) + "\n"
-    print(text)
-    (common.HERE / "PROFILE.md").write_text(text)
+        lines,
+    )
 
 
 if __name__ == "__main__":

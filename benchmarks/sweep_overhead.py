@@ -63,13 +63,12 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for backend in args.backends:
             rows.append((backend, measure(backend, Path(tmp))))
-    lines = [
-        "# A sweep of 12 tiny runs vs the same runs in sequence",
-        "",
+    intro = (
         f"{common.generated_by()}, Ray with {cpus:g} CPUs, cpus_per_trial = 1 (two trials at a time). Workload: "
         f"invariant-logreg FCSG-M, 4 clients (2 client actors), q = 10, 10 rounds; grid lr {GRID['algorithm.lr']} x "
-        f"beta {GRID['algorithm.beta']} x {SEEDS} seeds.",
-        "",
+        f"beta {GRID['algorithm.beta']} x {SEEDS} seeds."
+    )
+    lines = [
         "| trial backend | trials | sweep wall (s) | same runs in sequence (s) | sequence / sweep | per-trial overhead (s) |",
         "|---|---:|---:|---:|---:|---:|",
     ]
@@ -78,9 +77,8 @@ def main() -> None:
             f"| {backend} | {r['trials']} | {r['sweep_s']:.1f} | {r['sequential_s']:.1f} | "
             f"{r['sequential_s'] / r['sweep_s']:.2f} | {r['startup_s']:.2f} |"
         )
-    text = "\n".join(lines) + "\n"
-    print(text)
-    (common.HERE / "SWEEP.md").write_text(text)
+    common.table_report(common.HERE / "SWEEP.md", "# A sweep of 12 tiny runs vs the same runs in sequence", intro,
+                        lines)
 
 
 if __name__ == "__main__":

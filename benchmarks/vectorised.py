@@ -86,19 +86,16 @@ def main() -> None:
             slow, fast = statistics.median(runs[False]), statistics.median(runs[True])
             diff = max(abs(metrics[True][k] - metrics[False][k]) for k in metrics[True])
             lines.append(f"| {name} | {backend} | {'yes' if applies else 'no'} | {1e3 * slow:.1f} | {1e3 * fast:.1f} | {slow / fast:.1f}x | {diff:.1e} |")
-    header = [
+    text = common.table_report(
+        common.HERE / "VECTORISED.md",
         TITLE,
-        "",
         f"{common.generated_by()} (in every process, actors included); median per-round time (driver's view of "
         "`run_round`) over rounds, then over repeats. Ray: 16 clients in 2 client actors (8 in lockstep per actor) + "
         "the server actor; local: 16 in one host. Where lockstep does not apply (an algorithm that is not draw + pure "
         f"update, or a task not declared vmappable) both columns run one at a time. Load average (1/5/15 min) before: "
         f"{load_before}.",
-        "",
-    ]
-    text = "\n".join(header + lines) + "\n"
-    print(text)
-    (common.HERE / "VECTORISED.md").write_text(text)
+        lines,
+    )
     publish(text)
 
 

@@ -38,6 +38,19 @@ def test_mean_std_is_the_population_std_unless_asked():
     assert common.mean_std([1e-9, 3e-9], spec=".3g", std_spec=".2g") == "2e-09 ± 1e-09"
 
 
+def test_the_claims_section_lists_the_claims_then_their_evidence():
+    lines = common.claims_section(["- (a) holds"], ["- (a): 0.91 vs 0.90"])
+    text = "\n".join(lines)
+    assert lines[0] == "## The paper's claims, checked on these numbers" and lines[-1] == ""
+    assert text.index("- (a) holds") < text.index("Details:") < text.index("- (a): 0.91 vs 0.90")
+
+
+def test_a_table_report_is_title_intro_and_table_printed_and_written(tmp_path, capsys):
+    text = common.table_report(tmp_path / "T.md", "# Title", "Ran here.", ["| a |", "|---|", "| 1 |"])
+    assert text == "# Title\n\nRan here.\n\n| a |\n|---|\n| 1 |\n"
+    assert (tmp_path / "T.md").read_text() == text and capsys.readouterr().out == text + "\n"
+
+
 def test_trials_seconds_sums_each_trials_last_wall_time():
     trials = pd.DataFrame({"trial": ["a", "a", "b"], "round": [0, 1, 0], "wall_time": [1.0, 2.5, 4.0]})
     assert common.trials_seconds(trials) == 6.5

@@ -21,11 +21,9 @@ from torch import Tensor
 from fedcomp.platform.config import load_config
 
 from fedcomp.platform.params import Params
-from fedcomp.platform.federation import LocalFederation
 from fedcomp.platform.problems import PLAIN
 from fedcomp.platform.registry import TASKS, register_task
 from fedcomp.platform.rng import generator
-from fedcomp.platform.server import Server
 from fedcomp.platform.tasks.base import Task
 from tests.conftest import results_root
 
@@ -140,6 +138,27 @@ def config(algorithm: str, task: str = "tiny-quadratics", clients: int = 2, task
     )
 
 
+def synthetic_config(algorithm: str, **algo: Any):
+    """A local-backend config on a small synthetic-classification MLP task, 3 clients and 2 per round, 3 local steps
+    of 8 examples at lr 0.1: where a baseline with its extra term off must be FedAvg bit for bit."""
+    return load_config(
+        {"task": {"name": "synthetic-classification", "hidden": [8], "test_samples": 50},
+         "algorithm": {"name": algorithm, "lr": 0.1, "local_steps": 3, "outer_batch": 8, **algo},
+         "federation": {"clients": 3, "backend": "local", "clients_per_round": 2},
+         "run": {"seed": SEED, "progress": "none", "out": results_root()}}
+    )
+
+
+def centralised_sgd(task: Task, lr: float, steps: int, batch: int) -> Tensor:
+    """x after ``steps`` plain SGD steps from the run's x0 on client 0's noisy batches of ``batch`` draws (the
+    streams a one-client, period-1 run draws from)."""
+    x = x0(task)
+    for t in range(steps):
+        _, _, z = task.sample_batch(0, batch, step_gen(0, t))
+        x = x - lr * task.grad(0, x, z)
+    return x
+
+
 def step_gen(client: int, step: int) -> torch.Generator:
     """The generator a client's local step ``step`` draws from (what ClientContext.rng gives)."""
     return generator(SEED, "client-step", client, step)
@@ -150,9 +169,3 @@ def x0(task: Task) -> torch.Tensor:
     return task.init_params(generator(SEED, "init"))["x"]
 
 
-def run(cfg: Any, rounds: int) -> Server:
-    """A local-backend server after ``rounds`` rounds."""
-    server = Server(cfg, LocalFederation)
-    for _ in range(rounds):
-        server.run_round()
-    return server

@@ -19,6 +19,7 @@ from fedcomp.platform.registry import TASKS
 from fedcomp.platform.rounds import Round
 from fedcomp.platform.rng import generator
 from fedcomp.platform.server import Server
+from tests.platform.helpers import check_breast_cancer_run, check_resume
 from tests.platform.minimax_tiny import config
 
 torch.set_num_threads(1)
@@ -263,20 +264,8 @@ def test_reaches_the_known_saddle_point(name, algo):
                                         ("coda-plus", {"stage_steps": 4, "period_growth": 2})])
 def test_resume_across_stage_boundaries_gives_identical_numbers(name, algo):
     cfg = config(name, clients=3, federation={"clients_per_round": 2}, task={"noise": 0.3}, local_steps=2, **algo)
-    straight = Server(cfg, LocalFederation)
-    for _ in range(6):
-        straight.run_round()
-    first = Server(cfg, LocalFederation)
-    for _ in range(3):
-        first.run_round()
-    checkpoint = first.checkpoint()
+    _, _, checkpoint = check_resume(cfg, rounds=6, stop=3)
     assert set(checkpoint["state"]) == {"x", "y", "v_ref", "x_acc"}
-    resumed = Server(cfg, LocalFederation)
-    resumed.restore(checkpoint)
-    for _ in range(3):
-        resumed.run_round()
-    for key in straight.tensors():
-        torch.testing.assert_close(resumed.tensors()[key], straight.tensors()[key], rtol=0, atol=0)
 
 
 # -- bad input ------------------------------------------------------------------------------------------------------
@@ -329,18 +318,7 @@ def test_the_dual_restart_needs_scores_and_the_closed_form_dual_step_needs_a_mar
     ],
 )
 def test_runs_end_to_end_on_breast_cancer(tmp_path, name, extra):
-    task = {"name": "imbalanced-binary", "dataset": "breast-cancer"}
-    if name == "coda-plus":
-        task["auc_form"] = "margin"
-    result = fedcomp.run({
-        "task": task,
-        "algorithm": {"name": name, "local_steps": 2, "outer_batch": 16, **extra},
-        "federation": {"clients": 2, "backend": "local"},
-        "run": {"rounds": 3, "progress": "none", "out": str(tmp_path)},
-    })
-    final = result.final
-    assert final["comm_rounds"] == 3 and final["local_steps"] == 6
-    assert 0.0 <= final["test_auroc"] <= 1.0
+    check_breast_cancer_run(tmp_path, name, 3, {"auc_form": "margin"} if name == "coda-plus" else None, **extra)
 
 
 @pytest.mark.ray

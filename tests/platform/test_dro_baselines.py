@@ -21,6 +21,7 @@ from fedcomp.platform.rng import generator
 from fedcomp.platform.server import Server
 from fedcomp.platform.tasks.base import Task
 from tests.conftest import results_root
+from tests.platform.helpers import check_resume
 
 SEED, K, B = 0, 3, 4
 
@@ -153,19 +154,8 @@ def test_gcivr_recursion_matches_a_hand_computation(init, optimizer, refresh_eve
 
 
 def test_gcivr_resumes_from_a_checkpoint_with_identical_numbers():
-    cfg = config("gcivr", lr=0.2, outer_batch=B)
-    straight = Server(cfg, LocalFederation)
-    for _ in range(5):
-        straight.run_round()
-    first = Server(cfg, LocalFederation)
-    for _ in range(3):
-        first.run_round()
-    resumed = Server(cfg, LocalFederation)
-    resumed.restore(first.checkpoint())  # carries each client's last model, needed for the next difference
-    for _ in range(2):
-        resumed.run_round()
-    for key in ("x", "G", "J"):
-        torch.testing.assert_close(resumed.tensors()[key], straight.tensors()[key], rtol=0, atol=0)
+    # the checkpoint carries each client's last model, needed for the next difference
+    check_resume(config("gcivr", lr=0.2, outer_batch=B), rounds=5, stop=3, keys=("x", "G", "J"))
 
 
 def test_gcivr_needs_every_client_every_step():

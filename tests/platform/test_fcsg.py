@@ -55,20 +55,22 @@ def hand_run(name: str, steps: int, lr: float, beta: float, b0: int, m: int, see
     return config, x, u
 
 
-def test_fcsg_m_matches_hand_computation():
-    config, x, u = hand_run("fcsg-m", steps=4, lr=0.05, beta=0.3, b0=8, m=5)
+def check_momentum_round(name: str) -> Server:
+    """A server after one round of ``name`` (4 local steps), its x and u checked against :func:`hand_run`."""
+    config, x, u = hand_run(name, steps=4, lr=0.05, beta=0.3, b0=8, m=5)
     server = Server(config, LocalFederation)
     server.run_round()
     torch.testing.assert_close(server.state.x, x, rtol=0, atol=1e-6)
     torch.testing.assert_close(server.state.u, u, rtol=0, atol=1e-6)
+    return server
+
+
+def test_fcsg_m_matches_hand_computation():
+    check_momentum_round("fcsg-m")
 
 
 def test_acc_fcsg_m_matches_hand_computation_and_keeps_x_prev_local():
-    config, x, u = hand_run("acc-fcsg-m", steps=4, lr=0.05, beta=0.3, b0=8, m=5)
-    server = Server(config, LocalFederation)
-    server.run_round()
-    torch.testing.assert_close(server.state.x, x, rtol=0, atol=1e-6)
-    torch.testing.assert_close(server.state.u, u, rtol=0, atol=1e-6)
+    server = check_momentum_round("acc-fcsg-m")
     assert set(server.state.names()) == {"x", "u"}
     assert set(server.federation.private_states()[0]) == {"x_prev"}
 

@@ -6,11 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fedcomp.platform.config import load_config
 from fedcomp.platform.errors import ConfigError
 from fedcomp.platform.federation import build_task
-from tests.conftest import results_root
-from tests.platform.plain_tiny import SEED, config, run, step_gen, x0
+from tests.platform.helpers import run
+from tests.platform.plain_tiny import centralised_sgd, config, synthetic_config, x0
 
 
 def test_two_clients_two_steps_two_rounds_match_a_hand_computation():
@@ -32,15 +31,7 @@ def test_two_clients_two_steps_two_rounds_match_a_hand_computation():
 
 
 def test_mu_zero_is_fedavg_bit_for_bit_on_synthetic_classification():
-    def cfg(name, **extra):
-        return load_config(
-            {"task": {"name": "synthetic-classification", "hidden": [8], "test_samples": 50},
-             "algorithm": {"name": name, "lr": 0.1, "local_steps": 3, "outer_batch": 8, **extra},
-             "federation": {"clients": 3, "backend": "local", "clients_per_round": 2},
-             "run": {"seed": SEED, "progress": "none", "out": results_root()}}
-        )
-
-    fedavg, fedprox = run(cfg("fedavg"), 3), run(cfg("fedprox", mu=0.0), 3)
+    fedavg, fedprox = run(synthetic_config("fedavg"), 3), run(synthetic_config("fedprox", mu=0.0), 3)
     assert torch.equal(fedprox.tensors()["x"], fedavg.tensors()["x"])
 
 
@@ -57,11 +48,7 @@ def test_many_local_steps_reach_each_clients_proximal_minimiser():
 def test_one_client_period_one_is_centralised_sgd():
     lr, steps, b = 0.05, 6, 4
     cfg = config("fedprox", clients=1, lr=lr, mu=5.0, local_steps=1, outer_batch=b, task_params={"noise": 1.0})
-    task = build_task(cfg)
-    x = x0(task)
-    for t in range(steps):
-        _, _, z = task.sample_batch(0, b, step_gen(0, t))
-        x = x - lr * task.grad(0, x, z)
+    x = centralised_sgd(build_task(cfg), lr, steps, b)
     torch.testing.assert_close(run(cfg, steps).tensors()["x"], x, rtol=0, atol=1e-6)
 
 

@@ -19,6 +19,7 @@ from fedcomp.platform.registry import TASKS
 from fedcomp.platform.rng import generator
 from fedcomp.platform.server import Server
 from fedcomp.platform.vectorised import can_lockstep
+from tests.platform.helpers import check_breast_cancer_run, check_resume
 from tests.platform.minimax_tiny import config
 
 torch.set_num_threads(1)
@@ -232,18 +233,7 @@ def test_reaches_the_known_saddle_point(name, task, algo):
 @pytest.mark.parametrize("name, algo", [("local-scgdam", {}), ("local-sgdam", {"average": "model"})])
 def test_resume_from_a_checkpoint_gives_identical_numbers(name, algo):
     cfg = config(name, clients=3, federation={"clients_per_round": 2}, task={"noise": 0.3}, local_steps=2, **algo)
-    straight = Server(cfg, LocalFederation)
-    for _ in range(5):
-        straight.run_round()
-    first = Server(cfg, LocalFederation)
-    for _ in range(2):
-        first.run_round()
-    resumed = Server(cfg, LocalFederation)
-    resumed.restore(first.checkpoint())
-    for _ in range(3):
-        resumed.run_round()
-    for key in straight.tensors():
-        torch.testing.assert_close(resumed.tensors()[key], straight.tensors()[key], rtol=0, atol=0)
+    check_resume(cfg, rounds=5, stop=2)
 
 
 @pytest.mark.parametrize(
@@ -275,15 +265,7 @@ def test_algorithms_need_their_problem_kind():
 @pytest.mark.parametrize("name, extra", [("local-scgdam", {}), ("local-scgdam", {"jacobian": "identity"}),
                                          ("local-sgdam", {})])
 def test_runs_end_to_end_on_breast_cancer(tmp_path, name, extra):
-    result = fedcomp.run({
-        "task": {"name": "imbalanced-binary", "dataset": "breast-cancer"},
-        "algorithm": {"name": name, "local_steps": 2, "outer_batch": 16, **extra},
-        "federation": {"clients": 2, "backend": "local"},
-        "run": {"rounds": 2, "progress": "none", "out": str(tmp_path)},
-    })
-    final = result.final
-    assert final["comm_rounds"] == 2 and final["local_steps"] == 4
-    assert 0.0 <= final["test_auroc"] <= 1.0
+    check_breast_cancer_run(tmp_path, name, 2, **extra)
 
 
 def breast_cancer(name: str, out, **algo) -> dict:

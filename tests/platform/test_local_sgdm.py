@@ -19,7 +19,8 @@ from fedcomp.platform.errors import ConfigError
 from fedcomp.platform.federation import LocalFederation, build_task
 from fedcomp.platform.server import Server
 from tests.conftest import results_root
-from tests.platform.plain_tiny import SEED, config, run, step_gen, x0
+from tests.platform.helpers import run
+from tests.platform.plain_tiny import SEED, config, step_gen, synthetic_config, x0
 
 
 # ------------------------------------------------------------------------------------------------ LocalSGDM
@@ -56,17 +57,9 @@ def test_two_clients_two_steps_two_rounds_match_a_hand_computation(average):
 
 
 def test_momentum_zero_is_fedavg_bit_for_bit_on_synthetic_classification():
-    def cfg(name, **extra):
-        return load_config(
-            {"task": {"name": "synthetic-classification", "hidden": [8], "test_samples": 50},
-             "algorithm": {"name": name, "lr": 0.1, "local_steps": 3, "outer_batch": 8, **extra},
-             "federation": {"clients": 3, "backend": "local", "clients_per_round": 2},
-             "run": {"seed": SEED, "progress": "none", "out": results_root()}}
-        )
-
-    fedavg = run(cfg("fedavg"), 3)
+    fedavg = run(synthetic_config("fedavg"), 3)
     for average in ("all", "model"):
-        sgdm = run(cfg("local-sgdm", momentum=0.0, average=average), 3)
+        sgdm = run(synthetic_config("local-sgdm", momentum=0.0, average=average), 3)
         assert torch.equal(sgdm.tensors()["x"], fedavg.tensors()["x"]), average
 
 

@@ -22,20 +22,21 @@ from fedcomp.platform.tasks.meta import Conv4, Episodes
 torch.set_num_threads(1)
 
 
-def fewshot(**overrides):
-    base = {"task.name": "fewshot-mnist", "algorithm.name": "local-scgdm", "federation.backend": "local",
-            "federation.clients": 2, "algorithm.local_steps": 2, "algorithm.outer_batch": 2, "task.eval_tasks": 5,
-            "run.rounds": 1, "run.progress": "none"}
+def meta_config(task: str, local_steps: int, **overrides):
+    """A one-round local-backend LocalSCGDM config on the meta-learning task ``task``: 2 clients, 2 tasks a step."""
+    base = {"task.name": task, "algorithm.name": "local-scgdm", "federation.backend": "local",
+            "federation.clients": 2, "algorithm.local_steps": local_steps, "algorithm.outer_batch": 2,
+            "task.eval_tasks": 5, "run.rounds": 1, "run.progress": "none"}
     base.update(overrides)
     return load_config("quickstart", base)
+
+
+def fewshot(**overrides):
+    return meta_config("fewshot-mnist", 2, **overrides)
 
 
 def sinewave(**overrides):
-    base = {"task.name": "sinewave", "algorithm.name": "local-scgdm", "federation.backend": "local",
-            "federation.clients": 2, "algorithm.local_steps": 3, "algorithm.outer_batch": 2, "task.eval_tasks": 5,
-            "run.rounds": 1, "run.progress": "none"}
-    base.update(overrides)
-    return load_config("quickstart", base)
+    return meta_config("sinewave", 3, **overrides)
 
 
 def to_double(task, episodes: Episodes) -> Episodes:

@@ -23,6 +23,7 @@ from fedcomp.platform.rng import generator
 from fedcomp.platform.server import Server, sample_cohort
 from fedcomp.platform.tasks.base import Task
 from tests.conftest import results_root
+from tests.platform.helpers import check_resume
 
 SEED, K, B = 0, 3, 4
 SIZES = (5, 6, 7)  # unequal client sizes exercise the n_k / b weights
@@ -234,19 +235,8 @@ def test_one_model_round_and_one_low_dimensional_exchange_per_step():
 
 @pytest.mark.parametrize("divergence", ["kl", "chi2"])
 def test_resumes_from_a_checkpoint_with_identical_numbers(divergence):
-    cfg = config({"divergence": divergence}, lr=0.05, outer_batch=B)
-    straight = Server(cfg, LocalFederation)
-    for _ in range(5):
-        straight.run_round()
-    first = Server(cfg, LocalFederation)
-    for _ in range(3):
-        first.run_round()
-    resumed = Server(cfg, LocalFederation)
-    resumed.restore(first.checkpoint())  # the dual weights are part of the server state
-    for _ in range(2):
-        resumed.run_round()
-    for key in straight.tensors():
-        torch.testing.assert_close(resumed.tensors()[key], straight.tensors()[key], rtol=0, atol=0)
+    # the dual weights are part of the server state, so the checkpoint carries them
+    check_resume(config({"divergence": divergence}, lr=0.05, outer_batch=B), rounds=5, stop=3)
 
 
 def test_explicit_game_overrides_the_task():

@@ -12,7 +12,8 @@ from fedcomp.platform.config import load_config
 from fedcomp.platform.errors import ConfigError
 from fedcomp.platform.federation import LocalFederation, build_task
 from fedcomp.platform.server import Server, sample_cohort
-from tests.platform.plain_tiny import SEED, config, run, step_gen, x0
+from tests.platform.helpers import check_resume, run
+from tests.platform.plain_tiny import SEED, centralised_sgd, config, x0
 
 
 @pytest.mark.parametrize("clients, cohort, control, server_lr", [
@@ -67,11 +68,7 @@ def test_reaches_the_global_optimum_of_heterogeneous_quadratics_where_fedavg_doe
 def test_one_client_period_one_is_centralised_sgd():
     lr, steps, b = 0.05, 6, 4
     cfg = config("scaffold", clients=1, lr=lr, local_steps=1, outer_batch=b, task_params={"noise": 1.0})
-    task = build_task(cfg)
-    x = x0(task)
-    for t in range(steps):
-        _, _, z = task.sample_batch(0, b, step_gen(0, t))
-        x = x - lr * task.grad(0, x, z)
+    x = centralised_sgd(build_task(cfg), lr, steps, b)
     torch.testing.assert_close(run(cfg, steps).tensors()["x"], x, rtol=0, atol=1e-6)
 
 
@@ -87,14 +84,8 @@ def test_counters_count_both_vectors_each_way_and_the_option1_batch():
 def test_resumes_from_a_checkpoint_with_identical_numbers():
     cfg = config("scaffold", clients=3, federation={"clients_per_round": 2}, local_steps=3, outer_batch=2,
                  task_params={"noise": 0.5})
-    straight = run(cfg, 5)
-    first = run(cfg, 3)
-    resumed = Server(cfg, LocalFederation)
-    resumed.restore(first.checkpoint())  # carries the clients' private c_i
-    for _ in range(2):
-        resumed.run_round()
-    for key in ("x", "c"):
-        assert torch.equal(resumed.tensors()[key], straight.tensors()[key]), key
+    # the checkpoint carries the clients' private c_i
+    straight, resumed, _ = check_resume(cfg, rounds=5, stop=3, keys=("x", "c"))
     for k, state in straight.federation.private_states().items():
         assert torch.equal(resumed.federation.private_states()[k]["c_i"], state["c_i"])
 

@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from fedcomp.platform.errors import ConfigError
-from fedcomp.platform.federation import LocalFederation, build_task
-from fedcomp.platform.server import Server
-from tests.platform.plain_tiny import config, run, x0
+from fedcomp.platform.federation import build_task
+from tests.platform.helpers import check_resume, run
+from tests.platform.plain_tiny import config, x0
 
 
 def client_mean(task, x, lr, q, clients=2):
@@ -69,14 +69,7 @@ def test_fedadam_reaches_the_global_optimum_with_one_local_step():
 @pytest.mark.parametrize("name", ["fedavgm", "fedadam"])
 def test_resume_restores_the_optimiser_state_exactly(name):
     cfg = config(name, lr=0.1, local_steps=2)
-    straight = run(cfg, 4)
-    first = run(cfg, 2)
-    resumed = Server(cfg, LocalFederation)
-    resumed.restore(first.checkpoint())
-    for _ in range(2):
-        resumed.run_round()
-    for key, value in straight.tensors().items():
-        assert torch.equal(resumed.tensors()[key], value), key
+    check_resume(cfg, rounds=4, stop=2)
 
 
 @pytest.mark.parametrize("key, value, field", [
