@@ -84,10 +84,8 @@ class OwnInner(SCGDState):
 
 
 @dataclass(frozen=True)
-class OwnInnerM(SCGDMState):
-    """Local-SCGDM's client state under ``sync_inner: false``."""
-
-    known: Tensor
+class OwnInnerM(OwnInner, SCGDMState):
+    """Local-SCGDM's client state under ``sync_inner: false``: x, u, m and ``known``."""
 
 
 @dataclass(frozen=True)
