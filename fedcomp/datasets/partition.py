@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import overload
+from typing import Literal, overload
 
 import torch
 from torch import Tensor
@@ -21,11 +21,22 @@ from fedcomp.datasets.synthetic import dirichlet as _dirichlet_draw
 __all__ = ["dirichlet", "iid", "label_shards", "stratified", "stride", "train_val_split"]
 
 
-def iid(n: int, clients: int, per_client: int | None, seed: int) -> list[Tensor]:
-    """Disjoint uniformly random index sets of ``per_client`` each (``None``: ``n // clients``); the rest is unused."""
+def iid(
+    n: int, clients: int, per_client: int | None, seed: int, remainder: Literal["drop", "spread"] = "drop"
+) -> list[Tensor]:
+    """Disjoint uniformly random index sets of ``per_client`` each (``None``: ``n // clients``); the rest is unused,
+    or, with ``remainder="spread"`` and ``per_client=None``, every example is used: the first ``n % clients``
+    clients get one more (consecutive pieces of the same permutation)."""
     _check_int("n", n, 1)
     _check_int("clients", clients, 1)
     check_seed(seed)
+    if remainder not in ("drop", "spread"):
+        raise ValueError(f"remainder = {remainder!r}: allowed: 'drop', 'spread'")
+    if remainder == "spread" and per_client is None:
+        if clients > n:
+            raise ValueError(f"clients = {clients}: must be at most n = {n} for an equal split")
+        sizes = [n // clients + (1 if k < n % clients else 0) for k in range(clients)]
+        return list(torch.randperm(n, generator=seeded(seed)).split(sizes))
     if per_client is None:
         per_client = n // clients
         if per_client == 0:

@@ -29,6 +29,16 @@ def test_iid_sizes_disjoint_and_seeded():
     assert [p.numel() for p in iid(1244, 10, None, seed=0)] == [124] * 10
 
 
+def test_iid_spread_keeps_every_example_with_sizes_differing_by_at_most_one():
+    parts = iid(795, 8, None, seed=0, remainder="spread")
+    assert [p.numel() for p in parts] == [100, 100, 100, 99, 99, 99, 99, 99]
+    assert_disjoint(parts, 795) and torch.cat(parts).sort().values.tolist() == list(range(795))
+    assert same(parts, iid(795, 8, None, seed=0, remainder="spread"))
+    assert sum(p.numel() for p in iid(795, 8, None, seed=0)) == 792  # the default drops 795 mod 8 = 3
+    with pytest.raises(ValueError, match="remainder = 'keep': allowed: 'drop', 'spread'"):
+        iid(795, 8, None, seed=0, remainder="keep")
+
+
 def test_iid_mixes_labels():
     parts = iid(5000, 10, 500, seed=0)
     assert all(torch.unique(torch.arange(10).repeat_interleave(500)[p]).numel() == 10 for p in parts)

@@ -34,6 +34,14 @@ def test_clients_hold_an_equal_disjoint_split_and_the_composition_is_kl_dro():
     assert set(metrics) == set(task.metrics) and 0 <= metrics["worst_class_accuracy"] <= metrics["test_accuracy"] + 1
 
 
+def test_remainder_spread_trains_on_every_example_the_robust_loss_counts():
+    dropped, spread = build_task(cfg()), build_task(cfg(remainder="spread"))
+    n = dropped.y_train.numel()
+    assert n % 8 and sum(len(s) for s in dropped.shards) == n - n % 8
+    assert sorted(torch.cat(spread.shards).tolist()) == list(range(n))
+    assert max(len(s) for s in spread.shards) - min(len(s) for s in spread.shards) == 1
+
+
 @pytest.mark.parametrize("objective", ["kl", "chi2", "erm"])
 def test_feddro_runs_on_each_objective(objective):
     result = fedcomp.run(cfg(objective=objective, lam=5.0))

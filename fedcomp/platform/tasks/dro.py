@@ -52,6 +52,9 @@ class DROClassificationParams(Params):
     root: str | None = Field(None, description="CIFAR: data root (default FEDCOMP_DATA or ~/.cache/fedcomp)")
     batchnorm: BatchNorm = Field("averaged", description="BatchNorm running statistics (resnet20): averaged, local or batch")
     data_seed: int = Field(0, ge=0)
+    remainder: Literal["drop", "spread"] = Field(
+        "drop", description="training examples beyond an equal split: unused (equal shards), or one more each for the first clients"
+    )
 
 
 @register_task("dro-classification")
@@ -65,7 +68,7 @@ class DROClassification(Task):
         super().__init__(params, seed, clients, device)
         self.x_train, self.y_train, self.x_test, self.y_test = self._load(params)
         self.classes = int(torch.cat([self.y_train, self.y_test]).max()) + 1
-        self.shards = partition.iid(self.y_train.numel(), clients, None, params.data_seed)
+        self.shards = partition.iid(self.y_train.numel(), clients, None, params.data_seed, params.remainder)
         self.batchnorm = params.batchnorm
         self.model = FlatModel(self._module(params).to(self.device))
         self.composition = self._composition(params)
