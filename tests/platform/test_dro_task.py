@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -40,6 +42,17 @@ def test_remainder_spread_trains_on_every_example_the_robust_loss_counts():
     assert n % 8 and sum(len(s) for s in dropped.shards) == n - n % 8
     assert sorted(torch.cat(spread.shards).tolist()) == list(range(n))
     assert max(len(s) for s in spread.shards) - min(len(s) for s in spread.shards) == 1
+
+
+def test_a_chi2_closed_form_that_is_only_an_upper_bound_is_warned_once():
+    tight, loose = build_task(cfg(objective="chi2", lam=0.05)), build_task(cfg(objective="chi2", lam=50.0))
+    x = tight.init_params(torch.Generator().manual_seed(0))["x"] * 10  # a spread of training losses
+    with pytest.warns(UserWarning, match=r"^task.lam = 0.05: the chi\^2 closed form is only an upper bound"):
+        tight.evaluator()({"x": x})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        tight.evaluator()({"x": x})  # once per run
+        loose.evaluator()({"x": x})  # exact: every closed-form weight is non-negative
 
 
 @pytest.mark.parametrize("objective", ["kl", "chi2", "erm"])

@@ -16,6 +16,7 @@ DRO objective on the whole training set and training accuracy.
 
 from __future__ import annotations
 
+import warnings
 from typing import Callable, Literal
 
 import torch
@@ -73,6 +74,7 @@ class DROClassification(Task):
         self.model = FlatModel(self._module(params).to(self.device))
         self.composition = self._composition(params)
         self.inner_dim = 1
+        self._warned_chi2 = False
 
     # -- construction ------------------------------------------------------------------------------------------
     @staticmethod
@@ -164,6 +166,23 @@ class DROClassification(Task):
         return self.composition.plain(self.example_losses(x, batch))
 
     # -- evaluation --------------------------------------------------------------------------------------------
+    def _check_chi2_closed_form(self, losses: Tensor) -> None:
+        """Warn (once per run) when the chi^2 closed form the objective uses is only an upper bound of the robust
+        loss: some l_i < mean l - lambda puts a negative weight on example i (the simplex constraint binds)."""
+        p = self.params
+        if p.objective != "chi2" or p.chi2_variant != "derived" or self._warned_chi2:
+            return
+        if not dro_losses.chi2_feasible(losses, p.lam):
+            self._warned_chi2 = True
+            lowest, mean = float(losses.min()), float(losses.mean())
+            warnings.warn(
+                f"task.lam = {p.lam:g}: the chi^2 closed form is only an upper bound of the robust loss at this model "
+                f"(a training loss {lowest:.3g} < mean {mean:.3g} - lambda gets a negative weight); robust_loss "
+                f"overstates the simplex maximum -- a larger lam keeps it exact",
+                UserWarning,
+                stacklevel=2,
+            )
+
     def evaluator(self) -> Callable[[dict[str, Tensor]], dict[str, float]]:
         def predict(x: Tensor, features: Tensor) -> Tensor:
             return torch.cat([self.model(x, chunk.to(self.device)).cpu() for chunk in features.split(2048)])
@@ -175,6 +194,7 @@ class DROClassification(Task):
                 train_logits = predict(x, self.x_train)
             recall = [float((test_pred[self.y_test == c] == c).float().mean()) for c in self.y_test.unique().tolist()]
             losses = F.cross_entropy(train_logits, self.y_train, reduction="none")
+            self._check_chi2_closed_form(losses)
             return {
                 "test_accuracy": float((test_pred == self.y_test).float().mean()),
                 "worst_class_accuracy": min(recall),
