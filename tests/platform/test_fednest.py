@@ -189,3 +189,33 @@ def test_figure4_fednest_converges_geometrically_while_fedavg_s_stalls():
     s = fedavg_s.set_index("round")["x_dist_sq"]
     assert s.loc[30] > 1e-5 and abs(s.loc[30] / s.loc[20] - 1) < 0.05  # a floor, not convergence
     assert x.loc[30] < 1e-4 * s.loc[30]
+
+
+@pytest.mark.parametrize("update", ["simultaneous", "alternating"])
+def test_fedavg_s_step_by_hand(update):
+    """Simultaneous: both gradients at (x, y); alternating (the authors' notebook): y's ascent step first, then
+    x's descent step at the new y."""
+    from fedcomp.platform.federation import build_algorithm, build_task
+    from fedcomp.platform.algorithms.fednest import Point
+
+    cfg = load_config({"task": {"name": "minimax-quadratic"}, "algorithm": {"name": "fedavg-s", "lr": 0.1,
+                       "inner_lr": 0.3, "update": update}, "federation": {"clients": 4, "backend": "local"},
+                       "run": {"out": results_root()}})  # fmt: skip
+    algorithm, task = build_algorithm(cfg), build_task(cfg)
+    problem = task.problem("minimax")
+    start = Point(x=torch.linspace(-1, 1, task.params.dim), y=torch.linspace(2, -2, task.params.dim))
+    batch, _ = algorithm.draw(problem, 2, 0, generator(0, "step"))
+    new, _ = algorithm.update(problem, start, batch, 0)
+
+    def grads(x, y):
+        x, y = x.clone().requires_grad_(True), y.clone().requires_grad_(True)
+        return torch.autograd.grad(problem.loss(x, y, batch), (x, y))
+
+    gx, gy = grads(start.x, start.y)
+    y = start.y + 0.3 * gy
+    if update == "alternating":
+        gx, _ = grads(start.x, y)
+    torch.testing.assert_close(new.y, y)
+    torch.testing.assert_close(new.x, start.x - 0.1 * gx)
+    if update == "alternating":  # x moved by the gradient at the new y: not the simultaneous step
+        assert not torch.allclose(new.x, start.x - 0.1 * grads(start.x, start.y)[0])

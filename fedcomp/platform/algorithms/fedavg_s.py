@@ -3,11 +3,14 @@ Federated Saddle Point Optimization", Hou et al. 2021), the minimax baseline of 
 
     every client:  x <- x - alpha grad_x f_i(x, y; z),   y <- y + beta grad_y f_i(x, y; z)   (simultaneous)
     every ``local_steps`` steps the server averages x and y.
+
+``update: alternating`` is the FedNest authors' notebook (``minmax_synthetic.ipynb``, the "joint" run of
+Fig. 4): the ascent step on y first, then the descent step on x at the new y.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from pydantic import Field
@@ -15,7 +18,7 @@ from torch import Tensor
 
 from fedcomp.platform.algorithms.base import LocalSteps, Tensors, batch_size
 from fedcomp.platform.algorithms.fednest import Point
-from fedcomp.platform.oracles import grad_xy
+from fedcomp.platform.oracles import grad_x, grad_xy, grad_y
 from fedcomp.platform.params import Params
 from fedcomp.platform.problems import MINIMAX, MinimaxProblem
 from fedcomp.platform.registry import register_algorithm
@@ -28,6 +31,9 @@ class FedAvgSHParams(Params):
     inner_lr: float = Field(0.01, gt=0, description="ascent step on y")
     local_steps: int = Field(1, ge=1, description="simultaneous local steps per round")
     outer_batch: int | None = Field(None, ge=1, description="batch per step; null = all local data")
+    update: Literal["simultaneous", "alternating"] = Field(
+        "simultaneous", description="simultaneous (Hou et al.), or y first and x at the new y (the FedNest notebook)"
+    )
 
 
 @register_algorithm("fedavg-s")
@@ -50,6 +56,10 @@ class FedAvgS(LocalSteps[Point, Point]):
         return batch, batch_size(batch)
 
     def update(self, problem: MinimaxProblem, state: Point, batch: Any, step: int) -> tuple[Point, Tensor]:
-        gx, gy = grad_xy(lambda a, b: problem.loss(a, b, batch), state.x, state.y)
+        f = lambda a, b: problem.loss(a, b, batch)  # noqa: E731
         loss = problem.loss(state.x, state.y, batch).detach()
+        if self.hp.update == "alternating":
+            y = state.y + self.hp.inner_lr * grad_y(f, state.x, state.y)
+            return Point(x=state.x - self.hp.lr * grad_x(f, state.x, y), y=y), loss
+        gx, gy = grad_xy(f, state.x, state.y)
         return Point(x=state.x - self.hp.lr * gx, y=state.y + self.hp.inner_lr * gy), loss
