@@ -219,3 +219,22 @@ def test_fedavg_s_step_by_hand(update):
     torch.testing.assert_close(new.x, start.x - 0.1 * gx)
     if update == "alternating":  # x moved by the gradient at the new y: not the simultaneous step
         assert not torch.allclose(new.x, start.x - 0.1 * grads(start.x, start.y)[0])
+
+
+@pytest.mark.parametrize("cohorts", ["fresh", "shared"])
+def test_the_code_cohort_policy_runs_fedihgp_the_hypergradient_and_fedout_on_one_cohort(cohorts):
+    """``ihgp: code`` stamps each client's Neumann counter with the epoch of the FedIHGP sub-rounds it took part in:
+    after epoch 0, one cohort's worth of clients under the code's shared policy, a fresh cohort per sub-round
+    under the paper's."""
+    cfg = load_config("fednest-hr-offline", {
+        "algorithm.ihgp": "code", "algorithm.cohorts": cohorts, "algorithm.neumann_terms": 4,
+        "algorithm.inner_steps": 1, "federation.clients": 8, "federation.clients_per_round": 2,
+        "federation.backend": "local", "task.per_client": 20, "task.hidden": 8, "run.out": results_root(),
+    })  # fmt: skip
+    server = Server(cfg, LocalFederation)
+    server.run_round()
+    counted = {c for c, state in server.federation.private_states().items() if float(state["counter_epoch"]) == 0}
+    if cohorts == "shared":
+        assert len(counted) == 2
+    else:
+        assert len(counted) > 2

@@ -59,6 +59,9 @@ class FedNestHParams(Params):
     neumann_terms: int = Field(5, ge=1, description="Neumann terms N")
     neumann_lr: float = Field(0.01, gt=0, description="Neumann step 1/l (l bounds the Hessian of g in y)")
     ihgp: Literal["paper", "deterministic", "code"] = Field("paper", description="FedIHGP variant")
+    cohorts: Literal["fresh", "shared"] = Field(
+        "fresh", description="FedNest: a cohort per sub-round (the paper), or one for FedIHGP, hypergradient and FedOut (the code)"
+    )
     inner_batch: int | None = Field(64, ge=1, description="batch of local inner steps; null = all local data")
     outer_batch: int | None = Field(None, ge=1, description="batch of local outer steps; null = all local data")
     oracle_batch: int | None = Field(None, ge=1, description="batch of anchors, HVPs, hypergradients; null = all")
@@ -345,6 +348,8 @@ class FedNest(_FedNestFamily):
         hp, (x, y), cohorts = self.hp, (server.x, server.y), fresh_cohorts(fed)
         for _ in range(hp.inner_rounds):
             y = self.fedinn(fed, next(cohorts), x, y)
+        if hp.cohorts == "shared":  # the authors' code: FedIHGP, the hypergradient and FedOut on one cohort
+            cohorts = itertools.repeat(next(cohorts))
         if fed.problem.minimax:  # g = -f: no indirect term, no FedIHGP
             cohort = next(cohorts)
             h = fed.call("direct_gradient", cohort, Point(x, y)).h
