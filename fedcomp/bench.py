@@ -32,8 +32,8 @@ import platform as _stdlib_platform
 import statistics
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 import torch
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import NoReturn, Sequence
+from collections.abc import Sequence
+from typing import NoReturn
 
 from fedcomp.platform.config import parse_value
 from fedcomp.platform.errors import PlatformError
@@ -93,9 +94,9 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
+    from fedcomp.platform.catalog import load_builtins
     from fedcomp.platform.config import preset_description, preset_names
     from fedcomp.platform.problems import KIND_DESCRIPTIONS
-    from fedcomp.platform.catalog import load_builtins
     from fedcomp.platform.registry import ALGORITHMS, TASKS
 
     load_builtins()

@@ -18,8 +18,8 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Mapping, Sequence
 from urllib.parse import urlsplit
 
 import ray

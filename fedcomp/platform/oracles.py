@@ -11,8 +11,9 @@ Second-order products use double backpropagation: H_yy v = d/dy <d/dy l, v> and 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextvars import ContextVar
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch import Tensor

@@ -13,9 +13,10 @@ from __future__ import annotations
 import math
 import sys
 import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
-from typing import Any, Callable, Iterator, Literal, TextIO
+from typing import Any, Literal, TextIO
 
 Mode = Literal["bar", "log", "none"]
 LOG_EVERY_S = 30.0

@@ -6,7 +6,8 @@ A new algorithm or task is one file that defines a class and decorates it with
 
 from __future__ import annotations
 
-from typing import Callable, TypeVar
+from collections.abc import Callable
+from typing import TypeVar
 
 T = TypeVar("T", bound=type)
 

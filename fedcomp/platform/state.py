@@ -19,7 +19,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import typing
-from typing import Any, Mapping, TypeVar
+from collections.abc import Mapping
+from typing import Any, TypeVar
 
 from torch import Tensor
 

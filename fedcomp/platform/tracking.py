@@ -30,9 +30,10 @@ import shutil
 import sys
 import time
 import warnings
+from collections.abc import Mapping, Sequence
 from dataclasses import fields
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from fedcomp.platform.errors import ConfigError
 

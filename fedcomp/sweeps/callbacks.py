@@ -15,9 +15,10 @@ import math
 import os
 import sys
 import time
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any
 
 from ray.tune import Callback
 

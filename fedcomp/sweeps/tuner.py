@@ -15,10 +15,11 @@ import io
 import logging
 import os
 import secrets
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any
 
 import pandas as pd
 from pydantic import ValidationError

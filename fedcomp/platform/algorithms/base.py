@@ -23,8 +23,9 @@ import functools
 import inspect
 import typing
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Generator, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar, Generator, Generic, Mapping, Protocol, TypeVar
+from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 import torch
 from pydantic import Field

@@ -308,7 +308,7 @@ class _Stagewise(Algorithm[Model, StageServer]):
         x_sum, samples, loss = torch.zeros_like(x), 0, 0.0
         for i in range(plan.steps):
             batch = problem.sample(ctx.client, "inner", self.hp.outer_batch, ctx.rng(plan.first_step + i))
-            gx, gy, value = grad_xy_and_value(lambda a, b: problem.loss(a, b, batch), x, y)
+            gx, gy, value = grad_xy_and_value(lambda a, b: problem.loss(a, b, batch), x, y)  # noqa: B023 (called in this iteration)
             x, y = self.step(problem, x, y, gx, gy, v_ref, plan.lr)
             x_sum = x_sum + x
             samples += batch_size(batch)
@@ -347,7 +347,7 @@ class CoDA(_Stagewise):
     description = "CoDA: stagewise proximal local SGDA with dual restarts; x, y averaged (Guo et al. 2020; A19)"
     restarts_dual = True
 
-    def __new__(cls, hparams: Any = None) -> "CoDA":
+    def __new__(cls, hparams: Any = None) -> CoDA:
         """``coda_mode: plain_local_sgda`` builds :class:`PlainLocalSGDA` (no stages: another server state)."""
         plain = hparams is not None and hparams.coda_mode == "plain_local_sgda"
         return super().__new__(PlainLocalSGDA if plain else cls)

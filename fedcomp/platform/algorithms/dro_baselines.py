@@ -113,7 +113,7 @@ class FastDROHParams(ParallelHParams):
     reg: float = Field(0.0, ge=0, description="penalty on the divergence from uniform (KL for cvar, chi2 for chi2)")
 
     @model_validator(mode="after")
-    def _check(self) -> "FastDROHParams":
+    def _check(self) -> FastDROHParams:
         if self.geometry == "cvar" and (self.size is None or self.size > 1):
             raise ValueError(f"size = {self.size!r}: for geometry 'cvar' it is alpha and must be in (0, 1]")
         if self.geometry == "chi2" and self.size is None and self.reg == 0:

@@ -32,8 +32,9 @@ returns the vector the server averages.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Literal, Mapping, TypeVar
+from typing import Any, Literal, TypeVar
 
 import torch
 from pydantic import Field
@@ -238,7 +239,7 @@ class _FedNestFamily(Algorithm[Point, Point]):
         y, samples, loss = view.y.clone(), 0, 0.0
         for s in range(self.hp.inner_steps):
             batch = self._sample(problem, ctx, "inner", self.hp.inner_batch, ctx.sub, s)
-            g = lambda a, b: problem.inner_loss(a, b, batch)  # noqa: E731
+            g = lambda a, b: problem.inner_loss(a, b, batch)  # noqa: E731, B023 (used in this iteration)
             d = direction(g, y)
             samples += batch_size(batch) * oracles
             loss += float(problem.inner_loss(view.x, y, batch)) / self.hp.inner_steps
@@ -303,7 +304,7 @@ class _FedNestFamily(Algorithm[Point, Point]):
         x, samples = x0.clone(), 0
         for s in range(self.hp.local_steps):
             batch = self._sample(problem, ctx, "outer", self.hp.outer_batch, ctx.sub, s)
-            f = lambda a, b: problem.outer_loss(a, b, batch)  # noqa: E731
+            f = lambda a, b: problem.outer_loss(a, b, batch)  # noqa: E731, B023 (used in this iteration)
             x = x - self.hp.lr * (grad_xy(f, x, y)[0] - grad_xy(f, x0, y)[0] + h)
             samples += 2 * batch_size(batch)
         return view, {"x": x}, StepInfo(samples)

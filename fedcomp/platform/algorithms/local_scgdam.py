@@ -55,8 +55,9 @@ gamma_y eta = 0.1, alpha eta = beta_x eta = beta_y eta = 0.9.
 from __future__ import annotations
 
 from abc import abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Literal
+from typing import Any, Literal
 
 import torch
 from pydantic import Field, model_validator
@@ -159,7 +160,7 @@ class LocalSCGDAMHParams(_MomentumGDAHParams):
     )
 
     @model_validator(mode="after")
-    def _check(self) -> "LocalSCGDAMHParams":
+    def _check(self) -> LocalSCGDAMHParams:
         self._check_weights(("alpha", "beta_x", "beta_y"))
         return self
 
@@ -172,7 +173,7 @@ class LocalSGDAMHParams(_MomentumGDAHParams):
     )
 
     @model_validator(mode="after")
-    def _check(self) -> "LocalSGDAMHParams":
+    def _check(self) -> LocalSGDAMHParams:
         self._check_weights(("beta_x", "beta_y"))
         return self
 
@@ -275,7 +276,7 @@ class LocalSGDAM(_MomentumGDA):
     Client = Server = Momenta
     description = "LocalSGDAM: local minimax GDA with momentum; x, y, u, v averaged [inferred] (Sharma et al. 2022)"
 
-    def __new__(cls, hparams: Any = None) -> "LocalSGDAM":
+    def __new__(cls, hparams: Any = None) -> LocalSGDAM:
         """``average: model`` builds :class:`PrivateMomenta` (another server state and a client's first step)."""
         model_only = hparams is not None and hparams.average == "model"
         return super().__new__(PrivateMomenta if model_only else cls)

@@ -51,13 +51,12 @@ server-side monitor's auxiliary batches are not counted in ``samples`` (they are
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
 
 import torch
 from pydantic import Field
 from torch import Tensor
-
-from dataclasses import dataclass
 
 from fedcomp.platform.algorithms.base import CommonHParams, LocalSteps, Tensors, grad_and_loss
 from fedcomp.platform.errors import ConfigError

@@ -55,7 +55,7 @@ class ScaffoldHParams(CommonHParams):
     )
 
     @model_validator(mode="after")
-    def _check(self) -> "ScaffoldHParams":
+    def _check(self) -> ScaffoldHParams:
         if self.control_batch is not None and self.control != "option1":
             raise ValueError(f"control_batch = {self.control_batch}: only option1 draws a control batch (control = {self.control!r})")
         return self

@@ -156,7 +156,7 @@ class LocalSCGD(_SCGDBase):
     Client = Server = SCGDState
     description = "Local-SCGD: local stochastic compositional gradient descent; x and u averaged (A4)"
 
-    def __new__(cls, hparams: Any = None) -> "LocalSCGD":
+    def __new__(cls, hparams: Any = None) -> LocalSCGD:
         """``sync_inner: false`` builds :class:`LocalSCGDOwnInner` (another client and server state)."""
         own = hparams is not None and not hparams.sync_inner
         return super().__new__(LocalSCGDOwnInner if own and cls is LocalSCGD else cls)
@@ -193,7 +193,7 @@ class LocalSCGDM(_SCGDBase):
     description = "Local-SCGDM: Local-SCGD with momentum; x, u and m averaged (Gao et al. 2022, Alg. 1; A5)"
     hp: LocalSCGDMHParams
 
-    def __new__(cls, hparams: Any = None) -> "LocalSCGDM":
+    def __new__(cls, hparams: Any = None) -> LocalSCGDM:
         """``sync_inner: false`` builds :class:`LocalSCGDMOwnInner` (another client and server state)."""
         own = hparams is not None and not hparams.sync_inner
         return super().__new__(LocalSCGDMOwnInner if own and cls is LocalSCGDM else cls)

@@ -17,7 +17,8 @@ DRO objective on the whole training set and training accuracy.
 from __future__ import annotations
 
 import warnings
-from typing import Callable, Literal
+from collections.abc import Callable
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -26,10 +27,10 @@ from torch import Tensor
 
 from fedcomp.datasets import cifar, offline, partition
 from fedcomp.losses import dro as dro_losses
-from fedcomp.platform.params import Params
-from fedcomp.platform.errors import ConfigError
 from fedcomp.models.functional import FlatModel
 from fedcomp.models.mlp import mlp
+from fedcomp.platform.errors import ConfigError
+from fedcomp.platform.params import Params
 from fedcomp.platform.problems import COMPOSITIONAL_GLOBAL
 from fedcomp.platform.registry import register_task
 from fedcomp.platform.tasks.base import BatchNorm, Task

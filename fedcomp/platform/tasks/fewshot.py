@@ -32,9 +32,9 @@ from pydantic import Field, field_validator
 from torch import Tensor
 
 from fedcomp.datasets import omniglot as omniglot_data
-from fedcomp.platform.params import Params
-from fedcomp.platform.errors import ConfigError
 from fedcomp.models.functional import FlatModel
+from fedcomp.platform.errors import ConfigError
+from fedcomp.platform.params import Params
 from fedcomp.platform.registry import register_task
 from fedcomp.platform.rng import generator
 from fedcomp.platform.tasks.meta import Conv4, Episodes, MamlOrder, MetaTask, cross_entropy, init_flat_kaiming

@@ -14,7 +14,7 @@ empty), and ``grad_norm_sq`` = ||grad Phi(x_bar)||^2 = ||A_bar^T grad f(g_bar(x_
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from pydantic import Field

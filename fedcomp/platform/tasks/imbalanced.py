@@ -50,7 +50,8 @@ that lacks one class has no AUROC (nan).
 
 from __future__ import annotations
 
-from typing import Any, Callable, Literal
+from collections.abc import Callable
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -61,10 +62,10 @@ from torch import Tensor, nn
 from fedcomp.datasets import imbalance, partition
 from fedcomp.losses import auc as auc_losses
 from fedcomp.models import convnets
-from fedcomp.platform.params import Params
-from fedcomp.platform.errors import ConfigError
 from fedcomp.models.functional import FlatModel
 from fedcomp.models.mlp import mlp
+from fedcomp.platform.errors import ConfigError
+from fedcomp.platform.params import Params
 from fedcomp.platform.problems import COMPOSITIONAL_MINIMAX, CONDITIONAL, MINIMAX, PLAIN
 from fedcomp.platform.registry import register_task
 from fedcomp.platform.rng import generator

@@ -22,7 +22,8 @@ are drawn with the batch, so a batch evaluated at two points (SVRG) shares its m
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Literal
+from collections.abc import Callable
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
@@ -30,8 +31,8 @@ from pydantic import Field
 from torch import Tensor
 
 from fedcomp.datasets import mnist, partition
-from fedcomp.platform.params import Params
 from fedcomp.platform.errors import ConfigError
+from fedcomp.platform.params import Params
 from fedcomp.platform.problems import BILEVEL
 from fedcomp.platform.registry import register_task
 from fedcomp.platform.tasks.base import Task
