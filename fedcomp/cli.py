@@ -104,8 +104,8 @@ def cmd_list(args: argparse.Namespace) -> int:
     for name, cls in sorted(ALGORITHMS.items()):
         print(f"  {name:<26} [{cls.kind}] {cls.description}")
     print("tasks:")
-    for name, cls in sorted(TASKS.items()):
-        print(f"  {name:<26} [{', '.join(sorted(cls.kinds))}] {cls.description}")
+    for name, task in sorted(TASKS.items()):
+        print(f"  {name:<26} [{', '.join(sorted(task.kinds))}] {task.description}")
     print("presets:")
     for name in preset_names():
         print(f"  {name:<26} {preset_description(name)}")
@@ -229,7 +229,8 @@ def one_line(error: BaseException) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return args.func(args)
+        code: int = args.func(args)
+        return code
     except PlatformError as error:
         print(f"fedcomp: error: {one_line(error)}", file=sys.stderr)
         return error.exit_code

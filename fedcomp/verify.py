@@ -102,7 +102,7 @@ class Verification:
 
 def backend_text(backend: Mapping[str, Any]) -> str:
     """``local`` or ``ray (4 client actors, clients_per_actor=4)``, from run.json's ``backend``."""
-    name = backend.get("name", "?")
+    name: str = backend.get("name", "?")
     if name == "ray":
         name += f" ({backend.get('client_actors')} client actors, clients_per_actor={backend.get('clients_per_actor')})"
     return name

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import yaml
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
@@ -26,6 +26,8 @@ from fedcomp.platform.registry import ALGORITHMS, TASKS
 from fedcomp.platform.yamlfile import parse_yaml, read_yaml_file
 
 SECTIONS = ("task", "algorithm", "federation", "run")
+
+T = TypeVar("T")
 
 
 def plain_name(value: str) -> str:
@@ -219,7 +221,7 @@ def _validate(section: str, model: type[BaseModel], raw: Mapping[str, Any]) -> A
         raise ConfigError(_describe(error, section, model, raw)) from None
 
 
-def _named(section: str, raw: Mapping[str, Any], table: dict[str, type]) -> tuple[str, type, dict[str, Any]]:
+def _named(section: str, raw: Mapping[str, Any], table: Mapping[str, T]) -> tuple[str, T, dict[str, Any]]:
     body = dict(raw)
     name = body.pop("name", None)
     if name is None:
@@ -245,7 +247,7 @@ def load_config(
         # had (a preset's beta does not apply to fedavg); keys given as overrides are always validated.
         new_name = overrides.get(f"{section}.name")
         block = raw.get(section)
-        if new_name in table and isinstance(block, dict) and block.get("name") != new_name:
+        if isinstance(new_name, str) and new_name in table and isinstance(block, dict) and block.get("name") != new_name:
             fields = getattr(table[new_name], attr).model_fields
             raw[section] = {k: v for k, v in block.items() if k == "name" or k in fields}
     raw = apply_overrides(raw, overrides)

@@ -43,7 +43,7 @@ def build_task(config: Config, device: str = "cpu") -> Task:
     return TASKS[config.task_name](config.task, config.run.seed, config.federation.clients, device)
 
 
-def build_algorithm(config: Config) -> Algorithm:
+def build_algorithm(config: Config) -> Algorithm[Any, Any]:
     load_builtins()
     return ALGORITHMS[config.algorithm_name](config.algorithm)
 
@@ -124,7 +124,7 @@ class Session:
     round: int
     sub: int
     broadcast: Tensors
-    programs: dict[int, Generator]
+    programs: dict[int, Generator[Any, Any, Any]]
     running: dict[int, Tensor]
     """Each client's running statistics between the generator's steps (empty without module buffers)."""
     returned: bool
@@ -201,7 +201,7 @@ class ClientHost:
         self.session.step += 1
         return self._advance(lambda gen: gen.send(Means({k: v.clone() for k, v in means.items()})), last, started)
 
-    def _advance(self, step: Callable[[Generator], Any], last: bool, started: float) -> Partial:
+    def _advance(self, step: Callable[[Generator[Any, Any, Any]], Any], last: bool, started: float) -> Partial:
         """Run ``step`` on every generator of the session; sum the yields, or close the session at its end."""
         session = self.session
         assert session is not None

@@ -140,7 +140,7 @@ class RunProgress:
             self.latest = latest
         if self.bar is not None:
             self.bar.update(round - self.bar.n)
-            if changed and self.headline in latest:
+            if changed and latest is not None and self.headline in latest:
                 self.bar.set_postfix({self.headline: _value(latest[self.headline])}, refresh=False)
             return
         if self.mode != "log":

@@ -184,7 +184,7 @@ def _check_distribution(axis: str, dist: Mapping[str, Any]) -> None:
 
 def corners(spec: SweepSpec) -> list[dict[str, Any]]:
     """Optuna axes at their low and high ends (each choice once): the values checked before the sweep."""
-    out = []
+    out: list[dict[str, Any]] = []
     for axis, dist in spec.space.items():
         kind, args = next(iter(dist.items()))
         values = args if kind == "choice" else [int(a) if kind == "int" else a for a in args]

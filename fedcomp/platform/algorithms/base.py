@@ -31,7 +31,8 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
-from fedcomp.platform.oracles import LOCKSTEP, grad_and_loss  # noqa: F401  (re-exported: algorithms import them from here)
+# re-exported: algorithms import them from here
+from fedcomp.platform.oracles import LOCKSTEP as LOCKSTEP, grad_and_loss as grad_and_loss
 from fedcomp.platform.params import Params
 from fedcomp.platform.rounds import Round
 from fedcomp.platform.state import Means, State

@@ -40,13 +40,14 @@ from torch import Tensor
 
 from fedcomp.losses.dro import robust_loss, robust_weights
 from fedcomp.platform.algorithms.base import ClientContext, Exchange, StepInfo, Tensors, batch_size
-from fedcomp.platform.algorithms.feddro import Compositional, CompositionalHParams, Model, unsent
+from fedcomp.platform.algorithms.feddro import Compositional, CompositionalHParams, unsent
 from fedcomp.platform.errors import ConfigError
 from fedcomp.platform.oracles import outer_grad, plain_inner_vjp
 from fedcomp.platform.params import Params
 from fedcomp.platform.problems import GlobalCompositionalProblem
 from fedcomp.platform.registry import register_algorithm
 from fedcomp.platform.rounds import Round
+from fedcomp.platform.state import Model
 
 __all__ = [
     "CohortWeights",

@@ -34,7 +34,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal, TypeVar
+from typing import Any, ClassVar, Literal, TypeVar
 
 import torch
 from pydantic import Field
@@ -190,14 +190,15 @@ class _FedNestFamily(Algorithm[Point, Point]):
 
     kind = BILEVEL
     HParams = FedNestHParams
-    Client = Server = Point
+    Client: ClassVar[type[State]] = Point
+    Server = Point
     hp: FedNestHParams
 
     def init(self, variables: Tensors) -> Point:
         return Point(x=variables["x"].clone(), y=variables["y"].clone())
 
     def _sample(
-        self, problem: BilevelProblem, ctx: ClientContext, split: str, size: int | None, call: int, tag: int
+        self, problem: BilevelProblem, ctx: ClientContext, split: Literal["inner", "outer"], size: int | None, call: int, tag: int
     ) -> Any:
         """The client's batch of ``split`` keyed by (round, call, tag)."""
         return problem.sample(ctx.client, split, size, ctx.rng(ctx.round, call, tag))

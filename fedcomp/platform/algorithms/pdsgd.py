@@ -31,11 +31,12 @@ from fedcomp.platform.algorithms.dro_baselines import (
     count_step,
     slot,
 )
-from fedcomp.platform.algorithms.feddro import Compositional, Model, unsent
+from fedcomp.platform.algorithms.feddro import Compositional, unsent
 from fedcomp.platform.errors import ConfigError
 from fedcomp.platform.params import Params
 from fedcomp.platform.registry import register_algorithm
 from fedcomp.platform.rounds import Round
+from fedcomp.platform.state import Model
 
 
 class PDSGDHParams(ParallelHParams):
@@ -68,7 +69,7 @@ class Game(Model):
     def of(cls, tensors: Mapping[str, Tensor]) -> Game:
         if cls is Game:
             return (KLGame if "log_p" in tensors else Chi2Game).of(tensors)
-        return super().of(tensors)  # type: ignore[return-value]
+        return super().of(tensors)
 
 
 @dataclass(frozen=True)
@@ -183,8 +184,9 @@ class ParallelPDSGD(Compositional):
     def game(self, problem: Any) -> DualPenalty:
         """The game this run plays: the hyperparameters' divergence and lam, or the task's ``dual_penalty``."""
         if self.hp.divergence != "task":
+            assert self.hp.lam is not None  # PDSGDHParams: lam comes with 'kl' and 'chi2'
             return DualPenalty(self.hp.divergence, float(self.hp.lam))
-        penalty = getattr(problem, "dual_penalty", None)
+        penalty: DualPenalty | None = getattr(problem, "dual_penalty", None)
         if penalty is None:
             raise ConfigError(
                 f"algorithm.divergence = 'task' but the task ({type(problem).__name__}) names no DRO game "

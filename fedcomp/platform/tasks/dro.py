@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable
-from typing import Literal
+from typing import Literal, cast
 
 import torch
 import torch.nn.functional as F
@@ -62,6 +62,7 @@ class DROClassificationParams(Params):
 @register_task("dro-classification")
 class DROClassification(Task):
     Params = DROClassificationParams
+    model: FlatModel
     kinds = frozenset({COMPOSITIONAL_GLOBAL})
     metrics = ("test_accuracy", "worst_class_accuracy", "robust_loss", "train_accuracy")
     description = "FedDRO sec. 6: KL/chi2-regularised DRO, digits-ST offline or CIFAR10/100-ST with ResNet20"
@@ -84,7 +85,7 @@ class DROClassification(Task):
             return tuple(offline.digits(p.data_seed, keep_fraction=p.keep_fraction))  # type: ignore[return-value]
         if p.dataset == "breast-cancer":
             return tuple(offline.breast_cancer(p.data_seed))  # type: ignore[return-value]
-        name = p.dataset.removesuffix("-st")
+        name = cast(cifar.Name, p.dataset.removesuffix("-st"))
         try:
             train_images, train_labels = cifar.load_cifar(name, "train", p.root, verify_md5=p.verify_md5)
             test_images, test_labels = cifar.load_cifar(name, "test", p.root, verify_md5=p.verify_md5)

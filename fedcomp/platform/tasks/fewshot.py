@@ -143,7 +143,10 @@ class _FewShot(MetaTask):
                 q_parts.append(pics[shots:])
             support_x.append(torch.cat(s_parts))
             query_x.append(torch.cat(q_parts))
-        to_float = lambda t: torch.stack(t).unsqueeze(2).float() / 255.0  # noqa: E731
+
+        def to_float(t: list[Tensor]) -> Tensor:
+            return torch.stack(t).unsqueeze(2).float() / 255.0
+
         labels = torch.arange(ways)
         return Episodes(
             to_float(support_x),

@@ -148,6 +148,8 @@ class ImbalancedBinary(Task):
     """The task object is the ``plain`` problem; :meth:`problem` gives the other kinds' views."""
 
     Params = ImbalancedBinaryParams
+    params: ImbalancedBinaryParams
+    model: FlatModel
     kinds = frozenset({PLAIN, MINIMAX, COMPOSITIONAL_MINIMAX, CONDITIONAL})
     metrics = ("test_auroc", "test_ap", "client_auroc_mean", "client_auroc_var", "test_accuracy")
     description = "imbalanced binary AUROC/AUPRC (LocalSCGDAM Table 1, FCSG Table 2): CE, AUC, compositional AUC, AP"
@@ -420,7 +422,8 @@ class CompositionalMinimaxView(_AUCView):
         """x - rho (grad_w CE(w; xi), 0, 0); the CE gradient comes from ``torch.func.grad``, so the value is
         differentiable in x (by autograd and by ``torch.func``) through the Hessian of CE."""
         grad = torch.func.grad(lambda z: self.task.loss(z, xi))(x)
-        return x - self.task.params.rho * grad
+        step: Tensor = x - self.task.params.rho * grad
+        return step
 
     def outer(self, z: Tensor, y: Tensor, zeta: Batch) -> Tensor:
         return self.task.auc_loss(z, y, zeta)

@@ -49,6 +49,7 @@ class InvariantLogRegParams(Params):
 @register_task("invariant-logreg")
 class InvariantLogReg(Task):
     Params = InvariantLogRegParams
+    params: InvariantLogRegParams
     kinds = frozenset({CONDITIONAL, PLAIN})
     metrics = ("test_accuracy", "test_loss")
     vmappable = True

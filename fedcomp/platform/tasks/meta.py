@@ -84,7 +84,8 @@ class Conv4(nn.Module):
         self.head = nn.Linear(channels, ways)
 
     def forward(self, images: Tensor) -> Tensor:
-        return self.head(self.features(images).flatten(1))
+        logits: Tensor = self.head(self.features(images).flatten(1))
+        return logits
 
 
 def init_flat_kaiming(module: nn.Module, gen: torch.Generator) -> Tensor:
@@ -181,7 +182,8 @@ class MetaTask(Task):
 
     @property
     def second_order(self) -> bool:
-        return self.params.maml == "second-order"
+        order: str = self.params.maml
+        return order == "second-order"
 
     def problem(self, kind: str) -> Any:
         super().problem(kind)  # checks the kind

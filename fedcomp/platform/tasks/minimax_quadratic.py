@@ -39,6 +39,7 @@ class MinimaxQuadraticParams(Params):
 @register_task("minimax-quadratic")
 class MinimaxQuadratic(Task):
     Params = MinimaxQuadraticParams
+    params: MinimaxQuadraticParams
     kinds = frozenset({MINIMAX, BILEVEL})
     metrics = ("x_dist_sq", "y_dist_sq")
     mode = "min"

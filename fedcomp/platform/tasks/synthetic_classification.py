@@ -38,6 +38,7 @@ class SyntheticClassificationParams(Params):
 @register_task("synthetic-classification")
 class SyntheticClassification(Task):
     Params = SyntheticClassificationParams
+    model: FlatModel
     kinds = frozenset({PLAIN})
     metrics = ("test_accuracy", "test_loss")
     description = "Gaussian-mixture classification with Dirichlet label skew and an MLP (benchmarks)"
