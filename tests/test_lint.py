@@ -25,8 +25,8 @@ def test_ruff_finds_nothing() -> None:
 
 @pytest.mark.slow
 def test_mypy_finds_nothing(request: pytest.FixtureRequest, tmp_path: Path) -> None:
-    # mypy's incremental cache lives in pytest's cache folder (tmp_path without one), not in the tree: about a
-    # minute cold on a 2-core machine, a few seconds once warm.
+    # mypy's incremental cache lives in pytest's cache folder (tmp_path without one), not in the tree: 35-60 s
+    # cold on a busy 2-core machine, 3-4 s once warm.
     cache = request.config.cache.mkdir("mypy") if request.config.cache is not None else tmp_path / "mypy"
     result = _run("mypy", "--cache-dir", str(cache))
     assert result.returncode == 0, f"mypy found problems:\n{result.stdout}{result.stderr}"
