@@ -24,18 +24,19 @@ from __future__ import annotations
 import argparse
 import tempfile
 import time
+from itertools import pairwise
 
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import pandas as pd  # noqa: E402
-import torch  # noqa: E402
+import matplotlib.pyplot as plt
+import pandas as pd
+import torch
 
-import common  # noqa: E402
-import fedcomp  # noqa: E402
-from fedcomp.platform.config import load_config  # noqa: E402
-from fedcomp.platform.federation import build_task  # noqa: E402
+import common
+import fedcomp
+from fedcomp.platform.config import load_config
+from fedcomp.platform.federation import build_task
 
 HERE = common.HERE
 REPORT = HERE / "FEDDRO.md"
@@ -199,7 +200,7 @@ def offline_sections(grid: dict[tuple[str, float], dict[int, pd.DataFrame]], cho
         lines.append(f"| {steps} | " + " | ".join(mean_std(f[k]) for k in METRICS) + f" | {mean_std(at30)} | "
                      f"{int(f['embedding_exchanges'].iloc[0])} |")
     ordered = sorted(test_at)
-    gains = {b: test_at[b] - test_at[a] for a, b in zip(ordered, ordered[1:])}
+    gains = {b: test_at[b] - test_at[a] for a, b in pairwise(ordered)}
     stop = next((b for b, g in gains.items() if g < SATURATED), None)
     best_steps = max(test_at, key=test_at.get)
     lines += [

@@ -252,7 +252,7 @@ def main() -> None:
         gap = acc[("fcsg-m", 100, ratio)] - acc[("fcsg", 100, ratio)]
         extra.append(f"{ratio:g}: {gap:+.4f}")
     summary = [
-        f"- Claim (a) -- at sigma2/sigma1 = 2 a larger m gives higher accuracy (acc(100) > acc(10) > acc(1)): "
+        "- Claim (a) -- at sigma2/sigma1 = 2 a larger m gives higher accuracy (acc(100) > acc(10) > acc(1)): "
         + ", ".join(f"{LABELS[a]} **{'holds' if claim_a[a] else 'does not hold'}**" for a in ALGORITHMS)
         + ".",
         f"- Claim (b) -- at m = 1 FCSG-M's curve varies less than FCSG's: holds at "

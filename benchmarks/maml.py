@@ -21,11 +21,11 @@ import time
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import torch  # noqa: E402
+import matplotlib.pyplot as plt
+import torch
 
-import common  # noqa: E402
-import fedcomp  # noqa: E402
+import common
+import fedcomp
 
 HERE = common.HERE
 SEEDS = (0, 1, 2)

@@ -25,16 +25,32 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from itertools import pairwise
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import torch
 
 from common import HERE, REPO, write_report
-from fedcomp.bench import (ACTORS, BATCH, CLASSES, FEATURES, LR, SEED, TARGET_OVERHEAD_MS, Row, bench_config,
-                           load_average, machine_lines, median, progress, render)
+from fedcomp.bench import (
+    ACTORS,
+    BATCH,
+    CLASSES,
+    FEATURES,
+    LR,
+    SEED,
+    TARGET_OVERHEAD_MS,
+    Row,
+    bench_config,
+    load_average,
+    machine_lines,
+    median,
+    progress,
+    render,
+)
 from fedcomp.platform.config import Config
 from fedcomp.platform.errors import PlatformError
 from fedcomp.platform.federation import build_task
@@ -217,7 +233,7 @@ class TreeMemory:
             self.sample()
             self._stop.wait(self.interval)
 
-    def __enter__(self) -> "TreeMemory":
+    def __enter__(self) -> TreeMemory:
         self._thread.start()
         return self
 
@@ -344,7 +360,7 @@ def run_peer(runner: str, workload: Workload, workers: int, repeat: int, spec: A
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
-                raise PlatformError(f"{RUNNER_LABELS[runner]} on {workload.key} ran past {timeout_s:g} s; log: {log}")
+                raise PlatformError(f"{RUNNER_LABELS[runner]} on {workload.key} ran past {timeout_s:g} s; log: {log}") from None
     if rc != 0 or not out.exists():
         lines = log.read_text(errors="replace").strip().splitlines()
         errors = [ln.strip() for ln in lines if re.match(r"\s*[\w.]*(Error|Exception|Exit)\b", ln)]
@@ -353,7 +369,7 @@ def run_peer(runner: str, workload: Workload, workers: int, repeat: int, spec: A
                             f"{reason} (log: {log})")
     result = json.loads(out.read_text())
     marks = [float(result["rounds_started_at"]), *map(float, result["round_ends"])]
-    rounds = [b - a for a, b in zip(marks[:-1], marks[1:])]
+    rounds = [b - a for a, b in pairwise(marks)]
     if len(rounds) != workload.rounds:
         raise PlatformError(f"{RUNNER_LABELS[runner]} on {workload.key} timed {len(rounds)} of {workload.rounds} rounds")
     final = np.load(out.with_suffix(".npy"))

@@ -20,9 +20,9 @@ import torch
 
 import common
 from fedcomp.api import make_server
+from fedcomp.platform.catalog import load_builtins
 from fedcomp.platform.config import load_config
 from fedcomp.platform.federation import build_algorithm, build_task
-from fedcomp.platform.catalog import load_builtins
 from fedcomp.platform.registry import TASKS
 from fedcomp.platform.vectorised import can_lockstep
 

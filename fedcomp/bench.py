@@ -32,8 +32,8 @@ import platform as _stdlib_platform
 import statistics
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 import torch
 
@@ -115,6 +115,7 @@ def run_fedcomp(config: Config, runner: str, repeat: int) -> Measurement:
 def run_plain(config: Config, repeat: int) -> Measurement:
     """The same FedAvg rounds as a plain single-process PyTorch loop on a flat parameter vector."""
     from fedcomp.platform.federation import build_task
+    from fedcomp.platform.problems import PLAIN, PlainProblem
     from fedcomp.platform.rng import generator
     from fedcomp.platform.server import sample_cohort
 
@@ -123,6 +124,7 @@ def run_plain(config: Config, repeat: int) -> Measurement:
 
     t0 = time.perf_counter()
     task = build_task(config)
+    problem: PlainProblem = task.problem(PLAIN)
     x = task.init_params(generator(seed, "init"))["x"]
     startup = time.perf_counter() - t0
 
@@ -137,9 +139,9 @@ def run_plain(config: Config, repeat: int) -> Measurement:
             xc = x.clone()
             for s in range(q):
                 step = r * q + s
-                batch = task.sample_batch(client, batch_size, generator(seed, "client-step", client, step))
+                batch = problem.sample_batch(client, batch_size, generator(seed, "client-step", client, step))
                 xg = xc.detach().requires_grad_(True)
-                loss = task.loss(xg, batch)
+                loss = problem.loss(xg, batch)
                 (grad,) = torch.autograd.grad(loss, xg)
                 xc = xc - lr * grad
                 loss_sum += float(loss.detach()) / q

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import NoReturn, Sequence
+from collections.abc import Sequence
+from typing import NoReturn
 
 from fedcomp.platform.config import parse_value
 from fedcomp.platform.errors import PlatformError
@@ -93,9 +94,9 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
+    from fedcomp.platform.catalog import load_builtins
     from fedcomp.platform.config import preset_description, preset_names
     from fedcomp.platform.problems import KIND_DESCRIPTIONS
-    from fedcomp.platform.catalog import load_builtins
     from fedcomp.platform.registry import ALGORITHMS, TASKS
 
     load_builtins()
@@ -103,8 +104,8 @@ def cmd_list(args: argparse.Namespace) -> int:
     for name, cls in sorted(ALGORITHMS.items()):
         print(f"  {name:<26} [{cls.kind}] {cls.description}")
     print("tasks:")
-    for name, cls in sorted(TASKS.items()):
-        print(f"  {name:<26} [{', '.join(sorted(cls.kinds))}] {cls.description}")
+    for name, task in sorted(TASKS.items()):
+        print(f"  {name:<26} [{', '.join(sorted(task.kinds))}] {task.description}")
     print("presets:")
     for name in preset_names():
         print(f"  {name:<26} {preset_description(name)}")
@@ -228,7 +229,8 @@ def one_line(error: BaseException) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return args.func(args)
+        code: int = args.func(args)
+        return code
     except PlatformError as error:
         print(f"fedcomp: error: {one_line(error)}", file=sys.stderr)
         return error.exit_code

@@ -16,9 +16,10 @@ import json
 import shutil
 import tempfile
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -101,7 +102,7 @@ class Verification:
 
 def backend_text(backend: Mapping[str, Any]) -> str:
     """``local`` or ``ray (4 client actors, clients_per_actor=4)``, from run.json's ``backend``."""
-    name = backend.get("name", "?")
+    name: str = backend.get("name", "?")
     if name == "ray":
         name += f" ({backend.get('client_actors')} client actors, clients_per_actor={backend.get('clients_per_actor')})"
     return name

@@ -22,8 +22,10 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Sequence
+from itertools import pairwise
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -55,7 +57,7 @@ def load_data(path: str) -> Any:
 def mlp(sizes: Sequence[int]) -> nn.Sequential:
     """A ReLU MLP with these layer widths (the same layers, in the same order, as fedcomp's task)."""
     layers: list[nn.Module] = []
-    for i, (fan_in, fan_out) in enumerate(zip(sizes[:-1], sizes[1:])):
+    for i, (fan_in, fan_out) in enumerate(pairwise(sizes)):
         layers.append(nn.Linear(fan_in, fan_out))
         if i < len(sizes) - 2:
             layers.append(nn.ReLU())

@@ -16,7 +16,8 @@ from __future__ import annotations
 import argparse
 import os
 import time
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import numpy as np
 import torch

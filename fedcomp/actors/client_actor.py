@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import os
-from typing import Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import ray
@@ -33,7 +34,7 @@ class ClientActor:
         # begin, k = the k-th answer) makes the first incarnation of that actor die (a real process exit) there.
         self._kill = os.environ.get("FEDCOMP_FAULT_KILL", "")
 
-    def ready(self) -> dict:
+    def ready(self) -> dict[str, Any]:
         """Where this actor landed: its clients, node, assigned GPU ids and the torch device it computes on."""
         if self.error is not None:
             raise self.error

@@ -18,8 +18,9 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import Any
 from urllib.parse import urlsplit
 
 import ray
@@ -49,7 +50,7 @@ def connect(address: str | None = None, worker_log_level: str | None = None) -> 
     if address:
         parse_address(address, field)  # a malformed address fails even where Ray is already up
     if not ray.is_initialized():
-        kwargs: dict = dict(include_dashboard=False, logging_level=logging.WARNING, configure_logging=True)
+        kwargs: dict[str, Any] = dict(include_dashboard=False, logging_level=logging.WARNING, configure_logging=True)
         if worker_log_level:
             kwargs["logging_config"] = ray.LoggingConfig(log_level=worker_log_level)
         quiet_ray_start()
@@ -319,8 +320,8 @@ def fedcomp_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k.startswith("FEDCOMP_")}
 
 
-def actor_options(resources: Mapping[str, float]) -> dict:
-    options: dict = {"num_cpus": resources.get("CPU", 0.0), "num_gpus": resources.get("GPU", 0.0), "max_restarts": 0}
+def actor_options(resources: Mapping[str, float]) -> dict[str, Any]:
+    options: dict[str, Any] = {"num_cpus": resources.get("CPU", 0.0), "num_gpus": resources.get("GPU", 0.0), "max_restarts": 0}
     env = fedcomp_env()
     if env:
         options["runtime_env"] = {"env_vars": env}

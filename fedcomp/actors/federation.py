@@ -17,7 +17,8 @@ replays the logged answers (the means sent so far).
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import ray
 from ray.exceptions import RayActorError, RayTaskError

@@ -34,7 +34,7 @@ class ServerActor:
             raise self.error
         return len(self.server.federation.actors)  # type: ignore[attr-defined]
 
-    def placement(self) -> list[dict]:
+    def placement(self) -> list[dict[str, Any]]:
         return list(self.server.federation.placement)  # type: ignore[attr-defined]
 
     def run_round(self) -> dict[str, Any]:
@@ -82,12 +82,12 @@ class RayServer:
         self.driver_s = 0.0
         self.finite = True
         self.replacements: list[dict[str, Any]] = []
-        self.actor = RemoteServer.options(**options).remote(config)
+        self.actor: Any = RemoteServer.options(**options).remote(config)
         try:
             # The server's constructor starts and awaits the client actors under the same deadline.
             wait_ready([self.actor], ["the server actor"], 2 * config.federation.actor_timeout_s + 60)
         except BaseException:
-            ray.kill(self.actor)
+            ray.kill(self.actor)  # type: ignore[arg-type]  # ray types .options().remote() as handle | class
             raise
 
     def _call(self, method: str, *args: Any) -> Any:
@@ -136,7 +136,7 @@ class RayServer:
     def describe(self) -> dict[str, Any]:
         return self._call("describe")
 
-    def placement(self) -> list[dict]:
+    def placement(self) -> list[dict[str, Any]]:
         """Per client actor: its clients, node id, assigned GPU ids and torch device."""
         return self._call("placement")
 

@@ -51,7 +51,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Literal, NamedTuple
+from typing import Any, Literal, NamedTuple, TypeVar
 
 import numpy as np
 import torch
@@ -126,6 +126,8 @@ GROUPS = ("White", "Black", "Other")
 _CONTINUOUS = ("age", "capital_gain", "capital_loss", "hours_per_week", "education_num")
 _INCOME = {"<=50K": 0, ">50K": 1}
 _DROPPED_RACES = ("White", "Black")
+
+V = TypeVar("V")
 
 
 class AdultSplit(NamedTuple):
@@ -303,11 +305,11 @@ def fake_adult_rows(n: int, seed: int) -> list[tuple[object, ...]]:
     def integer(low: int, high: int) -> int:
         return int(torch.randint(low, high + 1, (1,), generator=gen))
 
-    def pick(values: Sequence[str]) -> str:
+    def pick(values: Sequence[V]) -> V:
         return values[integer(0, len(values) - 1)]
 
     races = ("White",) * 6 + ("Black",) * 3 + ("Asian-Pac-Islander", "Amer-Indian-Eskimo", "Other")
-    rows = []
+    rows: list[tuple[object, ...]] = []
     for _ in range(n):
         age, education_num = integer(17, 90), integer(1, 16)
         rich = float(torch.rand(1, generator=gen)) < 0.1 + 0.6 * (age > 35) * (education_num > 9)
@@ -321,7 +323,7 @@ def fake_adult_rows(n: int, seed: int) -> list[tuple[object, ...]]:
     return rows
 
 
-def _read(path: Path) -> list[tuple]:
+def _read(path: Path) -> list[tuple[Any, ...]]:
     """Rows of one UCI file as tuples of typed values (ints, category strings, 0/1 label)."""
     rows = []
     vocab = {c: set(v) for c, v in CATEGORIES.items()}

@@ -184,7 +184,8 @@ def _resize(images: Tensor, side: int) -> Tensor:
 
     if images.shape[-2:] == (side, side):
         return images
-    return resize(images, [side, side], antialias=True)
+    resized: Tensor = resize(images, [side, side], antialias=True)
+    return resized
 
 
 # Sources: each returns _Raw with the dataset's own labels; keyword arguments are the shared options.

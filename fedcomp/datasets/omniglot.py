@@ -112,7 +112,7 @@ def _load(root: str, verify_md5: bool) -> OmniglotData:
     from PIL import Image, ImageOps
     from torchvision.datasets import Omniglot
 
-    class _Unverified(Omniglot):
+    class _Unverified(Omniglot):  # type: ignore[misc]  # (torchvision is untyped)
         def _check_integrity(self) -> bool:  # the extracted folder is enough (files written by write_omniglot)
             return os.path.isdir(os.path.join(self.root, self._get_target_folder()))
 
@@ -155,7 +155,7 @@ def _load(root: str, verify_md5: bool) -> OmniglotData:
     images = torch.empty(len(entries), drawings, 28, 28, dtype=torch.uint8)
     for c, (_, ds, positions) in enumerate(entries):
         for d, position in enumerate(positions):
-            image = ImageOps.invert(ds[position][0].convert("L")).resize((28, 28), Image.BILINEAR)
+            image = ImageOps.invert(ds[position][0].convert("L")).resize((28, 28), Image.Resampling.BILINEAR)
             images[c, d] = torch.from_numpy(np.asarray(image, dtype=np.uint8).copy())
     try:
         tmp = cache.with_name(cache.name + f".{os.getpid()}.tmp")

@@ -154,7 +154,9 @@ def train_val_split(indices: Tensor, fraction_train: float, seed: int) -> tuple[
 def train_val_split(
     indices: Sequence[Tensor], fraction_train: float, seed: int
 ) -> tuple[list[Tensor], list[Tensor]]: ...
-def train_val_split(indices, fraction_train, seed):
+def train_val_split(
+    indices: Tensor | Sequence[Tensor], fraction_train: float, seed: int
+) -> tuple[Tensor, Tensor] | tuple[list[Tensor], list[Tensor]]:
     """Random local train/validation split of each client's indices (FedNest uses 0.5 and 0.8).
 
     The validation part has ``ceil(n * (1 - fraction_train))`` examples, as in FedNest's code (148 -> 118/30).

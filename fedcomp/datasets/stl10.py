@@ -18,7 +18,7 @@ from __future__ import annotations
 import functools
 import os
 from pathlib import Path
-from typing import Literal
+from typing import Literal, cast
 
 import numpy as np
 import torch
@@ -88,7 +88,7 @@ def _dataset_class(verify_md5: bool) -> type:
     from torchvision.datasets import STL10
 
     if verify_md5:
-        return STL10
+        return cast(type, STL10)
     return type(
         "UncheckedSTL10",
         (STL10,),

@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import contextlib
 import math
-from typing import Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -50,7 +51,7 @@ class FlatModel:
         self.buffer_sizes = [m.num_features for _, m in self.norms for _ in range(2)]
         self.buffer_dim = sum(self.buffer_sizes)
         """Entries of :attr:`running` (a mean and a variance per BatchNorm channel); 0 without running statistics."""
-        self._untracked = {n: None for n, b in module.named_buffers()}
+        self._untracked: dict[str, Any] = {n: None for n, b in module.named_buffers()}
         self._running = self.initial_buffers()
         self._pending: list[list[Tensor]] = []
         """Batch statistics of training forwards not yet folded into ``_running`` (folded when it is read)."""
@@ -59,7 +60,7 @@ class FlatModel:
     @property
     def running(self) -> Tensor:
         """The running statistics training forwards move and evaluation forwards read (module docstring)."""
-        momenta = [m.momentum for _, m in self.norms for _ in range(2)]
+        momenta: list[Any] = [m.momentum for _, m in self.norms for _ in range(2)]  # floats: None is refused above
         for batch in self._pending:
             old = self._running.to(batch[0].device).split(self.buffer_sizes)
             self._running = torch.cat([(1 - m) * r + m * s for m, r, s in zip(momenta, old, batch)])

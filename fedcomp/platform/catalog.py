@@ -6,5 +6,5 @@ from __future__ import annotations
 
 def load_builtins() -> None:
     """Import the built-in algorithm and task modules so that they register themselves."""
-    import fedcomp.platform.algorithms  # noqa: F401
+    import fedcomp.platform.algorithms
     import fedcomp.platform.tasks  # noqa: F401

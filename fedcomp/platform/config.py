@@ -10,21 +10,24 @@ from __future__ import annotations
 
 import copy
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any, Literal, Mapping, Union
+from typing import Any, Literal, TypeVar
 
 import yaml
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
+from fedcomp.platform.catalog import load_builtins
 from fedcomp.platform.errors import ConfigError
 from fedcomp.platform.params import Params
-from fedcomp.platform.catalog import load_builtins
 from fedcomp.platform.registry import ALGORITHMS, TASKS
 from fedcomp.platform.yamlfile import parse_yaml, read_yaml_file
 
 SECTIONS = ("task", "algorithm", "federation", "run")
+
+T = TypeVar("T")
 
 
 def plain_name(value: str) -> str:
@@ -46,10 +49,10 @@ class FederationConfig(Params):
     clients_per_round: int | None = Field(None, ge=1, description="cohort size; null = all clients")
     backend: Literal["ray", "local"] = "ray"
     clients_per_actor: int = Field(1, ge=1, description="clients hosted by one Ray actor")
-    gpus_per_client: Union[float, Literal["auto"]] = Field(
+    gpus_per_client: float | Literal["auto"] = Field(
         "auto", description="GPU share per client; 'auto' = use GPUs only when the cluster has them"
     )
-    cpus_per_actor: Union[float, Literal["auto"]] = Field(
+    cpus_per_actor: float | Literal["auto"] = Field(
         "auto", description="CPU share per client actor; 'auto' = fit all actors into the cluster's CPUs"
     )
     ray_address: str | None = Field(None, description="existing cluster to join (else RAY_ADDRESS, else local)")
@@ -62,7 +65,7 @@ class FederationConfig(Params):
     )
 
     @model_validator(mode="after")
-    def _check(self) -> "FederationConfig":
+    def _check(self) -> FederationConfig:
         if self.clients_per_round is not None and self.clients_per_round > self.clients:
             raise ValueError(
                 f"clients_per_round = {self.clients_per_round}: must be <= federation.clients ({self.clients})"
@@ -130,7 +133,7 @@ class Config:
             "run": self.run.model_dump(mode="json"),
         }
 
-    def replace(self, **overrides: Any) -> "Config":
+    def replace(self, **overrides: Any) -> Config:
         """A new config with ``section.key`` (or ``section__key``) overrides applied and re-validated."""
         return load_config(self.to_dict(), overrides)
 
@@ -218,7 +221,7 @@ def _validate(section: str, model: type[BaseModel], raw: Mapping[str, Any]) -> A
         raise ConfigError(_describe(error, section, model, raw)) from None
 
 
-def _named(section: str, raw: Mapping[str, Any], table: dict[str, type]) -> tuple[str, type, dict[str, Any]]:
+def _named(section: str, raw: Mapping[str, Any], table: Mapping[str, T]) -> tuple[str, T, dict[str, Any]]:
     body = dict(raw)
     name = body.pop("name", None)
     if name is None:
@@ -244,7 +247,7 @@ def load_config(
         # had (a preset's beta does not apply to fedavg); keys given as overrides are always validated.
         new_name = overrides.get(f"{section}.name")
         block = raw.get(section)
-        if new_name in table and isinstance(block, dict) and block.get("name") != new_name:
+        if isinstance(new_name, str) and new_name in table and isinstance(block, dict) and block.get("name") != new_name:
             fields = getattr(table[new_name], attr).model_fields
             raw[section] = {k: v for k, v in block.items() if k == "name" or k in fields}
     raw = apply_overrides(raw, overrides)

@@ -28,7 +28,7 @@ def floats_communicated(df: pd.DataFrame) -> pd.Series:
     return df[present].sum(axis=1) if present else pd.Series(0.0, index=df.index)
 
 
-def build_figure(df: pd.DataFrame, headline: str, title: str = "") -> "Figure":
+def build_figure(df: pd.DataFrame, headline: str, title: str = "") -> Figure:
     """The 2 x 2 figure: rows ``headline`` and ``train_loss``, columns rounds and floats communicated.
 
     Uses matplotlib's object API on a bare :class:`~matplotlib.figure.Figure` (no pyplot, no global

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import platform
 import subprocess
+from collections.abc import Mapping
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 PACKAGES = ("fedcomp", "torch", "numpy", "ray", "pandas", "pyarrow", "scikit-learn", "torchvision")
 """Distributions whose versions can change a run's numbers or its files."""

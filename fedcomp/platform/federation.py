@@ -17,23 +17,23 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable, Generator, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Generator, Iterable, Sequence, TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
 from torch import Tensor
 
 from fedcomp.platform.algorithms.base import Algorithm, ClientContext, Outcome, StepInfo, Tensors
+from fedcomp.platform.catalog import load_builtins
 from fedcomp.platform.config import Config, FederationConfig
 from fedcomp.platform.errors import ResourceError
-from fedcomp.platform.catalog import load_builtins
 from fedcomp.platform.registry import ALGORITHMS, TASKS
 from fedcomp.platform.rng import generator
 from fedcomp.platform.state import BUFFERS, Means
-from fedcomp.platform.vectorised import can_lockstep, lockstep_local_steps
 from fedcomp.platform.tasks.base import Task
-
+from fedcomp.platform.vectorised import can_lockstep, lockstep_local_steps
 
 T = TypeVar("T")
 
@@ -43,7 +43,7 @@ def build_task(config: Config, device: str = "cpu") -> Task:
     return TASKS[config.task_name](config.task, config.run.seed, config.federation.clients, device)
 
 
-def build_algorithm(config: Config) -> Algorithm:
+def build_algorithm(config: Config) -> Algorithm[Any, Any]:
     load_builtins()
     return ALGORITHMS[config.algorithm_name](config.algorithm)
 
@@ -56,7 +56,7 @@ class Layout:
     sizes: tuple[int, ...]
 
     @classmethod
-    def of(cls, state: Tensors) -> "Layout":
+    def of(cls, state: Tensors) -> Layout:
         keys = tuple(sorted(state))
         return cls(keys, tuple(int(state[k].numel()) for k in keys))
 
@@ -124,7 +124,7 @@ class Session:
     round: int
     sub: int
     broadcast: Tensors
-    programs: dict[int, Generator]
+    programs: dict[int, Generator[Any, Any, Any]]
     running: dict[int, Tensor]
     """Each client's running statistics between the generator's steps (empty without module buffers)."""
     returned: bool
@@ -172,7 +172,7 @@ class ClientHost:
             run_one = self.algorithm.program(program)
             results = []
             for state, ctx in zip(starts, contexts):
-                (new, outputs, info), running = self._with_running(state, lambda: run_one(self.problem, state, ctx))
+                (new, outputs, info), running = self._with_running(state, lambda: run_one(self.problem, state, ctx))  # noqa: B023 (called at once)
                 results.append((self._keep_running(new, running), self._send_running(outputs, running, returned), info))
         return self._close(clients, results, broadcast, started)
 
@@ -201,7 +201,7 @@ class ClientHost:
         self.session.step += 1
         return self._advance(lambda gen: gen.send(Means({k: v.clone() for k, v in means.items()})), last, started)
 
-    def _advance(self, step: Callable[[Generator], Any], last: bool, started: float) -> Partial:
+    def _advance(self, step: Callable[[Generator[Any, Any, Any]], Any], last: bool, started: float) -> Partial:
         """Run ``step`` on every generator of the session; sum the yields, or close the session at its end."""
         session = self.session
         assert session is not None
@@ -209,7 +209,7 @@ class ClientHost:
         for client, gen in session.programs.items():
             state = {BUFFERS: session.running[client]} if client in session.running else {}
             try:
-                value, running = self._with_running(state, lambda: step(gen))
+                value, running = self._with_running(state, lambda: step(gen))  # noqa: B023 (called at once)
                 yielded.append(value)
             except StopIteration as stop:
                 new, outputs, info = stop.value

@@ -11,8 +11,9 @@ Second-order products use double backpropagation: H_yy v = d/dy <d/dy l, v> and 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextvars import ContextVar
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -91,7 +92,7 @@ def jvp_xy(loss: Loss2, x: Tensor, y: Tensor, v: Tensor) -> Tensor:
 def inner_value_vjp(problem: Any, x: Tensor, xi: Any) -> tuple[Tensor, Callable[[Tensor], Tensor]]:
     """(g_k(x; xi), v -> (dg_k(x; xi)/dx)^T v); the product may be taken once."""
     if LOCKSTEP.get():
-        value, pullback = torch.func.vjp(lambda z: problem.inner(z, xi), x)
+        value, pullback = torch.func.vjp(lambda z: problem.inner(z, xi), x)  # type: ignore[misc]  # (a 3-tuple only with has_aux)
         return value, lambda v: pullback(v)[0]
     x = x.detach().requires_grad_(True)
     value = problem.inner(x, xi)

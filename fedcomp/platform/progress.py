@@ -13,9 +13,10 @@ from __future__ import annotations
 import math
 import sys
 import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
-from typing import Any, Callable, Iterator, Literal, TextIO
+from typing import Any, Literal, TextIO
 
 Mode = Literal["bar", "log", "none"]
 LOG_EVERY_S = 30.0
@@ -139,7 +140,7 @@ class RunProgress:
             self.latest = latest
         if self.bar is not None:
             self.bar.update(round - self.bar.n)
-            if changed and self.headline in latest:
+            if changed and latest is not None and self.headline in latest:
                 self.bar.set_postfix({self.headline: _value(latest[self.headline])}, refresh=False)
             return
         if self.mode != "log":

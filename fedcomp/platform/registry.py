@@ -6,15 +6,20 @@ A new algorithm or task is one file that defines a class and decorates it with
 
 from __future__ import annotations
 
-from typing import Callable, TypeVar
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    from fedcomp.platform.algorithms.base import Algorithm
+    from fedcomp.platform.tasks.base import Task
 
 T = TypeVar("T", bound=type)
 
-ALGORITHMS: dict[str, type] = {}
-TASKS: dict[str, type] = {}
+ALGORITHMS: dict[str, type[Algorithm[Any, Any]]] = {}
+TASKS: dict[str, type[Task]] = {}
 
 
-def _register(table: dict[str, type], kind: str, name: str) -> Callable[[T], T]:
+def _register(table: dict[str, Any], kind: str, name: str) -> Callable[[T], T]:
     def decorate(cls: T) -> T:
         if name in table and table[name] is not cls:
             raise ValueError(f"{kind} name {name!r} is already registered by {table[name].__qualname__}")

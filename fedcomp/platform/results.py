@@ -12,7 +12,7 @@ import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pandas as pd
 import torch
@@ -126,7 +126,7 @@ def read_checkpoint(path: Path) -> dict[str, Any]:
     )
     if not valid:
         raise StorageError(f"{path} is not a fedcomp run checkpoint")
-    return checkpoint
+    return cast(dict[str, Any], checkpoint)
 
 
 def read_json(path: Path) -> dict[str, Any]:

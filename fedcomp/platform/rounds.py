@@ -22,8 +22,9 @@ its floats per participating client, an embedding call one exchange -- so an alg
 
 from __future__ import annotations
 
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Collection, Literal, Mapping
+from typing import Any, Literal
 
 import torch
 from torch import Tensor

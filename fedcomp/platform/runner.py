@@ -16,10 +16,11 @@ import secrets
 import shutil
 import sys
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, cast
 
 import pandas as pd
 import torch
@@ -47,7 +48,7 @@ class RunResult:
     @property
     def final(self) -> dict[str, Any]:
         """The last evaluation row."""
-        return self.metrics.iloc[-1].to_dict()
+        return cast(dict[str, Any], self.metrics.iloc[-1].to_dict())
 
 
 def new_run_id(config: Config) -> str:

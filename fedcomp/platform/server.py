@@ -8,8 +8,9 @@ states -- is what :meth:`Server.checkpoint` returns, so a restored server contin
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
 import torch
 

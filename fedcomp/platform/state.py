@@ -19,7 +19,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import typing
-from typing import Any, Mapping, TypeVar
+from collections.abc import Mapping
+from typing import Any, TypeVar
 
 from torch import Tensor
 
@@ -42,7 +43,7 @@ class State:
     @classmethod
     def tensor_names(cls) -> tuple[str, ...]:
         """The names :meth:`tensors` gives (a nested record's fields as ``outer.inner``)."""
-        nested = _nested_types(cls)
+        nested = _nested_types(cls)  # type: ignore[arg-type]  # mypy: a class object is hashable
         return tuple(
             m for n in cls.names() for m in ([f"{n}.{k}" for k in nested[n].tensor_names()] if n in nested else [n])
         )
@@ -53,7 +54,7 @@ class State:
         values: dict[str, Any] = {}
         missing = []
         for name in cls.names():
-            nested = _nested_types(cls).get(name)
+            nested = _nested_types(cls).get(name)  # type: ignore[arg-type]  # mypy: a class object is hashable
             if nested is not None:
                 prefix = name + "."
                 values[name] = nested.of({k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)})

@@ -30,9 +30,10 @@ import shutil
 import sys
 import time
 import warnings
+from collections.abc import Mapping, Sequence
 from dataclasses import fields
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, cast
 
 from fedcomp.platform.errors import ConfigError
 
@@ -103,14 +104,14 @@ def mlflow_experiment(client: Any, out: str | Path, name: str) -> str:
     """The id of experiment ``name`` (created with its artifacts under ``out`` if new)."""
     found = client.get_experiment_by_name(name)
     if found is not None:
-        return found.experiment_id
+        return cast(str, found.experiment_id)
     try:
-        return client.create_experiment(name, artifact_location=f"{mlflow_artifacts(out)}/{name}")
+        return cast(str, client.create_experiment(name, artifact_location=f"{mlflow_artifacts(out)}/{name}"))
     except Exception:  # another process created it first
         found = client.get_experiment_by_name(name)
         if found is None:
             raise
-        return found.experiment_id
+        return cast(str, found.experiment_id)
 
 
 class Tracker:
@@ -155,7 +156,8 @@ class TensorBoardTracker(Tracker):
         from tensorboardX import SummaryWriter
 
         self.logdir = Path(run_dir) / TENSORBOARD_DIR
-        self.config, self.counters, self.final = config, _counter_names(), {}
+        self.config, self.counters = config, _counter_names()
+        self.final: dict[str, Any] = {}
         # On resume, events after the checkpoint's round (logged before the crash) are dropped.
         self.writer = SummaryWriter(logdir=str(self.logdir), purge_step=start_round + 1 if start_round else None)
         if not start_round:
@@ -268,7 +270,7 @@ class WandbTracker(Tracker):
             name=run_id,
             id=wandb_id(run_id),
             dir=str(run_dir),
-            mode=self.mode,
+            mode=self.mode,  # type: ignore[arg-type]  # WANDB_MODE as set; wandb checks it
             config=flat_config(config),
             resume="allow",
             reinit="create_new",

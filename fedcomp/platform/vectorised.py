@@ -19,14 +19,15 @@ reproducible for a fixed packing.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 
 from fedcomp.platform.algorithms.base import LOCKSTEP, Algorithm, ClientContext, LocalSteps, StepInfo, Tensors
 
 
-def can_lockstep(algorithm: Algorithm, problem: Any, program: str, clients: int) -> bool:
+def can_lockstep(algorithm: Algorithm[Any, Any], problem: Any, program: str, clients: int) -> bool:
     """Whether ``program`` may run these clients in lockstep: the default ``local_steps`` program of a
     :class:`~fedcomp.platform.algorithms.base.DrawUpdate` algorithm on a vmappable problem, two clients or more."""
     return (
@@ -50,7 +51,7 @@ def _stack(trees: Sequence[Any]) -> Any:
         return type(first)(_stack([t[i] for t in trees]) for i in range(len(first)))
     if isinstance(first, dict):
         return {k: _stack([t[k] for t in trees]) for k in first}
-    if dataclasses.is_dataclass(first):
+    if dataclasses.is_dataclass(first) and not isinstance(first, type):
         return type(first)(*(_stack([getattr(t, f.name) for t in trees]) for f in dataclasses.fields(first)))
     raise TypeError(f"cannot stack a batch item of type {type(first).__name__}")
 

@@ -15,9 +15,10 @@ import math
 import os
 import sys
 import time
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any
 
 from ray.tune import Callback
 
@@ -93,7 +94,9 @@ class TrialProgress(Callback):
     def __getstate__(self) -> dict[str, Any]:  # Tune pickles its callbacks with the experiment state
         return {**self.__dict__, "_bar": None}
 
-    def setup(self, **info: Any) -> None:
+    def setup(
+        self, stop: Any = None, num_samples: int | None = None, total_num_samples: int | None = None, **info: Any
+    ) -> None:
         self.t0 = time.monotonic()
         if self.style == "bar":
             from tqdm.auto import tqdm
@@ -121,13 +124,13 @@ class TrialProgress(Callback):
         write_line(f"trial {self.done}/{self.total} {status}  {trial_label(trial.config)}  {shown}  "
                    f"elapsed {duration(elapsed)}{eta}")
 
-    def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+    def on_trial_complete(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
         self._finished(trial, "completed")
 
-    def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+    def on_trial_error(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
         self._finished(trial, "failed")
 
-    def on_experiment_end(self, trials: list, **info: Any) -> None:
+    def on_experiment_end(self, trials: list[Any], **info: Any) -> None:
         if self._bar is not None:
             self._bar.close()
             self._bar = None

@@ -28,17 +28,18 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Mapping
 from importlib import resources
 from pathlib import Path
-from typing import Any, Literal, Mapping, Union
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from fedcomp.platform.config import SECTIONS, Config, load_config, plain_name
 from fedcomp.platform.errors import ConfigError
+from fedcomp.platform.registry import TASKS
 from fedcomp.platform.report import metric_mode
 from fedcomp.platform.yamlfile import parse_yaml, read_yaml_file
-from fedcomp.platform.registry import TASKS
 
 DISTRIBUTIONS = ("uniform", "loguniform", "int", "choice")
 
@@ -63,9 +64,9 @@ class SweepSpec(BaseModel):
 
     name: str | None = Field(None, description="sweep-id prefix (default: the preset or file name)")
     description: str = ""
-    base: Union[str, dict[str, Any]] = Field("quickstart", description="run preset, run YAML file, or sections")
+    base: str | dict[str, Any] = Field("quickstart", description="run preset, run YAML file, or sections")
     set: dict[str, Any] = Field(default_factory=dict, description="fixed section.key overrides")
-    grid: Union[dict[str, Any], list[dict[str, Any]]] = Field(default_factory=dict, description="grid axes (a list = union of grids)")
+    grid: dict[str, Any] | list[dict[str, Any]] = Field(default_factory=dict, description="grid axes (a list = union of grids)")
     space: dict[str, dict[str, Any]] = Field(default_factory=dict, description="Optuna axes: {dist: args}")
     search: Literal["grid", "optuna"] = "grid"
     num_samples: int = Field(1, ge=1, description="Optuna: configurations to try; grid: must be 1")
@@ -90,7 +91,7 @@ class SweepSpec(BaseModel):
 
     @field_validator("grid")
     @classmethod
-    def _grid(cls, value: Union[dict[str, Any], list[dict[str, Any]]]) -> list[Grid]:
+    def _grid(cls, value: dict[str, Any] | list[dict[str, Any]]) -> list[Grid]:
         grids = value if isinstance(value, list) else ([value] if value else [])
         if isinstance(value, list) and not value:
             raise ValueError("grid = []: an empty list of grids has no points; give at least one grid or leave it out")
@@ -183,7 +184,7 @@ def _check_distribution(axis: str, dist: Mapping[str, Any]) -> None:
 
 def corners(spec: SweepSpec) -> list[dict[str, Any]]:
     """Optuna axes at their low and high ends (each choice once): the values checked before the sweep."""
-    out = []
+    out: list[dict[str, Any]] = []
     for axis, dist in spec.space.items():
         kind, args = next(iter(dist.items()))
         values = args if kind == "choice" else [int(a) if kind == "int" else a for a in args]
@@ -304,7 +305,7 @@ def load_spec(source: str | Path | Mapping[str, Any] | SweepSpec, **changes: Any
         msg = first["msg"].removeprefix("Value error, ")
         if first["type"] == "extra_forbidden":
             raise ConfigError(f"sweep key {field!r} is unknown; allowed: {', '.join(SweepSpec.model_fields)}") from None
-        value = raw.get(field, None)
+        value = raw.get(field)
         if msg.startswith(("grid", "space")):
             raise ConfigError(msg) from None
         raise ConfigError(f"sweep {field} = {value!r}: {msg}") from None

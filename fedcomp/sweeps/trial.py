@@ -13,9 +13,10 @@ import json
 import logging
 import os
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, cast
 
 from ray import tune
 
@@ -93,12 +94,13 @@ def pinned_config(spec: SweepSpec, trial: Mapping[str, Any], cluster_has_gpus: b
     })
 
 
-def _save(directory: Path, checkpoint: dict[str, Any], placement: list[dict] | None) -> tune.Checkpoint:
+def _save(directory: Path, checkpoint: dict[str, Any], placement: list[dict[str, Any]] | None) -> tune.Checkpoint:
     results.write_checkpoint(directory / results.CHECKPOINT, checkpoint)
     results.write_metrics(directory / results.METRICS, checkpoint["rows"])
     if placement is not None:
         results.write_json(directory / "placement.json", placement)
-    return tune.Checkpoint.from_directory(str(directory))
+    # from_directory builds the class it is called on; ray annotates it with the base class
+    return cast(tune.Checkpoint, tune.Checkpoint.from_directory(str(directory)))
 
 
 def run_trial(trial: dict[str, Any], spec_json: str, cluster_has_gpus: bool, env: dict[str, str]) -> None:
@@ -155,10 +157,10 @@ def read_trial_rows(checkpoint: tune.Checkpoint | None) -> list[dict[str, Any]]:
             return []
         import pandas as pd
 
-        return pd.read_parquet(path).to_dict("records")
+        return cast(list[dict[str, Any]], pd.read_parquet(path).to_dict("records"))
 
 
-def read_trial_placement(checkpoint: tune.Checkpoint | None) -> list[dict] | None:
+def read_trial_placement(checkpoint: tune.Checkpoint | None) -> list[dict[str, Any]] | None:
     if checkpoint is None:
         return None
     with checkpoint.as_directory() as folder:

@@ -15,10 +15,11 @@ import io
 import logging
 import os
 import secrets
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, cast
 
 import pandas as pd
 from pydantic import ValidationError
@@ -29,6 +30,12 @@ from fedcomp.platform.errors import ConfigError, ResourceError, StorageError
 from fedcomp.sweeps.callbacks import TrialProgress, logger_callbacks, no_auto_loggers
 from fedcomp.sweeps.spec import SweepSpec, corners, load_spec
 from fedcomp.sweeps.trial import placement_group_factory, read_trial_rows, run_trial, trial_resources
+
+if TYPE_CHECKING:
+    from ray import tune
+    from ray.tune import ResultGrid
+    from ray.tune.schedulers import TrialScheduler
+    from ray.tune.search import Searcher
 
 SWEEP_JSON = "sweep.json"
 TRIALS = "trials.parquet"
@@ -76,7 +83,7 @@ def _check_fits(spec: SweepSpec, cluster: Mapping[str, float], has_gpus: bool) -
                 raise ResourceError(f"{what}: no node can hold the bundle {bundle}; nodes have {nodes}")
 
 
-def _trainable(spec: SweepSpec, has_gpus: bool):
+def _trainable(spec: SweepSpec, has_gpus: bool) -> Any:
     from ray import tune
 
     fn = tune.with_parameters(
@@ -90,7 +97,7 @@ def _param_space(spec: SweepSpec) -> dict[str, Any]:
 
     if spec.search == "grid":
         return {"point": tune.grid_search(spec.points()), "run.seed": tune.grid_search(spec.seed_values())}
-    makers = {"uniform": tune.uniform, "loguniform": tune.loguniform, "int": lambda lo, hi: tune.randint(lo, hi + 1)}
+    makers: dict[str, Callable[..., Any]] = {"uniform": tune.uniform, "loguniform": tune.loguniform, "int": lambda lo, hi: tune.randint(lo, hi + 1)}
     space = {}
     for axis, dist in spec.space.items():
         kind, args = next(iter(dist.items()))
@@ -98,11 +105,12 @@ def _param_space(spec: SweepSpec) -> dict[str, Any]:
     return space
 
 
-def _tune_config(spec: SweepSpec):
+def _tune_config(spec: SweepSpec) -> tune.TuneConfig:
     from ray import tune
 
     metric, mode = spec.resolved_metric()
-    search_alg = scheduler = None
+    search_alg: Searcher | None = None
+    scheduler: TrialScheduler | None = None
     num_samples = 1
     if spec.search == "optuna":
         import optuna
@@ -125,7 +133,7 @@ def _tune_config(spec: SweepSpec):
     )
 
 
-def _run_config(spec: SweepSpec, path: Path, verbose: int):
+def _run_config(spec: SweepSpec, path: Path, verbose: int) -> tune.RunConfig:
     from ray import tune
 
     run = spec.base_config().run
@@ -276,7 +284,7 @@ def resume_sweep(path: str | Path, ray_address: str | None = None, verbose: int 
     return _fit(tuner, spec, path, verbose)
 
 
-def _finish(grid, spec: SweepSpec, path: Path) -> SweepResult:
+def _finish(grid: ResultGrid, spec: SweepSpec, path: Path) -> SweepResult:
     frame = collect(grid, spec)
     buf = io.BytesIO()
     frame.to_parquet(buf, index=False)
@@ -284,7 +292,7 @@ def _finish(grid, spec: SweepSpec, path: Path) -> SweepResult:
     return SweepResult(path, spec, frame)
 
 
-def collect(grid, spec: SweepSpec) -> pd.DataFrame:
+def collect(grid: ResultGrid, spec: SweepSpec) -> pd.DataFrame:
     """One row per trial and evaluation round: trial id and status, the trial's full config flattened
     to ``section.key`` columns, then its metric columns.
 
@@ -292,8 +300,9 @@ def collect(grid, spec: SweepSpec) -> pd.DataFrame:
     and resumes); a trial stopped early by ASHA adds the rows it reported after that checkpoint.
     """
     frames, config_columns, metric_columns = [], {}, {}
-    for result in grid:
-        trial = dict(result.config)
+    for i in range(len(grid)):  # a ResultGrid is indexed (its type declares no __iter__)
+        result = grid[i]
+        trial = dict(cast(dict[str, Any], result.config))  # a trial's result always holds its config
         config = _flatten(spec.trial_config(trial).to_dict())
         rows = read_trial_rows(result.checkpoint)
         last = max((r["round"] for r in rows), default=-1)

@@ -161,7 +161,7 @@ class Cluster:
                      "--include-dashboard", "false", "--temp-dir", str(Path(self.tmp) / "ray")]  # RAY_TMPDIR's default
         else:
             args += ["--address", f"127.0.0.1:{self.port}"]
-        log = open(Path(self.tmp) / f"start-{len(self.procs)}.log", "w")
+        log = open(Path(self.tmp) / f"start-{len(self.procs)}.log", "w")  # noqa: SIM115 (the node's stdout for its life)
         self.procs.append(subprocess.Popen(args, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
         return ports[7]
 

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import common
 import pandas as pd
+
+import common
 
 
 def test_rewriting_results_keeps_sections_other_scripts_published(tmp_path):

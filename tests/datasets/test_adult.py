@@ -138,7 +138,7 @@ def test_missing_files_and_bad_lines_are_one_line_errors(tmp_path, fake_root):
         load_adult(tmp_path / "nowhere")
     assert "\n" not in str(info.value) and "adult.data, adult.test" in str(info.value)
     (fake_root / "adult" / "adult.test").unlink()
-    with pytest.raises(FileNotFoundError, match="missing: adult.test"):
+    with pytest.raises(FileNotFoundError, match=r"missing: adult\.test"):
         load_adult(fake_root)
     bad = tmp_path / "bad"
     write_adult(bad, [ROW], [ROW])

@@ -111,7 +111,7 @@ def test_bad_arguments_name_the_value(tmp_path):
         load_cifar("cifar10", "val")
     with pytest.raises(ValueError, match=r"\[N, 3, 32, 32\]"):
         write_cifar_batches(tmp_path, torch.zeros(2, 32, 32, 3, dtype=torch.uint8), [0, 1], "cifar10")
-    with pytest.raises(ValueError, match="0..9"):
+    with pytest.raises(ValueError, match=r"0\.\.9"):
         write_cifar_batches(tmp_path, torch.zeros(2, 3, 32, 32, dtype=torch.uint8), [0, 10], "cifar10")
 
 

@@ -10,8 +10,8 @@ import torch
 
 pytest.importorskip("sklearn", reason="the offline sets ship with scikit-learn")
 
-from fedcomp.datasets import offline  # noqa: E402
-from fedcomp.datasets.offline import breast_cancer, digits  # noqa: E402
+from fedcomp.datasets import offline
+from fedcomp.datasets.offline import breast_cancer, digits
 
 DIGIT_SIZES = [178, 182, 177, 183, 181, 182, 181, 179, 174, 180]
 

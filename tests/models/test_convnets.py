@@ -69,5 +69,5 @@ def test_output_weight_slice_points_at_the_last_linear_weight():
         x = torch.arange(count(module), dtype=torch.float32)
         weight = FlatModel(module).unflatten(x)[name]
         torch.testing.assert_close(x[output_weight_slice(module)], weight.reshape(-1))
-    with pytest.raises(ValueError, match="without an nn.Linear layer"):
+    with pytest.raises(ValueError, match=r"without an nn\.Linear layer"):
         output_weight_slice(nn.Conv2d(1, 1, 3))

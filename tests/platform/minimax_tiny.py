@@ -24,7 +24,8 @@ difference is about y*(x), the best response to x (what CoDA's dual restart esti
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from pydantic import Field

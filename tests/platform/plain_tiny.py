@@ -11,7 +11,8 @@ Both are registered on import (local backend only: Ray workers do not import the
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -19,7 +20,6 @@ from pydantic import Field
 from torch import Tensor
 
 from fedcomp.platform.config import load_config
-
 from fedcomp.platform.params import Params
 from fedcomp.platform.problems import PLAIN
 from fedcomp.platform.registry import TASKS, register_task

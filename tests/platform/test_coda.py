@@ -16,8 +16,8 @@ from fedcomp.platform.config import load_config
 from fedcomp.platform.errors import ConfigError
 from fedcomp.platform.federation import LocalFederation, build_algorithm, build_task
 from fedcomp.platform.registry import TASKS
-from fedcomp.platform.rounds import Round
 from fedcomp.platform.rng import generator
+from fedcomp.platform.rounds import Round
 from fedcomp.platform.server import Server
 from tests.platform.helpers import check_breast_cancer_run, check_resume
 from tests.platform.minimax_tiny import config
@@ -103,7 +103,7 @@ def test_dual_restart_is_mean_negative_minus_mean_positive_score_over_all_client
     x, y = torch.tensor([0.3, -0.2, 0.5]), torch.tensor([7.0])
     for round_, stage in ((0, 1), (2_500, 2)):
         assert server.algorithm.plan(round_).stage == stage and server.algorithm.plan(round_).first
-        fed = Round(server.federation, round_, lambda k=0: [0, 1, 2], lambda *ids: generator(SEED, "server", round_, *ids),
+        fed = Round(server.federation, round_, lambda k=0: [0, 1, 2], lambda *ids: generator(SEED, "server", round_, *ids),  # noqa: B023 (used in this iteration)
                     server.problem, 3)
         alpha = server.algorithm.restart_dual(fed, x, y)
         scores, labels = [], []
@@ -187,7 +187,7 @@ def test_coda_rounds_match_a_hand_computation(restart_from):
     expected = hand_rounds(cfg, plans, restart=True)
     server = Server(cfg, LocalFederation)
     assert server.algorithm.averaged == ("x", "y")
-    for r, want in enumerate(expected):
+    for want in expected:
         record = server.run_round()
         assert set(server.tensors()) == {"x", "y", "v_ref", "x_acc"}
         for key in want:

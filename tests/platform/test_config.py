@@ -91,5 +91,5 @@ def test_user_yaml_file(tmp_path):
 def test_switching_algorithm_drops_only_the_presets_keys():
     config = load_config("quickstart", {"algorithm.name": "fcsg"})  # the preset's beta belongs to fcsg-m
     assert config.algorithm_name == "fcsg" and not hasattr(config.algorithm, "beta")
-    with pytest.raises(ConfigError, match="algorithm.beta: unknown key"):
+    with pytest.raises(ConfigError, match=r"algorithm\.beta: unknown key"):
         load_config("quickstart", {"algorithm.name": "fcsg", "algorithm.beta": 0.5})

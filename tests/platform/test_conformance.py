@@ -30,8 +30,9 @@ import io
 import math
 import os
 import pickle
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -39,8 +40,8 @@ import pytest
 import torch
 
 import fedcomp
-import fedcomp.platform.algorithms  # noqa: F401  (registers the built-in algorithms before collection)
-import fedcomp.platform.tasks  # noqa: F401  (and the built-in tasks)
+import fedcomp.platform.algorithms
+import fedcomp.platform.tasks
 from fedcomp.api import make_server
 from fedcomp.platform.config import Config, load_config
 from fedcomp.platform.errors import ConfigError
@@ -624,8 +625,8 @@ def out_of_range(name: str) -> tuple[str, float]:
 @pytest.mark.parametrize("name", cases("bad input"))
 def test_a_bad_hyperparameter_is_rejected_in_one_line_and_nothing_is_written(name, tmp_path):
     out = tmp_path / "results"
-    key, value = out_of_range(name)
-    for key, value, allowed in ((key, value, "greater than"), ("algorithm.bogus", 1, "allowed keys: name")):
+    bad_key, bad_value = out_of_range(name)
+    for key, value, allowed in ((bad_key, bad_value, "greater than"), ("algorithm.bogus", 1, "allowed keys: name")):
         with pytest.raises(ConfigError) as error:
             load_config(raw_config(name), {key: value})
         message = str(error.value)

@@ -10,11 +10,11 @@ from torch import Tensor
 
 import fedcomp
 import fedcomp.platform.algorithms.dro_baselines as dro_baselines  # registers the algorithms
-from fedcomp.platform.config import load_config
-from fedcomp.platform.params import Params
 from fedcomp.losses.dro import robust_weights
+from fedcomp.platform.config import load_config
 from fedcomp.platform.errors import ConfigError
 from fedcomp.platform.federation import LocalFederation, build_task
+from fedcomp.platform.params import Params
 from fedcomp.platform.problems import COMPOSITIONAL_GLOBAL
 from fedcomp.platform.registry import TASKS, register_task
 from fedcomp.platform.rng import generator

@@ -11,8 +11,8 @@ from pydantic import Field
 import fedcomp
 from fedcomp.platform.algorithms.fednest import fresh_cohorts
 from fedcomp.platform.config import load_config
-from fedcomp.platform.params import Params
 from fedcomp.platform.federation import LocalFederation
+from fedcomp.platform.params import Params
 from fedcomp.platform.problems import BILEVEL
 from fedcomp.platform.registry import TASKS, register_task
 from fedcomp.platform.rng import generator
@@ -195,8 +195,8 @@ def test_figure4_fednest_converges_geometrically_while_fedavg_s_stalls():
 def test_fedavg_s_step_by_hand(update):
     """Simultaneous: both gradients at (x, y); alternating (the authors' notebook): y's ascent step first, then
     x's descent step at the new y."""
-    from fedcomp.platform.federation import build_algorithm, build_task
     from fedcomp.platform.algorithms.fednest import Point
+    from fedcomp.platform.federation import build_algorithm, build_task
 
     cfg = load_config({"task": {"name": "minimax-quadratic"}, "algorithm": {"name": "fedavg-s", "lr": 0.1,
                        "inner_lr": 0.3, "update": update}, "federation": {"clients": 4, "backend": "local"},

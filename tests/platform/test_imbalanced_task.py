@@ -14,11 +14,11 @@ from sklearn.metrics import average_precision_score, roc_auc_score
 import fedcomp
 from fedcomp.datasets import binary, partition
 from fedcomp.losses.auc import ap_surrogate_loss, auc_square_loss
-from fedcomp.platform.oracles import inner_value_vjp
+from fedcomp.platform.catalog import load_builtins
 from fedcomp.platform.config import load_config
 from fedcomp.platform.federation import build_task
+from fedcomp.platform.oracles import inner_value_vjp
 from fedcomp.platform.problems import COMPOSITIONAL_MINIMAX, CONDITIONAL, MINIMAX, PLAIN
-from fedcomp.platform.catalog import load_builtins
 from fedcomp.platform.registry import ALGORITHMS
 from fedcomp.platform.tasks.imbalanced import Dataset, ImbalancedBinary
 from tests.conftest import results_root

@@ -11,9 +11,9 @@ import torch
 import fedcomp
 from fedcomp.platform.algorithms.base import ClientContext
 from fedcomp.platform.algorithms.local_scgdam import LocalSCGDAM, LocalSGDAM
-from fedcomp.platform.oracles import inner_value_vjp
 from fedcomp.platform.errors import ConfigError
 from fedcomp.platform.federation import LocalFederation, build_algorithm, build_task
+from fedcomp.platform.oracles import inner_value_vjp
 from fedcomp.platform.problems import COMPOSITIONAL_MINIMAX, CompositionalMinimaxProblem, MinimaxProblem
 from fedcomp.platform.registry import TASKS
 from fedcomp.platform.rng import generator

@@ -22,7 +22,6 @@ from tests.conftest import results_root
 from tests.platform.helpers import run
 from tests.platform.plain_tiny import SEED, config, step_gen, synthetic_config, x0
 
-
 # ------------------------------------------------------------------------------------------------ LocalSGDM
 
 

@@ -8,12 +8,12 @@ import pytest
 import torch
 
 import fedcomp
-from fedcomp.platform.oracles import inner_value_vjp, outer_grad
+from fedcomp.models.functional import FlatModel
+from fedcomp.models.mlp import mlp
 from fedcomp.platform.config import load_config
 from fedcomp.platform.errors import ConfigError
 from fedcomp.platform.federation import LocalFederation, build_algorithm, build_task
-from fedcomp.models.functional import FlatModel
-from fedcomp.models.mlp import mlp
+from fedcomp.platform.oracles import inner_value_vjp, outer_grad
 from fedcomp.platform.problems import COMPOSITIONAL, CONDITIONAL, CompositionalProblem, ConditionalProblem
 from fedcomp.platform.rng import generator
 from fedcomp.platform.server import Server
@@ -271,7 +271,7 @@ def test_bad_config_is_one_clear_line(overrides, message):
 
 
 def test_too_few_classes_per_client_is_a_config_error(tmp_path):
-    with pytest.raises(ConfigError, match="task.client_split = 'classes'.*fewer than ways = 5"):
+    with pytest.raises(ConfigError, match=r"task\.client_split = 'classes'.*fewer than ways = 5"):
         fedcomp.run(fewshot(**{"task.client_split": "classes", "federation.clients": 16, "run.out": str(tmp_path)}))
 
 

@@ -11,12 +11,12 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
+from fedcomp.losses.dro import DualPenalty, project_simplex, robust_loss
 from fedcomp.platform.algorithms.dro_baselines import IndexedExampleProblem
 from fedcomp.platform.config import load_config
-from fedcomp.platform.params import Params
-from fedcomp.losses.dro import DualPenalty, project_simplex, robust_loss
 from fedcomp.platform.errors import ConfigError
 from fedcomp.platform.federation import LocalFederation, build_task
+from fedcomp.platform.params import Params
 from fedcomp.platform.problems import COMPOSITIONAL_GLOBAL
 from fedcomp.platform.registry import TASKS, register_task
 from fedcomp.platform.rng import generator

@@ -75,7 +75,7 @@ def test_the_python_api_raises_diverged(tmp_path):
 
 def test_a_run_name_cannot_leave_run_out(tmp_path):
     out = tmp_path / "a" / "b"
-    with pytest.raises(ConfigError, match="run.name = '../../escaped': must be a plain folder name"):
+    with pytest.raises(ConfigError, match=r"run\.name = '\.\./\.\./escaped': must be a plain folder name"):
         fedcomp.run("quickstart", small(**{"run.out": str(out), "run.name": "../../escaped"}))
     assert list(tmp_path.iterdir()) == []
     result = fedcomp.run("quickstart", small(**{"run.out": str(out), "run.name": "my run 1"}))

@@ -142,7 +142,7 @@ def test_a_missing_tracking_library_is_one_line_naming_the_extra(tmp_path, capsy
 
 
 def test_an_unknown_tracker_is_a_config_error(tmp_path):
-    with pytest.raises(fedcomp.ConfigError, match="run.track"):
+    with pytest.raises(fedcomp.ConfigError, match=r"run\.track"):
         tracked(tmp_path, "neptune")
 
 

@@ -9,13 +9,12 @@ import pytest
 import torch
 
 import fedcomp
+from fedcomp.platform.algorithms.base import ClientContext
 from fedcomp.platform.algorithms.fcsg import FCSG
 from fedcomp.platform.config import load_config
 from fedcomp.platform.federation import ClientHost, Layout, build_algorithm, build_task
 from fedcomp.platform.rng import generator
 from fedcomp.platform.vectorised import can_lockstep, lockstep_local_steps
-from fedcomp.platform.algorithms.base import ClientContext
-
 from tests.conftest import small
 
 ROUNDING = dict(rtol=1e-5, atol=1e-6)  # a few float32 ulps per step, accumulated over the steps

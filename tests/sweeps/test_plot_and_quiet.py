@@ -26,15 +26,14 @@ SPEC = {
 
 def trials() -> pd.DataFrame:
     """FCSG trials have no beta (NaN after the Parquet round trip, as in a real trials.parquet)."""
-    rows, i = [], 0
-    for name, lr, beta in [("fcsg", 0.1, None), ("fcsg", 0.01, None), ("fcsg-m", 0.1, 0.1), ("fcsg-m", 0.1, 0.9),
-                           ("fcsg-m", 0.01, 0.1), ("fcsg-m", 0.01, 0.9)]:
+    rows = []
+    for i, (name, lr, beta) in enumerate([("fcsg", 0.1, None), ("fcsg", 0.01, None), ("fcsg-m", 0.1, 0.1),
+                                          ("fcsg-m", 0.1, 0.9), ("fcsg-m", 0.01, 0.1), ("fcsg-m", 0.01, 0.9)]):
         final = {"fcsg": 0.8, "fcsg-m": 0.9}[name] - lr - (beta or 0) / 10
         for rnd in (0, 1, 2):
             rows.append({"trial": f"t{i}", "status": "completed", "algorithm.name": name, "algorithm.lr": lr,
                          "algorithm.beta": beta, "run.seed": 0, "round": rnd, "comm_rounds": rnd,
                          "test_accuracy": final * rnd / 2})
-        i += 1
     buffer = io.BytesIO()
     pd.DataFrame(rows).to_parquet(buffer, index=False)
     return pd.read_parquet(buffer)

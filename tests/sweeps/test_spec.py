@@ -99,9 +99,9 @@ def test_bad_specs_are_one_clear_line(changes, message):
 
 
 def test_unknown_sweep_preset_and_missing_file(tmp_path):
-    with pytest.raises(ConfigError, match="sweep 'nosuch' is unknown; allowed: .*quick"):
+    with pytest.raises(ConfigError, match=r"sweep 'nosuch' is unknown; allowed: .*quick"):
         load_spec("nosuch")
-    with pytest.raises(ConfigError, match="sweep file .* does not exist"):
+    with pytest.raises(ConfigError, match=r"sweep file .* does not exist"):
         load_spec(str(tmp_path / "missing.yaml"))
     (tmp_path / "list.yaml").write_text("- 1\n- 2\n")
     with pytest.raises(ConfigError, match="must be a mapping"):

@@ -23,14 +23,16 @@ import functools
 import inspect
 import typing
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Generator, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar, Generator, Generic, Mapping, Protocol, TypeVar
+from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 import torch
 from pydantic import Field
 from torch import Tensor
 
-from fedcomp.platform.oracles import LOCKSTEP, grad_and_loss  # noqa: F401  (re-exported: algorithms import them from here)
+# re-exported: algorithms import them from here
+from fedcomp.platform.oracles import LOCKSTEP as LOCKSTEP, grad_and_loss as grad_and_loss
 from fedcomp.platform.params import Params
 from fedcomp.platform.rounds import Round
 from fedcomp.platform.state import Means, State

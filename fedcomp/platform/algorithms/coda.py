@@ -251,7 +251,8 @@ class _Stagewise(Algorithm[Model, StageServer]):
     def _stage_lr(self, stage: int) -> float:
         """eta_s = eta_0 / 3^(s-1); 0 once 3^(s-1) leaves the float range (s > 647)."""
         try:
-            return self.hp.lr / 3.0 ** (stage - 1)
+            lr: float = self.hp.lr / 3.0 ** (stage - 1)
+            return lr
         except OverflowError:
             return 0.0
 
@@ -289,7 +290,8 @@ class _Stagewise(Algorithm[Model, StageServer]):
             )
         sums = fed.call("coda_restart", fed.cohort(), Model(x=x, y=y), message="embedding").class_sums
         margin = float(getattr(fed.problem, "margin", 0.0))
-        alpha = dual_restart_value(*(float(v) for v in sums), margin=margin)
+        pos_sum, pos_count, neg_sum, neg_count = (float(v) for v in sums)
+        alpha = dual_restart_value(pos_sum, pos_count, neg_sum, neg_count, margin=margin)
         return y if alpha is None else torch.full_like(y, alpha)
 
     # -- client side ----------------------------------------------------------------------------------------------
@@ -308,7 +310,7 @@ class _Stagewise(Algorithm[Model, StageServer]):
         x_sum, samples, loss = torch.zeros_like(x), 0, 0.0
         for i in range(plan.steps):
             batch = problem.sample(ctx.client, "inner", self.hp.outer_batch, ctx.rng(plan.first_step + i))
-            gx, gy, value = grad_xy_and_value(lambda a, b: problem.loss(a, b, batch), x, y)
+            gx, gy, value = grad_xy_and_value(lambda a, b: problem.loss(a, b, batch), x, y)  # noqa: B023 (called in this iteration)
             x, y = self.step(problem, x, y, gx, gy, v_ref, plan.lr)
             x_sum = x_sum + x
             samples += batch_size(batch)
@@ -345,9 +347,10 @@ class CoDA(_Stagewise):
 
     HParams: ClassVar[type[Params]] = CoDAHParams
     description = "CoDA: stagewise proximal local SGDA with dual restarts; x, y averaged (Guo et al. 2020; A19)"
+    hp: CoDAHParams
     restarts_dual = True
 
-    def __new__(cls, hparams: Any = None) -> "CoDA":
+    def __new__(cls, hparams: Any = None) -> CoDA:
         """``coda_mode: plain_local_sgda`` builds :class:`PlainLocalSGDA` (no stages: another server state)."""
         plain = hparams is not None and hparams.coda_mode == "plain_local_sgda"
         return super().__new__(PlainLocalSGDA if plain else cls)
@@ -385,6 +388,7 @@ class CODAPlus(_Stagewise):
 
     HParams: ClassVar[type[Params]] = CODAPlusHParams
     description = "CODA+: stagewise proximal local primal-dual SGD, alpha >= 0; x, y averaged (Yuan et al. 2021; A7)"
+    hp: CODAPlusHParams
 
     def lengths(self, stage: int) -> tuple[int, int]:
         period = min(self.hp.local_steps * self.hp.period_growth ** (stage - 1), self.hp.stage_steps)
@@ -401,6 +405,7 @@ class CODAPlus(_Stagewise):
         self, problem: Any, x: Tensor, y: Tensor, gx: Tensor, gy: Tensor, v_ref: Tensor | None, lr: float
     ) -> tuple[Tensor, Tensor]:
         hp = self.hp
+        assert v_ref is not None  # CODA+'s local steps always read a stage's reference point
         clipped = gx if hp.clip is None else gx.clamp(-hp.clip, hp.clip)
         x = x - lr * (clipped + (x - v_ref) / hp.gamma + hp.weight_decay * x)
         if hp.dual_step == "closed-form":

@@ -40,13 +40,14 @@ from torch import Tensor
 
 from fedcomp.losses.dro import robust_loss, robust_weights
 from fedcomp.platform.algorithms.base import ClientContext, Exchange, StepInfo, Tensors, batch_size
-from fedcomp.platform.algorithms.feddro import Compositional, CompositionalHParams, Model, unsent
+from fedcomp.platform.algorithms.feddro import Compositional, CompositionalHParams, unsent
 from fedcomp.platform.errors import ConfigError
 from fedcomp.platform.oracles import outer_grad, plain_inner_vjp
 from fedcomp.platform.params import Params
 from fedcomp.platform.problems import GlobalCompositionalProblem
 from fedcomp.platform.registry import register_algorithm
 from fedcomp.platform.rounds import Round
+from fedcomp.platform.state import Model
 
 __all__ = [
     "CohortWeights",
@@ -113,7 +114,7 @@ class FastDROHParams(ParallelHParams):
     reg: float = Field(0.0, ge=0, description="penalty on the divergence from uniform (KL for cvar, chi2 for chi2)")
 
     @model_validator(mode="after")
-    def _check(self) -> "FastDROHParams":
+    def _check(self) -> FastDROHParams:
         if self.geometry == "cvar" and (self.size is None or self.size > 1):
             raise ValueError(f"size = {self.size!r}: for geometry 'cvar' it is alpha and must be in (0, 1]")
         if self.geometry == "chi2" and self.size is None and self.reg == 0:

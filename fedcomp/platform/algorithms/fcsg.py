@@ -18,6 +18,7 @@ G is the gradient of the empirical nested objective f_xi(mean_j g_{eta_j}(x, xi)
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from pydantic import Field
@@ -54,11 +55,11 @@ class AccClient(ModelMomentum):
     """The point of the client's previous estimate (kept locally, never averaged)."""
 
 
-class _FCSGBase(LocalSteps):
+class _FCSGBase(LocalSteps[Any, Any]):
     kind = CONDITIONAL
     hp: FCSGHParams
 
-    def draw(self, problem: ConditionalProblem, client: int, step: int, gen: torch.Generator) -> tuple[tuple, int]:
+    def draw(self, problem: ConditionalProblem, client: int, step: int, gen: torch.Generator) -> tuple[tuple[Any, ...], int]:
         n = self.hp.first_batch if step == 0 else self.hp.outer_batch
         outer = problem.sample_outer(client, n, gen)
         return (outer, problem.sample_inner(client, outer, self.hp.inner_batch, gen)), n * self.hp.inner_batch
@@ -75,7 +76,7 @@ class FCSG(_FCSGBase):
     def init(self, variables: Tensors) -> Model:
         return Model(x=variables["x"].clone())
 
-    def update(self, problem: ConditionalProblem, state: Model, batch: tuple, step: int) -> tuple[Model, Tensor]:
+    def update(self, problem: ConditionalProblem, state: Model, batch: tuple[Any, ...], step: int) -> tuple[Model, Tensor]:
         grad, loss = grad_and_loss(problem, state.x, *batch)
         return Model(x=state.x - self.hp.lr * grad), loss
 
@@ -93,7 +94,7 @@ class FCSGM(_FCSGBase):
         x0 = variables["x"]
         return ModelMomentum(x=x0.clone(), u=torch.zeros_like(x0))
 
-    def update(self, problem: ConditionalProblem, state: ModelMomentum, batch: tuple, step: int) -> tuple[ModelMomentum, Tensor]:
+    def update(self, problem: ConditionalProblem, state: ModelMomentum, batch: tuple[Any, ...], step: int) -> tuple[ModelMomentum, Tensor]:
         grad, loss = grad_and_loss(problem, state.x, *batch)
         u = grad if step == 0 else (1 - self.hp.beta) * state.u + self.hp.beta * grad
         return ModelMomentum(x=state.x - self.hp.lr * u, u=u), loss
@@ -115,11 +116,11 @@ class AccFCSGM(_FCSGBase):
     def join(self, broadcast: Tensors) -> AccClient:
         return AccClient(x=broadcast["x"].clone(), u=broadcast["u"].clone(), x_prev=broadcast["x"].clone())
 
-    def draw(self, problem: ConditionalProblem, client: int, step: int, gen: torch.Generator) -> tuple[tuple, int]:
+    def draw(self, problem: ConditionalProblem, client: int, step: int, gen: torch.Generator) -> tuple[tuple[Any, ...], int]:
         batch, samples = super().draw(problem, client, step, gen)
         return batch, samples if step == 0 else 2 * samples  # evaluated at x and at x_prev
 
-    def update(self, problem: ConditionalProblem, state: AccClient, batch: tuple, step: int) -> tuple[AccClient, Tensor]:
+    def update(self, problem: ConditionalProblem, state: AccClient, batch: tuple[Any, ...], step: int) -> tuple[AccClient, Tensor]:
         grad, loss = grad_and_loss(problem, state.x, *batch)
         if step == 0:
             u = grad

@@ -12,6 +12,7 @@ their state lives in the server's typed state and is checkpointed with it.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import torch
 from pydantic import Field
@@ -58,21 +59,22 @@ class AdamServer(State):
 
 
 @register_algorithm("fedavg")
-class FedAvg(LocalSteps):
+class FedAvg(LocalSteps[Model, State]):
     """x <- x - lr * grad l(x; batch) for q steps on each client; then x <- mean over the cohort."""
 
     kind = PLAIN
     HParams = FedAvgHParams
-    Client = Server = Model
+    Client = Model
+    Server: ClassVar[type[State]] = Model
     description = "FedAvg: local SGD, model averaged every q steps (plain problems)"
 
-    def init(self, variables: Tensors) -> Model:
+    def init(self, variables: Tensors) -> State:
         return Model(x=variables["x"].clone())
 
-    def draw(self, problem: PlainProblem, client: int, step: int, gen: torch.Generator) -> tuple[tuple, int]:
+    def draw(self, problem: PlainProblem, client: int, step: int, gen: torch.Generator) -> tuple[tuple[Any, ...], int]:
         return (problem.sample_batch(client, self.hp.outer_batch, gen),), self.hp.outer_batch
 
-    def update(self, problem: PlainProblem, state: Model, batch: tuple, step: int) -> tuple[Model, Tensor]:
+    def update(self, problem: PlainProblem, state: Model, batch: tuple[Any, ...], step: int) -> tuple[Model, Tensor]:
         grad, loss = grad_and_loss(problem, state.x, *batch)
         return Model(x=state.x - self.hp.lr * grad), loss
 
@@ -80,7 +82,7 @@ class FedAvg(LocalSteps):
 class _ServerOptimized(FedAvg):
     """FedAvg whose server applies ``optimizer`` to the pseudo-gradient x - <x_i> (FedOpt)."""
 
-    optimizer: ServerOptimizer
+    optimizer: ServerOptimizer[Any]
 
     def init(self, variables: Tensors) -> State:
         x = variables["x"].clone()

@@ -37,7 +37,7 @@ from fedcomp.platform.params import Params
 from fedcomp.platform.problems import COMPOSITIONAL_GLOBAL, GlobalCompositionalProblem
 from fedcomp.platform.registry import register_algorithm
 from fedcomp.platform.rounds import Round
-from fedcomp.platform.state import Model
+from fedcomp.platform.state import Model, State
 
 
 class CompositionalHParams(Params):
@@ -76,12 +76,13 @@ def unsent() -> Tensor:
     return torch.zeros(0)
 
 
-class Compositional(Algorithm):
+class Compositional(Algorithm[Any, Any]):
     """The FedDRO paper's problem kind; the server starts from x_0."""
 
     kind = COMPOSITIONAL_GLOBAL
     HParams: ClassVar[type[Params]] = CompositionalHParams
-    Client = Server = Model
+    Client: ClassVar[type[State]] = Model
+    Server: ClassVar[type[State]] = Model
     hp: CompositionalHParams
 
     def init(self, variables: Tensors) -> Model:
@@ -98,6 +99,7 @@ class FedDRO(Compositional):
 
     HParams: ClassVar[type[Params]] = FedDROHParams
     Client, Server = DROClient, ModelEstimate
+    hp: FedDROHParams
     description = "FedDRO: y (d_g floats) averaged every local step, x every I steps (FedDRO Alg. 2)"
 
     @property

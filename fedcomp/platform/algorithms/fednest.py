@@ -32,8 +32,9 @@ returns the vector the server averages.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Literal, Mapping, TypeVar
+from typing import Any, ClassVar, Literal, TypeVar
 
 import torch
 from pydantic import Field
@@ -192,14 +193,15 @@ class _FedNestFamily(Algorithm[Point, Point]):
 
     kind = BILEVEL
     HParams = FedNestHParams
-    Client = Server = Point
+    Client: ClassVar[type[State]] = Point
+    Server = Point
     hp: FedNestHParams
 
     def init(self, variables: Tensors) -> Point:
         return Point(x=variables["x"].clone(), y=variables["y"].clone())
 
     def _sample(
-        self, problem: BilevelProblem, ctx: ClientContext, split: str, size: int | None, call: int, tag: int
+        self, problem: BilevelProblem, ctx: ClientContext, split: Literal["inner", "outer"], size: int | None, call: int, tag: int
     ) -> Any:
         """The client's batch of ``split`` keyed by (round, call, tag)."""
         return problem.sample(ctx.client, split, size, ctx.rng(ctx.round, call, tag))
@@ -241,7 +243,7 @@ class _FedNestFamily(Algorithm[Point, Point]):
         y, samples, loss = view.y.clone(), 0, 0.0
         for s in range(self.hp.inner_steps):
             batch = self._sample(problem, ctx, "inner", self.hp.inner_batch, ctx.sub, s)
-            g = lambda a, b: problem.inner_loss(a, b, batch)  # noqa: E731
+            g = lambda a, b: problem.inner_loss(a, b, batch)  # noqa: E731, B023 (used in this iteration)
             d = direction(g, y)
             samples += batch_size(batch) * oracles
             loss += float(problem.inner_loss(view.x, y, batch)) / self.hp.inner_steps
@@ -306,7 +308,7 @@ class _FedNestFamily(Algorithm[Point, Point]):
         x, samples = x0.clone(), 0
         for s in range(self.hp.local_steps):
             batch = self._sample(problem, ctx, "outer", self.hp.outer_batch, ctx.sub, s)
-            f = lambda a, b: problem.outer_loss(a, b, batch)  # noqa: E731
+            f = lambda a, b: problem.outer_loss(a, b, batch)  # noqa: E731, B023 (used in this iteration)
             x = x - self.hp.lr * (grad_xy(f, x, y)[0] - grad_xy(f, x0, y)[0] + h)
             samples += 2 * batch_size(batch)
         return view, {"x": x}, StepInfo(samples)

@@ -15,7 +15,7 @@ the client's program starts, not kept afterwards), so clients keep no private st
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 from pydantic import Field
@@ -43,7 +43,7 @@ class ProxClient(Model):
 
 
 @register_algorithm("fedprox")
-class FedProx(LocalSteps):
+class FedProx(LocalSteps[ProxClient, Model]):
     """p SGD steps on f_i(w) + (mu/2)||w - w_g||^2 from the broadcast w_g; then w averaged."""
 
     kind = PLAIN
@@ -58,9 +58,9 @@ class FedProx(LocalSteps):
     def begin(self, state: Tensors) -> Tensors:
         return {**state, "anchor": state["x"]}
 
-    def draw(self, problem: PlainProblem, client: int, step: int, gen: torch.Generator) -> tuple[tuple, int]:
+    def draw(self, problem: PlainProblem, client: int, step: int, gen: torch.Generator) -> tuple[tuple[Any, ...], int]:
         return (problem.sample_batch(client, self.hp.outer_batch, gen),), self.hp.outer_batch
 
-    def update(self, problem: PlainProblem, state: ProxClient, batch: tuple, step: int) -> tuple[ProxClient, Tensor]:
+    def update(self, problem: PlainProblem, state: ProxClient, batch: tuple[Any, ...], step: int) -> tuple[ProxClient, Tensor]:
         grad, loss = grad_and_loss(problem, state.x, *batch)
         return state.replace(x=state.x - self.hp.lr * (grad + self.hp.mu * (state.x - state.anchor))), loss

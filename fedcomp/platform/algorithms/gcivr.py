@@ -41,13 +41,14 @@ from torch import Tensor
 
 from fedcomp.platform.algorithms.base import ClientContext, StepInfo, Tensors, batch_size
 from fedcomp.platform.algorithms.dro_baselines import ParallelHParams
-from fedcomp.platform.algorithms.feddro import Compositional, Model
+from fedcomp.platform.algorithms.feddro import Compositional
 from fedcomp.platform.errors import ConfigError
 from fedcomp.platform.oracles import inner_and_jacobian, outer_grad, plain_grad
 from fedcomp.platform.params import Params
 from fedcomp.platform.problems import GlobalCompositionalProblem
 from fedcomp.platform.registry import register_algorithm
 from fedcomp.platform.rounds import Round
+from fedcomp.platform.state import Model
 
 
 class GCIVRHParams(ParallelHParams):

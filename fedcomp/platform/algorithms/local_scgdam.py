@@ -55,8 +55,9 @@ gamma_y eta = 0.1, alpha eta = beta_x eta = beta_y eta = 0.9.
 from __future__ import annotations
 
 from abc import abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Literal
+from typing import Any, ClassVar, Literal, TypeVar
 
 import torch
 from pydantic import Field, model_validator
@@ -104,6 +105,9 @@ class Momenta(Model):
 
     u: Tensor
     v: Tensor
+
+
+M = TypeVar("M", bound=Momenta)
 
 
 @dataclass(frozen=True)
@@ -159,7 +163,7 @@ class LocalSCGDAMHParams(_MomentumGDAHParams):
     )
 
     @model_validator(mode="after")
-    def _check(self) -> "LocalSCGDAMHParams":
+    def _check(self) -> LocalSCGDAMHParams:
         self._check_weights(("alpha", "beta_x", "beta_y"))
         return self
 
@@ -172,12 +176,12 @@ class LocalSGDAMHParams(_MomentumGDAHParams):
     )
 
     @model_validator(mode="after")
-    def _check(self) -> "LocalSGDAMHParams":
+    def _check(self) -> LocalSGDAMHParams:
         self._check_weights(("beta_x", "beta_y"))
         return self
 
 
-class _MomentumGDA(LocalSteps):
+class _MomentumGDA(LocalSteps[Any, Any]):
     """What both algorithms share: the two descent-ascent moves with the previous momenta, and the momenta's
     update. A step's draw holds one batch, or two at the momenta's first estimate (the init's own draw first)."""
 
@@ -194,11 +198,11 @@ class _MomentumGDA(LocalSteps):
         bx, by = self.hp.beta_x * self.hp.lr, self.hp.beta_y * self.hp.lr
         return (1 - bx) * state.u + bx * gx, (1 - by) * state.v + by * gy
 
-    def draw(self, problem: Any, client: int, step: int, gen: torch.Generator) -> tuple[tuple, int]:
+    def draw(self, problem: Any, client: int, step: int, gen: torch.Generator) -> tuple[tuple[Any, ...], int]:
         """Step 0 draws the pseudo-code's init batches before the iteration's."""
         return self._draws(problem, client, 2 if step == 0 else 1, gen)
 
-    def _draws(self, problem: Any, client: int, n: int, gen: torch.Generator) -> tuple[tuple, int]:
+    def _draws(self, problem: Any, client: int, n: int, gen: torch.Generator) -> tuple[tuple[Any, ...], int]:
         """``n`` independent draws of one iteration's samples, and the examples drawn."""
         draws = [self._draw(problem, client, gen) for _ in range(n)]
         return tuple(batch for batch, _ in draws), sum(examples for _, examples in draws)
@@ -232,7 +236,7 @@ class LocalSCGDAM(_MomentumGDA):
         return (xi, zeta), self.hp.inner_batch + self.hp.outer_batch
 
     def update(
-        self, problem: CompositionalMinimaxProblem, state: SCGDAMState, batch: tuple, step: int
+        self, problem: CompositionalMinimaxProblem, state: SCGDAMState, batch: tuple[Any, ...], step: int
     ) -> tuple[SCGDAMState, Tensor]:
         *init, (xi, zeta) = batch
         if init:  # the pseudo-code's init on its own draws (xi_0, zeta_0), before iteration t = 0
@@ -272,10 +276,11 @@ class LocalSGDAM(_MomentumGDA):
 
     kind = MINIMAX
     HParams = LocalSGDAMHParams
-    Client = Server = Momenta
+    Client: ClassVar[type[State]] = Momenta
+    Server: ClassVar[type[State]] = Momenta
     description = "LocalSGDAM: local minimax GDA with momentum; x, y, u, v averaged [inferred] (Sharma et al. 2022)"
 
-    def __new__(cls, hparams: Any = None) -> "LocalSGDAM":
+    def __new__(cls, hparams: Any = None) -> LocalSGDAM:
         """``average: model`` builds :class:`PrivateMomenta` (another server state and a client's first step)."""
         model_only = hparams is not None and hparams.average == "model"
         return super().__new__(PrivateMomenta if model_only else cls)
@@ -288,7 +293,7 @@ class LocalSGDAM(_MomentumGDA):
         batch = problem.sample(client, "inner", self.hp.outer_batch, gen)
         return batch, batch_size(batch)
 
-    def update(self, problem: MinimaxProblem, state: Momenta, batch: tuple, step: int) -> tuple[Momenta, Tensor]:
+    def update(self, problem: MinimaxProblem, state: M, batch: tuple[Any, ...], step: int) -> tuple[M, Tensor]:
         *init, current = batch
         if init:  # the momenta's first estimate at (x, y), on its own draw
             u, v, _ = grad_xy_and_value(lambda a, b: problem.loss(a, b, init[0]), state.x, state.y)

@@ -51,13 +51,12 @@ server-side monitor's auxiliary batches are not counted in ``samples`` (they are
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
 
 import torch
 from pydantic import Field
 from torch import Tensor
-
-from dataclasses import dataclass
 
 from fedcomp.platform.algorithms.base import CommonHParams, LocalSteps, Tensors, grad_and_loss
 from fedcomp.platform.errors import ConfigError
@@ -159,9 +158,10 @@ def ratio_estimates(delta: Tensor, form: Literal["magnitude", "entry-mean"] = "e
         if classes > 2:
             num, den = num[c], den[c]
         if form == "magnitude":
-            own, rest = delta[c].abs().sum(), (delta.abs().sum(0) - delta[c].abs()) if classes == 2 else None
             if classes > 2:
                 own, rest = delta[c, c].abs().sum(), delta[:, c].abs().sum(0) - delta[c, c].abs()
+            else:
+                own, rest = delta[c].abs().sum(), delta.abs().sum(0) - delta[c].abs()
             total = rest.sum()
             ratios.append((classes - 1) * own / total if bool(total > 0) else delta.new_ones(()))
             continue
@@ -220,13 +220,15 @@ class WeightedClient(ModelMomentum):
 
 
 @register_algorithm("local-sgdm")
-class LocalSGDM(LocalSteps):
+class LocalSGDM(LocalSteps[ModelMomentum, State]):
     """buf = mu buf + grad l(x); x = x - lr buf for p steps; then x (and buf, ``average: all``) averaged."""
 
     kind = PLAIN
     HParams: ClassVar[type[Params]] = LocalSGDMHParams
-    Client = Server = ModelMomentum
+    Client: ClassVar[type[State]] = ModelMomentum
+    Server: ClassVar[type[State]] = ModelMomentum
     description = "LocalSGDM (Yu et al. 2019): local SGD with momentum; x and the momentum averaged (A20)"
+    hp: LocalSGDMHParams
 
     def __init__(self, hparams: Params) -> None:
         super().__init__(hparams)
@@ -238,15 +240,15 @@ class LocalSGDM(LocalSteps):
         x = variables["x"]
         return self.Server.of({"x": x.clone(), "buf": torch.zeros_like(x)})
 
-    def join(self, broadcast: Tensors) -> ModelMomentum:  # type: ignore[override]
+    def join(self, broadcast: Tensors) -> ModelMomentum:
         x = broadcast["x"]
         buf = broadcast["buf"].clone() if self.hp.average == "all" else torch.zeros_like(x)
         return self.Client.of({**broadcast, "x": x.clone(), "buf": buf})  # type: ignore[return-value]
 
-    def draw(self, problem: PlainProblem, client: int, step: int, gen: torch.Generator) -> tuple[tuple, int]:
+    def draw(self, problem: PlainProblem, client: int, step: int, gen: torch.Generator) -> tuple[tuple[Any, ...], int]:
         return (problem.sample_batch(client, self.hp.outer_batch, gen),), self.hp.outer_batch
 
-    def update(self, problem: PlainProblem, state: ModelMomentum, batch: tuple, step: int) -> tuple[ModelMomentum, Tensor]:
+    def update(self, problem: PlainProblem, state: ModelMomentum, batch: tuple[Any, ...], step: int) -> tuple[ModelMomentum, Tensor]:
         grad, loss = grad_and_loss(self._loss(problem, state), state.x, *batch)
         buf = self.hp.momentum * state.buf + grad
         return state.replace(x=state.x - self.hp.lr * buf, buf=buf), loss
@@ -264,6 +266,7 @@ class LocalSGDMRL(LocalSGDM):
     HParams: ClassVar[type[Params]] = LocalSGDMRLHParams
     Client = WeightedClient
     description = "LocalSGDM_RL (Wang et al. 2021, reconstruction): LocalSGDM on a monitor-weighted CE (A21)"
+    hp: LocalSGDMRLHParams
 
     def _loss(self, problem: Any, state: WeightedClient) -> Any:  # type: ignore[override]
         return _Weighted(problem, state.w)

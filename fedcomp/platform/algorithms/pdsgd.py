@@ -14,8 +14,9 @@ variable (m floats) lives on the server, in the algorithm state; see :class:`Par
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal, Mapping
+from typing import Any, ClassVar, Literal
 
 import torch
 from pydantic import Field, model_validator
@@ -23,12 +24,19 @@ from torch import Tensor
 
 from fedcomp.losses.dro import DualPenalty, project_simplex
 from fedcomp.platform.algorithms.base import ClientContext, StepInfo, Tensors
-from fedcomp.platform.algorithms.dro_baselines import CohortWeights, IndexedExampleProblem, ParallelHParams, count_step, slot
-from fedcomp.platform.algorithms.feddro import Compositional, Model, unsent
+from fedcomp.platform.algorithms.dro_baselines import (
+    CohortWeights,
+    IndexedExampleProblem,
+    ParallelHParams,
+    count_step,
+    slot,
+)
+from fedcomp.platform.algorithms.feddro import Compositional, unsent
 from fedcomp.platform.errors import ConfigError
 from fedcomp.platform.params import Params
 from fedcomp.platform.registry import register_algorithm
 from fedcomp.platform.rounds import Round
+from fedcomp.platform.state import Model
 
 
 class PDSGDHParams(ParallelHParams):
@@ -44,7 +52,7 @@ class PDSGDHParams(ParallelHParams):
     )
 
     @model_validator(mode="after")
-    def _check(self) -> "PDSGDHParams":
+    def _check(self) -> PDSGDHParams:
         if self.divergence == "task" and self.lam is not None:
             raise ValueError(f"lam = {self.lam!r}: give it together with divergence 'kl' or 'chi2' ('task' uses the task's lambda)")
         if self.divergence != "task" and self.lam is None:
@@ -58,10 +66,10 @@ class Game(Model):
     ascent step needs them (:class:`KLGame`: log p; :class:`Chi2Game`: p). A checkpoint's field names which."""
 
     @classmethod
-    def of(cls, tensors: Mapping[str, Tensor]) -> "Game":
+    def of(cls, tensors: Mapping[str, Tensor]) -> Game:
         if cls is Game:
             return (KLGame if "log_p" in tensors else Chi2Game).of(tensors)
-        return super().of(tensors)  # type: ignore[return-value]
+        return super().of(tensors)
 
 
 @dataclass(frozen=True)
@@ -69,7 +77,7 @@ class KLGame(Game):
     log_p: Tensor
 
     @classmethod
-    def uniform(cls, x: Tensor, m: int) -> "KLGame":
+    def uniform(cls, x: Tensor, m: int) -> KLGame:
         return cls(x=x, log_p=torch.full((m,), -math.log(m)))
 
     def weights(self) -> Tensor:
@@ -79,7 +87,7 @@ class KLGame(Game):
         """D(p, uniform) = sum_i p_i log(m p_i)."""
         return float((self.weights() * (self.log_p + math.log(self.log_p.numel()))).sum())
 
-    def ascend(self, ghat: Tensor, tau: float, lam: float) -> "KLGame":
+    def ascend(self, ghat: Tensor, tau: float, lam: float) -> KLGame:
         """Entropic mirror ascent: log p = (1 - tau) log p + (tau / lam) ghat - logsumexp(...)."""
         log_p = (1 - tau) * self.log_p + (tau / lam) * ghat
         return self.replace(log_p=log_p - torch.logsumexp(log_p, 0))
@@ -90,7 +98,7 @@ class Chi2Game(Game):
     p: Tensor
 
     @classmethod
-    def uniform(cls, x: Tensor, m: int) -> "Chi2Game":
+    def uniform(cls, x: Tensor, m: int) -> Chi2Game:
         return cls(x=x, p=torch.full((m,), 1.0 / m))
 
     def weights(self) -> Tensor:
@@ -101,7 +109,7 @@ class Chi2Game(Game):
         m = self.p.numel()
         return float(((self.p - 1.0 / m) ** 2).sum() * m / 2)
 
-    def ascend(self, ghat: Tensor, tau: float, lam: float) -> "Chi2Game":
+    def ascend(self, ghat: Tensor, tau: float, lam: float) -> Chi2Game:
         """Projected ascent: p = Proj_simplex((1 - tau) p + (tau / m)(1 + ghat / lam))."""
         m = self.p.numel()
         return self.replace(p=project_simplex((1 - tau) * self.p + (tau / m) * (1 + ghat / lam)))
@@ -176,8 +184,9 @@ class ParallelPDSGD(Compositional):
     def game(self, problem: Any) -> DualPenalty:
         """The game this run plays: the hyperparameters' divergence and lam, or the task's ``dual_penalty``."""
         if self.hp.divergence != "task":
+            assert self.hp.lam is not None  # PDSGDHParams: lam comes with 'kl' and 'chi2'
             return DualPenalty(self.hp.divergence, float(self.hp.lam))
-        penalty = getattr(problem, "dual_penalty", None)
+        penalty: DualPenalty | None = getattr(problem, "dual_penalty", None)
         if penalty is None:
             raise ConfigError(
                 f"algorithm.divergence = 'task' but the task ({type(problem).__name__}) names no DRO game "

@@ -27,7 +27,7 @@ round-local client fields, so c_i is the only private state.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 import torch
 from pydantic import Field, model_validator
@@ -55,7 +55,7 @@ class ScaffoldHParams(CommonHParams):
     )
 
     @model_validator(mode="after")
-    def _check(self) -> "ScaffoldHParams":
+    def _check(self) -> ScaffoldHParams:
         if self.control_batch is not None and self.control != "option1":
             raise ValueError(f"control_batch = {self.control_batch}: only option1 draws a control batch (control = {self.control!r})")
         return self
@@ -79,7 +79,7 @@ class ScaffoldClient(ScaffoldServer):
 
 
 @register_algorithm("scaffold")
-class Scaffold(LocalSteps):
+class Scaffold(LocalSteps[ScaffoldClient, ScaffoldServer]):
     """Local steps corrected by c - c_i; x and c move by the cohort's mean changes (c scaled by |S|/N)."""
 
     kind = PLAIN
@@ -98,7 +98,7 @@ class Scaffold(LocalSteps):
     def begin(self, state: Tensors) -> Tensors:
         return {**state, "x_start": state["x"], "control_next": torch.zeros_like(state["x"])}
 
-    def draw(self, problem: PlainProblem, client: int, step: int, gen: torch.Generator) -> tuple[tuple, int]:
+    def draw(self, problem: PlainProblem, client: int, step: int, gen: torch.Generator) -> tuple[tuple[Any, ...], int]:
         b = self.hp.outer_batch
         batch = problem.sample_batch(client, b, gen)
         if self.hp.control == "option1" and step % self.hp.local_steps == 0:
@@ -106,7 +106,7 @@ class Scaffold(LocalSteps):
             return (batch, problem.sample_batch(client, extra, gen)), b + extra
         return (batch,), b
 
-    def update(self, problem: PlainProblem, state: ScaffoldClient, batch: tuple, step: int) -> tuple[ScaffoldClient, Tensor]:
+    def update(self, problem: PlainProblem, state: ScaffoldClient, batch: tuple[Any, ...], step: int) -> tuple[ScaffoldClient, Tensor]:
         q, lr = self.hp.local_steps, self.hp.lr
         control_next = state.control_next
         if step % q == 0 and self.hp.control == "option1":

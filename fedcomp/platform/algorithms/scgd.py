@@ -31,7 +31,7 @@ is the slides' single moving-average point (``moving-average``).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal, TypeVar
 
 import torch
 from pydantic import Field
@@ -95,7 +95,7 @@ class ModelMomentum(Model):
     m: Tensor
 
 
-class _SCGDBase(LocalSteps):
+class _SCGDBase(LocalSteps[Any, Any]):
     """Draw (xi_t, zeta_t) -- or, per-task-mix, the step's (xi_i, zeta_i) pairs -- then a pure update, so hosts
     can run clients in lockstep (``moving-average`` only: the pairs are a list of episodes, one at a time)."""
 
@@ -153,15 +153,16 @@ class LocalSCGD(_SCGDBase):
     """u = (1 - gamma) u + gamma g(x; xi); x = x - lr (dg/dx)^T grad f(u; zeta); x and u averaged every p steps."""
 
     HParams = LocalSCGDHParams
-    Client = Server = SCGDState
+    Client: ClassVar[type[State]] = SCGDState
+    Server: ClassVar[type[State]] = SCGDState
     description = "Local-SCGD: local stochastic compositional gradient descent; x and u averaged (A4)"
 
-    def __new__(cls, hparams: Any = None) -> "LocalSCGD":
+    def __new__(cls, hparams: Any = None) -> LocalSCGD:
         """``sync_inner: false`` builds :class:`LocalSCGDOwnInner` (another client and server state)."""
         own = hparams is not None and not hparams.sync_inner
         return super().__new__(LocalSCGDOwnInner if own and cls is LocalSCGD else cls)
 
-    def init(self, variables: Tensors) -> SCGDState:
+    def init(self, variables: Tensors) -> State:
         x = variables["x"]
         return SCGDState(x=x.clone(), u=torch.zeros_like(x))
 
@@ -189,16 +190,17 @@ class LocalSCGDM(_SCGDBase):
     """Local-SCGD plus momentum m = (1 - beta) m + beta z, x = x - lr m; x, u and m averaged every p steps."""
 
     HParams = LocalSCGDMHParams
-    Client = Server = SCGDMState
+    Client: ClassVar[type[State]] = SCGDMState
+    Server: ClassVar[type[State]] = SCGDMState
     description = "Local-SCGDM: Local-SCGD with momentum; x, u and m averaged (Gao et al. 2022, Alg. 1; A5)"
     hp: LocalSCGDMHParams
 
-    def __new__(cls, hparams: Any = None) -> "LocalSCGDM":
+    def __new__(cls, hparams: Any = None) -> LocalSCGDM:
         """``sync_inner: false`` builds :class:`LocalSCGDMOwnInner` (another client and server state)."""
         own = hparams is not None and not hparams.sync_inner
         return super().__new__(LocalSCGDMOwnInner if own and cls is LocalSCGDM else cls)
 
-    def init(self, variables: Tensors) -> SCGDMState:
+    def init(self, variables: Tensors) -> State:
         x = variables["x"]
         return SCGDMState(x=x.clone(), u=torch.zeros_like(x), m=torch.zeros_like(x))
 
@@ -223,12 +225,15 @@ class LocalSCGDMOwnInner(LocalSCGDM):
         return OwnInnerM(x=x, u=torch.zeros_like(x), m=broadcast["m"].clone(), known=torch.zeros(1))
 
 
+K = TypeVar("K", bound=SCGDState)
+
+
 def _first(state: SCGDState, step: int) -> bool | Tensor:
     """Whether u starts at g this step: at step 0, or -- with u kept on the client -- until the client has one."""
     known = getattr(state, "known", None)
     return step == 0 if known is None else known == 0
 
 
-def _known(state: SCGDState) -> SCGDState:
+def _known(state: K) -> K:
     """After a step the client has its u."""
     return state.replace(known=torch.ones_like(state.known)) if hasattr(state, "known") else state

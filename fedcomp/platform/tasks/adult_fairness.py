@@ -13,7 +13,7 @@ no offline copy of Adult; the tests write small files in the real format.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from pydantic import Field
@@ -21,8 +21,8 @@ from torch import Tensor
 
 from fedcomp.datasets import adult, partition
 from fedcomp.losses import dro as dro_losses
-from fedcomp.platform.params import Params
 from fedcomp.platform.errors import ConfigError
+from fedcomp.platform.params import Params
 from fedcomp.platform.problems import COMPOSITIONAL_GLOBAL
 from fedcomp.platform.registry import register_task
 from fedcomp.platform.tasks.base import Task

@@ -17,7 +17,8 @@ DRO objective on the whole training set and training accuracy.
 from __future__ import annotations
 
 import warnings
-from typing import Callable, Literal
+from collections.abc import Callable
+from typing import Literal, cast
 
 import torch
 import torch.nn.functional as F
@@ -26,10 +27,10 @@ from torch import Tensor
 
 from fedcomp.datasets import cifar, offline, partition
 from fedcomp.losses import dro as dro_losses
-from fedcomp.platform.params import Params
-from fedcomp.platform.errors import ConfigError
 from fedcomp.models.functional import FlatModel
 from fedcomp.models.mlp import mlp
+from fedcomp.platform.errors import ConfigError
+from fedcomp.platform.params import Params
 from fedcomp.platform.problems import COMPOSITIONAL_GLOBAL
 from fedcomp.platform.registry import register_task
 from fedcomp.platform.tasks.base import BatchNorm, Task
@@ -61,6 +62,7 @@ class DROClassificationParams(Params):
 @register_task("dro-classification")
 class DROClassification(Task):
     Params = DROClassificationParams
+    model: FlatModel
     kinds = frozenset({COMPOSITIONAL_GLOBAL})
     metrics = ("test_accuracy", "worst_class_accuracy", "robust_loss", "train_accuracy")
     description = "FedDRO sec. 6: KL/chi2-regularised DRO, digits-ST offline or CIFAR10/100-ST with ResNet20"
@@ -83,7 +85,7 @@ class DROClassification(Task):
             return tuple(offline.digits(p.data_seed, keep_fraction=p.keep_fraction))  # type: ignore[return-value]
         if p.dataset == "breast-cancer":
             return tuple(offline.breast_cancer(p.data_seed))  # type: ignore[return-value]
-        name = p.dataset.removesuffix("-st")
+        name = cast(cifar.Name, p.dataset.removesuffix("-st"))
         try:
             train_images, train_labels = cifar.load_cifar(name, "train", p.root, verify_md5=p.verify_md5)
             test_images, test_labels = cifar.load_cifar(name, "test", p.root, verify_md5=p.verify_md5)

@@ -32,9 +32,9 @@ from pydantic import Field, field_validator
 from torch import Tensor
 
 from fedcomp.datasets import omniglot as omniglot_data
-from fedcomp.platform.params import Params
-from fedcomp.platform.errors import ConfigError
 from fedcomp.models.functional import FlatModel
+from fedcomp.platform.errors import ConfigError
+from fedcomp.platform.params import Params
 from fedcomp.platform.registry import register_task
 from fedcomp.platform.rng import generator
 from fedcomp.platform.tasks.meta import Conv4, Episodes, MamlOrder, MetaTask, cross_entropy, init_flat_kaiming
@@ -143,7 +143,10 @@ class _FewShot(MetaTask):
                 q_parts.append(pics[shots:])
             support_x.append(torch.cat(s_parts))
             query_x.append(torch.cat(q_parts))
-        to_float = lambda t: torch.stack(t).unsqueeze(2).float() / 255.0  # noqa: E731
+
+        def to_float(t: list[Tensor]) -> Tensor:
+            return torch.stack(t).unsqueeze(2).float() / 255.0
+
         labels = torch.arange(ways)
         return Episodes(
             to_float(support_x),

@@ -14,7 +14,7 @@ empty), and ``grad_norm_sq`` = ||grad Phi(x_bar)||^2 = ||A_bar^T grad f(g_bar(x_
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from pydantic import Field
@@ -37,6 +37,7 @@ class HeterogeneousCompositionParams(Params):
 @register_task("heterogeneous-composition")
 class HeterogeneousComposition(Task):
     Params = HeterogeneousCompositionParams
+    params: HeterogeneousCompositionParams
     kinds = frozenset({COMPOSITIONAL_GLOBAL})
     metrics = ("grad_norm_sq", "objective")
     mode = "min"
@@ -58,7 +59,8 @@ class HeterogeneousComposition(Task):
         return client
 
     def inner(self, x: Tensor, client: int) -> Tensor:
-        return self.A[client] @ x + self.c[client]
+        value: Tensor = self.A[client] @ x + self.c[client]
+        return value
 
     def outer(self, z: Tensor) -> Tensor:
         return torch.sqrt(1 + z @ z) - 1

@@ -50,7 +50,8 @@ that lacks one class has no AUROC (nan).
 
 from __future__ import annotations
 
-from typing import Any, Callable, Literal
+from collections.abc import Callable
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -61,10 +62,10 @@ from torch import Tensor, nn
 from fedcomp.datasets import imbalance, partition
 from fedcomp.losses import auc as auc_losses
 from fedcomp.models import convnets
-from fedcomp.platform.params import Params
-from fedcomp.platform.errors import ConfigError
 from fedcomp.models.functional import FlatModel
 from fedcomp.models.mlp import mlp
+from fedcomp.platform.errors import ConfigError
+from fedcomp.platform.params import Params
 from fedcomp.platform.problems import COMPOSITIONAL_MINIMAX, CONDITIONAL, MINIMAX, PLAIN
 from fedcomp.platform.registry import register_task
 from fedcomp.platform.rng import generator
@@ -147,6 +148,8 @@ class ImbalancedBinary(Task):
     """The task object is the ``plain`` problem; :meth:`problem` gives the other kinds' views."""
 
     Params = ImbalancedBinaryParams
+    params: ImbalancedBinaryParams
+    model: FlatModel
     kinds = frozenset({PLAIN, MINIMAX, COMPOSITIONAL_MINIMAX, CONDITIONAL})
     metrics = ("test_auroc", "test_ap", "client_auroc_mean", "client_auroc_var", "test_accuracy")
     description = "imbalanced binary AUROC/AUPRC (LocalSCGDAM Table 1, FCSG Table 2): CE, AUC, compositional AUC, AP"
@@ -419,7 +422,8 @@ class CompositionalMinimaxView(_AUCView):
         """x - rho (grad_w CE(w; xi), 0, 0); the CE gradient comes from ``torch.func.grad``, so the value is
         differentiable in x (by autograd and by ``torch.func``) through the Hessian of CE."""
         grad = torch.func.grad(lambda z: self.task.loss(z, xi))(x)
-        return x - self.task.params.rho * grad
+        step: Tensor = x - self.task.params.rho * grad
+        return step
 
     def outer(self, z: Tensor, y: Tensor, zeta: Batch) -> Tensor:
         return self.task.auc_loss(z, y, zeta)

@@ -18,7 +18,8 @@ different run seeds solve the same problem.
 from __future__ import annotations
 
 import math
-from typing import Callable, Literal
+from collections.abc import Callable
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -48,6 +49,7 @@ class InvariantLogRegParams(Params):
 @register_task("invariant-logreg")
 class InvariantLogReg(Task):
     Params = InvariantLogRegParams
+    params: InvariantLogRegParams
     kinds = frozenset({CONDITIONAL, PLAIN})
     metrics = ("test_accuracy", "test_loss")
     vmappable = True

@@ -29,8 +29,9 @@ Local-SCGD with gamma = 1 takes FCSG's steps (tested).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Literal
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
@@ -54,10 +55,10 @@ class Episodes:
     def __len__(self) -> int:
         return int(self.support_x.shape[0])
 
-    def __getitem__(self, i: int) -> "Episodes":
+    def __getitem__(self, i: int) -> Episodes:
         return Episodes(self.support_x[i : i + 1], self.support_y[i : i + 1], self.query_x[i : i + 1], self.query_y[i : i + 1])
 
-    def to(self, device: torch.device) -> "Episodes":
+    def to(self, device: torch.device) -> Episodes:
         return Episodes(*(t.to(device) for t in (self.support_x, self.support_y, self.query_x, self.query_y)))
 
 
@@ -83,7 +84,8 @@ class Conv4(nn.Module):
         self.head = nn.Linear(channels, ways)
 
     def forward(self, images: Tensor) -> Tensor:
-        return self.head(self.features(images).flatten(1))
+        logits: Tensor = self.head(self.features(images).flatten(1))
+        return logits
 
 
 def init_flat_kaiming(module: nn.Module, gen: torch.Generator) -> Tensor:
@@ -106,7 +108,7 @@ def init_flat_kaiming(module: nn.Module, gen: torch.Generator) -> Tensor:
 class ConditionalView:
     """The ``conditional`` kind of a meta-learning task (see the module docstring)."""
 
-    def __init__(self, task: "MetaTask") -> None:
+    def __init__(self, task: MetaTask) -> None:
         self.task = task
         self.vmappable = task.vmappable
 
@@ -134,7 +136,7 @@ class ConditionalView:
 class CompositionalView:
     """The ``compositional`` kind of a meta-learning task (see the module docstring)."""
 
-    def __init__(self, task: "MetaTask") -> None:
+    def __init__(self, task: MetaTask) -> None:
         self.task = task
         self.vmappable = task.vmappable
 
@@ -180,7 +182,8 @@ class MetaTask(Task):
 
     @property
     def second_order(self) -> bool:
-        return self.params.maml == "second-order"
+        order: str = self.params.maml
+        return order == "second-order"
 
     def problem(self, kind: str) -> Any:
         super().problem(kind)  # checks the kind

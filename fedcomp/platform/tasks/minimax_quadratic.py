@@ -12,7 +12,8 @@ authors' notebook **[code]**; the paper's lambda = 10 is the default (the notebo
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from pydantic import Field
@@ -38,6 +39,7 @@ class MinimaxQuadraticParams(Params):
 @register_task("minimax-quadratic")
 class MinimaxQuadratic(Task):
     Params = MinimaxQuadraticParams
+    params: MinimaxQuadraticParams
     kinds = frozenset({MINIMAX, BILEVEL})
     metrics = ("x_dist_sq", "y_dist_sq")
     mode = "min"

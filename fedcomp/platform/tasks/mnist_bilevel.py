@@ -22,7 +22,8 @@ are drawn with the batch, so a batch evaluated at two points (SVRG) shares its m
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Literal
+from collections.abc import Callable
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
@@ -30,8 +31,8 @@ from pydantic import Field
 from torch import Tensor
 
 from fedcomp.datasets import mnist, partition
-from fedcomp.platform.params import Params
 from fedcomp.platform.errors import ConfigError
+from fedcomp.platform.params import Params
 from fedcomp.platform.problems import BILEVEL
 from fedcomp.platform.registry import register_task
 from fedcomp.platform.tasks.base import Task
@@ -124,6 +125,7 @@ class _MnistBilevel(Task):
 @register_task("hyper-representation")
 class HyperRepresentation(_MnistBilevel):
     Params = HyperRepresentationParams
+    params: HyperRepresentationParams
     metrics = ("test_accuracy", "test_loss", "balanced_accuracy")
     description = "FedNest Fig. 2: MLP 784-200-10 on MNIST, first layer outer (x), head inner (y)"
 
@@ -159,7 +161,8 @@ class HyperRepresentation(_MnistBilevel):
         features, mask, labels = batch
         w2, b2 = y[: self.h * 10], y[self.h * 10 :]
         penalty = 0.5 * self.params.head_reg * (w2.norm() + b2.norm())
-        return F.cross_entropy(self.logits(x, y, features, mask), labels) + penalty
+        loss: Tensor = F.cross_entropy(self.logits(x, y, features, mask), labels) + penalty
+        return loss
 
     def evaluator(self) -> Callable[[dict[str, Tensor]], dict[str, float]]:
         features = _features(self.test_images).to(self.device)
@@ -174,6 +177,7 @@ class HyperRepresentation(_MnistBilevel):
 @register_task("loss-tuning")
 class LossTuning(_MnistBilevel):
     Params = LossTuningParams
+    params: LossTuningParams
     metrics = ("test_accuracy", "balanced_accuracy", "test_loss")
     description = "FedNest Fig. 3: tune per-class logit scale/shift (x) on long-tail MNIST; network inner (y)"
 

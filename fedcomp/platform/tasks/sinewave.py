@@ -28,9 +28,9 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
-from fedcomp.platform.params import Params
 from fedcomp.models.functional import FlatModel
 from fedcomp.models.mlp import mlp
+from fedcomp.platform.params import Params
 from fedcomp.platform.registry import register_task
 from fedcomp.platform.rng import generator
 from fedcomp.platform.tasks.meta import Episodes, MamlOrder, MetaTask, mse

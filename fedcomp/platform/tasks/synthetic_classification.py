@@ -8,7 +8,7 @@ the test set is balanced.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -16,9 +16,9 @@ from pydantic import Field
 from torch import Tensor
 
 from fedcomp.datasets.synthetic import GaussianMixtureStream
-from fedcomp.platform.params import Params
 from fedcomp.models.functional import FlatModel
 from fedcomp.models.mlp import mlp
+from fedcomp.platform.params import Params
 from fedcomp.platform.problems import PLAIN
 from fedcomp.platform.registry import register_task
 from fedcomp.platform.rng import generator
@@ -38,6 +38,7 @@ class SyntheticClassificationParams(Params):
 @register_task("synthetic-classification")
 class SyntheticClassification(Task):
     Params = SyntheticClassificationParams
+    model: FlatModel
     kinds = frozenset({PLAIN})
     metrics = ("test_accuracy", "test_loss")
     description = "Gaussian-mixture classification with Dirichlet label skew and an MLP (benchmarks)"
