@@ -10,10 +10,13 @@ from typing import Any, Callable
 
 import pandas as pd
 import pytest
+import yaml
 
+from fedcomp.cli import main
 from fedcomp.sweeps.edges import Edge
 from fedcomp.sweeps.report import best_and_edges, best_configurations, markdown, paper_table
 from fedcomp.sweeps.spec import load_spec
+from fedcomp.sweeps.tuner import load_sweep
 
 BASE = {"base": "quickstart", "set": {"federation.backend": "local", "run.rounds": 2}, "seeds": 2}
 
@@ -140,3 +143,25 @@ def test_paper_table_marks_edge_cells_with_a_footnote():
     assert "| fcsg-m | 0.5005 ± 0.0007 † | 0.5005 ± 0.0007 † |" in lines
     assert "† the cell's best configuration lies on the edge of a tuned axis:" in lines
     assert "- edge: fcsg-m at local_steps=4: best algorithm.lr = 1 is the largest value tried; widen the grid (next: 10)" in lines
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_a_real_sweep_whose_best_is_on_the_edge_warns_and_marks_it(ray_session, tmp_path, capsys):
+    spec = tmp_path / "edge.yaml"
+    spec.write_text(yaml.safe_dump({
+        "base": "quickstart", "grid": {"algorithm.lr": [0.0001, 0.001, 0.01]},
+        "set": {"federation.backend": "local", "federation.clients": 4, "algorithm.local_steps": 5,
+                "task.test_samples": 2000, "run.rounds": 2, "run.track": "none"},
+    }))
+    assert main(["sweep", str(spec), "--verbose", "0", "--set", f"run.out={tmp_path / 'out'}"]) == 0
+    out = capsys.readouterr().out
+    (folder,) = (tmp_path / "out").iterdir()
+    best = load_sweep(folder).best()
+    assert best["algorithm.lr"].tolist() == [0.01]  # the premise: the largest step wins in 2 rounds
+    assert best["edge"].tolist() == ["algorithm.lr ↑"]
+    warning = "edge: fcsg-m's best algorithm.lr = 0.01 is the largest value tried; widen the grid (next: 0.1)"
+    assert out.splitlines().count(warning) == 1
+    report = (folder / "report.md").read_text().splitlines()
+    assert report[2] == f"- {warning}"  # under the title, before the plot
+    assert any(line.startswith("| fcsg-m | lr=0.01 ↑edge |") for line in report)
