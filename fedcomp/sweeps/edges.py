@@ -22,9 +22,11 @@ bound is clamped to an inclusive bound, and where nothing is left past the bound
 
 from __future__ import annotations
 
+import itertools
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, Mapping, Sequence
+from typing import Any, Literal, cast
 
 import pandas as pd
 from annotated_types import Ge, Gt, Le, Lt
@@ -41,7 +43,7 @@ RANGES = ("uniform", "loguniform", "int")
 
 def missing(value: object) -> bool:
     """A missing cell (None, NA or NaN): an axis that does not apply to a trial's algorithm."""
-    return value is None or value is pd.NA or (isinstance(value, float) and value != value)
+    return value is None or value is pd.NA or (isinstance(value, float) and math.isnan(value))
 
 
 def matches(column: pd.Series, value: object) -> pd.Series:
@@ -146,7 +148,7 @@ def tuned_axes(spec: SweepSpec, by: Sequence[str]) -> list[Axis]:
             kind, args = next(iter(dist.items()))
             if name in excluded or (kind == "choice" and not all(_number(v) for v in args)):
                 continue
-            axes.append(Axis(name, kind, tuple(sorted(args) if kind == "choice" else args), frozenset([name])))
+            axes.append(Axis(name, cast(Any, kind), tuple(sorted(args) if kind == "choice" else args), frozenset([name])))
         return axes
     values: dict[str, list[Any]] = {}
     partners: dict[str, set[str]] = {}
@@ -168,9 +170,9 @@ def _next_value(tried: Sequence[Any], side: str, integer: bool) -> Any:
     x sqrt(10) for positive floats or the end's own gap."""
     ordered = [float(v) for v in tried]
     end, inner = (ordered[-1], ordered[-2]) if side == "high" else (ordered[0], ordered[1])
-    gaps = [b - a for a, b in zip(ordered, ordered[1:])]
+    gaps = [b - a for a, b in itertools.pairwise(ordered)]
     positive = ordered[0] > 0
-    ratios = [b / a for a, b in zip(ordered, ordered[1:])] if positive else []
+    ratios = [b / a for a, b in itertools.pairwise(ordered)] if positive else []
     arithmetic = all(math.isclose(g, gaps[0], rel_tol=1e-6) for g in gaps)
     geometric = bool(ratios) and all(math.isclose(r, ratios[0], rel_tol=1e-6) for r in ratios)
     if integer:
@@ -178,7 +180,7 @@ def _next_value(tried: Sequence[Any], side: str, integer: bool) -> Any:
             value = end * ratios[0] if side == "high" else end / ratios[0]
         else:
             value = end + (end - inner)
-        return int(round(value))
+        return round(value)
     if geometric:
         value = end * ratios[0] if side == "high" else end / ratios[0]
     elif arithmetic or not positive:
@@ -198,6 +200,7 @@ def _clamp(spec: SweepSpec, point: Mapping[str, Any], axis: str, value: Any, can
         return None, "the best configuration no longer validates"
     model = getattr(config, section, None)
     info = type(model).model_fields.get(field) if model is not None else None
+    limit: Any
     for rule in info.metadata if info is not None else []:
         if side == "high" and isinstance(rule, (Le, Lt)):
             limit, inclusive = (rule.le, True) if isinstance(rule, Le) else (rule.lt, False)
@@ -220,7 +223,10 @@ def _clamp(spec: SweepSpec, point: Mapping[str, Any], axis: str, value: Any, can
     return candidate, None
 
 
-def _range_side(axis: Axis, value: float) -> str | None:
+Side = Literal["low", "high"]
+
+
+def _range_side(axis: Axis, value: float) -> Side | None:
     low, high = (float(v) for v in axis.values)
     if axis.kind == "loguniform":
         low, high, value = math.log(low), math.log(high), math.log(value)
@@ -256,14 +262,14 @@ def find_edges(table: pd.DataFrame, best: pd.DataFrame, spec: SweepSpec, by: Seq
                 for other in keys:
                     if other not in by and other not in axis.partners:
                         line = line[matches(line[other], row[other])]
-                tried = axis.values if axis.kind == "choice" else tuple(sorted({_plain(v) for v in line[axis.name] if not missing(v)}))
+                tried: tuple[Any, ...] = axis.values if axis.kind == "choice" else tuple(sorted({_plain(v) for v in line[axis.name] if not missing(v)}))
                 if len(tried) >= 2 and value in (tried[0], tried[-1]):
-                    side = "high" if value == tried[-1] else "low"
-                    found = Edge(label, axis.name, value, side, "grid", tried)
+                    end: Side = "high" if value == tried[-1] else "low"
+                    found = Edge(label, axis.name, value, end, "grid", tried)
                     if axis.kind == "grid":
-                        candidate = _next_value(tried, side, axis.integer)
-                        nxt, bound = _clamp(spec, point, axis.name, value, candidate, side)
-                        found = Edge(label, axis.name, value, side, "grid", tried, nxt, bound)
+                        candidate = _next_value(tried, end, axis.integer)
+                        nxt, bound = _clamp(spec, point, axis.name, value, candidate, end)
+                        found = Edge(label, axis.name, value, end, "grid", tried, nxt, bound)
             if found is not None:
                 edges.append(found)
     return edges

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import itertools
 import math
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import pandas as pd
 import pytest
@@ -14,7 +15,12 @@ import yaml
 
 from fedcomp.cli import main
 from fedcomp.sweeps.edges import Edge
-from fedcomp.sweeps.report import best_and_edges, best_configurations, markdown, paper_table
+from fedcomp.sweeps.report import (
+    best_and_edges,
+    best_configurations,
+    markdown,
+    paper_table,
+)
 from fedcomp.sweeps.spec import load_spec
 from fedcomp.sweeps.tuner import load_sweep
 
@@ -125,7 +131,7 @@ def test_optuna_log_range_edges_are_measured_in_log_space():
                       "space": {"algorithm.lr": {"loguniform": [0.001, 1.0]}, "task.objective": {"choice": ["paper", "official-code"]}}})
     for lr, side in ((0.0012, "low"), (0.04, None), (0.8, "high"), (0.5, None)):
         trials = frame({"algorithm.name": ["fcsg"], "algorithm.lr": [lr, 0.01], "task.objective": ["paper"]},
-                       lambda p: 1.0 if p["algorithm.lr"] == lr else 0.0)
+                       lambda p, lr=lr: 1.0 if p["algorithm.lr"] == lr else 0.0)
         edges = best_and_edges(trials, spec)[1]
         assert [e.side for e in edges] == ([side] if side else []), lr  # 0.04 is 4 % of the linear range, 53 % in log
     (edge,) = best_and_edges(frame({"algorithm.name": ["fcsg"], "algorithm.lr": [0.8], "task.objective": ["paper"]},
