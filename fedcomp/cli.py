@@ -67,10 +67,12 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             scheduler=args.scheduler, max_concurrent=args.max_concurrent, overrides=_overrides(args.set),
             ray_address=args.ray_address, verbose=args.verbose,
         )
-    from fedcomp.sweeps.report import markdown, sweep_report
+    from fedcomp.sweeps.report import best_and_edges, edge_warnings, markdown, sweep_report
 
     failed = sorted(set(result.trials.loc[result.trials["status"] != "completed", "trial"]))
-    print(markdown(result.trials, result.spec))
+    print(markdown(result.trials, result.spec, warnings=False))
+    for line in edge_warnings(best_and_edges(result.trials, result.spec)[1]):
+        print(line)
     png, md = sweep_report(result)
     print(f"sweep {result.path.name}: {result.trials['trial'].nunique()} trials, {len(failed)} failed")
     print(f"results: {result.path / 'trials.parquet'}\nplot: {png}\ntable: {md}")

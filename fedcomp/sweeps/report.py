@@ -10,6 +10,8 @@ from typing import Any
 
 import pandas as pd
 
+from fedcomp.sweeps.edges import Edge, edge_column, edges_of, find_edges, matches
+from fedcomp.sweeps.edges import missing as _missing
 from fedcomp.sweeps.spec import SweepSpec
 
 
@@ -46,17 +48,33 @@ def configurations(trials: pd.DataFrame, spec: SweepSpec, metric: str | None = N
     return table
 
 
-def best_configurations(
+def best_and_edges(
     trials: pd.DataFrame, spec: SweepSpec, metric: str | None = None, by: list[str] | None = None
-) -> pd.DataFrame:
-    """Per value combination of ``by`` (default: the panels and the algorithm), the configuration with the best
-    mean final metric (the spec's mode)."""
+) -> tuple[pd.DataFrame, list[Edge]]:
+    """:func:`best_configurations` and its edge optima (:mod:`fedcomp.sweeps.edges`)."""
     _, mode = spec.resolved_metric()
     by = by or [*spec.panels, "algorithm.name"]
     table = configurations(trials, spec, metric)
     ordered = table.sort_values("mean", ascending=(mode == "min"), kind="stable")
     best = ordered.groupby(by, sort=True, dropna=False).head(1)
-    return best.sort_values(by, kind="stable").reset_index(drop=True)
+    best = best.sort_values(by, kind="stable").reset_index(drop=True)
+    edges = find_edges(table, best, spec, by)
+    best["edge"] = edge_column(best, edges, by)
+    return best, edges
+
+
+def best_configurations(
+    trials: pd.DataFrame, spec: SweepSpec, metric: str | None = None, by: list[str] | None = None
+) -> pd.DataFrame:
+    """Per value combination of ``by`` (default: the panels and the algorithm), the configuration with the best
+    mean final metric (the spec's mode); its ``edge`` column names the tuned axes whose smallest (``↓``) or
+    largest (``↑``) value tried it sits at, e.g. ``algorithm.lr ↑`` (empty if none)."""
+    return best_and_edges(trials, spec, metric, by)[0]
+
+
+def edge_warnings(edges: list[Edge]) -> list[str]:
+    """One line per edge optimum (what the sweep prints and report.md opens with)."""
+    return [edge.warning() for edge in edges]
 
 
 def paper_table(trials: pd.DataFrame, spec: SweepSpec, metric: str | None = None) -> str:
@@ -77,6 +95,8 @@ def paper_table(trials: pd.DataFrame, spec: SweepSpec, metric: str | None = None
         [("mean", lambda v: v.mean(skipna=False)), "std", "size"]).reset_index()
     per_config = per_config.sort_values((metric, "mean"), ascending=(mode == "min"), kind="stable")
     chosen = per_config.groupby([(k, "") for k in [*rows, column]], sort=False, dropna=False).head(1)
+    _, edges = best_and_edges(trials, spec, metric, by=[*rows, column])
+    marked: list[Edge] = []
     columns = list(dict.fromkeys(v for v in trials[column] if not _missing(v)))
     label = column.split(".", 1)[1]
     blocks = []
@@ -99,37 +119,37 @@ def paper_table(trials: pd.DataFrame, spec: SweepSpec, metric: str | None = None
                 if mean != mean:  # every configuration of the cell has a seed whose metric is nan
                     cells.append("diverged")
                     continue
-                cells.append(f"{mean:.4f} ± {0.0 if std != std else std:.4f}")
+                at_edge = edges_of(edges, pd.Series({k: row[(k, "")] for k in [*rows, column]}), [*rows, column])
+                if name == metric:
+                    marked += at_edge
+                cells.append(f"{mean:.4f} ± {0.0 if std != std else std:.4f}" + (" †" if at_edge else ""))
             lines.append("| " + " | ".join(str(k) for k in key) + " | " + " | ".join(cells) + " |")
+        if marked:
+            lines += ["", "† the cell's best configuration lies on the edge of a tuned axis" + (
+                ":" if name == metric else " (listed under the first table)")]
+            lines += [f"- {edge.warning()}" for edge in marked] if name == metric else []
         blocks.append("\n".join(lines))
     return "\n\n".join(blocks) + "\n"
 
 
-def _missing(value: object) -> bool:
-    return value is None or value is pd.NA or (isinstance(value, float) and value != value)
-
-
-def matches(column: pd.Series, value: object) -> pd.Series:
-    """The rows of ``column`` holding ``value``; a missing value (an axis that does not apply to an algorithm,
-    e.g. FCSG's beta) matches the missing ones -- comparing text alone dropped them, as ``astype(str)`` keeps
-    NaN, which equals nothing."""
-    if _missing(value):
-        return column.isna()
-    return column.notna() & (column.astype(str) == str(value))
-
-
-def _describe(row: pd.Series, keys: list[str], skip: tuple[str, ...] = ()) -> str:
+def _describe(row: pd.Series, keys: list[str], skip: tuple[str, ...] = (), edges: list[Edge] | None = None) -> str:
+    """``lr=0.1, beta=0.9``; a value at an edge of its axis gets the edge's marker (``lr=0.1 ↑edge``)."""
     shown = [k for k in keys if k != "algorithm.name" and k not in skip and not _missing(row[k])]
-    return ", ".join(f"{k.split('.', 1)[1]}={row[k]}" for k in shown) or "(base)"
+    marker = {e.axis: f" {e.marker}" for e in edges or []}
+    return ", ".join(f"{k.split('.', 1)[1]}={row[k]}{marker.get(k, '')}" for k in shown) or "(base)"
 
 
-def markdown(trials: pd.DataFrame, spec: SweepSpec, metric: str | None = None) -> str:
+def markdown(trials: pd.DataFrame, spec: SweepSpec, metric: str | None = None, warnings: bool = True) -> str:
+    """The report's tables (with ``warnings``: opened by one ``- edge: ...`` line per edge optimum of the best
+    configurations)."""
     metric = metric or spec.resolved_metric()[0]
     _, mode = spec.resolved_metric()
     keys = _varying(trials, spec)
-    best = best_configurations(trials, spec, metric)
+    by = [*spec.panels, "algorithm.name"]
+    best, edges = best_and_edges(trials, spec, metric, by)
     every = configurations(trials, spec, metric).sort_values(["algorithm.name", "mean"], ascending=[True, mode == "min"])
     lines = [
+        *([*(f"- {line}" for line in edge_warnings(edges)), ""] if edges and warnings else []),
         f"Final {metric} ({'higher' if mode == 'max' else 'lower'} is better), mean ± std over seeds.",
         "",
         *(["### In the paper's layout", "", paper_table(trials, spec, metric)] if spec.table else []),
@@ -141,7 +161,7 @@ def markdown(trials: pd.DataFrame, spec: SweepSpec, metric: str | None = None) -
     for _, row in best.iterrows():
         panel = "".join(f"{row[p]} | " for p in spec.panels)
         lines.append(
-            f"| {panel}{row['algorithm.name']} | {_describe(row, keys, tuple(spec.panels))} | "
+            f"| {panel}{row['algorithm.name']} | {_describe(row, keys, tuple(spec.panels), edges_of(edges, row, by))} | "
             f"{row['mean']:.4f} ± {row['std']:.4f} | {row['seeds']} |"
         )
     lines += ["", "### Every configuration", "", f"| algorithm | configuration | final {metric} | seeds |", "|---|---|---:|---:|"]
@@ -171,9 +191,9 @@ def sweep_report(result: Any, metric: str | None = None, x: str = "comm_rounds",
     metric = metric or spec.resolved_metric()[0]
     if x not in trials:
         raise ValueError(f"column {x!r} is not in this sweep's trials; allowed: comm_rounds, round, local_steps, samples, wall_time")
-    text = markdown(trials, spec, metric)
+    text = markdown(trials, spec, metric, warnings=False)
     keys = _varying(trials, spec)
-    best = best_configurations(trials, spec, metric)
+    best, edges = best_and_edges(trials, spec, metric)
 
     panels = list(best.groupby(spec.panels, sort=True, dropna=False)) if spec.panels else [((), best)]
     cols = min(3, len(panels))
@@ -199,5 +219,6 @@ def sweep_report(result: Any, metric: str | None = None, x: str = "comm_rounds",
     png, md = out_dir / "report.png", out_dir / "report.md"
     fig.savefig(png, dpi=120)
     plt.close(fig)
-    md.write_text(f"# Sweep `{Path(path).name}`\n\n![{metric}](report.png)\n\n{text}")
+    warned = "".join(f"- {line}\n" for line in edge_warnings(edges)) + ("\n" if edges else "")
+    md.write_text(f"# Sweep `{Path(path).name}`\n\n{warned}![{metric}](report.png)\n\n{text}")
     return png, md

@@ -38,10 +38,10 @@ def test_cells_are_the_best_configuration_per_row_and_column():
     lines = text.splitlines()
     assert "| name | local_steps = 4 | local_steps = 8 |" in lines
     # best lr is 0.1 everywhere: fcsg, p = 4 -> 0.5 + 0.04 + 0.05 + mean(0, 0.001) = 0.5905, std of (0.590, 0.591)
-    assert "| fcsg | 0.5905 ± 0.0007 | 0.6305 ± 0.0007 |" in lines
-    assert "| fcsg-m | 0.6905 ± 0.0007 | 0.7305 ± 0.0007 |" in lines
+    assert "| fcsg | 0.5905 ± 0.0007 † | 0.6305 ± 0.0007 † |" in lines
+    assert "| fcsg-m | 0.6905 ± 0.0007 † | 0.7305 ± 0.0007 † |" in lines
     # the extra metric at the same configurations
-    assert "| fcsg | 0.4095 ± 0.0007 | 0.3695 ± 0.0007 |" in lines
+    assert "| fcsg | 0.4095 ± 0.0007 † | 0.3695 ± 0.0007 † |" in lines
 
 
 def test_table_axes_must_be_sweep_axes():
@@ -64,7 +64,7 @@ def test_rows_keep_the_sweep_order_and_runs_of_fewer_planned_rounds_count():
     rows = [line for line in lines if line.startswith("| fcsg")]
     assert rows[0].startswith("| fcsg |") and rows[1].startswith("| fcsg-m |")  # fcsg first though fcsg-m is better
     # p = 8: the round-1 values (acc - 0.2) are the final ones; the stopped trial's 0.99 is ignored
-    assert rows[0] == "| fcsg | 0.5905 ± 0.0007 | 0.4305 ± 0.0007 |"
+    assert rows[0] == "| fcsg | 0.5905 ± 0.0007 † | 0.4305 ± 0.0007 † |"
 
 
 def test_a_configuration_with_a_diverged_seed_is_not_chosen():
@@ -73,11 +73,11 @@ def test_a_configuration_with_a_diverged_seed_is_not_chosen():
     frame.loc[diverged & (frame["round"] == 2), "test_accuracy"] = float("nan")
     lines = paper_table(frame, load_spec(SPEC)).splitlines()
     # fcsg falls back to lr = 0.01: 0.5 + p/100 + mean(0, 0.001)
-    assert "| fcsg | 0.5405 ± 0.0007 | 0.5805 ± 0.0007 |" in lines
+    assert "| fcsg | 0.5405 ± 0.0007 † | 0.5805 ± 0.0007 † |" in lines
 
 
 def test_a_cell_whose_every_configuration_diverged_says_so():
     frame = trials()
     frame.loc[(frame["algorithm.name"] == "fcsg") & (frame["algorithm.local_steps"] == 4) & (frame["run.seed"] == 0)
               & (frame["round"] == 2), "test_accuracy"] = float("nan")
-    assert "| fcsg | diverged | 0.6305 ± 0.0007 |" in paper_table(frame, load_spec(SPEC)).splitlines()
+    assert "| fcsg | diverged | 0.6305 ± 0.0007 † |" in paper_table(frame, load_spec(SPEC)).splitlines()
