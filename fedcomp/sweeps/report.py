@@ -10,8 +10,7 @@ from typing import Any
 
 import pandas as pd
 
-from fedcomp.sweeps.edges import Edge, edge_column, edges_of, find_edges, matches
-from fedcomp.sweeps.edges import missing as _missing
+from fedcomp.sweeps.edges import Edge, edge_column, edges_of, find_edges, matches, missing as _missing
 from fedcomp.sweeps.spec import SweepSpec
 
 
