@@ -11,15 +11,58 @@ Public API::
     fedcomp.verify(run_dir, backend=, overrides=) -> Verification (is every metric bit-identical?)
 """
 
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 __version__ = "0.1.0"
 
-from fedcomp.api import resume, resume_sweep, run, sweep
-from fedcomp.platform.config import Config, load_config, preset_names
-from fedcomp.platform.errors import ClientFailure, ConfigError, Diverged, PlatformError, ResourceError, StorageError
-from fedcomp.platform.registry import ALGORITHMS, TASKS, register_algorithm, register_task
-from fedcomp.platform.results import load_results
-from fedcomp.platform.runner import RunResult
-from fedcomp.verify import Verification, verify
+if TYPE_CHECKING:
+    from fedcomp.api import resume, resume_sweep, run, sweep
+    from fedcomp.platform.config import Config, load_config, preset_names
+    from fedcomp.platform.errors import (
+        ClientFailure,
+        ConfigError,
+        Diverged,
+        PlatformError,
+        ResourceError,
+        StorageError,
+    )
+    from fedcomp.platform.registry import ALGORITHMS, TASKS, register_algorithm, register_task
+    from fedcomp.platform.results import load_results
+    from fedcomp.platform.runner import RunResult
+    from fedcomp.verification import Verification, verify
+
+_HOME = {
+    "resume": "fedcomp.api", "resume_sweep": "fedcomp.api", "run": "fedcomp.api", "sweep": "fedcomp.api",
+    "Config": "fedcomp.platform.config", "load_config": "fedcomp.platform.config",
+    "preset_names": "fedcomp.platform.config",
+    "ClientFailure": "fedcomp.platform.errors", "ConfigError": "fedcomp.platform.errors",
+    "Diverged": "fedcomp.platform.errors", "PlatformError": "fedcomp.platform.errors",
+    "ResourceError": "fedcomp.platform.errors", "StorageError": "fedcomp.platform.errors",
+    "ALGORITHMS": "fedcomp.platform.registry", "TASKS": "fedcomp.platform.registry",
+    "register_algorithm": "fedcomp.platform.registry", "register_task": "fedcomp.platform.registry",
+    "load_results": "fedcomp.platform.results", "RunResult": "fedcomp.platform.runner",
+    "Verification": "fedcomp.verification", "verify": "fedcomp.verification",
+}  # fmt: skip
+"""Where each public name lives. They are imported on first use: a process that only hosts clients (a Ray
+actor) then never imports the runner's pandas and the sweep layer."""
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOME.get(name)
+    if home is None:  # a subpackage or module, as ``import fedcomp; fedcomp.api`` found it when all was eager
+        try:
+            return importlib.import_module(f"fedcomp.{name}")
+        except ModuleNotFoundError as error:
+            if error.name != f"fedcomp.{name}":
+                raise
+            raise AttributeError(f"module 'fedcomp' has no attribute {name!r}") from None
+    value = getattr(importlib.import_module(home), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "ALGORITHMS",

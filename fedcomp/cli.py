@@ -85,7 +85,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from fedcomp.verify import verify
+    from fedcomp.verification import verify
 
     overrides = _overrides(args.set)
     if args.ray_address:

@@ -1,7 +1,3 @@
-"""The Ray side: client actors, the server actor and RayFederation (resources, placement, faults)."""
-
-from fedcomp.actors.cluster import ActorPlan, connect, plan_actors
-from fedcomp.actors.federation import RayFederation
-from fedcomp.actors.server_actor import RayServer
-
-__all__ = ["ActorPlan", "RayFederation", "RayServer", "connect", "plan_actors"]
+"""The Ray side: client actors (``client_actor``), the server actor (``server_actor``) and RayFederation
+(``federation``; resources, placement and faults in ``cluster``). Import the modules themselves: this package
+imports nothing, so a client actor's process loads only what hosting clients needs."""

@@ -71,7 +71,7 @@ def _torch_threads() -> int:
 
 
 def environment(backend: Mapping[str, Any]) -> dict[str, Any]:
-    """Everything :mod:`fedcomp.verify` compares between an original run and its re-run."""
+    """Everything :mod:`fedcomp.verification` compares between an original run and its re-run."""
     env: dict[str, Any] = {
         "packages": package_versions(),
         "git": git_revision(),
