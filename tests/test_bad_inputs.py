@@ -155,6 +155,27 @@ def sweep_folder(content: str | None) -> Callable[[Path, dict], dict[str, str]]:
 
 GOOD_YAML = "task: {name: invariant-logreg}\nalgorithm: {name: fcsg-m}\n"
 
+def omniglot_zips(first: bytes) -> Callable[[Path, dict], dict[str, str]]:
+    """Setup: a folder ``{file}`` holding ``first`` as images_background_small1.zip beside the shipped small2."""
+
+    def make(tmp: Path, runs: dict) -> dict[str, str]:
+        from fedcomp.datasets.omniglot_small import shipped_root
+
+        target = tmp / "omniglot-small"
+        target.mkdir()
+        (target / "images_background_small1.zip").write_bytes(first)
+        shutil.copy(shipped_root() / "images_background_small2.zip", target)
+        return {"file": str(target)}
+
+    return make
+
+
+def omniglot_small(*overrides: str) -> tuple[str, ...]:
+    """``fedcomp run maml-omniglot-small-1shot`` (local) with ``--set`` overrides, writing under ``{out}``."""
+    sets = [a for o in overrides for a in ("--set", o)]
+    return ("run", "maml-omniglot-small-1shot", "--set", "federation.backend=local", "--set", "run.out={out}", *sets)
+
+
 CASES = [
     # -- values: out of range, mistyped, not finite --------------------------------------------------------
     Case("lr-inf", run("algorithm.lr=inf"), "algorithm.lr = 'inf': Input should be a finite number"),
@@ -175,6 +196,14 @@ CASES = [
     Case("batchnorm-policy", ("run", "auc-table1-offline", "--set", "federation.backend=local", "--set",
                               "task.batchnorm=sometimes", "--set", "run.out={out}"),
          "task.batchnorm = 'sometimes': Input should be 'averaged', 'local' or 'batch'"),
+    Case("omniglot-small-root-missing", omniglot_small("task.root={tmp}/nothing"),
+         "task.root = '{tmp}/nothing': {tmp}/nothing/images_background_small1.zip: no such file; the Omniglot small subsets need"),
+    Case("omniglot-small-zip-md5", omniglot_small("task.root={file}"),
+         "task.root = '{file}': {file}/images_background_small1.zip: md5 ", omniglot_zips(b"PK\x03\x04 truncated")),
+    Case("omniglot-small-zip-corrupt", omniglot_small("task.root={file}", "task.verify_md5=false"),
+         "task.root = '{file}': {file}/images_background_small1.zip: not a readable zip file", omniglot_zips(b"not a zip")),
+    Case("omniglot-source", omniglot_small("task.source=omniglot-tiny"),
+         "task.source = 'omniglot-tiny': Input should be 'omniglot' or 'omniglot-small'"),
     Case("algorithm-unknown", run("algorithm.name=adam"), "algorithm.name = 'adam' is unknown; allowed: "),
     Case("task-unknown", run("task.name=imagenet"), "task.name = 'imagenet' is unknown; allowed: "),
     Case("algorithm-task-mismatch", run("task.name=synthetic-classification"),

