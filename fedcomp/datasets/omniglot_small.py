@@ -65,7 +65,7 @@ _SET = "images_background"
 
 def shipped_root() -> Path:
     """The folder inside the installed package that holds the two zips and their licence."""
-    return Path(str(resources.files("fedcomp.datasets").joinpath("data", "omniglot_small")))
+    return Path(str(resources.files("fedcomp.datasets") / "data" / "omniglot_small"))
 
 
 def small_split(characters: list[str], split: SmallSplitName) -> list[int]:
