@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from pathlib import Path
@@ -59,11 +61,15 @@ def test_sweep_submitted_as_a_ray_job(tmp_path):
     ports = [f"--{name}={free_port()}" for name in (
         "dashboard-agent-listen-port", "dashboard-agent-grpc-port", "metrics-export-port", "runtime-env-agent-port",
         "ray-client-server-port")]
+    # its own temp folder: the head writes its address file there, not into /tmp/ray where a later plain
+    # ray.init() on this machine would find it (the head is killed, so it does not remove the file itself)
+    temp = tempfile.mkdtemp(prefix="fedcomp-job-")
     head = subprocess.Popen(
         [str(BIN / "ray"), "start", "--head", "--port", str(port), "--num-cpus", "2", "--include-dashboard=true",
          "--dashboard-host", "127.0.0.1", "--dashboard-port", str(dashboard), *ports, "--block",
-         "--disable-usage-stats"],
-        env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+         "--disable-usage-stats", "--temp-dir", temp],
+        env={**env(), "RAY_TMPDIR": temp}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        start_new_session=True,
     )
     address = f"http://127.0.0.1:{dashboard}"
     try:
@@ -104,6 +110,7 @@ def test_sweep_submitted_as_a_ray_job(tmp_path):
             os.killpg(head.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+        shutil.rmtree(temp, ignore_errors=True)
 
 
 TWO_NODES = textwrap.dedent(
