@@ -172,8 +172,8 @@ class ClientHost:
             run_one = self.algorithm.program(program)
             results = []
             for state, ctx in zip(starts, contexts):
-                (new, outputs, info), running = self._with_running(state, lambda: run_one(self.problem, state, ctx))  # noqa: B023 (called at once)
-                results.append((self._keep_running(new, running), self._send_running(outputs, running, returned), info))
+                result, running = self._with_running(state, lambda: run_one(self.problem, state, ctx))  # noqa: B023 (called at once)
+                results.append(self._attach_running(result, running, returned))
         return self._close(clients, results, broadcast, started)
 
     def begin(
@@ -212,9 +212,8 @@ class ClientHost:
                 value, running = self._with_running(state, lambda: step(gen))  # noqa: B023 (called at once)
                 yielded.append(value)
             except StopIteration as stop:
-                new, outputs, info = stop.value
                 running = self._take_running()
-                results.append((self._keep_running(new, running), self._send_running(outputs, running, session.returned), info))
+                results.append(self._attach_running(stop.value, running, session.returned))
             if running is not None:
                 session.running[client] = running
         if len(results if last else yielded) != len(session.programs):
@@ -267,12 +266,15 @@ class ClientHost:
         return None if self.model is None else self.model.running
 
     @staticmethod
-    def _keep_running(state: Tensors, running: Tensor | None) -> Tensors:
-        return state if running is None else {**state, BUFFERS: running}
-
-    @staticmethod
-    def _send_running(outputs: Tensors, running: Tensor | None, returned: bool) -> Tensors:
-        return {**outputs, BUFFERS: running} if running is not None and returned else outputs
+    def _attach_running(
+        result: tuple[Tensors, Tensors, StepInfo], running: Tensor | None, returned: bool
+    ) -> tuple[Tensors, Tensors, StepInfo]:
+        """A client program's result with its running statistics kept in its state and, when the broadcast
+        asked for them, added to its outputs."""
+        if running is None:
+            return result
+        state, outputs, info = result
+        return {**state, BUFFERS: running}, ({**outputs, BUFFERS: running} if returned else outputs), info
 
     @staticmethod
     def _sum(outputs: Sequence[Tensors], started: float) -> Partial:
