@@ -11,14 +11,15 @@ import pytest
 import torch
 
 import fedcomp
+from fedcomp.platform.algorithms.base import ClientContext
 from fedcomp.platform.algorithms.coda import MarginAUCProblem, ScoredProblem, StagePlan, dual_restart_value
 from fedcomp.platform.config import load_config
 from fedcomp.platform.errors import ConfigError
 from fedcomp.platform.federation import LocalFederation, build_algorithm, build_task
 from fedcomp.platform.registry import TASKS
 from fedcomp.platform.rng import generator
-from fedcomp.platform.rounds import Round
 from fedcomp.platform.server import Server
+from fedcomp.platform.state import Means
 from tests.platform.helpers import check_breast_cancer_run, check_resume
 from tests.platform.minimax_tiny import config
 
@@ -102,10 +103,19 @@ def test_dual_restart_is_mean_negative_minus_mean_positive_score_over_all_client
     assert isinstance(server.problem, ScoredProblem)
     x, y = torch.tensor([0.3, -0.2, 0.5]), torch.tensor([7.0])
     for round_, stage in ((0, 1), (2_500, 2)):
-        assert server.algorithm.plan(round_).stage == stage and server.algorithm.plan(round_).first
-        fed = Round(server.federation, round_, lambda k=0: [0, 1, 2], lambda *ids: generator(SEED, "server", round_, *ids),  # noqa: B023 (used in this iteration)
-                    server.problem, 3)
-        alpha = server.algorithm.restart_dual(fed, x, y)
+        plan = server.algorithm.plan(round_)
+        assert plan.stage == stage and plan.first
+        # every client's restart, its class-wise sums all-reduced as the round's exchange does
+        ctxs = [ClientContext(k, round_, 0, lambda *ids, k=k: generator(SEED, "client-step", k, *ids)) for k in range(3)]
+        runs = [server.algorithm.restart(server.problem, x, y, plan, ctx) for ctx in ctxs]
+        sums = [next(run) for run in runs]
+        mean = Means(class_sums=sum(s["class_sums"] for s in sums) / 3)
+        alphas, samples = [], 0
+        for run in runs:
+            with pytest.raises(StopIteration) as done:
+                run.send(mean)
+            alphas.append(done.value.value[0])
+            samples += done.value.value[1].samples
         scores, labels = [], []
         for k in range(3):  # the same draws, by hand
             gen = generator(SEED, "client-step", k, -1, stage)
@@ -115,8 +125,9 @@ def test_dual_restart_is_mean_negative_minus_mean_positive_score_over_all_client
                 scores.append(batch[1][:, -1] + (1 - batch[2]) * (float(task.b[k]) + float(task.c @ x)))
         scores, labels = torch.cat(scores).double(), torch.cat(labels).bool()
         closed = 0.25 + scores[~labels].mean() - scores[labels].mean()  # the margin form's best response
-        assert float(alpha) == pytest.approx(float(closed), rel=1e-5)
-        assert fed.record.samples == 3 * 4 * 5 and fed.record.embedding_floats_up == 4
+        for alpha in alphas:
+            assert float(alpha) == pytest.approx(float(closed), rel=1e-5)
+        assert samples == 3 * 4 * 5 and sums[0]["class_sums"].numel() == 4
 
 
 def test_dual_restart_leaves_alpha_when_a_class_is_missing():
@@ -178,9 +189,9 @@ def hand_rounds(cfg, plans, restart):
 
 
 @pytest.mark.parametrize("restart_from", ["average", "last"])
-def test_coda_rounds_match_a_hand_computation(restart_from):
+def test_per_round_coda_rounds_match_a_hand_computation(restart_from):
     cfg = config("coda", task={"noise": 0.5, "margin": 0.5}, lr=0.2, local_steps=2, stage_steps=2, gamma=3.0,
-                 outer_batch=4, restart_from=restart_from)
+                 outer_batch=4, restart_from=restart_from, stage_average="per-round")
     eta = 0.2
     plans = [(1, True, eta, 0), (2, True, eta / 3, 2), (2, False, eta / 3, 2), (2, False, eta / 3, 2),
              (3, True, eta / 9, 6)]
@@ -201,10 +212,108 @@ def test_coda_rounds_match_a_hand_computation(restart_from):
     assert record["samples"] == 2 * (10 * 4 + restarts)
 
 
+def hand_stage_rounds(cfg, plans, restart):
+    """``stage_average: global | local`` written out for full participation: each client keeps its v_ref and the
+    sum of its own iterates over its stage; ``plans`` lists (stage, opens the stage, lr, closes the stage)."""
+    task, hp, K = build_task(cfg), cfg.algorithm, cfg.federation.clients
+    params = task.init_params(generator(SEED, "init"))
+    x, y = params["x"], params["y"]
+    v_ref = x.clone()  # the server's (global)
+    own = [{"stage": 0, "anchor": None, "total": None, "count": 0} for _ in range(K)]
+    history = []
+    for r, (stage, first, lr, last) in enumerate(plans):
+        starts = []
+        for c in own:
+            xk = x
+            if c["stage"] != stage:
+                anchor = v_ref if (hp.stage_average == "global" and hp.restart_from == "last" and stage > 1) else x
+                if hp.stage_average == "local" and c["stage"] == stage - 1 and c["count"] > 0:
+                    anchor = c["total"] / c["count"]  # the client's own time average
+                    if hp.restart_from == "average":
+                        xk = anchor.clone()
+                c.update(stage=stage, anchor=anchor, total=torch.zeros_like(x), count=0)
+            starts.append(xk)
+        yk0 = y
+        if restart and first:
+            pos = neg = n_pos = n_neg = 0.0
+            for k in range(K):
+                gen = generator(SEED, "client-step", k, -1, stage)
+                for _ in range(3**stage):
+                    batch = task.sample(k, "inner", hp.outer_batch, gen)
+                    sc, lab = task.scores(starts[k], batch).double(), batch[2].bool()
+                    pos, n_pos = pos + float(sc[lab].sum()), n_pos + float(lab.sum())
+                    neg, n_neg = neg + float(sc[~lab].sum()), n_neg + float((~lab).sum())
+            yk0 = torch.full((1,), task.params.margin + neg / n_neg - pos / n_pos)
+        finals = []
+        for k, c in enumerate(own):
+            xk, yk = starts[k], yk0
+            for i in range(hp.local_steps):
+                batch = task.sample(k, "inner", hp.outer_batch, generator(SEED, "client-step", k, r * hp.local_steps + i))
+                gx, gy = grads_closed(task, k, xk, yk, batch)
+                if cfg.algorithm_name == "coda":
+                    xk, yk = xk - lr * (gx + (xk - c["anchor"]) / hp.gamma), yk + lr * gy
+                else:
+                    xk = xk - lr * (gx.clamp(-hp.clip, hp.clip) + (xk - c["anchor"]) / hp.gamma + hp.weight_decay * xk)
+                    yk = (yk + lr * gy).clamp(0, 999)
+                c["total"], c["count"] = c["total"] + xk, c["count"] + 1
+            finals.append((xk, yk))
+        x, y = sum(f[0] for f in finals) / K, sum(f[1] for f in finals) / K
+        if hp.stage_average == "global" and last:  # DSG's output: (1/K) sum_k (1/T) sum_t v_t^k
+            v_ref = sum(c["total"] / c["count"] for c in own) / K
+            x = v_ref.clone() if hp.restart_from == "average" else x
+        history.append({"x": x, "y": y, "v_ref": v_ref, "anchors": [c["anchor"] for c in own]})
+    return history
+
+
+@pytest.mark.parametrize("average", ["global", "local"])
+@pytest.mark.parametrize("name, restart_from", [("coda", "average"), ("coda", "last"), ("coda-plus", "last"),
+                                                ("coda-plus", "average")])
+def test_stage_restarts_match_a_hand_computation(name, restart_from, average):
+    """A new stage's v_ref and start point under each ``stage_average``, by hand: ``global`` averages every
+    client's own time average at the stage's end (the server's v_ref, the clients' anchor); ``local`` makes each
+    client's own time average its v_ref (and start point); and the counters say what each sent."""
+    plans = {  # (stage, opens it, lr, closes it); CoDA: T_s = 2 * 3^(s-1), CODA+: T_s = 4, I = 2
+        "coda": [(1, True, 0.2, True), (2, True, 0.2 / 3, False), (2, False, 0.2 / 3, False),
+                 (2, False, 0.2 / 3, True), (3, True, 0.2 / 9, False)],
+        "coda-plus": [(1, True, 0.2, False), (1, False, 0.2, True), (2, True, 0.2 / 3, False),
+                      (2, False, 0.2 / 3, True), (3, True, 0.2 / 9, False)],
+    }[name]
+    extra = {"clip": 0.5, "weight_decay": 0.05} if name == "coda-plus" else {}
+    cfg = config(name, clients=3, task={"noise": 0.5, "margin": 0.5}, lr=0.2, local_steps=2,
+                 stage_steps=2 if name == "coda" else 4, gamma=3.0, outer_batch=4, restart_from=restart_from,
+                 stage_average=average, **extra)
+    expected = hand_stage_rounds(cfg, plans, restart=name == "coda")
+    server = Server(cfg, LocalFederation)
+    d, rows = cfg.task.dim, []
+    for r, want in enumerate(expected):
+        rows.append(server.run_round())
+        state = server.tensors()
+        assert set(state) == ({"x", "y", "v_ref"} if average == "global" else {"x", "y"})
+        torch.testing.assert_close(state["x"], want["x"], rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(state["y"], want["y"], rtol=1e-5, atol=1e-6)
+        if average == "global":
+            torch.testing.assert_close(state["v_ref"], want["v_ref"], rtol=1e-5, atol=1e-6)
+        private = server.federation.private_states()
+        for k in range(3):
+            torch.testing.assert_close(private[k]["anchor"], want["anchors"][k], rtol=1e-5, atol=1e-6)
+            assert int(private[k]["stage"]) == plans[r][0]
+    ups = [b["floats_up"] - a["floats_up"] for a, b in zip([{"floats_up": 0}] + rows, rows)]
+    downs = [b["floats_down"] - a["floats_down"] for a, b in zip([{"floats_down": 0}] + rows, rows)]
+    closes = [p[3] for p in plans]
+    if average == "global":  # each client's stage average goes up with the stage's last round, once
+        assert ups == [d + 1 + d * c for c in closes]
+        assert downs == [d + 1 + d * (p[1] and p[0] > 1 and restart_from == "last") for p in plans]
+    else:  # the code's reading: nothing but (x, y)
+        assert ups == downs == [d + 1] * 5
+    restarts = sum(p[1] for p in plans) if name == "coda" else 0
+    assert rows[-1]["embedding_exchanges"] == restarts
+    assert rows[-1]["embedding_floats_up"] == rows[-1]["embedding_floats_down"] == 4 * restarts
+
+
 @pytest.mark.parametrize("dual_step", ["gradient", "closed-form"])
-def test_coda_plus_rounds_match_a_hand_computation(dual_step):
+def test_per_round_coda_plus_rounds_match_a_hand_computation(dual_step):
     cfg = config("coda-plus", task={"noise": 0.5, "shift": 2.0, "margin": 1.0}, lr=0.2, local_steps=2, stage_steps=4,
-                 gamma=3.0, clip=0.5, weight_decay=0.05, outer_batch=4, dual_step=dual_step)
+                 gamma=3.0, clip=0.5, weight_decay=0.05, outer_batch=4, dual_step=dual_step, stage_average="per-round")
     assert isinstance(build_task(cfg), MarginAUCProblem)
     eta = 0.2
     plans = [(1, True, eta, 0), (1, False, eta, 0), (2, True, eta / 3, 4), (2, False, eta / 3, 4),
@@ -263,9 +372,31 @@ def test_reaches_the_known_saddle_point(name, algo):
 @pytest.mark.parametrize("name, algo", [("coda", {"stage_steps": 2}),
                                         ("coda-plus", {"stage_steps": 4, "period_growth": 2})])
 def test_resume_across_stage_boundaries_gives_identical_numbers(name, algo):
-    cfg = config(name, clients=3, federation={"clients_per_round": 2}, task={"noise": 0.3}, local_steps=2, **algo)
+    cfg = config(name, clients=3, federation={"clients_per_round": 2}, task={"noise": 0.3}, local_steps=2,
+                 stage_average="per-round", **algo)
     _, _, checkpoint = check_resume(cfg, rounds=6, stop=3)
     assert set(checkpoint["state"]) == {"x", "y", "v_ref", "x_acc"}
+
+
+@pytest.mark.parametrize("average, server_keys", [("global", {"x", "y", "v_ref"}), ("local", {"x", "y"})])
+@pytest.mark.parametrize("name, algo", [("coda", {"stage_steps": 2}),
+                                        ("coda-plus", {"stage_steps": 4, "period_growth": 2})])
+@pytest.mark.parametrize("participation", [None, 2])
+def test_resume_with_the_clients_private_stage_sums_gives_identical_numbers(name, algo, average, server_keys,
+                                                                             participation):
+    cfg = config(name, clients=3, federation={"clients_per_round": participation}, task={"noise": 0.3},
+                 local_steps=2, stage_average=average, **algo)
+    straight, resumed, checkpoint = check_resume(cfg, rounds=6, stop=3)
+    assert set(checkpoint["state"]) == server_keys
+    assert set(checkpoint["private"][0]) == {"stage", "anchor", "total", "count"}
+    assert_same_private(resumed.federation.private_states(), straight.federation.private_states())
+
+
+def assert_same_private(a, b):
+    assert sorted(a) == sorted(b)
+    for k in a:
+        for key in a[k]:
+            torch.testing.assert_close(a[k][key], b[k][key], rtol=0, atol=0)
 
 
 # -- bad input ------------------------------------------------------------------------------------------------------
@@ -282,6 +413,8 @@ def test_resume_across_stage_boundaries_gives_identical_numbers(name, algo):
         ("coda-plus", {"clip": -1.0}, r"algorithm.clip = -1.0"),
         ("coda-plus", {"dual_step": "exact"}, r"algorithm.dual_step = 'exact'"),
         ("coda-plus", {"restart_batches": 3}, r"algorithm.restart_batches: unknown key"),
+        ("coda", {"stage_average": "mean"}, r"algorithm.stage_average = 'mean'"),
+        ("coda-plus", {"stage_average": 1}, r"algorithm.stage_average = 1"),
     ],
 )
 def test_bad_hyperparameters_are_one_line_naming_the_field(name, bad, match):

@@ -144,18 +144,7 @@ def config(name: str, **overrides: Any) -> Config:
 
 # ------------------------------------------------------------------------------------------------ known failures
 
-KNOWN_FAILURES: dict[tuple[str, str], str] = {
-    ("float counters", "coda"): (
-        "2d + 1 floats up and down per round where the paper averages x and alpha (d + 1): the round's sum of "
-        "iterates x_sum goes up and v_ref comes down every round (for the exact stage time-average); and the dual "
-        "restart's download counts the model it scores (d + 1) where the all-reduced class-wise sums are 4 floats "
-        "(measured round 0, d = 33: up 67, down 67, restart down 34)"
-    ),
-    ("float counters", "coda-plus"): (
-        "2d + 1 floats up and down per round where the paper averages x and alpha (d + 1): x_sum up and v_ref down "
-        "every round (measured, d = 33: 67 vs 34)"
-    ),
-}
+KNOWN_FAILURES: dict[tuple[str, str], str] = {}
 """(property, algorithm) -> the measured reason the case fails today; the case runs as xfail(strict=True)."""
 
 
@@ -486,12 +475,27 @@ def _stage(name: str, hp: Any, r: int) -> tuple[bool, int]:
 
 def _stagewise(name: str) -> Expected:
     """x = (w, a, b) and alpha averaged every I_s steps; CoDA's dual restart at a stage's first round is one
-    low-dimensional exchange: class-wise score sums and counts (4 floats) all-reduced (ALGORITHMS.md 9.4)."""
+    low-dimensional exchange: class-wise score sums and counts (4 floats) all-reduced (ALGORITHMS.md 9.4).
+
+    The stage's output (``stage_average: global``, the papers' (1/K) sum_k (1/T) sum_t v_t^k): the stage's last
+    round also uploads each client's time average of its iterates (d floats); v_ref goes down only where the
+    next stage does not start from it (``restart_from: last``: at the stage's first round). ``local`` (the
+    reference code) communicates nothing more; ``per-round`` uploads the round's iterate sum and sends v_ref
+    every round."""
 
     def expected(hp: Any, n: Dims, r: int) -> Counts:
         first, period = _stage(name, hp, r)
-        restart = int(name == "coda" and hp.coda_mode == "stagewise" and first)
-        return per_round(1, period, n.d + n.d_y, n.d + n.d_y, restart, 4 * restart, 4 * restart)
+        plain = name == "coda" and hp.coda_mode != "stagewise"
+        restart = int(name == "coda" and not plain and first)
+        up = down = n.d + n.d_y
+        if plain:
+            pass
+        elif hp.stage_average == "per-round":
+            up, down = up + n.d, down + n.d
+        elif hp.stage_average == "global":
+            up += n.d * _stage(name, hp, r + 1)[0]  # the next round opens a stage: this one ends it
+            down += n.d * int(first and r > 0 and hp.restart_from == "last")
+        return per_round(1, period, up, down, restart, 4 * restart, 4 * restart)
 
     return expected
 

@@ -1,0 +1,105 @@
+"""CoDA (``coda``; Guo, Liu, Yuan, Shen, Liu, Yang, ICML 2020; **[code: ZhishuaiGuo/DistributedAUC]**), as restated
+in ``reference/ALGORITHMS.md`` 9.4 (A19); class C6, kind ``minimax``: the primal v = x = (w, a, b), the dual
+y = [alpha], the task's ``loss(x, y, batch)``::
+
+    for stage s = 1, 2, ...:          T_s = T0 3^(s-1) local steps,  eta_s = eta_0 3^-(s-1)
+        v_ref = x_0 (s = 1), else the previous stage's output (``stage_average``, :mod:`.stagewise`);
+                the stage starts from v_ref (``restart_from: average``) or from the last iterate
+        dual restart: every client scores n_s forward-only batches at the stage's start point; the class-wise
+                score sums and counts are all-reduced; alpha = mean negative score - mean positive score
+        for each local step:  g_v, g_alpha = grad F(v, alpha; z) on one batch z
+                              v     = v - eta_s (g_v + (1/gamma)(v - v_ref))        # proximal SGD on (w, a, b)
+                              alpha = alpha + eta_s g_alpha                          # simultaneous ascent
+        every I steps: the server averages v and alpha
+
+n_s = 3^s batches of ``outer_batch`` examples (the code; ``restart_batches`` fixes it instead). alpha* =
+E[h | negative] - E[h | positive] maximises the paper's (1 + alpha) square-loss form for fixed w (EXPERIMENTS.md
+1.4), and m + E[h | negative] - E[h | positive] LibAUC's margin form **[derived]**: the restart adds the problem's
+``margin`` where it has one. The code's two defects are not copied (ALGORITHMS.md 9.4): b's proximal term uses
+(b - b_ref), and the dual step changes alpha at every step; nor its (a, b) restart from their values at the
+previous stage's start. ``coda_mode: plain_local_sgda`` is the minimal baseline the LocalSCGDAM paper describes:
+local SGDA with a constant step, no stages, no proximal term, no dual restart (:class:`PlainLocalSGDA`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Literal
+
+from pydantic import Field
+from torch import Tensor
+
+from fedcomp.platform.algorithms.base import ClientContext, StepInfo, Tensors
+from fedcomp.platform.algorithms.coda.stages import StagePlan
+from fedcomp.platform.algorithms.coda.stagewise import Stagewise, StagewiseHParams
+from fedcomp.platform.algorithms.local_scgdam import Model
+from fedcomp.platform.params import Params
+from fedcomp.platform.problems import MinimaxProblem
+from fedcomp.platform.registry import register_algorithm
+from fedcomp.platform.rounds import Round
+
+__all__ = ["CoDA", "CoDAHParams", "PlainLocalSGDA"]
+
+
+class CoDAHParams(StagewiseHParams):
+    """CoDA: eta_0 (``lr``), I (``local_steps``), T0 (``stage_steps``), gamma and the restart's options."""
+
+    local_steps: int = Field(2, ge=1, description="I, local steps between averages (the reference code: 2)")
+    coda_mode: Literal["stagewise", "plain_local_sgda"] = Field(
+        "stagewise", description="the stagewise algorithm with dual restarts, or plain local SGDA"
+    )
+    restart_batches: int | None = Field(
+        None, ge=1, description="batches each client scores at a dual restart; null = 3^s at stage s (the code)"
+    )
+    restart_from: Literal["average", "last"] = Field(
+        "average", description="a stage starts from the previous stage's time average (the code) or its last iterate"
+    )
+
+
+@register_algorithm("coda")
+class CoDA(Stagewise):
+    """CoDA: stagewise proximal local SGDA with dual restarts; v = (w, a, b) and alpha averaged every I steps."""
+
+    HParams: ClassVar[type[Params]] = CoDAHParams
+    description = "CoDA: stagewise proximal local SGDA with dual restarts; x, y averaged (Guo et al. 2020; A19)"
+    hp: CoDAHParams
+    restarts_dual = True
+
+    def __new__(cls, hparams: Any = None) -> CoDA:
+        """``coda_mode: plain_local_sgda`` builds :class:`PlainLocalSGDA` (no stages: another server state)."""
+        plain = hparams is not None and hparams.coda_mode == "plain_local_sgda"
+        return super().__new__(PlainLocalSGDA if plain else cls)
+
+    def lengths(self, stage: int) -> tuple[int, int]:
+        return self.hp.stage_steps * 3 ** (stage - 1), self.hp.local_steps
+
+    def step(
+        self, problem: Any, x: Tensor, y: Tensor, gx: Tensor, gy: Tensor, v_ref: Tensor | None, lr: float
+    ) -> tuple[Tensor, Tensor]:
+        direction = gx if v_ref is None else gx + (x - v_ref) / self.hp.gamma
+        return x - lr * direction, y + lr * gy
+
+
+class PlainLocalSGDA(CoDA):
+    """``coda_mode: plain_local_sgda``: local SGDA with the constant step eta_0 from the broadcast (x, y), no
+    stages, no proximal term, no dual restart; x and y averaged every I steps."""
+
+    restarts_dual = False
+
+    def __init__(self, hparams: Any) -> None:
+        super().__init__(hparams)
+        self.Server = self.Client = Model  # type: ignore[misc]
+
+    def init(self, variables: Tensors) -> Model:
+        return Model(x=variables["x"].clone(), y=variables["y"].clone())
+
+    def plan(self, round: int) -> StagePlan:
+        q = self.hp.local_steps
+        return StagePlan(stage=1, first=round == 0, steps=q, first_step=round * q, lr=self.hp.lr, previous_length=0)
+
+    def round(self, fed: Round, server: Model) -> Model:
+        return server.replace(**fed.local_steps(server, self.hp.local_steps))
+
+    def local_steps(self, problem: MinimaxProblem, client: Model, ctx: ClientContext) -> tuple[Model, Tensors, StepInfo]:
+        """Client program: I local SGDA steps from the broadcast (x, y)."""
+        x, y, _, info = self.steps(problem, client.x, client.y, None, self.plan(ctx.round), ctx)
+        return client.replace(x=x, y=y), {"x": x, "y": y}, info
