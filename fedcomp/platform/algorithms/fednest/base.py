@@ -1,0 +1,118 @@
+"""What every FedNest sub-round and algorithm shares: the hyperparameters, the typed messages each sub-round
+broadcasts (a client program reads the record its ``view`` parameter is annotated with), the keyed batches and
+the fresh cohort per sub-round."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal, TypeVar
+
+from pydantic import Field
+from torch import Tensor
+
+from fedcomp.platform.algorithms.base import Algorithm, ClientContext, StepInfo, Tensors
+from fedcomp.platform.params import Params
+from fedcomp.platform.problems import BILEVEL, BilevelProblem
+from fedcomp.platform.rounds import Round
+from fedcomp.platform.state import State
+
+__all__ = [
+    "Cohorts", "Counted", "Counter", "CounterStep", "FedNestBase", "FedNestHParams", "Point", "Reply", "WithH",
+    "WithP", "WithQ", "fresh_cohorts",
+]
+
+
+class FedNestHParams(Params):
+    """alpha (``lr``), beta (``inner_lr``), tau (``local_steps``), T (``inner_rounds``), N, 1/l and batches."""
+
+    lr: float = Field(0.01, gt=0, description="outer step size alpha")
+    inner_lr: float = Field(0.01, gt=0, description="inner step size beta")
+    local_steps: int = Field(1, ge=1, description="local outer steps tau in FedOut")
+    inner_rounds: int = Field(1, ge=1, description="FedInn calls per epoch (T)")
+    inner_steps: int = Field(5, ge=1, description="local steps per FedInn call")
+    neumann_terms: int = Field(5, ge=1, description="Neumann terms N")
+    neumann_lr: float = Field(0.01, gt=0, description="Neumann step 1/l (l bounds the Hessian of g in y)")
+    ihgp: Literal["paper", "deterministic", "code"] = Field("paper", description="FedIHGP variant")
+    cohorts: Literal["fresh", "shared"] = Field(
+        "fresh", description="FedNest: a cohort per sub-round (the paper), or one for FedIHGP, hypergradient and FedOut (the code)"
+    )
+    inner_batch: int | None = Field(64, ge=1, description="batch of local inner steps; null = all local data")
+    outer_batch: int | None = Field(None, ge=1, description="batch of local outer steps; null = all local data")
+    oracle_batch: int | None = Field(None, ge=1, description="batch of anchors, HVPs, hypergradients; null = all")
+
+
+@dataclass(frozen=True)
+class Point(State):
+    """(x, y): the server's state, a client's, and what every sub-round broadcasts."""
+
+    x: Tensor
+    y: Tensor
+
+
+@dataclass(frozen=True)
+class WithQ(Point):
+    q: Tensor
+    """FedInn's SVRG anchor <grad_y g_i(x, y)>."""
+
+
+@dataclass(frozen=True)
+class WithP(Point):
+    p: Tensor
+    """A FedIHGP vector (p_{n-1}; for the ``code`` variant p_0), or its final estimate."""
+
+
+@dataclass(frozen=True)
+class WithH(Point):
+    h: Tensor
+    """The hypergradient: FedOut's SVRG anchor."""
+
+
+@dataclass(frozen=True)
+class Counter(Point):
+    """A client of the ``code`` variant: its own Neumann counter, private, restarted once per epoch."""
+
+    counter: Tensor
+    """(I - H_i / l)^m p_0 after the client's m-th FedIHGP call of epoch ``counter_epoch``."""
+    counter_epoch: Tensor
+    """The epoch whose p_0 the counter started from (-1: none): the client's first call of an epoch restarts it."""
+
+
+@dataclass(frozen=True)
+class CounterStep(Counter):
+    p: Tensor
+    """p_0, broadcast with every call."""
+
+
+V = TypeVar("V", bound=State)
+Reply = tuple[V, Mapping[str, Tensor], StepInfo]
+"""What a client program returns: its view (updated where it keeps private fields), outputs to average, counts."""
+Counted = tuple[Tensor, StepInfo]
+"""A client-side vector with the oracle calls (and loss) it took."""
+Cohorts = Iterator[list[int]]
+
+
+def fresh_cohorts(fed: Round) -> Cohorts:
+    """The round's cohorts 0, 1, 2, ... in turn: FedNest samples a fresh cohort for every sub-round."""
+    return (fed.cohort(k) for k in itertools.count())
+
+
+
+class FedNestBase(Algorithm[Point, Point]):
+    """The family's kind, records and keyed batches; the sub-round modules add their client programs."""
+
+    kind = BILEVEL
+    HParams = FedNestHParams
+    Client: ClassVar[type[State]] = Point
+    Server = Point
+    hp: FedNestHParams
+
+    def init(self, variables: Tensors) -> Point:
+        return Point(x=variables["x"].clone(), y=variables["y"].clone())
+
+    def _sample(
+        self, problem: BilevelProblem, ctx: ClientContext, split: Literal["inner", "outer"], size: int | None, call: int, tag: int
+    ) -> Any:
+        """The client's batch of ``split`` keyed by (round, call, tag)."""
+        return problem.sample(ctx.client, split, size, ctx.rng(ctx.round, call, tag))
