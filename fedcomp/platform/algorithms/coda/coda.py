@@ -29,9 +29,10 @@ from pydantic import Field
 from torch import Tensor
 
 from fedcomp.platform.algorithms.base import ClientContext, StepInfo, Tensors
-from fedcomp.platform.algorithms.coda.stages import StagePlan
+from fedcomp.platform.algorithms.coda.stages import ScoredProblem, StagePlan
 from fedcomp.platform.algorithms.coda.stagewise import Stagewise, StagewiseHParams
 from fedcomp.platform.algorithms.local_scgdam import Model
+from fedcomp.platform.errors import ConfigError
 from fedcomp.platform.params import Params
 from fedcomp.platform.problems import MinimaxProblem
 from fedcomp.platform.registry import register_algorithm
@@ -68,6 +69,20 @@ class CoDA(Stagewise):
         """``coda_mode: plain_local_sgda`` builds :class:`PlainLocalSGDA` (no stages: another server state)."""
         plain = hparams is not None and hparams.coda_mode == "plain_local_sgda"
         return super().__new__(PlainLocalSGDA if plain else cls)
+
+    def check(self, problem: Any, y: Tensor) -> None:
+        """The dual restart needs the task's scores and labels, and a scalar dual."""
+        if not isinstance(problem, ScoredProblem):
+            raise ConfigError(
+                f"algorithm.name = {self.name!r} restarts the dual from class-wise mean scores, but the task's problem "
+                f"{type(problem).__name__} has no scores(x, batch) / labels(batch); allowed without them: "
+                f"algorithm.coda_mode = 'plain_local_sgda'"
+            )
+        if y.numel() != 1:
+            raise ConfigError(
+                f"algorithm.name = {self.name!r}: the dual restart needs a scalar dual y, got {y.numel()} entries; "
+                f"allowed without it: algorithm.coda_mode = 'plain_local_sgda'"
+            )
 
     def lengths(self, stage: int) -> tuple[int, int]:
         return self.hp.stage_steps * 3 ** (stage - 1), self.hp.local_steps

@@ -43,9 +43,8 @@ from fedcomp.platform.algorithms.base import (
     Tensors,
     batch_size,
 )
-from fedcomp.platform.algorithms.coda.stages import ScoredProblem, StagePlan, class_sums, dual_restart_value, stage_plan
+from fedcomp.platform.algorithms.coda.stages import StagePlan, class_sums, dual_restart_value, stage_plan
 from fedcomp.platform.algorithms.local_scgdam import Model
-from fedcomp.platform.errors import ConfigError
 from fedcomp.platform.oracles import grad_xy_and_value
 from fedcomp.platform.problems import MINIMAX, MinimaxProblem
 from fedcomp.platform.rounds import Round
@@ -172,21 +171,7 @@ class Stagewise(Algorithm[Any, Any]):
         return means
 
     def check(self, problem: Any, y: Tensor) -> None:
-        """Fail before any client work when the task lacks what the options need (CoDA's dual restart: scores and
-        a scalar dual)."""
-        if not self.restarts_dual:
-            return
-        if not isinstance(problem, ScoredProblem):
-            raise ConfigError(
-                f"algorithm.name = {self.name!r} restarts the dual from class-wise mean scores, but the task's problem "
-                f"{type(problem).__name__} has no scores(x, batch) / labels(batch); allowed without them: "
-                f"algorithm.coda_mode = 'plain_local_sgda'"
-            )
-        if y.numel() != 1:
-            raise ConfigError(
-                f"algorithm.name = {self.name!r}: the dual restart needs a scalar dual y, got {y.numel()} entries; "
-                f"allowed without it: algorithm.coda_mode = 'plain_local_sgda'"
-            )
+        """Fail before any client work when the task lacks what the options need."""
 
     # -- client side ----------------------------------------------------------------------------------------------
     @abstractmethod

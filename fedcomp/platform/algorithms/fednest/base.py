@@ -13,6 +13,7 @@ from pydantic import Field
 from torch import Tensor
 
 from fedcomp.platform.algorithms.base import Algorithm, ClientContext, StepInfo, Tensors
+from fedcomp.platform.algorithms.local_scgdam import Model
 from fedcomp.platform.params import Params
 from fedcomp.platform.problems import BILEVEL, BilevelProblem
 from fedcomp.platform.rounds import Round
@@ -43,12 +44,8 @@ class FedNestHParams(Params):
     oracle_batch: int | None = Field(None, ge=1, description="batch of anchors, HVPs, hypergradients; null = all")
 
 
-@dataclass(frozen=True)
-class Point(State):
-    """(x, y): the server's state, a client's, and what every sub-round broadcasts."""
-
-    x: Tensor
-    y: Tensor
+Point = Model
+"""(x, y): the server's state, a client's, and what every sub-round broadcasts (the min-max family's record)."""
 
 
 @dataclass(frozen=True)
