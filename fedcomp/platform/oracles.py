@@ -37,6 +37,19 @@ def grad_and_loss(problem: Any, x: Tensor, *batch: Any) -> tuple[Tensor, Tensor]
     return grad, value.detach()
 
 
+def grad_and_loss_into(problem: Any, x: Tensor, out: Tensor, *batch: Any) -> tuple[Tensor, Tensor]:
+    """:func:`grad_and_loss` for in-place steps: the same bits, written into ``out`` where the problem's model
+    can (:meth:`fedcomp.models.functional.FlatModel.grad_into`: no new flat vector per call); otherwise a new
+    tensor. Either way the caller owns the returned gradient and may overwrite it until its next call."""
+    model = getattr(problem, "model", None)
+    into = getattr(model, "grad_into", None)
+    if into is not None and not LOCKSTEP.get():
+        value = into(lambda z: problem.loss(z, *batch), x, out)
+        if value is not None:
+            return out, value
+    return grad_and_loss(problem, x, *batch)
+
+
 def _leaves(x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
     return x.detach().requires_grad_(True), y.detach().requires_grad_(True)
 

@@ -15,12 +15,19 @@ programs, and a round program that says what each communication round does.
 The common family -- q local steps on every cohort client, then average -- is :class:`LocalSteps`: an
 algorithm writes ``draw`` (the step's samples, keyed randomness) and a pure ``update``; the round program
 is inherited. Nothing here imports Ray.
+
+In-place steps: an algorithm of that family may also write ``update_``, the same floats as ``update`` written
+into the client state's own tensors (the fields it names in ``mutates``, which each program copies once)
+with scratch from :func:`work`, so that a local step allocates nothing model-sized. The program runs
+``update_`` where it may (never in lockstep: ``vmap`` batches the pure ``update``); the conformance suite and
+``benchmarks/same_numbers.py`` hold it to ``update``'s bits.
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
+import threading
 import typing
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Generator, Mapping
@@ -33,6 +40,7 @@ from torch import Tensor
 
 # re-exported: algorithms import them from here
 from fedcomp.platform.oracles import LOCKSTEP as LOCKSTEP, grad_and_loss as grad_and_loss
+from fedcomp.platform.oracles import grad_and_loss_into as grad_and_loss_into
 from fedcomp.platform.params import Params
 from fedcomp.platform.rounds import Round
 from fedcomp.platform.state import Means, State
@@ -225,6 +233,9 @@ class LocalSteps(Algorithm[C, S]):
     """
 
     vectorisable: ClassVar[bool] = True
+    mutates: ClassVar[frozenset[str]] = frozenset()
+    """Client fields :meth:`update_` writes in place (each program takes its own copies of them first); empty
+    when the algorithm has no in-place step."""
 
     @abstractmethod
     def draw(self, problem: Any, client: int, step: int, gen: torch.Generator) -> tuple[Any, int]:
@@ -233,6 +244,17 @@ class LocalSteps(Algorithm[C, S]):
     @abstractmethod
     def update(self, problem: Any, state: C, batch: Any, step: int) -> tuple[C, Tensor]:
         """The new client state and the step's training loss (a 0-d tensor) from the drawn samples."""
+
+    def update_(self, problem: Any, state: C, batch: Any, step: int) -> tuple[C, Tensor]:
+        """:meth:`update` in place, bit for bit: the :attr:`mutates` fields of ``state`` (the program's own copies)
+        are overwritten, scratch comes from :func:`work`; returns the state (this record or a new one) and the loss."""
+        raise NotImplementedError(f"{type(self).__name__} has no in-place step")
+
+    def in_place(self) -> bool:
+        """Whether local steps run :meth:`update_`: it exists and was written for the :meth:`update` in force
+        (a subclass that changes ``update`` without its own ``update_`` runs ``update``)."""
+        cls = type(self)
+        return bool(self.mutates) and issubclass(_owner(cls, "update_"), _owner(cls, "update"))
 
     def broadcast(self, server: S) -> Tensors:
         """What the server sends each round: the fields it shares with the client state."""
@@ -246,10 +268,13 @@ class LocalSteps(Algorithm[C, S]):
         """Client program: ``q`` local steps (global step index ``round * q + s``); outputs the shared fields."""
         q = self.hp.local_steps
         total = StepInfo()
+        in_place = self.in_place() and not LOCKSTEP.get()
+        if in_place:  # the state's tensors may be the broadcast other clients start from: step copies of them
+            state = state.replace(**{n: getattr(state, n).clone(memory_format=torch.contiguous_format) for n in self.mutates})
         for s in range(q):
             step = ctx.round * q + s
             batch, samples = self.draw(problem, ctx.client, step, ctx.rng(step))
-            state, loss = self.update(problem, state, batch, step)
+            state, loss = (self.update_ if in_place else self.update)(problem, state, batch, step)
             total.samples += samples
             total.loss += float(loss) / q
         return state, {n: getattr(state, n) for n in self.averaged}, total
@@ -258,6 +283,30 @@ class LocalSteps(Algorithm[C, S]):
         """:meth:`update` on the wire form of the state (what lockstep ``vmap`` batches)."""
         new, loss = self.update(problem, self.Client.of(state), batch, step)  # type: ignore[arg-type]
         return new.tensors(), loss
+
+
+def _owner(cls: type, name: str) -> type:
+    """The class in ``cls``'s method resolution order that defines ``name``."""
+    return next(k for k in cls.__mro__ if name in vars(k))
+
+
+_WORK = threading.local()
+_WORK_SLOTS = 16
+"""Scratch buffers kept per thread before the cache starts afresh (several shapes: tests, several tasks)."""
+
+
+def work(like: Tensor, slot: int = 0) -> Tensor:
+    """A scratch tensor of ``like``'s shape, dtype and device (``slot``: which of several), kept by this thread
+    and handed out again to the next step and the next client program: its contents are garbage, and it is
+    valid until the next ``work(..., slot)`` of the same shape (an in-place step's gradient and temporaries)."""
+    cache: dict[tuple[Any, ...], Tensor] | None = getattr(_WORK, "buffers", None)
+    if cache is None or len(cache) > _WORK_SLOTS:
+        cache = _WORK.buffers = {}
+    key = (slot, tuple(like.shape), like.dtype, like.device)
+    buffer = cache.get(key)
+    if buffer is None:
+        buffer = cache[key] = torch.empty(like.shape, dtype=like.dtype, device=like.device)
+    return buffer
 
 
 def batch_size(batch: Any) -> int:

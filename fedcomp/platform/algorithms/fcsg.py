@@ -24,7 +24,7 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
-from fedcomp.platform.algorithms.base import CommonHParams, LocalSteps, Tensors, grad_and_loss
+from fedcomp.platform.algorithms.base import CommonHParams, LocalSteps, Tensors, grad_and_loss, grad_and_loss_into, work
 from fedcomp.platform.problems import CONDITIONAL, ConditionalProblem
 from fedcomp.platform.registry import register_algorithm
 from fedcomp.platform.state import Model, State
@@ -72,6 +72,7 @@ class FCSG(_FCSGBase):
     HParams = FCSGHParams
     Client = Server = Model
     description = "FCSG: federated conditional stochastic gradient (Wu et al. 2023, Alg. 1)"
+    mutates = frozenset({"x"})
 
     def init(self, variables: Tensors) -> Model:
         return Model(x=variables["x"].clone())
@@ -79,6 +80,11 @@ class FCSG(_FCSGBase):
     def update(self, problem: ConditionalProblem, state: Model, batch: tuple[Any, ...], step: int) -> tuple[Model, Tensor]:
         grad, loss = grad_and_loss(problem, state.x, *batch)
         return Model(x=state.x - self.hp.lr * grad), loss
+
+    def update_(self, problem: ConditionalProblem, state: Model, batch: tuple[Any, ...], step: int) -> tuple[Model, Tensor]:
+        grad, loss = grad_and_loss_into(problem, state.x, work(state.x), *batch)
+        state.x.sub_(grad.mul_(self.hp.lr))
+        return state, loss
 
 
 @register_algorithm("fcsg-m")
@@ -89,6 +95,7 @@ class FCSGM(_FCSGBase):
     Client = Server = ModelMomentum
     description = "FCSG-M: FCSG with momentum; x and u averaged (Wu et al. 2023, Alg. 1)"
     hp: FCSGMHParams
+    mutates = frozenset({"x", "u"})
 
     def init(self, variables: Tensors) -> ModelMomentum:
         x0 = variables["x"]
@@ -99,6 +106,15 @@ class FCSGM(_FCSGBase):
         u = grad if step == 0 else (1 - self.hp.beta) * state.u + self.hp.beta * grad
         return ModelMomentum(x=state.x - self.hp.lr * u, u=u), loss
 
+    def update_(self, problem: ConditionalProblem, state: ModelMomentum, batch: tuple[Any, ...], step: int) -> tuple[ModelMomentum, Tensor]:
+        grad, loss = grad_and_loss_into(problem, state.x, work(state.x), *batch)
+        if step == 0:
+            state.u.copy_(grad)
+        else:
+            state.u.mul_(1 - self.hp.beta).add_(grad.mul_(self.hp.beta))
+        state.x.sub_(torch.mul(state.u, self.hp.lr, out=grad))
+        return state, loss
+
 
 @register_algorithm("acc-fcsg-m")
 class AccFCSGM(_FCSGBase):
@@ -108,6 +124,7 @@ class AccFCSGM(_FCSGBase):
     Client, Server = AccClient, ModelMomentum
     description = "Acc-FCSG-M: STORM-type variance-reduced FCSG-M (Wu et al. 2023, Alg. 2)"
     hp: FCSGMHParams
+    mutates = frozenset({"x", "u", "x_prev"})
 
     def init(self, variables: Tensors) -> ModelMomentum:
         x0 = variables["x"]
@@ -128,3 +145,14 @@ class AccFCSGM(_FCSGBase):
             grad_prev, _ = grad_and_loss(problem, state.x_prev, *batch)
             u = grad + (1 - self.hp.beta) * (state.u - grad_prev)
         return AccClient(x=state.x - self.hp.lr * u, u=u, x_prev=state.x), loss
+
+    def update_(self, problem: ConditionalProblem, state: AccClient, batch: tuple[Any, ...], step: int) -> tuple[AccClient, Tensor]:
+        grad, loss = grad_and_loss_into(problem, state.x, work(state.x), *batch)
+        if step == 0:
+            state.u.copy_(grad)
+        else:
+            grad_prev, _ = grad_and_loss_into(problem, state.x_prev, work(state.x, 1), *batch)
+            state.u.sub_(grad_prev).mul_(1 - self.hp.beta).add_(grad)
+        state.x_prev.copy_(state.x)
+        state.x.sub_(torch.mul(state.u, self.hp.lr, out=grad))
+        return state, loss

@@ -21,7 +21,7 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
-from fedcomp.platform.algorithms.base import CommonHParams, LocalSteps, Tensors, grad_and_loss
+from fedcomp.platform.algorithms.base import CommonHParams, LocalSteps, Tensors, grad_and_loss, grad_and_loss_into, work
 from fedcomp.platform.params import Params
 from fedcomp.platform.problems import PLAIN, PlainProblem
 from fedcomp.platform.registry import register_algorithm
@@ -50,6 +50,7 @@ class FedProx(LocalSteps[ProxClient, Model]):
     HParams: ClassVar[type[Params]] = FedProxHParams
     Client, Server = ProxClient, Model
     round_local = frozenset({"anchor"})
+    mutates = frozenset({"x"})
     description = "FedProx (Li et al. 2020): local SGD with a proximal term to the global model; x averaged (A23)"
 
     def init(self, variables: Tensors) -> Model:
@@ -64,3 +65,9 @@ class FedProx(LocalSteps[ProxClient, Model]):
     def update(self, problem: PlainProblem, state: ProxClient, batch: tuple[Any, ...], step: int) -> tuple[ProxClient, Tensor]:
         grad, loss = grad_and_loss(problem, state.x, *batch)
         return state.replace(x=state.x - self.hp.lr * (grad + self.hp.mu * (state.x - state.anchor))), loss
+
+    def update_(self, problem: PlainProblem, state: ProxClient, batch: tuple[Any, ...], step: int) -> tuple[ProxClient, Tensor]:
+        grad, loss = grad_and_loss_into(problem, state.x, work(state.x), *batch)
+        pull = torch.sub(state.x, state.anchor, out=work(state.x, 1)).mul_(self.hp.mu)
+        state.x.sub_(grad.add_(pull).mul_(self.hp.lr))
+        return state, loss

@@ -58,7 +58,7 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
-from fedcomp.platform.algorithms.base import CommonHParams, LocalSteps, Tensors, grad_and_loss
+from fedcomp.platform.algorithms.base import CommonHParams, LocalSteps, Tensors, grad_and_loss, grad_and_loss_into, work
 from fedcomp.platform.errors import ConfigError
 from fedcomp.platform.params import Params
 from fedcomp.platform.problems import PLAIN, PlainProblem
@@ -196,6 +196,8 @@ class _Weighted:
 
     def __init__(self, problem: RatioLossProblem | ClassPriorProblem, weights: Tensor) -> None:
         self.problem, self.weights = problem, weights
+        self.model = getattr(problem, "model", None)
+        """The task's network, for in-place steps (:func:`~fedcomp.platform.oracles.grad_and_loss_into`)."""
 
     def loss(self, x: Tensor, batch: Any) -> Tensor:
         return self.problem.class_weighted_loss(x, batch, self.weights)
@@ -229,6 +231,7 @@ class LocalSGDM(LocalSteps[ModelMomentum, State]):
     Server: ClassVar[type[State]] = ModelMomentum
     description = "LocalSGDM (Yu et al. 2019): local SGD with momentum; x and the momentum averaged (A20)"
     hp: LocalSGDMHParams
+    mutates = frozenset({"x", "buf"})
 
     def __init__(self, hparams: Params) -> None:
         super().__init__(hparams)
@@ -252,6 +255,12 @@ class LocalSGDM(LocalSteps[ModelMomentum, State]):
         grad, loss = grad_and_loss(self._loss(problem, state), state.x, *batch)
         buf = self.hp.momentum * state.buf + grad
         return state.replace(x=state.x - self.hp.lr * buf, buf=buf), loss
+
+    def update_(self, problem: PlainProblem, state: ModelMomentum, batch: tuple[Any, ...], step: int) -> tuple[ModelMomentum, Tensor]:
+        grad, loss = grad_and_loss_into(self._loss(problem, state), state.x, work(state.x), *batch)
+        state.buf.mul_(self.hp.momentum).add_(grad)
+        state.x.sub_(torch.mul(state.buf, self.hp.lr, out=grad))
+        return state, loss
 
     def _loss(self, problem: Any, state: ModelMomentum) -> Any:
         """The object whose ``loss`` the step differentiates (the task's own loss here)."""
