@@ -18,11 +18,11 @@ around its programs and the server loads the global ones before evaluating (:mod
 A module built without running statistics (``track_running_stats=False``) has none here either
 (``buffer_dim == 0``) and always normalises with batch statistics.
 
-In-place steps (:meth:`FlatModel.grad_into`): differentiating a loss with respect to a flat leaf vector makes
-autograd concatenate the parameters' gradients into a new flat vector every step. ``grad_into`` instead
-differentiates per-parameter leaves that share the flat vector's storage and copies their gradients into a
-flat buffer the caller owns -- the same kernels on the same operands, so the same bits, without the
-allocation. It applies when the loss calls the model once on the flat vector and uses it nowhere else, and
+In-place steps (:meth:`FlatModel.grad_pieces`): differentiating a loss with respect to a flat leaf vector
+makes autograd concatenate the parameters' gradients into a new flat vector every step. ``grad_pieces``
+instead differentiates per-parameter leaves that share the flat vector's storage and hands back their
+gradients as they are -- the same kernels on the same operands, so the same bits, without the copy; a step
+applies them to the flat state cut the same way (:meth:`FlatModel.pieces`). It applies when the loss calls the model once on the flat vector and uses it nowhere else, and
 reports when it does not, so that the caller differentiates the flat leaf instead.
 """
 
@@ -64,9 +64,9 @@ class FlatModel:
         """Batch statistics of training forwards not yet folded into ``_running`` (folded when it is read)."""
         self._seen: list[Tensor] | None = None
         self._direct: _Direct | None = None
-        """While :meth:`grad_into` runs: the stand-in for the flat vector and the leaves to call the module with."""
+        """While :meth:`grad_pieces` runs: the stand-in for the flat vector and the leaves to call the module with."""
         self.direct_ok = True
-        """False once a loss used the flat vector other than by one call of this model (:meth:`grad_into`)."""
+        """False once a loss used the flat vector other than by one call of this model (:meth:`grad_pieces`)."""
 
     @property
     def running(self) -> Tensor:
@@ -137,39 +137,36 @@ class FlatModel:
         self._pending.append(seen)
         return out
 
-    def grad_into(self, loss: Callable[[Tensor], Tensor], x: Tensor, out: Tensor) -> Tensor | None:
-        """Write d loss / dx at ``x`` into ``out`` (a flat buffer of x's shape) and return ``loss(x)`` (detached):
-        the same bits as differentiating the flat leaf (module docstring), without a new flat vector.
+    def pieces(self, x: Tensor) -> list[Tensor]:
+        """The flat vector ``x`` cut into the parameters' shapes (views: writing them writes ``x``)."""
+        return [v.view(s) for v, s in zip(x.split(self.sizes), self.shapes)]
 
-        ``None`` (and ``out`` unspecified, the running statistics untouched) when ``loss`` did not call this model
-        exactly once with the vector it was given or used that vector otherwise: the caller then differentiates
-        the flat leaf. From then on this model declines at once (:attr:`direct_ok`)."""
-        usable = x.shape == out.shape == (self.dim,) and x.is_contiguous() and out.is_contiguous()
-        if not (self.direct_ok and usable and torch.is_grad_enabled()) or torch._C._functorch.is_functorch_wrapped_tensor(x):
+    def grad_pieces(self, loss: Callable[[Tensor], Tensor], x: Tensor) -> tuple[list[Tensor], Tensor] | None:
+        """d loss / dx at ``x`` as the parameters' gradients (one new tensor per parameter, cut as
+        :meth:`pieces` cuts ``x``), and ``loss(x)`` (detached): the same bits as differentiating the flat leaf
+        (module docstring), without concatenating them into a new flat vector.
+
+        ``None`` (the running statistics untouched) when ``loss`` did not call this model exactly once with the
+        vector it was given or used that vector otherwise: the caller then differentiates the flat leaf. From
+        then on this model declines at once (:attr:`direct_ok`)."""
+        usable = x.shape == (self.dim,) and x.is_contiguous() and torch.is_grad_enabled()
+        if not (self.direct_ok and usable) or torch._C._functorch.is_functorch_wrapped_tensor(x):
             return None
-        base = x.detach()
-        leaves = [v.view(s).detach().requires_grad_(True) for v, s in zip(base.split(self.sizes), self.shapes)]
+        leaves = [v.detach().requires_grad_(True) for v in self.pieces(x.detach())]
         direct = self._direct = _Direct(x.detach().requires_grad_(True), leaves)
         pending = len(self._pending)
         try:
             value = loss(direct.marker)
         finally:
             self._direct = None
-        grads = None
         if direct.calls == 1 and value.requires_grad:
             marker_grad, *grads = torch.autograd.grad(value, [direct.marker, *leaves], allow_unused=True)
-            if marker_grad is not None:
-                grads = None
-        if grads is None:
-            self.direct_ok = False
-            del self._pending[pending:]
-            return None
-        for piece, grad, shape in zip(out.split(self.sizes), grads, self.shapes):
-            if grad is None:  # a parameter the loss does not use: autograd's flat gradient holds zeros there
-                piece.zero_()
-            else:
-                piece.view(shape).copy_(grad)
-        return value.detach()
+            if marker_grad is None:
+                # a parameter the loss does not use: autograd's flat gradient holds zeros there
+                return [torch.zeros_like(p) if g is None else g for p, g in zip(leaves, grads)], value.detach()
+        self.direct_ok = False
+        del self._pending[pending:]
+        return None
 
     def _record(self, _module: nn.Module, inputs: tuple[Tensor, ...]) -> None:
         """Forward pre-hook of each BatchNorm layer: the batch mean and unbiased variance per channel of its input."""
@@ -181,7 +178,7 @@ class FlatModel:
 
 
 class _Direct:
-    """One :meth:`FlatModel.grad_into` call's stand-in for the flat vector, the leaves it maps to, the calls seen."""
+    """One :meth:`FlatModel.grad_pieces` call's stand-in for the flat vector, the leaves it maps to, the calls seen."""
 
     def __init__(self, marker: Tensor, leaves: list[Tensor]) -> None:
         self.marker, self.leaves, self.calls = marker, leaves, 0

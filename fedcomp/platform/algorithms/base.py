@@ -18,7 +18,8 @@ is inherited. Nothing here imports Ray.
 
 In-place steps: an algorithm of that family may also write ``update_``, the same floats as ``update`` written
 into the client state's own tensors (the fields it names in ``mutates``, which each program copies once)
-with scratch from :func:`work`, so that a local step allocates nothing model-sized. The program runs
+with ``torch._foreach_*`` ops over the gradient's pieces (:class:`~fedcomp.platform.oracles.Pieces`: the
+model's parameter gradients as autograd makes them), so that a step assembles and allocates no flat vector. The program runs
 ``update_`` where it may (never in lockstep: ``vmap`` batches the pure ``update``); the conformance suite and
 ``benchmarks/same_numbers.py`` hold it to ``update``'s bits.
 """
@@ -27,7 +28,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-import threading
 import typing
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Generator, Mapping
@@ -40,7 +40,7 @@ from torch import Tensor
 
 # re-exported: algorithms import them from here
 from fedcomp.platform.oracles import LOCKSTEP as LOCKSTEP, grad_and_loss as grad_and_loss
-from fedcomp.platform.oracles import grad_and_loss_into as grad_and_loss_into
+from fedcomp.platform.oracles import Pieces as Pieces, grad_and_loss_pieces as grad_and_loss_pieces
 from fedcomp.platform.params import Params
 from fedcomp.platform.rounds import Round
 from fedcomp.platform.state import Means, State
@@ -247,7 +247,7 @@ class LocalSteps(Algorithm[C, S]):
 
     def update_(self, problem: Any, state: C, batch: Any, step: int) -> tuple[C, Tensor]:
         """:meth:`update` in place, bit for bit: the :attr:`mutates` fields of ``state`` (the program's own copies)
-        are overwritten, scratch comes from :func:`work`; returns the state (this record or a new one) and the loss."""
+        are overwritten; returns the state (this record or a new one) and the loss."""
         raise NotImplementedError(f"{type(self).__name__} has no in-place step")
 
     def in_place(self) -> bool:
@@ -290,23 +290,11 @@ def _owner(cls: type, name: str) -> type:
     return next(k for k in cls.__mro__ if name in vars(k))
 
 
-_WORK = threading.local()
-_WORK_SLOTS = 16
-"""Scratch buffers kept per thread before the cache starts afresh (several shapes: tests, several tasks)."""
-
-
-def work(like: Tensor, slot: int = 0) -> Tensor:
-    """A scratch tensor of ``like``'s shape, dtype and device (``slot``: which of several), kept by this thread
-    and handed out again to the next step and the next client program: its contents are garbage, and it is
-    valid until the next ``work(..., slot)`` of the same shape (an in-place step's gradient and temporaries)."""
-    cache: dict[tuple[Any, ...], Tensor] | None = getattr(_WORK, "buffers", None)
-    if cache is None or len(cache) > _WORK_SLOTS:
-        cache = _WORK.buffers = {}
-    key = (slot, tuple(like.shape), like.dtype, like.device)
-    buffer = cache.get(key)
-    if buffer is None:
-        buffer = cache[key] = torch.empty(like.shape, dtype=like.dtype, device=like.device)
-    return buffer
+def scaled_into(out: list[Tensor], src: list[Tensor], factor: float) -> list[Tensor]:
+    """``out[i] = factor * src[i]`` for every piece (one pass, no new tensor; ``torch.mul``'s rounding)."""
+    for o, t in zip(out, src):
+        torch.mul(t, factor, out=o)
+    return out
 
 
 def batch_size(batch: Any) -> int:

@@ -24,7 +24,7 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
-from fedcomp.platform.algorithms.base import CommonHParams, LocalSteps, Tensors, grad_and_loss, grad_and_loss_into, work
+from fedcomp.platform.algorithms.base import CommonHParams, LocalSteps, Tensors, grad_and_loss, grad_and_loss_pieces, scaled_into
 from fedcomp.platform.problems import CONDITIONAL, ConditionalProblem
 from fedcomp.platform.registry import register_algorithm
 from fedcomp.platform.state import Model, State
@@ -82,8 +82,9 @@ class FCSG(_FCSGBase):
         return Model(x=state.x - self.hp.lr * grad), loss
 
     def update_(self, problem: ConditionalProblem, state: Model, batch: tuple[Any, ...], step: int) -> tuple[Model, Tensor]:
-        grad, loss = grad_and_loss_into(problem, state.x, work(state.x), *batch)
-        state.x.sub_(grad.mul_(self.hp.lr))
+        grad, loss = grad_and_loss_pieces(problem, state.x, *batch)
+        torch._foreach_mul_(grad, self.hp.lr)
+        torch._foreach_sub_(grad.of(state.x), grad)
         return state, loss
 
 
@@ -107,12 +108,15 @@ class FCSGM(_FCSGBase):
         return ModelMomentum(x=state.x - self.hp.lr * u, u=u), loss
 
     def update_(self, problem: ConditionalProblem, state: ModelMomentum, batch: tuple[Any, ...], step: int) -> tuple[ModelMomentum, Tensor]:
-        grad, loss = grad_and_loss_into(problem, state.x, work(state.x), *batch)
+        grad, loss = grad_and_loss_pieces(problem, state.x, *batch)
+        u = grad.of(state.u)
         if step == 0:
-            state.u.copy_(grad)
+            torch._foreach_copy_(u, grad)
         else:
-            state.u.mul_(1 - self.hp.beta).add_(grad.mul_(self.hp.beta))
-        state.x.sub_(torch.mul(state.u, self.hp.lr, out=grad))
+            torch._foreach_mul_(u, 1 - self.hp.beta)
+            torch._foreach_mul_(grad, self.hp.beta)
+            torch._foreach_add_(u, grad)
+        torch._foreach_sub_(grad.of(state.x), scaled_into(grad, u, self.hp.lr))
         return state, loss
 
 
@@ -147,12 +151,18 @@ class AccFCSGM(_FCSGBase):
         return AccClient(x=state.x - self.hp.lr * u, u=u, x_prev=state.x), loss
 
     def update_(self, problem: ConditionalProblem, state: AccClient, batch: tuple[Any, ...], step: int) -> tuple[AccClient, Tensor]:
-        grad, loss = grad_and_loss_into(problem, state.x, work(state.x), *batch)
+        grad, loss = grad_and_loss_pieces(problem, state.x, *batch)
+        u = grad.of(state.u)
         if step == 0:
-            state.u.copy_(grad)
+            torch._foreach_copy_(u, grad)
         else:
-            grad_prev, _ = grad_and_loss_into(problem, state.x_prev, work(state.x, 1), *batch)
-            state.u.sub_(grad_prev).mul_(1 - self.hp.beta).add_(grad)
+            grad_prev, _ = grad_and_loss_pieces(problem, state.x_prev, *batch)
+            if len(grad_prev) != len(grad):  # cut differently: the model declined the second time (for good)
+                grad, grad_prev = grad.flat(), grad_prev.flat()
+                u = grad.of(state.u)
+            torch._foreach_sub_(u, grad_prev)
+            torch._foreach_mul_(u, 1 - self.hp.beta)
+            torch._foreach_add_(u, grad)
         state.x_prev.copy_(state.x)
-        state.x.sub_(torch.mul(state.u, self.hp.lr, out=grad))
+        torch._foreach_sub_(grad.of(state.x), scaled_into(grad, grad.of(state.u), self.hp.lr))
         return state, loss

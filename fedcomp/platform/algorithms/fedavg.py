@@ -18,7 +18,7 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
-from fedcomp.platform.algorithms.base import CommonHParams, LocalSteps, Tensors, grad_and_loss, grad_and_loss_into, work
+from fedcomp.platform.algorithms.base import CommonHParams, LocalSteps, Tensors, grad_and_loss, grad_and_loss_pieces
 from fedcomp.platform.problems import PLAIN, PlainProblem
 from fedcomp.platform.registry import register_algorithm
 from fedcomp.platform.rounds import Round
@@ -80,8 +80,9 @@ class FedAvg(LocalSteps[Model, State]):
         return Model(x=state.x - self.hp.lr * grad), loss
 
     def update_(self, problem: PlainProblem, state: Model, batch: tuple[Any, ...], step: int) -> tuple[Model, Tensor]:
-        grad, loss = grad_and_loss_into(problem, state.x, work(state.x), *batch)
-        state.x.sub_(grad.mul_(self.hp.lr))
+        grad, loss = grad_and_loss_pieces(problem, state.x, *batch)
+        torch._foreach_mul_(grad, self.hp.lr)
+        torch._foreach_sub_(grad.of(state.x), grad)
         return state, loss
 
 

@@ -21,7 +21,7 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
-from fedcomp.platform.algorithms.base import CommonHParams, LocalSteps, Tensors, grad_and_loss, grad_and_loss_into, work
+from fedcomp.platform.algorithms.base import CommonHParams, LocalSteps, Tensors, grad_and_loss, grad_and_loss_pieces
 from fedcomp.platform.params import Params
 from fedcomp.platform.problems import PLAIN, PlainProblem
 from fedcomp.platform.registry import register_algorithm
@@ -67,7 +67,11 @@ class FedProx(LocalSteps[ProxClient, Model]):
         return state.replace(x=state.x - self.hp.lr * (grad + self.hp.mu * (state.x - state.anchor))), loss
 
     def update_(self, problem: PlainProblem, state: ProxClient, batch: tuple[Any, ...], step: int) -> tuple[ProxClient, Tensor]:
-        grad, loss = grad_and_loss_into(problem, state.x, work(state.x), *batch)
-        pull = torch.sub(state.x, state.anchor, out=work(state.x, 1)).mul_(self.hp.mu)
-        state.x.sub_(grad.add_(pull).mul_(self.hp.lr))
+        grad, loss = grad_and_loss_pieces(problem, state.x, *batch)
+        x = grad.of(state.x)
+        pull = torch._foreach_sub(x, grad.of(state.anchor))
+        torch._foreach_mul_(pull, self.hp.mu)
+        torch._foreach_add_(grad, pull)
+        torch._foreach_mul_(grad, self.hp.lr)
+        torch._foreach_sub_(x, grad)
         return state, loss
