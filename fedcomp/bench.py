@@ -2,7 +2,7 @@
 
 One workload -- FedAvg on ``synthetic-classification`` (an MLP on Gaussian-mixture client streams),
 ``--cohort`` clients per round out of ``--clients`` registered, ``--local-steps`` SGD steps of batch
-:data:`BATCH` per client per round -- is run by three runners in one invocation:
+:data:`BATCH` per client per round -- is run by four runners in one invocation:
 
 * ``ray``: a Ray server actor with the registered clients packed into 2 client actors
   (``federation.clients_per_actor = ceil(clients / 2)``);
@@ -10,7 +10,11 @@ One workload -- FedAvg on ``synthetic-classification`` (an MLP on Gaussian-mixtu
 * ``plain``: a hand-written loop doing the same arithmetic with nothing of fedcomp's machinery -- the same
   cohorts (:func:`~fedcomp.platform.server.sample_cohort`), the same keyed generators, the same task
   object's ``sample_batch`` and ``loss``, plain SGD on a flat parameter vector, and the same float64
-  averaging -- so its final weights are the reference the other runners' weights are compared with.
+  averaging -- so its final weights are the reference the other runners' weights are compared with;
+* ``optim``: the usual PyTorch way -- the same cohorts and batches, each client's steps taken by
+  ``torch.optim.SGD`` on an ``nn.Module``'s own parameters in place (``zero_grad``, ``backward``, ``step``),
+  the float64 average accumulated from the parameters. ``torch.optim``'s fused ``param += -lr * grad`` rounds
+  once where ``x - lr * g`` rounds twice, so its weights differ from the others' in the last bits.
 
 fedcomp's runners are driven through :func:`fedcomp.api.make_server` (no result folders are written), so
 start-up (server construction, including the Ray actors' start) is timed apart from the rounds. Ray itself
@@ -25,6 +29,7 @@ reuses this module's workload, machine description and table.
 from __future__ import annotations
 
 import argparse
+import copy
 import hashlib
 import math
 import os
@@ -40,7 +45,9 @@ import torch
 from fedcomp.platform.config import Config, load_config
 from fedcomp.platform.errors import PlatformError
 
-RUNNERS = ("ray", "local", "plain")
+RUNNERS = ("ray", "local", "plain", "optim")
+DEFAULT_RUNNERS = ("ray", "local", "plain")
+"""What runs without ``--runners``: ``optim`` is asked for by name (its weights differ from the others' in the last bits)."""
 ACTORS = 2
 """Client actors of the Ray runner: the registered clients are packed ``ceil(clients / ACTORS)`` to one."""
 FEATURES, CLASSES, DEFAULT_HIDDEN = 32, 10, (64,)
@@ -150,6 +157,48 @@ def run_plain(config: Config, repeat: int) -> Measurement:
         times.append(time.perf_counter() - t)
     accuracy = float(task.evaluator()({"x": x})["test_accuracy"])
     return Measurement("plain", clients, repeat, startup, times, x, accuracy, started)
+
+
+def run_optim(config: Config, repeat: int) -> Measurement:
+    """The same FedAvg rounds with ``torch.optim.SGD`` stepping an ``nn.Module``'s parameters in place."""
+    from fedcomp.platform.federation import build_task
+    from fedcomp.platform.rng import generator
+    from fedcomp.platform.server import sample_cohort
+
+    seed, clients, cohort_size = config.run.seed, config.federation.clients, config.federation.cohort_size
+    q, batch_size, lr = config.algorithm.local_steps, config.algorithm.outer_batch, config.algorithm.lr  # type: ignore[attr-defined]
+
+    t0 = time.perf_counter()
+    task = build_task(config)
+    module = copy.deepcopy(task.model.module)  # type: ignore[attr-defined]  # the task's network, as an nn.Module
+    params = list(module.parameters())
+    optimizer = torch.optim.SGD(params, lr=lr)
+    x = task.init_params(generator(seed, "init"))["x"]
+    sizes = [p.numel() for p in params]
+    startup = time.perf_counter() - t0
+
+    times = []
+    started = time.time()
+    total = torch.zeros(x.numel(), dtype=torch.float64)
+    for r in range(config.run.rounds):
+        t = time.perf_counter()
+        cohort = sample_cohort(seed, r, clients, cohort_size)
+        total.zero_()
+        sources = [v.view_as(p) for v, p in zip(x.split(sizes), params)]
+        for client in cohort:
+            with torch.no_grad():
+                torch._foreach_copy_(params, sources)
+            for s in range(q):
+                features, labels = task.sample_batch(client, batch_size, generator(seed, "client-step", client, r * q + s))  # type: ignore[attr-defined]
+                optimizer.zero_grad()
+                torch.nn.functional.cross_entropy(module(features), labels).backward()
+                optimizer.step()
+            for part, p in zip(total.split(sizes), params):
+                part.add_(p.detach().view(-1))
+        x = (total / len(cohort)).float()
+        times.append(time.perf_counter() - t)
+    accuracy = float(task.evaluator()({"x": x})["test_accuracy"])
+    return Measurement("optim", clients, repeat, startup, times, x, accuracy, started)
 
 
 def weights_hash(x: torch.Tensor) -> str:
@@ -341,7 +390,7 @@ def _check(args: argparse.Namespace) -> tuple[list[int], list[str], list[int]]:
     for name in ("cohort", "rounds", "local_steps", "repeats"):
         if getattr(args, name) < 1:
             raise PlatformError(f"--{name.replace('_', '-')} = {getattr(args, name)}: must be >= 1")
-    runners = list(getattr(args, "runners", None) or RUNNERS)
+    runners = list(getattr(args, "runners", None) or DEFAULT_RUNNERS)
     unknown = [r for r in runners if r not in RUNNERS]
     if unknown:
         raise PlatformError(f"--runners {' '.join(unknown)}: unknown; allowed: {', '.join(RUNNERS)}")
@@ -384,10 +433,12 @@ def _bench(args: argparse.Namespace, clients: list[int], runners: list[str], hid
         for n in clients:
             for runner in runners:
                 progress(f"repeat {repeat + 1}/{args.repeats}, {n} clients, {runner}")
-                backend = "local" if runner == "plain" else runner
+                backend = "local" if runner in ("plain", "optim") else runner
                 config = bench_config(n, args.cohort, args.rounds, args.local_steps, hidden, backend)
                 if runner == "plain":
                     measurements.append(run_plain(config, repeat))
+                elif runner == "optim":
+                    measurements.append(run_optim(config, repeat))
                 else:
                     measurements.append(run_fedcomp(config, runner, repeat))
 

@@ -215,7 +215,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--repeats", type=int, help="runs per configuration (default: 3)")
     bench.add_argument("--markdown", action="store_true", help="print the table as markdown")
     bench.add_argument("--hidden", type=int, nargs="+", help="MLP hidden layer widths (default: 64)")
-    bench.add_argument("--runners", nargs="+", choices=["ray", "local", "plain"], help="which runners to time (default: all)")
+    bench.add_argument("--runners", nargs="+", choices=["ray", "local", "plain", "optim"],
+                       help="which runners to time (default: ray local plain; optim: torch.optim.SGD in place)")
     # moved to benchmarks/peers.py: `--peers [FLAGS]` names the command to run instead (exit 2)
     bench.add_argument("--peers", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     bench.set_defaults(func=cmd_bench)

@@ -17,13 +17,20 @@ Whose statistics ``running`` holds is the caller's business: a client host swaps
 around its programs and the server loads the global ones before evaluating (:mod:`fedcomp.platform.buffers`).
 A module built without running statistics (``track_running_stats=False``) has none here either
 (``buffer_dim == 0``) and always normalises with batch statistics.
+
+In-place steps (:meth:`FlatModel.grad_pieces`): differentiating a loss with respect to a flat leaf vector
+makes autograd concatenate the parameters' gradients into a new flat vector every step. ``grad_pieces``
+instead differentiates per-parameter leaves that share the flat vector's storage and hands back their
+gradients as they are -- the same kernels on the same operands, so the same bits, without the copy; a step
+applies them to the flat state cut the same way (:meth:`FlatModel.pieces`). It applies when the loss calls the model once on the flat vector and uses it nowhere else, and
+reports when it does not, so that the caller differentiates the flat leaf instead.
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -56,6 +63,10 @@ class FlatModel:
         self._pending: list[list[Tensor]] = []
         """Batch statistics of training forwards not yet folded into ``_running`` (folded when it is read)."""
         self._seen: list[Tensor] | None = None
+        self._direct: _Direct | None = None
+        """While :meth:`grad_pieces` runs: the stand-in for the flat vector and the leaves to call the module with."""
+        self.direct_ok = True
+        """False once a loss used the flat vector other than by one call of this model (:meth:`grad_pieces`)."""
 
     @property
     def running(self) -> Tensor:
@@ -99,7 +110,12 @@ class FlatModel:
     def __call__(self, x: Tensor, *inputs: Tensor) -> Tensor:
         """The module's output at parameters ``x``: in training mode with batch statistics (moving
         :attr:`running`), in evaluation mode with :attr:`running`."""
-        params = self.unflatten(x)
+        direct = self._direct
+        if direct is not None and x is direct.marker:
+            direct.calls += 1
+            params = dict(zip(self.names, direct.leaves))
+        else:
+            params = self.unflatten(x)
         if not self.buffer_dim:
             return functional_call(self.module, params, inputs)
         if not self.module.training:
@@ -121,6 +137,37 @@ class FlatModel:
         self._pending.append(seen)
         return out
 
+    def pieces(self, x: Tensor) -> list[Tensor]:
+        """The flat vector ``x`` cut into the parameters' shapes (views: writing them writes ``x``)."""
+        return [v.view(s) for v, s in zip(x.split(self.sizes), self.shapes)]
+
+    def grad_pieces(self, loss: Callable[[Tensor], Tensor], x: Tensor) -> tuple[list[Tensor], Tensor] | None:
+        """d loss / dx at ``x`` as the parameters' gradients (one new tensor per parameter, cut as
+        :meth:`pieces` cuts ``x``), and ``loss(x)`` (detached): the same bits as differentiating the flat leaf
+        (module docstring), without concatenating them into a new flat vector.
+
+        ``None`` (the running statistics untouched) when ``loss`` did not call this model exactly once with the
+        vector it was given or used that vector otherwise: the caller then differentiates the flat leaf. From
+        then on this model declines at once (:attr:`direct_ok`)."""
+        usable = x.shape == (self.dim,) and x.is_contiguous() and torch.is_grad_enabled()
+        if not (self.direct_ok and usable) or torch._C._functorch.is_functorch_wrapped_tensor(x):
+            return None
+        leaves = [v.detach().requires_grad_(True) for v in self.pieces(x.detach())]
+        direct = self._direct = _Direct(x.detach().requires_grad_(True), leaves)
+        pending = len(self._pending)
+        try:
+            value = loss(direct.marker)
+        finally:
+            self._direct = None
+        if direct.calls == 1 and value.requires_grad:
+            marker_grad, *grads = torch.autograd.grad(value, [direct.marker, *leaves], allow_unused=True)
+            if marker_grad is None:
+                # a parameter the loss does not use: autograd's flat gradient holds zeros there
+                return [torch.zeros_like(p) if g is None else g for p, g in zip(leaves, grads)], value.detach()
+        self.direct_ok = False
+        del self._pending[pending:]
+        return None
+
     def _record(self, _module: nn.Module, inputs: tuple[Tensor, ...]) -> None:
         """Forward pre-hook of each BatchNorm layer: the batch mean and unbiased variance per channel of its input."""
         assert self._seen is not None
@@ -128,6 +175,13 @@ class FlatModel:
         with torch.no_grad():
             dims = [d for d in range(z.dim()) if d != 1]
             self._seen += [_plain(z.mean(dims).float()), _plain(z.var(dims, correction=1).float())]
+
+
+class _Direct:
+    """One :meth:`FlatModel.grad_pieces` call's stand-in for the flat vector, the leaves it maps to, the calls seen."""
+
+    def __init__(self, marker: Tensor, leaves: list[Tensor]) -> None:
+        self.marker, self.leaves, self.calls = marker, leaves, 0
 
 
 def _plain(t: Tensor) -> Tensor:

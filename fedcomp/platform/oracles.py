@@ -37,6 +37,38 @@ def grad_and_loss(problem: Any, x: Tensor, *batch: Any) -> tuple[Tensor, Tensor]
     return grad, value.detach()
 
 
+class Pieces(list[Tensor]):
+    """A flat gradient as pieces the caller owns (the model's parameter gradients, or the one flat gradient);
+    :meth:`of` cuts a flat vector of the same layout the same way, so that ``torch._foreach_*`` ops apply
+    the gradient to the state in place."""
+
+    def __init__(self, grads: list[Tensor], cut: Callable[[Tensor], list[Tensor]] | None = None) -> None:
+        super().__init__(grads)
+        self.cut = cut
+
+    def of(self, flat: Tensor) -> list[Tensor]:
+        """``flat`` cut like this gradient (views: writing them writes ``flat``)."""
+        return [flat] if self.cut is None else self.cut(flat)
+
+    def flat(self) -> Pieces:
+        """The same gradient as one flat vector (the bits autograd gives for a flat leaf)."""
+        return self if self.cut is None else Pieces([torch.cat([g.reshape(-1) for g in self])])
+
+
+def grad_and_loss_pieces(problem: Any, x: Tensor, *batch: Any) -> tuple[Pieces, Tensor]:
+    """:func:`grad_and_loss` for in-place steps, the same bits: the parameters' gradients as autograd makes
+    them where the problem's model can (:meth:`fedcomp.models.functional.FlatModel.grad_pieces`: no flat
+    vector assembled per call), otherwise the one flat gradient. The caller may overwrite them."""
+    model = getattr(problem, "model", None)
+    pieces = getattr(model, "grad_pieces", None)
+    if pieces is not None and not LOCKSTEP.get():
+        done = pieces(lambda z: problem.loss(z, *batch), x)
+        if done is not None:
+            return Pieces(done[0], model.pieces), done[1]  # type: ignore[union-attr]
+    grad, value = grad_and_loss(problem, x, *batch)
+    return Pieces([grad]), value
+
+
 def _leaves(x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
     return x.detach().requires_grad_(True), y.detach().requires_grad_(True)
 

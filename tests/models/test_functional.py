@@ -96,3 +96,67 @@ def test_a_model_without_running_statistics_has_none():
 def test_cumulative_batchnorm_is_refused():
     with pytest.raises(ValueError, match="BatchNorm '1' has momentum=None"):
         FlatModel(small_bn_net(momentum=None))
+
+
+# -- in-place steps: the parameters' gradients without a flat leaf -------------------------------------------
+
+
+def flat_leaf_grad(flat: FlatModel, loss, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """What the flat-leaf path gives: d loss / dw by autograd on a flat leaf vector, and the loss."""
+    leaf = w.detach().requires_grad_(True)
+    value = loss(leaf)
+    return torch.autograd.grad(value, leaf)[0], value.detach()
+
+
+def as_flat(pieces: list[torch.Tensor]) -> torch.Tensor:
+    return torch.cat([p.reshape(-1) for p in pieces])
+
+
+@pytest.mark.parametrize("widths", [[5, 16, 16, 3], [4, 1, 2]])
+def test_grad_pieces_are_the_flat_leaf_gradient_bit_for_bit(widths):
+    from fedcomp.models.mlp import mlp
+
+    torch.manual_seed(3)
+    flat = FlatModel(mlp(widths))
+    w = torch.randn(flat.dim)
+    inputs, labels = torch.randn(7, widths[0]), torch.randint(0, widths[-1], (7,))
+
+    def loss(z):
+        return F.cross_entropy(flat(z, inputs), labels)
+
+    expected, value = flat_leaf_grad(flat, loss, w)
+    grads, got = flat.grad_pieces(loss, w)
+    assert [g.shape for g in grads] == [p.shape for p in flat.pieces(w)] == list(flat.shapes)
+    assert torch.equal(as_flat(grads), expected) and torch.equal(got, value)
+    assert flat.direct_ok
+
+
+def test_grad_pieces_move_batchnorm_statistics_as_the_flat_leaf_path_does():
+    torch.manual_seed(4)
+    module = small_bn_net(momentum=0.2)
+    one, two = FlatModel(module), FlatModel(copy.deepcopy(module))
+    w, batch, labels = one.flatten(), torch.randn(5, 2, 6, 6), torch.randint(0, 2, (5,))
+    expected, _ = flat_leaf_grad(one, lambda z: F.cross_entropy(one(z, batch), labels), w)
+    grads, _ = two.grad_pieces(lambda z: F.cross_entropy(two(z, batch), labels), w)
+    assert torch.equal(as_flat(grads), expected)
+    assert torch.equal(one.running, two.running) and not torch.equal(two.running, two.initial_buffers())
+
+
+def test_grad_pieces_decline_a_loss_that_uses_the_vector_besides_one_model_call():
+    from fedcomp.models.mlp import mlp
+
+    torch.manual_seed(5)
+    module = small_bn_net()
+    flat = FlatModel(module)
+    w, batch = flat.flatten(), torch.randn(3, 2, 6, 6)
+    before = flat.running.clone()
+    assert flat.grad_pieces(lambda z: flat(z, batch).sum() + z.pow(2).sum(), w) is None  # x used directly too
+    assert not flat.direct_ok and torch.equal(flat.running, before)  # the declined call left no statistics
+    assert flat.grad_pieces(lambda z: flat(z, batch).sum(), w) is None  # declines for good
+
+    twice = FlatModel(mlp([3, 4, 2]))
+    x = torch.randn(twice.dim)
+    assert twice.grad_pieces(lambda z: twice(z, torch.ones(2, 3)).sum() + twice(z, torch.zeros(2, 3)).sum(), x) is None
+    under_vmap = FlatModel(mlp([3, 4, 2]))
+    torch.func.grad(lambda z: under_vmap(z, torch.ones(2, 3)).sum())(x)  # transforms keep the functional path
+    assert under_vmap.direct_ok

@@ -15,6 +15,13 @@ programs, and a round program that says what each communication round does.
 The common family -- q local steps on every cohort client, then average -- is :class:`LocalSteps`: an
 algorithm writes ``draw`` (the step's samples, keyed randomness) and a pure ``update``; the round program
 is inherited. Nothing here imports Ray.
+
+In-place steps: an algorithm of that family may also write ``update_``, the same floats as ``update`` written
+into the client state's own tensors (the fields it names in ``mutates``, which each program copies once)
+with ``torch._foreach_*`` ops over the gradient's pieces (:class:`~fedcomp.platform.oracles.Pieces`: the
+model's parameter gradients as autograd makes them), so that a step assembles and allocates no flat vector. The program runs
+``update_`` where it may (never in lockstep: ``vmap`` batches the pure ``update``); the conformance suite and
+``benchmarks/same_numbers.py`` hold it to ``update``'s bits.
 """
 
 from __future__ import annotations
@@ -33,6 +40,7 @@ from torch import Tensor
 
 # re-exported: algorithms import them from here
 from fedcomp.platform.oracles import LOCKSTEP as LOCKSTEP, grad_and_loss as grad_and_loss
+from fedcomp.platform.oracles import Pieces as Pieces, grad_and_loss_pieces as grad_and_loss_pieces
 from fedcomp.platform.params import Params
 from fedcomp.platform.rounds import Round
 from fedcomp.platform.state import Means, State
@@ -225,6 +233,9 @@ class LocalSteps(Algorithm[C, S]):
     """
 
     vectorisable: ClassVar[bool] = True
+    mutates: ClassVar[frozenset[str]] = frozenset()
+    """Client fields :meth:`update_` writes in place (each program takes its own copies of them first); empty
+    when the algorithm has no in-place step."""
 
     @abstractmethod
     def draw(self, problem: Any, client: int, step: int, gen: torch.Generator) -> tuple[Any, int]:
@@ -233,6 +244,17 @@ class LocalSteps(Algorithm[C, S]):
     @abstractmethod
     def update(self, problem: Any, state: C, batch: Any, step: int) -> tuple[C, Tensor]:
         """The new client state and the step's training loss (a 0-d tensor) from the drawn samples."""
+
+    def update_(self, problem: Any, state: C, batch: Any, step: int) -> tuple[C, Tensor]:
+        """:meth:`update` in place, bit for bit: the :attr:`mutates` fields of ``state`` (the program's own copies)
+        are overwritten; returns the state (this record or a new one) and the loss."""
+        raise NotImplementedError(f"{type(self).__name__} has no in-place step")
+
+    def in_place(self) -> bool:
+        """Whether local steps run :meth:`update_`: it exists and was written for the :meth:`update` in force
+        (a subclass that changes ``update`` without its own ``update_`` runs ``update``)."""
+        cls = type(self)
+        return bool(self.mutates) and issubclass(_owner(cls, "update_"), _owner(cls, "update"))
 
     def broadcast(self, server: S) -> Tensors:
         """What the server sends each round: the fields it shares with the client state."""
@@ -246,10 +268,13 @@ class LocalSteps(Algorithm[C, S]):
         """Client program: ``q`` local steps (global step index ``round * q + s``); outputs the shared fields."""
         q = self.hp.local_steps
         total = StepInfo()
+        in_place = self.in_place() and not LOCKSTEP.get()
+        if in_place:  # the state's tensors may be the broadcast other clients start from: step copies of them
+            state = state.replace(**{n: getattr(state, n).clone(memory_format=torch.contiguous_format) for n in self.mutates})
         for s in range(q):
             step = ctx.round * q + s
             batch, samples = self.draw(problem, ctx.client, step, ctx.rng(step))
-            state, loss = self.update(problem, state, batch, step)
+            state, loss = (self.update_ if in_place else self.update)(problem, state, batch, step)
             total.samples += samples
             total.loss += float(loss) / q
         return state, {n: getattr(state, n) for n in self.averaged}, total
@@ -258,6 +283,18 @@ class LocalSteps(Algorithm[C, S]):
         """:meth:`update` on the wire form of the state (what lockstep ``vmap`` batches)."""
         new, loss = self.update(problem, self.Client.of(state), batch, step)  # type: ignore[arg-type]
         return new.tensors(), loss
+
+
+def _owner(cls: type, name: str) -> type:
+    """The class in ``cls``'s method resolution order that defines ``name``."""
+    return next(k for k in cls.__mro__ if name in vars(k))
+
+
+def scaled_into(out: list[Tensor], src: list[Tensor], factor: float) -> list[Tensor]:
+    """``out[i] = factor * src[i]`` for every piece (one pass, no new tensor; ``torch.mul``'s rounding)."""
+    for o, t in zip(out, src):
+        torch.mul(t, factor, out=o)
+    return out
 
 
 def batch_size(batch: Any) -> int:

@@ -24,7 +24,7 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
-from fedcomp.platform.algorithms.base import CommonHParams, LocalSteps, Tensors, grad_and_loss
+from fedcomp.platform.algorithms.base import CommonHParams, LocalSteps, Tensors, grad_and_loss, grad_and_loss_pieces, scaled_into
 from fedcomp.platform.problems import CONDITIONAL, ConditionalProblem
 from fedcomp.platform.registry import register_algorithm
 from fedcomp.platform.state import Model, State
@@ -72,6 +72,7 @@ class FCSG(_FCSGBase):
     HParams = FCSGHParams
     Client = Server = Model
     description = "FCSG: federated conditional stochastic gradient (Wu et al. 2023, Alg. 1)"
+    mutates = frozenset({"x"})
 
     def init(self, variables: Tensors) -> Model:
         return Model(x=variables["x"].clone())
@@ -79,6 +80,12 @@ class FCSG(_FCSGBase):
     def update(self, problem: ConditionalProblem, state: Model, batch: tuple[Any, ...], step: int) -> tuple[Model, Tensor]:
         grad, loss = grad_and_loss(problem, state.x, *batch)
         return Model(x=state.x - self.hp.lr * grad), loss
+
+    def update_(self, problem: ConditionalProblem, state: Model, batch: tuple[Any, ...], step: int) -> tuple[Model, Tensor]:
+        grad, loss = grad_and_loss_pieces(problem, state.x, *batch)
+        torch._foreach_mul_(grad, self.hp.lr)
+        torch._foreach_sub_(grad.of(state.x), grad)
+        return state, loss
 
 
 @register_algorithm("fcsg-m")
@@ -89,6 +96,7 @@ class FCSGM(_FCSGBase):
     Client = Server = ModelMomentum
     description = "FCSG-M: FCSG with momentum; x and u averaged (Wu et al. 2023, Alg. 1)"
     hp: FCSGMHParams
+    mutates = frozenset({"x", "u"})
 
     def init(self, variables: Tensors) -> ModelMomentum:
         x0 = variables["x"]
@@ -99,6 +107,18 @@ class FCSGM(_FCSGBase):
         u = grad if step == 0 else (1 - self.hp.beta) * state.u + self.hp.beta * grad
         return ModelMomentum(x=state.x - self.hp.lr * u, u=u), loss
 
+    def update_(self, problem: ConditionalProblem, state: ModelMomentum, batch: tuple[Any, ...], step: int) -> tuple[ModelMomentum, Tensor]:
+        grad, loss = grad_and_loss_pieces(problem, state.x, *batch)
+        u = grad.of(state.u)
+        if step == 0:
+            torch._foreach_copy_(u, grad)
+        else:
+            torch._foreach_mul_(u, 1 - self.hp.beta)
+            torch._foreach_mul_(grad, self.hp.beta)
+            torch._foreach_add_(u, grad)
+        torch._foreach_sub_(grad.of(state.x), scaled_into(grad, u, self.hp.lr))
+        return state, loss
+
 
 @register_algorithm("acc-fcsg-m")
 class AccFCSGM(_FCSGBase):
@@ -108,6 +128,7 @@ class AccFCSGM(_FCSGBase):
     Client, Server = AccClient, ModelMomentum
     description = "Acc-FCSG-M: STORM-type variance-reduced FCSG-M (Wu et al. 2023, Alg. 2)"
     hp: FCSGMHParams
+    mutates = frozenset({"x", "u", "x_prev"})
 
     def init(self, variables: Tensors) -> ModelMomentum:
         x0 = variables["x"]
@@ -128,3 +149,20 @@ class AccFCSGM(_FCSGBase):
             grad_prev, _ = grad_and_loss(problem, state.x_prev, *batch)
             u = grad + (1 - self.hp.beta) * (state.u - grad_prev)
         return AccClient(x=state.x - self.hp.lr * u, u=u, x_prev=state.x), loss
+
+    def update_(self, problem: ConditionalProblem, state: AccClient, batch: tuple[Any, ...], step: int) -> tuple[AccClient, Tensor]:
+        grad, loss = grad_and_loss_pieces(problem, state.x, *batch)
+        u = grad.of(state.u)
+        if step == 0:
+            torch._foreach_copy_(u, grad)
+        else:
+            grad_prev, _ = grad_and_loss_pieces(problem, state.x_prev, *batch)
+            if len(grad_prev) != len(grad):  # cut differently: the model declined the second time (for good)
+                grad, grad_prev = grad.flat(), grad_prev.flat()
+                u = grad.of(state.u)
+            torch._foreach_sub_(u, grad_prev)
+            torch._foreach_mul_(u, 1 - self.hp.beta)
+            torch._foreach_add_(u, grad)
+        state.x_prev.copy_(state.x)
+        torch._foreach_sub_(grad.of(state.x), scaled_into(grad, grad.of(state.u), self.hp.lr))
+        return state, loss

@@ -18,7 +18,7 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
-from fedcomp.platform.algorithms.base import CommonHParams, LocalSteps, Tensors, grad_and_loss
+from fedcomp.platform.algorithms.base import CommonHParams, LocalSteps, Tensors, grad_and_loss, grad_and_loss_pieces
 from fedcomp.platform.problems import PLAIN, PlainProblem
 from fedcomp.platform.registry import register_algorithm
 from fedcomp.platform.rounds import Round
@@ -67,6 +67,7 @@ class FedAvg(LocalSteps[Model, State]):
     Client = Model
     Server: ClassVar[type[State]] = Model
     description = "FedAvg: local SGD, model averaged every q steps (plain problems)"
+    mutates = frozenset({"x"})
 
     def init(self, variables: Tensors) -> State:
         return Model(x=variables["x"].clone())
@@ -77,6 +78,12 @@ class FedAvg(LocalSteps[Model, State]):
     def update(self, problem: PlainProblem, state: Model, batch: tuple[Any, ...], step: int) -> tuple[Model, Tensor]:
         grad, loss = grad_and_loss(problem, state.x, *batch)
         return Model(x=state.x - self.hp.lr * grad), loss
+
+    def update_(self, problem: PlainProblem, state: Model, batch: tuple[Any, ...], step: int) -> tuple[Model, Tensor]:
+        grad, loss = grad_and_loss_pieces(problem, state.x, *batch)
+        torch._foreach_mul_(grad, self.hp.lr)
+        torch._foreach_sub_(grad.of(state.x), grad)
+        return state, loss
 
 
 class _ServerOptimized(FedAvg):

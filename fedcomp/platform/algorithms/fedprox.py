@@ -21,7 +21,7 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
-from fedcomp.platform.algorithms.base import CommonHParams, LocalSteps, Tensors, grad_and_loss
+from fedcomp.platform.algorithms.base import CommonHParams, LocalSteps, Tensors, grad_and_loss, grad_and_loss_pieces
 from fedcomp.platform.params import Params
 from fedcomp.platform.problems import PLAIN, PlainProblem
 from fedcomp.platform.registry import register_algorithm
@@ -50,6 +50,7 @@ class FedProx(LocalSteps[ProxClient, Model]):
     HParams: ClassVar[type[Params]] = FedProxHParams
     Client, Server = ProxClient, Model
     round_local = frozenset({"anchor"})
+    mutates = frozenset({"x"})
     description = "FedProx (Li et al. 2020): local SGD with a proximal term to the global model; x averaged (A23)"
 
     def init(self, variables: Tensors) -> Model:
@@ -64,3 +65,13 @@ class FedProx(LocalSteps[ProxClient, Model]):
     def update(self, problem: PlainProblem, state: ProxClient, batch: tuple[Any, ...], step: int) -> tuple[ProxClient, Tensor]:
         grad, loss = grad_and_loss(problem, state.x, *batch)
         return state.replace(x=state.x - self.hp.lr * (grad + self.hp.mu * (state.x - state.anchor))), loss
+
+    def update_(self, problem: PlainProblem, state: ProxClient, batch: tuple[Any, ...], step: int) -> tuple[ProxClient, Tensor]:
+        grad, loss = grad_and_loss_pieces(problem, state.x, *batch)
+        x = grad.of(state.x)
+        pull = torch._foreach_sub(x, grad.of(state.anchor))
+        torch._foreach_mul_(pull, self.hp.mu)
+        torch._foreach_add_(grad, pull)
+        torch._foreach_mul_(grad, self.hp.lr)
+        torch._foreach_sub_(x, grad)
+        return state, loss

@@ -58,7 +58,7 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
-from fedcomp.platform.algorithms.base import CommonHParams, LocalSteps, Tensors, grad_and_loss
+from fedcomp.platform.algorithms.base import CommonHParams, LocalSteps, Tensors, grad_and_loss, grad_and_loss_pieces, scaled_into
 from fedcomp.platform.errors import ConfigError
 from fedcomp.platform.params import Params
 from fedcomp.platform.problems import PLAIN, PlainProblem
@@ -196,6 +196,8 @@ class _Weighted:
 
     def __init__(self, problem: RatioLossProblem | ClassPriorProblem, weights: Tensor) -> None:
         self.problem, self.weights = problem, weights
+        self.model = getattr(problem, "model", None)
+        """The task's network, for in-place steps (:func:`~fedcomp.platform.oracles.grad_and_loss_pieces`)."""
 
     def loss(self, x: Tensor, batch: Any) -> Tensor:
         return self.problem.class_weighted_loss(x, batch, self.weights)
@@ -229,6 +231,7 @@ class LocalSGDM(LocalSteps[ModelMomentum, State]):
     Server: ClassVar[type[State]] = ModelMomentum
     description = "LocalSGDM (Yu et al. 2019): local SGD with momentum; x and the momentum averaged (A20)"
     hp: LocalSGDMHParams
+    mutates = frozenset({"x", "buf"})
 
     def __init__(self, hparams: Params) -> None:
         super().__init__(hparams)
@@ -252,6 +255,14 @@ class LocalSGDM(LocalSteps[ModelMomentum, State]):
         grad, loss = grad_and_loss(self._loss(problem, state), state.x, *batch)
         buf = self.hp.momentum * state.buf + grad
         return state.replace(x=state.x - self.hp.lr * buf, buf=buf), loss
+
+    def update_(self, problem: PlainProblem, state: ModelMomentum, batch: tuple[Any, ...], step: int) -> tuple[ModelMomentum, Tensor]:
+        grad, loss = grad_and_loss_pieces(self._loss(problem, state), state.x, *batch)
+        buf = grad.of(state.buf)
+        torch._foreach_mul_(buf, self.hp.momentum)
+        torch._foreach_add_(buf, grad)
+        torch._foreach_sub_(grad.of(state.x), scaled_into(grad, buf, self.hp.lr))
+        return state, loss
 
     def _loss(self, problem: Any, state: ModelMomentum) -> Any:
         """The object whose ``loss`` the step differentiates (the task's own loss here)."""

@@ -1,0 +1,103 @@
+"""A local step at the speed of an in-place optimiser? fedcomp's local backend before and after in-place
+steps, against ``torch.optim.SGD`` stepping an ``nn.Module``'s parameters in place; writes
+``benchmarks/LOCAL_STEP.md``.
+
+    python benchmarks/local_step.py [--rounds 10] [--repeats 3] [--out benchmarks/LOCAL_STEP.md]
+
+Workload: ``fedcomp bench``'s (FedAvg on synthetic-classification, 10 clients per round, 5 local SGD steps of
+batch 16, lr 0.05, one torch thread) on the heavy MLP 32-1024-1024-10 with 100 clients and the small MLP
+32-64-10 with 1,000 clients. Runners, all in this process on the same cohorts and batches:
+
+* ``before``: the local backend with in-place steps switched off (``LocalSteps.in_place`` -> False): every
+  step differentiates a flat leaf and builds the new state out of place -- the code path of the previous
+  revision, still the one ``vmap`` lockstep and algorithms without ``update_`` run;
+* ``after``: the local backend as it is (``update_``: the parameters' gradients applied in place);
+* ``optim``: :func:`fedcomp.bench.run_optim` (``zero_grad``, ``backward``, ``SGD.step`` on the module).
+
+The runners alternate within every repeat; a round's time is the median over rounds, then over repeats. ms
+per local step = round time / (clients per round x local steps), so it includes the round's share of
+sampling, averaging and the backend's bookkeeping.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+
+import torch
+
+from common import HERE, generated_by, write_report
+from fedcomp.bench import bench_config, load_average, run_fedcomp, run_optim, weights_hash
+from fedcomp.platform.algorithms.base import LocalSteps
+
+WORKLOADS = {"heavy MLP 32-1024-1024-10, 100 clients": ([1024, 1024], 100),
+             "small MLP 32-64-10, 1,000 clients": ([64], 1000)}
+COHORT, LOCAL_STEPS = 10, 5
+TARGET = 1.05
+
+
+def run(runner: str, hidden: list[int], clients: int, rounds: int) -> tuple[float, str]:
+    """Median round time (s) and the final weights' hash of one runner."""
+    config = bench_config(clients, COHORT, rounds, LOCAL_STEPS, hidden, "local")
+    if runner == "optim":
+        m = run_optim(config, 0)
+    else:
+        switched = LocalSteps.in_place
+        if runner == "before":
+            LocalSteps.in_place = lambda self: False  # type: ignore[method-assign]
+        try:
+            m = run_fedcomp(config, "local", 0)
+        finally:
+            LocalSteps.in_place = switched  # type: ignore[method-assign]
+    return m.median_round_s, weights_hash(m.final)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--out", default=str(HERE / "LOCAL_STEP.md"))
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    load_before = load_average()
+    rows = []
+    for label, (hidden, clients) in WORKLOADS.items():
+        times: dict[str, list[float]] = {"before": [], "after": [], "optim": []}
+        hashes: dict[str, str] = {}
+        for repeat in range(args.repeats):
+            for runner in times:
+                print(f"local_step: {label}, repeat {repeat + 1}/{args.repeats}, {runner}", file=sys.stderr, flush=True)
+                seconds, hashes[runner] = run(runner, hidden, clients, args.rounds)
+                times[runner].append(seconds)
+        ms = {r: statistics.median(t) * 1e3 for r, t in times.items()}
+        per_step = {r: v / (COHORT * LOCAL_STEPS) for r, v in ms.items()}
+        rows.append(
+            f"| {label} | {ms['before']:.1f} | {ms['after']:.1f} | {ms['optim']:.1f} | {per_step['before']:.2f} | "
+            f"{per_step['after']:.2f} | {per_step['optim']:.2f} | {ms['before'] / ms['after']:.2f}x | "
+            f"{ms['after'] / ms['optim']:.2f} | {hashes['before']} / {hashes['after']} / {hashes['optim']} |"
+        )
+    lines = [
+        "# Local step: fedcomp's local backend vs an in-place torch.optim loop", "",
+        generated_by() + f"; load average before: {load_before}, after: {load_average()} (a shared 2-core "
+        "machine: other work inflates every column alike, the runners alternate within each repeat).", "",
+        f"FedAvg, {COHORT} clients per round, {LOCAL_STEPS} local SGD steps of batch 16, lr 0.05, {args.rounds} "
+        f"rounds, median over rounds then over {args.repeats} repeats; one torch thread. `before` = in-place "
+        "steps switched off (the previous revision's path), `after` = as built, `optim` = `torch.optim.SGD` on "
+        "the module's parameters. Hashes: final weights (before and after must agree bit for bit; optim's "
+        "fused `p += -lr g` rounds once, so it differs in the last bits).", "",
+        "| workload | before (ms/round) | after (ms/round) | optim (ms/round) | before (ms/step) | after (ms/step) "
+        "| optim (ms/step) | speed-up | after / optim | final weights sha256 (before / after / optim) |",
+        "|:---|---:|---:|---:|---:|---:|---:|---:|---:|:---|",
+        *rows, "",
+        f"Target (issue #16): after / optim <= {TARGET} on the heavy MLP.",
+    ]
+    text = "\n".join(lines)
+    print(text)
+    if args.out != "-":
+        write_report(args.out, text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

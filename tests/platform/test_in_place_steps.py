@@ -1,0 +1,72 @@
+"""In-place local steps (``LocalSteps.update_``) give ``update``'s numbers bit for bit: the same run with the
+in-place path switched off gives the same final state and metrics, on a network task (the parameters'
+gradients applied piece by piece) and on a task without a network (the flat gradient)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from fedcomp.api import make_server
+from fedcomp.platform.algorithms.base import LocalSteps
+from fedcomp.platform.config import load_config
+from fedcomp.platform.federation import build_algorithm
+
+MLP = {"task": {"name": "synthetic-classification", "features": 6, "classes": 3, "hidden": [8, 5], "test_samples": 50},
+       "federation": {"clients": 5, "clients_per_round": 3},
+       "run": {"seed": 1, "rounds": 3, "progress": "none"}}
+LOGREG = {"task.test_samples": 200, "federation.clients": 3, "run.rounds": 3, "algorithm.local_steps": 3,
+          "algorithm.first_batch": 4, "run.progress": "none"}
+
+
+def final(config: Any, in_place: bool, monkeypatch: pytest.MonkeyPatch) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
+    with monkeypatch.context() as patch:
+        if not in_place:
+            patch.setattr(LocalSteps, "in_place", lambda self: False)
+        server = make_server(config)
+        try:
+            for _ in range(config.run.rounds):
+                server.run_round()
+            return dict(server.checkpoint()["state"]), server.evaluate()
+        finally:
+            server.close()
+
+
+def same(a: tuple[dict[str, Any], dict[str, float]], b: tuple[dict[str, Any], dict[str, float]]) -> None:
+    assert a[0].keys() == b[0].keys() and a[1] == b[1]
+    for name, value in a[0].items():
+        if isinstance(value, torch.Tensor):
+            assert torch.equal(value, b[0][name]), name
+
+
+@pytest.mark.parametrize("algorithm", [
+    {"name": "fedavg"},
+    {"name": "fedavgm"},
+    {"name": "local-sgdm", "momentum": 0.9},
+    {"name": "local-sgdm", "momentum": 0.5, "average": "model"},
+    {"name": "fedprox", "mu": 0.3},
+], ids=lambda a: "-".join(str(v) for v in a.values()))
+def test_in_place_steps_on_a_network_give_the_pure_updates_numbers(algorithm, monkeypatch):
+    config = load_config({**MLP, "algorithm": {**algorithm, "lr": 0.1, "local_steps": 3, "outer_batch": 4}})
+    assert build_algorithm(config).in_place()
+    same(final(config, True, monkeypatch), final(config, False, monkeypatch))
+
+
+@pytest.mark.parametrize("name", ["fcsg", "fcsg-m", "acc-fcsg-m"])
+def test_in_place_steps_without_a_network_give_the_pure_updates_numbers(name, monkeypatch):
+    config = load_config("quickstart", {**LOGREG, "algorithm.name": name})
+    assert build_algorithm(config).in_place()
+    same(final(config, True, monkeypatch), final(config, False, monkeypatch))
+
+
+def test_a_subclass_that_changes_update_without_its_own_update_steps_purely():
+    from fedcomp.platform.algorithms.fedavg import FedAvg
+
+    class Changed(FedAvg):
+        def update(self, problem, state, batch, step):  # type: ignore[no-untyped-def]
+            return super().update(problem, state, batch, step)
+
+    config = load_config({**MLP, "algorithm": {"name": "fedavg"}})
+    assert build_algorithm(config).in_place() and not Changed(config.algorithm).in_place()
