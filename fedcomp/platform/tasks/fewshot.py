@@ -95,6 +95,8 @@ class _FewShot(MetaTask):
         self.rot = 4 if params.rotations else 1
         pool, train, held = self._pool()
         self.pool = pool
+        (self.pool_on_device,) = self.resident(pool)
+        """The uint8 image pool on the task's device: episodes are cut, rotated and scaled there."""
         self.train_classes = [c * self.rot + r for c in train for r in range(self.rot)]
         self.eval_classes = [c * self.rot + r for c in held for r in range(self.rot)]
         self._shares = self._split(clients)
@@ -147,7 +149,7 @@ class _FewShot(MetaTask):
                 base, rotation = divmod(label, self.rot)
                 owned = images[base] if images is not None else torch.arange(self.pool.shape[1])
                 picks = owned[torch.randperm(owned.numel(), generator=gen)[:per_task]]
-                pics = torch.rot90(self.pool[base, picks], rotation, dims=(-2, -1))
+                pics = torch.rot90(self.gather(self.pool_on_device[base], picks), rotation, dims=(-2, -1))
                 s_parts.append(pics[:shots])
                 q_parts.append(pics[shots:])
             support_x.append(torch.cat(s_parts))
@@ -156,7 +158,7 @@ class _FewShot(MetaTask):
         def to_float(t: list[Tensor]) -> Tensor:
             return torch.stack(t).unsqueeze(2).float() / 255.0
 
-        labels = torch.arange(ways)
+        labels = torch.arange(ways, device=self.device)
         return Episodes(
             to_float(support_x),
             labels.repeat_interleave(shots).expand(n, -1).clone(),
@@ -173,7 +175,7 @@ class _FewShot(MetaTask):
             self._fixed[client] = self._draw(classes, images, fixed, generator(self.params.data_seed, "fixed-tasks", client))
         pool = self._fixed[client]
         picks = torch.randint(fixed, (n,), generator=gen) if fixed > 1 else torch.zeros(n, dtype=torch.long)
-        return Episodes(pool.support_x[picks], pool.support_y[picks], pool.query_x[picks], pool.query_y[picks])
+        return Episodes(*(self.gather(t, picks) for t in (pool.support_x, pool.support_y, pool.query_x, pool.query_y)))
 
     def eval_episodes(self) -> Episodes:
         if len(self.eval_classes) < self.params.ways:
@@ -182,7 +184,7 @@ class _FewShot(MetaTask):
 
     def metrics_of(self, x: Tensor, episodes: Episodes, steps: int) -> dict[str, float]:
         losses, preds = self.evaluate_episodes(x, episodes, steps)
-        accuracy = [float((pred.argmax(-1) == episodes.query_y[i]).float().mean()) for i, pred in enumerate(preds)]
+        accuracy = [float((pred.argmax(-1) == episodes.query_y[i].cpu()).float().mean()) for i, pred in enumerate(preds)]
         return {"test_accuracy": sum(accuracy) / len(accuracy), "test_loss": sum(losses) / len(losses)}
 
 
