@@ -10,6 +10,7 @@ import numpy as np
 import ray
 import torch
 
+from fedcomp.platform.accelerator import configure
 from fedcomp.platform.algorithms.base import Tensors
 from fedcomp.platform.config import Config
 from fedcomp.platform.federation import ClientHost, Layout, Partial
@@ -25,6 +26,7 @@ class ClientActor:
         leaving an actor's constructor reaches the driver only as text, after Ray has printed its traceback."""
         try:
             device = "cuda" if ray.get_gpu_ids() and torch.cuda.is_available() else "cpu"
+            self.flags = configure(device, config.run.deterministic)
             self.host = ClientHost(config, clients, device)
         except Exception as error:
             self.error = error

@@ -10,12 +10,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from torch.overrides import TorchFunctionMode
 
-from fedcomp.platform.config import load_config
-from fedcomp.platform.federation import LocalFederation, build_task
+from fedcomp.platform.accelerator import Footprint, configure, exact_sums, pick_clients_per_actor
+from fedcomp.platform.config import FederationConfig, load_config
+from fedcomp.platform.errors import ResourceError
+from fedcomp.platform.federation import Layout, LocalFederation, build_task
 from fedcomp.platform.rng import generator
 from fedcomp.platform.server import Server
 
@@ -102,3 +105,117 @@ def test_on_cuda_a_task_holds_its_data_in_gpu_memory() -> None:
     assert features.is_cuda and labels.is_cuda
     batch = task.sample_batch(1, 8, generator(0, "device-test"))
     assert all(t.is_cuda for t in batch)
+
+
+# -- options -----------------------------------------------------------------------------------------------------
+
+
+FAST = ["--set", "federation.backend=local", "--set", "federation.clients=4", "--set", "algorithm.local_steps=5",
+        "--set", "task.test_samples=2000", "--set", "run.rounds=2", "--set", "run.progress=none"]
+
+
+@pytest.mark.parametrize(("sets", "message"), [
+    (["federation.gpu_packing=auto", "federation.gpus_per_client=0"],
+     "federation.gpu_packing = 'auto': needs GPUs but gpus_per_client = 0; use gpus_per_client: 'auto' or > 0"),
+    (["federation.gpu_packing=some"], "federation.gpu_packing = 'some': Input should be 'fixed' or 'auto'"),
+    (["federation.actors_per_gpu=0"], "federation.actors_per_gpu = 0: Input should be greater than or equal to 1"),
+    (["run.deterministic=maybe"], "run.deterministic = 'maybe': Input should be a valid boolean"),
+    (["federation.gpus_per_client=0.25"],
+     "federation.gpus_per_client = 0.25 but this machine has no CUDA GPU for the local backend"),
+])
+def test_bad_gpu_options_fail_in_one_line(tmp_path, capsys, sets: list[str], message: str) -> None:
+    if torch.cuda.is_available() and "0.25" in sets[0]:
+        pytest.skip("this machine has a GPU")
+    from fedcomp.cli import main
+
+    args = [a for s in sets for a in ("--set", s)]
+    code = main(["run", "quickstart", *FAST, *args, "--set", f"run.out={tmp_path}"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and message in err[0], err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_gpu_options_on_a_cpu_machine_change_nothing(tmp_path) -> None:
+    """``gpu_packing: auto`` and ``run.deterministic`` leave a CPU run's numbers as they were."""
+    import fedcomp
+
+    base = {"federation.backend": "local", "federation.clients": 4, "algorithm.local_steps": 3,
+            "task.test_samples": 500, "run.rounds": 2, "run.progress": "none", "run.track": "none"}
+    plain = fedcomp.run("quickstart", {**base, "run.out": str(tmp_path / "a")})
+    gpu = fedcomp.run("quickstart", {**base, "run.out": str(tmp_path / "b"), "federation.gpu_packing": "auto",
+                                     "run.deterministic": False})
+    assert plain.metrics.drop(columns="wall_time").equals(gpu.metrics.drop(columns="wall_time"))
+
+
+def test_configure_leaves_the_cpu_alone() -> None:
+    before = torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.benchmark
+    assert configure("cpu", True) == {} and configure("cpu", False) == {}
+    assert (torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.benchmark) == before
+
+
+# -- exact sums on the device --------------------------------------------------------------------------------------
+
+
+def test_exact_sums_equal_the_hosts_float64_sums_bit_for_bit() -> None:
+    """Summing on the outputs' device in float64 (one copy back) gives the per-client host sums exactly."""
+    gen = torch.Generator().manual_seed(3)
+    outputs = [{"x": torch.randn(1000, generator=gen) * 10 ** float(i % 5), "m": torch.randn(7, generator=gen)}
+               for i in range(37)]
+    layout = Layout.of(outputs[0])
+    expected = np.zeros(layout.total, np.float64)
+    for out in outputs:
+        expected += layout.pack(out, np.float64)
+    got = exact_sums(outputs, layout.keys)
+    assert got.dtype == np.float64 and np.array_equal(got, expected)
+    assert exact_sums(outputs, ()).size == 0
+
+
+@CUDA
+def test_exact_sums_on_cuda_equal_the_host_sums_bit_for_bit() -> None:
+    gen = torch.Generator().manual_seed(4)
+    outputs = [{"x": torch.randn(5000, generator=gen)} for _ in range(50)]
+    on_host = exact_sums(outputs, ("x",))
+    on_gpu = exact_sums([{"x": o["x"].cuda()} for o in outputs], ("x",))
+    assert np.array_equal(on_host, on_gpu)
+
+
+# -- clients per actor from measured memory -------------------------------------------------------------------------
+
+MIB = 2**20
+
+
+def test_clients_spread_evenly_over_the_actors_sharing_the_gpus() -> None:
+    small = Footprint(fixed=200 * MIB, state=1 * MIB, step=20 * MIB)
+    assert pick_clients_per_actor(small, 80 * 1024 * MIB, 4, 1000, 100, 1) == 250
+    assert pick_clients_per_actor(small, 80 * 1024 * MIB, 4, 1000, 100, 2) == 125
+    assert pick_clients_per_actor(small, 80 * 1024 * MIB, 2, 16, 16, 1) == 8
+
+
+def test_step_memory_counts_only_the_cohort_members_an_actor_can_run_at_once() -> None:
+    # 250 clients of 1 MiB state, 100 of them stepping at 60 MiB: 250 + 6000 + 200 MiB = 6450 MiB
+    fp = Footprint(fixed=200 * MIB, state=1 * MIB, step=60 * MIB)
+    assert pick_clients_per_actor(fp, 8000 * MIB, 1, 250, 100, 1, headroom=1.0) == 250
+    with pytest.raises(ResourceError, match=r"^federation.gpu_packing = 'auto': 250 clients over 1 actors"):
+        pick_clients_per_actor(fp, 8000 * MIB, 1, 250, 250, 1, headroom=1.0)
+
+
+def test_a_share_too_small_names_the_parts() -> None:
+    fp = Footprint(fixed=3000 * MIB, state=100 * MIB, step=500 * MIB)
+    with pytest.raises(ResourceError) as error:
+        pick_clients_per_actor(fp, 16 * 1024 * MIB, 4, 16, 16, 1)
+    text = str(error.value)
+    assert "\n" not in text and "put 4 clients in an actor needing 5400 MiB" in text
+    assert "an actor's share of a GPU is 3686 MiB" in text
+
+
+def test_plan_uses_the_footprint_on_a_gpu_cluster_and_the_fixed_packing_without_gpus() -> None:
+    from fedcomp.actors.cluster import plan_actors
+
+    fed = FederationConfig(clients=1000, clients_per_round=100, gpu_packing="auto", actors_per_gpu=4)
+    fp = Footprint(fixed=200 * MIB, state=1 * MIB, step=20 * MIB, device=80 * 1024 * MIB)
+    plan = plan_actors(fed, {"CPU": 16.0, "GPU": 1.0}, footprint=fp)
+    assert [len(g) for g in plan.groups] == [250] * 4
+    assert plan.gpus(0) == pytest.approx(0.25)
+    assert plan.packing["clients_per_actor"] == 250 and plan.packing["footprint_bytes"]["step"] == 20 * MIB
+    on_cpus = plan_actors(fed.model_copy(update={"clients_per_actor": 100}), {"CPU": 16.0})
+    assert [len(g) for g in on_cpus.groups] == [100] * 10 and on_cpus.packing == {}
