@@ -219,3 +219,57 @@ def test_plan_uses_the_footprint_on_a_gpu_cluster_and_the_fixed_packing_without_
     assert plan.packing["clients_per_actor"] == 250 and plan.packing["footprint_bytes"]["step"] == 20 * MIB
     on_cpus = plan_actors(fed.model_copy(update={"clients_per_actor": 100}), {"CPU": 16.0})
     assert [len(g) for g in on_cpus.groups] == [100] * 10 and on_cpus.packing == {}
+
+
+# -- numbers on the GPU (run on a CUDA machine: pytest tests/platform/test_gpu.py) -----------------------------------
+
+CPU_VS_CUDA_RTOL = 1e-4
+"""CPU and CUDA kernels sum in different orders: after a few rounds of float32 training the metrics agree to this
+relative tolerance (``run.deterministic`` keeps TF32 off, so both compute in full float32)."""
+
+
+def _cuda_run(tmp_path, name: str, preset: str, overrides: dict[str, Any], device: str) -> Any:
+    import fedcomp
+
+    base = {"federation.backend": "local", "run.progress": "none", "run.track": "none", "run.out": str(tmp_path / name),
+            "federation.gpus_per_client": 1 if device == "cuda" else 0}
+    return fedcomp.run(preset, {**base, **overrides}).metrics.drop(columns="wall_time")
+
+
+GPU_CASES = {
+    "auc-mlp-fedavg": ("auc-table1-offline", {"task.model": "mlp", "algorithm.name": "fedavg", "algorithm.local_steps": 3,
+                                               "run.rounds": 3}),
+    "maml-fcsg-m": ("maml-fewshot-mnist", {"federation.clients": 4, "algorithm.local_steps": 2, "run.rounds": 2,
+                                           "run.eval_every": 1, "task.eval_tasks": 10}),
+    "invariant-logreg": ("quickstart", {"federation.clients": 4, "algorithm.local_steps": 5, "task.test_samples": 500,
+                                        "run.rounds": 3}),
+}
+
+
+@CUDA
+@pytest.mark.parametrize("case", sorted(GPU_CASES))
+def test_same_seed_same_numbers_run_to_run_on_cuda(tmp_path, case: str) -> None:
+    preset, overrides = GPU_CASES[case]
+    first = _cuda_run(tmp_path, "a", preset, overrides, "cuda")
+    second = _cuda_run(tmp_path, "b", preset, overrides, "cuda")
+    assert first.equals(second)
+
+
+@CUDA
+@pytest.mark.parametrize("case", sorted(GPU_CASES))
+def test_cpu_and_cuda_agree_to_the_stated_tolerance(tmp_path, case: str) -> None:
+    preset, overrides = GPU_CASES[case]
+    cpu = _cuda_run(tmp_path, "cpu", preset, overrides, "cpu")
+    gpu = _cuda_run(tmp_path, "gpu", preset, overrides, "cuda")
+    numeric = [c for c in cpu.columns if np.issubdtype(cpu[c].dtype, np.number)]
+    np.testing.assert_allclose(gpu[numeric].to_numpy(float), cpu[numeric].to_numpy(float), rtol=CPU_VS_CUDA_RTOL, atol=1e-6)
+
+
+@CUDA
+def test_the_probe_measures_a_clients_gpu_memory() -> None:
+    from fedcomp.platform.gpu_probe import probe_footprint
+
+    config = load_config("auc-table1-offline", {"federation.clients": 8})
+    fp = probe_footprint(config)
+    assert fp.device == torch.cuda.get_device_properties(0).total_memory
+    assert fp.fixed > 0 and fp.step > 0 and fp.state >= 0
