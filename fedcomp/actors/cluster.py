@@ -198,9 +198,10 @@ def plan_actors(
     """Pack clients into actors and size their CPU/GPU requests so that they fit ``nodes`` (each alive node's
     resources; default: one node holding ``cluster``, the totals).
 
-    With ``gpu_packing: auto`` on a cluster with GPUs, the clients per actor come from ``footprint`` (one
-    client's measured GPU memory, :func:`probe_footprint_on_cluster`) by :func:`~fedcomp.platform.accelerator.
-    pick_clients_per_actor`, ``actors_per_gpu`` actors to a GPU; without GPUs ``clients_per_actor`` holds.
+    With ``gpu_packing: auto`` on a cluster with GPUs, the clients spread evenly over ``actors_per_gpu`` actors a
+    GPU, checked against ``footprint`` (one client's measured GPU memory, :func:`probe_footprint_on_cluster`) by
+    :func:`~fedcomp.platform.accelerator.pick_clients_per_actor` when given; without GPUs ``clients_per_actor``
+    holds.
 
     One actor lives on one node, so shares are fitted per node: with ``auto``, the largest CPU share (at most
     1) such that every client actor and the server find a node whichever node Ray puts the server on, and the
@@ -213,12 +214,13 @@ def plan_actors(
     k, per = fed.clients, fed.clients_per_actor
     packing: dict[str, Any] = {}
     if fed.gpu_packing == "auto" and cluster.get("GPU", 0.0) > 0:
-        if footprint is None:
-            raise ValueError("plan_actors: gpu_packing 'auto' on a cluster with GPUs needs the probed footprint")
         gpus = max(1, int(cluster["GPU"]))
-        per = pick_clients_per_actor(footprint, footprint.device, fed.actors_per_gpu, k, fed.cohort_size, gpus)
-        packing = {"gpu_packing": "auto", "clients_per_actor": per, "actors_per_gpu": fed.actors_per_gpu,
-                   "gpus": gpus, "footprint_bytes": footprint.as_dict()}
+        if footprint is None:  # a check before the probe: the packing auto aims at, memory not yet measured
+            per = math.ceil(k / (gpus * fed.actors_per_gpu))
+        else:
+            per = pick_clients_per_actor(footprint, footprint.device, fed.actors_per_gpu, k, fed.cohort_size, gpus)
+        packing = {"gpu_packing": "auto", "clients_per_actor": per, "actors_per_gpu": fed.actors_per_gpu, "gpus": gpus,
+                   "footprint_bytes": footprint.as_dict() if footprint else None}
     groups = tuple(tuple(range(i, min(i + per, k))) for i in range(0, k, per))
     n = len(groups)
     nodes = [dict(node) for node in nodes] if nodes else [dict(cluster)]
@@ -295,11 +297,11 @@ def probe_footprint_on_cluster(config: Config, timeout: float) -> Footprint:
             f"(federation.actor_timeout_s); is a whole GPU free?"
         ) from None
     except ray.exceptions.RayTaskError as error:
-        cause = error.as_instanceof_cause()
+        cause = getattr(error, "cause", None)
         if isinstance(cause, ResourceError):
-            raise ResourceError(str(cause).splitlines()[0]) from None
-        first = (str(cause).strip().splitlines() or [type(cause).__name__])[-1]
-        raise ResourceError(f"federation.gpu_packing = 'auto': the GPU memory probe failed: {first}") from None
+            raise ResourceError(str(cause)) from None
+        last = (str(cause or error).strip().splitlines() or [type(error).__name__])[-1]
+        raise ResourceError(f"federation.gpu_packing = 'auto': the GPU memory probe failed: {last}") from None
 
 
 def _units(amount: float) -> int:

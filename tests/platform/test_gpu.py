@@ -217,6 +217,8 @@ def test_plan_uses_the_footprint_on_a_gpu_cluster_and_the_fixed_packing_without_
     assert [len(g) for g in plan.groups] == [250] * 4
     assert plan.gpus(0) == pytest.approx(0.25)
     assert plan.packing["clients_per_actor"] == 250 and plan.packing["footprint_bytes"]["step"] == 20 * MIB
+    before_probe = plan_actors(fed, {"CPU": 16.0, "GPU": 1.0})  # the server's early check: same packing, unmeasured
+    assert [len(g) for g in before_probe.groups] == [250] * 4 and before_probe.packing["footprint_bytes"] is None
     on_cpus = plan_actors(fed.model_copy(update={"clients_per_actor": 100}), {"CPU": 16.0})
     assert [len(g) for g in on_cpus.groups] == [100] * 10 and on_cpus.packing == {}
 
@@ -273,3 +275,49 @@ def test_the_probe_measures_a_clients_gpu_memory() -> None:
     fp = probe_footprint(config)
     assert fp.device == torch.cuda.get_device_properties(0).total_memory
     assert fp.fixed > 0 and fp.step > 0 and fp.state >= 0
+
+
+# -- the Ray backend ----------------------------------------------------------------------------------------------
+
+
+def test_gpu_packing_auto_without_gpus_keeps_the_given_packing(ray_session, tmp_path) -> None:
+    import json
+
+    import fedcomp
+
+    over = {"federation.backend": "ray", "federation.clients": 4, "federation.clients_per_actor": 2,
+            "federation.gpu_packing": "auto", "algorithm.local_steps": 3, "task.test_samples": 500,
+            "run.rounds": 1, "run.progress": "none", "run.track": "none", "run.out": str(tmp_path)}
+    fedcomp.run("quickstart", over)
+    (run_dir,) = tmp_path.iterdir()
+    backend = json.loads((run_dir / "run.json").read_text())["backend"]
+    assert backend["client_actors"] == 2 and backend["clients_per_actor"] == 2 and "gpu_packing" not in backend
+
+
+@pytest.mark.slow
+def test_gpu_packing_auto_probes_on_a_declared_gpu(tmp_path) -> None:
+    """A CPU-only Ray declaring a GPU: the probe is scheduled on it, finds no CUDA there and says so in one line."""
+    import subprocess
+    import sys
+    import textwrap
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: the probe would succeed")
+    script = textwrap.dedent(
+        """
+        import ray, fedcomp
+        from fedcomp.actors.server_actor import RayServer
+        from fedcomp.platform.config import load_config
+        ray.init(address="local", num_cpus=2, num_gpus=1, include_dashboard=False, object_store_memory=100 * 1024**2)
+        over = {"federation.backend": "ray", "federation.clients": 4, "federation.gpu_packing": "auto",
+                "task.test_samples": 500, "run.progress": "none"}
+        try:
+            RayServer(load_config("quickstart", over))
+        except fedcomp.ResourceError as error:
+            print("ERROR", error)
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = [line for line in out.stdout.splitlines() if line.startswith("ERROR")]
+    assert lines == ["ERROR federation.gpu_packing = 'auto' measures a client on a GPU, but none is visible here"], out.stdout
