@@ -289,7 +289,8 @@ def probe_footprint_on_cluster(config: Config, timeout: float) -> Footprint:
         options["runtime_env"] = {"env_vars": fedcomp_env()}
     ref = ray.remote(probe_footprint).options(**options).remote(config)
     try:
-        return ray.get(ref, timeout=timeout)  # type: ignore[no-any-return]
+        footprint: Footprint = ray.get(ref, timeout=timeout)
+        return footprint
     except ray.exceptions.GetTimeoutError:
         ray.cancel(ref, force=True)
         raise ResourceError(

@@ -287,6 +287,7 @@ class RayFederation:
             "gpus_per_client": self.plan.gpus_per_client,
             "nodes": sorted({p["node"] for p in self.placement}),
             "devices": sorted({p["device"] for p in self.placement}),
+            **({"cuda_flags": self.placement[0]["cuda_flags"]} if self.placement[0].get("cuda_flags") else {}),
             "gcs_address": ray.get_runtime_context().gcs_address,
         }
 

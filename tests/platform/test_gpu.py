@@ -225,9 +225,13 @@ def test_plan_uses_the_footprint_on_a_gpu_cluster_and_the_fixed_packing_without_
 
 # -- numbers on the GPU (run on a CUDA machine: pytest tests/platform/test_gpu.py) -----------------------------------
 
-CPU_VS_CUDA_RTOL = 1e-4
-"""CPU and CUDA kernels sum in different orders: after a few rounds of float32 training the metrics agree to this
-relative tolerance (``run.deterministic`` keeps TF32 off, so both compute in full float32)."""
+CPU_VS_CUDA_RTOL = 1e-3
+"""CPU and CUDA kernels sum in different orders (float32 rounding, about 1e-7 relative per operation): after a few
+rounds of training, losses and other continuous metrics agree to this relative tolerance (``run.deterministic``
+keeps TF32 off, so both compute in full float32)."""
+CPU_VS_CUDA_COUNTED = 0.02
+"""Metrics that count examples (accuracy, AUROC, AP) can move by one example when a score crosses a threshold
+or a tie breaks the other way: they agree to this absolute tolerance."""
 
 
 def _cuda_run(tmp_path, name: str, preset: str, overrides: dict[str, Any], device: str) -> Any:
@@ -263,8 +267,15 @@ def test_cpu_and_cuda_agree_to_the_stated_tolerance(tmp_path, case: str) -> None
     preset, overrides = GPU_CASES[case]
     cpu = _cuda_run(tmp_path, "cpu", preset, overrides, "cpu")
     gpu = _cuda_run(tmp_path, "gpu", preset, overrides, "cuda")
-    numeric = [c for c in cpu.columns if np.issubdtype(cpu[c].dtype, np.number)]
-    np.testing.assert_allclose(gpu[numeric].to_numpy(float), cpu[numeric].to_numpy(float), rtol=CPU_VS_CUDA_RTOL, atol=1e-6)
+    counters = [c for c in cpu.columns if np.issubdtype(cpu[c].dtype, np.integer)]
+    assert cpu[counters].equals(gpu[counters])
+    floats = [c for c in cpu.columns if np.issubdtype(cpu[c].dtype, np.floating)]
+    counted = [c for c in floats if any(w in c for w in ("accuracy", "auroc", "_ap"))]
+    continuous = [c for c in floats if c not in counted]
+    np.testing.assert_allclose(gpu[continuous].to_numpy(float), cpu[continuous].to_numpy(float),
+                               rtol=CPU_VS_CUDA_RTOL, atol=1e-6)
+    np.testing.assert_allclose(gpu[counted].to_numpy(float), cpu[counted].to_numpy(float), rtol=0,
+                               atol=CPU_VS_CUDA_COUNTED)
 
 
 @CUDA
