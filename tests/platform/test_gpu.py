@@ -332,3 +332,12 @@ def test_gpu_packing_auto_probes_on_a_declared_gpu(tmp_path) -> None:
     assert out.returncode == 0, out.stderr[-2000:]
     lines = [line for line in out.stdout.splitlines() if line.startswith("ERROR")]
     assert lines == ["ERROR federation.gpu_packing = 'auto' measures a client on a GPU, but none is visible here"], out.stdout
+
+
+@CUDA
+def test_lockstep_on_cuda_matches_one_at_a_time_to_float32_rounding(tmp_path) -> None:
+    preset, overrides = GPU_CASES["invariant-logreg"]
+    one = _cuda_run(tmp_path, "one", preset, {**overrides, "federation.vectorise": False}, "cuda")
+    batched = _cuda_run(tmp_path, "vmap", preset, {**overrides, "federation.vectorise": True}, "cuda")
+    floats = [c for c in one.columns if np.issubdtype(one[c].dtype, np.floating)]
+    np.testing.assert_allclose(batched[floats].to_numpy(float), one[floats].to_numpy(float), rtol=1e-4, atol=1e-6)
