@@ -182,6 +182,11 @@ def fmt(value: float | None, spec: str) -> str:
     return "—" if value is None else format(value, spec)
 
 
+def rate(value: float) -> str:
+    """A rate with three significant figures, without an exponent (1,520 rather than 1.52e+03)."""
+    return f"{value:,.0f}" if value >= 100 else f"{value:.3g}"
+
+
 def pfl_line() -> str:
     try:
         import pfl  # noqa: F401
@@ -231,7 +236,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 packings.append(f"- {work.name}, {work.clients} clients: {info['gpu_packing']}")
             rows.append(
                 f"| {work.name} | {work.clients} | {work.cohort} | {packing(info)} | {m['round_s']:.3f} | "
-                f"{m['rounds_s']:.3g} | {m['steps_s']:.3g} | {fmt(m['busy'], '.0f')} | {fmt(m['peak_mib'], '.0f')} |"
+                f"{rate(m['rounds_s'])} | {rate(m['steps_s'])} | {fmt(m['busy'], '.0f')} | {fmt(m['peak_mib'], '.0f')} |"
             )
     gpu = torch.cuda.get_device_name(0) if device == "cuda" else "no GPU (CPU run)"
     intro = (

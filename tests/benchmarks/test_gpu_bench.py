@@ -33,7 +33,7 @@ def test_tiny_cpu_run_writes_a_report_with_measured_rates(tmp_path):
     for row in rows:
         cells = [c.strip() for c in row.strip("|").split("|")]
         assert "failed" not in cells[3]
-        assert float(cells[5]) > 0 and float(cells[6]) > 0  # rounds/s, client steps/s
+        assert float(cells[5].replace(",", "")) > 0 and float(cells[6].replace(",", "")) > 0  # rounds/s, steps/s
         assert cells[7] == "—" and cells[8] == "—"  # no GPU sampled on the CPU
     assert "device cpu" in text
 
