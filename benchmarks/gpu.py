@@ -1,6 +1,6 @@
 """Many clients per GPU: ResNet20 and conv4 MAML client training on one GPU, with the GPU's busy share sampled.
 
-    python benchmarks/gpu.py                              # on a GPU machine: writes benchmarks/GPU.md (<= 10 min on an H100)
+    python benchmarks/gpu.py                              # on a GPU machine: writes benchmarks/GPU.md (--budget-s 510)
     python benchmarks/gpu.py --tiny --device cpu --backend local --out X.md   # a seconds-long smoke run anywhere
 
 Data: CIFAR-shaped images that this script generates (seeded; uint8 [N, 3, 32, 32], the class shifting each
@@ -95,7 +95,7 @@ def write_data(root: Path, train: int, test: int, seed: int = 0) -> None:
     gen = np.random.default_rng(seed)
     for split, n in (("train", train), ("test", test)):
         labels = gen.integers(0, 10, n)
-        noise = gen.normal(0, 40, (n, 3, 32, 32))
+        noise = 40 * gen.standard_normal((n, 3, 32, 32), dtype=np.float32)
         images = np.clip(100 + 6 * labels[:, None, None, None] + noise, 0, 255).astype(np.uint8)
         write_cifar_batches(root, images, labels, "cifar10", split)
 
@@ -206,6 +206,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--actors-per-gpu", type=int, default=4)
     parser.add_argument("--only", default="", help="comma-separated texts: run only the workloads whose name holds one")
     parser.add_argument("--out", default=str(common.HERE / "GPU.md"))
+    parser.add_argument("--budget-s", type=float, default=510.0,
+                        help="start no workload after this many seconds (its row says skipped); default fits a 10-minute slot")
     args = parser.parse_args(argv)
     device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
     if device == "cuda" and not torch.cuda.is_available():
@@ -219,10 +221,30 @@ def main(argv: Sequence[str] | None = None) -> int:
         "|---|---:|---:|---|---:|---:|---:|---:|---:|",
     ]
     packings: list[str] = []
+    gpu = torch.cuda.get_device_name(0) if device == "cuda" else "no GPU (CPU run)"
+
+    def write(final: bool) -> str:
+        """The report as it stands (rewritten after every workload, so that a run cut short keeps its rows)."""
+        intro = (
+            f"{common.generated_by()}, device {device} ({gpu}), backend {args.backend}, {rounds} timed round(s) per "
+            f"workload after one warm-up round, started {stopwatch.started_at}"
+            f"{'' if final else ' (in progress: the run had not finished)'}. See the script's docstring for the "
+            f"workloads and how each number is taken."
+        )
+        text = "\n".join([TITLE, "", intro, "", *rows, "", pfl_line(), ""])
+        if packings:
+            text += "\nPacking chosen by `federation.gpu_packing: auto` (probed bytes):\n\n" + "\n".join(packings) + "\n"
+        Path(args.out).write_text(text)
+        return text
+
     with tempfile.TemporaryDirectory(prefix="fedcomp-gpu-") as tmp:
         write_data(Path(tmp), 300 if args.tiny else 50_000, 100 if args.tiny else 2_000)
         for work in workloads(tmp, args.tiny):
             if args.only and not any(part and part in work.name for part in args.only.split(",")):
+                continue
+            if time.time() - stopwatch.start > args.budget_s:
+                rows.append(f"| {work.name} | {work.clients} | {work.cohort} | skipped: past --budget-s "
+                            f"{args.budget_s:g} | | | | | |")
                 continue
             stopwatch.log(f"{work.name}: {work.clients} clients, {work.cohort} a round")
             try:
@@ -230,6 +252,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             except Exception as error:  # a workload that cannot run here is a row saying why, not a lost report
                 first = (str(error).strip().splitlines() or [type(error).__name__])[0][:160]
                 rows.append(f"| {work.name} | {work.clients} | {work.cohort} | failed: {first} | | | | | |")
+                write(final=False)
                 continue
             info = m["backend"]
             if info.get("gpu_packing"):
@@ -238,19 +261,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"| {work.name} | {work.clients} | {work.cohort} | {packing(info)} | {m['round_s']:.3f} | "
                 f"{rate(m['rounds_s'])} | {rate(m['steps_s'])} | {fmt(m['busy'], '.0f')} | {fmt(m['peak_mib'], '.0f')} |"
             )
-    gpu = torch.cuda.get_device_name(0) if device == "cuda" else "no GPU (CPU run)"
-    intro = (
-        f"{common.generated_by()}, device {device} ({gpu}), backend {args.backend}, {rounds} timed round(s) per "
-        f"workload after one warm-up round, started {stopwatch.started_at}. See the script's docstring for the "
-        f"workloads and how each number is taken."
-    )
-    text = "\n".join([TITLE, "", intro, "", *rows, "", pfl_line(), ""])
-    if packings:
-        text += "\nPacking chosen by `federation.gpu_packing: auto` (probed bytes):\n\n" + "\n".join(packings) + "\n"
-    print(text)
-    Path(args.out).write_text(text)
+            write(final=False)
+    print(write(final=True))
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -47,3 +47,11 @@ def test_asking_for_cuda_without_one_fails_in_one_line(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["gpu.py: error: --device cuda but torch sees no CUDA GPU"]
     assert list(tmp_path.iterdir()) == []
+
+
+def test_workloads_past_the_time_budget_are_listed_as_skipped(tmp_path):
+    out = tmp_path / "GPU.md"
+    assert gpu.main(["--tiny", "--device", "cpu", "--backend", "local", "--only", "invariant-logreg",
+                     "--budget-s", "0", "--out", str(out)]) == 0
+    rows = [line for line in out.read_text().splitlines() if line.startswith("| invariant-logreg")]
+    assert len(rows) == 2 and all("skipped: past --budget-s 0" in row for row in rows)
