@@ -10,6 +10,7 @@ import numpy as np
 import ray
 import torch
 
+from fedcomp.platform.accelerator import configure
 from fedcomp.platform.algorithms.base import Tensors
 from fedcomp.platform.config import Config
 from fedcomp.platform.federation import ClientHost, Layout, Partial
@@ -21,10 +22,13 @@ class ClientActor:
     def __init__(self, config: Config, clients: Sequence[int], incarnation: int = 0) -> None:
         torch.set_num_threads(1)
         self.error: Exception | None = None
+        self.flags: dict[str, Any] = {}
+        """The determinism flags set for CUDA (``run.deterministic``; empty on the CPU)."""
         """An error building the clients (e.g. a missing data root), raised by :meth:`ready`: an exception
         leaving an actor's constructor reaches the driver only as text, after Ray has printed its traceback."""
         try:
             device = "cuda" if ray.get_gpu_ids() and torch.cuda.is_available() else "cpu"
+            self.flags = configure(device, config.run.deterministic)
             self.host = ClientHost(config, clients, device)
         except Exception as error:
             self.error = error
@@ -35,7 +39,8 @@ class ClientActor:
         self._kill = os.environ.get("FEDCOMP_FAULT_KILL", "")
 
     def ready(self) -> dict[str, Any]:
-        """Where this actor landed: its clients, node, assigned GPU ids and the torch device it computes on."""
+        """Where this actor landed: its clients, node, assigned GPU ids, the torch device it computes on and the CUDA
+        determinism flags it set."""
         if self.error is not None:
             raise self.error
         return {
@@ -43,6 +48,7 @@ class ClientActor:
             "node": ray.get_runtime_context().get_node_id(),
             "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
             "device": self.host.device,
+            "cuda_flags": self.flags,
         }
 
     def load_private(self, states: dict[int, Tensors]) -> None:

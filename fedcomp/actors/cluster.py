@@ -19,15 +19,17 @@ import subprocess
 import sys
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field as dataclass_field
 from typing import Any
 from urllib.parse import urlsplit
 
 import ray
 
 from fedcomp.actors.quiet import quiet_ray_start
-from fedcomp.platform.config import FederationConfig
+from fedcomp.platform.accelerator import Footprint, pick_clients_per_actor
+from fedcomp.platform.config import Config, FederationConfig
 from fedcomp.platform.errors import ResourceError
+from fedcomp.platform.gpu_probe import probe_footprint
 from fedcomp.platform.progress import announce
 
 GRANULARITY = 1e-4  # Ray's smallest fractional resource unit
@@ -167,6 +169,12 @@ class ActorPlan:
     cpus: float
     gpus_per_client: float
     server_cpus: float
+    packing: dict[str, Any] = dataclass_field(default_factory=dict)
+    """How ``gpu_packing: auto`` chose the clients per actor (for run.json); empty when it did not."""
+
+    @property
+    def clients_per_actor(self) -> int:
+        return max(len(g) for g in self.groups)
 
     def gpus(self, group: int) -> float:
         return floor_share(self.gpus_per_client * len(self.groups[group]))
@@ -184,10 +192,16 @@ def floor_share(value: float) -> float:
 
 
 def plan_actors(
-    fed: FederationConfig, cluster: Mapping[str, float], nodes: Sequence[Mapping[str, float]] | None = None
+    fed: FederationConfig, cluster: Mapping[str, float], nodes: Sequence[Mapping[str, float]] | None = None,
+    footprint: Footprint | None = None,
 ) -> ActorPlan:
     """Pack clients into actors and size their CPU/GPU requests so that they fit ``nodes`` (each alive node's
     resources; default: one node holding ``cluster``, the totals).
+
+    With ``gpu_packing: auto`` on a cluster with GPUs, the clients spread evenly over ``actors_per_gpu`` actors a
+    GPU, checked against ``footprint`` (one client's measured GPU memory, :func:`probe_footprint_on_cluster`) by
+    :func:`~fedcomp.platform.accelerator.pick_clients_per_actor` when given; without GPUs ``clients_per_actor``
+    holds.
 
     One actor lives on one node, so shares are fitted per node: with ``auto``, the largest CPU share (at most
     1) such that every client actor and the server find a node whichever node Ray puts the server on, and the
@@ -198,6 +212,15 @@ def plan_actors(
         ResourceError: GPUs or CPUs are asked for that the nodes do not have; the message says what would fit.
     """
     k, per = fed.clients, fed.clients_per_actor
+    packing: dict[str, Any] = {}
+    if fed.gpu_packing == "auto" and cluster.get("GPU", 0.0) > 0:
+        gpus = max(1, int(cluster["GPU"]))
+        if footprint is None:  # a check before the probe: the packing auto aims at, memory not yet measured
+            per = math.ceil(k / (gpus * fed.actors_per_gpu))
+        else:
+            per = pick_clients_per_actor(footprint, footprint.device, fed.actors_per_gpu, k, fed.cohort_size, gpus)
+        packing = {"gpu_packing": "auto", "clients_per_actor": per, "actors_per_gpu": fed.actors_per_gpu, "gpus": gpus,
+                   "footprint_bytes": footprint.as_dict() if footprint else None}
     groups = tuple(tuple(range(i, min(i + per, k))) for i in range(0, k, per))
     n = len(groups)
     nodes = [dict(node) for node in nodes] if nodes else [dict(cluster)]
@@ -252,7 +275,34 @@ def plan_actors(
                 f"federation.cpus_per_actor = {cpus:g}: {n} client actors and the server do not fit on "
                 f"{_describe(nodes, 'CPU')} (an actor lives on one node); {advice}"
             )
-    return ActorPlan(groups, cpus, gpc, cpus)
+    return ActorPlan(groups, cpus, gpc, cpus, packing)
+
+
+def probe_footprint_on_cluster(config: Config, timeout: float) -> Footprint:
+    """:func:`~fedcomp.platform.gpu_probe.probe_footprint` run on one of the cluster's GPUs (a Ray task asking
+    for a whole GPU, before any client actor holds one), with this job's ``FEDCOMP_*`` environment.
+
+    Raises:
+        ResourceError: the probe did not finish within ``timeout`` seconds, or failed (its first line)."""
+    options: dict[str, Any] = {"num_gpus": 1, "num_cpus": 0, "max_retries": 0}
+    if fedcomp_env():
+        options["runtime_env"] = {"env_vars": fedcomp_env()}
+    ref = ray.remote(probe_footprint).options(**options).remote(config)
+    try:
+        footprint: Footprint = ray.get(ref, timeout=timeout)
+        return footprint
+    except ray.exceptions.GetTimeoutError:
+        ray.cancel(ref, force=True)
+        raise ResourceError(
+            f"federation.gpu_packing = 'auto': the GPU memory probe did not finish within {timeout:g}s "
+            f"(federation.actor_timeout_s); is a whole GPU free?"
+        ) from None
+    except ray.exceptions.RayTaskError as error:
+        cause = getattr(error, "cause", None)
+        if isinstance(cause, ResourceError):
+            raise ResourceError(str(cause)) from None
+        last = (str(cause or error).strip().splitlines() or [type(error).__name__])[-1]
+        raise ResourceError(f"federation.gpu_packing = 'auto': the GPU memory probe failed: {last}") from None
 
 
 def _units(amount: float) -> int:

@@ -24,7 +24,14 @@ import ray
 from ray.exceptions import RayActorError, RayTaskError
 
 from fedcomp.actors.client_actor import ClientActor
-from fedcomp.actors.cluster import ActorPlan, actor_options, cluster_nodes, describe_resources, plan_actors
+from fedcomp.actors.cluster import (
+    ActorPlan,
+    actor_options,
+    cluster_nodes,
+    describe_resources,
+    plan_actors,
+    probe_footprint_on_cluster,
+)
 from fedcomp.platform.algorithms.base import Outcome, Tensors
 from fedcomp.platform.config import Config
 from fedcomp.platform.errors import ClientFailure, PlatformError, ResourceError
@@ -85,7 +92,10 @@ class RayFederation:
 
     def __init__(self, config: Config) -> None:
         self.config = config
-        self.plan: ActorPlan = plan_actors(config.federation, ray.cluster_resources(), cluster_nodes())
+        resources = ray.cluster_resources()
+        probe = config.federation.gpu_packing == "auto" and resources.get("GPU", 0.0) > 0
+        footprint = probe_footprint_on_cluster(config, self.timeout) if probe else None
+        self.plan: ActorPlan = plan_actors(config.federation, resources, cluster_nodes(), footprint)
         self.owner = {c: i for i, group in enumerate(self.plan.groups) for c in group}
         self.incarnations = [0] * len(self.plan.groups)
         self.actors = [self._spawn(i) for i in range(len(self.plan.groups))]
@@ -271,11 +281,13 @@ class RayFederation:
         return {
             "name": "ray",
             "client_actors": len(self.actors),
-            "clients_per_actor": self.config.federation.clients_per_actor,
+            "clients_per_actor": self.plan.packing.get("clients_per_actor", self.config.federation.clients_per_actor),
+            **({"gpu_packing": self.plan.packing} if self.plan.packing else {}),
             "cpus_per_actor": self.plan.cpus,
             "gpus_per_client": self.plan.gpus_per_client,
             "nodes": sorted({p["node"] for p in self.placement}),
             "devices": sorted({p["device"] for p in self.placement}),
+            **({"cuda_flags": self.placement[0]["cuda_flags"]} if self.placement[0].get("cuda_flags") else {}),
             "gcs_address": ray.get_runtime_context().gcs_address,
         }
 

@@ -55,6 +55,12 @@ class FederationConfig(Params):
     cpus_per_actor: float | Literal["auto"] = Field(
         "auto", description="CPU share per client actor; 'auto' = fit all actors into the cluster's CPUs"
     )
+    gpu_packing: Literal["fixed", "auto"] = Field(
+        "fixed",
+        description="'auto': on a cluster with GPUs, clients_per_actor is chosen from one client's measured GPU memory "
+        "(a short probe) so that actors_per_gpu actors share each GPU; on CPUs (or 'fixed') clients_per_actor holds",
+    )
+    actors_per_gpu: int = Field(2, ge=1, description="client actors sharing one GPU under gpu_packing: auto")
     ray_address: str | None = Field(None, description="existing cluster to join (else RAY_ADDRESS, else local)")
     actor_timeout_s: float = Field(120.0, gt=0, description="deadline for actors to start or answer a round")
     max_retries: int = Field(3, ge=0, description="times a round is retried after a client actor dies")
@@ -74,6 +80,8 @@ class FederationConfig(Params):
             value = getattr(self, name)
             if value != "auto" and not (math.isfinite(value) and value >= 0):
                 raise ValueError(f"{name} = {value}: must be 'auto' or a number >= 0")
+        if self.gpu_packing == "auto" and self.gpus_per_client == 0:
+            raise ValueError("gpu_packing = 'auto': needs GPUs but gpus_per_client = 0; use gpus_per_client: 'auto' or > 0")
         return self
 
     @property
@@ -95,6 +103,11 @@ class RunConfig(Params):
     )
     track: Literal["none", "tensorboard", "mlflow", "wandb"] = Field(
         "tensorboard", description="experiment tracking written next to the results (see fedcomp.platform.tracking)"
+    )
+    deterministic: bool = Field(
+        True,
+        description="on CUDA: deterministic kernels, cuBLAS's fixed workspace and no TF32 in every client process "
+        "(same seed, same numbers; slower); false: cuDNN autotuning and TF32. No effect on the CPU",
     )
     on_divergence: Literal["stop", "continue"] = Field(
         "stop", description="a non-finite training loss or model: stop the run (keeping the finite rounds) or go on"

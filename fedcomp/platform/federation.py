@@ -25,6 +25,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from fedcomp.platform.accelerator import configure
 from fedcomp.platform.algorithms.base import Algorithm, ClientContext, Outcome, StepInfo, Tensors
 from fedcomp.platform.catalog import load_builtins
 from fedcomp.platform.config import Config, FederationConfig
@@ -308,24 +309,26 @@ class ClientHost:
         return partial
 
 
-def local_device(fed: FederationConfig) -> str:
-    """The device of the in-process backend: CUDA when asked for (or 'auto' and present), else the CPU."""
+def local_device(fed: FederationConfig, deterministic: bool = True) -> str:
+    """The device of the in-process backend: CUDA when asked for (or 'auto' and present), else the CPU; on CUDA
+    this process's determinism flags are set (``run.deterministic``, :func:`~fedcomp.platform.accelerator.configure`)."""
     has_cuda = torch.cuda.is_available()
-    if fed.gpus_per_client == "auto":
-        return "cuda" if has_cuda else "cpu"
-    if fed.gpus_per_client > 0 and not has_cuda:
+    if fed.gpus_per_client != "auto" and fed.gpus_per_client > 0 and not has_cuda:
         raise ResourceError(
             f"federation.gpus_per_client = {fed.gpus_per_client:g} but this machine has no CUDA GPU for the "
             f"local backend; use gpus_per_client: 0 or 'auto'"
         )
-    return "cuda" if fed.gpus_per_client > 0 else "cpu"
+    wanted = has_cuda if fed.gpus_per_client == "auto" else fed.gpus_per_client > 0
+    device = "cuda" if wanted else "cpu"
+    configure(device, deterministic)
+    return device
 
 
 class LocalFederation:
     """Every client in one in-process :class:`ClientHost`: the reference backend (tests, debugging)."""
 
     def __init__(self, config: Config) -> None:
-        self.host = ClientHost(config, range(config.federation.clients), local_device(config.federation))
+        self.host = ClientHost(config, range(config.federation.clients), local_device(config.federation, config.run.deterministic))
         self.private: dict[int, Tensors] = {}
 
     def call(self, program: str, round: int, cohort: list[int], payload: Tensors, sub: int = 0) -> Outcome:

@@ -14,6 +14,10 @@ in the last place (about 6e-8) per gradient, and they also depend on how many cl
 together. That is why ``federation.vectorise`` is off by default: with it off, every backend and every
 packing of clients into actors gives bitwise the same numbers; with it on, a run is still bitwise
 reproducible for a fixed packing.
+
+Nothing here names a device: the states and the drawn batches are on the host's device (a task holds its
+data there), so on a GPU actor the lockstep steps are batched kernels on its GPU, and the only copy to the
+host is the table of the clients' losses, once per call.
 """
 
 from __future__ import annotations

@@ -52,6 +52,8 @@ class AdultFairness(Task):
             raise ConfigError(f"task.name = 'adult-fairness': {error}") from None
         self.train, self.test = data.train, data.test
         self.shards = partition.iid(self.train.labels.numel(), clients, None, params.data_seed)
+        self.train_on_device = self.resident(self.train.features, self.train.labels, self.train.proxy_groups)
+        """(features, labels, proxy groups) of the training part on the task's device, where steps index them."""
         self.inner_dim = 1
 
     def init_params(self, gen: torch.Generator) -> dict[str, Tensor]:
@@ -64,8 +66,8 @@ class AdultFairness(Task):
         pool = self.shards[client]
         if size is not None:
             pool = pool[torch.randint(pool.numel(), (size,), generator=gen)]
-        t = self.train
-        return t.features[pool].to(self.device), t.labels[pool].to(self.device), t.proxy_groups[pool].to(self.device)
+        features, labels, groups = self.train_on_device
+        return self.gather(features, pool), self.gather(labels, pool), self.gather(groups, pool)
 
     def plain(self, x: Tensor, batch: tuple[Tensor, Tensor, Tensor]) -> Tensor:
         return dro_losses.eo_plain(self._logits(x, batch[0]), batch[1])

@@ -50,7 +50,20 @@ class Task(ABC):
     def __init__(self, params: Any, seed: int, clients: int, device: str = "cpu") -> None:
         self.params, self.seed, self.clients = params, seed, clients
         self.device = torch.device(device)
-        """Where oracles compute; samples are always drawn on the CPU (same numbers everywhere) and moved here."""
+        """Where oracles compute. Random draws are always made on the CPU (same numbers everywhere); a task that
+        holds client data keeps it here (:meth:`resident`), so a step moves only the drawn index vector."""
+
+    def resident(self, *tensors: Tensor) -> tuple[Tensor, ...]:
+        """``tensors`` placed on the task's device once, at construction, so that no step copies data from
+        the host: on the CPU these are the very same tensors (no copy, same numbers); on a GPU each client
+        actor holds its task's data in GPU memory for the whole run."""
+        return tuple(t.to(self.device) for t in tensors)
+
+    @staticmethod
+    def gather(data: Tensor, positions: Tensor) -> Tensor:
+        """``data[positions]`` for ``data`` held on the device (:meth:`resident`): only ``positions``, an index
+        vector drawn on the CPU, crosses to the device (a no-op on the CPU)."""
+        return data[positions.to(data.device)]
 
     def problem(self, kind: str) -> Any:
         """The oracle object for ``kind`` (one of :attr:`kinds`); by default the task itself."""

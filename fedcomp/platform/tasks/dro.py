@@ -74,6 +74,8 @@ class DROClassification(Task):
         self.shards = partition.iid(self.y_train.numel(), clients, None, params.data_seed, params.remainder)
         self.batchnorm = params.batchnorm
         self.model = FlatModel(self._module(params).to(self.device))
+        self.train_on_device = self.resident(self.x_train, self.y_train)
+        """(features, labels) of the training part on the task's device, where steps index them."""
         self.composition = self._composition(params)
         self.inner_dim = 1
         self._warned_chi2 = False
@@ -139,7 +141,8 @@ class DROClassification(Task):
     def batch_at(self, client: int, positions: Tensor) -> tuple[Tensor, Tensor]:
         """The batch of the client's examples at ``positions`` (what :meth:`sample` draws)."""
         pool = self.shards[client][positions]
-        return self.x_train[pool].to(self.device), self.y_train[pool].to(self.device)
+        features, labels = self.train_on_device
+        return self.gather(features, pool), self.gather(labels, pool)
 
     @property
     def dual_penalty(self) -> dro_losses.DualPenalty | None:

@@ -95,6 +95,8 @@ class _FewShot(MetaTask):
         self.rot = 4 if params.rotations else 1
         pool, train, held = self._pool()
         self.pool = pool
+        (self.pool_on_device,) = self.resident(pool)
+        """The uint8 image pool on the task's device: episodes are cut, rotated and scaled there."""
         self.train_classes = [c * self.rot + r for c in train for r in range(self.rot)]
         self.eval_classes = [c * self.rot + r for c in held for r in range(self.rot)]
         self._shares = self._split(clients)
@@ -136,31 +138,36 @@ class _FewShot(MetaTask):
         return {"x": init_flat_kaiming(self.model.module, gen)}
 
     def _draw(self, classes: list[int], images: Tensor | None, n: int, gen: torch.Generator) -> Episodes:
+        """``n`` episodes: the draws are made on the CPU (class by class, as they always were); the chosen images
+        are cut from the pool on the task's device with one transfer of the drawn indices."""
         p = self.params
         ways, shots, per_task = p.ways, p.shots, p.shots + p.queries
-        support_x, query_x = [], []
+        bases, rotations, picks = [], [], []
         for _ in range(n):
             chosen = torch.randperm(len(classes), generator=gen)[:ways].tolist()
-            s_parts, q_parts = [], []
             for j in chosen:
-                label = classes[j]
-                base, rotation = divmod(label, self.rot)
+                base, rotation = divmod(classes[j], self.rot)
                 owned = images[base] if images is not None else torch.arange(self.pool.shape[1])
-                picks = owned[torch.randperm(owned.numel(), generator=gen)[:per_task]]
-                pics = torch.rot90(self.pool[base, picks], rotation, dims=(-2, -1))
-                s_parts.append(pics[:shots])
-                q_parts.append(pics[shots:])
-            support_x.append(torch.cat(s_parts))
-            query_x.append(torch.cat(q_parts))
+                picks.append(owned[torch.randperm(owned.numel(), generator=gen)[:per_task]])
+                bases.append(base)
+                rotations.append(rotation)
+        where = torch.cat([torch.tensor(bases).unsqueeze(1), torch.stack(picks)], dim=1).to(self.device)
+        pics = self.pool_on_device[where[:, :1], where[:, 1:]]  # [n * ways, per_task, 28, 28]
+        turns = torch.tensor(rotations)
+        for r in turns.unique().tolist():
+            if r:
+                chosen_r = (turns == r).nonzero().flatten().to(self.device)
+                pics[chosen_r] = torch.rot90(pics[chosen_r], r, dims=(-2, -1))
+        pics = pics.reshape(n, ways, per_task, *pics.shape[-2:])
 
-        def to_float(t: list[Tensor]) -> Tensor:
-            return torch.stack(t).unsqueeze(2).float() / 255.0
+        def to_float(t: Tensor) -> Tensor:
+            return t.reshape(n, -1, *t.shape[-2:]).unsqueeze(2).float() / 255.0
 
-        labels = torch.arange(ways)
+        labels = torch.arange(ways, device=self.device)
         return Episodes(
-            to_float(support_x),
+            to_float(pics[:, :, :shots]),
             labels.repeat_interleave(shots).expand(n, -1).clone(),
-            to_float(query_x),
+            to_float(pics[:, :, shots:]),
             labels.repeat_interleave(p.queries).expand(n, -1).clone(),
         )
 
@@ -173,7 +180,7 @@ class _FewShot(MetaTask):
             self._fixed[client] = self._draw(classes, images, fixed, generator(self.params.data_seed, "fixed-tasks", client))
         pool = self._fixed[client]
         picks = torch.randint(fixed, (n,), generator=gen) if fixed > 1 else torch.zeros(n, dtype=torch.long)
-        return Episodes(pool.support_x[picks], pool.support_y[picks], pool.query_x[picks], pool.query_y[picks])
+        return Episodes(*(self.gather(t, picks) for t in (pool.support_x, pool.support_y, pool.query_x, pool.query_y)))
 
     def eval_episodes(self) -> Episodes:
         if len(self.eval_classes) < self.params.ways:
@@ -182,7 +189,7 @@ class _FewShot(MetaTask):
 
     def metrics_of(self, x: Tensor, episodes: Episodes, steps: int) -> dict[str, float]:
         losses, preds = self.evaluate_episodes(x, episodes, steps)
-        accuracy = [float((pred.argmax(-1) == episodes.query_y[i]).float().mean()) for i, pred in enumerate(preds)]
+        accuracy = [float((pred.argmax(-1) == episodes.query_y[i].cpu()).float().mean()) for i, pred in enumerate(preds)]
         return {"test_accuracy": sum(accuracy) / len(accuracy), "test_loss": sum(losses) / len(losses)}
 
 

@@ -173,6 +173,8 @@ class ImbalancedBinary(Task):
         module = self._module(self.model_name, params, self.x_train)
         self.batchnorm = params.batchnorm
         self.model = FlatModel(module.to(self.device))
+        self.train_on_device = self.resident(self.x_train, self.y_train)
+        """(features, labels) of the training part on the task's device, where steps index them."""
         self.dim = self.model.dim
         """Size of the network's flat weights w; x = (w, a, b) has ``dim + 2`` entries."""
         self.monitor_slice: slice = convnets.output_weight_slice(module)
@@ -300,8 +302,9 @@ class ImbalancedBinary(Task):
         return imbalance.positives_first(self.positives[client], self.negatives[client], size, k, gen)
 
     def batch_at(self, positions: Tensor) -> Batch:
-        """(features, labels) of the training examples at ``positions``, on the task's device."""
-        return self.x_train[positions].to(self.device), self.y_train[positions].to(self.device)
+        """(features, labels) of the training examples at ``positions``, on the task's device (indexed there)."""
+        features, labels = self.train_on_device
+        return self.gather(features, positions), self.gather(labels, positions)
 
     def sample_batch(self, client: int, size: int, gen: torch.Generator) -> Batch:
         return self.batch_at(self.sample_positions(client, size, gen))

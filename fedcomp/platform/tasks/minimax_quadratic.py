@@ -51,6 +51,7 @@ class MinimaxQuadratic(Task):
         self.t = params.t_max * torch.rand(clients, generator=gen)
         b = params.noise_scale * torch.randn(clients, params.dim, generator=gen)
         self.b = b - b.mean(0) if params.centre else b
+        (self.b_on_device,) = self.resident(self.b)
         t_bar, b_bar = float(self.t.mean()), self.b.mean(0)
         self.x_star = t_bar * b_bar / (t_bar**2 + params.lam)
         self.y_star = params.lam * b_bar / (t_bar**2 + params.lam)
@@ -66,7 +67,7 @@ class MinimaxQuadratic(Task):
         return client  # exact oracles: the "batch" is just which client's function
 
     def loss(self, x: Tensor, y: Tensor, client: int) -> Tensor:
-        t, b = float(self.t[client]), self.b[client].to(x.device)
+        t, b = float(self.t[client]), self.b_on_device[client]
         return -(0.5 * y @ y - b @ y + t * (y @ x)) + 0.5 * self.params.lam * (x @ x)
 
     def evaluator(self) -> Callable[[dict[str, Tensor]], dict[str, float]]:

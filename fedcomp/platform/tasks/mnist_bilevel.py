@@ -85,6 +85,8 @@ class _MnistBilevel(Task):
         keep = self._training_subset(labels)
         self.images, self.labels = images[keep], labels[keep]
         self.train_idx, self.val_idx = self._partition(self.labels)
+        self.train_on_device = self.resident(self.images, self.labels)
+        """(images, labels) of the clients' examples on the task's device, where steps index them."""
 
     def _training_subset(self, labels: Tensor) -> Tensor:
         return torch.arange(labels.numel())
@@ -106,8 +108,9 @@ class _MnistBilevel(Task):
         pool = self.train_idx[client] if split == "inner" else self.val_idx[client]
         if size is not None:
             pool = pool[torch.randint(pool.numel(), (size,), generator=gen)]
-        features = _features(self.images[pool])
-        return self._extra(features, gen) + (self.labels[pool],)
+        images, labels = self.train_on_device
+        features = _features(self.gather(images, pool))
+        return self._extra(features, gen) + (self.gather(labels, pool),)
 
     def _extra(self, features: Tensor, gen: torch.Generator) -> tuple[Tensor, ...]:
         return (features.to(self.device),)

@@ -1,0 +1,114 @@
+"""Clients on an accelerator: the determinism flags of a client process, exact sums on the device, and how
+many clients one GPU actor can hold.
+
+* :func:`configure` -- what ``run.deterministic`` means on CUDA: deterministic kernels (``torch.
+  use_deterministic_algorithms``, cuDNN's deterministic algorithms, no cuDNN autotuning), cuBLAS's fixed
+  workspace (``CUBLAS_WORKSPACE_CONFIG``, set before cuBLAS starts) and full float32 (no TF32), so the same
+  seed gives the same numbers run to run and CPU and GPU agree to float32 rounding. On the CPU it does
+  nothing: CPU kernels are already deterministic and the CPU numbers stay bit for bit what they were.
+* :func:`exact_sums` -- float64 sums of the clients' outputs in client order, added on the outputs' device
+  and copied to the host once (one device->host copy per call instead of one per client). Float64 addition is
+  correctly rounded on every IEEE device, so the sums equal the host's bit for bit.
+* :func:`pick_clients_per_actor` -- a pure function from measured byte counts (:class:`Footprint`) to the
+  number of clients an actor can host on its share of a GPU (:func:`fedcomp.platform.gpu_probe.probe_footprint`
+  measures those bytes with one short round on a CUDA device).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from fedcomp.platform.errors import ResourceError
+
+CUBLAS_WORKSPACE = ":4096:8"
+"""cuBLAS's deterministic workspace setting (https://docs.nvidia.com/cuda/cublas/#results-reproducibility)."""
+
+
+def configure(device: str | torch.device, deterministic: bool) -> dict[str, Any]:
+    """Set this process's determinism flags for computing on ``device``; returns what was set (empty on the CPU).
+
+    Call it before the process's first CUDA computation: cuBLAS reads ``CUBLAS_WORKSPACE_CONFIG`` when it
+    starts. Operations without a deterministic CUDA kernel warn (``warn_only``) rather than stop a run."""
+    if torch.device(device).type != "cuda":
+        return {}
+    if deterministic:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_WORKSPACE)
+    torch.use_deterministic_algorithms(deterministic, warn_only=True)
+    torch.backends.cudnn.deterministic = deterministic
+    torch.backends.cudnn.benchmark = not deterministic
+    torch.backends.cuda.matmul.allow_tf32 = not deterministic
+    torch.backends.cudnn.allow_tf32 = not deterministic
+    return {
+        "deterministic": deterministic,
+        "cublas_workspace_config": os.environ.get("CUBLAS_WORKSPACE_CONFIG"),
+        "cudnn_benchmark": torch.backends.cudnn.benchmark,
+        "tf32": not deterministic,
+    }
+
+
+def exact_sums(outputs: Sequence[Mapping[str, Tensor]], keys: Sequence[str]) -> np.ndarray:
+    """The float64 sum over ``outputs`` (in order) of each output's ``keys`` flattened and concatenated, as a
+    host array: accumulated on the outputs' device, one copy to the host at the end."""
+    if not keys:
+        return np.zeros(0, np.float64)
+    total: Tensor | None = None
+    for out in outputs:
+        flat = torch.cat([out[k].detach().reshape(-1) for k in keys]).to(torch.float64)
+        total = flat if total is None else total.add_(flat)
+    assert total is not None, "exact_sums needs at least one output"
+    return total.cpu().numpy()
+
+
+@dataclass(frozen=True)
+class Footprint:
+    """What one GPU actor's memory holds, in bytes (measured by :func:`fedcomp.platform.gpu_probe.probe_footprint`)."""
+
+    fixed: int
+    """Whatever the actor's clients: its task's data and model on the device."""
+    state: int
+    """Per hosted client: its private state between rounds (parameters and optimiser state kept per client)."""
+    step: int
+    """Per client stepping at once: the peak memory of one client's local steps above the fixed and state bytes
+    (activations, gradients, the broadcast); lockstep (``vectorise``) steps a host's cohort members together."""
+    device: int = 0
+    """The total memory of the GPU the probe ran on."""
+
+    def as_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+
+def pick_clients_per_actor(
+    footprint: Footprint, gpu_bytes: int, actors_per_gpu: int, clients: int, cohort: int, gpus: int,
+    headroom: float = 0.9,
+) -> int:
+    """How many clients each actor hosts when ``actors_per_gpu`` actors share each of ``gpus`` GPUs of
+    ``gpu_bytes``: the clients spread evenly over the actors, provided one actor's share of the memory
+    (``headroom`` of the GPU over ``actors_per_gpu``) holds its fixed bytes, each hosted client's state and the
+    step memory of the cohort members it may run at once (all of its clients, at most ``cohort``).
+
+    Raises:
+        ResourceError: the clients do not fit; the message gives the bytes of each part.
+    """
+    if min(gpu_bytes, actors_per_gpu, clients, cohort, gpus) < 1 or not 0 < headroom <= 1:
+        raise ValueError("pick_clients_per_actor needs positive sizes and 0 < headroom <= 1")
+    per = math.ceil(clients / (gpus * actors_per_gpu))
+    budget = int(gpu_bytes * headroom) // actors_per_gpu
+    need = footprint.fixed + per * footprint.state + min(per, cohort) * footprint.step
+    if need > budget:
+        mib = 2**20
+        raise ResourceError(
+            f"federation.gpu_packing = 'auto': {clients} clients over {gpus * actors_per_gpu} actors ({actors_per_gpu} "
+            f"per GPU) put {per} clients in an actor needing {need / mib:.0f} MiB (data and model "
+            f"{footprint.fixed / mib:.0f} MiB, {footprint.state / mib:.1f} MiB state per client, "
+            f"{footprint.step / mib:.1f} MiB per client stepping) but an actor's share of a GPU is "
+            f"{budget / mib:.0f} MiB; use more GPUs or fewer clients"
+        )
+    return per

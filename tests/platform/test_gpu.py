@@ -1,0 +1,343 @@
+"""Clients on an accelerator: data held on the task's device, deterministic-mode options, memory sizing.
+
+Without CUDA the device-residency tests build tasks on PyTorch's ``meta`` device -- a real device other than
+the CPU, so a host->device copy made during a step shows up as a tensor changing device -- and the CUDA tests
+skip (they are for a GPU machine: ``pytest tests/platform/test_gpu.py``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from torch.overrides import TorchFunctionMode
+
+from fedcomp.platform.accelerator import Footprint, configure, exact_sums, pick_clients_per_actor
+from fedcomp.platform.config import FederationConfig, load_config
+from fedcomp.platform.errors import ResourceError
+from fedcomp.platform.federation import Layout, LocalFederation, build_task
+from fedcomp.platform.rng import generator
+from fedcomp.platform.server import Server
+
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+MOVES = (torch.Tensor.to, torch.Tensor.cuda, torch.Tensor.cpu, torch.Tensor.copy_)
+
+
+class DeviceMoves(TorchFunctionMode):
+    """Records (dtype, shape) of every tensor that a ``.to`` / ``.cuda`` / ``.cpu`` / ``.copy_`` moved to
+    another device while active."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.moved: list[tuple[torch.dtype, tuple[int, ...]]] = []
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        if func in MOVES and isinstance(out, torch.Tensor):
+            source = args[1] if func is torch.Tensor.copy_ else args[0]
+            if isinstance(source, torch.Tensor) and source.device != out.device:
+                self.moved.append((source.dtype, tuple(source.shape)))
+        return out
+
+
+Draw = Callable[[Any, torch.Generator], Any]
+CASES: dict[str, tuple[str, dict[str, Any], Draw]] = {
+    "imbalanced-binary": ("auc-table1-offline", {}, lambda t, g: t.sample_batch(1, 8, g)),
+    "imbalanced-binary/conditional": (
+        "auprc-table2-offline", {"task.dataset": "breast-cancer", "task.model": "linear"},
+        lambda t, g: t.problem("conditional").sample_outer(1, 8, g),
+    ),
+    "dro-classification": ("feddro-offline", {}, lambda t, g: t.sample(1, 8, g)),
+    "fewshot-mnist": ("maml-fewshot-mnist", {}, lambda t, g: t.episodes(1, 2, g)),
+    "loss-tuning": ("fednest-losstune-offline", {"federation.clients_per_round": 4},
+                    lambda t, g: t.sample(1, "outer", 8, g)),
+    "fednest-minimax": ("fednest-minimax", {"federation.clients_per_round": 4},
+                        lambda t, g: t.loss(torch.zeros(t.params.dim, device="meta"),
+                                            torch.zeros(t.params.dim, device="meta"), 1)),
+}
+
+
+def _tensors(batch: Any) -> list[torch.Tensor]:
+    if isinstance(batch, torch.Tensor):
+        return [batch]
+    if isinstance(batch, (tuple, list)):
+        return [t for item in batch for t in _tensors(item)]
+    return [getattr(batch, name) for name in ("support_x", "support_y", "query_x", "query_y")]
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_a_step_moves_only_index_vectors_to_the_device(case: str) -> None:
+    """The task holds its clients' data on its device from construction; drawing a batch indexes it there, so the
+    only tensors crossing from the host are the int64 indices drawn on the CPU (same draws everywhere)."""
+    preset, overrides, draw = CASES[case]
+    task = build_task(load_config(preset, {"federation.clients": 4, **overrides}), "meta")
+    moves = DeviceMoves()
+    with moves:
+        batch = draw(task, generator(0, "device-test"))
+    assert all(t.device.type == "meta" for t in _tensors(batch))
+    assert all(dtype == torch.int64 for dtype, _ in moves.moved), moves.moved
+
+
+def test_on_the_cpu_the_held_data_is_the_loaded_data_and_steps_keep_it_in_place() -> None:
+    """On the CPU ``resident`` copies nothing (same tensors, same numbers); rounds of local steps move no tensor
+    between devices and leave the held data where it was."""
+    config = load_config("auc-table1-offline", {"federation.clients": 4, "algorithm.local_steps": 2})
+    server = Server(config, LocalFederation)
+    task = server.federation.host.task
+    features, labels = task.train_on_device
+    assert features is task.x_train and labels is task.y_train
+    before = (features.data_ptr(), labels.data_ptr())
+    moves = DeviceMoves()
+    with moves:
+        server.run_round()
+        server.run_round()
+    assert moves.moved == []
+    assert (task.train_on_device[0].data_ptr(), task.train_on_device[1].data_ptr()) == before
+
+
+@CUDA
+def test_on_cuda_a_task_holds_its_data_in_gpu_memory() -> None:
+    task = build_task(load_config("auc-table1-offline", {"federation.clients": 4}), "cuda")
+    features, labels = task.train_on_device
+    assert features.is_cuda and labels.is_cuda
+    batch = task.sample_batch(1, 8, generator(0, "device-test"))
+    assert all(t.is_cuda for t in batch)
+
+
+# -- options -----------------------------------------------------------------------------------------------------
+
+
+FAST = ["--set", "federation.backend=local", "--set", "federation.clients=4", "--set", "algorithm.local_steps=5",
+        "--set", "task.test_samples=2000", "--set", "run.rounds=2", "--set", "run.progress=none"]
+
+
+@pytest.mark.parametrize(("sets", "message"), [
+    (["federation.gpu_packing=auto", "federation.gpus_per_client=0"],
+     "federation.gpu_packing = 'auto': needs GPUs but gpus_per_client = 0; use gpus_per_client: 'auto' or > 0"),
+    (["federation.gpu_packing=some"], "federation.gpu_packing = 'some': Input should be 'fixed' or 'auto'"),
+    (["federation.actors_per_gpu=0"], "federation.actors_per_gpu = 0: Input should be greater than or equal to 1"),
+    (["run.deterministic=maybe"], "run.deterministic = 'maybe': Input should be a valid boolean"),
+    (["federation.gpus_per_client=0.25"],
+     "federation.gpus_per_client = 0.25 but this machine has no CUDA GPU for the local backend"),
+])
+def test_bad_gpu_options_fail_in_one_line(tmp_path, capsys, sets: list[str], message: str) -> None:
+    if torch.cuda.is_available() and "0.25" in sets[0]:
+        pytest.skip("this machine has a GPU")
+    from fedcomp.cli import main
+
+    args = [a for s in sets for a in ("--set", s)]
+    code = main(["run", "quickstart", *FAST, *args, "--set", f"run.out={tmp_path}"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and message in err[0], err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_gpu_options_on_a_cpu_machine_change_nothing(tmp_path) -> None:
+    """``gpu_packing: auto`` and ``run.deterministic`` leave a CPU run's numbers as they were."""
+    import fedcomp
+
+    base = {"federation.backend": "local", "federation.clients": 4, "algorithm.local_steps": 3,
+            "task.test_samples": 500, "run.rounds": 2, "run.progress": "none", "run.track": "none"}
+    plain = fedcomp.run("quickstart", {**base, "run.out": str(tmp_path / "a")})
+    gpu = fedcomp.run("quickstart", {**base, "run.out": str(tmp_path / "b"), "federation.gpu_packing": "auto",
+                                     "run.deterministic": False})
+    assert plain.metrics.drop(columns="wall_time").equals(gpu.metrics.drop(columns="wall_time"))
+
+
+def test_configure_leaves_the_cpu_alone() -> None:
+    before = torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.benchmark
+    assert configure("cpu", True) == {} and configure("cpu", False) == {}
+    assert (torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.benchmark) == before
+
+
+# -- exact sums on the device --------------------------------------------------------------------------------------
+
+
+def test_exact_sums_equal_the_hosts_float64_sums_bit_for_bit() -> None:
+    """Summing on the outputs' device in float64 (one copy back) gives the per-client host sums exactly."""
+    gen = torch.Generator().manual_seed(3)
+    outputs = [{"x": torch.randn(1000, generator=gen) * 10 ** float(i % 5), "m": torch.randn(7, generator=gen)}
+               for i in range(37)]
+    layout = Layout.of(outputs[0])
+    expected = np.zeros(layout.total, np.float64)
+    for out in outputs:
+        expected += layout.pack(out, np.float64)
+    got = exact_sums(outputs, layout.keys)
+    assert got.dtype == np.float64 and np.array_equal(got, expected)
+    assert exact_sums(outputs, ()).size == 0
+
+
+@CUDA
+def test_exact_sums_on_cuda_equal_the_host_sums_bit_for_bit() -> None:
+    gen = torch.Generator().manual_seed(4)
+    outputs = [{"x": torch.randn(5000, generator=gen)} for _ in range(50)]
+    on_host = exact_sums(outputs, ("x",))
+    on_gpu = exact_sums([{"x": o["x"].cuda()} for o in outputs], ("x",))
+    assert np.array_equal(on_host, on_gpu)
+
+
+# -- clients per actor from measured memory -------------------------------------------------------------------------
+
+MIB = 2**20
+
+
+def test_clients_spread_evenly_over_the_actors_sharing_the_gpus() -> None:
+    small = Footprint(fixed=200 * MIB, state=1 * MIB, step=20 * MIB)
+    assert pick_clients_per_actor(small, 80 * 1024 * MIB, 4, 1000, 100, 1) == 250
+    assert pick_clients_per_actor(small, 80 * 1024 * MIB, 4, 1000, 100, 2) == 125
+    assert pick_clients_per_actor(small, 80 * 1024 * MIB, 2, 16, 16, 1) == 8
+
+
+def test_step_memory_counts_only_the_cohort_members_an_actor_can_run_at_once() -> None:
+    # 250 clients of 1 MiB state, 100 of them stepping at 60 MiB: 250 + 6000 + 200 MiB = 6450 MiB
+    fp = Footprint(fixed=200 * MIB, state=1 * MIB, step=60 * MIB)
+    assert pick_clients_per_actor(fp, 8000 * MIB, 1, 250, 100, 1, headroom=1.0) == 250
+    with pytest.raises(ResourceError, match=r"^federation.gpu_packing = 'auto': 250 clients over 1 actors"):
+        pick_clients_per_actor(fp, 8000 * MIB, 1, 250, 250, 1, headroom=1.0)
+
+
+def test_a_share_too_small_names_the_parts() -> None:
+    fp = Footprint(fixed=3000 * MIB, state=100 * MIB, step=500 * MIB)
+    with pytest.raises(ResourceError) as error:
+        pick_clients_per_actor(fp, 16 * 1024 * MIB, 4, 16, 16, 1)
+    text = str(error.value)
+    assert "\n" not in text and "put 4 clients in an actor needing 5400 MiB" in text
+    assert "an actor's share of a GPU is 3686 MiB" in text
+
+
+def test_plan_uses_the_footprint_on_a_gpu_cluster_and_the_fixed_packing_without_gpus() -> None:
+    from fedcomp.actors.cluster import plan_actors
+
+    fed = FederationConfig(clients=1000, clients_per_round=100, gpu_packing="auto", actors_per_gpu=4)
+    fp = Footprint(fixed=200 * MIB, state=1 * MIB, step=20 * MIB, device=80 * 1024 * MIB)
+    plan = plan_actors(fed, {"CPU": 16.0, "GPU": 1.0}, footprint=fp)
+    assert [len(g) for g in plan.groups] == [250] * 4
+    assert plan.gpus(0) == pytest.approx(0.25)
+    assert plan.packing["clients_per_actor"] == 250 and plan.packing["footprint_bytes"]["step"] == 20 * MIB
+    before_probe = plan_actors(fed, {"CPU": 16.0, "GPU": 1.0})  # the server's early check: same packing, unmeasured
+    assert [len(g) for g in before_probe.groups] == [250] * 4 and before_probe.packing["footprint_bytes"] is None
+    on_cpus = plan_actors(fed.model_copy(update={"clients_per_actor": 100}), {"CPU": 16.0})
+    assert [len(g) for g in on_cpus.groups] == [100] * 10 and on_cpus.packing == {}
+
+
+# -- numbers on the GPU (run on a CUDA machine: pytest tests/platform/test_gpu.py) -----------------------------------
+
+CPU_VS_CUDA_RTOL = 1e-3
+"""CPU and CUDA kernels sum in different orders (float32 rounding, about 1e-7 relative per operation): after a few
+rounds of training, losses and other continuous metrics agree to this relative tolerance (``run.deterministic``
+keeps TF32 off, so both compute in full float32)."""
+CPU_VS_CUDA_COUNTED = 0.02
+"""Metrics that count examples (accuracy, AUROC, AP) can move by one example when a score crosses a threshold
+or a tie breaks the other way: they agree to this absolute tolerance."""
+
+
+def _cuda_run(tmp_path, name: str, preset: str, overrides: dict[str, Any], device: str) -> Any:
+    import fedcomp
+
+    base = {"federation.backend": "local", "run.progress": "none", "run.track": "none", "run.out": str(tmp_path / name),
+            "federation.gpus_per_client": 1 if device == "cuda" else 0}
+    return fedcomp.run(preset, {**base, **overrides}).metrics.drop(columns="wall_time")
+
+
+GPU_CASES = {
+    "auc-mlp-fedavg": ("auc-table1-offline", {"task.model": "mlp", "algorithm.name": "fedavg", "algorithm.local_steps": 3,
+                                               "run.rounds": 3}),
+    "maml-fcsg-m": ("maml-fewshot-mnist", {"federation.clients": 4, "algorithm.local_steps": 2, "run.rounds": 2,
+                                           "run.eval_every": 1, "task.eval_tasks": 10}),
+    "invariant-logreg": ("quickstart", {"federation.clients": 4, "algorithm.local_steps": 5, "task.test_samples": 500,
+                                        "run.rounds": 3}),
+}
+
+
+@CUDA
+@pytest.mark.parametrize("case", sorted(GPU_CASES))
+def test_same_seed_same_numbers_run_to_run_on_cuda(tmp_path, case: str) -> None:
+    preset, overrides = GPU_CASES[case]
+    first = _cuda_run(tmp_path, "a", preset, overrides, "cuda")
+    second = _cuda_run(tmp_path, "b", preset, overrides, "cuda")
+    assert first.equals(second)
+
+
+@CUDA
+@pytest.mark.parametrize("case", sorted(GPU_CASES))
+def test_cpu_and_cuda_agree_to_the_stated_tolerance(tmp_path, case: str) -> None:
+    preset, overrides = GPU_CASES[case]
+    cpu = _cuda_run(tmp_path, "cpu", preset, overrides, "cpu")
+    gpu = _cuda_run(tmp_path, "gpu", preset, overrides, "cuda")
+    counters = [c for c in cpu.columns if np.issubdtype(cpu[c].dtype, np.integer)]
+    assert cpu[counters].equals(gpu[counters])
+    floats = [c for c in cpu.columns if np.issubdtype(cpu[c].dtype, np.floating)]
+    counted = [c for c in floats if any(w in c for w in ("accuracy", "auroc", "_ap"))]
+    continuous = [c for c in floats if c not in counted]
+    np.testing.assert_allclose(gpu[continuous].to_numpy(float), cpu[continuous].to_numpy(float),
+                               rtol=CPU_VS_CUDA_RTOL, atol=1e-6)
+    np.testing.assert_allclose(gpu[counted].to_numpy(float), cpu[counted].to_numpy(float), rtol=0,
+                               atol=CPU_VS_CUDA_COUNTED)
+
+
+@CUDA
+def test_the_probe_measures_a_clients_gpu_memory() -> None:
+    from fedcomp.platform.gpu_probe import probe_footprint
+
+    config = load_config("auc-table1-offline", {"federation.clients": 8})
+    fp = probe_footprint(config)
+    assert fp.device == torch.cuda.get_device_properties(0).total_memory
+    assert fp.fixed > 0 and fp.step > 0 and fp.state >= 0
+
+
+# -- the Ray backend ----------------------------------------------------------------------------------------------
+
+
+def test_gpu_packing_auto_without_gpus_keeps_the_given_packing(ray_session, tmp_path) -> None:
+    import json
+
+    import fedcomp
+
+    over = {"federation.backend": "ray", "federation.clients": 4, "federation.clients_per_actor": 2,
+            "federation.gpu_packing": "auto", "algorithm.local_steps": 3, "task.test_samples": 500,
+            "run.rounds": 1, "run.progress": "none", "run.track": "none", "run.out": str(tmp_path)}
+    fedcomp.run("quickstart", over)
+    (run_dir,) = tmp_path.iterdir()
+    backend = json.loads((run_dir / "run.json").read_text())["backend"]
+    assert backend["client_actors"] == 2 and backend["clients_per_actor"] == 2 and "gpu_packing" not in backend
+
+
+@pytest.mark.slow
+def test_gpu_packing_auto_probes_on_a_declared_gpu(tmp_path) -> None:
+    """A CPU-only Ray declaring a GPU: the probe is scheduled on it, finds no CUDA there and says so in one line."""
+    import subprocess
+    import sys
+    import textwrap
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: the probe would succeed")
+    script = textwrap.dedent(
+        """
+        import ray, fedcomp
+        from fedcomp.actors.server_actor import RayServer
+        from fedcomp.platform.config import load_config
+        ray.init(address="local", num_cpus=2, num_gpus=1, include_dashboard=False, object_store_memory=100 * 1024**2)
+        over = {"federation.backend": "ray", "federation.clients": 4, "federation.gpu_packing": "auto",
+                "task.test_samples": 500, "run.progress": "none"}
+        try:
+            RayServer(load_config("quickstart", over))
+        except fedcomp.ResourceError as error:
+            print("ERROR", error)
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = [line for line in out.stdout.splitlines() if line.startswith("ERROR")]
+    assert lines == ["ERROR federation.gpu_packing = 'auto' measures a client on a GPU, but none is visible here"], out.stdout
+
+
+@CUDA
+def test_lockstep_on_cuda_matches_one_at_a_time_to_float32_rounding(tmp_path) -> None:
+    preset, overrides = GPU_CASES["invariant-logreg"]
+    one = _cuda_run(tmp_path, "one", preset, {**overrides, "federation.vectorise": False}, "cuda")
+    batched = _cuda_run(tmp_path, "vmap", preset, {**overrides, "federation.vectorise": True}, "cuda")
+    floats = [c for c in one.columns if np.issubdtype(one[c].dtype, np.floating)]
+    np.testing.assert_allclose(batched[floats].to_numpy(float), one[floats].to_numpy(float), rtol=1e-4, atol=1e-6)
