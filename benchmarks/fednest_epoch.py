@@ -37,7 +37,7 @@ import torch
 from torch import Tensor
 
 import common
-from fedcomp.platform.config import load_config
+from fedcomp.platform.config import Config, load_config
 from fedcomp.platform.federation import LocalFederation, build_task
 from fedcomp.platform.oracles import grad_xy, grad_y
 from fedcomp.platform.problems import BILEVEL
@@ -60,7 +60,7 @@ class TorchLoop:
     """FedNest's minimax epoch (FedInn by SVRG T times, the direct gradient, FedOut by SVRG) as a plain loop over
     the clients, with fedcomp's oracles on the task's losses."""
 
-    def __init__(self, config) -> None:  # noqa: ANN001 (a fedcomp Config)
+    def __init__(self, config: Config) -> None:
         task = build_task(config)
         self.problem = task.problem(BILEVEL)
         self.hp = config.algorithm
@@ -94,7 +94,7 @@ class TorchLoop:
 class NumpyLoop:
     """The same epoch with closed-form gradients in NumPy float32 (the authors' notebook's way)."""
 
-    def __init__(self, config) -> None:  # noqa: ANN001 (a fedcomp Config)
+    def __init__(self, config: Config) -> None:
         task = build_task(config)
         self.t = task.t.numpy().astype(np.float32)[:, None]
         self.b = task.b.numpy().astype(np.float32)
@@ -129,7 +129,7 @@ def timed(epoch: Callable[[], None], epochs: int) -> float:
     return (time.perf_counter() - start) / epochs
 
 
-def check_iterates(config, epochs: int) -> tuple[float, float]:  # noqa: ANN001
+def check_iterates(config: Config, epochs: int) -> tuple[float, float]:
     """Run ``epochs`` epochs of all three from the same start; the largest differences of (x, y) from fedcomp's:
     absolute for the torch loop (must be 0), relative to the start's largest entry for the NumPy loop."""
     server, plain, numpy_loop = Server(config, LocalFederation), TorchLoop(config), NumpyLoop(config)

@@ -71,10 +71,10 @@ class ClientActor:
         if payload is not None:
             args["payload"] = payload
         if method == "resume":
-            return self.resume(**args)  # type: ignore[no-any-return]
+            return self.resume(**args)
         if method not in ("run", "begin"):
             raise ValueError(f"ClientActor.step: unknown method {method!r} (allowed: run, begin, resume)")
-        return getattr(self, method)(cohort=cohort, **args)  # type: ignore[no-any-return]
+        return getattr(self, method)(cohort=cohort, **args)
 
     @ray.method(num_returns=2)
     def run(

@@ -1,13 +1,12 @@
 """RayFederation: client actors hosting clients, driven from the server.
 
 Per call: the payload is packed into one flat float32 buffer and ``ray.put`` once (small ones are inlined
-in the call, pickled once with the call's other arguments into one message for every actor); every actor that hosts cohort members gets it and returns one float64 partial sum over its
-clients; replies are
-collected with ``ray.wait`` under a deadline and combined in actor order (so the averages do not depend
-on arrival order or packing). An actor that dies is replaced by a fresh one that gets its clients'
-private state back from the object store (each reply leaves a copy there), and only its share of the round
-is run again -- which gives the
-same numbers as an undisturbed round, because every random draw is keyed by (seed, client, step).
+in the call, pickled once with the call's other arguments into one message for every actor); every actor
+that hosts cohort members gets it and returns one float64 partial sum over its clients; replies are collected
+with ``ray.wait`` under a deadline and combined in actor order (so the averages do not depend on arrival order
+or packing). An actor that dies is replaced by a fresh one that gets its clients' private state back from the
+object store (each reply leaves a copy there), and only its share of the round is run again -- which gives
+the same numbers as an undisturbed round, because every random draw is keyed by (seed, client, step).
 
 A generator program (``begin`` / ``resume``, for ``fed.exchange``) lives in its actor between the steps of
 an exchange and cannot be shipped; a replacement actor re-creates it from the clients' saved state and
@@ -135,8 +134,9 @@ class RayFederation:
     def _message(self, method: str, payload: Tensors, **args: Any) -> tuple[bytes, Any, Layout]:
         """One call's arguments for every actor: ``method`` and ``args`` with the payload's layout (and the payload
         itself when small) pickled once into one bytes object, plus the payload's object ref when it is large
-        (None otherwise). Ray serialises each argument of each actor call on its own; one bytes argument
-        measured about 0.4 ms less per call to two actors than the six arguments it replaces."""
+        (None otherwise). Ray serialises each argument of each actor call on its own; one bytes argument took
+        0.25-0.4 ms less per call to two actors to submit than the six arguments it replaced
+        (``benchmarks/ray_transport.py``)."""
         started = time.perf_counter()
         layout = Layout.of(payload)
         flat = layout.pack(payload)
@@ -149,31 +149,23 @@ class RayFederation:
 
     def call(self, program: str, round: int, cohort: list[int], payload: Tensors, sub: int = 0) -> Outcome:
         message, ref, layout = self._message("run", payload, program=program, round=round, sub=sub)
-        members = self._members(cohort)
-
-        def submit(actor: Any, clients: list[int]) -> Any:
-            return actor.step.remote(message, ref, clients)
-
-        return self._step(submit, members, round, layout.total, saving=True)
+        return self._step(self._submit(message, ref), self._members(cohort), round, layout.total, saving=True)
 
     def begin(self, program: str, round: int, cohort: list[int], payload: Tensors, sub: int = 0, last: bool = False) -> Outcome:
         message, ref, layout = self._message("begin", payload, program=program, round=round, sub=sub, last=last)
         members = self._members(cohort)
         self.exchange = (round, members)
-
-        def submit(actor: Any, clients: list[int]) -> Any:
-            return actor.step.remote(message, ref, clients)
-
-        return self._step(submit, members, round, layout.total, saving=last)
+        return self._step(self._submit(message, ref), members, round, layout.total, saving=last)
 
     def resume(self, means: Tensors, last: bool = False) -> Outcome:
         message, ref, layout = self._message("resume", means, last=last)
-
-        def submit(actor: Any, clients: list[int]) -> Any:
-            return actor.step.remote(message, ref, clients)
-
         round, members = self.exchange
-        return self._step(submit, members, round, layout.total, saving=last)
+        return self._step(self._submit(message, ref), members, round, layout.total, saving=last)
+
+    @staticmethod
+    def _submit(message: bytes, ref: Any) -> Submit:
+        """The call on one actor (``ClientActor.step``) with its members of the cohort: the same message for all."""
+        return lambda actor, clients: actor.step.remote(message, ref, clients)
 
     def _members(self, cohort: list[int]) -> dict[int, list[int]]:
         """Each actor's members of ``cohort``, in cohort order."""
