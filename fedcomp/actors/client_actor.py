@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import pickle
 from collections.abc import Sequence
 from typing import Any
 
@@ -66,6 +67,20 @@ class ClientActor:
         """The partial sums, and (as a separate object) copies of the clients' private state."""
         private, partial.private = partial.private, {}
         return partial, private
+
+    @ray.method(num_returns=2)
+    def step(self, message: bytes, payload: np.ndarray | None, cohort: list[int]) -> tuple[Partial, dict[int, Tensors]]:
+        """One federation call as the server sends it: ``message`` is ``(method, arguments)`` pickled once for
+        every actor (with the payload when small), ``payload`` the large payload from the object store (else
+        None), ``cohort`` this actor's members of the call's cohort (unused by ``resume``)."""
+        method, args = pickle.loads(message)
+        if payload is not None:
+            args["payload"] = payload
+        if method == "resume":
+            return self.resume(**args)
+        if method not in ("run", "begin"):
+            raise ValueError(f"ClientActor.step: unknown method {method!r} (allowed: run, begin, resume)")
+        return getattr(self, method)(cohort=cohort, **args)
 
     @ray.method(num_returns=2)
     def run(

@@ -74,6 +74,15 @@ class Layout:
         tensor = torch.tensor(flat, dtype=torch.float32, device=device)  # copies: broadcast buffers are read-only
         return dict(zip(self.keys, tensor.split(list(self.sizes))))
 
+    def copy(self, state: Tensors, device: str | torch.device = "cpu") -> Tensors:
+        """What ``unpack(pack(state), device)`` gives -- flat float32 copies, in this layout's order -- without the
+        round trip through one NumPy buffer (the in-process backend's broadcasts)."""
+        return {k: state[k].detach().reshape(-1).to(device=device, dtype=torch.float32, copy=True) for k in self.keys}
+
+    def receive(self, payload: np.ndarray | Tensors, device: str | torch.device = "cpu") -> Tensors:
+        """A broadcast as the host's tensors: unpacked from the wire (a flat buffer) or copied (named tensors)."""
+        return self.copy(payload, device) if isinstance(payload, dict) else self.unpack(payload, device)
+
 
 @dataclass
 class Partial:
@@ -155,13 +164,14 @@ class ClientHost:
         self.private.update({c: {k: v.to(self.device) for k, v in s.items()} for c, s in states.items()})
 
     def run(
-        self, program: str, round: int, cohort: Sequence[int], payload: np.ndarray, layout: Layout, sub: int = 0
+        self, program: str, round: int, cohort: Sequence[int], payload: np.ndarray | Tensors, layout: Layout, sub: int = 0
     ) -> Partial:
         """Run ``algorithm.<program>`` for the cohort members in ``cohort`` (all hosted here), in order; the
-        reply carries copies of their private state. The default local-steps
+        reply carries copies of their private state. ``payload``: the broadcast packed by ``layout`` (from
+        another process) or as named tensors (in-process; copied, not packed). The default local-steps
         program runs the clients in lockstep under ``vmap`` where the algorithm and task allow it (same numbers)."""
         started = time.perf_counter()
-        broadcast = layout.unpack(payload, self.device)
+        broadcast = layout.receive(payload, self.device)
         clients, starts, contexts, returned = self._open(cohort, broadcast, round, sub)
         results = None
         if (
@@ -178,13 +188,13 @@ class ClientHost:
         return self._close(clients, results, broadcast, started)
 
     def begin(
-        self, program: str, round: int, cohort: Sequence[int], payload: np.ndarray, layout: Layout, sub: int = 0,
-        last: bool = False,
+        self, program: str, round: int, cohort: Sequence[int], payload: np.ndarray | Tensors, layout: Layout,
+        sub: int = 0, last: bool = False,
     ) -> Partial:
         """Start the generator program ``algorithm.<program>`` for the cohort members here and run each to its
         first yield (``last``: to its end): the partial sums of what they yielded (returned)."""
         started = time.perf_counter()
-        broadcast = layout.unpack(payload, self.device)
+        broadcast = layout.receive(payload, self.device)
         clients, starts, contexts, returned = self._open(cohort, broadcast, round, sub)
         run_one = self.algorithm.program(program)
         programs = {c: run_one(self.problem, state, ctx) for c, state, ctx in zip(clients, starts, contexts)}
@@ -192,13 +202,13 @@ class ClientHost:
         self.session = Session(program, round, sub, broadcast, programs, running, returned)
         return self._advance(next, last, started)
 
-    def resume(self, payload: np.ndarray, layout: Layout, last: bool = False) -> Partial:
+    def resume(self, payload: np.ndarray | Tensors, layout: Layout, last: bool = False) -> Partial:
         """Send the server's answer (the means of the last yield) into every generator of the session and run
         each to its next yield (``last``: to its end)."""
         started = time.perf_counter()
         if self.session is None:
             raise RuntimeError("ClientHost.resume without a generator program in progress (begin first)")
-        means = layout.unpack(payload, self.device)
+        means = layout.receive(payload, self.device)
         self.session.step += 1
         return self._advance(lambda gen: gen.send(Means({k: v.clone() for k, v in means.items()})), last, started)
 
@@ -333,19 +343,19 @@ class LocalFederation:
 
     def call(self, program: str, round: int, cohort: list[int], payload: Tensors, sub: int = 0) -> Outcome:
         layout = Layout.of(payload)
-        partial = self.host.run(program, round, cohort, layout.pack(payload), layout, sub)
+        partial = self.host.run(program, round, cohort, payload, layout, sub)
         self.private.update(partial.private)
         return combine([partial], layout.total)
 
     def begin(self, program: str, round: int, cohort: list[int], payload: Tensors, sub: int = 0, last: bool = False) -> Outcome:
         layout = Layout.of(payload)
-        partial = self.host.begin(program, round, cohort, layout.pack(payload), layout, sub, last)
+        partial = self.host.begin(program, round, cohort, payload, layout, sub, last)
         self.private.update(partial.private)
         return combine([partial], layout.total)
 
     def resume(self, means: Tensors, last: bool = False) -> Outcome:
         layout = Layout.of(means)
-        partial = self.host.resume(layout.pack(means), layout, last)
+        partial = self.host.resume(means, layout, last)
         self.private.update(partial.private)
         return combine([partial], layout.total)
 

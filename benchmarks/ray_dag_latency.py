@@ -1,0 +1,106 @@
+"""Whether Ray's compiled graphs (``ray.dag``) would carry a per-step exchange faster than ordinary actor calls.
+
+Issue 16 (item 2) proposes compiled graphs as the transport for latency-bound patterns (FedDRO's per-step
+exchange, FedNest's sub-rounds). Before building that into ``RayFederation`` (graph rebuilt on a replaced
+actor, transient calls replayed), this script measures, on this machine, the round trip it would replace: the
+server sends one small pickled message (the shape of ``ClientActor.step``'s) to ``--actors`` actors and
+waits for every reply (a float and a small array), by
+
+* ordinary actor calls (what ``RayFederation`` does: one call per actor, then ``ray.get``);
+* one compiled graph (``MultiOutputNode`` over the actors' method bound to the graph's input), compiled once;
+  its compile and teardown times are reported too.
+
+Median over ``--calls`` round trips, interleaved in blocks of 50. ``--report`` writes ``benchmarks/RAY_DAG.md``.
+
+    python benchmarks/ray_dag_latency.py [--actors 2] [--calls 600] [--report]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pickle
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import ray
+from ray.dag import InputNode, MultiOutputNode
+
+import common
+
+REPORT = common.HERE / "RAY_DAG.md"
+BLOCK = 50
+
+
+@ray.remote(num_cpus=0)
+class Echo:
+    """Unpickles the message and answers like a client actor's partial sum (a float and a small array)."""
+
+    def step(self, message: bytes) -> tuple[float, np.ndarray]:
+        pickle.loads(message)
+        return 1.0, np.zeros(2)
+
+
+def per_call_ms(fn: Callable[[], Any], times: list[float]) -> None:
+    for _ in range(BLOCK):
+        started = time.perf_counter()
+        fn()
+        times.append(1000 * (time.perf_counter() - started))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--actors", type=int, default=2)
+    parser.add_argument("--calls", type=int, default=600)
+    parser.add_argument("--report", action="store_true", help=f"write {REPORT.name}")
+    args = parser.parse_args()
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    if not ray.is_initialized():
+        ray.init(address="local", include_dashboard=False, logging_level="WARNING")
+    actors = [Echo.remote() for _ in range(args.actors)]
+    message = pickle.dumps(("resume", {"payload": np.zeros(2, np.float32), "last": False}), protocol=5)
+    ray.get([a.step.remote(message) for a in actors])
+    with InputNode() as message_in:
+        dag = MultiOutputNode([a.step.bind(message_in) for a in actors])
+    started = time.perf_counter()
+    compiled = dag.experimental_compile()
+    compile_s = time.perf_counter() - started
+    ray.get(compiled.execute(message))
+    times: dict[str, list[float]] = {"ordinary actor calls": [], "compiled graph": []}
+    for _ in range(max(1, args.calls // BLOCK)):
+        per_call_ms(lambda: ray.get([a.step.remote(message) for a in actors]), times["ordinary actor calls"])
+        per_call_ms(lambda: ray.get(compiled.execute(message)), times["compiled graph"])
+    started = time.perf_counter()
+    compiled.teardown()
+    teardown_s = time.perf_counter() - started
+    for actor in actors:
+        ray.kill(actor)
+    ordinary = statistics.median(times["ordinary actor calls"])
+    lines = [
+        f"One message to {args.actors} actors and every reply back, median of {len(times['compiled graph'])} round "
+        f"trips each (interleaved in blocks of {BLOCK}); Ray {ray.__version__}, {ray.cluster_resources().get('CPU', 0):g} "
+        "CPUs for Ray:",
+        "",
+        "| transport | ms / round trip, median | 25th percentile | vs ordinary calls |",
+        "|---|---:|---:|---:|",
+        *(f"| {name} | {statistics.median(v):.3f} | {np.percentile(v, 25):.3f} | {statistics.median(v) / ordinary:.2f}x |"
+          for name, v in times.items()),
+        "",
+        f"Compiling the graph took {1000 * compile_s:.0f} ms and tearing it down {1000 * teardown_s:.0f} ms.",
+    ]
+    print("\n".join(lines))
+    if args.report:
+        text = ["# Compiled graphs (ray.dag) against ordinary actor calls for a small exchange", "",
+                f"{common.generated_by()}; the machine was shared with other work.", "", *lines, "",
+                "Reading it (a fixed note of the script, not a measurement): a compiled graph's channels are read by "
+                "polling, so on a machine whose cores are all busy (here: 2 cores, several processes per core) its "
+                "readers compete with the actors for the CPU; where the compiled graph is not faster, the Ray "
+                "backend keeps ordinary actor calls (and their simpler fault recovery).", ""]
+        common.write_report(REPORT, "\n".join(text))
+
+
+if __name__ == "__main__":
+    main()
