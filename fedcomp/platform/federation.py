@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from fedcomp.platform.accelerator import configure
+from fedcomp.platform.accelerator import configure, exact_sums
 from fedcomp.platform.algorithms.base import Algorithm, ClientContext, Outcome, StepInfo, Tensors
 from fedcomp.platform.catalog import load_builtins
 from fedcomp.platform.config import Config, FederationConfig
@@ -289,12 +289,10 @@ class ClientHost:
 
     @staticmethod
     def _sum(outputs: Sequence[Tensors], started: float) -> Partial:
-        """The partial sums of the clients' outputs (what a host returns for one exchange)."""
+        """The partial sums of the clients' outputs (what a host returns for one exchange): float64, in client
+        order, added on the outputs' device and copied to the host once."""
         layout = Layout.of(outputs[0])
-        sums = np.zeros(layout.total, np.float64)
-        for out in outputs:
-            sums += layout.pack(out, np.float64)
-        return Partial(layout, sums, len(outputs), 0, compute_s=time.perf_counter() - started)
+        return Partial(layout, exact_sums(outputs, layout.keys), len(outputs), 0, compute_s=time.perf_counter() - started)
 
     def _close(
         self, clients: list[int], results: Sequence[tuple[Tensors, Tensors, StepInfo]],
