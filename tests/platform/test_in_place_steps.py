@@ -1,4 +1,4 @@
-"""In-place local steps (``LocalSteps.update_``) give ``update``'s numbers bit for bit: the same run with the
+"""In-place local steps (``LocalSteps.update_``; the local backend, so that the switch reaches the clients) give ``update``'s numbers bit for bit: the same run with the
 in-place path switched off gives the same final state and metrics, on a network task (the parameters'
 gradients applied piece by piece) and on a task without a network (the flat gradient)."""
 
@@ -10,28 +10,40 @@ import pytest
 import torch
 
 from fedcomp.api import make_server
+from fedcomp.platform.algorithms import base
 from fedcomp.platform.algorithms.base import LocalSteps
 from fedcomp.platform.config import load_config
 from fedcomp.platform.federation import build_algorithm
 
 MLP = {"task": {"name": "synthetic-classification", "features": 6, "classes": 3, "hidden": [8, 5], "test_samples": 50},
-       "federation": {"clients": 5, "clients_per_round": 3},
+       "federation": {"clients": 5, "clients_per_round": 3, "backend": "local"},
        "run": {"seed": 1, "rounds": 3, "progress": "none"}}
-LOGREG = {"task.test_samples": 200, "federation.clients": 3, "run.rounds": 3, "algorithm.local_steps": 3,
+LOGREG = {"task.test_samples": 200, "federation.clients": 3, "federation.backend": "local", "run.rounds": 3, "algorithm.local_steps": 3,
           "algorithm.first_batch": 4, "run.progress": "none"}
 
 
 def final(config: Any, in_place: bool, monkeypatch: pytest.MonkeyPatch) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
+    """The run's final state and metrics with the in-place path forced on (whatever the model's size) or off;
+    forced on, it asserts that every local step ran ``update_``."""
+    cls = type(build_algorithm(config))
+    calls = []
     with monkeypatch.context() as patch:
-        if not in_place:
+        if in_place:
+            patch.setattr(base, "IN_PLACE_MIN_FLOATS", 0)
+            step_in_place = cls.update_
+            patch.setattr(cls, "update_", lambda self, *a: calls.append(1) or step_in_place(self, *a))
+        else:
             patch.setattr(LocalSteps, "in_place", lambda self: False)
         server = make_server(config)
         try:
             for _ in range(config.run.rounds):
                 server.run_round()
-            return dict(server.checkpoint()["state"]), server.evaluate()
+            result = dict(server.checkpoint()["state"]), server.evaluate()
         finally:
             server.close()
+    if in_place:
+        assert len(calls) == config.run.rounds * config.federation.cohort_size * config.algorithm.local_steps
+    return result
 
 
 def same(a: tuple[dict[str, Any], dict[str, float]], b: tuple[dict[str, Any], dict[str, float]]) -> None:
@@ -70,3 +82,21 @@ def test_a_subclass_that_changes_update_without_its_own_update_steps_purely():
 
     config = load_config({**MLP, "algorithm": {"name": "fedavg"}})
     assert build_algorithm(config).in_place() and not Changed(config.algorithm).in_place()
+
+
+def test_small_models_step_purely_and_large_ones_in_place(monkeypatch):
+    """In place only from ``IN_PLACE_MIN_FLOATS`` floats of stepped state up (below it the pure step is faster)."""
+    config = load_config({**MLP, "algorithm": {"name": "fedavg", "lr": 0.1, "local_steps": 2, "outer_batch": 4}})
+    calls = []
+    step_in_place = type(build_algorithm(config)).update_
+    monkeypatch.setattr(type(build_algorithm(config)), "update_", lambda self, *a: calls.append(1) or step_in_place(self, *a))
+    dim = 6 * 8 + 8 + 8 * 5 + 5 + 5 * 3 + 3
+    for threshold, expected in ((dim + 1, 0), (dim, 3 * 2)):
+        monkeypatch.setattr(base, "IN_PLACE_MIN_FLOATS", threshold)
+        calls.clear()
+        server = make_server(config)
+        try:
+            server.run_round()
+        finally:
+            server.close()
+        assert len(calls) == expected, threshold

@@ -24,7 +24,14 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
-from fedcomp.platform.algorithms.base import CommonHParams, LocalSteps, Tensors, grad_and_loss, grad_and_loss_pieces, scaled_into
+from fedcomp.platform.algorithms.base import (
+    CommonHParams,
+    LocalSteps,
+    Tensors,
+    grad_and_loss,
+    grad_and_loss_pieces,
+    scaled_into,
+)
 from fedcomp.platform.problems import CONDITIONAL, ConditionalProblem
 from fedcomp.platform.registry import register_algorithm
 from fedcomp.platform.state import Model, State

@@ -58,7 +58,14 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
-from fedcomp.platform.algorithms.base import CommonHParams, LocalSteps, Tensors, grad_and_loss, grad_and_loss_pieces, scaled_into
+from fedcomp.platform.algorithms.base import (
+    CommonHParams,
+    LocalSteps,
+    Tensors,
+    grad_and_loss,
+    grad_and_loss_pieces,
+    scaled_into,
+)
 from fedcomp.platform.errors import ConfigError
 from fedcomp.platform.params import Params
 from fedcomp.platform.problems import PLAIN, PlainProblem
