@@ -98,7 +98,7 @@ def test_y_bar_0_is_server_state_from_the_start_and_a_resumed_run_is_identical()
     straight = Server(cfg, LocalFederation)
     assert set(straight.tensors()) == {"x"}  # before round 0: init's state; start adds y_bar_0
     rows = [straight.run_round() for _ in range(4)]
-    assert set(straight.tensors()) == {"x", "y"}
+    assert set(straight.tensors()) == {"x", "y", "log_scale"}  # y_bar and its running-shift scale
     for before_round_0 in (True, False):
         first = Server(cfg, LocalFederation)
         if not before_round_0:
