@@ -365,7 +365,7 @@ def test_kl_geometry_is_the_softmax_best_response_and_the_batch_kl_objective():
     torch.testing.assert_close(robust_loss(losses, geometry="kl", size=math.inf, reg=0.7), kl_value(losses, 0.7))
     huge = torch.tensor([1e4, 0.0, 5.0], dtype=torch.float32)  # exp(l / reg) would overflow: softmax does not
     assert torch.isfinite(robust_weights(huge, geometry="kl", size=math.inf, reg=1.0)).all()
-    with pytest.raises(ValueError, match="size = 1.0: the 'kl' set is the whole simplex"):
+    with pytest.raises(ValueError, match=r"size = 1\.0: the 'kl' set is the whole simplex"):
         robust_weights(losses, geometry="kl", size=1.0, reg=0.7)
-    with pytest.raises(ValueError, match="reg = 0.0: the 'kl' geometry needs reg"):
+    with pytest.raises(ValueError, match=r"reg = 0\.0: the 'kl' geometry needs reg"):
         robust_weights(losses, geometry="kl", size=math.inf, reg=0.0)

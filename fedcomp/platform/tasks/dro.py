@@ -165,7 +165,7 @@ class DROClassification(Task):
     def log_scalable(self) -> bool:
         """Whether :meth:`inner_scaled` applies: the KL objective, whose g is a mean of exponentials and whose
         f = a log z + b, so g and its estimates may be carried at any scale e^-s (FedDRO's ``kl: shifted``)."""
-        return self.params.objective == "kl"
+        return bool(self.params.objective == "kl")
 
     def inner_scaled(self, x: Tensor, batch: tuple[Tensor, Tensor], log_scale: float) -> Tensor:
         """g_k(x; b) e^-log_scale, computed without forming g_k: mean exp((l - c - lambda s) / lambda) (KL only)."""
