@@ -321,7 +321,8 @@ def test_bad_arguments_are_one_line_value_errors():
         (lambda: kl_inner(losses.view(2, 2), 1.0), r"losses of shape \(2, 2\)"),
         (lambda: robust_weights(losses, geometry="cvar", size=1.5), r"must be in \(0, 1\]"),
         (lambda: robust_weights(losses, geometry="chi2", size=math.inf), "unbounded"),
-        (lambda: robust_weights(losses, geometry="kl", size=0.5), "geometry = 'kl'"),
+        (lambda: robust_weights(losses, geometry="wasserstein", size=0.5), "geometry = 'wasserstein'"),
+        (lambda: robust_weights(losses, geometry="kl", size=0.5, reg=1.0), "size = 0.5: the 'kl' set is the whole simplex"),
         (lambda: eo_inner(torch.zeros(4), torch.ones(4), torch.tensor([0, 1, 2, 3])), "group ids in 0..2"),
     ]
     for call, message in cases:
