@@ -321,10 +321,52 @@ def test_bad_arguments_are_one_line_value_errors():
         (lambda: kl_inner(losses.view(2, 2), 1.0), r"losses of shape \(2, 2\)"),
         (lambda: robust_weights(losses, geometry="cvar", size=1.5), r"must be in \(0, 1\]"),
         (lambda: robust_weights(losses, geometry="chi2", size=math.inf), "unbounded"),
-        (lambda: robust_weights(losses, geometry="kl", size=0.5), "geometry = 'kl'"),
+        (lambda: robust_weights(losses, geometry="wasserstein", size=0.5), "geometry = 'wasserstein'"),
+        (lambda: robust_weights(losses, geometry="kl", size=0.5, reg=1.0), "size = 0.5: the 'kl' set is the whole simplex"),
         (lambda: eo_inner(torch.zeros(4), torch.ones(4), torch.tensor([0, 1, 2, 3])), "group ids in 0..2"),
     ]
     for call, message in cases:
         with pytest.raises(ValueError, match=message) as info:
             call()
         assert "\n" not in str(info.value)
+
+
+def eo_inner_bias(population, batch, draws, seed):
+    """(mean of eo_inner over ``draws`` batches of ``batch`` rows drawn with replacement) / full-data value - 1,
+    and the standard error of that ratio."""
+    logits, labels, groups = population
+    gen = torch.Generator().manual_seed(seed)
+    exact = float(eo_inner(logits, labels, groups))
+    rows = torch.randint(logits.numel(), (draws, batch), generator=gen)
+    values = torch.stack([eo_inner(logits[r], labels[r], groups[r]) for r in rows]).reshape(-1)
+    return float(values.mean()) / exact - 1, float(values.std()) / math.sqrt(draws) / exact
+
+
+@pytest.mark.parametrize("shares, positive, draws", [pytest.param((1 / 3, 1 / 3, 1 / 3), 0.5, 3000, marks=pytest.mark.slow),
+                                                      ((0.6, 0.3, 0.1), 0.3, 1000)])
+def test_fairness_mini_batch_inner_value_is_biased_and_the_bias_shrinks_with_the_batch(shares, positive, draws):
+    # The plug-in estimate of g on 16 rows is biased (eo_inner's docstring: Jensen, ratio estimates, dropped
+    # empty groups); the bias is many standard errors from 0 at 16 rows and O(1/batch).
+    gen = torch.Generator().manual_seed(0)
+    n, d = 4000, 6
+    features = torch.randn(n, d, generator=gen, dtype=D)
+    labels = (torch.rand(n, generator=gen, dtype=D) < positive).to(D)
+    groups = torch.multinomial(torch.tensor(shares), n, replacement=True, generator=gen)
+    population = (features @ (0.3 * torch.randn(d, generator=gen, dtype=D)), labels, groups)
+    small, small_se = eo_inner_bias(population, 16, draws, seed=1)
+    large, large_se = eo_inner_bias(population, 128, draws // 2, seed=2)
+    assert abs(small) > 5 * small_se and abs(small) > 0.01
+    assert abs(large) < abs(small) / 4 + 3 * large_se
+
+
+def test_kl_geometry_is_the_softmax_best_response_and_the_batch_kl_objective():
+    losses = torch.rand(12, dtype=D, generator=torch.Generator().manual_seed(7)) * 4
+    p = robust_weights(losses, geometry="kl", size=math.inf, reg=0.7)
+    torch.testing.assert_close(p, torch.softmax(losses / 0.7, 0))
+    torch.testing.assert_close(robust_loss(losses, geometry="kl", size=math.inf, reg=0.7), kl_value(losses, 0.7))
+    huge = torch.tensor([1e4, 0.0, 5.0], dtype=torch.float32)  # exp(l / reg) would overflow: softmax does not
+    assert torch.isfinite(robust_weights(huge, geometry="kl", size=math.inf, reg=1.0)).all()
+    with pytest.raises(ValueError, match=r"size = 1\.0: the 'kl' set is the whole simplex"):
+        robust_weights(losses, geometry="kl", size=1.0, reg=0.7)
+    with pytest.raises(ValueError, match=r"reg = 0\.0: the 'kl' geometry needs reg"):
+        robust_weights(losses, geometry="kl", size=math.inf, reg=0.0)

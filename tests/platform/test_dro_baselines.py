@@ -306,3 +306,35 @@ def test_fastdro_needs_per_example_losses():
     with pytest.raises(ConfigError, match="example_losses"):
         server.run_round()
     assert isinstance(build_task(config("parallel-fastdro")), dro_baselines.ExampleLossProblem)
+
+
+# ------------------------------------------------------------------------------------------------ matched objective
+
+
+def test_fastdro_on_the_batch_kl_objective_computes_what_feddro_with_beta_one_computes(tmp_path):
+    # FedDRO with beta = 1 (and modified FedAvg) with I = 1: y_bar = <g_k(x; b_k)>, the pooled batch's mean of
+    # exp(l / lambda), and the step <grad g_k^T lambda / y_bar> = sum_i softmax(l / lambda)_i grad l_i over the
+    # pooled batch -- FastDRO's step with the KL set and reg = lambda, on the same batches (both keyed by the step).
+    lam, rounds = 5.0, 6
+    common = {"task.lam": lam, "algorithm.lr": 0.1, "run.rounds": rounds, "run.eval_every": 2,
+              "federation.backend": "local", "run.out": str(tmp_path), "run.progress": "none"}
+    runs = {
+        "fastdro": fedcomp.run("feddro-offline", {**common, "algorithm.name": "parallel-fastdro", "algorithm.geometry": "kl",
+                                                  "algorithm.size": None, "algorithm.reg": lam}).metrics,
+        "feddro": fedcomp.run("feddro-offline", {**common, "algorithm.beta": 1.0}).metrics,
+        "shared-y": fedcomp.run("feddro-offline", {**common, "algorithm.name": "fedavg-co-shared-y"}).metrics,
+    }
+    for name in ("feddro", "shared-y"):
+        for key in ("robust_loss", "train_accuracy", "test_accuracy"):
+            torch.testing.assert_close(torch.tensor(runs[name][key].values), torch.tensor(runs["fastdro"][key].values),
+                                       rtol=0, atol=2e-5, msg=f"{name} {key}")
+    assert runs["feddro"]["robust_loss"].iloc[-1] < runs["feddro"]["robust_loss"].iloc[0] - 0.5  # it moved
+
+
+def test_fastdro_kl_geometry_needs_null_size_and_a_positive_reg(tmp_path):
+    base = {"task": {"name": "dro-classification"}, "federation": {"clients": 2, "backend": "local"}}
+    with pytest.raises(ConfigError, match="size"):
+        load_config({**base, "algorithm": {"name": "parallel-fastdro", "geometry": "kl", "reg": 5.0}})
+    with pytest.raises(ConfigError, match="reg"):
+        load_config({**base, "algorithm": {"name": "parallel-fastdro", "geometry": "kl", "size": None}})
+    load_config({**base, "algorithm": {"name": "parallel-fastdro", "geometry": "kl", "size": None, "reg": 5.0}})

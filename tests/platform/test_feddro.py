@@ -3,6 +3,8 @@ and the paper's negative result (Theorems 4.1 and 4.2) on a deterministic hetero
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -98,7 +100,7 @@ def test_y_bar_0_is_server_state_from_the_start_and_a_resumed_run_is_identical()
     straight = Server(cfg, LocalFederation)
     assert set(straight.tensors()) == {"x"}  # before round 0: init's state; start adds y_bar_0
     rows = [straight.run_round() for _ in range(4)]
-    assert set(straight.tensors()) == {"x", "y"}
+    assert set(straight.tensors()) == {"x", "y", "log_scale"}  # y_bar and its running-shift scale
     for before_round_0 in (True, False):
         first = Server(cfg, LocalFederation)
         if not before_round_0:
@@ -148,3 +150,92 @@ def test_feddro_with_a_partial_cohort_matches_a_hand_computation():
     torch.testing.assert_close(server.tensors()["x"], x_bar, rtol=0, atol=1e-5)
     torch.testing.assert_close(server.tensors()["y"], y_bar, rtol=0, atol=1e-5)
     assert record["embedding_exchanges"] == rounds * steps + 1 and record["comm_rounds"] == rounds
+
+
+# ------------------------------------------------------------------------------------------------ running shift
+
+
+def offline_kl(out, **overrides):
+    base = {"run.rounds": 10, "run.eval_every": 5, "federation.backend": "local", "run.out": str(out),
+            "run.progress": "none", "run.on_divergence": "continue"}
+    return fedcomp.run("feddro-offline", {**base, **overrides}).metrics
+
+
+def test_running_shift_makes_feddro_independent_of_the_constant_kl_shift(tmp_path):
+    # c = 450 with lambda = 5 puts every exp((l - c) / lambda) near e^-90, in float32's subnormal range: the
+    # plain form loses the digits and goes to nan; the running shift moves s to log y_bar_0 ~ -90 at the start
+    # and reproduces the c = 0 run (the same objective and gradients in exact arithmetic) up to rounding.
+    reference = offline_kl(tmp_path, **{"algorithm.kl": "plain"})
+    plain = offline_kl(tmp_path, **{"algorithm.kl": "plain", "task.shift": 450.0})
+    shifted = offline_kl(tmp_path, **{"algorithm.kl": "shifted", "task.shift": 450.0})
+    assert plain["robust_loss"].iloc[1:].isna().all()
+    assert shifted["train_accuracy"].tolist() == reference["train_accuracy"].tolist()
+    # robust_loss evaluates lambda log z + 450 in float32: its own rounding is ~1e-5 at that magnitude
+    torch.testing.assert_close(torch.tensor(shifted["robust_loss"].values), torch.tensor(reference["robust_loss"].values),
+                               rtol=0, atol=1e-4)
+
+
+def test_running_shift_is_the_plain_run_bit_for_bit_while_y_bar_stays_in_range(tmp_path):
+    plain = offline_kl(tmp_path, **{"algorithm.kl": "plain", "run.rounds": 4, "run.eval_every": 2})
+    shifted = offline_kl(tmp_path, **{"algorithm.kl": "shifted", "run.rounds": 4, "run.eval_every": 2})
+    columns = ["robust_loss", "train_accuracy", "test_accuracy", "train_loss", "floats_up", "floats_down",
+               "embedding_floats_up", "embedding_floats_down"]
+    assert shifted[columns].equals(plain[columns])  # counters too: the scale rides along as y_bar does
+
+
+def test_renormalise_moves_the_shift_only_beyond_the_threshold():
+    from fedcomp.platform.algorithms.feddro import RESCALE_AT, at_scale, renormalise
+
+    class Scalable:
+        log_scalable = True
+
+        def inner_scaled(self, x, batch, log_scale):
+            return torch.exp(x - log_scale).reshape(1)
+
+    problem, zero = Scalable(), torch.zeros(1)
+    inside = torch.tensor([math.exp(RESCALE_AT - 1)])
+    assert renormalise(problem, inside, zero) == (inside, zero)
+    for y in (torch.tensor([math.exp(RESCALE_AT + 1)]), torch.tensor([math.exp(-RESCALE_AT - 1)])):
+        y_new, s = renormalise(problem, y, zero)
+        assert float(y_new) == 1.0 and float(s) == pytest.approx(math.log(float(y)))
+        # the value it stands for, y e^s, is unchanged, and g_k at the new scale is g_k e^-s
+        assert float(y_new) * math.exp(float(s)) == pytest.approx(float(y), rel=1e-6)
+        assert float(at_scale(problem, s).inner(torch.tensor(3.0), None)) == pytest.approx(math.exp(3.0 - float(s)), rel=1e-5)
+    for y in (torch.tensor([-1e30]), torch.tensor([float("inf")])):  # no log: left as it is
+        assert renormalise(problem, y, zero)[1] is zero
+    assert renormalise(object(), torch.tensor([1e30]), zero)[1] is zero  # a problem that is not log-scalable
+    assert at_scale(problem, zero) is problem  # s = 0: the problem itself (the plain run's numbers)
+
+
+# ------------------------------------------------------------------------------------------------ Theorem 5.1
+
+
+def drift_grad_norms(I, rounds=40, **extra):
+    overrides = {"algorithm.local_steps": I, "federation.backend": "local", "run.rounds": rounds,
+                 "run.eval_every": rounds // 2, "run.progress": "none", "run.out": results_root(), **extra}
+    return fedcomp.run("feddro-drift", overrides).metrics.set_index("round")["grad_norm_sq"]
+
+
+def test_theorem_5_1_heterogeneous_plain_part_makes_feddro_with_local_steps_stall():
+    one, eight = drift_grad_norms(1), drift_grad_norms(8)
+    assert one.loc[40] < 1e-10 * one.loc[0]  # I = 1: gradient descent on Phi
+    assert eight.loc[40] > 1e-2 and eight.loc[40] > 0.9 * eight.loc[20]  # I = 8: stalled by the drift on h
+    smaller = drift_grad_norms(8, **{"algorithm.lr": 0.125})
+    assert 1e-4 < smaller.loc[40] < 0.5 * eight.loc[40]  # the drift term shrinks with the step size
+
+
+def test_plain_weight_zero_is_the_theorem_4_1_problem():
+    base = build_task(config("feddro"))
+    drift = build_task(load_config({"task": {"name": "heterogeneous-composition", "heterogeneity": 1.0, "plain_weight": 1.0},
+                                    "algorithm": {"name": "feddro"}, "federation": {"clients": 3, "backend": "local"}}))
+    torch.testing.assert_close(drift.A, base.A, rtol=0, atol=0)
+    torch.testing.assert_close(drift.c, base.c, rtol=0, atol=0)
+    x = torch.randn(10)
+    assert float(base.plain(x, 0)) == 0.0 and float(drift.plain(x, 0)) > 0
+    # the evaluator's exact gradient of h + f(g) against autograd of the clients' mean
+    xr = x.double().requires_grad_(True)
+    phi = sum(drift.plain(xr.float(), k).double() for k in range(3)) / 3
+    z = drift.A.mean(0).double() @ xr + drift.c.mean(0).double()
+    phi = phi + torch.sqrt(1 + z @ z) - 1
+    (grad,) = torch.autograd.grad(phi, xr)
+    assert drift.evaluator()({"x": x})["grad_norm_sq"] == pytest.approx(float(grad @ grad), rel=1e-5)

@@ -18,7 +18,11 @@ exchange), the server computes best-response weights p over the pooled K x b los
 :func:`fedcomp.losses.dro.robust_weights` (no gradient), each client gets its b weights back and
 uploads grad sum_{i in b_k} p_i l_i(x_t), and x_{t+1} = x_t - eta sum_k (that) (one model round). The task's
 own h, g, f are not used: FastDRO minimises its mini-batch robust loss. Geometry, size and regulariser used by
-FedDRO are **[unknown]**; the default is chi^2 with rho = 1 and no penalty.
+FedDRO are **[unknown]**; the default is chi^2 with rho = 1 and no penalty. ``geometry: kl`` with ``size: null``
+and ``reg: lambda`` is the batch KL objective lambda log mean exp(l / lambda) over the pooled K x b losses
+(p = softmax(l / lambda)): on it FastDRO computes what FedDRO with beta = 1 (``fedavg-co-shared-y``) computes
+on the KL task with that lambda -- the same step on the same batches, up to rounding -- so the two can be
+compared on one objective.
 
 GCIVR and PDSGD, run the same way, are in :mod:`~fedcomp.platform.algorithms.gcivr` and
 :mod:`~fedcomp.platform.algorithms.pdsgd`.
@@ -107,11 +111,11 @@ class FastDROHParams(ParallelHParams):
     """The uncertainty set (``geometry``, ``size``) and penalty ``reg`` of FastDRO's batch robust loss."""
 
     outer_batch: int = Field(16, ge=1, description="batch b per client and step (pooled: K x b losses)")
-    geometry: Literal["cvar", "chi2"] = Field("chi2", description="uncertainty set of the robust loss")
+    geometry: Literal["cvar", "chi2", "kl"] = Field("chi2", description="uncertainty set of the robust loss")
     size: float | None = Field(
-        1.0, gt=0, description="cvar: alpha in (0, 1]; chi2: rho > 0, null = unconstrained (needs reg > 0)"
+        1.0, gt=0, description="cvar: alpha in (0, 1]; chi2: rho > 0, null = unconstrained (needs reg > 0); kl: null"
     )
-    reg: float = Field(0.0, ge=0, description="penalty on the divergence from uniform (KL for cvar, chi2 for chi2)")
+    reg: float = Field(0.0, ge=0, description="penalty on the divergence from uniform (KL for cvar and kl, chi2 for chi2)")
 
     @model_validator(mode="after")
     def _check(self) -> FastDROHParams:
@@ -119,6 +123,10 @@ class FastDROHParams(ParallelHParams):
             raise ValueError(f"size = {self.size!r}: for geometry 'cvar' it is alpha and must be in (0, 1]")
         if self.geometry == "chi2" and self.size is None and self.reg == 0:
             raise ValueError("size = None: an unconstrained chi2 set needs reg > 0")
+        if self.geometry == "kl" and self.size is not None:
+            raise ValueError(f"size = {self.size!r}: the 'kl' set is the whole simplex; set size to null")
+        if self.geometry == "kl" and self.reg == 0:
+            raise ValueError("reg = 0: the 'kl' geometry needs reg = lambda > 0")
         return self
 
     @property

@@ -20,12 +20,25 @@ round). The clients keep x_prev (their own last iterate) between rounds.
 beta = 1. **Vanilla FedAvg** (``fedavg-co-1`` / ``fedavg-co-2``, Algorithm 1): each client descends with its
 own y_k = g_k(x_k) between model rounds, from a reset at x_bar: its own g_k(x_bar) in case I, the average
 <g_k(x_bar)> in case II (a low-dimensional exchange inside the model round).
+
+**A running shift for KL-DRO** (``kl: shifted``, the default; ALGORITHMS.md pitfall D7). With the KL objective
+g = mean exp(l / lambda) overflows float32 once a loss passes ~88 lambda (lr >= 0.7 on ``feddro-offline``).
+f = lambda log z is log-homogeneous (grad f(a z) = grad f(z) / a), and the recursion for y is linear in g, so
+FedDRO may carry g, y and y_bar at any common scale e^-s: every step's direction grad g^T grad f(y_bar) is
+unchanged. The server keeps s beside y_bar (``log_scale``); at the start (after y_bar_0) and after every model
+round, when |log y_bar| > :data:`RESCALE_AT` it moves the shift, s <- s + log y_bar and y_bar <- 1, and the
+clients evaluate g_k e^-s directly (:meth:`LogScalableProblem.inner_scaled`, e.g. mean exp((l - c - lambda s)
+/ lambda)), so the exponents stay within float32's range. While |log y_bar| stays below the threshold s stays 0
+and the run is bit for bit the plain one. s is broadcast with y_bar; a client that took part in the last
+exchange can compute it from y_bar itself, so (like y_bar) it is not counted again. ``kl: plain`` never moves s.
+The shift cannot keep the estimate positive: the hybrid recursion can make y_bar <= 0, where log is undefined.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
 
 import torch
 from pydantic import Field
@@ -54,14 +67,82 @@ class CompositionalHParams(Params):
         return self.lr * self.lr_factor ** sum(round >= m for m in self.lr_milestones)
 
 
-class FedDROHParams(CompositionalHParams):
+RESCALE_AT = 16.0
+"""The running shift moves when |log y_bar| exceeds this (y_bar > e^16 ~ 9e6 leaves e^72 of float32's range)."""
+
+
+class SharedEstimateHParams(CompositionalHParams):
+    kl: Literal["shifted", "plain"] = Field(
+        "shifted",
+        description="shifted: a running shift keeps a log-scalable inner value (KL-DRO) in float range, identical "
+        "to plain while |log y_bar| <= 16; plain: the task's constant shift only",
+    )
+
+
+class FedDROHParams(SharedEstimateHParams):
     beta: float = Field(0.1, gt=0, le=1, description="momentum weight of the y estimator, in (0, 1]")
+
+
+@runtime_checkable
+class LogScalableProblem(Protocol):
+    """A global compositional problem whose inner value may be evaluated at a scale e^-s, for an outer f with
+    f(a z) = f(z) + const (KL-DRO: g = mean exp(l / lambda), f = lambda log z)."""
+
+    log_scalable: bool
+    """Whether :meth:`inner_scaled` applies to this instance (e.g. only for the KL objective)."""
+
+    def inner_scaled(self, x: Tensor, batch: Any, log_scale: float) -> Tensor:
+        """g_k(x; b) e^-log_scale, computed without forming g_k(x; b)."""
+        ...
+
+
+class AtScale:
+    """A log-scalable problem seen at the scale e^-s: ``inner`` is ``inner_scaled(., s)``, the rest delegates."""
+
+    def __init__(self, problem: Any, log_scale: float) -> None:
+        self.problem, self.log_scale = problem, log_scale
+
+    def inner(self, x: Tensor, batch: Any) -> Tensor:
+        value: Tensor = self.problem.inner_scaled(x, batch, self.log_scale)
+        return value
+
+    def plain(self, x: Tensor, batch: Any) -> Tensor:
+        value: Tensor = self.problem.plain(x, batch)
+        return value
+
+    def outer(self, z: Tensor) -> Tensor:
+        value: Tensor = self.problem.outer(z)
+        return value
+
+
+def scalable(problem: Any) -> bool:
+    """Whether the problem's inner value may be carried at a running scale (see the module doc)."""
+    return isinstance(problem, LogScalableProblem) and bool(problem.log_scalable)
+
+
+def at_scale(problem: Any, log_scale: Tensor) -> Any:
+    """The problem at scale e^-s; the problem itself while s = 0 (so an unshifted run is the plain one, bit for bit)."""
+    s = float(log_scale)
+    return problem if s == 0.0 or not scalable(problem) else AtScale(problem, s)
+
+
+def renormalise(problem: Any, y: Tensor, log_scale: Tensor) -> tuple[Tensor, Tensor]:
+    """The running shift's rule: (1, s + log y) when |log y| > :data:`RESCALE_AT` for a positive finite scalar
+    y of a log-scalable problem, else (y, s) unchanged."""
+    if y.numel() != 1 or not scalable(problem):
+        return y, log_scale
+    value = float(y)
+    if not (value > 0 and math.isfinite(value)) or abs(math.log(value)) <= RESCALE_AT:
+        return y, log_scale
+    return torch.ones_like(y), log_scale + math.log(value)
 
 
 @dataclass(frozen=True)
 class ModelEstimate(Model):
     y: Tensor
-    """y-bar, the cohort mean of the clients' estimates of g (d_g floats)."""
+    """y-bar, the cohort mean of the clients' estimates of g (d_g floats), carried at the scale e^-log_scale."""
+    log_scale: Tensor
+    """s, the running shift's log-scale (one float; 0 unless ``kl: shifted`` moved it)."""
 
 
 @dataclass(frozen=True)
@@ -108,7 +189,8 @@ class FedDRO(Compositional):
 
     def join(self, broadcast: Tensors) -> DROClient:
         """x_prev starts at the first model the client receives."""
-        return DROClient(x=broadcast["x"].clone(), y=broadcast["y"].clone(), x_prev=broadcast["x"].clone())
+        return DROClient(x=broadcast["x"].clone(), y=broadcast["y"].clone(), log_scale=broadcast["log_scale"].clone(),
+                         x_prev=broadcast["x"].clone())
 
     # -- client programs ---------------------------------------------------------------------------------------
     def initial_estimate(self, problem: GlobalCompositionalProblem, client: DROClient, ctx: ClientContext) -> tuple[DROClient, Tensors, StepInfo]:
@@ -119,14 +201,15 @@ class FedDRO(Compositional):
     def local_round(self, problem: GlobalCompositionalProblem, client: DROClient, ctx: ClientContext) -> Exchange[DROClient]:
         """Algorithm 2 over the round's I local steps, from the averaged x and y_bar; x goes up at the end."""
         x, x_prev, y_bar = client.x, client.x_prev, client.y
+        scaled = at_scale(problem, client.log_scale)  # g_k e^-s: every value below at the round's scale
         lr, samples, loss = self.hp.lr_at(ctx.round), 0, 0.0
         for t in range(ctx.round * self.hp.local_steps, (ctx.round + 1) * self.hp.local_steps):
             b = self.sample(problem, ctx, t)
             with torch.no_grad():
-                y = (1 - self.beta) * (y_bar - problem.inner(x_prev, b)) + problem.inner(x, b)
+                y = (1 - self.beta) * (y_bar - scaled.inner(x_prev, b)) + scaled.inner(x, b)
             y_bar = (yield {"y": y}).y  # exchanged: y_bar = <y_k>
             v, _ = outer_grad(problem, y_bar)
-            grad, h, g = plain_inner_vjp(problem, x, b, v)  # grad h_k(x; b) + grad g_k(x; b)^T grad f(y_bar)
+            grad, h, g = plain_inner_vjp(scaled, x, b, v)  # grad h_k(x; b) + grad g_k(x; b)^T grad f(y_bar)
             x_prev, x = x, x - lr * grad
             samples, loss = samples + 3 * batch_size(b), float(h + g @ v)
         return client.replace(x=x, x_prev=x_prev, y=y_bar), {"x": x}, StepInfo(samples, loss)
@@ -134,18 +217,26 @@ class FedDRO(Compositional):
     # -- server ------------------------------------------------------------------------------------------------
     def start(self, fed: Round, server: Model) -> ModelEstimate:
         """y_bar_0 = <g_k(x_0; b)>: one exchange of d_g floats (the clients hold x_0)."""
-        y = fed.call("initial_estimate", fed.cohort(), ModelEstimate(x=server.x, y=unsent()), message=None).y
+        zero = torch.zeros(1)
+        y = fed.call("initial_estimate", fed.cohort(), ModelEstimate(x=server.x, y=unsent(), log_scale=zero), message=None).y
         fed.count(embedding_exchanges=1, embedding_floats_up=y.numel(), embedding_floats_down=y.numel())
-        return ModelEstimate(x=server.x, y=y)
+        y, log_scale = self.shifted(fed, y, zero)
+        return ModelEstimate(x=server.x, y=y, log_scale=log_scale)
 
     def round(self, fed: Round, server: ModelEstimate) -> ModelEstimate:
-        """I local steps exchanging y, then the model round (y_bar rides along for clients that missed its exchange)."""
-        means = fed.exchange("local_round", fed.cohort(), server, self.hp.local_steps, resent=("y",))
+        """I local steps exchanging y, then the model round (y_bar and its scale ride along for clients that
+        missed its exchange)."""
+        means = fed.exchange("local_round", fed.cohort(), server, self.hp.local_steps, resent=("y", "log_scale"))
         fed.count(local_steps=self.hp.local_steps)
-        return ModelEstimate(x=means.x, y=means.y)
+        y, log_scale = self.shifted(fed, means.y, server.log_scale)
+        return ModelEstimate(x=means.x, y=y, log_scale=log_scale)
+
+    def shifted(self, fed: Round, y: Tensor, log_scale: Tensor) -> tuple[Tensor, Tensor]:
+        """(y_bar, s) after the running shift's rule (``kl: shifted``), or as they are (``kl: plain``)."""
+        return (y, log_scale) if self.hp.kl == "plain" else renormalise(fed.problem, y, log_scale)
 
 
-class _NoMomentumHParams(CompositionalHParams):
+class _NoMomentumHParams(SharedEstimateHParams):
     """Modified FedAvg has no beta: its estimate is the plain batch value g_k(x_k; b)."""
 
 

@@ -164,6 +164,19 @@ class DROClassification(Task):
     def inner(self, x: Tensor, batch: tuple[Tensor, Tensor]) -> Tensor:
         return self.composition.inner(self.example_losses(x, batch))
 
+    @property
+    def log_scalable(self) -> bool:
+        """Whether :meth:`inner_scaled` applies: the KL objective, whose g is a mean of exponentials and whose
+        f = a log z + b, so g and its estimates may be carried at any scale e^-s (FedDRO's ``kl: shifted``)."""
+        return bool(self.params.objective == "kl")
+
+    def inner_scaled(self, x: Tensor, batch: tuple[Tensor, Tensor], log_scale: float) -> Tensor:
+        """g_k(x; b) e^-log_scale, computed without forming g_k: mean exp((l - c - lambda s) / lambda) (KL only)."""
+        if not self.log_scalable:
+            raise ValueError(f"task.objective = {self.params.objective!r}: only 'kl' has a log-scalable inner value")
+        p = self.params
+        return dro_losses.kl_inner(self.example_losses(x, batch), p.lam, p.shift + p.lam * log_scale)
+
     def outer(self, z: Tensor) -> Tensor:
         return self.composition.outer(z)
 

@@ -10,6 +10,17 @@ where g_bar(x) = 0 (so Phi* = 0). A client that trusts its own g_k instead of th
 f(g_k(x)), whose stationary points differ -- the bias of vanilla FedAvg. Oracles are exact ("batches" are
 empty), and ``grad_norm_sq`` = ||grad Phi(x_bar)||^2 = ||A_bar^T grad f(g_bar(x_bar))||^2 is exact.
 **[derived]** (the paper does not print its counterexample; this one has the properties it needs).
+
+**Theorem 5.1's drift term** (``plain_weight`` mu > 0): a heterogeneous plain part is added,
+
+    h_k(x) = (mu / 2) sum_j d_kj (x_j - b_kj)^2,   d_kj ~ U(0.25, 1.75),  b_k ~ N(0, I),
+
+whose curvatures differ between clients, so I local gradient steps on h_k followed by averaging do not
+preserve the minimiser of h = (1/K) sum_k h_k (FedAvg's client drift; with equal curvatures a quadratic would
+not drift). Sharing y every step removes the compositional bias but not this one: FedDRO with I > 1 then
+stalls at a distance that shrinks with the step size, while I = 1 (x averaged every step) is gradient
+descent on Phi and converges -- the heterogeneity term of Theorem 5.1, which the h = 0 problem cannot show.
+``grad_norm_sq`` and ``objective`` then include h. mu = 0 (the default) is the Theorem 4.1 problem unchanged.
 """
 
 from __future__ import annotations
@@ -31,6 +42,9 @@ class HeterogeneousCompositionParams(Params):
     dim: int = Field(10, ge=2, description="dimension d of x")
     inner_dim: int = Field(2, ge=1, description="dimension d_g of g_k(x); must be < dim")
     heterogeneity: float = Field(1.0, ge=0, description="spread of the clients' A_k around their mean")
+    plain_weight: float = Field(
+        0.0, ge=0, description="mu of the heterogeneous plain part h_k (Theorem 5.1's drift); 0: h = 0 (Theorem 4.1)"
+    )
     data_seed: int = Field(0, ge=0)
 
 
@@ -41,7 +55,7 @@ class HeterogeneousComposition(Task):
     kinds = frozenset({COMPOSITIONAL_GLOBAL})
     metrics = ("grad_norm_sq", "objective")
     mode = "min"
-    description = "FedDRO Thm 4.1 demo: deterministic heterogeneous f(mean_k g_k(x)) with exact ||grad Phi||^2"
+    description = "FedDRO Thm 4.1/5.1 demo: deterministic heterogeneous h_k + f(mean_k g_k(x)), exact ||grad Phi||^2"
 
     def __init__(self, params: HeterogeneousCompositionParams, seed: int, clients: int, device: str = "cpu") -> None:
         super().__init__(params, seed, clients, device)
@@ -51,6 +65,9 @@ class HeterogeneousComposition(Task):
         self.A = base + params.heterogeneity * torch.randn(clients, dg, d, generator=gen) / d**0.5
         self.c = torch.randn(clients, dg, generator=gen)
         self.inner_dim = dg
+        plain = generator(params.data_seed, "heterogeneous-composition-plain", clients)  # A, c unchanged by mu
+        self.curvature = params.plain_weight * (0.25 + 1.5 * torch.rand(clients, d, generator=plain))
+        self.centre = torch.randn(clients, d, generator=plain)
 
     def init_params(self, gen: torch.Generator) -> dict[str, Tensor]:
         return {"x": torch.zeros(self.params.dim)}
@@ -66,16 +83,24 @@ class HeterogeneousComposition(Task):
         return torch.sqrt(1 + z @ z) - 1
 
     def plain(self, x: Tensor, client: int) -> Tensor:
-        return x.new_zeros(())
+        if self.params.plain_weight == 0:
+            return x.new_zeros(())
+        return 0.5 * (self.curvature[client] * (x - self.centre[client]) ** 2).sum()
 
     def evaluator(self) -> Callable[[dict[str, Tensor]], dict[str, float]]:
         a_bar, c_bar = self.A.mean(0).double(), self.c.mean(0).double()
+        curvature, centre = self.curvature.double(), self.centre.double()
+        drift = self.params.plain_weight > 0
 
         def evaluate(state: dict[str, Tensor]) -> dict[str, float]:
             x = state["x"].detach().cpu().double()
             z = a_bar @ x + c_bar
             grad = a_bar.T @ (z / torch.sqrt(1 + z @ z))
-            return {"grad_norm_sq": float(grad @ grad), "objective": float(torch.sqrt(1 + z @ z) - 1)}
+            objective = torch.sqrt(1 + z @ z) - 1
+            if drift:  # + grad h(x) = mean_k d_k (x - b_k), + h(x)
+                grad = grad + (curvature * (x - centre)).mean(0)
+                objective = objective + 0.5 * (curvature * (x - centre) ** 2).sum(1).mean()
+            return {"grad_norm_sq": float(grad @ grad), "objective": float(objective)}
 
         return evaluate
 
