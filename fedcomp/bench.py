@@ -170,7 +170,8 @@ def run_optim(config: Config, repeat: int) -> Measurement:
 
     t0 = time.perf_counter()
     task = build_task(config)
-    module = copy.deepcopy(task.model.module)  # type: ignore[attr-defined]  # the task's network, as an nn.Module
+    assert task.model is not None, "the optim runner needs a task with a network"
+    module = copy.deepcopy(task.model.module)  # the task's network, as an nn.Module
     params = list(module.parameters())
     optimizer = torch.optim.SGD(params, lr=lr)
     x = task.init_params(generator(seed, "init"))["x"]
