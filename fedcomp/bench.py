@@ -172,7 +172,7 @@ def run_optim(config: Config, repeat: int) -> Measurement:
     task = build_task(config)
     assert task.model is not None, "the optim runner needs a task with a network"
     module = copy.deepcopy(task.model.module)  # the task's network, as an nn.Module
-    params = list(module.parameters())
+    params: list[torch.Tensor] = list(module.parameters())
     optimizer = torch.optim.SGD(params, lr=lr)
     x = task.init_params(generator(seed, "init"))["x"]
     sizes = [p.numel() for p in params]
