@@ -38,7 +38,7 @@ import torch
 
 from fedcomp.platform.algorithms.base import LOCKSTEP, ClientContext, LocalSteps, Outcome, StepInfo, Tensors
 from fedcomp.platform.config import Config
-from fedcomp.platform.federation import LocalFederation, Layout, combine
+from fedcomp.platform.federation import Layout, LocalFederation, combine
 from fedcomp.platform.runner import RoundDone, drive
 from fedcomp.platform.server import Server
 
@@ -183,14 +183,14 @@ def _batched(calls: Sequence[_Call], swept: Sequence[str]) -> list[Outcome] | No
         broadcast = layout.unpack(layout.pack(call.payload), host.device)  # the wire's float32 round trip
         clients, starts, contexts, _ = host._open(call.cohort, broadcast, call.round, call.sub)
         opened.append((layout, broadcast, clients, starts, contexts))
-    template = calls[0].federation.host.algorithm
+    template: Any = calls[0].federation.host.algorithm  # a LocalSteps algorithm (checked by _batchable)
     problem = calls[0].federation.host.problem
     q = template.hp.local_steps
     steps = [calls[0].round * q + s for s in range(q)]
-    clients = len(opened[0][2])
+    cohort = len(opened[0][2])
     shared, drawn = _draw(calls, opened, steps)  # drawn[step][member or 0][client] -> (batch, samples)
     try:
-        stacked = {k: torch.stack([_stack(o[3]) [k] for o in opened]) for k in opened[0][3][0]}  # [members, clients]
+        stacked = {k: torch.stack([_stack(o[3])[k] for o in opened]) for k in opened[0][3][0]}  # [members, clients]
         hps = {
             name: torch.tensor([float(getattr(c.federation.host.algorithm.hp, name)) for c in calls], dtype=torch.float64)
             for name in swept
@@ -215,10 +215,10 @@ def _batched(calls: Sequence[_Call], swept: Sequence[str]) -> list[Outcome] | No
             return state, torch.stack(values)
 
         per_client = torch.func.vmap(steps_of_one, in_dims=(None, 0, 1))
-        per_member = torch.func.vmap(per_client, in_dims=(0, 0, None if shared else 1))
+        per_configuration = torch.func.vmap(per_client, in_dims=(0, 0, None if shared else 1))
         token = LOCKSTEP.set(True)
         try:
-            stacked, run_losses = per_member(hps, stacked, batches)
+            stacked, run_losses = per_configuration(hps, stacked, batches)
         except (RuntimeError, TypeError, ValueError):
             return None  # not vmappable after all (data-dependent control flow, an in-place update, ...)
         finally:
@@ -227,7 +227,7 @@ def _batched(calls: Sequence[_Call], swept: Sequence[str]) -> list[Outcome] | No
     loss_table = torch.cat(losses, dim=2).tolist()  # [members, clients, q]
     per_member: list[list[tuple[Tensors, Tensors, StepInfo]]] = [[] for _ in calls]
     for m in range(len(calls)):
-        for i in range(clients):
+        for i in range(cohort):
             info = StepInfo()
             for s in range(q):
                 info.samples += drawn[s][0 if shared else m][i][1]
@@ -247,7 +247,8 @@ class _Watch:
     """Hyperparameters that note which fields are read (to tell whether ``draw`` reads a swept one)."""
 
     def __init__(self, hp: Any) -> None:
-        self._hp, self.read = hp, set()
+        self._hp = hp
+        self.read: set[str] = set()
 
     def __getattr__(self, name: str) -> Any:
         self.read.add(name)
@@ -261,7 +262,7 @@ def _draw(calls: Sequence[_Call], opened: Sequence[Any], steps: Sequence[int]) -
     clients' generators are keyed by (seed, client, step); so when ``draw`` reads no swept field the samples
     of the first configuration are everyone's, drawn once (``shared``: ``[step][0][client]``)."""
     first = calls[0].federation.host
-    probe = copy.copy(first.algorithm)
+    probe: Any = copy.copy(first.algorithm)  # a LocalSteps algorithm (checked by _batchable)
     watch = probe.hp = _Watch(first.algorithm.hp)
     contexts: list[ClientContext] = opened[0][4]
     drawn = [[[probe.draw(first.problem, ctx.client, step, ctx.rng(step)) for ctx in contexts]] for step in steps]
@@ -272,7 +273,8 @@ def _draw(calls: Sequence[_Call], opened: Sequence[Any], steps: Sequence[int]) -
     for row, step in zip(drawn, steps):
         for call, o in zip(calls[1:], opened[1:]):
             host = call.federation.host
-            row.append([host.algorithm.draw(host.problem, ctx.client, step, ctx.rng(step)) for ctx in o[4]])
+            algorithm: Any = host.algorithm
+            row.append([algorithm.draw(host.problem, ctx.client, step, ctx.rng(step)) for ctx in o[4]])
     return False, drawn
 
 

@@ -70,7 +70,7 @@ def make_packs(spec: SweepSpec) -> list[list[dict[str, Any]]]:
                 key = _shape_key(config, swept)
             groups.setdefault(key, []).append(trial)
     size = spec.pack_size or (SEQUENTIAL_PACK if spec.pack == "sequential" else None)
-    packs = []
+    packs: list[list[dict[str, Any]]] = []
     for group in groups.values():
         step = size or len(group)
         packs.extend(group[i:i + step] for i in range(0, len(group), step))

@@ -89,6 +89,8 @@ class SweepSpec(BaseModel):
         "bit for bit), or several in lockstep in one process (lockstep: configurations differing only in float "
         "algorithm fields, vmapped; equal up to float32 rounding)",
     )
+    reuse_actors: bool = Field(True, description="a finished trial's process runs the next trial of the same "
+                               "resources (saves the process start and imports; false: a fresh process per trial)")
     pack_size: int | None = Field(None, ge=1, description="configurations per packed trial (default: sequential 8, "
                                   "lockstep every configuration of one shape)")
 

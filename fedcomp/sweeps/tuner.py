@@ -134,7 +134,7 @@ def _tune_config(spec: SweepSpec) -> tune.TuneConfig:
     return tune.TuneConfig(
         metric=metric, mode=mode, search_alg=search_alg, scheduler=scheduler, num_samples=num_samples,
         max_concurrent_trials=spec.max_concurrent,
-        reuse_actors=True,  # a trial's process (its imports, its task cache) serves the next trial of the same shape
+        reuse_actors=spec.reuse_actors,
     )
 
 
@@ -185,6 +185,7 @@ def sweep(
     seeds: int | None = None,
     scheduler: str | None = None,
     max_concurrent: int | None = None,
+    pack: str | None = None,
     overrides: Mapping[str, Any] | None = None,
     ray_address: str | None = None,
     verbose: int = 0,
@@ -193,7 +194,7 @@ def sweep(
     every trial's results.
 
     Args:
-        search, num_samples, seeds, scheduler, max_concurrent: replace the spec's values (the CLI flags).
+        search, num_samples, seeds, scheduler, max_concurrent, pack: replace the spec's values (the CLI flags).
         overrides: ``{"run.rounds": 10, ...}`` merged into the spec's ``set``; ``run.out`` picks the
             results root the sweep folder is created under.
         ray_address: the cluster to join (default: ``$RAY_ADDRESS``, an initialised Ray, else a local one).
@@ -205,7 +206,7 @@ def sweep(
 
     spec = load_spec(
         source, search=search, num_samples=num_samples, seeds=seeds, scheduler=scheduler,
-        max_concurrent=max_concurrent, set=dict(overrides or {}),
+        max_concurrent=max_concurrent, pack=pack, set=dict(overrides or {}),
     )
     tracking.require(spec.base_config().run.track)
     cluster, has_gpus = _connect(ray_address, verbose)

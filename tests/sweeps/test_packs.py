@@ -89,6 +89,7 @@ def test_lockstep_configurations_equal_runs_alone_within_tolerance(tmp_path):
 
 
 @pytest.mark.ray
+@pytest.mark.slow
 def test_sequential_packs_equal_runs_alone_bit_for_bit_and_report_per_configuration(ray_session, tmp_path):
     result = fedcomp.sweep(tiny(tmp_path, seeds=2, pack="sequential", pack_size=3))
     trials = result.trials
@@ -106,6 +107,7 @@ def test_sequential_packs_equal_runs_alone_bit_for_bit_and_report_per_configurat
 
 
 @pytest.mark.ray
+@pytest.mark.slow
 def test_a_failed_lockstep_trial_resumes_every_configuration_from_its_checkpoint(ray_session, tmp_path, monkeypatch):
     monkeypatch.setenv(FAULT_EXIT, "3")  # the trial's process dies at round 3; its last checkpoint is round 2
     first = fedcomp.sweep(tiny(tmp_path, pack="lockstep", max_failures=0))
