@@ -26,6 +26,9 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
+import pandas as pd
+
 import common
 import fedcomp
 from fedcomp.actors.cluster import connect
@@ -127,6 +130,7 @@ def figure1(root: Path) -> list[str]:
     # a lockstep trial's configurations share its clock: its own time is its longest configuration's
     trial_time = result.trials.groupby(result.trials["trial"].str.rsplit("-", n=1).str[0])["wall_time"].max().sum()
     cores = os.cpu_count() or 1
+    gap = lockstep_gap(result.trials, root / "check")
     return [
         "## The FCSG Figure 1 grid end to end",
         "",
@@ -144,8 +148,37 @@ def figure1(root: Path) -> list[str]:
         f"| Tune trials' own run time (drive loops), summed (min) | {trial_time / 60:.1f} |",
         f"| CPU time per run (s) | {cpu / runs:.2f} |",
         f"| estimate on {cores} otherwise idle cores: summed CPU / {cores} (min) | {cpu / cores / 60:.1f} |",
+        f"| lockstep vs alone: largest difference in test_accuracy, test_loss, train_loss over every row of "
+        f"{len(CHECKED)} configurations re-run with `fedcomp.run` | {gap:.2g} |",
         "",
     ]
+
+
+CHECKED = (
+    {"algorithm.name": "fcsg-m", "algorithm.lr": 0.01, "algorithm.beta": 0.5, "algorithm.inner_batch": 1,
+     "task.noise_ratio": 2.0, "run.seed": 1},
+    {"algorithm.name": "fcsg", "algorithm.lr": 0.005, "algorithm.inner_batch": 100, "task.noise_ratio": 1.0,
+     "run.seed": 2},
+)
+"""Figure 1 configurations re-run alone to measure how far lockstep's numbers are from a run alone."""
+
+
+def lockstep_gap(trials: pd.DataFrame, out: Path) -> float:
+    """The largest absolute difference, over every evaluation row, between :data:`CHECKED`'s rows in the sweep
+    and the same configurations run alone (local backend); the counters must be equal."""
+    worst = 0.0
+    for config in CHECKED:
+        mask = np.logical_and.reduce([trials[k] == v for k, v in config.items()])
+        rows = trials[mask].sort_values("round").reset_index(drop=True)
+        overrides = {**config, "federation.backend": "local", "run.eval_every": 2, "run.progress": "none",
+                     "run.out": str(out)}
+        alone = fedcomp.run("fig1-fcsg-m", overrides).metrics.reset_index(drop=True)
+        counters = ["round", "comm_rounds", "local_steps", "samples", "floats_up", "floats_down"]
+        if not rows[counters].astype("int64").equals(alone[counters].astype("int64")):
+            raise AssertionError(f"{config}: the counters differ from a run alone")
+        metrics = ["test_accuracy", "test_loss", "train_loss"]
+        worst = max(worst, float((rows[metrics] - alone[metrics]).abs().max().max()))
+    return worst
 
 
 def main() -> None:

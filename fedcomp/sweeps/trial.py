@@ -1,4 +1,5 @@
-"""One Tune trial = one whole federated run: its resources, and the trainable that runs it.
+"""One Tune trial = one whole federated run: its resources, and the trainable that runs it (a sweep with
+``pack:`` runs several configurations per trial instead: :mod:`fedcomp.sweeps.packs`).
 
 The trial's placement group has one bundle for the trainable itself, one for the server actor and one per
 client actor (``federation.backend: ray``), or a single bundle when the trial runs the local backend in
