@@ -110,8 +110,9 @@ class Lockstep:
             return
         calls, self._pending = self._pending, {}
         try:
-            outcomes: dict[int, Outcome | BaseException] = dict(run_calls(calls, self.swept))
-            self.batched_calls += sum(1 for c in calls.values() if c.program == "local_steps") if len(calls) > 1 else 0
+            ran, batched = run_calls(calls, self.swept)
+            outcomes: dict[int, Outcome | BaseException] = dict(ran)
+            self.batched_calls += len(calls) if batched else 0
         except BaseException as error:  # every waiting configuration fails with it
             outcomes = dict.fromkeys(calls, error)
         self._done.update(outcomes)
@@ -133,14 +134,14 @@ def _batchable(calls: Sequence[_Call]) -> bool:
     return len(calls) > 1
 
 
-def run_calls(calls: dict[int, _Call], swept: Sequence[str]) -> dict[int, Outcome]:
-    """Every configuration's call: batched under ``vmap`` where they allow it, else one at a time."""
+def run_calls(calls: dict[int, _Call], swept: Sequence[str]) -> tuple[dict[int, Outcome], bool]:
+    """Every configuration's call, and whether they ran batched under ``vmap`` (else one at a time)."""
     order = sorted(calls)
     if _batchable([calls[i] for i in order]):
         out = _batched([calls[i] for i in order], swept)
         if out is not None:
-            return dict(zip(order, out))
-    return {i: calls[i].federation.alone(calls[i]) for i in order}
+            return dict(zip(order, out)), True
+    return {i: calls[i].federation.alone(calls[i]) for i in order}, False
 
 
 class _NotBatchable(Exception):
