@@ -5,7 +5,7 @@ backends of the trials; and, with ``--figure1``, the FCSG paper's Figure 1 grid 
 fcsg-invariant-lr``, 486 runs in lockstep packs) end to end.
 
     python benchmarks/sweep_overhead.py            # the 12-run table -> benchmarks/SWEEP.md
-    python benchmarks/sweep_overhead.py --figure1  # also the Figure 1 grid (and one of its runs alone)
+    python benchmarks/sweep_overhead.py --figure1  # the Figure 1 grid (and one of its runs alone): its own section
 
 Per backend and variant: the sweep's wall time, the same 12 runs' wall time in sequence (``fedcomp.run`` in this
 process, the same Ray instance for the Ray backend), their ratio, and the per-run overhead: the trial slots the
@@ -184,16 +184,21 @@ def lockstep_gap(trials: pd.DataFrame, out: Path) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--backends", nargs="+", default=["local", "ray"], choices=["local", "ray"])
-    parser.add_argument("--figure1", action="store_true", help="also run the Figure 1 grid end to end")
+    parser.add_argument("--figure1", action="store_true", help="run the Figure 1 grid end to end (its own section)")
     args = parser.parse_args()
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    intro, lines = overhead_table(args.backends)
-    extra: list[str] = []
+    report = common.HERE / "SWEEP.md"
     if args.figure1:
         with tempfile.TemporaryDirectory() as tmp:
-            extra = figure1(Path(tmp))
-    common.table_report(common.HERE / "SWEEP.md", "# Sweeps of tiny runs: per-run overhead and the Figure 1 grid",
-                        intro, [*lines, "", *extra])
+            lines = figure1(Path(tmp))
+        text = "\n".join([*lines[:2], f"{common.generated_by()}.", "", *lines[2:]])
+        print(text)
+        common.put_section(report, "sweep_overhead.py --figure1", text)
+        return
+    intro, lines = overhead_table(args.backends)
+    title = "# Sweeps of tiny runs: per-run overhead and the Figure 1 grid"
+    common.write_report(report, "\n".join([title, "", intro, "", *lines]) + "\n")
+    print(intro, *lines, sep="\n")
 
 
 if __name__ == "__main__":

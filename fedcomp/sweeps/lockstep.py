@@ -192,9 +192,9 @@ def _batched(calls: Sequence[_Call], swept: Sequence[str]) -> list[Outcome] | No
     shared, drawn = _draw(calls, opened, steps)  # drawn[step][member or 0][client] -> (batch, samples)
     try:
         stacked = {k: torch.stack([_stack(o[3])[k] for o in opened]) for k in opened[0][3][0]}  # [members, clients]
-        hps = {
+        hps = {  # the swept fields this algorithm has (FCSG has no beta)
             name: torch.tensor([float(getattr(c.federation.host.algorithm.hp, name)) for c in calls], dtype=torch.float64)
-            for name in swept
+            for name in swept if name in type(template.hp).model_fields
         }
         per_step = [_stack([_stack([batch for batch, _ in member]) for member in row]) for row in drawn]  # [members or 1, clients, ...]
     except _NotBatchable:

@@ -87,6 +87,18 @@ def test_lockstep_configurations_equal_runs_alone_within_tolerance(tmp_path):
         list(run_together([configs[0], configs[0].replace(**{"run.seed": 1})], ["lr"], [None, None]))
 
 
+def test_a_pack_of_an_algorithm_without_a_swept_field_batches_the_fields_it_has(tmp_path):
+    # The Figure 1 grid sweeps lr and beta; FCSG has no beta, and its packs vary lr only.
+    configs = [load_config("quickstart", {**TINY, "algorithm.name": "fcsg", "algorithm.lr": lr, "run.rounds": 2,
+                                          "run.progress": "none"}) for lr in (0.1, 0.02)]
+    last = {}
+    for batch in run_together(configs, ["lr", "beta"], [None, None]):
+        last.update(batch)
+    ref = fedcomp.run("quickstart", {**TINY, "algorithm.name": "fcsg", "algorithm.lr": 0.02, "run.rounds": 2,
+                                     "run.progress": "none", "run.out": str(tmp_path)}).metrics
+    assert (pd.DataFrame(last[1].rows)["test_loss"] - ref["test_loss"]).abs().max() <= TOLERANCE
+
+
 @pytest.mark.ray
 @pytest.mark.slow
 def test_sequential_packs_equal_runs_alone_bit_for_bit_and_report_per_configuration(ray_session, tmp_path):
