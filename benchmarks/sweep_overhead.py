@@ -12,8 +12,8 @@ process, the same Ray instance for the Ray backend), their ratio, and the per-ru
 sweep used (concurrent trials x its wall time) less the runs' own training time, per run -- Tune's trial
 process and bookkeeping, building the task, and for the Ray backend starting the server and client actors.
 Numbers are measured, never asserted: the machine is shared and noisy, so the Figure 1 section also gives the
-CPU seconds every process of the sweep used (this process and its Ray's, from ``getrusage`` after Ray shut
-down) and the wall time those would take on 2 otherwise idle cores.
+CPU seconds every process of the sweep used (this process, and its Ray's processes read from ``/proc`` while
+they run) and the wall time those would take on 2 otherwise idle cores.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import itertools
 import os
 import resource
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -53,9 +54,61 @@ VARIANTS = {
 
 
 def cpu_seconds() -> float:
-    """CPU seconds of this process and of every child process it has waited for (Ray's, after shutdown)."""
-    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+    """CPU seconds of this process so far."""
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    return own.ru_utime + own.ru_stime
+
+
+class TreeCPU:
+    """CPU seconds used by this process's descendants (Ray's GCS, raylet and its workers: the trials), read from
+    ``/proc`` every ``interval`` seconds while it runs -- Ray's workers are not reaped into this process's
+    ``getrusage`` -- keeping each process's last reading (Linux only)."""
+
+    def __init__(self, interval: float = 0.5) -> None:
+        self.interval, self.seen, self._stop = interval, {}, threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    @staticmethod
+    def _stats() -> dict[int, tuple[int, str, float]]:
+        out = {}
+        tick = os.sysconf("SC_CLK_TCK")
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                try:
+                    fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+                except OSError:
+                    continue
+                # after the name: state ppid ... utime (14th field) stime (15th) ... starttime (22nd)
+                out[int(entry)] = (int(fields[1]), fields[19], (int(fields[11]) + int(fields[12])) / tick)
+        return out
+
+    def _sample(self) -> None:
+        stats = self._stats()
+        tree, frontier = set(), {os.getpid()}
+        while frontier:
+            tree |= frontier
+            frontier = {pid for pid, (ppid, _, _) in stats.items() if ppid in frontier} - tree
+        for pid in tree - {os.getpid()}:
+            _, start, cpu = stats[pid]
+            self.seen[(pid, start)] = cpu
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            self._sample()
+
+    def __enter__(self) -> TreeCPU:
+        self._sample()
+        self.before = sum(self.seen.values())
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    @property
+    def seconds(self) -> float:
+        return sum(self.seen.values()) - self.before
 
 
 def sequential(backend: str, root: Path) -> float:
@@ -113,17 +166,19 @@ def figure1(root: Path) -> list[str]:
     in a fresh local Ray whose processes' CPU time is read after it shuts down."""
     import ray
 
-    ray.shutdown()
+    ray.shutdown()  # the Figure 1 grid gets a fresh Ray, started from this process (so /proc sees its workers)
     cpu0, wall0 = cpu_seconds(), time.perf_counter()
     fedcomp.run("fig1-fcsg-m", {"federation.backend": "local", "run.eval_every": 2, "run.progress": "none",
                                 "run.out": str(root / "alone")})
     alone_wall, alone_cpu = time.perf_counter() - wall0, cpu_seconds() - cpu0
-    connect()
-    cpu0, wall0 = cpu_seconds(), time.perf_counter()
-    result = fedcomp.sweep("fcsg-invariant-lr", overrides={"run.out": str(root / "fig1")})
-    wall = time.perf_counter() - wall0
-    ray.shutdown()
-    cpu = cpu_seconds() - cpu0
+    with TreeCPU() as tree:
+        cpu0, wall0 = cpu_seconds(), time.perf_counter()
+        connect()
+        result = fedcomp.sweep("fcsg-invariant-lr", overrides={"run.out": str(root / "fig1")})
+        wall = time.perf_counter() - wall0
+        tree._sample()
+        ray.shutdown()
+    cpu = cpu_seconds() - cpu0 + tree.seconds
     runs = result.trials["trial"].nunique()
     failed = int((result.trials.groupby("trial")["status"].first() != "completed").sum())
     tune_trials = len([p for p in result.path.iterdir() if p.is_dir()])
@@ -146,6 +201,8 @@ def figure1(root: Path) -> list[str]:
         f"| sweep wall time, end to end (min) | {wall / 60:.1f} |",
         f"| CPU time of every process of the sweep, summed (min) | {cpu / 60:.1f} |",
         f"| Tune trials' own run time (drive loops), summed (min) | {trial_time / 60:.1f} |",
+        f"| per-run overhead: ({CONCURRENT} x sweep wall - trials' own run time) / runs (s) | "
+        f"{(CONCURRENT * wall - trial_time) / runs:.2f} |",
         f"| CPU time per run (s) | {cpu / runs:.2f} |",
         f"| estimate on {cores} otherwise idle cores: summed CPU / {cores} (min) | {cpu / cores / 60:.1f} |",
         f"| lockstep vs alone: largest difference in test_accuracy, test_loss, train_loss over every row of "
