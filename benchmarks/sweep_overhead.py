@@ -1,12 +1,19 @@
-"""What a Tune sweep costs over running the same runs yourself: a grid of 12 tiny runs on 2 CPUs, as a
-sweep and one after another in one process, for both backends of the trials.
+"""What a Tune sweep costs over running the same runs yourself: a grid of 12 tiny runs on 2 CPUs, as a sweep
+(one trial per run in a fresh process -- the old default --, one trial per run with Tune reusing trial
+processes, and packed: several runs per trial, one at a time) and one after another in one process, for both
+backends of the trials; and, with ``--figure1``, the FCSG paper's Figure 1 grid (``fedcomp sweep
+fcsg-invariant-lr``, 486 runs in lockstep packs) end to end.
 
-    python benchmarks/sweep_overhead.py          # prints a markdown table and writes benchmarks/SWEEP.md
+    python benchmarks/sweep_overhead.py            # the 12-run table -> benchmarks/SWEEP.md
+    python benchmarks/sweep_overhead.py --figure1  # the Figure 1 grid (and one of its runs alone): its own section
 
-Per backend: the sweep's wall time, the same 12 runs' wall time in sequence (``fedcomp.run`` in this
-process, the same Ray instance for the Ray backend), their ratio, and the per-trial overhead: the trial slots the sweep
-used (concurrent trials x its wall time) less the runs' own training time, per trial -- Tune's trial process and
-bookkeeping, building the task, and for the Ray backend starting the server and client actors. Numbers are measured, never asserted: the machine is shared and noisy.
+Per backend and variant: the sweep's wall time, the same 12 runs' wall time in sequence (``fedcomp.run`` in this
+process, the same Ray instance for the Ray backend), their ratio, and the per-run overhead: the trial slots the
+sweep used (concurrent trials x its wall time) less the runs' own training time, per run -- Tune's trial
+process and bookkeeping, building the task, and for the Ray backend starting the server and client actors.
+Numbers are measured, never asserted: the machine is shared and noisy, so the Figure 1 section also gives the
+CPU seconds every process of the sweep used (this process, and its Ray's processes read from ``/proc`` while
+they run) and the wall time those would take on 2 otherwise idle cores.
 """
 
 from __future__ import annotations
@@ -14,9 +21,14 @@ from __future__ import annotations
 import argparse
 import itertools
 import os
+import resource
 import tempfile
+import threading
 import time
 from pathlib import Path
+
+import numpy as np
+import pandas as pd
 
 import common
 import fedcomp
@@ -34,51 +46,216 @@ WORKLOAD = {
 GRID = {"algorithm.lr": [0.01, 0.005, 0.001], "algorithm.beta": [0.1, 0.9]}
 SEEDS = 2
 CONCURRENT = 2
+VARIANTS = {
+    "fresh process per trial (before)": {"reuse_actors": False},
+    "reused trial processes": {"reuse_actors": True},
+    "packed, 6 runs per trial, one at a time": {"reuse_actors": True, "pack": "sequential", "pack_size": 6},
+}
 
 
-def measure(backend: str, root: Path) -> dict[str, float]:
-    overrides = {**WORKLOAD, "federation.backend": backend, "run.out": str(root / backend)}
-    started = time.perf_counter()
-    result = fedcomp.sweep({"base": "quickstart", "set": overrides, "grid": GRID, "seeds": SEEDS, "cpus_per_trial": 1.0})
-    sweep_s = time.perf_counter() - started
+def cpu_seconds() -> float:
+    """CPU seconds of this process so far."""
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    return own.ru_utime + own.ru_stime
+
+
+class TreeCPU:
+    """CPU seconds used by this process's descendants (Ray's GCS, raylet and its workers: the trials), read from
+    ``/proc`` every ``interval`` seconds while it runs -- Ray's workers are not reaped into this process's
+    ``getrusage`` -- keeping each process's last reading (Linux only)."""
+
+    def __init__(self, interval: float = 0.5) -> None:
+        self.interval, self.seen, self._stop = interval, {}, threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    @staticmethod
+    def _stats() -> dict[int, tuple[int, str, float]]:
+        out = {}
+        tick = os.sysconf("SC_CLK_TCK")
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                try:
+                    fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+                except OSError:
+                    continue
+                # after the name: state ppid ... utime (14th field) stime (15th) ... starttime (22nd)
+                out[int(entry)] = (int(fields[1]), fields[19], (int(fields[11]) + int(fields[12])) / tick)
+        return out
+
+    def _sample(self) -> None:
+        stats = self._stats()
+        tree, frontier = set(), {os.getpid()}
+        while frontier:
+            tree |= frontier
+            frontier = {pid for pid, (ppid, _, _) in stats.items() if ppid in frontier} - tree
+        for pid in tree - {os.getpid()}:
+            _, start, cpu = stats[pid]
+            self.seen[(pid, start)] = cpu
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            self._sample()
+
+    def __enter__(self) -> TreeCPU:
+        self._sample()
+        self.before = sum(self.seen.values())
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    @property
+    def seconds(self) -> float:
+        return sum(self.seen.values()) - self.before
+
+
+def sequential(backend: str, root: Path) -> float:
+    overrides = {**WORKLOAD, "federation.backend": backend, "run.out": str(root / f"{backend}-alone")}
     points = [dict(zip(GRID, values)) for values in itertools.product(*GRID.values())]
     started = time.perf_counter()
     for seed in range(SEEDS):
         for point in points:
             fedcomp.run("quickstart", {**overrides, **point, "run.seed": seed})
-    sequential_s = time.perf_counter() - started
+    return time.perf_counter() - started
+
+
+def measure(backend: str, variant: dict[str, object], root: Path) -> dict[str, float]:
+    overrides = {**WORKLOAD, "federation.backend": backend, "run.out": str(root / backend)}
+    started = time.perf_counter()
+    result = fedcomp.sweep({"base": "quickstart", "set": overrides, "grid": GRID, "seeds": SEEDS, "cpus_per_trial": 1.0,
+                            **variant})
+    sweep_s = time.perf_counter() - started
     n = result.trials["trial"].nunique()
     # Two trials run at a time (cpus_per_trial = 1 on 2 CPUs): the sweep had 2 x its wall time of trial slots.
+    # A packed trial's runs follow one another: each run's own time is its last wall_time.
     overhead = (CONCURRENT * sweep_s - common.trials_seconds(result.trials)) / n
-    return {"trials": n, "sweep_s": sweep_s, "sequential_s": sequential_s, "startup_s": overhead}
+    tune_trials = len([p for p in result.path.iterdir() if p.is_dir()])
+    return {"runs": n, "tune_trials": tune_trials, "sweep_s": sweep_s, "startup_s": overhead}
+
+
+def overhead_table(backends: list[str]) -> tuple[str, list[str]]:
+    cpus = connect()["CPU"]
+    lines = [
+        "| trial backend | variant | runs | Tune trials | sweep wall (s) | same runs in sequence (s) | sequence / sweep | "
+        "per-run overhead (s) |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    with tempfile.TemporaryDirectory() as tmp:
+        for backend in backends:
+            alone = sequential(backend, Path(tmp))
+            for name, variant in VARIANTS.items():
+                r = measure(backend, variant, Path(tmp) / name.split()[0])
+                lines.append(
+                    f"| {backend} | {name} | {r['runs']} | {r['tune_trials']} | {r['sweep_s']:.1f} | {alone:.1f} | "
+                    f"{alone / r['sweep_s']:.2f} | {r['startup_s']:.2f} |"
+                )
+                print(lines[-1], flush=True)
+    intro = (
+        f"{common.generated_by()}, Ray with {cpus:g} CPUs, cpus_per_trial = 1 (two trials at a time); the variants "
+        f"ran side by side in this one run. Workload: invariant-logreg FCSG-M, 4 clients (2 client actors), q = 10, "
+        f"10 rounds; grid lr {GRID['algorithm.lr']} x beta {GRID['algorithm.beta']} x {SEEDS} seeds. Load average "
+        f"at the end: {os.getloadavg()[0]:.1f} (the machine is shared)."
+    )
+    return intro, lines
+
+
+def figure1(root: Path) -> list[str]:
+    """One Figure 1 run alone (local backend), then the whole grid as ``fedcomp sweep fcsg-invariant-lr``
+    in a fresh local Ray whose processes' CPU time is read after it shuts down."""
+    import ray
+
+    ray.shutdown()  # the Figure 1 grid gets a fresh Ray, started from this process (so /proc sees its workers)
+    cpu0, wall0 = cpu_seconds(), time.perf_counter()
+    fedcomp.run("fig1-fcsg-m", {"federation.backend": "local", "run.eval_every": 2, "run.progress": "none",
+                                "run.out": str(root / "alone")})
+    alone_wall, alone_cpu = time.perf_counter() - wall0, cpu_seconds() - cpu0
+    with TreeCPU() as tree:
+        cpu0, wall0 = cpu_seconds(), time.perf_counter()
+        connect()
+        result = fedcomp.sweep("fcsg-invariant-lr", overrides={"run.out": str(root / "fig1")})
+        wall = time.perf_counter() - wall0
+        tree._sample()
+        ray.shutdown()
+    cpu = cpu_seconds() - cpu0 + tree.seconds
+    runs = result.trials["trial"].nunique()
+    failed = int((result.trials.groupby("trial")["status"].first() != "completed").sum())
+    tune_trials = len([p for p in result.path.iterdir() if p.is_dir()])
+    # a lockstep trial's configurations share its clock: its own time is its longest configuration's
+    trial_time = result.trials.groupby(result.trials["trial"].str.rsplit("-", n=1).str[0])["wall_time"].max().sum()
+    cores = os.cpu_count() or 1
+    gap = lockstep_gap(result.trials, root / "check")
+    return [
+        "## The FCSG Figure 1 grid end to end",
+        "",
+        f"`fedcomp sweep fcsg-invariant-lr` (the paper's grid: FCSG lr x m x noise ratio, FCSG-M lr x beta x m x noise "
+        f"ratio, 3 seeds, 40 rounds, 16 clients, q = 50; `pack: lockstep` on the local backend), through "
+        f"`fedcomp.sweep` in this process with a fresh local Ray. Load average at the end: {os.getloadavg()[0]:.1f}.",
+        "",
+        "| what | value |",
+        "|---|---:|",
+        f"| one Figure 1 run alone (FCSG-M, m = 10, local backend, `fedcomp.run`): wall / CPU (s) | "
+        f"{alone_wall:.1f} / {alone_cpu:.1f} |",
+        f"| runs (configurations x seeds) / Tune trials / failed | {runs} / {tune_trials} / {failed} |",
+        f"| sweep wall time, end to end (min) | {wall / 60:.1f} |",
+        f"| CPU time of every process of the sweep, summed (min) | {cpu / 60:.1f} |",
+        f"| Tune trials' own run time (drive loops), summed (min) | {trial_time / 60:.1f} |",
+        f"| per-run overhead: ({CONCURRENT} x sweep wall - trials' own run time) / runs (s) | "
+        f"{(CONCURRENT * wall - trial_time) / runs:.2f} |",
+        f"| CPU time per run (s) | {cpu / runs:.2f} |",
+        f"| estimate on {cores} otherwise idle cores: summed CPU / {cores} (min) | {cpu / cores / 60:.1f} |",
+        f"| lockstep vs alone: largest difference in test_accuracy, test_loss, train_loss over every row of "
+        f"{len(CHECKED)} configurations re-run with `fedcomp.run` | {gap:.2g} |",
+        "",
+    ]
+
+
+CHECKED = (
+    {"algorithm.name": "fcsg-m", "algorithm.lr": 0.01, "algorithm.beta": 0.5, "algorithm.inner_batch": 1,
+     "task.noise_ratio": 2.0, "run.seed": 1},
+    {"algorithm.name": "fcsg", "algorithm.lr": 0.005, "algorithm.inner_batch": 100, "task.noise_ratio": 1.0,
+     "run.seed": 2},
+)
+"""Figure 1 configurations re-run alone to measure how far lockstep's numbers are from a run alone."""
+
+
+def lockstep_gap(trials: pd.DataFrame, out: Path) -> float:
+    """The largest absolute difference, over every evaluation row, between :data:`CHECKED`'s rows in the sweep
+    and the same configurations run alone (local backend); the counters must be equal."""
+    worst = 0.0
+    for config in CHECKED:
+        mask = np.logical_and.reduce([trials[k] == v for k, v in config.items()])
+        rows = trials[mask].sort_values("round").reset_index(drop=True)
+        overrides = {**config, "federation.backend": "local", "run.eval_every": 2, "run.progress": "none",
+                     "run.out": str(out)}
+        alone = fedcomp.run("fig1-fcsg-m", overrides).metrics.reset_index(drop=True)
+        counters = ["round", "comm_rounds", "local_steps", "samples", "floats_up", "floats_down"]
+        if not rows[counters].astype("int64").equals(alone[counters].astype("int64")):
+            raise AssertionError(f"{config}: the counters differ from a run alone")
+        metrics = ["test_accuracy", "test_loss", "train_loss"]
+        worst = max(worst, float((rows[metrics] - alone[metrics]).abs().max().max()))
+    return worst
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--backends", nargs="+", default=["local", "ray"], choices=["local", "ray"])
+    parser.add_argument("--figure1", action="store_true", help="run the Figure 1 grid end to end (its own section)")
     args = parser.parse_args()
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    cpus = connect()["CPU"]
-    rows = []
-    with tempfile.TemporaryDirectory() as tmp:
-        for backend in args.backends:
-            rows.append((backend, measure(backend, Path(tmp))))
-    intro = (
-        f"{common.generated_by()}, Ray with {cpus:g} CPUs, cpus_per_trial = 1 (two trials at a time). Workload: "
-        f"invariant-logreg FCSG-M, 4 clients (2 client actors), q = 10, 10 rounds; grid lr {GRID['algorithm.lr']} x "
-        f"beta {GRID['algorithm.beta']} x {SEEDS} seeds."
-    )
-    lines = [
-        "| trial backend | trials | sweep wall (s) | same runs in sequence (s) | sequence / sweep | per-trial overhead (s) |",
-        "|---|---:|---:|---:|---:|---:|",
-    ]
-    for backend, r in rows:
-        lines.append(
-            f"| {backend} | {r['trials']} | {r['sweep_s']:.1f} | {r['sequential_s']:.1f} | "
-            f"{r['sequential_s'] / r['sweep_s']:.2f} | {r['startup_s']:.2f} |"
-        )
-    common.table_report(common.HERE / "SWEEP.md", "# A sweep of 12 tiny runs vs the same runs in sequence", intro,
-                        lines)
+    report = common.HERE / "SWEEP.md"
+    if args.figure1:
+        with tempfile.TemporaryDirectory() as tmp:
+            lines = figure1(Path(tmp))
+        text = "\n".join([*lines[:2], f"{common.generated_by()}.", "", *lines[2:]])
+        print(text)
+        common.put_section(report, "sweep_overhead.py --figure1", text)
+        return
+    intro, lines = overhead_table(args.backends)
+    title = "# Sweeps of tiny runs: per-run overhead and the Figure 1 grid"
+    common.write_report(report, "\n".join([title, "", intro, "", *lines]) + "\n")
+    print(intro, *lines, sep="\n")
 
 
 if __name__ == "__main__":

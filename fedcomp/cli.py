@@ -58,13 +58,13 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if args.max_concurrent is not None and args.max_concurrent < 1:
         raise PlatformError(f"--max-concurrent = {args.max_concurrent}: must be >= 1")
     if args.resume:
-        if args.spec or args.set or args.search or args.num_samples or args.seeds or args.scheduler:
+        if args.spec or args.set or args.search or args.num_samples or args.seeds or args.scheduler or args.pack:
             raise PlatformError("--resume SWEEP_DIR continues a sweep with its stored spec; drop the preset and flags")
         result = fedcomp.resume_sweep(args.resume, ray_address=args.ray_address, verbose=args.verbose)
     else:
         result = fedcomp.sweep(
             args.spec or "quick", search=args.search, num_samples=args.num_samples, seeds=args.seeds,
-            scheduler=args.scheduler, max_concurrent=args.max_concurrent, overrides=_overrides(args.set),
+            scheduler=args.scheduler, max_concurrent=args.max_concurrent, pack=args.pack, overrides=_overrides(args.set),
             ray_address=args.ray_address, verbose=args.verbose,
         )
     from fedcomp.sweeps.report import best_and_edges, edge_warnings, markdown, sweep_report
@@ -189,6 +189,8 @@ def build_parser() -> argparse.ArgumentParser:
     sw.add_argument("--seeds", type=int, help="repeats of every configuration (seeds run.seed, run.seed+1, ...)")
     sw.add_argument("--scheduler", choices=["none", "asha"], help="stop weak trials early (ASHA, on rounds)")
     sw.add_argument("--max-concurrent", type=int, help="trials running at once (default: as many as fit)")
+    sw.add_argument("--pack", choices=["none", "sequential", "lockstep"],
+                    help="grid configurations per trial: one, several one at a time, or several in lockstep (vmapped)")
     sw.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="override the base config")
     sw.add_argument("--resume", metavar="SWEEP_DIR", help="continue an interrupted sweep")
     sw.add_argument("--ray-address", metavar="ADDR", help="join this Ray cluster (default: $RAY_ADDRESS, else local)")

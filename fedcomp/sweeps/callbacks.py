@@ -73,7 +73,11 @@ def no_auto_loggers() -> Iterator[None]:
 
 
 def trial_label(config: Mapping[str, Any]) -> str:
-    """``algorithm.name=fcsg-m algorithm.lr=0.01 run.seed=1`` from a trial's Tune config."""
+    """``algorithm.name=fcsg-m algorithm.lr=0.01 run.seed=1`` from a trial's Tune config (a packed trial:
+    how many configurations, and its first one's label)."""
+    if "pack" in config:
+        pack = list(config["pack"])
+        return f"[{len(pack)} configurations, first: {trial_label(pack[0])}]" if pack else "[empty pack]"
     flat = {**(config.get("point") or {}), **{k: v for k, v in config.items() if k != "point"}}
     return " ".join(f"{k}={v}" for k, v in flat.items())
 

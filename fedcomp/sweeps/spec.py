@@ -15,6 +15,7 @@ A sweep file (or a preset in ``fedcomp/sweeps/presets``) looks like::
     seeds: 3                           # repeats: run.seed, run.seed + 1, ...
     metric: test_accuracy              # default: the task's headline metric
     mode: max                          # default: the task's direction for its headline metric
+    pack: lockstep                     # optional: several configurations per trial (none | sequential | lockstep)
     table:                             # optional: the report also tabulates the sweep in a paper's layout
       rows: [task.dataset, algorithm.name]
       columns: algorithm.local_steps   # one column per value; each cell at the best of the other axes
@@ -83,6 +84,15 @@ class SweepSpec(BaseModel):
     placement: Literal["pack", "spread"] = Field("pack", description="placement-group strategy of a trial")
     max_failures: int = Field(2, ge=0, description="times a failed trial is retried from its last checkpoint")
     seed: int = Field(0, ge=0, description="seed of the Optuna sampler")
+    pack: Literal["none", "sequential", "lockstep"] = Field(
+        "none", description="grid configurations per Tune trial: one (none), several one at a time (sequential, "
+        "bit for bit), or several in lockstep in one process (lockstep: configurations differing only in float "
+        "algorithm fields, vmapped; equal up to float32 rounding)",
+    )
+    reuse_actors: bool = Field(True, description="a finished trial's process runs the next trial of the same "
+                               "resources (saves the process start and imports; false: a fresh process per trial)")
+    pack_size: int | None = Field(None, ge=1, description="configurations per packed trial (default: sequential 8, "
+                                  "lockstep every configuration of one shape)")
 
     @field_validator("name")
     @classmethod
@@ -192,6 +202,24 @@ def corners(spec: SweepSpec) -> list[dict[str, Any]]:
     return out or [{}]
 
 
+def _check_pack(spec: SweepSpec, points: list[dict[str, Any]]) -> None:
+    """Packed trials need a grid, no early stopping, and (lockstep) the in-process backend."""
+    if spec.pack == "none":
+        if spec.pack_size is not None:
+            raise ConfigError(f"pack_size = {spec.pack_size}: only with pack: sequential or lockstep")
+        return
+    if spec.search != "grid":
+        raise ConfigError(f"pack = {spec.pack!r}: packs grid configurations; with search = 'optuna' use pack: none")
+    if spec.scheduler != "none":
+        raise ConfigError(f"pack = {spec.pack!r}: ASHA stops whole trials, not one configuration of a pack; "
+                          f"use scheduler: none or pack: none")
+    if spec.pack == "lockstep":
+        for point in points:
+            if load_config(spec.base, {**spec.set, **point}).federation.backend != "local":
+                raise ConfigError("pack = 'lockstep' runs a trial's configurations in one process: set "
+                                  "federation.backend: local (or use pack: sequential)")
+
+
 def validate(spec: SweepSpec) -> None:
     """Check that every trial of ``spec`` is a valid run config; raise :class:`ConfigError` naming the first
     bad axis, value or combination."""
@@ -241,6 +269,7 @@ def validate(spec: SweepSpec) -> None:
         except ConfigError as error:
             where = f"sweep point {point}: " if point else ""
             raise ConfigError(f"{where}{error}") from None
+    _check_pack(spec, candidates)
     metric, _ = spec.resolved_metric()
     task = spec.base_config().task_name
     metrics = TASKS[task].metrics

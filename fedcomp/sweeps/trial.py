@@ -1,4 +1,5 @@
-"""One Tune trial = one whole federated run: its resources, and the trainable that runs it.
+"""One Tune trial = one whole federated run: its resources, and the trainable that runs it (a sweep with
+``pack:`` runs several configurations per trial instead: :mod:`fedcomp.sweeps.packs`).
 
 The trial's placement group has one bundle for the trainable itself, one for the server actor and one per
 client actor (``federation.backend: ray``), or a single bundle when the trial runs the local backend in
@@ -76,10 +77,16 @@ def trial_resources(spec: SweepSpec, config: Config, cluster_has_gpus: bool) -> 
     return TrialResources(tuple(bundles), share, gpc)
 
 
+def members(trial: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The Tune configs of the configurations a trial runs: its pack (``pack:`` sweeps), or the trial itself.
+    A pack's configurations share their trial resources."""
+    return [dict(m) for m in trial["pack"]] if "pack" in trial else [dict(trial)]
+
+
 def placement_group_factory(trial: Mapping[str, Any], spec: SweepSpec, cluster_has_gpus: bool) -> tune.PlacementGroupFactory:
     """Tune's resource callback: the bundles computed from the trial's own config (client count and GPU
     share may be swept)."""
-    res = trial_resources(spec, spec.trial_config(trial), cluster_has_gpus)
+    res = trial_resources(spec, spec.trial_config(members(trial)[0]), cluster_has_gpus)
     return tune.PlacementGroupFactory(list(res.bundles), strategy=spec.placement.upper())
 
 

@@ -28,8 +28,9 @@ from fedcomp.actors.cluster import fedcomp_env
 from fedcomp.platform import results, tracking
 from fedcomp.platform.errors import ConfigError, ResourceError, StorageError
 from fedcomp.sweeps.callbacks import TrialProgress, logger_callbacks, no_auto_loggers
+from fedcomp.sweeps.packs import make_packs, read_pack_rows, run_pack
 from fedcomp.sweeps.spec import SweepSpec, corners, load_spec
-from fedcomp.sweeps.trial import placement_group_factory, read_trial_rows, run_trial, trial_resources
+from fedcomp.sweeps.trial import members, placement_group_factory, read_trial_rows, run_trial, trial_resources
 
 if TYPE_CHECKING:
     from ray import tune
@@ -87,7 +88,8 @@ def _trainable(spec: SweepSpec, has_gpus: bool) -> Any:
     from ray import tune
 
     fn = tune.with_parameters(
-        run_trial, spec_json=spec.model_dump_json(), cluster_has_gpus=has_gpus, env=fedcomp_env()
+        run_pack if spec.pack != "none" else run_trial, spec_json=spec.model_dump_json(), cluster_has_gpus=has_gpus,
+        env=fedcomp_env(),
     )
     return tune.with_resources(fn, functools.partial(placement_group_factory, spec=spec, cluster_has_gpus=has_gpus))
 
@@ -95,6 +97,8 @@ def _trainable(spec: SweepSpec, has_gpus: bool) -> Any:
 def _param_space(spec: SweepSpec) -> dict[str, Any]:
     from ray import tune
 
+    if spec.search == "grid" and spec.pack != "none":
+        return {"pack": tune.grid_search(make_packs(spec))}
     if spec.search == "grid":
         return {"point": tune.grid_search(spec.points()), "run.seed": tune.grid_search(spec.seed_values())}
     makers: dict[str, Callable[..., Any]] = {"uniform": tune.uniform, "loguniform": tune.loguniform, "int": lambda lo, hi: tune.randint(lo, hi + 1)}
@@ -130,6 +134,7 @@ def _tune_config(spec: SweepSpec) -> tune.TuneConfig:
     return tune.TuneConfig(
         metric=metric, mode=mode, search_alg=search_alg, scheduler=scheduler, num_samples=num_samples,
         max_concurrent_trials=spec.max_concurrent,
+        reuse_actors=spec.reuse_actors,
     )
 
 
@@ -138,7 +143,7 @@ def _run_config(spec: SweepSpec, path: Path, verbose: int) -> tune.RunConfig:
 
     run = spec.base_config().run
     metric, mode = spec.resolved_metric()
-    trials = len(spec.points()) * len(spec.seed_values()) if spec.search == "grid" else spec.num_samples * spec.seeds
+    trials = trial_count(spec)
     return tune.RunConfig(
         name=path.name,
         storage_path=str(path.parent),
@@ -148,6 +153,13 @@ def _run_config(spec: SweepSpec, path: Path, verbose: int) -> tune.RunConfig:
         callbacks=[*logger_callbacks(run.track, path, spec.model_dump_json()), TrialProgress(trials, metric, mode, run.progress, verbose)],
         log_to_file=not verbose,  # at verbose 0 the trials' own output goes to files in their folders
     )
+
+
+def trial_count(spec: SweepSpec) -> int:
+    """The Tune trials the sweep runs (packs count once)."""
+    if spec.search == "grid" and spec.pack != "none":
+        return len(make_packs(spec))
+    return len(spec.points()) * len(spec.seed_values()) if spec.search == "grid" else spec.num_samples * spec.seeds
 
 
 def _connect(ray_address: str | None, verbose: int = 1) -> tuple[dict[str, float], bool]:
@@ -173,6 +185,7 @@ def sweep(
     seeds: int | None = None,
     scheduler: str | None = None,
     max_concurrent: int | None = None,
+    pack: str | None = None,
     overrides: Mapping[str, Any] | None = None,
     ray_address: str | None = None,
     verbose: int = 0,
@@ -181,7 +194,7 @@ def sweep(
     every trial's results.
 
     Args:
-        search, num_samples, seeds, scheduler, max_concurrent: replace the spec's values (the CLI flags).
+        search, num_samples, seeds, scheduler, max_concurrent, pack: replace the spec's values (the CLI flags).
         overrides: ``{"run.rounds": 10, ...}`` merged into the spec's ``set``; ``run.out`` picks the
             results root the sweep folder is created under.
         ray_address: the cluster to join (default: ``$RAY_ADDRESS``, an initialised Ray, else a local one).
@@ -193,7 +206,7 @@ def sweep(
 
     spec = load_spec(
         source, search=search, num_samples=num_samples, seeds=seeds, scheduler=scheduler,
-        max_concurrent=max_concurrent, set=dict(overrides or {}),
+        max_concurrent=max_concurrent, pack=pack, set=dict(overrides or {}),
     )
     tracking.require(spec.base_config().run.track)
     cluster, has_gpus = _connect(ray_address, verbose)
@@ -303,21 +316,24 @@ def collect(grid: ResultGrid, spec: SweepSpec) -> pd.DataFrame:
     for i in range(len(grid)):  # a ResultGrid is indexed (its type declares no __iter__)
         result = grid[i]
         trial = dict(cast(dict[str, Any], result.config))  # a trial's result always holds its config
-        config = _flatten(spec.trial_config(trial).to_dict())
-        rows = read_trial_rows(result.checkpoint)
-        last = max((r["round"] for r in rows), default=-1)
-        reported = result.metrics_dataframe
-        if reported is not None and "round" in reported:
-            later = reported[reported["round"] > last].drop_duplicates("round", keep="last")
-            columns = [c for c in later.columns if c in (rows[0] if rows else later.columns)]
-            rows += later[columns].to_dict("records")
         status = "error" if result.error is not None else "completed"
         trial_id = (result.metrics or {}).get("trial_id") or os.path.basename(result.path)
-        frame = pd.DataFrame(rows or [{}])
-        config_columns.update(dict.fromkeys(config))
-        metric_columns.update(dict.fromkeys(frame.columns))
-        head = pd.DataFrame([{"trial": trial_id, "status": status, **config}] * len(frame))
-        frames.append(pd.concat([head, frame.reset_index(drop=True)], axis=1))
+        reported = result.metrics_dataframe
+        packed = "pack" in trial
+        for k, member in enumerate(members(trial)):
+            config = _flatten(spec.trial_config(member).to_dict())
+            if packed:
+                rows = read_pack_rows(result.checkpoint, k)
+                later = None if reported is None or "member" not in reported else reported[reported["member"] == k]
+            else:
+                rows, later = read_trial_rows(result.checkpoint), reported
+            rows += _later_rows(rows, later)
+            frame = pd.DataFrame(rows or [{}])
+            config_columns.update(dict.fromkeys(config))
+            metric_columns.update(dict.fromkeys(frame.columns))
+            name = f"{trial_id}-{k}" if packed else trial_id
+            head = pd.DataFrame([{"trial": name, "status": status, **config}] * len(frame))
+            frames.append(pd.concat([head, frame.reset_index(drop=True)], axis=1))
     if not frames:
         return pd.DataFrame()
     out = pd.concat(frames, ignore_index=True)
@@ -326,6 +342,16 @@ def collect(grid: ResultGrid, spec: SweepSpec) -> pd.DataFrame:
         if out[column].dtype == object and out[column].map(type).nunique() > 1:
             out[column] = out[column].map(lambda v: v if isinstance(v, (list, tuple)) else str(v))
     return out.sort_values(["trial", "round"], kind="stable", ignore_index=True) if "round" in out else out
+
+
+def _later_rows(rows: list[dict[str, Any]], reported: pd.DataFrame | None) -> list[dict[str, Any]]:
+    """Rows reported after the latest checkpoint (a trial stopped early, or failed), in the checkpoint's columns."""
+    if reported is None or "round" not in reported:
+        return []
+    last = max((r["round"] for r in rows), default=-1)
+    later = reported[reported["round"] > last].drop_duplicates("round", keep="last")
+    columns = [c for c in later.columns if c in (rows[0] if rows else later.columns) and c != "member"]
+    return cast(list[dict[str, Any]], later[columns].to_dict("records"))
 
 
 def load_sweep(path: str | Path) -> SweepResult:

@@ -1,0 +1,186 @@
+"""Packed trials: several grid configurations in one Tune trial, so a sweep of tiny runs does not pay a
+trial's start-up (a Tune trial, its process, its actors) per configuration.
+
+``pack: sequential`` runs a trial's configurations one after another, each exactly as a run alone (bit for
+bit, on either backend); ``pack: lockstep`` runs configurations that differ only in float hyperparameters of
+the algorithm (lr, beta, ...) together in one process (:mod:`fedcomp.sweeps.lockstep`: same numbers up to
+float32 rounding). Either way every configuration keeps its own rows, counters and checkpoints: a packed
+trial reports each evaluation row with its configuration's index (``member``), its Tune checkpoint holds one
+run checkpoint per configuration (``member-<k>/``) and which configurations have finished, so a resumed
+trial continues each unfinished configuration from its own checkpoint; ``trials.parquet`` gets one trial per
+configuration (``<tune trial id>-<k>``), as an unpacked sweep does.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any, cast
+
+from ray import tune
+
+from fedcomp.platform import results
+from fedcomp.platform.config import Config
+from fedcomp.platform.runner import RoundDone, drive
+from fedcomp.sweeps.spec import SweepSpec
+from fedcomp.sweeps.trial import FAULT_EXIT, members, pinned_config
+
+PACK_JSON = "pack.json"
+SEQUENTIAL_PACK = 8
+"""Configurations per trial of ``pack: sequential`` when ``pack_size`` is not given."""
+
+
+def swept_floats(spec: SweepSpec) -> list[str]:
+    """The algorithm fields the grid varies that are floats (what lockstep batches)."""
+    names = []
+    for point in spec.points():
+        config = spec.base_config(**point)
+        fields = type(config.algorithm).model_fields
+        for key in point:
+            section, _, name = key.partition(".")
+            if section == "algorithm" and name in fields and fields[name].annotation is float and name not in names:
+                names.append(name)
+    return names
+
+
+def _shape_key(config: Config, swept: Sequence[str]) -> str:
+    data = config.to_dict()
+    data["algorithm"] = {k: v for k, v in data["algorithm"].items() if k not in swept}
+    return json.dumps(data, sort_keys=True, default=str)
+
+
+def make_packs(spec: SweepSpec) -> list[list[dict[str, Any]]]:
+    """The grid's trials (point x seed) in packs: for ``sequential`` configurations with the same federation
+    section (the same trial resources), ``pack_size`` (default :data:`SEQUENTIAL_PACK`) at a time; for
+    ``lockstep`` every configuration of one shape (all but the swept float algorithm fields equal), or
+    ``pack_size`` of them at a time."""
+    swept = swept_floats(spec)
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for point in spec.points():
+        for seed in spec.seed_values():
+            trial = {"point": point, "run.seed": seed}
+            config = spec.trial_config(trial)
+            if spec.pack == "sequential":
+                key = json.dumps(config.to_dict()["federation"], sort_keys=True, default=str)
+            else:
+                key = _shape_key(config, swept)
+            groups.setdefault(key, []).append(trial)
+    size = spec.pack_size or (SEQUENTIAL_PACK if spec.pack == "sequential" else None)
+    packs: list[list[dict[str, Any]]] = []
+    for group in groups.values():
+        step = size or len(group)
+        packs.extend(group[i:i + step] for i in range(0, len(group), step))
+    return packs
+
+
+# ---- the packed trainable --------------------------------------------------------------------------------
+
+
+def _save(folder: Path, checkpoints: Mapping[int, dict[str, Any]], done: set[int]) -> tune.Checkpoint:
+    for k, checkpoint in checkpoints.items():
+        sub = folder / f"member-{k}"
+        sub.mkdir()
+        results.write_checkpoint(sub / results.CHECKPOINT, checkpoint)
+        results.write_metrics(sub / results.METRICS, checkpoint["rows"])
+    results.write_json(folder / PACK_JSON, {"done": sorted(done)})
+    return cast(tune.Checkpoint, tune.Checkpoint.from_directory(str(folder)))
+
+
+def _restore(checkpoint: tune.Checkpoint | None) -> tuple[dict[int, dict[str, Any]], set[int]]:
+    if checkpoint is None:
+        return {}, set()
+    with checkpoint.as_directory() as folder:
+        root = Path(folder)
+        done = set(results.read_json(root / PACK_JSON)["done"]) if (root / PACK_JSON).is_file() else set()
+        saved = {
+            int(sub.name.removeprefix("member-")): results.read_checkpoint(sub / results.CHECKPOINT)
+            for sub in root.glob("member-*") if (sub / results.CHECKPOINT).is_file()
+        }
+    return saved, done
+
+
+def _one_at_a_time(
+    configs: Sequence[Config], todo: Sequence[int], saved: Mapping[int, dict[str, Any]]
+) -> Iterator[list[tuple[int, RoundDone]]]:
+    from fedcomp.backends import make_server
+
+    for k in todo:
+        server = make_server(configs[k])
+        try:
+            for step in drive(configs[k], server, saved.get(k)):
+                yield [(k, step)]
+        finally:
+            server.close()
+
+
+def _together(
+    configs: Sequence[Config], todo: Sequence[int], saved: Mapping[int, dict[str, Any]], swept: Sequence[str]
+) -> Iterator[list[tuple[int, RoundDone]]]:
+    from fedcomp.sweeps.lockstep import run_together
+
+    for batch in run_together([configs[k] for k in todo], swept, [saved.get(k) for k in todo]):
+        yield [(todo[i], step) for i, step in batch]
+
+
+def run_pack(trial: dict[str, Any], spec_json: str, cluster_has_gpus: bool, env: dict[str, str]) -> None:
+    """The Tune trainable of a packed trial: run its configurations (one at a time or in lockstep), report
+    every configuration's evaluation rows tagged with its index, and checkpoint them all together."""
+    import torch
+
+    os.environ.update(env)
+    torch.set_num_threads(1)
+    logging.getLogger("ray.train").setLevel(logging.WARNING)
+    logging.getLogger("ray.tune").setLevel(logging.WARNING)
+    spec = SweepSpec.model_validate_json(spec_json)
+    configs = [pinned_config(spec, m, cluster_has_gpus) for m in members(trial)]
+    restored = tune.get_checkpoint()
+    saved, done = _restore(restored)
+    exit_round = int(env.get(FAULT_EXIT, 0)) if restored is None else 0
+    todo = [k for k in range(len(configs)) if k not in done]
+    reported = {k: max((r["round"] for r in c["rows"]), default=-1) for k, c in saved.items()}
+    steps = (
+        _together(configs, todo, saved, swept_floats(spec)) if spec.pack == "lockstep"
+        else _one_at_a_time(configs, todo, saved)
+    )
+    latest: dict[int, dict[str, Any]] = {}
+    for batch in steps:
+        reports: list[dict[str, Any]] = []
+        save = False
+        for k, step in batch:
+            if step.round == exit_round:
+                os._exit(1)  # fault injection for tests: the trial's process dies mid-run
+            new = [r for r in step.rows if r["round"] > reported.get(k, -1)]
+            reports += [{**r, "member": k, "trial_round": r["round"]} for r in new]
+            reported[k] = max(reported.get(k, -1), step.rows[-1]["round"])
+            latest[k] = {**step.rows[-1], "member": k, "trial_round": step.round}
+            if step.checkpoint is not None:
+                saved[k] = step.checkpoint
+                save = True
+            if step.round >= configs[k].run.rounds:
+                done.add(k)
+        if not save:
+            for metrics in reports:
+                tune.report(metrics)
+            continue
+        reports = reports or [latest[batch[-1][0]]]  # a checkpoint round without an evaluation
+        for metrics in reports[:-1]:
+            tune.report(metrics)
+        with tempfile.TemporaryDirectory() as folder:
+            tune.report(reports[-1], checkpoint=_save(Path(folder), saved, done))
+
+
+def read_pack_rows(checkpoint: tune.Checkpoint | None, member: int) -> list[dict[str, Any]]:
+    """Configuration ``member``'s evaluation rows stored in a packed trial's checkpoint."""
+    if checkpoint is None:
+        return []
+    with checkpoint.as_directory() as folder:
+        path = Path(folder) / f"member-{member}" / results.METRICS
+        if not path.is_file():
+            return []
+        import pandas as pd
+
+        return cast(list[dict[str, Any]], pd.read_parquet(path).to_dict("records"))
