@@ -264,11 +264,14 @@ def validate(spec: SweepSpec) -> None:
             if key not in allowed:
                 raise ConfigError(f"table: {key!r} is not an axis of this sweep; allowed: {', '.join(allowed)}")
     for point in candidates:
+        where = f"sweep point {point}: " if point else ""
         try:
-            load_config(spec.base, {**spec.set, **point})
+            config = load_config(spec.base, {**spec.set, **point})
         except ConfigError as error:
-            where = f"sweep point {point}: " if point else ""
             raise ConfigError(f"{where}{error}") from None
+        if config.federation.gpu_packing == "auto":
+            raise ConfigError(f"{where}federation.gpu_packing = 'auto': a trial's placement group is sized from "
+                              f"federation.clients_per_actor before the trial starts; use gpu_packing: fixed in sweeps")
     _check_pack(spec, candidates)
     metric, _ = spec.resolved_metric()
     task = spec.base_config().task_name

@@ -143,6 +143,7 @@ def test_a_failed_lockstep_trial_resumes_every_configuration_from_its_checkpoint
     ({"pack": "lockstep", "set": {**TINY, "federation.backend": "ray"}}, "set federation.backend: local"),
     ({"pack_size": 4}, "pack_size = 4: only with pack: sequential or lockstep"),
     ({"pack": "vmap"}, "sweep pack = 'vmap'"),
+    ({"set": {**TINY, "federation.gpu_packing": "auto"}}, "federation.gpu_packing = 'auto': a trial's placement group"),
 ])
 def test_bad_packing_is_one_line(changes, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(")):
