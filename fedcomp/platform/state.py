@@ -89,6 +89,15 @@ class Model(State):
     x: Tensor
 
 
+@dataclasses.dataclass(frozen=True)
+class MinimaxModel(State):
+    """The minimax variables, the primal x and the dual y: the state of the min-max family (LocalSGDAM, CoDA, ...)
+    and FedNest's (x, y) point."""
+
+    x: Tensor
+    y: Tensor
+
+
 @functools.cache
 def _nested_types(cls: type[State]) -> dict[str, type[State]]:
     """The fields of ``cls`` that are records themselves, with their types."""

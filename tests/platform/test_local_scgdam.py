@@ -10,7 +10,8 @@ import torch
 
 import fedcomp
 from fedcomp.platform.algorithms.base import ClientContext
-from fedcomp.platform.algorithms.local_scgdam import LocalSCGDAM, LocalSGDAM
+from fedcomp.platform.algorithms.local_scgdam import LocalSCGDAM
+from fedcomp.platform.algorithms.local_sgdam import LocalSGDAM
 from fedcomp.platform.errors import ConfigError
 from fedcomp.platform.federation import LocalFederation, build_algorithm, build_task
 from fedcomp.platform.oracles import inner_value_vjp

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fedcomp.platform.algorithms.local_sgdm import (
+from fedcomp.platform.algorithms.local_sgdm_rl import (
     ClassPriorProblem,
     RatioLossProblem,
     monitor_ratios,

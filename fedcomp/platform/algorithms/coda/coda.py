@@ -31,12 +31,12 @@ from torch import Tensor
 from fedcomp.platform.algorithms.base import ClientContext, StepInfo, Tensors
 from fedcomp.platform.algorithms.coda.stages import ScoredProblem, StagePlan
 from fedcomp.platform.algorithms.coda.stagewise import Stagewise, StagewiseHParams
-from fedcomp.platform.algorithms.local_scgdam import Model
 from fedcomp.platform.errors import ConfigError
 from fedcomp.platform.params import Params
 from fedcomp.platform.problems import MinimaxProblem
 from fedcomp.platform.registry import register_algorithm
 from fedcomp.platform.rounds import Round
+from fedcomp.platform.state import MinimaxModel
 
 __all__ = ["CoDA", "CoDAHParams", "PlainLocalSGDA"]
 
@@ -102,19 +102,21 @@ class PlainLocalSGDA(CoDA):
 
     def __init__(self, hparams: Any) -> None:
         super().__init__(hparams)
-        self.Server = self.Client = Model  # type: ignore[misc]
+        self.Server = self.Client = MinimaxModel  # type: ignore[misc]
 
-    def init(self, variables: Tensors) -> Model:
-        return Model(x=variables["x"].clone(), y=variables["y"].clone())
+    def init(self, variables: Tensors) -> MinimaxModel:
+        return MinimaxModel(x=variables["x"].clone(), y=variables["y"].clone())
 
     def plan(self, round: int) -> StagePlan:
         q = self.hp.local_steps
         return StagePlan(stage=1, first=round == 0, steps=q, first_step=round * q, lr=self.hp.lr, previous_length=0)
 
-    def round(self, fed: Round, server: Model) -> Model:
+    def round(self, fed: Round, server: MinimaxModel) -> MinimaxModel:
         return server.replace(**fed.local_steps(server, self.hp.local_steps))
 
-    def local_steps(self, problem: MinimaxProblem, client: Model, ctx: ClientContext) -> tuple[Model, Tensors, StepInfo]:
+    def local_steps(
+        self, problem: MinimaxProblem, client: MinimaxModel, ctx: ClientContext
+    ) -> tuple[MinimaxModel, Tensors, StepInfo]:
         """Client program: I local SGDA steps from the broadcast (x, y)."""
         x, y, _, info = self.steps(problem, client.x, client.y, None, self.plan(ctx.round), ctx)
         return client.replace(x=x, y=y), {"x": x, "y": y}, info

@@ -25,7 +25,7 @@ from torch import Tensor
 
 from fedcomp.platform.algorithms.coda.stages import MarginAUCProblem
 from fedcomp.platform.algorithms.coda.stagewise import Stagewise, StagewiseHParams
-from fedcomp.platform.algorithms.local_scgdam import DUAL_CLAMP
+from fedcomp.platform.algorithms.momentum_gda import DUAL_CLAMP
 from fedcomp.platform.errors import ConfigError
 from fedcomp.platform.params import Params
 from fedcomp.platform.registry import register_algorithm

@@ -44,17 +44,16 @@ from fedcomp.platform.algorithms.base import (
     batch_size,
 )
 from fedcomp.platform.algorithms.coda.stages import StagePlan, class_sums, dual_restart_value, stage_plan
-from fedcomp.platform.algorithms.local_scgdam import Model
 from fedcomp.platform.oracles import grad_xy_and_value
 from fedcomp.platform.problems import MINIMAX, MinimaxProblem
 from fedcomp.platform.rounds import Round
-from fedcomp.platform.state import Means, State
+from fedcomp.platform.state import Means, MinimaxModel, State
 
 __all__ = ["Proximal", "StageClient", "StageServer", "Stagewise", "StagewiseHParams"]
 
 
 @dataclass(frozen=True)
-class Proximal(Model):
+class Proximal(MinimaxModel):
     """(x, y) with the stage's reference point: a ``per-round`` broadcast, a ``global`` server."""
 
     v_ref: Tensor
@@ -68,7 +67,7 @@ class StageServer(Proximal):
 
 
 @dataclass(frozen=True)
-class StageClient(Model):
+class StageClient(MinimaxModel):
     """A ``global`` / ``local`` client: (x, y) from each broadcast; private, the stage it last ran in (0: none),
     its v_ref for that stage, and the sum and count of its own iterates there."""
 
@@ -87,7 +86,7 @@ class StageClientRef(StageClient):
 
 StageAverage = Literal["global", "local", "per-round"]
 RECORDS: dict[str, tuple[type[State], type[State]]] = {
-    "global": (Proximal, StageClient), "local": (Model, StageClient), "per-round": (StageServer, Model),
+    "global": (Proximal, StageClient), "local": (MinimaxModel, StageClient), "per-round": (StageServer, MinimaxModel),
 }
 """stage_average -> (server record, client record)."""
 Restart = Generator[Mapping[str, Tensor], Means, tuple[Tensor, StepInfo]]
@@ -110,7 +109,7 @@ class Stagewise(Algorithm[Any, Any]):
     """Schedule, round program and client programs of the stagewise proximal primal-dual methods."""
 
     kind = MINIMAX
-    Client: ClassVar[type[State]] = Model
+    Client: ClassVar[type[State]] = MinimaxModel
     Server: ClassVar[type[State]] = StageServer
     restarts_dual: ClassVar[bool] = False
     hp: StagewiseHParams
@@ -126,8 +125,8 @@ class Stagewise(Algorithm[Any, Any]):
 
     def join(self, broadcast: Tensors) -> State:
         x, y = broadcast["x"].clone(), broadcast["y"].clone()
-        if self.Client is Model:
-            return Model(x, y)
+        if self.Client is MinimaxModel:
+            return MinimaxModel(x, y)
         return StageClient(x, y, torch.tensor(0.0), x.clone(), torch.zeros_like(x), torch.tensor(0.0))
 
     @abstractmethod
@@ -153,13 +152,13 @@ class Stagewise(Algorithm[Any, Any]):
             means = self._run(fed, "streamed_round", cohort, Proximal(server.x, server.y, server.v_ref), plan, restart)
             return server.replace(x=means.x, y=means.y, x_acc=server.x_acc + means.x_sum)
         if mode == "local":
-            means = self._run(fed, "stage_round", cohort, Model(server.x, server.y), plan, restart)
+            means = self._run(fed, "stage_round", cohort, MinimaxModel(server.x, server.y), plan, restart)
             return server.replace(x=means.x, y=means.y)
         sends_ref = len(cohort) < fed.clients or (plan.first and plan.stage > 1 and self.hp.restart_from == "last")
         if sends_ref:
             means = self._run(fed, "stage_round_ref", cohort, server, plan, restart)
         else:
-            means = self._run(fed, "stage_round", cohort, Model(server.x, server.y), plan, restart)
+            means = self._run(fed, "stage_round", cohort, MinimaxModel(server.x, server.y), plan, restart)
         if not self.plan(fed.number + 1).first:
             return server.replace(x=means.x, y=means.y)
         v_ref = means.x_avg  # the stage's output (1/K) sum_k (1/T) sum_t v_t^k

@@ -13,11 +13,10 @@ from pydantic import Field
 from torch import Tensor
 
 from fedcomp.platform.algorithms.base import Algorithm, ClientContext, StepInfo, Tensors
-from fedcomp.platform.algorithms.local_scgdam import Model
 from fedcomp.platform.params import Params
 from fedcomp.platform.problems import BILEVEL, BilevelProblem
 from fedcomp.platform.rounds import Round
-from fedcomp.platform.state import State
+from fedcomp.platform.state import MinimaxModel, State
 
 __all__ = [
     "Cohorts", "Counted", "Counter", "CounterStep", "FedNestBase", "FedNestHParams", "Point", "Reply", "WithH",
@@ -44,7 +43,7 @@ class FedNestHParams(Params):
     oracle_batch: int | None = Field(None, ge=1, description="batch of anchors, HVPs, hypergradients; null = all")
 
 
-Point = Model
+Point = MinimaxModel
 """(x, y): the server's state, a client's, and what every sub-round broadcasts (the min-max family's record)."""
 
 
