@@ -141,19 +141,33 @@ def plan(trials: pd.DataFrame, spec: SweepSpec, steps: Sequence[Mapping[str, Any
             out.remaining.append((edge, f"at the bound ({edge.bound})" if edge.bound else "no next value"))
         elif count >= cap:
             out.remaining.append((edge, f"cap of {cap} extension{'s' if cap > 1 else ''} reached"))
+        elif not _moved_points(spec, known, [move := Move(edge.group, edge.axis, edge.side, _plain(edge.value), _plain(edge.next))]):
+            out.remaining.append((edge, "nothing new to run (the next value was tried)"))
         else:
-            new = []
-            for point in known:
-                if _in_group(spec, point, edge.group) and _equal(point.get(edge.axis), edge.value):
-                    moved = {**point, edge.axis: edge.next}
-                    if not any(moved == p for p in [*known, *out.points, *new]) and _valid(spec, moved):
-                        new.append(moved)
-            if not new:
-                out.remaining.append((edge, "nothing new to run (the next value was tried)"))
-                continue
-            out.points += new
-            out.moves.append(Move(edge.group, edge.axis, edge.side, _plain(edge.value), _plain(edge.next)))
+            out.moves.append(move)
+    out.points = _moved_points(spec, known, out.moves)
     return out
+
+
+def _moved_points(spec: SweepSpec, known: Sequence[Mapping[str, Any]], moves: Sequence[Move]) -> list[dict[str, Any]]:
+    """The points of each move's group at its edge value, moved to its next value; the points made here count
+    too, so two axes of one group moved in one step also get their corner (every other axis value kept)."""
+    pool, new, rejected = [dict(p) for p in known], [], []  # type: ignore[var-annotated]
+    changed = True
+    while changed:
+        changed = False
+        for move in moves:
+            for point in [*pool, *new]:
+                if _in_group(spec, point, move.group) and _equal(point.get(move.axis), move.start):
+                    moved = {**point, move.axis: move.to}
+                    if moved in pool or moved in new or moved in rejected:
+                        continue
+                    if _valid(spec, moved):
+                        new.append(moved)
+                        changed = True
+                    else:
+                        rejected.append(moved)
+    return new
 
 
 def step_spec(spec: SweepSpec, points: Sequence[Mapping[str, Any]], k: int) -> SweepSpec:
@@ -218,13 +232,14 @@ def extend(path: Path, spec: SweepSpec, grid_rows: pd.DataFrame, run_step: RunSt
     return trials
 
 
-def _run(spec: SweepSpec, step: Mapping[str, Any], k: int, folder: Path, run_step: RunStep, *, restore: bool,
+def _run(spec: SweepSpec, step: dict[str, Any], k: int, folder: Path, run_step: RunStep, *, restore: bool,
          path: Path, trials_file: str, frames: list[pd.DataFrame]) -> pd.DataFrame:
     """Run (or continue) step ``k``; store its rows, rewrite the sweep's trials and mark the step done."""
     rows = run_step(step_spec(spec, step["points"], k), folder, restore)
     rows = rows.assign(trial=f"extend-{k}/" + rows["trial"].astype(str)) if "trial" in rows else rows
     _write_parquet(folder / ROWS, rows)
     _write_parquet(path / trials_file, _combine([*frames, rows]))
+    step["done"] = True  # the caller's record too, which it writes again with the next step
     state = _state(path)
     state["steps"][k - 1]["done"] = True
     results.write_json(path / EXTEND_JSON, state)
