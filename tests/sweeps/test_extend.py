@@ -18,7 +18,7 @@ from fedcomp.cli import main
 from fedcomp.platform import results
 from fedcomp.platform.errors import ConfigError
 from fedcomp.sweeps.extend import DEFAULT_CAP, check_options, plan, summary
-from fedcomp.sweeps.report import best_and_edges
+from fedcomp.sweeps.report import best_and_edges, sweep_report
 from fedcomp.sweeps.spec import load_spec
 
 BASE = {"base": "quickstart", "set": {"federation.backend": "local", "run.rounds": 2}}
@@ -175,7 +175,8 @@ def test_the_cap_leaves_the_edge_and_a_killed_step_resumes(ray_session, tmp_path
     assert [s["points"] for s in state["steps"]] == [[{"algorithm.lr": 0.1}], [{"algorithm.lr": 1.0}]]
     assert all(s["done"] for s in state["steps"])
     assert state["summary"][-1] == "edge remains: fcsg-m algorithm.lr = 1 (largest tried): cap of 2 extensions reached"
-    assert "edge remains" in (result.path / "report.md").read_text()
+    _, md = sweep_report(result)
+    assert f"- {state['summary'][-1]}" in md.read_text().splitlines()
     before, told = result.trials, state["summary"]
     # as if killed during step 2 after its Tune trial finished: step 2 not marked done, its rows not stored
     state["steps"][1]["done"] = False
