@@ -29,6 +29,7 @@ from fedcomp.platform import results, tracking
 from fedcomp.platform.errors import ConfigError, ResourceError, StorageError
 from fedcomp.sweeps import extend as edges_extend
 from fedcomp.sweeps.callbacks import TrialProgress, logger_callbacks, no_auto_loggers
+from fedcomp.sweeps.edges import EXTEND_JSON
 from fedcomp.sweeps.packs import make_packs, read_pack_rows, run_pack
 from fedcomp.sweeps.spec import SweepSpec, corners, load_spec
 from fedcomp.sweeps.trial import members, placement_group_factory, read_trial_rows, run_trial, trial_resources
@@ -308,7 +309,7 @@ def resume_sweep(path: str | Path, ray_address: str | None = None, verbose: int 
 
 def _extended(result: SweepResult, cluster: Mapping[str, float], has_gpus: bool, verbose: int) -> SweepResult:
     """The sweep's result after its ``--extend-edges`` steps (the grid's alone when it was not asked for)."""
-    if not (result.path / edges_extend.EXTEND_JSON).is_file():
+    if not (result.path / EXTEND_JSON).is_file():
         return result
 
     def run_step(step: SweepSpec, folder: Path, restore: bool) -> pd.DataFrame:
