@@ -6,6 +6,11 @@ from __future__ import annotations
 
 import itertools
 import math
+import os
+import signal
+import subprocess
+import sys
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -169,7 +174,7 @@ def test_a_real_sweep_extends_until_interior_and_the_report_lists_it(ray_session
 
 @pytest.mark.ray
 @pytest.mark.slow
-def test_the_cap_leaves_the_edge_and_a_killed_step_resumes(ray_session, tmp_path):
+def test_the_cap_leaves_the_edge_and_a_step_whose_rows_were_not_stored_is_restored(ray_session, tmp_path):
     result = fedcomp.sweep(tiny(tmp_path), extend_edges=True, edge_cap=2)
     state = results.read_json(result.path / "extend.json")
     assert [s["points"] for s in state["steps"]] == [[{"algorithm.lr": 0.1}], [{"algorithm.lr": 1.0}]]
@@ -190,3 +195,48 @@ def test_the_cap_leaves_the_edge_and_a_killed_step_resumes(ray_session, tmp_path
     pd.testing.assert_frame_equal(resumed.trials.drop(columns="wall_time"), before.drop(columns="wall_time"))
     after = results.read_json(result.path / "extend.json")
     assert after["summary"] == told and [s["done"] for s in after["steps"]] == [True, True]
+
+
+def test_a_joint_axis_and_a_bound_are_left_and_say_why():
+    grid = {"algorithm.name": ["fcsg-m"], "algorithm.local_steps,run.rounds": [[2, 2], [4, 1]], "algorithm.beta": [0.5, 0.75, 1.0]}
+    spec = load_spec({**BASE, "grid": grid})
+    points = [{"algorithm.name": "fcsg-m", "algorithm.local_steps": p, "run.rounds": r, "algorithm.beta": b}
+              for p, r in grid["algorithm.local_steps,run.rounds"] for b in grid["algorithm.beta"]]
+    step = plan(frame(points, lambda p: p["algorithm.local_steps"] + p["algorithm.beta"]), spec, [], DEFAULT_CAP)
+    assert step.points == [] and step.moves == []
+    assert sorted((e.axis, why) for e, why in step.remaining) == [
+        ("algorithm.beta", "at the bound (algorithm.beta <= 1)"),
+        ("algorithm.local_steps", "a joint axis (algorithm.local_steps,run.rounds): its keys move together"),
+        ("run.rounds", "a joint axis (algorithm.local_steps,run.rounds): its keys move together")]
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_a_sweep_killed_during_an_extension_step_resumes_it_from_checkpoints(ray_session, tmp_path):
+    spec = tiny(tmp_path)
+    spec["set"].update({"run.rounds": 30, "run.checkpoint_every": 5})
+    spec_file = tmp_path / "spec.yaml"
+    spec_file.write_text(yaml.safe_dump(spec))
+    address = ray_session.get_runtime_context().gcs_address
+    cmd = [sys.executable, "-m", "fedcomp", "sweep", str(spec_file), "--extend-edges", "--edge-cap", "1",
+           "--ray-address", address, "--verbose", "0"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.time() + 240
+    while time.time() < deadline and not list(tmp_path.glob("*/extend-1/*/checkpoint_00000[234]")):  # 2 are kept
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    [folder] = [p for p in tmp_path.iterdir() if (p / "sweep.json").is_file()]
+    state = results.read_json(folder / "extend.json")
+    assert [(s["points"], s["done"]) for s in state["steps"]] == [([{"algorithm.lr": 0.1}], False)]
+    assert not list(folder.glob("extend-1/*/checkpoint_000005"))  # killed before the step's trial finished
+    result = fedcomp.resume_sweep(folder)
+    assert set(result.trials["status"]) == {"completed"} and result.trials["trial"].nunique() == 4
+    assert not list(folder.glob("extend-2"))  # cap 1
+    [step_trial] = [p for p in (folder / "extend-1").iterdir() if p.is_dir()]  # continued, not started again
+    assert list(step_trial.glob("checkpoint_000005"))
+    rows = result.trials[result.trials["algorithm.lr"] == 0.1].reset_index(drop=True)
+    assert rows["round"].is_unique and rows["round"].iloc[-1] == 30  # each round once
+    alone = fedcomp.run("quickstart", {**TINY, "run.rounds": 30, "algorithm.lr": 0.1, "run.out": str(tmp_path / "alone")}).metrics
+    columns = alone.columns.drop("wall_time", errors="ignore")
+    pd.testing.assert_frame_equal(rows[columns], alone[columns], check_dtype=False)
