@@ -152,7 +152,9 @@ def plan(trials: pd.DataFrame, spec: SweepSpec, steps: Sequence[Mapping[str, Any
 def _moved_points(spec: SweepSpec, known: Sequence[Mapping[str, Any]], moves: Sequence[Move]) -> list[dict[str, Any]]:
     """The points of each move's group at its edge value, moved to its next value; the points made here count
     too, so two axes of one group moved in one step also get their corner (every other axis value kept)."""
-    pool, new, rejected = [dict(p) for p in known], [], []  # type: ignore[var-annotated]
+    pool = [dict(p) for p in known]
+    new: list[dict[str, Any]] = []
+    rejected: list[dict[str, Any]] = []
     changed = True
     while changed:
         changed = False
