@@ -51,6 +51,8 @@ def sweep(source: Any = "quick", **options: Any) -> Any:
     Example:
         >>> result = fedcomp.sweep("quick", seeds=1, overrides={"run.rounds": 5})  # doctest: +SKIP
         >>> result.best()  # doctest: +SKIP
+
+    ``extend_edges=True`` (``edge_cap=N``, default 3) keeps running the next grid value past each edge optimum.
     """
     from fedcomp.sweeps.tuner import sweep as run_sweep
 

@@ -58,20 +58,23 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if args.max_concurrent is not None and args.max_concurrent < 1:
         raise PlatformError(f"--max-concurrent = {args.max_concurrent}: must be >= 1")
     if args.resume:
-        if args.spec or args.set or args.search or args.num_samples or args.seeds or args.scheduler or args.pack:
+        if (args.spec or args.set or args.search or args.num_samples or args.seeds or args.scheduler or args.pack
+                or args.extend_edges or args.edge_cap is not None):
             raise PlatformError("--resume SWEEP_DIR continues a sweep with its stored spec; drop the preset and flags")
         result = fedcomp.resume_sweep(args.resume, ray_address=args.ray_address, verbose=args.verbose)
     else:
         result = fedcomp.sweep(
             args.spec or "quick", search=args.search, num_samples=args.num_samples, seeds=args.seeds,
             scheduler=args.scheduler, max_concurrent=args.max_concurrent, pack=args.pack, overrides=_overrides(args.set),
-            ray_address=args.ray_address, verbose=args.verbose,
+            ray_address=args.ray_address, verbose=args.verbose, extend_edges=args.extend_edges, edge_cap=args.edge_cap,
         )
-    from fedcomp.sweeps.report import best_and_edges, edge_warnings, markdown, sweep_report
+    from fedcomp.sweeps.report import best_and_edges, edge_warnings, extension_summary, markdown, sweep_report
 
     failed = sorted(set(result.trials.loc[result.trials["status"] != "completed", "trial"]))
     print(markdown(result.trials, result.spec, warnings=False))
     for line in edge_warnings(best_and_edges(result.trials, result.spec)[1]):
+        print(line)
+    for line in extension_summary(result.path):
         print(line)
     png, md = sweep_report(result)
     print(f"sweep {result.path.name}: {result.trials['trial'].nunique()} trials, {len(failed)} failed")
@@ -191,6 +194,11 @@ def build_parser() -> argparse.ArgumentParser:
     sw.add_argument("--max-concurrent", type=int, help="trials running at once (default: as many as fit)")
     sw.add_argument("--pack", choices=["none", "sequential", "lockstep"],
                     help="grid configurations per trial: one, several one at a time, or several in lockstep (vmapped)")
+    sw.add_argument("--extend-edges", action="store_true",
+                    help="grid search: after the grid, run the next grid value past each group's edge optimum "
+                         "(the axis' ratio or step, else x sqrt(10); clamped to the bound) until it is interior, "
+                         "--edge-cap extensions per axis or the bound; the report lists what moved and what remains")
+    sw.add_argument("--edge-cap", type=int, metavar="N", help="with --extend-edges: extensions per axis and group (default 3)")
     sw.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="override the base config")
     sw.add_argument("--resume", metavar="SWEEP_DIR", help="continue an interrupted sweep")
     sw.add_argument("--ray-address", metavar="ADDR", help="join this Ray cluster (default: $RAY_ADDRESS, else local)")

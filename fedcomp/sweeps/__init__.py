@@ -3,7 +3,10 @@
 A trial is one federated run in its own placement group (:mod:`fedcomp.sweeps.trial`); a sweep's spec
 (:mod:`fedcomp.sweeps.spec`) names the base experiment, the axes and the repeats; :mod:`fedcomp.sweeps.tuner`
 launches, resumes and collects it into ``trials.parquet``; :mod:`fedcomp.sweeps.report` picks the best
-configuration per algorithm and draws the papers' curves.
+configuration per algorithm and draws the papers' curves, marking a best configuration on the edge of a tuned
+numeric axis (:mod:`fedcomp.sweeps.edges`); ``--extend-edges [--edge-cap N]`` (``sweep(..., extend_edges=True,
+edge_cap=N)``) then runs the next grid value past each such edge until the optimum is interior, the cap or the
+bound (:mod:`fedcomp.sweeps.extend`; grid search only), in the same folder and ``trials.parquet``.
 """
 
 from fedcomp.sweeps.spec import SweepSpec, load_spec

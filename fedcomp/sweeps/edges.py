@@ -40,6 +40,10 @@ EDGE_FRACTION = 0.05
 
 RANGES = ("uniform", "loguniform", "int")
 
+EXTEND_JSON = "extend.json"
+"""In a sweep folder: the record of ``--extend-edges`` (:mod:`fedcomp.sweeps.extend`), whose ``summary`` lines the
+report prints."""
+
 
 def missing(value: object) -> bool:
     """A missing cell (None, NA or NaN): an axis that does not apply to a trial's algorithm."""

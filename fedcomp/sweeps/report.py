@@ -10,7 +10,8 @@ from typing import Any
 
 import pandas as pd
 
-from fedcomp.sweeps.edges import Edge, edge_column, edges_of, find_edges, matches, missing as _missing
+from fedcomp.platform import results
+from fedcomp.sweeps.edges import EXTEND_JSON, Edge, edge_column, edges_of, find_edges, matches, missing as _missing
 from fedcomp.sweeps.spec import SweepSpec
 
 
@@ -74,6 +75,13 @@ def best_configurations(
 def edge_warnings(edges: list[Edge]) -> list[str]:
     """One line per edge optimum (what the sweep prints and report.md opens with)."""
     return [edge.warning() for edge in edges]
+
+
+def extension_summary(path: str | Path) -> list[str]:
+    """The ``--extend-edges`` lines of a sweep folder (:mod:`fedcomp.sweeps.extend`): each extended axis, how far,
+    and each edge that remains and why; empty for a sweep that did not extend."""
+    meta = Path(path) / EXTEND_JSON
+    return [str(line) for line in results.read_json(meta).get("summary", [])] if meta.is_file() else []
 
 
 def paper_table(trials: pd.DataFrame, spec: SweepSpec, metric: str | None = None) -> str:
@@ -219,5 +227,8 @@ def sweep_report(result: Any, metric: str | None = None, x: str = "comm_rounds",
     fig.savefig(png, dpi=120)
     plt.close(fig)
     warned = "".join(f"- {line}\n" for line in edge_warnings(edges)) + ("\n" if edges else "")
+    extended = extension_summary(path)
+    if extended:
+        warned += "## Edge extension (--extend-edges)\n\n" + "".join(f"- {line}\n" for line in extended) + "\n"
     md.write_text(f"# Sweep `{Path(path).name}`\n\n{warned}![{metric}](report.png)\n\n{text}")
     return png, md

@@ -27,7 +27,9 @@ from pydantic import ValidationError
 from fedcomp.actors.cluster import fedcomp_env
 from fedcomp.platform import results, tracking
 from fedcomp.platform.errors import ConfigError, ResourceError, StorageError
+from fedcomp.sweeps import extend as edges_extend
 from fedcomp.sweeps.callbacks import TrialProgress, logger_callbacks, no_auto_loggers
+from fedcomp.sweeps.edges import EXTEND_JSON
 from fedcomp.sweeps.packs import make_packs, read_pack_rows, run_pack
 from fedcomp.sweeps.spec import SweepSpec, corners, load_spec
 from fedcomp.sweeps.trial import members, placement_group_factory, read_trial_rows, run_trial, trial_resources
@@ -189,6 +191,8 @@ def sweep(
     overrides: Mapping[str, Any] | None = None,
     ray_address: str | None = None,
     verbose: int = 0,
+    extend_edges: bool = False,
+    edge_cap: int | None = None,
 ) -> SweepResult:
     """Run a sweep (a sweep preset name, a sweep YAML file, a mapping or a :class:`SweepSpec`) and return
     every trial's results.
@@ -198,6 +202,9 @@ def sweep(
         overrides: ``{"run.rounds": 10, ...}`` merged into the spec's ``set``; ``run.out`` picks the
             results root the sweep folder is created under.
         ray_address: the cluster to join (default: ``$RAY_ADDRESS``, an initialised Ray, else a local one).
+        extend_edges: after the grid, keep running the next grid value past every edge optimum of a group until
+            it is interior, ``edge_cap`` extensions per axis (default 3) or the bound (:mod:`fedcomp.sweeps.extend`;
+            grid search only). The new trials join the same folder and ``trials.parquet``.
 
     Raises:
         ConfigError, ResourceError: before anything is written, naming the field and what is allowed.
@@ -208,19 +215,22 @@ def sweep(
         source, search=search, num_samples=num_samples, seeds=seeds, scheduler=scheduler,
         max_concurrent=max_concurrent, pack=pack, set=dict(overrides or {}),
     )
+    cap = edges_extend.check_options(spec, extend_edges, edge_cap)
     tracking.require(spec.base_config().run.track)
     cluster, has_gpus = _connect(ray_address, verbose)
     _check_fits(spec, cluster, has_gpus)
     path = Path(spec.base_config().run.out).resolve() / new_sweep_id(spec)
     path.mkdir(parents=True)
     results.write_json(path / SWEEP_JSON, {"spec": spec.model_dump(mode="json"), "cluster_has_gpus": has_gpus})
+    if cap is not None:
+        edges_extend.start(path, cap)
     tuner = tune.Tuner(
         _trainable(spec, has_gpus),
         param_space=_param_space(spec),
         tune_config=_tune_config(spec),
         run_config=_run_config(spec, path, verbose),
     )
-    return _fit(tuner, spec, path, verbose)
+    return _extended(_fit(tuner, spec, path, verbose), cluster, has_gpus, verbose)
 
 
 @contextlib.contextmanager
@@ -294,7 +304,30 @@ def resume_sweep(path: str | Path, ray_address: str | None = None, verbose: int 
         tuner = tune.Tuner.restore(
             str(path), trainable=_trainable(spec, meta["cluster_has_gpus"]), resume_unfinished=True, resume_errored=True
         )
-    return _fit(tuner, spec, path, verbose)
+    return _extended(_fit(tuner, spec, path, verbose), cluster, meta["cluster_has_gpus"], verbose)
+
+
+def _extended(result: SweepResult, cluster: Mapping[str, float], has_gpus: bool, verbose: int) -> SweepResult:
+    """The sweep's result after its ``--extend-edges`` steps (the grid's alone when it was not asked for)."""
+    if not (result.path / EXTEND_JSON).is_file():
+        return result
+
+    def run_step(step: SweepSpec, folder: Path, restore: bool) -> pd.DataFrame:
+        from ray import tune
+
+        _check_fits(step, cluster, has_gpus)
+        if restore and tune.Tuner.can_restore(str(folder)):
+            with _quiet_tune(verbose):
+                tuner = tune.Tuner.restore(str(folder), trainable=_trainable(step, has_gpus), resume_unfinished=True,
+                                           resume_errored=True)
+        else:
+            tuner = tune.Tuner(_trainable(step, has_gpus), param_space=_param_space(step),
+                               tune_config=_tune_config(step), run_config=_run_config(step, folder, verbose))
+        with _quiet_tune(verbose), no_auto_loggers():
+            return collect(tuner.fit(), step)
+
+    trials = edges_extend.extend(result.path, result.spec, result.trials, run_step, TRIALS)
+    return SweepResult(result.path, result.spec, trials)
 
 
 def _finish(grid: ResultGrid, spec: SweepSpec, path: Path) -> SweepResult:
