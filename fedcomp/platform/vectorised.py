@@ -44,24 +44,25 @@ def can_lockstep(algorithm: Algorithm[Any, Any], problem: Any, program: str, cli
     )
 
 
-def _stack(trees: Sequence[Any]) -> Any:
-    """Stack equally shaped batches (tensors in tuples, lists, dicts or dataclasses) leaf by leaf."""
+def stack_trees(trees: Sequence[Any]) -> Any:
+    """Stack equally shaped batches (tensors in tuples, lists, dicts or dataclasses) leaf by leaf; raises
+    :class:`NotStackable` where leaves differ in shape or dtype or an item is none of those."""
     first = trees[0]
     if isinstance(first, torch.Tensor):
-        if any(t.shape != first.shape for t in trees):
-            raise _ShapeMismatch
+        if any(t.shape != first.shape or t.dtype != first.dtype for t in trees):
+            raise NotStackable("leaves differ in shape or dtype")
         return torch.stack(list(trees))
     if isinstance(first, (tuple, list)):
-        return type(first)(_stack([t[i] for t in trees]) for i in range(len(first)))
+        return type(first)(stack_trees([t[i] for t in trees]) for i in range(len(first)))
     if isinstance(first, dict):
-        return {k: _stack([t[k] for t in trees]) for k in first}
+        return {k: stack_trees([t[k] for t in trees]) for k in first}
     if dataclasses.is_dataclass(first) and not isinstance(first, type):
-        return type(first)(*(_stack([getattr(t, f.name) for t in trees]) for f in dataclasses.fields(first)))
-    raise TypeError(f"cannot stack a batch item of type {type(first).__name__}")
+        return type(first)(*(stack_trees([getattr(t, f.name) for t in trees]) for f in dataclasses.fields(first)))
+    raise NotStackable(f"cannot stack a batch item of type {type(first).__name__}")
 
 
-class _ShapeMismatch(Exception):
-    pass
+class NotStackable(TypeError):
+    """Batches that cannot be stacked into one: the caller steps them one at a time."""
 
 
 def lockstep_local_steps(
@@ -82,19 +83,19 @@ def lockstep_local_steps(
     steps = [contexts[0].round * q + s for s in range(q)]
     drawn = [[algorithm.draw(problem, ctx.client, step, ctx.rng(step)) for ctx in contexts] for step in steps]
     try:
-        per_step = [_stack([batch for batch, _ in clients]) for clients in drawn]
-    except _ShapeMismatch:
+        per_step = [stack_trees([batch for batch, _ in clients]) for clients in drawn]
+    except NotStackable:
         return None
     stacked = {k: torch.stack([s[k] for s in states]) for k in states[0]}
     losses: list[torch.Tensor] = []
-    for run in _equal_shape_runs(per_step):
+    for run in equal_shape_runs(per_step):
         chunk = [steps[i] for i in run]
-        batches = _stack([per_step[i] for i in run])  # [steps, clients, ...] -> vmapped over dim 1
+        batches = stack_trees([per_step[i] for i in run])  # [steps, clients, ...] -> vmapped over dim 1
 
         def steps_of_one_client(state: Tensors, batch: Any, chunk: list[int] = chunk) -> tuple[Tensors, torch.Tensor]:
             values = []
             for j, step in enumerate(chunk):
-                state, loss = algorithm.update_tensors(problem, state, _index(batch, j), step)
+                state, loss = algorithm.update_tensors(problem, state, index_tree(batch, j), step)
                 values.append(loss)
             return state, torch.stack(values)
 
@@ -116,32 +117,34 @@ def lockstep_local_steps(
     return out
 
 
-def _shapes(tree: Any) -> Any:
+def tree_shapes(tree: Any) -> Any:
+    """The shapes of a batch's leaves, in its structure (equal for batches :func:`stack_trees` can stack)."""
     if isinstance(tree, torch.Tensor):
         return tuple(tree.shape)
     if isinstance(tree, (tuple, list)):
-        return tuple(_shapes(t) for t in tree)
+        return tuple(tree_shapes(t) for t in tree)
     if isinstance(tree, dict):
-        return tuple((k, _shapes(v)) for k, v in tree.items())
-    return tuple(_shapes(getattr(tree, f.name)) for f in dataclasses.fields(tree))
+        return tuple((k, tree_shapes(v)) for k, v in tree.items())
+    return tuple(tree_shapes(getattr(tree, f.name)) for f in dataclasses.fields(tree))
 
 
-def _equal_shape_runs(batches: Sequence[Any]) -> list[list[int]]:
+def equal_shape_runs(batches: Sequence[Any]) -> list[list[int]]:
     """Indices of ``batches`` grouped into maximal runs of consecutive items with the same shapes."""
     runs: list[list[int]] = []
     for i, batch in enumerate(batches):
-        if runs and _shapes(batches[runs[-1][0]]) == _shapes(batch):
+        if runs and tree_shapes(batches[runs[-1][0]]) == tree_shapes(batch):
             runs[-1].append(i)
         else:
             runs.append([i])
     return runs
 
 
-def _index(tree: Any, j: int) -> Any:
+def index_tree(tree: Any, j: int) -> Any:
+    """Item ``j`` of every leaf of a stacked batch (one position of what :func:`stack_trees` made)."""
     if isinstance(tree, torch.Tensor):
         return tree[j]
     if isinstance(tree, (tuple, list)):
-        return type(tree)(_index(t, j) for t in tree)
+        return type(tree)(index_tree(t, j) for t in tree)
     if isinstance(tree, dict):
-        return {k: _index(v, j) for k, v in tree.items()}
-    return type(tree)(*(_index(getattr(tree, f.name), j) for f in dataclasses.fields(tree)))
+        return {k: index_tree(v, j) for k, v in tree.items()}
+    return type(tree)(*(index_tree(getattr(tree, f.name), j) for f in dataclasses.fields(tree)))

@@ -41,6 +41,7 @@ from fedcomp.platform.config import Config
 from fedcomp.platform.federation import Layout, LocalFederation, combine
 from fedcomp.platform.runner import RoundDone, drive
 from fedcomp.platform.server import Server
+from fedcomp.platform.vectorised import NotStackable, equal_shape_runs, index_tree, stack_trees
 
 TOLERANCE = 1e-4
 """Largest difference (absolute, on metrics in [0, 1] and on the model) between a lockstep configuration and
@@ -144,35 +145,6 @@ def run_calls(calls: dict[int, _Call], swept: Sequence[str]) -> tuple[dict[int, 
     return {i: calls[i].federation.alone(calls[i]) for i in order}, False
 
 
-class _NotBatchable(Exception):
-    pass
-
-
-def _stack(trees: Sequence[Any]) -> Any:
-    first = trees[0]
-    if isinstance(first, torch.Tensor):
-        if any(t.shape != first.shape or t.dtype != first.dtype for t in trees):
-            raise _NotBatchable
-        return torch.stack(list(trees))
-    if isinstance(first, (tuple, list)):
-        return type(first)(_stack([t[i] for t in trees]) for i in range(len(first)))
-    if isinstance(first, dict):
-        return {k: _stack([t[k] for t in trees]) for k in first}
-    if dataclasses.is_dataclass(first) and not isinstance(first, type):
-        return type(first)(*(_stack([getattr(t, f.name) for t in trees]) for f in dataclasses.fields(first)))
-    raise _NotBatchable
-
-
-def _index(tree: Any, j: int) -> Any:
-    if isinstance(tree, torch.Tensor):
-        return tree[j]
-    if isinstance(tree, (tuple, list)):
-        return type(tree)(_index(t, j) for t in tree)
-    if isinstance(tree, dict):
-        return {k: _index(v, j) for k, v in tree.items()}
-    return type(tree)(*(_index(getattr(tree, f.name), j) for f in dataclasses.fields(tree)))
-
-
 def _batched(calls: Sequence[_Call], swept: Sequence[str]) -> list[Outcome] | None:
     """The calls' ``local_steps`` programs in one ``vmap`` per run of equally shaped steps; None if their
     draws or states differ in shape (then they run one at a time)."""
@@ -191,27 +163,27 @@ def _batched(calls: Sequence[_Call], swept: Sequence[str]) -> list[Outcome] | No
     cohort = len(opened[0][2])
     shared, drawn = _draw(calls, opened, steps)  # drawn[step][member or 0][client] -> (batch, samples)
     try:
-        stacked = {k: torch.stack([_stack(o[3])[k] for o in opened]) for k in opened[0][3][0]}  # [members, clients]
+        stacked = {k: torch.stack([stack_trees(o[3])[k] for o in opened]) for k in opened[0][3][0]}  # [members, clients]
         hps = {  # the swept fields this algorithm has (FCSG has no beta)
             name: torch.tensor([float(getattr(c.federation.host.algorithm.hp, name)) for c in calls], dtype=torch.float64)
             for name in swept if name in type(template.hp).model_fields
         }
-        per_step = [_stack([_stack([batch for batch, _ in member]) for member in row]) for row in drawn]  # [members or 1, clients, ...]
-    except _NotBatchable:
+        per_step = [stack_trees([stack_trees([batch for batch, _ in member]) for member in row]) for row in drawn]  # [members or 1, clients, ...]
+    except NotStackable:
         return None
     if shared:
-        per_step = [_index(batch, 0) for batch in per_step]
+        per_step = [index_tree(batch, 0) for batch in per_step]
     losses = []
-    for run in _equal_shape_runs(per_step):
+    for run in equal_shape_runs(per_step):
         chunk = [steps[i] for i in run]
-        batches = _stack([per_step[i] for i in run])  # [steps, (members,) clients, ...]
+        batches = stack_trees([per_step[i] for i in run])  # [steps, (members,) clients, ...]
 
         def steps_of_one(hp: dict[str, torch.Tensor], state: Tensors, batch: Any, chunk: list[int] = chunk) -> Any:
             algorithm = copy.copy(template)
             algorithm.hp = template.hp.model_copy(update=hp)
             values = []
             for j, step in enumerate(chunk):
-                state, loss = algorithm.update_tensors(problem, state, _index(batch, j), step)
+                state, loss = algorithm.update_tensors(problem, state, index_tree(batch, j), step)
                 values.append(loss)
             return state, torch.stack(values)
 
@@ -277,26 +249,6 @@ def _draw(calls: Sequence[_Call], opened: Sequence[Any], steps: Sequence[int]) -
             algorithm: Any = host.algorithm
             row.append([algorithm.draw(host.problem, ctx.client, step, ctx.rng(step)) for ctx in o[4]])
     return False, drawn
-
-
-def _shapes(tree: Any) -> Any:
-    if isinstance(tree, torch.Tensor):
-        return tuple(tree.shape)
-    if isinstance(tree, (tuple, list)):
-        return tuple(_shapes(t) for t in tree)
-    if isinstance(tree, dict):
-        return tuple((k, _shapes(v)) for k, v in tree.items())
-    return tuple(_shapes(getattr(tree, f.name)) for f in dataclasses.fields(tree))
-
-
-def _equal_shape_runs(batches: Sequence[Any]) -> list[list[int]]:
-    runs: list[list[int]] = []
-    for i, batch in enumerate(batches):
-        if runs and _shapes(batches[runs[-1][0]]) == _shapes(batch):
-            runs[-1].append(i)
-        else:
-            runs.append([i])
-    return runs
 
 
 _END = object()
