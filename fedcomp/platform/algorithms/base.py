@@ -251,8 +251,9 @@ class LocalSteps(Algorithm[C, S]):
 
     def update_(self, problem: Any, state: C, batch: Any, step: int) -> tuple[C, Tensor]:
         """:meth:`update` in place, bit for bit: the :attr:`mutates` fields of ``state`` (the program's own copies)
-        are overwritten; returns the state (this record or a new one) and the loss."""
-        raise NotImplementedError(f"{type(self).__name__} has no in-place step")
+        are overwritten; returns the state (this record or a new one) and the loss. By default :meth:`update`
+        itself (a new record), which is what an algorithm without an in-place step runs."""
+        return self.update(problem, state, batch, step)
 
     def in_place(self) -> bool:
         """Whether local steps run :meth:`update_`: it exists and was written for the :meth:`update` in force
