@@ -23,10 +23,10 @@ class ClientActor:
     def __init__(self, config: Config, clients: Sequence[int], incarnation: int = 0) -> None:
         torch.set_num_threads(1)
         self.error: Exception | None = None
-        self.flags: dict[str, Any] = {}
-        """The determinism flags set for CUDA (``run.deterministic``; empty on the CPU)."""
         """An error building the clients (e.g. a missing data root), raised by :meth:`ready`: an exception
         leaving an actor's constructor reaches the driver only as text, after Ray has printed its traceback."""
+        self.flags: dict[str, Any] = {}
+        """The determinism flags set for CUDA (``run.deterministic``; empty on the CPU)."""
         try:
             device = "cuda" if ray.get_gpu_ids() and torch.cuda.is_available() else "cpu"
             self.flags = configure(device, config.run.deterministic)

@@ -172,10 +172,6 @@ class ActorPlan:
     packing: dict[str, Any] = dataclass_field(default_factory=dict)
     """How ``gpu_packing: auto`` chose the clients per actor (for run.json); empty when it did not."""
 
-    @property
-    def clients_per_actor(self) -> int:
-        return max(len(g) for g in self.groups)
-
     def gpus(self, group: int) -> float:
         return floor_share(self.gpus_per_client * len(self.groups[group]))
 
