@@ -32,11 +32,15 @@ from fedcomp.platform.algorithms.base import LOCKSTEP, Algorithm, ClientContext,
 
 
 def can_lockstep(algorithm: Algorithm[Any, Any], problem: Any, program: str, clients: int) -> bool:
-    """Whether ``program`` may run these clients in lockstep: the default ``local_steps`` program of a
-    :class:`~fedcomp.platform.algorithms.base.DrawUpdate` algorithm on a vmappable problem, two clients or more."""
+    """Whether ``program`` may run these clients in lockstep: :func:`steps_in_lockstep`, two clients or more."""
+    return clients > 1 and steps_in_lockstep(algorithm, problem, program)
+
+
+def steps_in_lockstep(algorithm: Algorithm[Any, Any], problem: Any, program: str) -> bool:
+    """Whether ``program``'s steps may be batched under ``vmap``: the default ``local_steps`` program of a
+    :class:`~fedcomp.platform.algorithms.base.LocalSteps` algorithm (draw + pure update) on a vmappable problem."""
     return (
         program == "local_steps"
-        and clients > 1
         and algorithm.vectorisable
         and isinstance(algorithm, LocalSteps)
         and type(algorithm).local_steps is LocalSteps.local_steps

@@ -36,12 +36,12 @@ from typing import Any
 
 import torch
 
-from fedcomp.platform.algorithms.base import LOCKSTEP, ClientContext, LocalSteps, Outcome, StepInfo, Tensors
+from fedcomp.platform.algorithms.base import LOCKSTEP, ClientContext, Outcome, StepInfo, Tensors
 from fedcomp.platform.config import Config
 from fedcomp.platform.federation import Layout, LocalFederation, combine
 from fedcomp.platform.runner import RoundDone, drive
 from fedcomp.platform.server import Server
-from fedcomp.platform.vectorised import NotStackable, equal_shape_runs, index_tree, stack_trees
+from fedcomp.platform.vectorised import NotStackable, equal_shape_runs, index_tree, stack_trees, steps_in_lockstep
 
 TOLERANCE = 1e-4
 """Largest difference (absolute, on metrics in [0, 1] and on the model) between a lockstep configuration and
@@ -124,12 +124,9 @@ def _batchable(calls: Sequence[_Call]) -> bool:
     first = calls[0]
     for call in calls:
         host = call.federation.host
-        algorithm = host.algorithm
         if (
-            call.program != "local_steps" or (call.round, call.sub, call.cohort) != (first.round, first.sub, first.cohort)
-            or host.model is not None or not isinstance(algorithm, LocalSteps) or not algorithm.vectorisable
-            or type(algorithm).local_steps is not LocalSteps.local_steps
-            or not getattr(host.problem, "vmappable", False)
+            (call.round, call.sub, call.cohort) != (first.round, first.sub, first.cohort) or host.model is not None
+            or not steps_in_lockstep(host.algorithm, host.problem, call.program)
         ):  # fmt: skip
             return False
     return len(calls) > 1
@@ -153,7 +150,7 @@ def _batched(calls: Sequence[_Call], swept: Sequence[str]) -> list[Outcome] | No
     for call in calls:
         host = call.federation.host
         layout = Layout.of(call.payload)
-        broadcast = layout.unpack(layout.pack(call.payload), host.device)  # the wire's float32 round trip
+        broadcast = layout.receive(call.payload, host.device)  # as a run alone receives it in-process
         clients, starts, contexts, _ = host._open(call.cohort, broadcast, call.round, call.sub)
         opened.append((layout, broadcast, clients, starts, contexts))
     template: Any = calls[0].federation.host.algorithm  # a LocalSteps algorithm (checked by _batchable)

@@ -27,7 +27,7 @@ from fedcomp.platform import results
 from fedcomp.platform.config import Config
 from fedcomp.platform.runner import RoundDone, drive
 from fedcomp.sweeps.spec import SweepSpec
-from fedcomp.sweeps.trial import FAULT_EXIT, members, pinned_config
+from fedcomp.sweeps.trial import FAULT_EXIT, members, pinned_config, read_trial_rows, write_run_files
 
 PACK_JSON = "pack.json"
 SEQUENTIAL_PACK = 8
@@ -84,8 +84,7 @@ def _save(folder: Path, checkpoints: Mapping[int, dict[str, Any]], done: set[int
     for k, checkpoint in checkpoints.items():
         sub = folder / f"member-{k}"
         sub.mkdir()
-        results.write_checkpoint(sub / results.CHECKPOINT, checkpoint)
-        results.write_metrics(sub / results.METRICS, checkpoint["rows"])
+        write_run_files(sub, checkpoint)
     results.write_json(folder / PACK_JSON, {"done": sorted(done)})
     return cast(tune.Checkpoint, tune.Checkpoint.from_directory(str(folder)))
 
@@ -175,12 +174,4 @@ def run_pack(trial: dict[str, Any], spec_json: str, cluster_has_gpus: bool, env:
 
 def read_pack_rows(checkpoint: tune.Checkpoint | None, member: int) -> list[dict[str, Any]]:
     """Configuration ``member``'s evaluation rows stored in a packed trial's checkpoint."""
-    if checkpoint is None:
-        return []
-    with checkpoint.as_directory() as folder:
-        path = Path(folder) / f"member-{member}" / results.METRICS
-        if not path.is_file():
-            return []
-        import pandas as pd
-
-        return cast(list[dict[str, Any]], pd.read_parquet(path).to_dict("records"))
+    return read_trial_rows(checkpoint, f"member-{member}")

@@ -202,8 +202,9 @@ def corners(spec: SweepSpec) -> list[dict[str, Any]]:
     return out or [{}]
 
 
-def _check_pack(spec: SweepSpec, points: list[dict[str, Any]]) -> None:
-    """Packed trials need a grid, no early stopping, and (lockstep) the in-process backend."""
+def _check_pack(spec: SweepSpec, backends: set[str]) -> None:
+    """Packed trials need a grid, no early stopping, and (lockstep) the in-process backend (``backends``: those
+    the sweep's points use)."""
     if spec.pack == "none":
         if spec.pack_size is not None:
             raise ConfigError(f"pack_size = {spec.pack_size}: only with pack: sequential or lockstep")
@@ -213,11 +214,9 @@ def _check_pack(spec: SweepSpec, points: list[dict[str, Any]]) -> None:
     if spec.scheduler != "none":
         raise ConfigError(f"pack = {spec.pack!r}: ASHA stops whole trials, not one configuration of a pack; "
                           f"use scheduler: none or pack: none")
-    if spec.pack == "lockstep":
-        for point in points:
-            if load_config(spec.base, {**spec.set, **point}).federation.backend != "local":
-                raise ConfigError("pack = 'lockstep' runs a trial's configurations in one process: set "
-                                  "federation.backend: local (or use pack: sequential)")
+    if spec.pack == "lockstep" and backends != {"local"}:
+        raise ConfigError("pack = 'lockstep' runs a trial's configurations in one process: set "
+                          "federation.backend: local (or use pack: sequential)")
 
 
 def validate(spec: SweepSpec) -> None:
@@ -263,6 +262,7 @@ def validate(spec: SweepSpec) -> None:
         for key in [*spec.table.rows, spec.table.columns]:
             if key not in allowed:
                 raise ConfigError(f"table: {key!r} is not an axis of this sweep; allowed: {', '.join(allowed)}")
+    backends: set[str] = set()
     for point in candidates:
         where = f"sweep point {point}: " if point else ""
         try:
@@ -272,7 +272,8 @@ def validate(spec: SweepSpec) -> None:
         if config.federation.gpu_packing == "auto":
             raise ConfigError(f"{where}federation.gpu_packing = 'auto': a trial's placement group is sized from "
                               f"federation.clients_per_actor before the trial starts; use gpu_packing: fixed in sweeps")
-    _check_pack(spec, candidates)
+        backends.add(config.federation.backend)
+    _check_pack(spec, backends)
     metric, _ = spec.resolved_metric()
     task = spec.base_config().task_name
     metrics = TASKS[task].metrics

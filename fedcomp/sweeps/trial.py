@@ -101,9 +101,14 @@ def pinned_config(spec: SweepSpec, trial: Mapping[str, Any], cluster_has_gpus: b
     })
 
 
-def _save(directory: Path, checkpoint: dict[str, Any], placement: list[dict[str, Any]] | None) -> tune.Checkpoint:
+def write_run_files(directory: Path, checkpoint: dict[str, Any]) -> None:
+    """A run's checkpoint and its evaluation rows (what :func:`read_trial_rows` reads back) in ``directory``."""
     results.write_checkpoint(directory / results.CHECKPOINT, checkpoint)
     results.write_metrics(directory / results.METRICS, checkpoint["rows"])
+
+
+def _save(directory: Path, checkpoint: dict[str, Any], placement: list[dict[str, Any]] | None) -> tune.Checkpoint:
+    write_run_files(directory, checkpoint)
     if placement is not None:
         results.write_json(directory / "placement.json", placement)
     # from_directory builds the class it is called on; ray annotates it with the base class
@@ -154,12 +159,13 @@ def run_trial(trial: dict[str, Any], spec_json: str, cluster_has_gpus: bool, env
         server.close()
 
 
-def read_trial_rows(checkpoint: tune.Checkpoint | None) -> list[dict[str, Any]]:
-    """Every evaluation row stored in a trial's checkpoint."""
+def read_trial_rows(checkpoint: tune.Checkpoint | None, sub: str = "") -> list[dict[str, Any]]:
+    """Every evaluation row stored in a trial's checkpoint (``sub``: in that folder of it, e.g. a packed
+    trial's member)."""
     if checkpoint is None:
         return []
     with checkpoint.as_directory() as folder:
-        path = Path(folder) / results.METRICS
+        path = Path(folder) / sub / results.METRICS
         if not path.is_file():
             return []
         import pandas as pd

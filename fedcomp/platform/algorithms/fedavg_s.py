@@ -17,11 +17,11 @@ from pydantic import Field
 from torch import Tensor
 
 from fedcomp.platform.algorithms.base import LocalSteps, Tensors, batch_size
-from fedcomp.platform.algorithms.fednest import Point
 from fedcomp.platform.oracles import grad_x, grad_xy, grad_y
 from fedcomp.platform.params import Params
 from fedcomp.platform.problems import MINIMAX, MinimaxProblem
 from fedcomp.platform.registry import register_algorithm
+from fedcomp.platform.state import MinimaxModel as Point
 
 
 class FedAvgSHParams(Params):

@@ -209,7 +209,7 @@ class DROClassification(Task):
             x = state["x"].detach().to(self.device)
             with self.model.evaluation():
                 test_pred = predict(x, self.x_test).argmax(1)
-                train_logits = predict(x, self.x_train)
+                train_logits = predict(x, self.train_on_device[0])
             recall = [float((test_pred[self.y_test == c] == c).float().mean()) for c in self.y_test.unique().tolist()]
             losses = F.cross_entropy(train_logits, self.y_train, reduction="none")
             self._check_chi2_closed_form(losses)

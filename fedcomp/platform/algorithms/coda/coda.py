@@ -51,9 +51,6 @@ class CoDAHParams(StagewiseHParams):
     restart_batches: int | None = Field(
         None, ge=1, description="batches each client scores at a dual restart; null = 3^s at stage s (the code)"
     )
-    restart_from: Literal["average", "last"] = Field(
-        "average", description="a stage starts from the previous stage's time average (the code) or its last iterate"
-    )
 
 
 @register_algorithm("coda")

@@ -102,7 +102,9 @@ class StagewiseHParams(CommonHParams):
         "global", description="a new stage's v_ref: every client's time average, averaged at the stage's end (the "
         "papers), each client's own (the reference code), or the per-round cohort means' (2d + 1 floats a round)",
     )
-    restart_from: Literal["average", "last"] = "average"
+    restart_from: Literal["average", "last"] = Field(
+        "average", description="a stage starts from the previous stage's time average (the code) or its last iterate"
+    )
 
 
 class Stagewise(Algorithm[Any, Any]):

@@ -20,7 +20,7 @@ and each on a fresh cohort. The sub-rounds are the functions below, and each alg
 
 Rounds per epoch: FedNest 2T + N' + 3 (2T + N + 3 with a fixed N), FedNest_SGD T + N' + 3, LFedNest T + 1
 (local hypergradients with each client's own Hessian, tau local outer steps, then x averaged),
-LFedNest_SVRG 2T + 2 **[inferred]**. The paper's minimax baseline FedAvg-S is in :mod:`.fedavg_s`.
+LFedNest_SVRG 2T + 2 **[inferred]**. The paper's minimax baseline FedAvg-S is in :mod:`fedcomp.platform.algorithms.fedavg_s`.
 Anchors, grad_y f, Hessian products and hypergradients use each client's full local data unless
 ``oracle_batch`` is set (the code's choice; pitfall N4).
 
