@@ -215,9 +215,10 @@ def extend(path: Path, spec: SweepSpec, grid_rows: pd.DataFrame, run_step: RunSt
         if step.get("done") and (folder / ROWS).is_file():
             frames.append(pd.read_parquet(folder / ROWS))
         else:  # killed mid-step: its trials continue from their checkpoints
-            frames.append(_run(spec, step, k, folder, run_step, restore=True, path=path, trials_file=trials_file, frames=frames))
+            frames.append(_run(spec, state, k, folder, run_step, restore=True, path=path, trials_file=trials_file, frames=frames))
     trials = _combine(frames)
-    _write_parquet(path / trials_file, trials)
+    if state["steps"]:  # the grid's trials file (just written) lacks the recorded steps' rows
+        _write_parquet(path / trials_file, trials)
     while True:
         next_step = plan(trials, spec, state["steps"], cap)
         if not next_step.points:
@@ -226,24 +227,23 @@ def extend(path: Path, spec: SweepSpec, grid_rows: pd.DataFrame, run_step: RunSt
         step = {"moves": [m.to_json() for m in next_step.moves], "points": next_step.points, "done": False}
         state["steps"].append(step)
         results.write_json(path / EXTEND_JSON, state)
-        frames.append(_run(spec, step, k, path / f"extend-{k}", run_step, restore=False, path=path, trials_file=trials_file, frames=frames))
+        frames.append(_run(spec, state, k, path / f"extend-{k}", run_step, restore=False, path=path, trials_file=trials_file, frames=frames))
         trials = _combine(frames)
-    state = _state(path)
     state["summary"] = summary(trials, spec, state["steps"], cap)
     results.write_json(path / EXTEND_JSON, state)
     return trials
 
 
-def _run(spec: SweepSpec, step: dict[str, Any], k: int, folder: Path, run_step: RunStep, *, restore: bool,
+def _run(spec: SweepSpec, state: dict[str, Any], k: int, folder: Path, run_step: RunStep, *, restore: bool,
          path: Path, trials_file: str, frames: list[pd.DataFrame]) -> pd.DataFrame:
-    """Run (or continue) step ``k``; store its rows, rewrite the sweep's trials and mark the step done."""
+    """Run (or continue) step ``k`` of ``state``; store its rows, rewrite the sweep's trials and record the step
+    as done (in ``state`` and its file)."""
+    step = state["steps"][k - 1]
     rows = run_step(step_spec(spec, step["points"], k), folder, restore)
     rows = rows.assign(trial=f"extend-{k}/" + rows["trial"].astype(str)) if "trial" in rows else rows
     _write_parquet(folder / ROWS, rows)
     _write_parquet(path / trials_file, _combine([*frames, rows]))
-    step["done"] = True  # the caller's record too, which it writes again with the next step
-    state = _state(path)
-    state["steps"][k - 1]["done"] = True
+    step["done"] = True
     results.write_json(path / EXTEND_JSON, state)
     return rows
 
