@@ -15,6 +15,7 @@ import io
 import logging
 import os
 import secrets
+import sys
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -27,7 +28,7 @@ from pydantic import ValidationError
 from fedcomp.actors.cluster import fedcomp_env
 from fedcomp.platform import results, tracking
 from fedcomp.platform.errors import ConfigError, ResourceError, StorageError
-from fedcomp.sweeps import extend as edges_extend
+from fedcomp.sweeps import extend as edges_extend, tune_state
 from fedcomp.sweeps.callbacks import TrialProgress, logger_callbacks, no_auto_loggers
 from fedcomp.sweeps.edges import EXTEND_JSON
 from fedcomp.sweeps.packs import make_packs, read_pack_rows, run_pack
@@ -152,7 +153,8 @@ def _run_config(spec: SweepSpec, path: Path, verbose: int) -> tune.RunConfig:
         failure_config=tune.FailureConfig(max_failures=spec.max_failures),
         checkpoint_config=tune.CheckpointConfig(num_to_keep=2),
         verbose=verbose,
-        callbacks=[*logger_callbacks(run.track, path, spec.model_dump_json()), TrialProgress(trials, metric, mode, run.progress, verbose)],
+        callbacks=[*logger_callbacks(run.track, path, spec.model_dump_json()), TrialProgress(trials, metric, mode, run.progress, verbose),
+                   tune_state.StateCopy()],
         log_to_file=not verbose,  # at verbose 0 the trials' own output goes to files in their folders
     )
 
@@ -300,11 +302,20 @@ def resume_sweep(path: str | Path, ray_address: str | None = None, verbose: int 
         raise ConfigError(f"--resume {str(path)!r}: Tune's experiment state is missing; the sweep never started")
     cluster, has_gpus = _connect(ray_address, verbose)
     _check_fits(spec, cluster, has_gpus)
+    _repair(path)
     with _quiet_tune(verbose):  # restoring reads the trials' Tune results too
         tuner = tune.Tuner.restore(
             str(path), trainable=_trainable(spec, meta["cluster_has_gpus"]), resume_unfinished=True, resume_errored=True
         )
     return _extended(_fit(tuner, spec, path, verbose), cluster, meta["cluster_has_gpus"], verbose)
+
+
+def _repair(path: Path) -> None:
+    """Before a resume: put back fedcomp's whole copy of Tune's state where a kill cut Tune's own short."""
+    broken = tune_state.repair(path)
+    if broken:
+        print(f"fedcomp: warning: {', '.join(broken)} in {path} was cut short when the sweep was killed; "
+              f"resuming from fedcomp's whole copy of Tune's state ({tune_state.COPY})", file=sys.stderr, flush=True)
 
 
 def _extended(result: SweepResult, cluster: Mapping[str, float], has_gpus: bool, verbose: int) -> SweepResult:
@@ -317,6 +328,7 @@ def _extended(result: SweepResult, cluster: Mapping[str, float], has_gpus: bool,
 
         _check_fits(step, cluster, has_gpus)
         if restore and tune.Tuner.can_restore(str(folder)):
+            _repair(folder)
             with _quiet_tune(verbose):
                 tuner = tune.Tuner.restore(str(folder), trainable=_trainable(step, has_gpus), resume_unfinished=True,
                                            resume_errored=True)

@@ -1,6 +1,6 @@
 """Sweeps on the session's real local Ray: every trial a whole federated run with the same numbers as
 ``fedcomp.run``, more trials than CPUs, Optuna seeded, ASHA, a failing trial retried from its checkpoint,
-a killed sweep resumed, and resource shortfalls reported at once."""
+a killed sweep resumed (also when the kill cut Tune's state file short), and resource shortfalls reported at once."""
 
 from __future__ import annotations
 
@@ -150,3 +150,17 @@ def test_a_killed_sweep_resumes_without_redoing_finished_trials(ray_session, tmp
     pd.testing.assert_frame_equal(swept, alone, check_dtype=False)
     for name in finished_before:  # finished trials were not run again
         assert not list((sweep_dir / name).glob("checkpoint_000006"))
+
+
+def test_a_sweep_whose_tune_state_was_cut_short_resumes_from_fedcomps_copy(ray_session, tmp_path, capfd):
+    spec = tiny(tmp_path, backend="local", grid={"algorithm.lr": [0.1, 0.05]}, set={"run.rounds": 2})
+    before = fedcomp.sweep(spec).trials
+    [state] = Path(before["run.out"].iloc[0]).glob("*/experiment_state-*.json")
+    sweep_dir = state.parent
+    state.write_bytes(state.read_bytes()[: state.stat().st_size // 2])  # a background copy killed half-way
+    capfd.readouterr()
+    after = fedcomp.resume_sweep(sweep_dir).trials
+    err = capfd.readouterr().err
+    assert f"{state.name} in {sweep_dir} was cut short" in err and "completed" not in err  # no trial ran again
+    pd.testing.assert_frame_equal(after.sort_values(["trial", "round"]).reset_index(drop=True),
+                                  before.sort_values(["trial", "round"]).reset_index(drop=True))
