@@ -39,11 +39,14 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable
-from typing import Literal, NamedTuple
+from typing import TYPE_CHECKING, Literal, NamedTuple, TypedDict
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 __all__ = [
     "Composition",
@@ -54,7 +57,10 @@ __all__ = [
     "chi2_outer",
     "chi2_plain",
     "chi2_value",
+    "EO_DEFAULTS",
+    "EOOptions",
     "eo_constraints",
+    "eo_exponents",
     "eo_inner",
     "eo_outer",
     "eo_plain",
@@ -243,17 +249,29 @@ def eo_constraints(
     return group_loss - reference - epsilon, counts > 0
 
 
-def eo_inner(
-    logits: Tensor,
-    labels: Tensor,
-    groups: Tensor,
-    *,
-    num_groups: int = 3,
-    epsilon: float = 0.01,
-    alpha: float = 0.1,
-    gamma: float = 0.1,
-    overall: Literal["all", "positives"] = "all",
-) -> Tensor:
+class EOOptions(TypedDict, total=False):
+    """The equal-opportunity constraint's settings (GCIVR's defaults: 3 groups, eps 0.01, alpha 0.1, gamma 0.1)."""
+
+    num_groups: int
+    epsilon: float
+    alpha: float
+    gamma: float
+    overall: Literal["all", "positives"]
+
+
+EO_DEFAULTS = EOOptions(num_groups=3, epsilon=0.01, alpha=0.1, gamma=0.1, overall="all")
+
+
+def eo_exponents(logits: Tensor, labels: Tensor, groups: Tensor, **options: Unpack[EOOptions]) -> tuple[Tensor, Tensor]:
+    """alpha c_k / gamma for every group k, and whether group k has a label-1 row (:func:`eo_constraints`)."""
+    o = EO_DEFAULTS | options
+    _check_positive("alpha", o["alpha"])
+    _check_positive("gamma", o["gamma"])
+    c, present = eo_constraints(logits, labels, groups, num_groups=o["num_groups"], epsilon=o["epsilon"], overall=o["overall"])
+    return o["alpha"] * c / o["gamma"], present
+
+
+def eo_inner(logits: Tensor, labels: Tensor, groups: Tensor, **options: Unpack[EOOptions]) -> Tensor:
     """g = (1/(G+1)) (1 + sum_k exp(alpha c_k / gamma)), shape [1] (GCIVR: eps 0.01, alpha 0.1, gamma 0.1).
 
     A group with no label-1 row in the batch contributes no penalty (its exponential term is 0, as if
@@ -269,11 +287,9 @@ def eo_inner(
     Poisson-type estimator needs unbiased c_k, i.e. draws stratified by group and label, which the task's
     uniform batches are not). Larger batches (``algorithm.outer_batch``) shrink it.
     """
-    _check_positive("alpha", alpha)
-    _check_positive("gamma", gamma)
-    c, present = eo_constraints(logits, labels, groups, num_groups=num_groups, epsilon=epsilon, overall=overall)
-    terms = torch.where(present, torch.exp(alpha * c / gamma), torch.zeros_like(c))
-    return ((1 + terms.sum()) / (num_groups + 1)).reshape(1)
+    exponents, present = eo_exponents(logits, labels, groups, **options)
+    terms = torch.where(present, torch.exp(exponents), torch.zeros_like(exponents))
+    return ((1 + terms.sum()) / (len(exponents) + 1)).reshape(1)
 
 
 def eo_outer(z: Tensor) -> Tensor:
@@ -281,23 +297,11 @@ def eo_outer(z: Tensor) -> Tensor:
     return torch.log(z).sum()
 
 
-def eo_value(
-    logits: Tensor,
-    labels: Tensor,
-    groups: Tensor,
-    *,
-    num_groups: int = 3,
-    epsilon: float = 0.01,
-    alpha: float = 0.1,
-    gamma: float = 0.1,
-    overall: Literal["all", "positives"] = "all",
-) -> Tensor:
+def eo_value(logits: Tensor, labels: Tensor, groups: Tensor, **options: Unpack[EOOptions]) -> Tensor:
     """Phi = h + log g computed directly as h + logsumexp({0} + {alpha c_k / gamma}) - log(G + 1)."""
-    c, present = eo_constraints(logits, labels, groups, num_groups=num_groups, epsilon=epsilon, overall=overall)
-    _check_positive("alpha", alpha)
-    _check_positive("gamma", gamma)
-    scores = torch.cat([torch.zeros(1, dtype=c.dtype, device=c.device), (alpha * c / gamma)[present]])
-    return eo_plain(logits, labels) + torch.logsumexp(scores, 0) - math.log(num_groups + 1)
+    exponents, present = eo_exponents(logits, labels, groups, **options)
+    scores = torch.cat([exponents.new_zeros(1), exponents[present]])
+    return eo_plain(logits, labels) + torch.logsumexp(scores, 0) - math.log(len(exponents) + 1)
 
 
 # -------------------------------------------------------------------------------- FastDRO (batch)

@@ -7,14 +7,17 @@ Each check fails with one line that says what is wrong and what would be right, 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
 from fedcomp.platform import results
 from fedcomp.platform.config import Config
 from fedcomp.platform.errors import ConfigError, StorageError
+
+T = TypeVar("T")
 
 IDENTITY_KEYS = ("federation.clients", "run.seed")
 """Besides the whole ``algorithm`` and ``task`` sections: what a checkpoint must share with the run resuming it."""
@@ -44,6 +47,23 @@ def checkpoint_identity(config: Config) -> dict[str, Any]:
     return identity
 
 
+def read_resume_file(run_dir: str | Path, name: str, read: Callable[[Path], T], folder: str, consequence: str = "") -> T:
+    """``read`` of the file ``name`` in the run folder ``run_dir`` that ``--resume`` named.
+
+    Raises:
+        ConfigError: the file is not there (``run_dir`` is not ``folder``).
+        StorageError: it cannot be read (truncated, corrupt); the message ends with ``consequence``.
+    """
+    where = f"--resume {str(run_dir)!r}"
+    path = Path(run_dir) / name
+    if not path.is_file():
+        raise ConfigError(f"{where}: no {name} there; not {folder}")
+    try:
+        return read(path)
+    except StorageError as error:
+        raise StorageError(f"{where}: {error}{consequence}") from None
+
+
 def open_checkpoint(run_dir: Path, config: Config) -> dict[str, Any]:
     """The checkpoint in ``run_dir``, checked to belong to ``config`` (the run's ``run.json``).
 
@@ -51,14 +71,9 @@ def open_checkpoint(run_dir: Path, config: Config) -> dict[str, Any]:
         ConfigError: there is no checkpoint, or it was written by another run; the message names what differs.
         StorageError: the checkpoint cannot be read (truncated, corrupt).
     """
-    path = run_dir / results.CHECKPOINT
     where = f"--resume {str(run_dir)!r}"
-    if not path.is_file():
-        raise ConfigError(f"{where}: no {results.CHECKPOINT} there; not a resumable run folder")
-    try:
-        checkpoint = results.read_checkpoint(path)
-    except StorageError as error:
-        raise StorageError(f"{where}: {error}; the run cannot continue from it") from None
+    checkpoint = read_resume_file(run_dir, results.CHECKPOINT, results.read_checkpoint, "a resumable run folder",
+                                  "; the run cannot continue from it")
     stored = checkpoint.get("identity")
     if stored is not None:
         wanted = checkpoint_identity(config)

@@ -291,15 +291,9 @@ def resume_config(run_dir: str | Path) -> Config:
         ConfigError, StorageError: no run folder, or a ``run.json`` that cannot be read or holds no valid config.
     """
     where = f"--resume {str(run_dir)!r}"
-    meta_path = Path(run_dir) / results.RUN_JSON
-    if not meta_path.is_file():
-        raise ConfigError(f"{where}: no {results.RUN_JSON} there; not a fedcomp run folder")
-    try:
-        meta = results.read_json(meta_path)
-    except StorageError as error:
-        raise StorageError(f"{where}: {error}") from None
+    meta = run_checks.read_resume_file(run_dir, results.RUN_JSON, results.read_json, "a fedcomp run folder")
     if not isinstance(meta.get("config"), dict):
-        raise StorageError(f"{where}: {meta_path} holds no run config")
+        raise StorageError(f"{where}: {Path(run_dir) / results.RUN_JSON} holds no run config")
     try:
         return load_config(meta["config"])
     except ConfigError as error:

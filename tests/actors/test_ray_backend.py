@@ -124,7 +124,8 @@ def test_plan_actors_names_the_shortfall(fed, cluster, needle):
 
 @pytest.mark.slow
 def test_actors_are_scheduled_on_declared_gpus(tmp_path):
-    """A separate CPU-only Ray that declares 2 GPUs: actors get GPU ids, compute on the CPU, same numbers."""
+    """A separate CPU-only Ray that declares 2 GPUs: actors get GPU ids and compute on the CPU; a shortfall is
+    named; ``gpu_packing: auto`` schedules its probe on a GPU, finds no CUDA there and says so in one line."""
     script = textwrap.dedent(
         f"""
         import ray, fedcomp
@@ -136,18 +137,21 @@ def test_actors_are_scheduled_on_declared_gpus(tmp_path):
         placement = server.placement()
         server.close()
         print("PLACEMENT", sorted((len(p["gpu_ids"]), p["device"]) for p in placement))
-        over["federation.gpus_per_client"] = 0.5
-        try:
-            RayServer(load_config("quickstart", over))
-        except fedcomp.ResourceError as error:
-            print("ERROR", error)
+        for key, value in (("federation.gpus_per_client", 0.5), ("federation.gpu_packing", "auto")):
+            try:
+                RayServer(load_config("quickstart", {{**over, key: value}}))
+            except fedcomp.ResourceError as error:
+                print("ERROR", error)
         """
     )
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-2000:]
     # 'auto' gives each of the 2 actors (4 clients x 0.25 GPU) one whole GPU; CUDA is absent, so CPU compute
     assert "PLACEMENT [(1, 'cpu'), (1, 'cpu')]" in out.stdout
-    assert "ERROR federation.gpus_per_client = 0.5 needs 4 GPUs for 8 clients but the cluster has 2" in out.stdout
+    errors = [line for line in out.stdout.splitlines() if line.startswith("ERROR")]
+    assert errors == ["ERROR federation.gpus_per_client = 0.5 needs 4 GPUs for 8 clients but the cluster has 2; "
+                      "use gpus_per_client: 0 or 'auto'",
+                      "ERROR federation.gpu_packing = 'auto' measures a client on a GPU, but none is visible here"]
 
 
 @pytest.mark.slow

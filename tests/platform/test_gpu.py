@@ -305,35 +305,6 @@ def test_gpu_packing_auto_without_gpus_keeps_the_given_packing(ray_session, tmp_
     assert backend["client_actors"] == 2 and backend["clients_per_actor"] == 2 and "gpu_packing" not in backend
 
 
-@pytest.mark.slow
-def test_gpu_packing_auto_probes_on_a_declared_gpu(tmp_path) -> None:
-    """A CPU-only Ray declaring a GPU: the probe is scheduled on it, finds no CUDA there and says so in one line."""
-    import subprocess
-    import sys
-    import textwrap
-
-    if torch.cuda.is_available():
-        pytest.skip("this machine has a GPU: the probe would succeed")
-    script = textwrap.dedent(
-        """
-        import ray, fedcomp
-        from fedcomp.actors.server_actor import RayServer
-        from fedcomp.platform.config import load_config
-        ray.init(address="local", num_cpus=2, num_gpus=1, include_dashboard=False, object_store_memory=100 * 1024**2)
-        over = {"federation.backend": "ray", "federation.clients": 4, "federation.gpu_packing": "auto",
-                "task.test_samples": 500, "run.progress": "none"}
-        try:
-            RayServer(load_config("quickstart", over))
-        except fedcomp.ResourceError as error:
-            print("ERROR", error)
-        """
-    )
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, cwd=tmp_path)
-    assert out.returncode == 0, out.stderr[-2000:]
-    lines = [line for line in out.stdout.splitlines() if line.startswith("ERROR")]
-    assert lines == ["ERROR federation.gpu_packing = 'auto' measures a client on a GPU, but none is visible here"], out.stdout
-
-
 @CUDA
 def test_lockstep_on_cuda_matches_one_at_a_time_to_float32_rounding(tmp_path) -> None:
     preset, overrides = GPU_CASES["invariant-logreg"]

@@ -16,18 +16,9 @@ from fedcomp.sweeps.packs import make_packs, swept_floats
 from fedcomp.sweeps.report import best_and_edges
 from fedcomp.sweeps.spec import load_spec
 from fedcomp.sweeps.trial import FAULT_EXIT
+from tests.sweeps.tiny import TINY as SWEEP_TINY
 
-TINY = {
-    "federation.backend": "local",
-    "federation.clients": 4,
-    "algorithm.name": "fcsg-m",
-    "algorithm.local_steps": 5,
-    "algorithm.first_batch": 4,
-    "task.test_samples": 2000,
-    "run.rounds": 4,
-    "run.eval_every": 1,
-    "run.checkpoint_every": 2,
-}
+TINY = {**SWEEP_TINY, "federation.backend": "local", "algorithm.name": "fcsg-m"}
 GRID = {"algorithm.lr": [0.1, 0.02], "algorithm.beta": [0.1, 0.9]}
 METRICS = ["round", "comm_rounds", "local_steps", "samples", "floats_up", "floats_down", "train_loss",
            "test_accuracy", "test_loss"]

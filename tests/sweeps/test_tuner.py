@@ -19,20 +19,10 @@ import fedcomp
 from fedcomp.platform.errors import ResourceError
 from fedcomp.sweeps.report import best_configurations, sweep_report
 from fedcomp.sweeps.trial import FAULT_EXIT
+from tests.sweeps.tiny import TINY
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
-TINY = {
-    "federation.clients": 4,
-    "federation.clients_per_actor": 2,
-    "algorithm.name": "fcsg",
-    "algorithm.local_steps": 5,
-    "algorithm.first_batch": 4,
-    "task.test_samples": 2000,
-    "run.rounds": 4,
-    "run.eval_every": 1,
-    "run.checkpoint_every": 2,
-}
 METRICS = ["round", "comm_rounds", "local_steps", "samples", "train_loss", "test_accuracy", "test_loss"]
 
 
