@@ -98,10 +98,15 @@ def write_json(path: Path, obj: Any) -> None:
     atomic_write(path, (json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n").encode())
 
 
-def write_metrics(path: Path, rows: list[dict[str, Any]]) -> None:
+def write_parquet(path: Path, frame: pd.DataFrame) -> None:
+    """``frame`` as a Parquet file at ``path``, written atomically (no index)."""
     buf = io.BytesIO()
-    pd.DataFrame(rows).to_parquet(buf, index=False)
+    frame.to_parquet(buf, index=False)
     atomic_write(path, buf.getvalue())
+
+
+def write_metrics(path: Path, rows: list[dict[str, Any]]) -> None:
+    write_parquet(path, pd.DataFrame(rows))
 
 
 def write_checkpoint(path: Path, checkpoint: dict[str, Any]) -> None:

@@ -284,12 +284,21 @@ def edge_column(best: pd.DataFrame, edges: Sequence[Edge], by: Sequence[str]) ->
     return [", ".join(f"{e.axis} {e.arrow}" for e in edges_of(edges, row, by)) for _, row in best.iterrows()]
 
 
-def _same(a: tuple[tuple[str, Any], ...], b: tuple[tuple[str, Any], ...]) -> bool:
-    """Group labels equal, a missing value equal to a missing one."""
-    return len(a) == len(b) and all(ka == kb and (va == vb or (missing(va) and missing(vb))) for (ka, va), (kb, vb) in zip(a, b))
+def same_value(a: Any, b: Any) -> bool:
+    """Values equal as plain Python values (or as text: Parquet may hand back a number as a string), a missing
+    value equal only to a missing one."""
+    a, b = _plain(a), _plain(b)
+    if missing(a) or missing(b):
+        return missing(a) and missing(b)
+    return bool(a == b) or str(a) == str(b)
+
+
+def same_group(a: Sequence[tuple[str, Any]], b: Sequence[tuple[str, Any]]) -> bool:
+    """Group labels equal: the same keys in the same order, with :func:`same_value` values."""
+    return len(a) == len(b) and all(ka == kb and same_value(va, vb) for (ka, va), (kb, vb) in zip(a, b))
 
 
 def edges_of(edges: Sequence[Edge], row: pd.Series, by: Sequence[str]) -> list[Edge]:
     """The edges of the best configuration ``row`` (its values of ``by``)."""
     label = tuple((k, _plain(row[k])) for k in by)
-    return [e for e in edges if _same(e.group, label)]
+    return [e for e in edges if same_group(e.group, label)]

@@ -18,7 +18,6 @@ finished, and ``trials.parquet`` holds the grid's rows and every finished step's
 
 from __future__ import annotations
 
-import io
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,7 +28,7 @@ import pandas as pd
 from fedcomp.platform import results
 from fedcomp.platform.config import load_config
 from fedcomp.platform.errors import ConfigError
-from fedcomp.sweeps.edges import EXTEND_JSON, Edge, _fmt, _plain, missing, tuned_axes
+from fedcomp.sweeps.edges import EXTEND_JSON, Edge, _fmt, _plain, missing, same_group, same_value, tuned_axes
 from fedcomp.sweeps.report import best_and_edges
 from fedcomp.sweeps.spec import SweepSpec
 
@@ -84,13 +83,6 @@ class Plan:
     remaining: list[tuple[Edge, str]] = field(default_factory=list)
 
 
-def _equal(a: Any, b: Any) -> bool:
-    a, b = _plain(a), _plain(b)
-    if missing(a) or missing(b):
-        return missing(a) and missing(b)
-    return bool(a == b) or str(a) == str(b)
-
-
 def _config_value(spec: SweepSpec, point: Mapping[str, Any], key: str) -> Any:
     """``key``'s value in the point's run config (a group key such as ``algorithm.name`` may be set by the base)."""
     if key in point:
@@ -103,11 +95,7 @@ def _config_value(spec: SweepSpec, point: Mapping[str, Any], key: str) -> Any:
 
 
 def _in_group(spec: SweepSpec, point: Mapping[str, Any], group: Sequence[tuple[str, Any]]) -> bool:
-    return all(_equal(point.get(key) if missing(value) else _config_value(spec, point, key), value) for key, value in group)
-
-
-def _same_group(a: Sequence[tuple[str, Any]], b: Sequence[tuple[str, Any]]) -> bool:
-    return len(a) == len(b) and all(ka == kb and _equal(va, vb) for (ka, va), (kb, vb) in zip(a, b))
+    return all(same_value(point.get(key) if missing(value) else _config_value(spec, point, key), value) for key, value in group)
 
 
 def known_points(spec: SweepSpec, steps: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -132,7 +120,7 @@ def plan(trials: pd.DataFrame, spec: SweepSpec, steps: Sequence[Mapping[str, Any
     known = known_points(spec, steps)
     out = Plan()
     for edge in edges:
-        count = sum(1 for m in done if m.axis == edge.axis and _same_group(m.group, edge.group))
+        count = sum(1 for m in done if m.axis == edge.axis and same_group(m.group, edge.group))
         if edge.kind != "grid":
             out.remaining.append((edge, "an Optuna range"))
         elif len(partners.get(edge.axis, ())) > 1:
@@ -160,7 +148,7 @@ def _moved_points(spec: SweepSpec, known: Sequence[Mapping[str, Any]], moves: Se
         changed = False
         for move in moves:
             for point in [*pool, *new]:
-                if _in_group(spec, point, move.group) and _equal(point.get(move.axis), move.start):
+                if _in_group(spec, point, move.group) and same_value(point.get(move.axis), move.start):
                     moved = {**point, move.axis: move.to}
                     if moved in pool or moved in new or moved in rejected:
                         continue
@@ -189,12 +177,6 @@ def start(path: Path, cap: int) -> None:
     results.write_json(path / EXTEND_JSON, {"cap": cap, "steps": [], "summary": []})
 
 
-def _write_parquet(path: Path, frame: pd.DataFrame) -> None:
-    buf = io.BytesIO()
-    frame.to_parquet(buf, index=False)
-    results.atomic_write(path, buf.getvalue())
-
-
 def _combine(frames: Sequence[pd.DataFrame]) -> pd.DataFrame:
     frames = [f for f in frames if not f.empty]
     out = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
@@ -218,7 +200,7 @@ def extend(path: Path, spec: SweepSpec, grid_rows: pd.DataFrame, run_step: RunSt
             frames.append(_run(spec, state, k, folder, run_step, restore=True, path=path, trials_file=trials_file, frames=frames))
     trials = _combine(frames)
     if state["steps"]:  # the grid's trials file (just written) lacks the recorded steps' rows
-        _write_parquet(path / trials_file, trials)
+        results.write_parquet(path / trials_file, trials)
     while True:
         next_step = plan(trials, spec, state["steps"], cap)
         if not next_step.points:
@@ -241,8 +223,8 @@ def _run(spec: SweepSpec, state: dict[str, Any], k: int, folder: Path, run_step:
     step = state["steps"][k - 1]
     rows = run_step(step_spec(spec, step["points"], k), folder, restore)
     rows = rows.assign(trial=f"extend-{k}/" + rows["trial"].astype(str)) if "trial" in rows else rows
-    _write_parquet(folder / ROWS, rows)
-    _write_parquet(path / trials_file, _combine([*frames, rows]))
+    results.write_parquet(folder / ROWS, rows)
+    results.write_parquet(path / trials_file, _combine([*frames, rows]))
     step["done"] = True
     results.write_json(path / EXTEND_JSON, state)
     return rows
@@ -265,14 +247,14 @@ def summary(trials: pd.DataFrame, spec: SweepSpec, steps: Sequence[Mapping[str, 
     seen: list[tuple[tuple[tuple[str, Any], ...], str, str]] = []
     for move in moves:
         key = (move.group, move.axis, move.side)
-        if any(_same_group(g, move.group) and a == move.axis and s == move.side for g, a, s in seen):
+        if any(same_group(g, move.group) and a == move.axis and s == move.side for g, a, s in seen):
             continue
         seen.append(key)
-        chain = [m for m in moves if _same_group(m.group, move.group) and m.axis == move.axis and m.side == move.side]
+        chain = [m for m in moves if same_group(m.group, move.group) and m.axis == move.axis and m.side == move.side]
         values = " → ".join(_fmt(v) for v in [chain[0].start, *(m.to for m in chain)])
-        row = next((r for _, r in best.iterrows() if _same_group(tuple((k, r[k]) for k in by), move.group)), None)
+        row = next((r for _, r in best.iterrows() if same_group(tuple((k, r[k]) for k in by), move.group)), None)
         now = "" if row is None or missing(row[move.axis]) else f"; best now {_fmt(_plain(row[move.axis]))}"
-        still = any(_same_group(e.group, move.group) and e.axis == move.axis for e, _ in remaining)
+        still = any(same_group(e.group, move.group) and e.axis == move.axis for e, _ in remaining)
         lines.append(f"extended: {_who(move.group)} {move.axis} {'upward' if move.side == 'high' else 'downward'} "
                      f"in {len(chain)} step{'s' if len(chain) > 1 else ''}: {values}{now}"
                      f"{' (still an edge)' if still else ' (interior)'}")

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import io
 import logging
 import os
 import secrets
@@ -344,9 +343,7 @@ def _extended(result: SweepResult, cluster: Mapping[str, float], has_gpus: bool,
 
 def _finish(grid: ResultGrid, spec: SweepSpec, path: Path) -> SweepResult:
     frame = collect(grid, spec)
-    buf = io.BytesIO()
-    frame.to_parquet(buf, index=False)
-    results.atomic_write(path / TRIALS, buf.getvalue())
+    results.write_parquet(path / TRIALS, frame)
     return SweepResult(path, spec, frame)
 
 
