@@ -267,7 +267,7 @@ CASES = [
          file("inf.yaml", "task: {name: invariant-logreg}\nalgorithm: {name: fcsg-m, lr: .inf}\n")),
     # -- cluster addresses (malformed ones fail before Ray starts) ---------------------------------------------
     Case("address-dashboard", (*run(), "--set", "federation.backend=ray", "--ray-address", "http://127.0.0.1:8265"),
-         "federation.ray_address = 'http://127.0.0.1:8265': allowed: auto, HOST:PORT or ray://HOST:PORT (that is the dashboard"),
+         "federation.ray_address = 'http://127.0.0.1:8265': allowed: auto, local, HOST:PORT or ray://HOST:PORT (that is the dashboard"),
     Case("address-no-port", (*run(), "--set", "federation.backend=ray", "--ray-address", "headnode"),
          "federation.ray_address = 'headnode': expected HOST:PORT"),
     Case("address-bad-port", (*run(), "--set", "federation.backend=ray", "--ray-address", "headnode:99999"),
@@ -275,7 +275,7 @@ CASES = [
     Case("address-client-no-port", (*run(), "--set", "federation.backend=ray", "--ray-address", "ray://headnode"),
          "federation.ray_address = 'ray://headnode': expected HOST:PORT"),
     Case("address-scheme", run("federation.backend=ray", "federation.ray_address=grpc://h:1"),
-         "federation.ray_address = 'grpc://h:1': allowed: auto, HOST:PORT or ray://HOST:PORT"),
+         "federation.ray_address = 'grpc://h:1': allowed: auto, local, HOST:PORT or ray://HOST:PORT"),
     # -- command-line flags ------------------------------------------------------------------------------------
     Case("no-command", (), "the following arguments are required: {{run,list,sweep,report,bench}}"),
     Case("unknown-command", ("train",), "argument {{run,list,sweep,report,bench}}: invalid choice: 'train'"),

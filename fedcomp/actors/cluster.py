@@ -38,7 +38,8 @@ PROBE_TIMEOUT_S = 5.0
 
 
 def connect(address: str | None = None, worker_log_level: str | None = None) -> dict[str, float]:
-    """Join ``address`` (or ``$RAY_ADDRESS``) if given, reuse an initialised Ray, else start a fresh local one.
+    """Join ``address`` (or ``$RAY_ADDRESS``) if given, reuse an initialised Ray, else (or for ``local``, Ray's
+    name for it) start a fresh local one.
 
     ``worker_log_level`` (e.g. ``"WARNING"``) quiets the Python logging of this job's Ray workers (Tune's
     per-trial INFO lines), where this call starts the Ray session. Returns the cluster's total resources.
@@ -51,6 +52,8 @@ def connect(address: str | None = None, worker_log_level: str | None = None) -> 
         field, address = "RAY_ADDRESS", os.environ["RAY_ADDRESS"]
     if address:
         parse_address(address, field)  # a malformed address fails even where Ray is already up
+        if address.strip() == "local":
+            address = None
     if not ray.is_initialized():
         kwargs: dict[str, Any] = dict(include_dashboard=False, logging_level=logging.WARNING, configure_logging=True)
         if worker_log_level:
@@ -78,19 +81,20 @@ def connect(address: str | None = None, worker_log_level: str | None = None) -> 
 
 def parse_address(address: str, field: str = "federation.ray_address") -> tuple[str, int] | None:
     """``(host, port)`` of a Ray address -- ``HOST:PORT`` (the head's GCS port) or ``ray://HOST:PORT`` (Ray
-    Client) -- or None for ``auto`` (the cluster `ray start` recorded on this machine).
+    Client) -- or None for ``auto`` (the cluster `ray start` recorded on this machine) and ``local`` (a new
+    instance on this machine).
 
     Raises:
         ResourceError: one line naming ``field``, the address and the forms allowed.
     """
     text = address.strip()
-    if text == "auto":
+    if text in ("auto", "local"):
         return None
     parts = urlsplit(text if "://" in text else f"tcp://{text}")
     if parts.scheme not in ("tcp", "ray"):
         hint = (" (that is the dashboard / jobs address; give the head's HOST:6379 or ray://HOST:10001)"
                 if parts.scheme in ("http", "https") else "")
-        raise ResourceError(f"{field} = {address!r}: allowed: auto, HOST:PORT or ray://HOST:PORT{hint}")
+        raise ResourceError(f"{field} = {address!r}: allowed: auto, local, HOST:PORT or ray://HOST:PORT{hint}")
     try:
         host, port = parts.hostname, parts.port
     except ValueError:  # a port that is not a number or out of range

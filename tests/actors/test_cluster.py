@@ -247,9 +247,10 @@ def test_a_share_no_node_fits_fails_at_once_saying_what_fits(two_nodes, tmp_path
 
 @pytest.mark.ray
 @pytest.mark.slow
-def test_without_an_address_a_run_starts_its_own_ray_and_never_joins_a_running_cluster(two_nodes, tmp_path):
+@pytest.mark.parametrize("address", [{}, {"RAY_ADDRESS": "local"}], ids=["no-address", "RAY_ADDRESS=local"])
+def test_without_an_address_a_run_starts_its_own_ray_and_never_joins_a_running_cluster(two_nodes, tmp_path, address):
     # RAY_TMPDIR makes the two-node cluster the one Ray's discovery finds (as `ray start` in /tmp/ray would).
-    done = cli("run", "quickstart", *FAST, "--set", f"run.out={tmp_path}", env={"RAY_TMPDIR": two_nodes.tmp})
+    done = cli("run", "quickstart", *FAST, "--set", f"run.out={tmp_path}", env={"RAY_TMPDIR": two_nodes.tmp, **address})
     assert done.returncode == 0, done.stderr[-3000:]
     assert "Connecting to" not in done.stderr and "existing Ray cluster" not in done.stderr
     (run_dir,) = tmp_path.iterdir()
