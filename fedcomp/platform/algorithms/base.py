@@ -306,6 +306,20 @@ def _owner(cls: type, name: str) -> type:
     return next(k for k in cls.__mro__ if name in vars(k))
 
 
+def sgd_step(problem: Any, x: Tensor, batch: tuple[Any, ...], lr: float) -> tuple[Tensor, Tensor]:
+    """One SGD step on the problem's loss at x: ``(x - lr grad, loss)``, a new tensor."""
+    grad, loss = grad_and_loss(problem, x, *batch)
+    return x - lr * grad, loss
+
+
+def sgd_step_(problem: Any, x: Tensor, batch: tuple[Any, ...], lr: float) -> Tensor:
+    """:func:`sgd_step` in place on x (the same bits: ``lr * grad`` rounded, then subtracted); returns the loss."""
+    grad, loss = grad_and_loss_pieces(problem, x, *batch)
+    torch._foreach_mul_(grad, lr)
+    torch._foreach_sub_(grad.of(x), grad)
+    return loss
+
+
 def scaled_into(out: list[Tensor], src: list[Tensor], factor: float) -> list[Tensor]:
     """``out[i] = factor * src[i]`` for every piece (one pass, no new tensor; ``torch.mul``'s rounding)."""
     for o, t in zip(out, src):

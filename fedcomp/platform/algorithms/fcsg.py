@@ -31,6 +31,8 @@ from fedcomp.platform.algorithms.base import (
     grad_and_loss,
     grad_and_loss_pieces,
     scaled_into,
+    sgd_step,
+    sgd_step_,
 )
 from fedcomp.platform.problems import CONDITIONAL, ConditionalProblem
 from fedcomp.platform.registry import register_algorithm
@@ -85,14 +87,11 @@ class FCSG(_FCSGBase):
         return Model(x=variables["x"].clone())
 
     def update(self, problem: ConditionalProblem, state: Model, batch: tuple[Any, ...], step: int) -> tuple[Model, Tensor]:
-        grad, loss = grad_and_loss(problem, state.x, *batch)
-        return Model(x=state.x - self.hp.lr * grad), loss
+        x, loss = sgd_step(problem, state.x, batch, self.hp.lr)
+        return Model(x=x), loss
 
     def update_(self, problem: ConditionalProblem, state: Model, batch: tuple[Any, ...], step: int) -> tuple[Model, Tensor]:
-        grad, loss = grad_and_loss_pieces(problem, state.x, *batch)
-        torch._foreach_mul_(grad, self.hp.lr)
-        torch._foreach_sub_(grad.of(state.x), grad)
-        return state, loss
+        return state, sgd_step_(problem, state.x, batch, self.hp.lr)
 
 
 @register_algorithm("fcsg-m")

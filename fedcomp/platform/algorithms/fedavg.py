@@ -18,7 +18,13 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
-from fedcomp.platform.algorithms.base import CommonHParams, LocalSteps, Tensors, grad_and_loss, grad_and_loss_pieces
+from fedcomp.platform.algorithms.base import (
+    CommonHParams,
+    LocalSteps,
+    Tensors,
+    sgd_step,
+    sgd_step_,
+)
 from fedcomp.platform.problems import PLAIN, PlainProblem
 from fedcomp.platform.registry import register_algorithm
 from fedcomp.platform.rounds import Round
@@ -76,14 +82,11 @@ class FedAvg(LocalSteps[Model, State]):
         return (problem.sample_batch(client, self.hp.outer_batch, gen),), self.hp.outer_batch
 
     def update(self, problem: PlainProblem, state: Model, batch: tuple[Any, ...], step: int) -> tuple[Model, Tensor]:
-        grad, loss = grad_and_loss(problem, state.x, *batch)
-        return Model(x=state.x - self.hp.lr * grad), loss
+        x, loss = sgd_step(problem, state.x, batch, self.hp.lr)
+        return Model(x=x), loss
 
     def update_(self, problem: PlainProblem, state: Model, batch: tuple[Any, ...], step: int) -> tuple[Model, Tensor]:
-        grad, loss = grad_and_loss_pieces(problem, state.x, *batch)
-        torch._foreach_mul_(grad, self.hp.lr)
-        torch._foreach_sub_(grad.of(state.x), grad)
-        return state, loss
+        return state, sgd_step_(problem, state.x, batch, self.hp.lr)
 
 
 class _ServerOptimized(FedAvg):
