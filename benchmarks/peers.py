@@ -1,12 +1,13 @@
-"""Side by side with the peers: one FedAvg workload matrix in fedcomp (Ray, local), a plain PyTorch loop,
-pfl 0.6 and Flower 1.42 (Ray simulation), each run in its own process; writes ``benchmarks/RESULTS.md``.
+"""Side by side with the peers: one FedAvg workload matrix in fedcomp (Ray, local), a plain PyTorch loop, the
+same loop with ``torch.optim.SGD`` stepping an ``nn.Module`` in place, pfl 0.6 and Flower 1.42 (Ray simulation),
+each run in its own process; writes ``benchmarks/RESULTS.md``.
 
-    python benchmarks/peers.py [--quick] [--repeats N] [--runners ray local plain pfl flower]
+    python benchmarks/peers.py [--quick] [--repeats N] [--runners ray local plain optim pfl flower]
                                [--no-install] [--bench-dir DIR] [--results PATH|-]
 
-Every runner is a subprocess started from ``benchmarks/peers/`` (fedcomp's three in this virtualenv, pfl in
+Every runner is a subprocess started from ``benchmarks/peers/`` (fedcomp's four in this virtualenv, pfl in
 this virtualenv with its packages on PYTHONPATH, Flower in its own virtualenv), so start-up and the memory
-of the whole process tree are measured the same way for all five. The peers are installed under
+of the whole process tree are measured the same way for all six. The peers are installed under
 ``--bench-dir`` (default ``.bench/`` in the checkout) on first use; ``--no-install`` fails in one line
 (exit 2) instead. The workload, the machine description and the table come from :mod:`fedcomp.bench`
 (``fedcomp bench``), so both benchmarks measure the same thing and describe it the same way.
@@ -59,10 +60,10 @@ from fedcomp.platform.server import sample_cohort
 
 PEERS = HERE / "peers"
 """The runners' scripts."""
-PEER_RUNNERS = ("ray", "local", "plain", "pfl", "flower")
-RUNNER_LABELS = {"ray": "fedcomp ray", "local": "fedcomp local", "plain": "plain PyTorch", "pfl": "pfl",
-                 "flower": "Flower"}
-SINGLE_PROCESS = ("local", "plain")
+PEER_RUNNERS = ("ray", "local", "plain", "optim", "pfl", "flower")
+RUNNER_LABELS = {"ray": "fedcomp ray", "local": "fedcomp local", "plain": "plain PyTorch", "optim": "torch.optim loop",
+                 "pfl": "pfl", "flower": "Flower"}
+SINGLE_PROCESS = ("local", "plain", "optim")
 """Runners that are one process whatever the worker count: run once per workload, shown at 1 worker."""
 MODELS = {"small": (64,), "heavy": (1024, 1024)}
 PEER_COHORT, PEER_LOCAL_STEPS = 10, 5
@@ -75,7 +76,8 @@ PFL_PACKAGES = ("pfl==0.6.0", "dp-accounting==0.5.1", "prv-accountant==0.2.0", "
 downgrade packaging (26 -> 25) and attrs (26 -> 23), which Ray and jsonschema share, so they go into
 ``<bench-dir>/pfl-site`` instead and only the pfl runner's PYTHONPATH sees them (torch, NumPy: ours)."""
 TARGET_FLOWER_SPEEDUP = 10.0
-TARGET_MEMORY_GIB = 2.0
+TARGET_MEMORY_GIB = 1.2
+TARGET_OPTIM_RATIO = 1.05
 MEMORY_INTERVAL_S = 0.2
 
 
@@ -320,7 +322,7 @@ def runner_command(runner: str, workers: int, spec: Any, out: Any, flower_python
     """The command line that starts ``runner`` with ``workers`` workers on the workload ``spec``."""
     peers = PEERS
     tail = ["--workload", str(spec), "--out", str(out)]
-    if runner in ("ray", "local", "plain"):
+    if runner in ("ray", "local", "plain", "optim"):
         return [sys.executable, str(peers / "fedcomp_runner.py"), "--runner", runner, *tail]
     if runner == "pfl":
         if workers == 1:
@@ -454,6 +456,11 @@ def peer_target_lines(runs: list[PeerRun], round_s: dict[tuple[str, str, int], f
     if speedup:
         lines.append(f"- Flower's round time / fedcomp Ray's on the small workload >= {TARGET_FLOWER_SPEEDUP:g}x: "
                      + ", ".join(speedup))
+    in_place = [f"{w.model}/{w.clients}c/{w.rounds}r {round_s[('local', w.key, 1)] / round_s[('optim', w.key, 1)]:.2f}x"
+                for w, n in keys if n == 1 and ("local", w.key, 1) in round_s and ("optim", w.key, 1) in round_s]
+    if in_place:
+        lines.append(f"- fedcomp local's round time / an in-place torch.optim loop's <= {TARGET_OPTIM_RATIO:g}x (on the "
+                     f"heavy MLP): " + ", ".join(in_place))
     mem = [r for r in runs if r.runner == "ray" and r.workload.clients == 1000 and r.workers == 2]
     if mem:
         peak = median([r.peak_bytes for r in mem]) / 2**30

@@ -1,4 +1,5 @@
-"""fedcomp's runners of ``benchmarks/peers.py``: the Ray backend, the local backend and the plain loop.
+"""fedcomp's runners of ``benchmarks/peers.py``: the Ray backend, the local backend, the plain loop and the
+same rounds with ``torch.optim.SGD`` stepping an ``nn.Module`` in place (``optim``).
 
 Each runs in its own process like the peers, so start-up (imports, Ray's start, actors) and the memory
 of the whole process tree are measured the same way for all. fedcomp draws the workload's batches from
@@ -21,20 +22,21 @@ common.one_thread()
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--runner", choices=["ray", "local", "plain"], required=True)
+    parser.add_argument("--runner", choices=["ray", "local", "plain", "optim"], required=True)
     parser.add_argument("--workload", required=True)
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
 
     import torch
 
-    from fedcomp.bench import bench_config, run_fedcomp, run_plain
+    from fedcomp.bench import bench_config, run_fedcomp, run_optim, run_plain
 
     spec = common.load_spec(args.workload)
-    backend = "local" if args.runner == "plain" else args.runner
+    backend = "local" if args.runner in ("plain", "optim") else args.runner
     config = bench_config(int(spec["clients"]), int(spec["cohort"]), int(spec["rounds"]), int(spec["local_steps"]),
                           list(spec["sizes"])[1:-1], backend, actors=int(spec["workers"]))
-    m = run_plain(config, 0) if args.runner == "plain" else run_fedcomp(config, args.runner, 0)
+    runs = {"plain": run_plain, "optim": run_optim}
+    m = runs[args.runner](config, 0) if args.runner in runs else run_fedcomp(config, args.runner, 0)
 
     clock = common.Clock()
     clock.rounds_started_at = m.rounds_started_at
