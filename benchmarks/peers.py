@@ -2,12 +2,12 @@
 same loop with ``torch.optim.SGD`` stepping an ``nn.Module`` in place, pfl 0.6 and Flower 1.42 (Ray simulation),
 each run in its own process; writes ``benchmarks/RESULTS.md``.
 
-    python benchmarks/peers.py [--quick] [--repeats N] [--runners ray local plain optim pfl flower]
+    python benchmarks/peers.py [--quick] [--repeats N] [--runners ray ray-driver local plain optim pfl flower]
                                [--no-install] [--bench-dir DIR] [--results PATH|-]
 
-Every runner is a subprocess started from ``benchmarks/peers/`` (fedcomp's four in this virtualenv, pfl in
+Every runner is a subprocess started from ``benchmarks/peers/`` (fedcomp's five in this virtualenv, pfl in
 this virtualenv with its packages on PYTHONPATH, Flower in its own virtualenv), so start-up and the memory
-of the whole process tree are measured the same way for all six. The peers are installed under
+of the whole process tree are measured the same way for all seven. The peers are installed under
 ``--bench-dir`` (default ``.bench/`` in the checkout) on first use; ``--no-install`` fails in one line
 (exit 2) instead. The workload, the machine description and the table come from :mod:`fedcomp.bench`
 (``fedcomp bench``), so both benchmarks measure the same thing and describe it the same way.
@@ -60,9 +60,9 @@ from fedcomp.platform.server import sample_cohort
 
 PEERS = HERE / "peers"
 """The runners' scripts."""
-PEER_RUNNERS = ("ray", "local", "plain", "optim", "pfl", "flower")
-RUNNER_LABELS = {"ray": "fedcomp ray", "local": "fedcomp local", "plain": "plain PyTorch", "optim": "torch.optim loop",
-                 "pfl": "pfl", "flower": "Flower"}
+PEER_RUNNERS = ("ray", "ray-driver", "local", "plain", "optim", "pfl", "flower")
+RUNNER_LABELS = {"ray": "fedcomp ray", "ray-driver": "fedcomp ray, server in driver", "local": "fedcomp local",
+                 "plain": "plain PyTorch", "optim": "torch.optim loop", "pfl": "pfl", "flower": "Flower"}
 SINGLE_PROCESS = ("local", "plain", "optim")
 """Runners that are one process whatever the worker count: run once per workload, shown at 1 worker."""
 MODELS = {"small": (64,), "heavy": (1024, 1024)}
@@ -322,7 +322,7 @@ def runner_command(runner: str, workers: int, spec: Any, out: Any, flower_python
     """The command line that starts ``runner`` with ``workers`` workers on the workload ``spec``."""
     peers = PEERS
     tail = ["--workload", str(spec), "--out", str(out)]
-    if runner in ("ray", "local", "plain", "optim"):
+    if runner in ("ray", "ray-driver", "local", "plain", "optim"):
         return [sys.executable, str(peers / "fedcomp_runner.py"), "--runner", runner, *tail]
     if runner == "pfl":
         if workers == 1:
@@ -461,18 +461,19 @@ def peer_target_lines(runs: list[PeerRun], round_s: dict[tuple[str, str, int], f
     if in_place:
         lines.append(f"- fedcomp local's round time / an in-place torch.optim loop's <= {TARGET_OPTIM_RATIO:g}x (on the "
                      f"heavy MLP): " + ", ".join(in_place))
-    mem = [r for r in runs if r.runner == "ray" and r.workload.clients == 1000 and r.workers == 2]
-    if mem:
-        peak = median([r.peak_bytes for r in mem]) / 2**30
-        lines.append(f"- fedcomp Ray, 1000 clients in 2 client actors, whole process tree (driver, Ray's daemons, "
-                     f"server and client actors) < {TARGET_MEMORY_GIB:g} GiB: peak {peak:.2f} GiB")
+    for runner, where in (("ray", "server actor"), ("ray-driver", "the server in the driver")):
+        mem = [r for r in runs if r.runner == runner and r.workload.clients == 1000 and r.workers == 2]
+        if mem:
+            peak = median([r.peak_bytes for r in mem]) / 2**30
+            lines.append(f"- {RUNNER_LABELS[runner]}, 1000 clients in 2 client actors, whole process tree (driver, "
+                         f"Ray's daemons, {where} and client actors) < {TARGET_MEMORY_GIB:g} GiB: peak {peak:.2f} GiB")
     return lines
 
 
 def memory_lines(runs: list[PeerRun]) -> list[str]:
     """Where the peak memory sits, per process kind, for the multi-process runners' largest workload."""
     lines = []
-    for runner in ("ray", "flower", "pfl"):
+    for runner in ("ray", "ray-driver", "flower", "pfl"):
         mine = [r for r in runs if r.runner == runner and r.peak_detail]
         if not mine:
             continue

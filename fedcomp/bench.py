@@ -60,9 +60,10 @@ TARGET_RATIO = 0.10
 
 def bench_config(
     clients: int, cohort: int, rounds: int, local_steps: int, hidden: Sequence[int], backend: str,
-    actors: int = ACTORS,
+    actors: int = ACTORS, server: str = "actor",
 ) -> Config:
-    """The benchmark workload as a validated fedcomp config (Ray: clients packed into ``actors`` actors)."""
+    """The benchmark workload as a validated fedcomp config (Ray: clients packed into ``actors`` actors, the
+    round program in a server actor or, ``server="driver"``, in the driver's process)."""
     return load_config(
         {
             "task": {"name": "synthetic-classification", "features": FEATURES, "classes": CLASSES,
@@ -73,6 +74,7 @@ def bench_config(
                 "clients_per_round": min(cohort, clients),
                 "backend": backend,
                 "clients_per_actor": math.ceil(clients / actors),
+                "server": server,
             },
             "run": {"seed": SEED, "rounds": rounds, "progress": "none"},
         }

@@ -1,5 +1,6 @@
-"""fedcomp's runners of ``benchmarks/peers.py``: the Ray backend, the local backend, the plain loop and the
-same rounds with ``torch.optim.SGD`` stepping an ``nn.Module`` in place (``optim``).
+"""fedcomp's runners of ``benchmarks/peers.py``: the Ray backend (its server in an actor, or in the driver's
+process: ``ray-driver``), the local backend, the plain loop and the same rounds with ``torch.optim.SGD``
+stepping an ``nn.Module`` in place (``optim``).
 
 Each runs in its own process like the peers, so start-up (imports, Ray's start, actors) and the memory
 of the whole process tree are measured the same way for all. fedcomp draws the workload's batches from
@@ -22,7 +23,7 @@ common.one_thread()
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--runner", choices=["ray", "local", "plain", "optim"], required=True)
+    parser.add_argument("--runner", choices=["ray", "ray-driver", "local", "plain", "optim"], required=True)
     parser.add_argument("--workload", required=True)
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
@@ -32,11 +33,12 @@ def main() -> None:
     from fedcomp.bench import bench_config, run_fedcomp, run_optim, run_plain
 
     spec = common.load_spec(args.workload)
-    backend = "local" if args.runner in ("plain", "optim") else args.runner
+    backend = "local" if args.runner in ("local", "plain", "optim") else "ray"
     config = bench_config(int(spec["clients"]), int(spec["cohort"]), int(spec["rounds"]), int(spec["local_steps"]),
-                          list(spec["sizes"])[1:-1], backend, actors=int(spec["workers"]))
+                          list(spec["sizes"])[1:-1], backend, actors=int(spec["workers"]),
+                          server="driver" if args.runner == "ray-driver" else "actor")
     runs = {"plain": run_plain, "optim": run_optim}
-    m = runs[args.runner](config, 0) if args.runner in runs else run_fedcomp(config, args.runner, 0)
+    m = runs[args.runner](config, 0) if args.runner in runs else run_fedcomp(config, backend, 0)
 
     clock = common.Clock()
     clock.rounds_started_at = m.rounds_started_at
@@ -45,7 +47,7 @@ def main() -> None:
         t += dt
         clock.round_ends.append(t)
     versions = {"torch": torch.__version__}
-    if args.runner == "ray":
+    if backend == "ray":
         import ray
 
         versions["ray"] = ray.__version__

@@ -1,4 +1,5 @@
-"""The server actor (runs the round program next to the client actors) and the driver's proxy to it."""
+"""The server actor (runs the round program next to the client actors) and the driver's proxy to it, which
+can also hold the server in the driver's own process (``federation.server: driver``)."""
 
 from __future__ import annotations
 
@@ -19,8 +20,9 @@ from fedcomp.platform.server import Server
 class ServerActor:
     """Holds the :class:`Server` (global state, evaluation data) and the client actors it starts."""
 
-    def __init__(self, config: Config) -> None:
-        torch.set_num_threads(1)
+    def __init__(self, config: Config, in_actor: bool = True) -> None:
+        if in_actor:  # in the driver (federation.server: driver) the user's torch settings stay as they are
+            torch.set_num_threads(1)
         self.error: Exception | None = None
         """An error building the server or its client actors, raised by :meth:`ready` (an exception leaving
         an actor's constructor reaches the driver only as text, after Ray has printed its traceback)."""
@@ -73,24 +75,33 @@ RemoteServer = ray.remote(ServerActor)
 
 
 class RayServer:
-    """Driver-side proxy with the :class:`~fedcomp.platform.server.ServerLike` interface."""
+    """Driver-side proxy with the :class:`~fedcomp.platform.server.ServerLike` interface: to a server actor, or
+    (``federation.server: driver``) to the same :class:`ServerActor` held in this process."""
 
     def __init__(self, config: Config) -> None:
         cluster = connect(config.federation.ray_address)
         plan = plan_actors(config.federation, cluster, cluster_nodes())  # fail here, at once, on a shortfall
-        options = actor_options({"CPU": plan.server_cpus})
         self.driver_s = 0.0
         self.finite = True
         self.replacements: list[dict[str, Any]] = []
-        self.actor: Any = RemoteServer.options(**options).remote(config)
+        self.actor: Any = None
+        self.here: ServerActor | None = None
+        if config.federation.server == "driver":
+            # The CPU share planned for the server stays unasked: the driver's process does that work here.
+            self.here = ServerActor(config, in_actor=False)
+            self.here.ready()
+            return
+        self.actor = RemoteServer.options(**actor_options({"CPU": plan.server_cpus})).remote(config)
         try:
             # The server's constructor starts and awaits the client actors under the same deadline.
             wait_ready([self.actor], ["the server actor"], 2 * config.federation.actor_timeout_s + 60)
         except BaseException:
-            ray.kill(self.actor)  # type: ignore[arg-type]  # ray types .options().remote() as handle | class
+            ray.kill(self.actor)
             raise
 
     def _call(self, method: str, *args: Any) -> Any:
+        if self.here is not None:
+            return getattr(self.here, method)(*args)
         try:
             return ray.get(getattr(self.actor, method).remote(*args))
         except RayTaskError as error:
@@ -145,4 +156,5 @@ class RayServer:
             self._call("close")
         except Exception:  # the actor may already be gone; killing it below is what matters
             pass
-        ray.kill(self.actor)
+        if self.actor is not None:
+            ray.kill(self.actor)

@@ -61,6 +61,11 @@ class FederationConfig(Params):
         "(a short probe) so that actors_per_gpu actors share each GPU; on CPUs (or 'fixed') clients_per_actor holds",
     )
     actors_per_gpu: int = Field(2, ge=1, description="client actors sharing one GPU under gpu_packing: auto")
+    server: Literal["actor", "driver"] = Field(
+        "actor",
+        description="Ray backend: the round program runs in a server actor next to the client actors, or in the "
+        "driver's own process (one process fewer and no driver -> server hop; the same numbers)",
+    )
     ray_address: str | None = Field(None, description="existing cluster to join (else RAY_ADDRESS, else local)")
     actor_timeout_s: float = Field(120.0, gt=0, description="deadline for actors to start or answer a round")
     max_retries: int = Field(3, ge=0, description="times a round is retried after a client actor dies")

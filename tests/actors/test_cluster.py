@@ -265,15 +265,19 @@ def test_without_an_address_a_run_starts_its_own_ray_and_never_joins_a_running_c
 def test_ray_and_local_give_bit_identical_numbers_train_loss_included(ray_session, tmp_path):
     base = {**overrides(FAST), "run.out": str(tmp_path)}
     local = fedcomp.run("quickstart", {**base, "federation.backend": "local"}).metrics.drop(columns="wall_time")
-    for per_actor in (4, 3):  # two even actors, and uneven packing (3 + 3 + 2)
-        ray_run = fedcomp.run("quickstart", {**base, "federation.backend": "ray", "federation.clients_per_actor": per_actor})
+    # two even actors, uneven packing (3 + 3 + 2), and the server in the driver's process
+    for per_actor, server in ((4, "actor"), (3, "actor"), (4, "driver")):
+        ray_run = fedcomp.run("quickstart", {**base, "federation.backend": "ray", "federation.clients_per_actor": per_actor,
+                                             "federation.server": server})
         pd.testing.assert_frame_equal(ray_run.metrics.drop(columns="wall_time"), local, check_exact=True)
 
 
 @pytest.mark.ray
-def test_a_replaced_client_actor_is_reported_on_stderr_and_in_run_json(ray_session, tmp_path, capsys, monkeypatch):
+@pytest.mark.parametrize("server", ["actor", "driver"])
+def test_a_replaced_client_actor_is_reported_on_stderr_and_in_run_json(ray_session, tmp_path, capsys, monkeypatch, server):
     monkeypatch.setenv("FEDCOMP_FAULT_KILL", "1:4")  # the actor hosting clients 4 and 5 dies in round index 1
-    assert main(["run", "quickstart", *FAST, "--set", "federation.backend=ray", "--set", f"run.out={tmp_path / 'ray'}"]) == 0
+    assert main(["run", "quickstart", *FAST, "--set", "federation.backend=ray", "--set", f"federation.server={server}",
+                 "--set", f"run.out={tmp_path / 'ray'}"]) == 0
     lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("fedcomp:")]
     assert len(lines) == 1 and lines[0].startswith("fedcomp: round 2: client actor 2 (clients 4-5) died ("), lines
     assert lines[0].endswith("); replaced it and re-ran its share of the round")
@@ -295,8 +299,10 @@ def test_an_error_inside_the_actors_is_the_local_backends_one_line(ray_session, 
     local = capsys.readouterr().err.strip().splitlines()
     assert main([*argv, "--set", "federation.backend=ray"]) == 2
     remote = capsys.readouterr().err.strip().splitlines()
+    assert main([*argv, "--set", "federation.backend=ray", "--set", "federation.server=driver"]) == 2
+    in_driver = capsys.readouterr().err.strip().splitlines()
     assert len(local) == 1 and "task.source = 'mnist': MNIST not found" in local[0]
-    assert remote == local
+    assert remote == local and in_driver == local
     assert not (tmp_path / "out").exists()
 
 
