@@ -280,6 +280,7 @@ class RayFederation:
     def describe(self) -> dict[str, Any]:
         return {
             "name": "ray",
+            "server": self.config.federation.server,
             "client_actors": len(self.actors),
             "clients_per_actor": self.plan.packing.get("clients_per_actor", self.config.federation.clients_per_actor),
             **({"gpu_packing": self.plan.packing} if self.plan.packing else {}),

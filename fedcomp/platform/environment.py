@@ -80,9 +80,9 @@ def environment(backend: Mapping[str, Any]) -> dict[str, Any]:
         "os": platform.platform(),
         "devices": devices(backend),
         # Threads of the process that evaluates the model: float32 reductions over large tensors are split
-        # across threads, so the thread count can change the last bits of a metric. The local backend
-        # evaluates in this process; the Ray server actor pins one thread.
-        "server_threads": _torch_threads() if backend.get("name") == "local" else 1,
+        # across threads, so the thread count can change the last bits of a metric. The local backend (and the
+        # Ray backend's server in the driver) evaluates in this process; the Ray server actor pins one thread.
+        "server_threads": _torch_threads() if backend.get("name") == "local" or backend.get("server") == "driver" else 1,
     }
     if any(d.startswith("cuda") for d in env["devices"]):
         import torch
