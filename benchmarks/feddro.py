@@ -377,8 +377,11 @@ def offline_sections(grid: dict[str, dict[float, dict[int, pd.DataFrame]]], chos
         "| I | " + " | ".join(METRICS.values()) + " | test accuracy at round 30 | low-dimensional exchanges |",
         "|---:|" + "---:|" * (len(METRICS) + 2),
     ]
-    test_at = {}
+    test_at, diverged = {}, {}
     for steps, runs in steps_runs.items():
+        bad = sum(m["robust_loss"].isna().any() for m in runs.values())
+        if bad:
+            diverged[steps] = f"{bad}/{len(runs)} at I = {steps}"
         f = final(runs)
         at30 = pd.Series([m.set_index("round")["test_accuracy"].loc[30] for m in runs.values()])
         test_at[steps] = f["test_accuracy"].mean()
@@ -395,7 +398,9 @@ def offline_sections(grid: dict[str, dict[float, dict[int, pd.DataFrame]]], chos
         + (f"the first doubling that adds less than {SATURATED} (our threshold) is to I = {stop} "
            f"({gains[stop]:+.3f})" if stop is not None else
            f"every doubling up to I = {ordered[-1]} adds at least {SATURATED} (no saturation within this range)")
-        + "; gain per doubling of I: " + ", ".join(f"{g:+.3f} (to {b})" for b, g in gains.items()) + ".",
+        + "; gain per doubling of I: " + ", ".join(f"{g:+.3f} (to {b})" for b, g in gains.items()) + ". "
+        + (f"Seeds that diverged: {', '.join(diverged.values())} (at lr {fedlr}; a drop there is a divergence, "
+           "not saturation)." if diverged else "No seed diverged."),
         "",
         "![offline comparison and local steps](feddro_offline.png)",
         "",
