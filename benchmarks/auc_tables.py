@@ -20,7 +20,6 @@ import os
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
 
 import pandas as pd
 
@@ -29,6 +28,7 @@ import fedcomp
 from fedcomp.platform.config import Config
 from fedcomp.sweeps.edges import missing
 from fedcomp.sweeps.report import best_and_edges, extension_summary, paper_table
+from fedcomp.sweeps.spec import load_spec
 from fedcomp.sweeps.tuner import SweepResult, load_sweep
 
 PAPER_TABLE2 = {  # FCSG paper, Table 2: final averaged AP on test data
@@ -50,6 +50,9 @@ PAPER_TABLE1 = {  # LocalSCGDAM paper, Table 1 (test AUC, mean across devices), 
 PAPER_PERIODS = (4, 8, 16)
 TABLE1_METHODS = ("local-scgdam", "coda", "local-sgdam", "local-sgdm", "local-sgdm-rl")
 TABLE2_METHODS = ("fedavg", "coda-plus", "fcsg", "fcsg-m", "acc-fcsg-m")
+PREVIOUS = "0d1b87d"
+"""The revision whose AUC_TABLES.md holds the last run of the earlier, narrower grids (x steps / lr 0.1, 0.3 and
+0.03, 0.1, beta 0.1, 3 seeds)."""
 TABLE1_CELL = ["task.dataset", "algorithm.name", "algorithm.local_steps"]
 TABLE2_CELL = ["task.dataset", "algorithm.name"]
 
@@ -283,13 +286,26 @@ def newest_sweep(out: Path, preset: str) -> Path | None:
     return max(folders, key=lambda f: f.stat().st_mtime) if folders else None
 
 
+def coverage(preset: str, result: SweepResult) -> list[str]:
+    """A line saying which of the preset's datasets the sweep left out, when it ran a reduced copy of it."""
+    wanted = list(dict.fromkeys(point["task.dataset"] for point in load_spec(preset).points()))
+    ran = set(result.trials["task.dataset"])
+    left = [d for d in wanted if d not in ran]
+    if not left:
+        return []
+    return [f"This sweep ran a copy of the preset restricted to {', '.join(d for d in wanted if d in ran)} "
+            f"({len(result.spec.points())} of the preset's {len(load_spec(preset).points())} configurations); "
+            f"{', '.join(left)} was not re-run with the widened grid (budget; its cells from the earlier two-step grid are in "
+            f"`git show {PREVIOUS}:benchmarks/AUC_TABLES.md`).", ""]
+
+
 def section(preset: str, result: SweepResult, wall: float | None, tabulate: Callable[[SweepResult], list[str]]) -> list[str]:
     trials = result.trials["trial"].nunique()
     took = f"trials' own wall times summed: {common.trials_seconds(result.trials) / 60:.1f} min"
     if wall is not None:
         took += f", sweep wall time {wall / 60:.1f} min"
     extended = extension_summary(result.path)
-    return [f"## `{preset}` ({trials} trials, {took}, sweep folder `{result.path.name}`)", "",
+    return [f"## `{preset}` ({trials} trials, {took}, sweep folder `{result.path.name}`)", "", *coverage(preset, result),
             paper_table(result.trials, result.spec), *tabulate(result),
             *(["`--extend-edges` (the sweep's own record):", "", *(f"- {line}" for line in extended), ""] if extended else [])]
 
@@ -314,7 +330,7 @@ def main() -> None:
             folder = newest_sweep(Path(args.out), preset)
             if folder is None:
                 sections += [f"## `{preset}`", "", f"Not re-run with the current preset (no finished `{preset}_*` "
-                             f"sweep under `{args.out}`).", ""]
+                             f"sweep under `{args.out}`; the earlier two-step grid's cells are in `git show {PREVIOUS}:benchmarks/AUC_TABLES.md`).", ""]
                 continue
             result = load_sweep(folder)
         else:
