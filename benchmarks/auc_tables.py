@@ -1,15 +1,16 @@
 """The offline Table 1 (LocalSCGDAM paper) and Table 2 (FCSG paper, AUPRC) sweeps, measured side by side with
 the papers' numbers, and which of the papers' orderings hold on them.
 
-    python benchmarks/auc_tables.py [--out results] [--only table1|table2]   # writes benchmarks/AUC_TABLES.md
+    python benchmarks/auc_tables.py [--out results] [--only table1|table2] [--extend-edges [--edge-cap N]]
     python benchmarks/auc_tables.py --out results --reuse    # tabulate the newest finished sweeps under --out again
 
-Runs the sweep presets ``auc-table1-offline`` (270 trials) and ``auprc-table2-offline`` (60 trials) through
-``fedcomp.sweep`` on the local Ray (2 trials at a time on a 2-core machine), exactly as
-``fedcomp sweep auc-table1-offline`` would, then tabulates each sweep in its paper's layout with
-:func:`fedcomp.sweeps.report.paper_table` (each cell: the better of the preset's two step sizes, mean ± std of
-the final metric over 3 seeds). The papers' numbers come from EXPERIMENTS.md (E3, E10); the offline datasets are
-stand-ins for the papers' (see the presets), so the comparison is of orderings, not of values.
+Runs the sweep presets ``auc-table1-offline`` and ``auprc-table2-offline`` through ``fedcomp.sweep`` on the local
+Ray, exactly as ``fedcomp sweep auc-table1-offline [--extend-edges]`` would, then tabulates each sweep in its
+paper's layout with :func:`fedcomp.sweeps.report.paper_table` (each cell: the best configuration of the preset's
+grid, mean ± std of the final metric over the preset's seeds), the step (and beta) each cell's best used, which
+cells still sit on an edge of a tuned axis (the sweep's own edge guard), and which of the papers' orderings hold.
+The papers' numbers come from EXPERIMENTS.md (E3, E10); the offline datasets are stand-ins for the papers' (see
+the presets), so the comparison is of orderings, not of values.
 """
 
 from __future__ import annotations
@@ -17,18 +18,24 @@ from __future__ import annotations
 import argparse
 import os
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
+
+import pandas as pd
 
 import common
 import fedcomp
-from fedcomp.sweeps.report import best_configurations, paper_table
+from fedcomp.platform.config import Config
+from fedcomp.sweeps.edges import missing
+from fedcomp.sweeps.report import best_and_edges, extension_summary, paper_table
+from fedcomp.sweeps.spec import load_spec
 from fedcomp.sweeps.tuner import SweepResult, load_sweep
 
 PAPER_TABLE2 = {  # FCSG paper, Table 2: final averaged AP on test data
     "MNIST": {"fedavg": 0.9357, "coda-plus": 0.9733, "fcsg": 0.9868, "fcsg-m": 0.9878, "acc-fcsg-m": 0.9879},
     "CIFAR-10": {"fedavg": 0.5059, "coda-plus": 0.6039, "fcsg": 0.7130, "fcsg-m": 0.7157, "acc-fcsg-m": 0.7184},
 }
-PAPER_TABLE1 = {  # LocalSCGDAM paper, Table 1 (test AUC, mean across devices), two of its six datasets
+PAPER_TABLE1 = {  # LocalSCGDAM paper, Table 1 (test AUC, mean across devices), two of its six datasets; p = 4, 8, 16
     ("FashionMNIST", "local-scgdam"): (0.980, 0.980, 0.980),
     ("FashionMNIST", "coda"): (0.976, 0.976, 0.976),
     ("FashionMNIST", "local-sgdam"): (0.977, 0.977, 0.976),
@@ -40,57 +47,225 @@ PAPER_TABLE1 = {  # LocalSCGDAM paper, Table 1 (test AUC, mean across devices), 
     ("CIFAR10", "local-sgdm"): (0.883, 0.871, 0.874),
     ("CIFAR10", "local-sgdm-rl"): (0.890, 0.904, 0.883),
 }
-MATCHED_STEP = {
-    # The AUC methods' x step at LocalSGDM's effective step: heavy-ball momentum mu = 0.9 moves x by lr/(1 - mu),
-    # 10x the nominal 0.1 / 0.3 the Table 1 sweep gives every method; LocalSCGDAM's and LocalSGDAM's u and CoDA
-    # have no such amplification. Same protocol as auc-table1-offline on mnist5k, p = 4.
-    "name": "auc-matched-step",
-    "base": "auc-table1-offline",
-    "set": {"federation.backend": "local", "run.eval_every": 4},
-    "grid": [
-        {"task.dataset,task.model": [["mnist5k", "fashion-conv"]], "algorithm.name": ["local-scgdam", "local-sgdam"],
-         "algorithm.gamma_x,algorithm.gamma_y": [[10.0, 10.0], [30.0, 30.0]]},
-        {"task.dataset,task.model": [["mnist5k", "fashion-conv"]], "algorithm.name": ["coda"], "algorithm.lr": [1.0, 3.0],
-         "algorithm.stage_steps": [64]},
-    ],
-    "seeds": 3,
-    "metric": "test_auroc",
-    "mode": "max",
-    "table": {"rows": ["algorithm.name"], "columns": "task.dataset"},
-}
+PAPER_PERIODS = (4, 8, 16)
 TABLE1_METHODS = ("local-scgdam", "coda", "local-sgdam", "local-sgdm", "local-sgdm-rl")
 TABLE2_METHODS = ("fedavg", "coda-plus", "fcsg", "fcsg-m", "acc-fcsg-m")
+PREVIOUS = "0d1b87d"
+"""The revision whose AUC_TABLES.md holds the last run of the earlier, narrower grids (x steps / lr 0.1, 0.3 and
+0.03, 0.1, beta 0.1, 3 seeds)."""
+TABLE1_CELL = ["task.dataset", "algorithm.name", "algorithm.local_steps"]
+TABLE2_CELL = ["task.dataset", "algorithm.name"]
 
 
-def table1_orderings(result: SweepResult) -> list[str]:
-    cells = best_configurations(result.trials, result.spec, by=["task.dataset", "algorithm.name", "algorithm.local_steps"])
-    lines, wins, total = [], 0, 0
-    for (dataset, p), group in cells.groupby(["task.dataset", "algorithm.local_steps"], sort=True):
-        ranking = group.sort_values("mean", ascending=False)
-        order = " > ".join(f"{r['algorithm.name']} {r['mean']:.4f}" for _, r in ranking.iterrows())
-        top = ranking.iloc[0]["algorithm.name"]
-        wins += top == "local-scgdam"
-        total += 1
-        lines.append(f"| {dataset} | {p} | {'yes' if top == 'local-scgdam' else 'no'} | {order} |")
-    head = [f"LocalSCGDAM has the best mean AUROC in {wins} of {total} (dataset, p) cells (the paper: all 18, one tie).",
-            "", "| dataset | p | LocalSCGDAM best | ranking by mean final AUROC |", "|---|---:|---|---|"]
-    return head + lines
+# -- the configurations behind each cell ------------------------------------------------------------------------
 
 
-def table2_orderings(result: SweepResult) -> list[str]:
+def cell_config(result: SweepResult, row: pd.Series) -> Config:
+    """The full configuration of a best-configuration row (its sweep axes applied to the preset's base)."""
+    axes = [a for a in result.spec.axes() if a != "run.seed" and a in row.index]
+    point = {k: (row[k].item() if hasattr(row[k], "item") else row[k]) for k in axes if not missing(row[k])}
+    return result.spec.base_config(**point)
+
+
+def x_step(config: Config) -> float:
+    """How far a method moves x per unit of its (averaged) gradient estimate: gamma_x * eta for LocalSCGDAM and
+    LocalSGDAM, lr / (1 - mu) for heavy-ball LocalSGDM(-RL) at equilibrium, lr (the first stage's) for the rest."""
+    hp = config.algorithm
+    if hasattr(hp, "gamma_x"):
+        return float(hp.gamma_x * hp.lr)
+    if hasattr(hp, "momentum"):
+        return float(hp.lr / (1.0 - hp.momentum))
+    return float(hp.lr)
+
+
+def cells(result: SweepResult, by: list[str]) -> pd.DataFrame:
+    """Per value combination of ``by``: the best configuration's mean, std, its full config and its edge axes."""
+    best, _ = best_and_edges(result.trials, result.spec, by=by)
+    best["config"] = [cell_config(result, row) for _, row in best.iterrows()]
+    return best
+
+
+def _edge_mark(edge: str) -> str:
+    """The arrows of a best's edge column (``algorithm.lr ↑``): what a cell prints after its value."""
+    arrows = sorted({part.rsplit(" ", 1)[-1] for part in edge.split(", ") if part})
+    return f" {''.join(arrows)}edge" if arrows else ""
+
+
+def _fmt(value: float) -> str:
+    return f"{value:.3g}"
+
+
+def _within_noise(a: pd.Series, b: pd.Series) -> bool:
+    """Whether two cells differ by less than the larger of their across-seed stds."""
+    return abs(a["mean"] - b["mean"]) < max(a["std"], b["std"])
+
+
+def _compare(a: pd.Series, b: pd.Series) -> str:
+    """``yes`` / ``no`` for a > b, with ``(noise)`` when the gap is smaller than the larger seed std."""
+    if a["mean"] != a["mean"] or b["mean"] != b["mean"]:
+        return "yes" if b["mean"] != b["mean"] and a["mean"] == a["mean"] else "no"
+    return ("yes" if a["mean"] > b["mean"] else "no") + (" (noise)" if _within_noise(a, b) else "")
+
+
+def _ranks(values: dict[str, float]) -> dict[str, int]:
+    """Rank 1 = the highest, ties sharing the better rank; nan (diverged) after every number."""
+    key = {k: v if v == v else float("-inf") for k, v in values.items()}
+    return {k: 1 + sum(other > v for other in key.values()) for k, v in key.items()}
+
+
+def edge_lines(best: pd.DataFrame, label: Callable[[pd.Series], str]) -> list[str]:
+    """How many cells' best sits on an edge of a tuned axis, and which (from the sweep's edge guard)."""
+    on_edge = best[best["edge"] != ""]
+    head = f"Cells whose best configuration still sits on an edge of a tuned axis: {len(on_edge)} of {len(best)}."
+    return [head, *(f"- {label(row)}: {row['edge']}" for _, row in on_edge.iterrows()), ""]
+
+
+# -- Table 1 ----------------------------------------------------------------------------------------------------
+
+
+def table1_sections(result: SweepResult) -> list[str]:
+    best = cells(result, TABLE1_CELL)
+    best["step"] = [x_step(c) for c in best["config"]]
+    periods = sorted(best["algorithm.local_steps"].unique())
+    datasets = list(dict.fromkeys(result.trials["task.dataset"]))
+    lines = ["Best per cell and its effective x step (gamma_x * eta; CoDA: lr; LocalSGDM(-RL): lr / (1 - mu));",
+             "↑edge / ↓edge: the step (or another tuned axis) is the largest / smallest the sweep tried for it.", "",
+             "| dataset | method | " + " | ".join(f"p = {p}" for p in periods) + " |", "|---|---|" + "---:|" * len(periods)]
+    for dataset in datasets:
+        for method in TABLE1_METHODS:
+            row = []
+            for p in periods:
+                hit = best[(best["task.dataset"] == dataset) & (best["algorithm.name"] == method) & (best["algorithm.local_steps"] == p)]
+                if hit.empty:
+                    row.append("–")
+                    continue
+                cell = hit.iloc[0]
+                value = "diverged" if cell["mean"] != cell["mean"] else f"{cell['mean']:.4f} ± {cell['std']:.4f}"
+                row.append(f"{value} @ {_fmt(cell['step'])}{_edge_mark(cell['edge'])}")
+            lines.append(f"| {dataset} | {method} | " + " | ".join(row) + " |")
+    lines += ["", *edge_lines(best, lambda r: f"{r['task.dataset']}, {r['algorithm.name']}, p = {r['algorithm.local_steps']}")]
+    lines += table1_orderings(best, datasets, periods)
+    lines += table1_side_by_side(best, datasets, periods)
+    return lines
+
+
+def table1_orderings(best: pd.DataFrame, datasets: Sequence[str], periods: Sequence[int]) -> list[str]:
+    """Per (dataset, p): the ranking, and LocalSCGDAM against each baseline (the paper: above every one, in every
+    cell); then the counts."""
+    others = [m for m in TABLE1_METHODS if m != "local-scgdam"]
+    lines = ["| dataset | p | ranking by mean final AUROC | " + " | ".join(f"LocalSCGDAM > {m}" for m in others) + " |",
+             "|---|---:|---|" + "---|" * len(others)]
+    wins, total = 0, 0
+    beats, noise, compared = dict.fromkeys(others, 0), dict.fromkeys(others, 0), dict.fromkeys(others, 0)
+    for dataset in datasets:
+        for p in periods:
+            group = best[(best["task.dataset"] == dataset) & (best["algorithm.local_steps"] == p)].set_index("algorithm.name")
+            if "local-scgdam" not in group.index:
+                continue
+            total += 1
+            ranks = _ranks(group["mean"].to_dict())
+            order = sorted(ranks, key=ranks.get)
+            wins += ranks["local-scgdam"] == 1
+            ranking = " > ".join(f"{m} {group.loc[m, 'mean']:.4f}" for m in order)
+            pairs = []
+            for m in others:
+                if m not in group.index:
+                    pairs.append("–")
+                    continue
+                verdict = _compare(group.loc["local-scgdam"], group.loc[m])
+                compared[m] += 1
+                beats[m] += verdict.startswith("yes")
+                noise[m] += verdict.endswith("(noise)")
+                pairs.append(verdict)
+            lines.append(f"| {dataset} | {p} | {ranking} | " + " | ".join(pairs) + " |")
+    counts = ", ".join(f"{m} in {beats[m]} of {compared[m]} ({noise[m]} gaps within seed noise)" for m in others)
+    head = [f"LocalSCGDAM has the best mean AUROC in {wins} of {total} (dataset, p) cells (the paper: all 18, one tie). "
+            f"It is above {counts}. \"(noise)\": the gap is smaller than the larger of the two cells' across-seed std.", ""]
+    return head + lines + [""]
+
+
+def table1_side_by_side(best: pd.DataFrame, datasets: Sequence[str], periods: Sequence[int]) -> list[str]:
+    """Each method's value and rank among the five, the paper's (FashionMNIST, CIFAR10) beside ours, per p."""
+    shown = [p for p in PAPER_PERIODS if p in periods]
+    paper_ranks = {(d, p): _ranks({m: PAPER_TABLE1[(d, m)][PAPER_PERIODS.index(p)] for m in TABLE1_METHODS})
+                   for d in ("FashionMNIST", "CIFAR10") for p in shown}
+    ours = {(d, p): best[(best["task.dataset"] == d) & (best["algorithm.local_steps"] == p)].set_index("algorithm.name")["mean"].to_dict()
+            for d in datasets for p in shown}
+    our_ranks = {key: _ranks(values) for key, values in ours.items()}
+    head = ["Side by side at the periods both ran (value (rank among the five)); the paper's data are not ours, so "
+            "read the ranks:", "",
+            "| method | p | " + " | ".join(f"{d} (paper)" for d in ("FashionMNIST", "CIFAR10")) + " | "
+            + " | ".join(datasets) + " |", "|---|---:|" + "---:|" * (2 + len(datasets))]
+    lines = []
+    for method in TABLE1_METHODS:
+        for p in shown:
+            paper = [f"{PAPER_TABLE1[(d, method)][PAPER_PERIODS.index(p)]:.3f} ({paper_ranks[(d, p)][method]})"
+                     for d in ("FashionMNIST", "CIFAR10")]
+            mine = []
+            for d in datasets:
+                if method not in ours[(d, p)]:
+                    mine.append("–")
+                    continue
+                value = ours[(d, p)][method]
+                mine.append(("diverged" if value != value else f"{value:.4f}") + f" ({our_ranks[(d, p)][method]})")
+            lines.append(f"| {method} | {p} | " + " | ".join(paper + mine) + " |")
+    return head + lines + [""]
+
+
+# -- Table 2 ----------------------------------------------------------------------------------------------------
+
+
+def _table2_setting(config: Config) -> str:
+    hp = config.algorithm
+    beta = getattr(hp, "beta", None)
+    return f"lr {_fmt(hp.lr)}" + (f", β {_fmt(beta)}" if beta is not None and config.algorithm_name in ("fcsg-m", "acc-fcsg-m") else "")
+
+
+def table2_sections(result: SweepResult) -> list[str]:
+    best = cells(result, TABLE2_CELL)
+    datasets = list(dict.fromkeys(result.trials["task.dataset"]))
+    lines = ["Best per cell and its setting (↑edge / ↓edge: a tuned axis at the largest / smallest value tried):", "",
+             "| dataset | " + " | ".join(TABLE2_METHODS) + " |", "|---|" + "---:|" * len(TABLE2_METHODS)]
+    for dataset in datasets:
+        row = []
+        for method in TABLE2_METHODS:
+            hit = best[(best["task.dataset"] == dataset) & (best["algorithm.name"] == method)]
+            if hit.empty:
+                row.append("–")
+                continue
+            cell = hit.iloc[0]
+            value = "diverged" if cell["mean"] != cell["mean"] else f"{cell['mean']:.4f} ± {cell['std']:.4f}"
+            row.append(f"{value} ({_table2_setting(cell['config'])}){_edge_mark(cell['edge'])}")
+        lines.append(f"| {dataset} | " + " | ".join(row) + " |")
+    lines += ["", *edge_lines(best, lambda r: f"{r['task.dataset']}, {r['algorithm.name']}")]
+    lines += table2_orderings(best, datasets)
+    return lines
+
+
+def table2_orderings(best: pd.DataFrame, datasets: Sequence[str]) -> list[str]:
     """Per dataset: the ranking, and for each FCSG-family method whether it is above FedAvg and above CODA+
-    (the paper: every one is above both, and CODA+ is above FedAvg, on MNIST and CIFAR-10)."""
-    cells = best_configurations(result.trials, result.spec, by=["task.dataset", "algorithm.name"])
+    (the paper: every one is above both, and CODA+ is above FedAvg, on MNIST and CIFAR-10), with the paper's
+    ranks beside ours."""
     family = ("fcsg", "fcsg-m", "acc-fcsg-m")
     lines = ["| dataset | ranking by mean final AP | " + " | ".join(f"{m} > fedavg / > coda-plus" for m in family)
              + " | coda-plus > fedavg |", "|---|---|" + "---|" * (len(family) + 1)]
-    for dataset, group in cells.groupby("task.dataset", sort=True):
-        mean = dict(zip(group["algorithm.name"], group["mean"]))
-        ranking = " > ".join(f"{k} {v:.4f}" for k, v in sorted(mean.items(), key=lambda kv: -kv[1]))
-        yes = lambda flag: "yes" if flag else "no"  # noqa: E731
-        pairs = [f"{yes(mean[m] > mean['fedavg'])} / {yes(mean[m] > mean['coda-plus'])}" for m in family]
-        lines.append(f"| {dataset} | {ranking} | " + " | ".join(pairs) + f" | {yes(mean['coda-plus'] > mean['fedavg'])} |")
-    return lines
+    for dataset in datasets:
+        group = best[best["task.dataset"] == dataset].set_index("algorithm.name")
+        ranks = _ranks(group["mean"].to_dict())
+        ranking = " > ".join(f"{m} {group.loc[m, 'mean']:.4f}" for m in sorted(ranks, key=ranks.get))
+        if not set(TABLE2_METHODS) <= set(group.index):
+            lines.append(f"| {dataset} | {ranking} |" + " – |" * (len(family) + 1))
+            continue
+        pairs = [f"{_compare(group.loc[m], group.loc['fedavg'])} / {_compare(group.loc[m], group.loc['coda-plus'])}" for m in family]
+        lines.append(f"| {dataset} | {ranking} | " + " | ".join(pairs) + f" | {_compare(group.loc['coda-plus'], group.loc['fedavg'])} |")
+    paper = {d: _ranks(v) for d, v in PAPER_TABLE2.items()}
+    ours = {d: _ranks(best[best["task.dataset"] == d].set_index("algorithm.name")["mean"].to_dict()) for d in datasets}
+    side = ["", "Ranks (1 = best AP), the paper's beside ours:", "",
+            "| method | " + " | ".join(f"{d} (paper)" for d in PAPER_TABLE2) + " | " + " | ".join(datasets) + " |",
+            "|---|" + "---:|" * (len(PAPER_TABLE2) + len(datasets))]
+    side += [f"| {m} | " + " | ".join(str(paper[d][m]) for d in PAPER_TABLE2) + " | "
+             + " | ".join(str(ours[d].get(m, "–")) for d in datasets) + " |" for m in TABLE2_METHODS]
+    return ["\"(noise)\": the gap is smaller than the larger of the two cells' across-seed std.", "", *lines, *side, ""]
 
 
 def paper_tables() -> list[str]:
@@ -102,42 +277,76 @@ def paper_tables() -> list[str]:
     return lines
 
 
+# -- running and writing ----------------------------------------------------------------------------------------
+
+
+def newest_sweep(out: Path, preset: str) -> Path | None:
+    """The newest sweep folder of ``preset`` under ``out`` that has its trials (None if there is none)."""
+    folders = [f for f in Path(out).glob(f"{preset}_*") if (f / "trials.parquet").is_file()]
+    return max(folders, key=lambda f: f.stat().st_mtime) if folders else None
+
+
+def coverage(preset: str, result: SweepResult) -> list[str]:
+    """A line saying which of the preset's datasets the sweep left out, when it ran a reduced copy of it."""
+    wanted = list(dict.fromkeys(point["task.dataset"] for point in load_spec(preset).points()))
+    ran = set(result.trials["task.dataset"])
+    left = [d for d in wanted if d not in ran]
+    if not left:
+        return []
+    return [f"This sweep ran a copy of the preset restricted to {', '.join(d for d in wanted if d in ran)} "
+            f"({len(result.spec.points())} of the preset's {len(load_spec(preset).points())} configurations); "
+            f"{', '.join(left)} was not re-run with the widened grid (budget; its cells from the earlier two-step grid are in "
+            f"`git show {PREVIOUS}:benchmarks/AUC_TABLES.md`).", ""]
+
+
+def section(preset: str, result: SweepResult, wall: float | None, tabulate: Callable[[SweepResult], list[str]]) -> list[str]:
+    trials = result.trials["trial"].nunique()
+    took = f"trials' own wall times summed: {common.trials_seconds(result.trials) / 60:.1f} min"
+    if wall is not None:
+        took += f", sweep wall time {wall / 60:.1f} min"
+    extended = extension_summary(result.path)
+    return [f"## `{preset}` ({trials} trials, {took}, sweep folder `{result.path.name}`)", "", *coverage(preset, result),
+            paper_table(result.trials, result.spec), *tabulate(result),
+            *(["`--extend-edges` (the sweep's own record):", "", *(f"- {line}" for line in extended), ""] if extended else [])]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="results", help="where the sweeps write their folders")
-    parser.add_argument("--only", choices=["table1", "table2", "matched"])
+    parser.add_argument("--only", choices=["table1", "table2"])
     parser.add_argument("--reuse", action="store_true", help="load the newest sweep of each preset under --out instead of running it")
+    parser.add_argument("--extend-edges", action="store_true", help="run the sweeps with --extend-edges")
+    parser.add_argument("--edge-cap", type=int, default=None, help="with --extend-edges: extensions per axis and cell")
     args = parser.parse_args()
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    sections, timings = [], {}
-    for key, preset, orderings in (("table1", "auc-table1-offline", table1_orderings),
-                                   ("table2", "auprc-table2-offline", table2_orderings),
-                                   ("matched", "auc-matched-step", lambda result: [])):
+    sections: list[str] = []
+    seeds: set[int] = set()
+    for key, preset, tabulate in (("table1", "auc-table1-offline", table1_sections),
+                                  ("table2", "auprc-table2-offline", table2_sections)):
         if args.only and args.only != key:
             continue
-        started = time.time()
+        started, wall = time.time(), None
         if args.reuse:
-            folders = sorted(Path(args.out).glob(f"{preset}_*"), key=lambda f: f.stat().st_mtime)
-            if not folders:
-                raise SystemExit(f"--reuse: no {preset}_* sweep folder under {args.out}")
-            result = load_sweep(folders[-1])
-            timings[preset] = common.trials_seconds(result.trials) if "wall_time" in result.trials else 0.0
+            folder = newest_sweep(Path(args.out), preset)
+            if folder is None:
+                sections += [f"## `{preset}`", "", f"Not re-run with the current preset (no finished `{preset}_*` "
+                             f"sweep under `{args.out}`; the earlier two-step grid's cells are in `git show {PREVIOUS}:benchmarks/AUC_TABLES.md`).", ""]
+                continue
+            result = load_sweep(folder)
         else:
-            result = fedcomp.sweep(MATCHED_STEP if key == "matched" else preset, overrides={"run.out": args.out})
-            timings[preset] = time.time() - started
-        trials = result.trials["trial"].nunique()
-        took = (f"trials' own wall times summed: {timings[preset] / 60:.1f} min" if args.reuse
-                else f"sweep wall time {timings[preset] / 60:.1f} min")
-        sections += [f"## `{preset}` ({trials} trials, {took}, sweep folder `{result.path.name}`)", "",
-                     paper_table(result.trials, result.spec), *orderings(result), ""]
-        print(f"{preset}: {trials} trials in {timings[preset]:.0f} s", flush=True)
+            result = fedcomp.sweep(preset, overrides={"run.out": args.out}, extend_edges=args.extend_edges, edge_cap=args.edge_cap)
+            wall = time.time() - started
+        seeds.add(result.spec.seeds)
+        sections += section(preset, result, wall, tabulate)
+        print(f"{preset}: {result.trials['trial'].nunique()} trials, {common.trials_seconds(result.trials):.0f} s of trials", flush=True)
     text = [
         "# Imbalanced classification offline: Table 1 (LocalSCGDAM) and Table 2 (FCSG, AUPRC)",
         "",
-        (f"{common.generated_by('Tabulated')}, from the sweep folders named below (run earlier with the same "
-         "presets) " if args.reuse else f"{common.generated_by()} ")
-        + "(settings in the presets' comments; every number below comes from these runs). Cells: the better of the "
-        "preset's two step sizes, mean ± std over 3 seeds of the final metric.",
+        (f"{common.generated_by('Tabulated')}, from the sweep folders named below (run with the same presets) "
+         if args.reuse else f"{common.generated_by()} ")
+        + "(settings and grids in the presets' comments; every number below comes from these runs). Cells: the "
+        f"best configuration of the preset's grid, mean ± std over {' / '.join(str(s) for s in sorted(seeds))} "
+        "seeds of the final metric; † (and ↑edge / ↓edge) marks a best configuration on the edge of a tuned axis.",
         "",
         *sections,
         *paper_tables(),

@@ -69,8 +69,9 @@ def _plain(value: Any) -> Any:
 
 
 def _fmt(value: Any) -> str:
+    """A number as the messages print it (``0.316228``); anything else (a panel's dataset name) as its text."""
     value = _plain(value)
-    return str(value) if isinstance(value, int) else f"{value:.6g}"
+    return f"{value:.6g}" if isinstance(value, float) else str(value)
 
 
 @dataclass(frozen=True)
