@@ -245,7 +245,7 @@ def tune(out: str, name: str, lrs: tuple[float, ...], seeds: tuple[int, ...], up
     ups, downs = list(up), list(down)
     while True:
         best = best_lr(runs)
-        if best is None and downs or best == min(runs) and downs:
+        if downs and (best is None or best == min(runs)):
             lr = downs.pop(0)
         elif best == max(runs) and ups:
             lr = ups.pop(0)
