@@ -54,16 +54,19 @@ class StateCopy(Callback):
 
 
 def _readable(path: Path) -> bool:
-    """Whether a state file is whole: JSON that parses, or a pickle that loads."""
+    """Whether a state file is whole: JSON that parses or a pickle that loads, whatever its name says (Tune's
+    ``basic-variant-state-*.json`` is a pickle)."""
     try:
         data = path.read_bytes()
-        if path.suffix == ".json":
-            json.loads(data)
-        else:
-            pickle.loads(data)
-    except Exception:
+    except OSError:
         return False
-    return True
+    for load in (json.loads, pickle.loads):
+        try:
+            load(data)
+        except Exception:
+            continue
+        return True
+    return False
 
 
 def repair(path: Path) -> list[str]:

@@ -214,7 +214,8 @@ def test_a_joint_axis_and_a_bound_are_left_and_say_why():
 @pytest.mark.slow
 def test_a_sweep_killed_during_an_extension_step_resumes_it_from_checkpoints(ray_session, tmp_path):
     spec = tiny(tmp_path)
-    spec["set"].update({"run.rounds": 30, "run.checkpoint_every": 5})
+    # 60 rounds, a checkpoint every 5 (numbered 0..11): long enough that the kill below lands mid-trial
+    spec["set"].update({"run.rounds": 60, "run.checkpoint_every": 5})
     spec_file = tmp_path / "spec.yaml"
     spec_file.write_text(yaml.safe_dump(spec))
     address = ray_session.get_runtime_context().gcs_address
@@ -223,20 +224,20 @@ def test_a_sweep_killed_during_an_extension_step_resumes_it_from_checkpoints(ray
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     deadline = time.time() + 240
     while time.time() < deadline and not list(tmp_path.glob("*/extend-1/*/checkpoint_00000[234]")):  # 2 are kept
-        time.sleep(0.2)
+        time.sleep(0.05)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     [folder] = [p for p in tmp_path.iterdir() if (p / "sweep.json").is_file()]
     state = results.read_json(folder / "extend.json")
     assert [(s["points"], s["done"]) for s in state["steps"]] == [([{"algorithm.lr": 0.1}], False)]
-    assert not list(folder.glob("extend-1/*/checkpoint_000005"))  # killed before the step's trial finished
+    assert not list(folder.glob("extend-1/*/checkpoint_000011"))  # killed before the step's trial finished
     result = fedcomp.resume_sweep(folder)
     assert set(result.trials["status"]) == {"completed"} and result.trials["trial"].nunique() == 4
     assert not list(folder.glob("extend-2"))  # cap 1
     [step_trial] = [p for p in (folder / "extend-1").iterdir() if p.is_dir()]  # continued, not started again
-    assert list(step_trial.glob("checkpoint_000005"))
+    assert list(step_trial.glob("checkpoint_000011"))
     rows = result.trials[result.trials["algorithm.lr"] == 0.1].reset_index(drop=True)
-    assert rows["round"].is_unique and rows["round"].iloc[-1] == 30  # each round once
-    alone = fedcomp.run("quickstart", {**TINY, "run.rounds": 30, "algorithm.lr": 0.1, "run.out": str(tmp_path / "alone")}).metrics
+    assert rows["round"].is_unique and rows["round"].iloc[-1] == 60  # each round once
+    alone = fedcomp.run("quickstart", {**TINY, "run.rounds": 60, "algorithm.lr": 0.1, "run.out": str(tmp_path / "alone")}).metrics
     columns = alone.columns.drop("wall_time", errors="ignore")
     pd.testing.assert_frame_equal(rows[columns], alone[columns], check_dtype=False)

@@ -17,6 +17,7 @@ import yaml
 
 import fedcomp
 from fedcomp.platform.errors import ResourceError
+from fedcomp.sweeps import tune_state
 from fedcomp.sweeps.report import best_configurations, sweep_report
 from fedcomp.sweeps.trial import FAULT_EXIT
 from tests.sweeps.tiny import TINY
@@ -147,6 +148,7 @@ def test_a_sweep_whose_tune_state_was_cut_short_resumes_from_fedcomps_copy(ray_s
     before = fedcomp.sweep(spec).trials
     [state] = Path(before["run.out"].iloc[0]).glob("*/experiment_state-*.json")
     sweep_dir = state.parent
+    assert tune_state.repair(sweep_dir) == []  # whole files (also the searcher's pickle named .json) stay Tune's
     state.write_bytes(state.read_bytes()[: state.stat().st_size // 2])  # a background copy killed half-way
     capfd.readouterr()
     after = fedcomp.resume_sweep(sweep_dir).trials
