@@ -91,6 +91,16 @@ def _edge_mark(edge: str) -> str:
     return f" {''.join(arrows)}edge" if arrows else ""
 
 
+def _cell_text(hit: pd.DataFrame, setting: Callable[[pd.Series], str]) -> str:
+    """A best-per-cell table's cell: mean ± std (or ``diverged``), the best's ``setting`` and its edge arrows;
+    ``–`` where the sweep has no such cell."""
+    if hit.empty:
+        return "–"
+    cell = hit.iloc[0]
+    value = "diverged" if cell["mean"] != cell["mean"] else f"{cell['mean']:.4f} ± {cell['std']:.4f}"
+    return f"{value} {setting(cell)}{_edge_mark(cell['edge'])}"
+
+
 def _fmt(value: float) -> str:
     return f"{value:.3g}"
 
@@ -133,15 +143,9 @@ def table1_sections(result: SweepResult) -> list[str]:
              "| dataset | method | " + " | ".join(f"p = {p}" for p in periods) + " |", "|---|---|" + "---:|" * len(periods)]
     for dataset in datasets:
         for method in TABLE1_METHODS:
-            row = []
-            for p in periods:
-                hit = best[(best["task.dataset"] == dataset) & (best["algorithm.name"] == method) & (best["algorithm.local_steps"] == p)]
-                if hit.empty:
-                    row.append("–")
-                    continue
-                cell = hit.iloc[0]
-                value = "diverged" if cell["mean"] != cell["mean"] else f"{cell['mean']:.4f} ± {cell['std']:.4f}"
-                row.append(f"{value} @ {_fmt(cell['step'])}{_edge_mark(cell['edge'])}")
+            row = [_cell_text(best[(best["task.dataset"] == dataset) & (best["algorithm.name"] == method)
+                                  & (best["algorithm.local_steps"] == p)], lambda c: f"@ {_fmt(c['step'])}")
+                   for p in periods]
             lines.append(f"| {dataset} | {method} | " + " | ".join(row) + " |")
     lines += ["", *edge_lines(best, lambda r: f"{r['task.dataset']}, {r['algorithm.name']}, p = {r['algorithm.local_steps']}")]
     lines += table1_orderings(best, datasets, periods)
@@ -227,15 +231,8 @@ def table2_sections(result: SweepResult) -> list[str]:
     lines = ["Best per cell and its setting (↑edge / ↓edge: a tuned axis at the largest / smallest value tried):", "",
              "| dataset | " + " | ".join(TABLE2_METHODS) + " |", "|---|" + "---:|" * len(TABLE2_METHODS)]
     for dataset in datasets:
-        row = []
-        for method in TABLE2_METHODS:
-            hit = best[(best["task.dataset"] == dataset) & (best["algorithm.name"] == method)]
-            if hit.empty:
-                row.append("–")
-                continue
-            cell = hit.iloc[0]
-            value = "diverged" if cell["mean"] != cell["mean"] else f"{cell['mean']:.4f} ± {cell['std']:.4f}"
-            row.append(f"{value} ({_table2_setting(cell['config'])}){_edge_mark(cell['edge'])}")
+        row = [_cell_text(best[(best["task.dataset"] == dataset) & (best["algorithm.name"] == method)],
+                          lambda c: f"({_table2_setting(c['config'])})") for method in TABLE2_METHODS]
         lines.append(f"| {dataset} | " + " | ".join(row) + " |")
     lines += ["", *edge_lines(best, lambda r: f"{r['task.dataset']}, {r['algorithm.name']}")]
     lines += table2_orderings(best, datasets)

@@ -18,7 +18,7 @@ import shlex
 import subprocess
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -28,9 +28,9 @@ import torch
 
 from fedcomp.bench import load_average, machine as machine_summary, versions
 
-__all__ = ["HERE", "REPO", "SECTION_MARK", "Stopwatch", "claims_section", "command", "generated_by", "load_average",
-           "machine", "mean_std", "put_section", "revision", "section_mark", "table_report", "trials_seconds",
-           "write_report"]
+__all__ = ["HERE", "REPO", "SECTION_MARK", "Stopwatch", "claims_section", "command", "extend_past_edges",
+           "generated_by", "load_average", "machine", "mean_std", "put_section", "revision", "section_mark",
+           "table_report", "trials_seconds", "write_report"]
 
 HERE = Path(__file__).resolve().parent
 """The ``benchmarks/`` folder: where the reports and figures go."""
@@ -102,6 +102,22 @@ def mean_std(values: Iterable[float], digits: int = 4, ddof: int = 0, spec: str 
 def trials_seconds(trials: pd.DataFrame) -> float:
     """A sweep's trials' own training time, summed: each trial's last ``wall_time``."""
     return float(trials.groupby("trial")["wall_time"].max().sum())
+
+
+def extend_past_edges(best: Callable[[], float | None], tried: Callable[[], Iterable[float]],
+                      run: Callable[[float], object], up: Sequence[float], down: Sequence[float]) -> float | None:
+    """A grid search's edge ladder: while the best value (``best()``; None when every run diverged) is the
+    largest of those ``tried()``, ``run`` the next of ``up``; while it is the smallest (or None), the next of
+    ``down``; stop when it is interior or that side's ladder is used up. Returns the best value then."""
+    ups, downs = list(up), list(down)
+    while True:
+        value, values = best(), list(tried())
+        if downs and (value is None or value == min(values)):
+            run(downs.pop(0))
+        elif ups and value is not None and value == max(values):
+            run(ups.pop(0))
+        else:
+            return value
 
 
 # -- report text -----------------------------------------------------------------------------------------------

@@ -241,19 +241,16 @@ def tune(out: str, name: str, lrs: tuple[float, ...], seeds: tuple[int, ...], up
          down: tuple[float, ...]) -> tuple[dict[float, dict[int, pd.DataFrame]], float]:
     """``name``'s runs at every lr of ``lrs`` and each seed, extended past an edge best by the next value of
     ``up`` (``down``) while the best is the top (bottom) of the lrs run so far; the runs and the best lr."""
-    runs = {lr: {s: offline_run(out, name, lr, s) for s in seeds} for lr in lrs}
-    ups, downs = list(up), list(down)
-    while True:
-        best = best_lr(runs)
-        if downs and (best is None or best == min(runs)):
-            lr = downs.pop(0)
-        elif best == max(runs) and ups:
-            lr = ups.pop(0)
-        elif best is None:
-            raise SystemExit(f"{name} diverged at every learning rate")
-        else:
-            return dict(sorted(runs.items())), best
+    def run(lr: float) -> None:
         runs[lr] = {s: offline_run(out, name, lr, s) for s in seeds}
+
+    runs: dict[float, dict[int, pd.DataFrame]] = {}
+    for lr in lrs:
+        run(lr)
+    best = common.extend_past_edges(lambda: best_lr(runs), lambda: runs, run, up, down)
+    if best is None:
+        raise SystemExit(f"{name} diverged at every learning rate")
+    return dict(sorted(runs.items())), best
 
 
 def next_diverged(runs: dict[float, dict[int, pd.DataFrame]], lr: float) -> bool:

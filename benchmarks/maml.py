@@ -84,19 +84,17 @@ def tune(out: str, label: str) -> tuple[dict[tuple[float, float], pd.DataFrame],
     """``label``'s seed-0 runs over LRS x BETAS, extended by UP / DOWN while the best lr is an edge of the lrs
     run; the runs by (lr, beta) and the selected (lr, beta)."""
     runs = {(lr, beta): run(out, label, lr, beta, SEEDS[0]) for lr, beta in product(LRS, BETAS)}
-    ups, downs = list(UP), list(DOWN)
-    while True:
+
+    def best() -> tuple[float, float]:
         losses = {k: selection_loss(m) for k, m in runs.items()}
         finite = {k: v for k, v in losses.items() if not math.isnan(v)}
-        best = min(finite, key=finite.get)
-        lrs = sorted({lr for lr, _ in runs})
-        if best[0] == max(lrs) and ups:
-            new = ups.pop(0)
-        elif best[0] == min(lrs) and downs:
-            new = downs.pop(0)
-        else:
-            return dict(sorted(runs.items())), best
-        runs.update({(new, beta): run(out, label, new, beta, SEEDS[0]) for beta in BETAS})
+        return min(finite, key=finite.get)
+
+    def add(lr: float) -> None:
+        runs.update({(lr, beta): run(out, label, lr, beta, SEEDS[0]) for beta in BETAS})
+
+    common.extend_past_edges(lambda: best()[0], lambda: (lr for lr, _ in runs), add, UP, DOWN)
+    return dict(sorted(runs.items())), best()
 
 
 def main() -> None:
