@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import pickle
+from fnmatch import fnmatch
 from pathlib import Path
 from typing import Any
 
@@ -22,11 +23,17 @@ from fedcomp.platform import results
 
 COPY = "tune_state.pkl"
 STATE_GLOB = "experiment_state-*.json"
+TUNE_FILES = (STATE_GLOB, "basic-variant-state-*.json", "searcher-state-*.pkl", "search_gen_state-*.json",
+              "callback-states-*.pkl", "tuner.pkl")
+"""Tune's own state files (its controller's, search algorithm's, callbacks' and tuner's). A resumed sweep's
+staging folder also holds the sweep folder's other files (``sweep.json``, ``extend.json``, this copy): those
+are fedcomp's, written atomically where they are, and never copied back."""
 
 
 class StateCopy(Callback):
-    """After every controller step that saved Tune's experiment state, and after its final save, copy the
-    staging folder's state files (its top-level files) into ``COPY`` in the sweep folder, in one atomic write."""
+    """After every controller step that saved Tune's experiment state, and after its final save, copy Tune's
+    state files (:data:`TUNE_FILES`) from the staging folder into ``COPY`` in the sweep folder, in one atomic
+    write."""
 
     def __init__(self) -> None:
         self._copied: int | None = None
@@ -48,7 +55,8 @@ class StateCopy(Callback):
         stamp = states[-1].stat().st_mtime_ns
         if stamp == self._copied:
             return
-        files = {p.name: p.read_bytes() for p in staging.iterdir() if p.is_file() and not p.name.startswith("tmp")}
+        files = {p.name: p.read_bytes() for p in staging.iterdir()
+                 if p.is_file() and any(fnmatch(p.name, pattern) for pattern in TUNE_FILES)}
         results.atomic_write(Path(storage.experiment_fs_path) / COPY, pickle.dumps(files))
         self._copied = stamp
 

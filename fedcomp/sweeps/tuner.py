@@ -297,11 +297,11 @@ def resume_sweep(path: str | Path, ray_address: str | None = None, verbose: int 
     path = Path(path).resolve()
     meta = read_sweep_json(path)
     spec = stored_spec(meta, path)
+    _repair(path)
     if not tune.Tuner.can_restore(str(path)):
         raise ConfigError(f"--resume {str(path)!r}: Tune's experiment state is missing; the sweep never started")
     cluster, has_gpus = _connect(ray_address, verbose)
     _check_fits(spec, cluster, has_gpus)
-    _repair(path)
     with _quiet_tune(verbose):  # restoring reads the trials' Tune results too
         tuner = tune.Tuner.restore(
             str(path), trainable=_trainable(spec, meta["cluster_has_gpus"]), resume_unfinished=True, resume_errored=True
@@ -310,10 +310,11 @@ def resume_sweep(path: str | Path, ray_address: str | None = None, verbose: int 
 
 
 def _repair(path: Path) -> None:
-    """Before a resume: put back fedcomp's whole copy of Tune's state where a kill cut Tune's own short."""
+    """Before a resume (and before asking Tune whether it can restore): put back fedcomp's whole copy of Tune's
+    state where a kill cut Tune's own short or left it unwritten."""
     broken = tune_state.repair(path)
     if broken:
-        print(f"fedcomp: warning: {', '.join(broken)} in {path} was cut short when the sweep was killed; "
+        print(f"fedcomp: warning: {', '.join(broken)} in {path} was cut short or missing when the sweep was killed; "
               f"resuming from fedcomp's whole copy of Tune's state ({tune_state.COPY})", file=sys.stderr, flush=True)
 
 
@@ -326,8 +327,9 @@ def _extended(result: SweepResult, cluster: Mapping[str, float], has_gpus: bool,
         from ray import tune
 
         _check_fits(step, cluster, has_gpus)
-        if restore and tune.Tuner.can_restore(str(folder)):
+        if restore:
             _repair(folder)
+        if restore and tune.Tuner.can_restore(str(folder)):
             with _quiet_tune(verbose):
                 tuner = tune.Tuner.restore(str(folder), trainable=_trainable(step, has_gpus), resume_unfinished=True,
                                            resume_errored=True)

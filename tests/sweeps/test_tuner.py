@@ -5,6 +5,7 @@ a killed sweep resumed (also when the kill cut Tune's state file short), and res
 from __future__ import annotations
 
 import os
+import pickle
 import signal
 import subprocess
 import sys
@@ -155,4 +156,12 @@ def test_a_sweep_whose_tune_state_was_cut_short_resumes_from_fedcomps_copy(ray_s
     err = capfd.readouterr().err
     assert f"{state.name} in {sweep_dir} was cut short" in err and "completed" not in err  # no trial ran again
     pd.testing.assert_frame_equal(after.sort_values(["trial", "round"]).reset_index(drop=True),
+                                  before.sort_values(["trial", "round"]).reset_index(drop=True))
+    copied = set(pickle.loads((sweep_dir / tune_state.COPY).read_bytes()))
+    assert any(n.startswith("experiment_state-") for n in copied) and not copied & {"sweep.json", tune_state.COPY}
+    for written in sweep_dir.glob("experiment_state-*.json"):  # killed before Tune's first copy reached the folder
+        written.unlink()
+    again = fedcomp.resume_sweep(sweep_dir).trials
+    assert "missing when the sweep was killed" in capfd.readouterr().err
+    pd.testing.assert_frame_equal(again.sort_values(["trial", "round"]).reset_index(drop=True),
                                   before.sort_values(["trial", "round"]).reset_index(drop=True))
