@@ -47,8 +47,9 @@ GRID = {"algorithm.lr": [0.01, 0.005, 0.001], "algorithm.beta": [0.1, 0.9]}
 SEEDS = 2
 CONCURRENT = 2
 VARIANTS = {
-    "fresh process per trial (before)": {"reuse_actors": False},
-    "reused trial processes": {"reuse_actors": True},
+    "fresh process per trial": {"reuse_actors": False, "keep_actors": False},
+    "reused trial processes, fresh actors per run": {"reuse_actors": True, "keep_actors": False},
+    "reused trial processes and actors (default)": {"reuse_actors": True, "keep_actors": True},
     "packed, 6 runs per trial, one at a time": {"reuse_actors": True, "pack": "sequential", "pack_size": 6},
 }
 
@@ -121,42 +122,50 @@ def sequential(backend: str, root: Path) -> float:
     return time.perf_counter() - started
 
 
-def measure(backend: str, variant: dict[str, object], root: Path) -> dict[str, float]:
+def measure(backend: str, variant: dict[str, object], root: Path, seeds: int = SEEDS) -> dict[str, float]:
     overrides = {**WORKLOAD, "federation.backend": backend, "run.out": str(root / backend)}
     started = time.perf_counter()
-    result = fedcomp.sweep({"base": "quickstart", "set": overrides, "grid": GRID, "seeds": SEEDS, "cpus_per_trial": 1.0,
+    result = fedcomp.sweep({"base": "quickstart", "set": overrides, "grid": GRID, "seeds": seeds, "cpus_per_trial": 1.0,
                             **variant})
     sweep_s = time.perf_counter() - started
     n = result.trials["trial"].nunique()
     # Two trials run at a time (cpus_per_trial = 1 on 2 CPUs): the sweep had 2 x its wall time of trial slots.
     # A packed trial's runs follow one another: each run's own time is its last wall_time.
-    overhead = (CONCURRENT * sweep_s - common.trials_seconds(result.trials)) / n
+    own = common.trials_seconds(result.trials)
     tune_trials = len([p for p in result.path.iterdir() if p.is_dir()])
-    return {"runs": n, "tune_trials": tune_trials, "sweep_s": sweep_s, "startup_s": overhead}
+    return {"runs": n, "tune_trials": tune_trials, "sweep_s": sweep_s, "own_s": own,
+            "startup_s": (CONCURRENT * sweep_s - own) / n}
 
 
 def overhead_table(backends: list[str]) -> tuple[str, list[str]]:
     cpus = connect()["CPU"]
     lines = [
         "| trial backend | variant | runs | Tune trials | sweep wall (s) | same runs in sequence (s) | sequence / sweep | "
-        "per-run overhead (s) |",
-        "|---|---|---:|---:|---:|---:|---:|---:|",
+        f"per-run overhead (s) | wall with {2 * SEEDS} seeds (s) | marginal overhead per run (s) |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     with tempfile.TemporaryDirectory() as tmp:
         for backend in backends:
             alone = sequential(backend, Path(tmp))
             for name, variant in VARIANTS.items():
                 r = measure(backend, variant, Path(tmp) / name.split()[0])
+                double = measure(backend, variant, Path(tmp) / name.split()[0], 2 * SEEDS)
+                # what one more run costs beyond its own run time: the fixed costs of a sweep cancel out
+                marginal = (CONCURRENT * (double["sweep_s"] - r["sweep_s"]) - (double["own_s"] - r["own_s"])) / (
+                    double["runs"] - r["runs"])
                 lines.append(
                     f"| {backend} | {name} | {r['runs']} | {r['tune_trials']} | {r['sweep_s']:.1f} | {alone:.1f} | "
-                    f"{alone / r['sweep_s']:.2f} | {r['startup_s']:.2f} |"
+                    f"{alone / r['sweep_s']:.2f} | {r['startup_s']:.2f} | {double['sweep_s']:.1f} | {marginal:.2f} |"
                 )
                 print(lines[-1], flush=True)
     intro = (
         f"{common.generated_by()}, Ray with {cpus:g} CPUs, cpus_per_trial = 1 (two trials at a time); the variants "
         f"ran side by side in this one run. Workload: invariant-logreg FCSG-M, 4 clients (2 client actors), q = 10, "
-        f"10 rounds; grid lr {GRID['algorithm.lr']} x beta {GRID['algorithm.beta']} x {SEEDS} seeds. Load average "
-        f"at the end: {os.getloadavg()[0]:.1f} (the machine is shared)."
+        f"10 rounds; grid lr {GRID['algorithm.lr']} x beta {GRID['algorithm.beta']} x {SEEDS} seeds, and again with "
+        f"{2 * SEEDS} seeds. Per-run overhead: (2 x sweep wall - the runs' own run time) / runs, which spreads a "
+        f"sweep's fixed costs (starting Tune, its first trial processes, writing the results) over the runs; "
+        f"marginal overhead per run: the same difference between the two sweep sizes, per added run, where the "
+        f"fixed costs cancel. Load average at the end: {os.getloadavg()[0]:.1f} (the machine is shared)."
     )
     return intro, lines
 

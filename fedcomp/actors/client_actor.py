@@ -21,6 +21,11 @@ class ClientActor:
     """Hosts ``clients`` on the GPU Ray assigned to it, if any, else on the CPU."""
 
     def __init__(self, config: Config, clients: Sequence[int], incarnation: int = 0) -> None:
+        self.setup(config, clients, incarnation)
+
+    def setup(self, config: Config, clients: Sequence[int], incarnation: int = 0) -> None:
+        """Build the clients of a run (the constructor, and a kept actor's rebuild for the next run:
+        :mod:`fedcomp.actors.kept`)."""
         torch.set_num_threads(1)
         self.error: Exception | None = None
         """An error building the clients (e.g. a missing data root), raised by :meth:`ready`: an exception
@@ -40,13 +45,14 @@ class ClientActor:
         self._kill = os.environ.get("FEDCOMP_FAULT_KILL", "")
 
     def ready(self) -> dict[str, Any]:
-        """Where this actor landed: its clients, node, assigned GPU ids, the torch device it computes on and the CUDA
-        determinism flags it set."""
+        """Where this actor landed: its clients, node, process id, assigned GPU ids, the torch device it computes on
+        and the CUDA determinism flags it set."""
         if self.error is not None:
             raise self.error
         return {
             "clients": list(self.host.clients),
             "node": ray.get_runtime_context().get_node_id(),
+            "pid": os.getpid(),
             "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
             "device": self.host.device,
             "cuda_flags": self.flags,

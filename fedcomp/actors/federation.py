@@ -23,6 +23,7 @@ from typing import Any
 import ray
 from ray.exceptions import RayActorError, RayTaskError
 
+from fedcomp.actors import kept
 from fedcomp.actors.client_actor import ClientActor
 from fedcomp.actors.cluster import (
     ActorPlan,
@@ -99,6 +100,7 @@ class RayFederation:
         self.owner = {c: i for i, group in enumerate(self.plan.groups) for c in group}
         self.incarnations = [0] * len(self.plan.groups)
         self.actors = [self._spawn(i) for i in range(len(self.plan.groups))]
+        kept.release()  # kept actors this run could not use would hold resources its own actors wait for
         try:
             self.placement = wait_ready(self.actors, [self._describe(i) for i in range(len(self.actors))], self.timeout)
         except BaseException:
@@ -125,7 +127,11 @@ class RayFederation:
 
     def _spawn(self, i: int) -> Any:
         options = actor_options(self.plan.resources(i))
-        return RemoteClient.options(**options).remote(self.config, self.plan.groups[i], self.incarnations[i])
+        actor = kept.take("client", options)
+        if actor is None:
+            return RemoteClient.options(**options).remote(self.config, self.plan.groups[i], self.incarnations[i])
+        actor.setup.remote(self.config, self.plan.groups[i], self.incarnations[i])  # runs before ``ready``
+        return actor
 
     def _replace(self, i: int, round: int, reason: str) -> None:
         self.incarnations[i] += 1
@@ -293,8 +299,9 @@ class RayFederation:
         }
 
     def close(self) -> None:
-        for actor in self.actors:
-            ray.kill(actor)
+        for i, actor in enumerate(self.actors):
+            if not kept.give_back("client", actor_options(self.plan.resources(i)), actor):
+                ray.kill(actor)
         self.actors = []
 
 

@@ -10,6 +10,7 @@ import ray
 import torch
 from ray.exceptions import RayTaskError
 
+from fedcomp.actors import kept
 from fedcomp.actors.cluster import actor_options, cluster_nodes, connect, plan_actors
 from fedcomp.actors.federation import RayFederation, unwrap, wait_ready
 from fedcomp.platform.config import Config
@@ -20,7 +21,14 @@ from fedcomp.platform.server import Server
 class ServerActor:
     """Holds the :class:`Server` (global state, evaluation data) and the client actors it starts."""
 
-    def __init__(self, config: Config, in_actor: bool = True) -> None:
+    def __init__(self, config: Config, in_actor: bool = True, keep: bool = False) -> None:
+        self.setup(config, in_actor, keep)
+
+    def setup(self, config: Config, in_actor: bool = True, keep: bool = False) -> None:
+        """Build the server and start (or, ``keep``, take kept) client actors: the constructor, and a kept
+        server actor's rebuild for the next run (:mod:`fedcomp.actors.kept`)."""
+        if keep:
+            kept.keep_between_runs()
         if in_actor:  # in the driver (federation.server: driver) the user's torch settings stay as they are
             torch.set_num_threads(1)
         self.error: Exception | None = None
@@ -85,13 +93,20 @@ class RayServer:
         self.finite = True
         self.replacements: list[dict[str, Any]] = []
         self.actor: Any = None
+        self.options: dict[str, Any] = {}
         self.here: ServerActor | None = None
         if config.federation.server == "driver":
             # The CPU share planned for the server stays unasked: the driver's process does that work here.
             self.here = ServerActor(config, in_actor=False)
             self.here.ready()
             return
-        self.actor = RemoteServer.options(**actor_options({"CPU": plan.server_cpus})).remote(config)
+        self.options = actor_options({"CPU": plan.server_cpus})
+        self.actor = kept.take("server", self.options)
+        if self.actor is None:
+            self.actor = RemoteServer.options(**self.options).remote(config, keep=kept.keeping())
+        else:
+            self.actor.setup.remote(config, keep=True)  # runs before ``ready``
+        kept.release()  # kept actors this run could not use would hold resources its own actors wait for
         try:
             # The server's constructor starts and awaits the client actors under the same deadline.
             wait_ready([self.actor], ["the server actor"], 2 * config.federation.actor_timeout_s + 60)
@@ -156,5 +171,7 @@ class RayServer:
             self._call("close")
         except Exception:  # the actor may already be gone; killing it below is what matters
             pass
-        if self.actor is not None:
+        if self.actor is None:
+            return
+        if not kept.give_back("server", self.options, self.actor):
             ray.kill(self.actor)

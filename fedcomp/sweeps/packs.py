@@ -130,11 +130,14 @@ def run_pack(trial: dict[str, Any], spec_json: str, cluster_has_gpus: bool, env:
     every configuration's evaluation rows tagged with its index, and checkpoint them all together."""
     import torch
 
+    from fedcomp.actors.kept import keep_between_runs
+
     os.environ.update(env)
     torch.set_num_threads(1)
     logging.getLogger("ray.train").setLevel(logging.WARNING)
     logging.getLogger("ray.tune").setLevel(logging.WARNING)
     spec = SweepSpec.model_validate_json(spec_json)
+    keep_between_runs(spec.keep_actors)  # the next run in this process (Tune reuses it) takes these actors
     configs = [pinned_config(spec, m, cluster_has_gpus) for m in members(trial)]
     restored = tune.get_checkpoint()
     saved, done = _restore(restored)

@@ -91,6 +91,9 @@ class SweepSpec(BaseModel):
     )
     reuse_actors: bool = Field(True, description="a finished trial's process runs the next trial of the same "
                                "resources (saves the process start and imports; false: a fresh process per trial)")
+    keep_actors: bool = Field(True, description="Ray-backend runs hand their server and client actors to the "
+                              "next run in the same trial process, rebuilt from its config (saves starting them; "
+                              "false: fresh actors per run)")
     pack_size: int | None = Field(None, ge=1, description="configurations per packed trial (default: sequential 8, "
                                   "lockstep every configuration of one shape)")
 

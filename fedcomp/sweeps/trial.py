@@ -121,6 +121,7 @@ def run_trial(trial: dict[str, Any], spec_json: str, cluster_has_gpus: bool, env
     checkpoint every ``run.checkpoint_every`` rounds and at the end."""
     import torch
 
+    from fedcomp.actors.kept import keep_between_runs
     from fedcomp.backends import make_server
 
     os.environ.update(env)  # the driver's FEDCOMP_* settings, passed on to the actors this trial starts
@@ -128,6 +129,7 @@ def run_trial(trial: dict[str, Any], spec_json: str, cluster_has_gpus: bool, env
     logging.getLogger("ray.train").setLevel(logging.WARNING)  # one "checkpoint created" line per save is noise
     logging.getLogger("ray.tune").setLevel(logging.WARNING)
     spec = SweepSpec.model_validate_json(spec_json)
+    keep_between_runs(spec.keep_actors)  # the next run in this process (Tune reuses it) takes these actors
     config = pinned_config(spec, trial, cluster_has_gpus)
     restored = tune.get_checkpoint()
     checkpoint = None

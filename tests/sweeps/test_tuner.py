@@ -4,6 +4,7 @@ a killed sweep resumed (also when the kill cut Tune's state file short), and res
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import signal
@@ -51,21 +52,35 @@ def assert_rows_once(trials: pd.DataFrame, rounds: int) -> None:
         assert rows["round"].tolist() == list(range(rounds + 1))
 
 
+def client_pids(result) -> dict[str, tuple[int, ...]]:
+    """Per Tune trial folder: the process ids of its client actors (from its last checkpoint's placement)."""
+    out = {}
+    for folder in (p for p in result.path.iterdir() if p.is_dir()):
+        last = sorted(folder.glob("checkpoint_*/placement.json"))[-1]
+        out[folder.name] = tuple(actor["pid"] for actor in json.loads(last.read_text()))
+    return out
+
+
 def test_grid_sweep_with_more_trials_than_cpus_matches_single_runs(ray_session, tmp_path):
-    # Half a CPU per trial: four trials (each a server actor and two client actors) share the 2 CPUs at once.
-    result = fedcomp.sweep(tiny(tmp_path, grid={"algorithm.lr": [0.1, 0.05]}, seeds=2, cpus_per_trial=0.5))
+    # Half a CPU per trial: four trials (each a server actor and two client actors) share the 2 CPUs at once;
+    # the last two run in finished trials' processes, on their kept actors.
+    result = fedcomp.sweep(tiny(tmp_path, grid={"algorithm.lr": [0.1, 0.05]}, seeds=3, cpus_per_trial=0.5))
     trials = result.trials
     assert result.path.parent == tmp_path and (result.path / "trials.parquet").is_file()
-    assert trials["trial"].nunique() == 4 > ray_session.cluster_resources()["CPU"]
+    assert trials["trial"].nunique() == 6 > ray_session.cluster_resources()["CPU"]
     assert set(trials["status"]) == {"completed"}
     assert_rows_once(trials, 4)
     assert sorted(map(tuple, trials[["algorithm.lr", "run.seed"]].drop_duplicates().values.tolist())) == [
-        (0.05, 0), (0.05, 1), (0.1, 0), (0.1, 1)]
-    for trial in sorted(trials["trial"].unique())[:2]:
+        (0.05, 0), (0.05, 1), (0.05, 2), (0.1, 0), (0.1, 1), (0.1, 2)]
+    pids = client_pids(result)
+    assert all(len(set(p)) == 2 for p in pids.values())
+    on_kept = sorted({name for name, p in pids.items() if list(pids.values()).count(p) > 1})
+    assert len(on_kept) >= 2  # at least one trial ran on another's kept client actors
+    for trial in sorted(trials["trial"].unique())[:1] + [t for t in trials["trial"].unique() if t in on_kept][-1:]:
         swept, alone = reference(trials, trial)
         pd.testing.assert_frame_equal(swept, alone, check_dtype=False)
     best = result.best()
-    assert best["algorithm.name"].tolist() == ["fcsg"] and best["seeds"].tolist() == [2]
+    assert best["algorithm.name"].tolist() == ["fcsg"] and best["seeds"].tolist() == [3]
     finals = trials.sort_values("round").groupby("trial").tail(1).groupby("algorithm.lr")["test_accuracy"].mean()
     assert best["mean"].iloc[0] == pytest.approx(finals.max())
     png, md = sweep_report(result)

@@ -1,0 +1,86 @@
+"""Actors kept between the runs of one process (:mod:`fedcomp.actors.kept`, what a Tune trial process does for
+its next trial): the next run takes the same processes, rebuilt from its own config, with the numbers of fresh
+actors; a dead kept actor is not taken; switching keeping off kills the kept ones."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+import torch
+
+from fedcomp.actors import kept
+from fedcomp.actors.server_actor import RayServer
+from fedcomp.platform.config import load_config
+from tests.conftest import small
+
+pytestmark = pytest.mark.ray
+
+
+@pytest.fixture
+def keeping():
+    kept.keep_between_runs()
+    yield
+    kept.keep_between_runs(False)
+
+
+def config(server: str, seed: int, lr: float):
+    return load_config("quickstart", small(**{
+        "federation.backend": "ray", "federation.server": server, "federation.clients_per_actor": 2,
+        "algorithm.name": "acc-fcsg-m", "algorithm.lr": lr, "run.seed": seed}))
+
+
+def run(server: str, seed: int, lr: float, rounds: int) -> tuple[dict, list[int], object]:
+    """``rounds`` rounds on a fresh RayServer: its checkpoint, its client actors' process ids and its server
+    actor (None in the driver)."""
+    ray_server = RayServer(config(server, seed, lr))
+    try:
+        for _ in range(rounds):
+            ray_server.run_round()
+        return ray_server.checkpoint(), [p["pid"] for p in ray_server.placement()], ray_server.actor
+    finally:
+        ray_server.close()
+
+
+def assert_same_checkpoint(got: dict, expected: dict) -> None:
+    assert got["state"].keys() == expected["state"].keys()
+    for key, value in expected["state"].items():
+        assert torch.equal(got["state"][key], value), key
+    for client, state in expected["private"].items():
+        for key, value in state.items():
+            assert torch.equal(got["private"][client][key], value), (client, key)
+    assert got["counters"] == expected["counters"]
+
+
+@pytest.mark.slow
+def test_the_next_run_takes_the_kept_processes_with_the_numbers_of_fresh_ones(ray_session, keeping):
+    _, first_pids, first_server = run("actor", seed=1, lr=0.05, rounds=1)
+    on_kept, kept_pids, kept_server = run("actor", seed=2, lr=0.02, rounds=3)
+    assert kept_pids == first_pids and len(set(first_pids)) == 2
+    # the server actor was kept too, and its own process kept the client actors
+    assert kept_server._actor_id == first_server._actor_id
+    kept.keep_between_runs(False)  # kills the kept actors: the reference run starts fresh ones
+    fresh, fresh_pids, _ = run("actor", seed=2, lr=0.02, rounds=3)
+    assert not set(fresh_pids) & set(first_pids)
+    assert_same_checkpoint(on_kept, fresh)
+
+
+@pytest.mark.slow
+def test_a_kept_actor_that_died_is_not_taken_and_kept_clients_serve_a_server_in_the_driver(ray_session, keeping):
+    _, pids, _ = run("driver", seed=1, lr=0.05, rounds=1)
+    os.kill(pids[0], signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and _running(pids[0]):
+        time.sleep(0.1)
+    _, later, _ = run("driver", seed=1, lr=0.05, rounds=1)  # a fresh process replaces the dead kept one
+    assert pids[0] not in later and pids[1] in later and len(set(later)) == 2
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
