@@ -34,7 +34,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import pytest
 import torch
 from torch import Tensor
 
