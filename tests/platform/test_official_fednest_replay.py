@@ -37,7 +37,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from fedcomp.platform.config import load_config
+from fedcomp.platform.config import Config, load_config
 from fedcomp.platform.federation import LocalFederation, build_task
 from fedcomp.platform.server import Server, sample_cohort
 from fedcomp.platform.tasks.minimax_quadratic import MinimaxQuadratic
@@ -54,6 +54,16 @@ Cohort = Callable[[int, int], list[int]]
 """(epoch, sub-round) -> the clients our run samples there."""
 
 
+def run_epochs(config: Config) -> tuple[Server, list[tuple[Tensor, Tensor]]]:
+    """A local-backend server after EPOCHS rounds, and its (x, y) after each."""
+    server = Server(config, LocalFederation)
+    states = []
+    for _ in range(EPOCHS):
+        server.run_round()
+        states.append((server.state.x.clone(), server.state.y.clone()))
+    return server, states
+
+
 def minimax_run(algorithm: str, per_round: int, **algo: object) -> tuple[Server, list[tuple[Tensor, Tensor]], Cohort]:
     """Our local-backend run on the minimax task at the replay's settings: the server, (x, y) after every epoch,
     and the cohorts it sampled."""
@@ -62,11 +72,7 @@ def minimax_run(algorithm: str, per_round: int, **algo: object) -> tuple[Server,
         "federation.clients_per_round": per_round, "federation.backend": "local", "run.rounds": EPOCHS,
         "run.progress": "none", **{f"algorithm.{k}": v for k, v in algo.items()},
     })  # fmt: skip
-    server = Server(config, LocalFederation)
-    states = []
-    for _ in range(EPOCHS):
-        server.run_round()
-        states.append((server.state.x.clone(), server.state.y.clone()))
+    server, states = run_epochs(config)
     return server, states, lambda epoch, sub: sample_cohort(config.run.seed, epoch, CLIENTS, per_round, sub)
 
 
@@ -210,11 +216,7 @@ def bilevel_run(cohorts: str) -> tuple[Server, list[tuple[Tensor, Tensor]], Coho
         "federation": {"clients": BILEVEL_CLIENTS, "clients_per_round": BILEVEL_COHORT, "backend": "local"},
         "run": {"rounds": EPOCHS, "progress": "none"},
     })  # fmt: skip
-    server = Server(config, LocalFederation)
-    states = []
-    for _ in range(EPOCHS):
-        server.run_round()
-        states.append((server.state.x.clone(), server.state.y.clone()))
+    server, states = run_epochs(config)
     seed = config.run.seed
     return server, states, lambda epoch, sub: sample_cohort(seed, epoch, BILEVEL_CLIENTS, BILEVEL_COHORT, sub)
 
