@@ -4,12 +4,15 @@ and torch's own initial point (``task.init: torch``). Behaviour, no Ray."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from fedcomp.platform.algorithms.fednest import epoch_batch
 from fedcomp.platform.config import load_config
-from fedcomp.platform.federation import build_task
+from fedcomp.platform.errors import ConfigError
+from fedcomp.platform.federation import LocalFederation, build_task
 from fedcomp.platform.rng import generator
+from fedcomp.platform.server import Server
 
 
 def hr_task(**params):
@@ -63,3 +66,10 @@ def test_torch_init_is_the_codes_mlp_after_manual_seed_and_leaves_the_global_str
     torch.testing.assert_close(params["y"], torch.cat([head.weight.detach().reshape(-1), head.bias.detach()]))
     keyed = hr_task().init_params(generator(0, "init"))
     assert not torch.equal(keyed["x"], params["x"])
+
+
+def test_shuffled_epochs_need_a_task_with_local_datasets(tmp_path):
+    cfg = load_config("fednest-minimax", {"federation.backend": "local", "algorithm.inner_sampling": "epochs",
+                                          "run.out": str(tmp_path)})  # fmt: skip
+    with pytest.raises(ConfigError, match="algorithm.inner_sampling = 'epochs' needs a task whose clients hold local"):
+        Server(cfg, LocalFederation).run_round()
