@@ -26,8 +26,8 @@ sys.modules["cv2"] = types.SimpleNamespace(log=None)  # `from cv2 import log` is
 OFFICIAL = os.environ.get("FEDNEST_OFFICIAL", "/tmp/fednest-official")  # an extracted ucr-optml/FedNest tree
 sys.path.insert(0, OFFICIAL)
 
-from fedcomp.platform.registry import TASKS  # noqa: E402
 import fedcomp.platform.tasks  # noqa: E402,F401
+from fedcomp.platform.registry import TASKS  # noqa: E402
 
 seed, epochs, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 frac = 1.0 if "--all" in sys.argv else 0.5
@@ -63,18 +63,21 @@ if "--dropout" in sys.argv:  # ablation: the MLP's dropout probability (the code
     models.Nets.MLP.__init__ = _patched
 if "--our-init" in sys.argv:  # ablation: start from fedcomp's initial (x, y) of this seed
     import models.ModelBuilder
+
     from fedcomp.platform.rng import generator
     _build = models.ModelBuilder.build_model
     def _our_init(a):
         net = _build(a)
         p = task.init_params(generator(seed, "init"))
         with torch.no_grad():
-            net.layer_input.weight.copy_(p["x"][: 784 * 200].view(200, 784)); net.layer_input.bias.copy_(p["x"][784 * 200 :])
-            net.header.weight.copy_(p["y"][: 2000].view(10, 200)); net.header.bias.copy_(p["y"][2000:])
+            net.layer_input.weight.copy_(p["x"][: 784 * 200].view(200, 784))
+            net.layer_input.bias.copy_(p["x"][784 * 200 :])
+            net.header.weight.copy_(p["y"][:2000].view(10, 200))
+            net.header.bias.copy_(p["y"][2000:])
         return net
     models.ModelBuilder.build_model = _our_init
-import utils.options  # noqa: E402
 import utils.dataset_normal  # noqa: E402
+import utils.options  # noqa: E402
 
 utils.options.args_parser = lambda: args
 utils.dataset_normal.load_data = lambda a: (train, test, dict_users, (1, 28, 28), train)
@@ -84,7 +87,8 @@ with contextlib.redirect_stdout(io.StringIO()):
     runpy.run_path(os.path.join(OFFICIAL, "main_hr.py"), run_name="__main__")
 import yaml  # noqa: E402
 
-logs = yaml.safe_load(open(out + ".yaml"))
-json.dump({"seed": seed, "frac": frac, "test_acc": [a / 100 for a in logs["test_acc"]], "round": logs["round"]},
-          open(out, "w"))
+with open(out + ".yaml") as f:
+    logs = yaml.safe_load(f)
+with open(out, "w") as f:
+    json.dump({"seed": seed, "frac": frac, "test_acc": [a / 100 for a in logs["test_acc"]], "round": logs["round"]}, f)
 print(seed, [round(a / 100, 4) for a in logs["test_acc"]])

@@ -17,7 +17,7 @@ from fedcomp.platform.server import Server
 
 def hr_task(**params):
     cfg = load_config("fednest-hr-offline", {"federation.backend": "local", "federation.clients": 4,
-                                             "federation.clients_per_round": 2, "federation.clients_per_actor": 2, "federation.clients_per_round": 2,
+                                             "federation.clients_per_round": 2, "federation.clients_per_actor": 2,
                                              "task.per_client": 40, "task.hidden": 8, "run.seed": 3,
                                              **{f"task.{k}": v for k, v in params.items()}})  # fmt: skip
     return build_task(cfg)
@@ -71,5 +71,5 @@ def test_torch_init_is_the_codes_mlp_after_manual_seed_and_leaves_the_global_str
 def test_shuffled_epochs_need_a_task_with_local_datasets(tmp_path):
     cfg = load_config("fednest-minimax", {"federation.backend": "local", "algorithm.inner_sampling": "epochs",
                                           "run.out": str(tmp_path)})  # fmt: skip
-    with pytest.raises(ConfigError, match="algorithm.inner_sampling = 'epochs' needs a task whose clients hold local"):
+    with pytest.raises(ConfigError, match=r"algorithm\.inner_sampling = 'epochs' needs a task whose clients hold local"):
         Server(cfg, LocalFederation).run_round()

@@ -156,6 +156,11 @@ def dropout_mask(shape: tuple[int, int], p: float, gen: torch.Generator) -> Tens
     return (torch.rand(*shape, generator=gen) < keep).float() / keep
 
 
+def _flat(layer: torch.nn.Linear) -> Tensor:
+    """A linear layer's weight (row-major) then bias, as one vector: the task's layout of x and y."""
+    return torch.cat([layer.weight.detach().reshape(-1), layer.bias.detach()])
+
+
 class FreshMasks:
     """A batch's source of dropout masks when every evaluation draws its own (``dropout_masks: evaluation``):
     a generator seeded from the batch's stream, so runs stay reproducible, advancing at each draw."""
@@ -195,8 +200,7 @@ class HyperRepresentation(_MnistBilevel):
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(self.seed)
             first, head = torch.nn.Linear(784, self.h), torch.nn.Linear(self.h, 10)
-        flat = lambda layer: torch.cat([layer.weight.detach().reshape(-1), layer.bias.detach()])  # noqa: E731
-        return {"x": flat(first), "y": flat(head)}
+        return {"x": _flat(first), "y": _flat(head)}
 
     def _extra(self, features: Tensor, gen: torch.Generator) -> tuple[Any, ...]:
         if self.params.dropout_masks == "evaluation":
@@ -205,7 +209,7 @@ class HyperRepresentation(_MnistBilevel):
         mask = dropout_mask((features.shape[0], self.h), self.params.dropout, gen)
         return (features.to(self.device), mask.to(self.device))
 
-    def logits(self, x: Tensor, y: Tensor, features: Tensor, mask: "Tensor | FreshMasks | None") -> Tensor:
+    def logits(self, x: Tensor, y: Tensor, features: Tensor, mask: Tensor | FreshMasks | None) -> Tensor:
         w1, b1 = x[: 784 * self.h].view(self.h, 784), x[784 * self.h :]
         w2, b2 = y[: self.h * 10].view(10, self.h), y[self.h * 10 :]
         hidden = F.linear(features, w1, b1)
