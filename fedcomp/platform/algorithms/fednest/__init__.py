@@ -33,10 +33,10 @@ what the server does and the client programs it calls), :mod:`.algorithms` (the 
 """
 
 from fedcomp.platform.algorithms.fednest.algorithms import FedNest, FedNestSGD, LFedNest, LFedNestSVRG
-from fedcomp.platform.algorithms.fednest.base import FedNestHParams, Point, fresh_cohorts
+from fedcomp.platform.algorithms.fednest.base import FedNestHParams, Point, epoch_batch, fresh_cohorts
 from fedcomp.platform.algorithms.fednest.fedinn import fedinn_sgd, fedinn_svrg
 
 __all__ = [
     "FedNest", "FedNestHParams", "FedNestSGD", "LFedNest", "LFedNestSVRG", "Point", "fedinn_sgd", "fedinn_svrg",
-    "fresh_cohorts",
+    "epoch_batch", "fresh_cohorts",
 ]

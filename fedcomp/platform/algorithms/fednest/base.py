@@ -5,14 +5,16 @@ the fresh cohort per sub-round."""
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal, TypeVar
 
+import torch
 from pydantic import Field
 from torch import Tensor
 
 from fedcomp.platform.algorithms.base import Algorithm, ClientContext, StepInfo, Tensors
+from fedcomp.platform.errors import ConfigError
 from fedcomp.platform.params import Params
 from fedcomp.platform.problems import BILEVEL, BilevelProblem
 from fedcomp.platform.rounds import Round
@@ -20,7 +22,7 @@ from fedcomp.platform.state import MinimaxModel, State
 
 __all__ = [
     "Cohorts", "Counted", "Counter", "CounterStep", "FedNestBase", "FedNestHParams", "Point", "Reply", "WithH",
-    "WithP", "WithQ", "fresh_cohorts",
+    "WithP", "WithQ", "epoch_batch", "fresh_cohorts",
 ]
 
 
@@ -39,6 +41,11 @@ class FedNestHParams(Params):
         "fresh", description="FedNest: a cohort per sub-round (the paper), or one for FedIHGP, hypergradient and FedOut (the code)"
     )
     inner_batch: int | None = Field(64, ge=1, description="batch of local inner steps; null = all local data")
+    inner_sampling: Literal["replacement", "epochs"] = Field(
+        "replacement",
+        description="FedInn's local batches: drawn with replacement (the paper), or shuffled passes over the local "
+        "training part cut into inner_batch-sized batches and a smaller rest (the code's DataLoader: 64 + 36 of 100)",
+    )
     outer_batch: int | None = Field(None, ge=1, description="batch of local outer steps; null = all local data")
     oracle_batch: int | None = Field(None, ge=1, description="batch of anchors, HVPs, hypergradients; null = all")
 
@@ -112,3 +119,30 @@ class FedNestBase(Algorithm[Point, Point]):
     ) -> Any:
         """The client's batch of ``split`` keyed by (round, call, tag)."""
         return problem.sample(ctx.client, split, size, ctx.rng(ctx.round, call, tag))
+
+    def _inner_batch(self, problem: BilevelProblem, ctx: ClientContext, step: int) -> Any:
+        """FedInn's batch of local step ``step`` in this call, by ``inner_sampling``; its other randomness (dropout
+        masks) is keyed by the step either way."""
+        size = self.hp.inner_batch
+        if self.hp.inner_sampling == "replacement" or size is None:
+            return self._sample(problem, ctx, "inner", size, ctx.sub, step)
+        n = problem.local_size(ctx.client, "inner")  # type: ignore[attr-defined]
+        positions = epoch_batch(n, size, step, lambda e: ctx.rng(ctx.round, ctx.sub, -1 - e))
+        return problem.sample_at(ctx.client, "inner", positions, ctx.rng(ctx.round, ctx.sub, step))  # type: ignore[attr-defined]
+
+    def start(self, fed: Round, server: Any) -> Any:
+        if self.hp.inner_sampling == "epochs" and not all(hasattr(fed.problem, a) for a in ("local_size", "sample_at")):
+            raise ConfigError(
+                f"algorithm.inner_sampling = 'epochs' needs a task whose clients hold local datasets: the task's "
+                f"problem {type(fed.problem).__name__} has no local_size / sample_at (allowed: 'replacement')"
+            )
+        return server
+
+
+def epoch_batch(n: int, size: int, step: int, permutation_rng: Callable[[int], torch.Generator]) -> Tensor:
+    """The positions of local step ``step``'s batch when steps walk through shuffled passes over ``n`` examples,
+    each pass cut into batches of ``size`` and a smaller rest (a DataLoader with ``shuffle=True``): pass
+    ``e = step // ceil(n / size)`` uses the permutation drawn from ``permutation_rng(e)``."""
+    per_pass = -(-n // size)
+    epoch, j = divmod(step, per_pass)
+    return torch.randperm(n, generator=permutation_rng(epoch))[j * size : (j + 1) * size]

@@ -41,7 +41,7 @@ class FedInn(FedNestBase):
         """``inner_steps`` steps y <- y - beta direction(g_i(.; z), y), one batch z per step."""
         y, samples, loss = view.y.clone(), 0, 0.0
         for s in range(self.hp.inner_steps):
-            batch = self._sample(problem, ctx, "inner", self.hp.inner_batch, ctx.sub, s)
+            batch = self._inner_batch(problem, ctx, s)
             g = lambda a, b: problem.inner_loss(a, b, batch)  # noqa: E731, B023 (used in this iteration)
             d = direction(g, y)
             samples += batch_size(batch) * oracles
