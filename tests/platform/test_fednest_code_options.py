@@ -72,4 +72,4 @@ def test_shuffled_epochs_need_a_task_with_local_datasets(tmp_path):
     cfg = load_config("fednest-minimax", {"federation.backend": "local", "algorithm.inner_sampling": "epochs",
                                           "run.out": str(tmp_path)})  # fmt: skip
     with pytest.raises(ConfigError, match=r"algorithm\.inner_sampling = 'epochs' needs a task whose clients hold local"):
-        Server(cfg, LocalFederation).run_round()
+        Server(cfg, LocalFederation)  # when the server is built, before any run folder

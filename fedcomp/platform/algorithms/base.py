@@ -162,6 +162,10 @@ class Algorithm(ABC, Generic[C, S]):
         """The server's state before round 0, from the task's initial variables (``x``, maybe ``y``): the whole
         ``Server`` record, or the part of it that :meth:`start` completes."""
 
+    def check(self, problem: Any) -> None:
+        """Raise :class:`~fedcomp.platform.errors.ConfigError` when the task's ``problem`` lacks what these
+        hyperparameters need; called when the server is built, before a run folder exists. By default nothing."""
+
     def start(self, fed: Round, server: Any) -> S:
         """Once, before round 0 (the server calls it with round 0's :class:`Round`, so what it communicates
         counts in round 0): the initial server state that needs the clients or the task's problem -- FedDRO's

@@ -130,13 +130,12 @@ class FedNestBase(Algorithm[Point, Point]):
         positions = epoch_batch(n, size, step, lambda e: ctx.rng(ctx.round, ctx.sub, -1 - e))
         return problem.sample_at(ctx.client, "inner", positions, ctx.rng(ctx.round, ctx.sub, step))  # type: ignore[attr-defined]
 
-    def start(self, fed: Round, server: Any) -> Any:
-        if self.hp.inner_sampling == "epochs" and not all(hasattr(fed.problem, a) for a in ("local_size", "sample_at")):
+    def check(self, problem: Any) -> None:
+        if self.hp.inner_sampling == "epochs" and not all(hasattr(problem, a) for a in ("local_size", "sample_at")):
             raise ConfigError(
                 f"algorithm.inner_sampling = 'epochs' needs a task whose clients hold local datasets: the task's "
-                f"problem {type(fed.problem).__name__} has no local_size / sample_at (allowed: 'replacement')"
+                f"problem {type(problem).__name__} has no local_size / sample_at (allowed: 'replacement')"
             )
-        return server
 
 
 def epoch_batch(n: int, size: int, step: int, permutation_rng: Callable[[int], torch.Generator]) -> Tensor:
