@@ -79,7 +79,7 @@ class Server:
         self.train_loss = float("nan")
         self._evaluate = task.evaluator()
         self.problem = task.problem(self.algorithm.kind)
-        self.algorithm.check(self.problem)
+        self.algorithm.check_problem(self.problem)
         self._stats_model = task.running_statistics()
         self.buffers = (
             None if self._stats_model is None

@@ -162,7 +162,7 @@ class Algorithm(ABC, Generic[C, S]):
         """The server's state before round 0, from the task's initial variables (``x``, maybe ``y``): the whole
         ``Server`` record, or the part of it that :meth:`start` completes."""
 
-    def check(self, problem: Any) -> None:
+    def check_problem(self, problem: Any) -> None:
         """Raise :class:`~fedcomp.platform.errors.ConfigError` when the task's ``problem`` lacks what these
         hyperparameters need; called when the server is built, before a run folder exists. By default nothing."""
 

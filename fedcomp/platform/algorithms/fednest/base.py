@@ -130,7 +130,7 @@ class FedNestBase(Algorithm[Point, Point]):
         positions = epoch_batch(n, size, step, lambda e: ctx.rng(ctx.round, ctx.sub, -1 - e))
         return problem.sample_at(ctx.client, "inner", positions, ctx.rng(ctx.round, ctx.sub, step))  # type: ignore[attr-defined]
 
-    def check(self, problem: Any) -> None:
+    def check_problem(self, problem: Any) -> None:
         if self.hp.inner_sampling == "epochs" and not all(hasattr(problem, a) for a in ("local_size", "sample_at")):
             raise ConfigError(
                 f"algorithm.inner_sampling = 'epochs' needs a task whose clients hold local datasets: the task's "
