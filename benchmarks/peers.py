@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from common import HERE, REPO, write_report
+from common import HERE, REPO, revision, write_report
 from fedcomp.bench import (
     ACTORS,
     BATCH,
@@ -75,7 +75,8 @@ PFL_PACKAGES = ("pfl==0.6.0", "dp-accounting==0.5.1", "prv-accountant==0.2.0", "
 """pfl 0.6 and the dependencies pip resolves for it here. ``pip install pfl`` into this virtualenv would
 downgrade packaging (26 -> 25) and attrs (26 -> 23), which Ray and jsonschema share, so they go into
 ``<bench-dir>/pfl-site`` instead and only the pfl runner's PYTHONPATH sees them (torch, NumPy: ours)."""
-TARGET_FLOWER_SPEEDUP = 10.0
+TARGET_FLOWER_SPEEDUP = 20.0
+TARGET_PFL_RATIO = 0.8
 TARGET_MEMORY_GIB = 1.2
 TARGET_OPTIM_RATIO = 1.05
 MEMORY_INTERVAL_S = 0.2
@@ -451,6 +452,11 @@ def peer_target_lines(runs: list[PeerRun], round_s: dict[tuple[str, str, int], f
                 for w, n in keys if ("ray", w.key, n) in round_s and ("plain", w.key, 1) in round_s]
     if overhead:
         lines.append(f"- fedcomp Ray overhead over the plain loop <= {TARGET_OVERHEAD_MS:g} ms/round: " + ", ".join(overhead))
+    against_pfl = [f"{runner} {w.model}/{w.clients}c/{w.rounds}r {round_s[(runner, w.key, 2)] / round_s[('pfl', w.key, 2)]:.2f}x"
+                   for w, n in keys if n == 2 for runner in ("ray", "ray-driver")
+                   if (runner, w.key, 2) in round_s and ("pfl", w.key, 2) in round_s]
+    if against_pfl:
+        lines.append(f"- fedcomp Ray's round time / pfl's at 2 workers <= {TARGET_PFL_RATIO:g}x: " + ", ".join(against_pfl))
     speedup = [f"{w.clients}c/{w.rounds}r/{n}w {round_s[('flower', w.key, n)] / round_s[('ray', w.key, n)]:.1f}x"
                for w, n in keys if w.model == "small" and ("flower", w.key, n) in round_s and ("ray", w.key, n) in round_s]
     if speedup:
@@ -579,7 +585,8 @@ def render_peer_report(args: argparse.Namespace, runs: list[PeerRun], rows: list
     ]
     notes = [ln + "  " for ln in notes]
     lines = ["# Side-by-side benchmark: fedcomp, plain PyTorch, pfl, Flower", "",
-             f"Written by `{command}` from its own output (stdout, verbatim).", "", *notes, ""]
+             f"Written by `{command}` from its own output (stdout, verbatim), at revision {revision()}.", "",
+             *notes, ""]
     lines += render(PEER_COLUMNS, rows, markdown=True)
     lines += ["", *peer_target_lines(runs, round_s)]
     breakdown = memory_lines(runs)

@@ -70,9 +70,10 @@ def test_peer_table_takes_medians_and_compares_with_the_plain_loop():
     runs += [fake_run("ray", w, 2, i, ms, ref, startup=s, peak_mib=m)
              for i, (ms, s, m) in enumerate(((30, 4.0, 900), (20, 5.0, 1100), (25, 6.0, 1000)))]
     runs += [fake_run("flower", w, 2, i, 500, [0.5, -0.25 + 1e-7]) for i in range(3)]
+    runs += [fake_run("pfl", w, 2, i, 20, [0.5, -0.25 + 1e-7]) for i in range(3)]
     rows, round_s = peers.summarise_peers(runs)
     cells = {(r.cells["runner"], r.cells["workers"]): r.cells for r in rows}
-    assert list(cells) == [("fedcomp ray", "2"), ("plain PyTorch", "1"), ("Flower", "2")]
+    assert list(cells) == [("fedcomp ray", "2"), ("plain PyTorch", "1"), ("pfl", "2"), ("Flower", "2")]
     ray = cells[("fedcomp ray", "2")]
     assert ray["round (ms)"] == "25.0" and ray["overhead vs plain (ms/round)"] == "+14.0"
     assert ray["start-up (s)"] == "5.00" and ray["peak memory (MiB)"] == "1000" and ray["client updates/s"] == "400"
@@ -84,6 +85,7 @@ def test_peer_table_takes_medians_and_compares_with_the_plain_loop():
     assert table[0].startswith("| model | clients | rounds | runner |") and len(table) == 2 + len(rows)
     targets = "\n".join(peers.peer_target_lines(runs, round_s))
     assert "+14.0 ms" in targets and "20.0x" in targets
+    assert "fedcomp Ray's round time / pfl's at 2 workers <= 0.8x: ray small/100c/4r 1.25x" in targets
     assert "fedcomp ray, small 100 clients, 2 worker(s), peak" in "\n".join(peers.memory_lines(runs))
 
 
