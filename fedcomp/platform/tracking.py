@@ -20,6 +20,7 @@ mid-run prints one warning and is switched off; the run goes on.
 
 from __future__ import annotations
 
+import errno
 import importlib.util
 import logging
 import math
@@ -35,7 +36,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any, cast
 
-from fedcomp.platform.errors import ConfigError
+from fedcomp.platform.errors import ConfigError, StorageError
 
 TRACKERS = ("none", "tensorboard", "mlflow", "wandb")
 EXTRA = "fedcomp[track]"
@@ -129,6 +130,9 @@ class Tracker:
         """The run failed before its first checkpoint and its folder is removed: leave nothing behind."""
         self.finish("failed", {}, ())
 
+    def abandon(self) -> None:
+        """Its disk is full: drop what is not written yet, so that nothing retries the write at exit."""
+
 
 def _report_markdown(meta: Mapping[str, Any], final: Mapping[str, Any]) -> str:
     lines = [f"**{meta.get('run_id', '')}**: {meta.get('status', '')}", "", "| metric | final |", "|---|---:|"]
@@ -177,6 +181,12 @@ class TensorBoardTracker(Tracker):
                 self.writer.add_scalar(self._tag(key), value, global_step=step)
         self.final = dict(row)
         self.writer.flush()
+
+    def abandon(self) -> None:
+        # tensorboardX closes its event file at exit, flushing again; marked closed, it has nothing to retry
+        events = getattr(getattr(self.writer, "file_writer", None), "event_writer", None)
+        if events is not None:
+            events._closed = True
 
     def finish(self, status: str, meta: Mapping[str, Any], files: Sequence[Path]) -> None:
         if status == "completed" and self.final:
@@ -299,7 +309,8 @@ _WRITERS = {"tensorboard": TensorBoardTracker, "mlflow": MLflowTracker, "wandb":
 
 
 class _Guarded(Tracker):
-    """Runs a tracker so that its failure never stops the run: one warning, then it is switched off."""
+    """Runs a tracker so that its failure never stops the run: one warning, then it is switched off -- but a full
+    disk, which the run's own files share, stops the run with the one line a full disk gives there."""
 
     def __init__(self, inner: Tracker) -> None:
         self.inner: Tracker | None = inner
@@ -310,10 +321,21 @@ class _Guarded(Tracker):
             return
         try:
             getattr(self.inner, method)(*args)
+        except OSError as error:
+            if error.errno not in (errno.ENOSPC, errno.EDQUOT):
+                self._off(error)
+                return
+            # the run's own files are on the same disk: stop the run in one line, as a full disk does there
+            inner, self.inner = self.inner, None
+            inner.abandon()
+            raise StorageError(f"cannot write the {self.name} tracking files: {error.strerror or error}") from None
         except Exception as error:  # tracking is a convenience; the run's own files are what count
-            print(f"fedcomp: warning: {self.name} tracking failed and is off for this run "
-                  f"({type(error).__name__}: {error}); results still go to metrics.parquet", file=sys.stderr)
-            self.inner = None
+            self._off(error)
+
+    def _off(self, error: Exception) -> None:
+        print(f"fedcomp: warning: {self.name} tracking failed and is off for this run "
+              f"({type(error).__name__}: {error}); results still go to metrics.parquet", file=sys.stderr)
+        self.inner = None
 
     def log_row(self, row: Mapping[str, Any]) -> None:
         self._call("log_row", row)
