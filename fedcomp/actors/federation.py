@@ -127,11 +127,7 @@ class RayFederation:
 
     def _spawn(self, i: int) -> Any:
         options = actor_options(self.plan.resources(i))
-        actor = kept.take("client", options)
-        if actor is None:
-            return RemoteClient.options(**options).remote(self.config, self.plan.groups[i], self.incarnations[i])
-        actor.setup.remote(self.config, self.plan.groups[i], self.incarnations[i])  # runs before ``ready``
-        return actor
+        return kept.start("client", RemoteClient, options, self.config, self.plan.groups[i], self.incarnations[i])
 
     def _replace(self, i: int, round: int, reason: str) -> None:
         self.incarnations[i] += 1
@@ -300,8 +296,7 @@ class RayFederation:
 
     def close(self) -> None:
         for i, actor in enumerate(self.actors):
-            if not kept.give_back("client", actor_options(self.plan.resources(i)), actor):
-                ray.kill(actor)
+            kept.give_back("client", actor_options(self.plan.resources(i)), actor)
         self.actors = []
 
 

@@ -3,7 +3,7 @@
 A Tune trial process that Tune reuses for the next trial (``reuse_actors``), or a packed trial running its
 configurations one after another, would otherwise start a server actor and every client actor afresh for each
 run: a new process each, importing torch, seconds per run. Where keeping is switched on, a finished run hands
-its healthy actors back here, keyed by the options they were started with (resources, environment), and the
+its actors back here (each is checked alive when taken), keyed by the options they were started with (resources, environment), and the
 next run's actors with the same options are taken from here and rebuilt from the new run's config by their own
 ``setup`` -- the code their constructor runs -- so a run on kept actors gives the same numbers as on fresh ones.
 
@@ -51,12 +51,24 @@ def take(kind: Kind, options: Mapping[str, Any]) -> Any | None:
     return None
 
 
-def give_back(kind: Kind, options: Mapping[str, Any], actor: Any) -> bool:
-    """Keep ``actor`` for the next run; False (the caller kills it) when keeping is off."""
-    if not _keeping:
-        return False
-    _kept.setdefault(_key(kind, options), []).append(actor)
-    return True
+def start(kind: Kind, remote_class: Any, options: Mapping[str, Any], *args: Any, **kwargs: Any) -> Any:
+    """A kept actor of ``kind`` rebuilt by ``setup(*args, **kwargs)`` (sent before any other call, so it runs
+    first), or a new one of ``remote_class`` constructed with the same arguments."""
+    actor = take(kind, options)
+    if actor is None:
+        return remote_class.options(**options).remote(*args, **kwargs)
+    actor.setup.remote(*args, **kwargs)
+    return actor
+
+
+def give_back(kind: Kind, options: Mapping[str, Any], actor: Any) -> None:
+    """Keep ``actor`` for the next run (checked alive when taken); kill it when keeping is off."""
+    if _keeping:
+        _kept.setdefault(_key(kind, options), []).append(actor)
+    else:
+        import ray
+
+        ray.kill(actor)
 
 
 def _answers(actor: Any, timeout: float = 10.0) -> bool:

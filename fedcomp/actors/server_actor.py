@@ -101,11 +101,7 @@ class RayServer:
             self.here.ready()
             return
         self.options = actor_options({"CPU": plan.server_cpus})
-        self.actor = kept.take("server", self.options)
-        if self.actor is None:
-            self.actor = RemoteServer.options(**self.options).remote(config, keep=kept.keeping())
-        else:
-            self.actor.setup.remote(config, keep=True)  # runs before ``ready``
+        self.actor = kept.start("server", RemoteServer, self.options, config, keep=kept.keeping())
         kept.release()  # kept actors this run could not use would hold resources its own actors wait for
         try:
             # The server's constructor starts and awaits the client actors under the same deadline.
@@ -171,7 +167,5 @@ class RayServer:
             self._call("close")
         except Exception:  # the actor may already be gone; killing it below is what matters
             pass
-        if self.actor is None:
-            return
-        if not kept.give_back("server", self.options, self.actor):
-            ray.kill(self.actor)
+        if self.actor is not None:
+            kept.give_back("server", self.options, self.actor)

@@ -14,7 +14,6 @@ configuration (``<tune trial id>-<k>``), as an unpacked sweep does.
 from __future__ import annotations
 
 import json
-import logging
 import os
 import tempfile
 from collections.abc import Iterator, Mapping, Sequence
@@ -27,7 +26,7 @@ from fedcomp.platform import results
 from fedcomp.platform.config import Config
 from fedcomp.platform.runner import RoundDone, drive
 from fedcomp.sweeps.spec import SweepSpec
-from fedcomp.sweeps.trial import FAULT_EXIT, members, pinned_config, read_trial_rows, write_run_files
+from fedcomp.sweeps.trial import FAULT_EXIT, members, pinned_config, read_trial_rows, trial_process, write_run_files
 
 PACK_JSON = "pack.json"
 SEQUENTIAL_PACK = 8
@@ -128,16 +127,7 @@ def _together(
 def run_pack(trial: dict[str, Any], spec_json: str, cluster_has_gpus: bool, env: dict[str, str]) -> None:
     """The Tune trainable of a packed trial: run its configurations (one at a time or in lockstep), report
     every configuration's evaluation rows tagged with its index, and checkpoint them all together."""
-    import torch
-
-    from fedcomp.actors.kept import keep_between_runs
-
-    os.environ.update(env)
-    torch.set_num_threads(1)
-    logging.getLogger("ray.train").setLevel(logging.WARNING)
-    logging.getLogger("ray.tune").setLevel(logging.WARNING)
-    spec = SweepSpec.model_validate_json(spec_json)
-    keep_between_runs(spec.keep_actors)  # the next run in this process (Tune reuses it) takes these actors
+    spec = trial_process(spec_json, env)
     configs = [pinned_config(spec, m, cluster_has_gpus) for m in members(trial)]
     restored = tune.get_checkpoint()
     saved, done = _restore(restored)

@@ -115,14 +115,11 @@ def _save(directory: Path, checkpoint: dict[str, Any], placement: list[dict[str,
     return cast(tune.Checkpoint, tune.Checkpoint.from_directory(str(directory)))
 
 
-def run_trial(trial: dict[str, Any], spec_json: str, cluster_has_gpus: bool, env: dict[str, str]) -> None:
-    """The Tune trainable: build the run from the trial's config, restore it from Tune's checkpoint if
-    there is one, and report every round (the latest evaluation row, as in ``metrics.parquet``) with a
-    checkpoint every ``run.checkpoint_every`` rounds and at the end."""
+def trial_process(spec_json: str, env: dict[str, str]) -> SweepSpec:
+    """What every trainable (a trial, a packed trial) sets up in its process first; returns the sweep's spec."""
     import torch
 
     from fedcomp.actors.kept import keep_between_runs
-    from fedcomp.backends import make_server
 
     os.environ.update(env)  # the driver's FEDCOMP_* settings, passed on to the actors this trial starts
     torch.set_num_threads(1)
@@ -130,6 +127,16 @@ def run_trial(trial: dict[str, Any], spec_json: str, cluster_has_gpus: bool, env
     logging.getLogger("ray.tune").setLevel(logging.WARNING)
     spec = SweepSpec.model_validate_json(spec_json)
     keep_between_runs(spec.keep_actors)  # the next run in this process (Tune reuses it) takes these actors
+    return spec
+
+
+def run_trial(trial: dict[str, Any], spec_json: str, cluster_has_gpus: bool, env: dict[str, str]) -> None:
+    """The Tune trainable: build the run from the trial's config, restore it from Tune's checkpoint if
+    there is one, and report every round (the latest evaluation row, as in ``metrics.parquet``) with a
+    checkpoint every ``run.checkpoint_every`` rounds and at the end."""
+    from fedcomp.backends import make_server
+
+    spec = trial_process(spec_json, env)
     config = pinned_config(spec, trial, cluster_has_gpus)
     restored = tune.get_checkpoint()
     checkpoint = None
