@@ -2,7 +2,8 @@
 the papers' numbers, and which of the papers' orderings hold on them.
 
     python benchmarks/auc_tables.py [--out results] [--only table1|table2] [--extend-edges [--edge-cap N]]
-    python benchmarks/auc_tables.py --out results --reuse    # tabulate the newest finished sweeps under --out again
+    python benchmarks/auc_tables.py --only table1 --datasets digits --periods 8   # one part of a preset
+    python benchmarks/auc_tables.py --out results --reuse    # tabulate the finished sweeps under --out again
 
 Runs the sweep presets ``auc-table1-offline`` and ``auprc-table2-offline`` through ``fedcomp.sweep`` on the local
 Ray, exactly as ``fedcomp sweep auc-table1-offline [--extend-edges]`` would, then tabulates each sweep in its
@@ -11,6 +12,10 @@ grid, mean ± std of the final metric over the preset's seeds), the step (and be
 cells still sit on an edge of a tuned axis (the sweep's own edge guard), and which of the papers' orderings hold.
 The papers' numbers come from EXPERIMENTS.md (E3, E10); the offline datasets are stand-ins for the papers' (see
 the presets), so the comparison is of orderings, not of values.
+
+``--datasets`` / ``--periods`` run the preset's grid cut to those datasets / local periods p (a long preset in
+parts); ``--reuse`` tabulates each table cell (dataset, and p for Table 1) from the newest finished sweep folder
+of the preset that ran that cell with the preset's current grid, and names the folders it used.
 """
 
 from __future__ import annotations
@@ -18,8 +23,9 @@ from __future__ import annotations
 import argparse
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
@@ -28,7 +34,7 @@ import fedcomp
 from fedcomp.platform.config import Config
 from fedcomp.sweeps.edges import missing
 from fedcomp.sweeps.report import best_and_edges, extension_summary, paper_table
-from fedcomp.sweeps.spec import load_spec
+from fedcomp.sweeps.spec import SweepSpec, load_spec
 from fedcomp.sweeps.tuner import SweepResult, load_sweep
 
 PAPER_TABLE2 = {  # FCSG paper, Table 2: final averaged AP on test data
@@ -55,6 +61,69 @@ PREVIOUS = "0d1b87d"
 0.03, 0.1, beta 0.1, 3 seeds)."""
 TABLE1_CELL = ["task.dataset", "algorithm.name", "algorithm.local_steps"]
 TABLE2_CELL = ["task.dataset", "algorithm.name"]
+TABLE1_PART = ["task.dataset", "algorithm.local_steps"]
+TABLE2_PART = ["task.dataset"]
+"""What one sweep folder contributes to a table: every cell of a (dataset, p) / a dataset, never half of one."""
+
+
+# -- a preset in parts ------------------------------------------------------------------------------------------
+
+
+def restrict(spec: SweepSpec, only: Mapping[str, Collection[Any]]) -> SweepSpec:
+    """``spec`` with every grid's values of the keys in ``only`` cut to the allowed ones (joint axes value by
+    value); grids left with an empty axis are dropped."""
+    grids = []
+    for grid in spec.grids:
+        kept = {}
+        for axis, values in grid.items():
+            keys = axis.split(",")
+            kept[axis] = [v for v in values if all((v[i] if len(keys) > 1 else v) in only[k]
+                                                   for i, k in enumerate(keys) if k in only)]
+        if all(kept.values()):
+            grids.append(kept)
+    if not grids:
+        allowed = {k: sorted({p[k] for p in spec.points() if k in p}) for k in only}
+        raise SystemExit(f"--datasets / --periods {dict(only)} leave no configuration of {spec.name}; allowed: {allowed}")
+    return spec.model_copy(update={"grid": grids})
+
+
+def _same_grid(a: SweepSpec, b: SweepSpec, part: Mapping[str, Any]) -> bool:
+    """Whether two specs run the same configurations (and seeds) for one table part."""
+    only = {k: [v] for k, v in part.items()}
+    try:
+        cut_a, cut_b = restrict(a, only), restrict(b, only)
+    except SystemExit:
+        return False
+    def fixed(spec: SweepSpec) -> dict[str, Any]:
+        return {k: v for k, v in spec.set.items() if k != "run.out"}  # where the folders go changes no number
+
+    return (cut_a.grids, fixed(cut_a), cut_a.base, cut_a.seeds) == (cut_b.grids, fixed(cut_b), cut_b.base, cut_b.seeds)
+
+
+def merged(out: Path, preset: str, part_keys: list[str]) -> tuple[SweepResult, list[Path]] | None:
+    """Every table part of ``preset`` from the newest finished sweep folder under ``out`` that ran it with the
+    preset's current grid: one result over them all (the full preset's spec), and the folders used (newest
+    first); None if no folder has any part."""
+    current = load_spec(preset)
+    folders = sorted((f for f in out.glob(f"{preset}_*") if (f / "trials.parquet").is_file()),
+                     key=lambda f: f.stat().st_mtime, reverse=True)
+    taken: set[tuple[Any, ...]] = set()
+    pieces, used = [], []
+    for folder in folders:
+        result = load_sweep(folder)
+        parts = {tuple(v.item() if hasattr(v, "item") else v for v in row)
+                 for row in result.trials[part_keys].drop_duplicates().itertuples(index=False)}
+        fresh = {p for p in parts - taken if _same_grid(current, result.spec, dict(zip(part_keys, p)))}
+        if not fresh:
+            continue
+        keep = [tuple(v.item() if hasattr(v, "item") else v for v in row) in fresh
+                for row in result.trials[part_keys].itertuples(index=False)]
+        pieces.append(result.trials[keep])
+        used.append(folder)
+        taken |= fresh
+    if not pieces:
+        return None
+    return SweepResult(used[0], current, pd.concat(pieces, ignore_index=True)), used
 
 
 # -- the configurations behind each cell ------------------------------------------------------------------------
@@ -277,34 +346,35 @@ def paper_tables() -> list[str]:
 # -- running and writing ----------------------------------------------------------------------------------------
 
 
-def newest_sweep(out: Path, preset: str) -> Path | None:
-    """The newest sweep folder of ``preset`` under ``out`` that has its trials (None if there is none)."""
-    folders = [f for f in Path(out).glob(f"{preset}_*") if (f / "trials.parquet").is_file()]
-    return max(folders, key=lambda f: f.stat().st_mtime) if folders else None
-
-
-def coverage(preset: str, result: SweepResult) -> list[str]:
-    """A line saying which of the preset's datasets the sweep left out, when it ran a reduced copy of it."""
-    wanted = list(dict.fromkeys(point["task.dataset"] for point in load_spec(preset).points()))
-    ran = set(result.trials["task.dataset"])
-    left = [d for d in wanted if d not in ran]
+def coverage(preset: str, result: SweepResult, part_keys: list[str]) -> list[str]:
+    """A line naming the preset's table parts that no sweep ran with its current grid."""
+    wanted = list(dict.fromkeys(tuple(point[k] for k in part_keys) for point in load_spec(preset).points()))
+    ran = {tuple(v.item() if hasattr(v, "item") else v for v in row)
+           for row in result.trials[part_keys].drop_duplicates().itertuples(index=False)}
+    left = [p for p in wanted if p not in ran]
     if not left:
         return []
-    return [f"This sweep ran a copy of the preset restricted to {', '.join(d for d in wanted if d in ran)} "
-            f"({len(result.spec.points())} of the preset's {len(load_spec(preset).points())} configurations); "
-            f"{', '.join(left)} was not re-run with the widened grid (budget; its cells from the earlier two-step grid are in "
-            f"`git show {PREVIOUS}:benchmarks/AUC_TABLES.md`).", ""]
+    names = "; ".join(", ".join(f"{k.split('.')[-1]} {v}" for k, v in zip(part_keys, p)) for p in left)
+    return [f"Not run with the preset's current grid (budget): {names}. Cells of the earlier two-step grid are in "
+            f"`git show {PREVIOUS}:benchmarks/AUC_TABLES.md`.", ""]
 
 
-def section(preset: str, result: SweepResult, wall: float | None, tabulate: Callable[[SweepResult], list[str]]) -> list[str]:
+def section(preset: str, result: SweepResult, folders: Sequence[Path], wall: float | None, part_keys: list[str],
+            tabulate: Callable[[SweepResult], list[str]]) -> list[str]:
     trials = result.trials["trial"].nunique()
     took = f"trials' own wall times summed: {common.trials_seconds(result.trials) / 60:.1f} min"
     if wall is not None:
         took += f", sweep wall time {wall / 60:.1f} min"
-    extended = extension_summary(result.path)
-    return [f"## `{preset}` ({trials} trials, {took}, sweep folder `{result.path.name}`)", "", *coverage(preset, result),
-            paper_table(result.trials, result.spec), *tabulate(result),
-            *(["`--extend-edges` (the sweep's own record):", "", *(f"- {line}" for line in extended), ""] if extended else [])]
+    parts = []
+    for folder in folders:
+        rows = result.trials[result.trials["trial"].isin(load_sweep(folder).trials["trial"].unique())]
+        what = sorted({", ".join(f"{k.split('.')[-1]} {v}" for k, v in zip(part_keys, row))
+                       for row in rows[part_keys].drop_duplicates().itertuples(index=False)})
+        parts.append(f"- `{folder.name}`: {'; '.join(what)}")
+    extended = [line for folder in folders for line in extension_summary(folder)]
+    return [f"## `{preset}` ({trials} trials, {took})", "", "Sweep folders, each giving the cells listed:", "", *parts, "",
+            *coverage(preset, result, part_keys), paper_table(result.trials, result.spec), *tabulate(result),
+            *(["`--extend-edges` (the sweeps' own records):", "", *(f"- {line}" for line in extended), ""] if extended else [])]
 
 
 def main() -> None:
@@ -314,27 +384,35 @@ def main() -> None:
     parser.add_argument("--reuse", action="store_true", help="load the newest sweep of each preset under --out instead of running it")
     parser.add_argument("--extend-edges", action="store_true", help="run the sweeps with --extend-edges")
     parser.add_argument("--edge-cap", type=int, default=None, help="with --extend-edges: extensions per axis and cell")
+    parser.add_argument("--datasets", nargs="+", help="run only these datasets of the presets' grids")
+    parser.add_argument("--periods", nargs="+", type=int, help="Table 1: run only these local periods p")
     args = parser.parse_args()
+    only: dict[str, list[Any]] = {}
+    if args.datasets:
+        only["task.dataset"] = args.datasets
+    if args.periods:
+        only["algorithm.local_steps"] = args.periods
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     sections: list[str] = []
     seeds: set[int] = set()
-    for key, preset, tabulate in (("table1", "auc-table1-offline", table1_sections),
-                                  ("table2", "auprc-table2-offline", table2_sections)):
+    for key, preset, part_keys, tabulate in (("table1", "auc-table1-offline", TABLE1_PART, table1_sections),
+                                             ("table2", "auprc-table2-offline", TABLE2_PART, table2_sections)):
         if args.only and args.only != key:
             continue
         started, wall = time.time(), None
         if args.reuse:
-            folder = newest_sweep(Path(args.out), preset)
-            if folder is None:
+            found = merged(Path(args.out), preset, part_keys)
+            if found is None:
                 sections += [f"## `{preset}`", "", f"Not re-run with the current preset (no finished `{preset}_*` "
                              f"sweep under `{args.out}`; the earlier two-step grid's cells are in `git show {PREVIOUS}:benchmarks/AUC_TABLES.md`).", ""]
                 continue
-            result = load_sweep(folder)
+            result, folders = found
         else:
-            result = fedcomp.sweep(preset, overrides={"run.out": args.out}, extend_edges=args.extend_edges, edge_cap=args.edge_cap)
-            wall = time.time() - started
+            spec = restrict(load_spec(preset), only) if only else preset
+            result = fedcomp.sweep(spec, overrides={"run.out": args.out}, extend_edges=args.extend_edges, edge_cap=args.edge_cap)
+            wall, folders = time.time() - started, [result.path]
         seeds.add(result.spec.seeds)
-        sections += section(preset, result, wall, tabulate)
+        sections += section(preset, result, folders, wall, part_keys, tabulate)
         print(f"{preset}: {result.trials['trial'].nunique()} trials, {common.trials_seconds(result.trials):.0f} s of trials", flush=True)
     text = [
         "# Imbalanced classification offline: Table 1 (LocalSCGDAM) and Table 2 (FCSG, AUPRC)",
@@ -350,7 +428,7 @@ def main() -> None:
         "",
     ]
     target = common.HERE / "AUC_TABLES.md"
-    if args.only and target.exists():  # keep the other table's section from the last full run
+    if (args.only or only) and target.exists():  # keep the other table's sections from the last full run
         print(f"--only: not overwriting {target}; printing instead")
         print("\n".join(text))
         return
