@@ -46,7 +46,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 if TYPE_CHECKING:
-    from typing_extensions import Unpack
+    from typing_extensions import Required, Unpack
 
 __all__ = [
     "Composition",
@@ -71,6 +71,7 @@ __all__ = [
     "kl_rescale",
     "kl_value",
     "project_simplex",
+    "RobustSet",
     "robust_loss",
     "robust_weights",
 ]
@@ -361,21 +362,23 @@ def robust_weights(
         return (p / p.sum()).to(losses.dtype)
 
 
-def robust_loss(
-    losses: Tensor,
-    *,
-    geometry: Geometry,
-    size: float,
-    reg: float = 0.0,
-    tol: float = 1e-10,
-    max_iter: int = 200,
-) -> Tensor:
+class RobustSet(TypedDict, total=False):
+    """The keyword arguments of :func:`robust_weights`, which :func:`robust_loss` passes on unchanged."""
+
+    geometry: Required[Geometry]
+    size: Required[float]
+    reg: float
+    tol: float
+    max_iter: int
+
+
+def robust_loss(losses: Tensor, **uncertainty: Unpack[RobustSet]) -> Tensor:
     """FastDRO's batch robust loss sum p_i l_i - reg D(p) with p = :func:`robust_weights` (held constant)."""
-    p = robust_weights(losses, geometry=geometry, size=size, reg=reg, tol=tol, max_iter=max_iter)
-    m = losses.numel()
+    p = robust_weights(losses, **uncertainty)
+    m, reg = losses.numel(), uncertainty.get("reg", 0.0)
     if reg == 0:
         return (p * losses).sum()
-    if geometry in ("cvar", "kl"):
+    if uncertainty["geometry"] in ("cvar", "kl"):
         penalty = torch.where(p > 0, p * torch.log(m * p), torch.zeros_like(p)).sum()
     else:
         penalty = ((m * p - 1) ** 2).sum() / (2 * m)

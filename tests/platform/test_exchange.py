@@ -18,16 +18,11 @@ from fedcomp.platform.problems import COMPOSITIONAL_GLOBAL
 from fedcomp.platform.registry import ALGORITHMS, register_algorithm
 from fedcomp.platform.rng import generator
 from fedcomp.platform.rounds import Round
-from fedcomp.platform.state import State
+from fedcomp.platform.state import Model
 
 
 class TalkParams(Params):
     yields: int = Field(3, ge=0)
-
-
-@dataclass(frozen=True)
-class Model(State):
-    x: Tensor
 
 
 @dataclass(frozen=True)
