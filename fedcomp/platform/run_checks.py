@@ -95,7 +95,7 @@ def _check_legacy(where: str, checkpoint: dict[str, Any], config: Config) -> Non
     from fedcomp.platform.federation import build_algorithm
 
     server = checkpoint["server"]
-    synced = set(build_algorithm(config).Server.tensor_names())
+    synced = set(build_algorithm(config).Server.names())
     held = set(server.get("state", {}))
     if held != synced:
         raise ConfigError(

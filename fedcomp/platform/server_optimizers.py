@@ -8,8 +8,9 @@ plain FedAvg takes x <- <x_i>, i.e. x - Delta. A server optimiser replaces that 
 * :class:`Adam` (FedAdam; Reddi et al. 2021):  m <- b1 m + (1 - b1) Delta;  v <- b2 v + (1 - b2) Delta^2;
   x <- x - eta m / (sqrt(v) + tau)   (the paper's form: no bias correction; tau sets the adaptivity)
 
-Each optimiser's state is a typed record the algorithm keeps in its server state; nothing here knows about
-clients or the federation.
+An optimiser's record is the server's whole state: the model x and the optimiser's moments (FedAvgM's server is
+:class:`MomentumServer`, FedAdam's :class:`AdamServer`), so a round is ``server = optimizer.step(server, Delta)``
+and a checkpoint holds x beside the moments. Nothing here knows about clients or the federation.
 """
 
 from __future__ import annotations
@@ -21,49 +22,48 @@ from typing import Generic, TypeVar
 import torch
 from torch import Tensor
 
-from fedcomp.platform.state import State
+from fedcomp.platform.state import Model
 
-O = TypeVar("O", bound=State)
+S = TypeVar("S", bound=Model)
 
 
-class ServerOptimizer(ABC, Generic[O]):
-    """``init(x)`` -> the optimiser's state; ``step(x, delta, state)`` -> the new model and state."""
-
-    @abstractmethod
-    def init(self, x: Tensor) -> O: ...
+class ServerOptimizer(ABC, Generic[S]):
+    """``init(x)`` -> the server's record at x; ``step(server, delta)`` -> the next record."""
 
     @abstractmethod
-    def step(self, x: Tensor, delta: Tensor, state: O) -> tuple[Tensor, O]: ...
+    def init(self, x: Tensor) -> S: ...
+
+    @abstractmethod
+    def step(self, server: S, delta: Tensor) -> S: ...
 
 
 @dataclass(frozen=True)
-class MomentumState(State):
+class MomentumServer(Model):
     m: Tensor
 
 
 @dataclass(frozen=True)
-class AdamState(State):
-    m: Tensor
+class AdamServer(MomentumServer):
     v: Tensor
 
 
 @dataclass(frozen=True)
-class Momentum(ServerOptimizer[MomentumState]):
+class Momentum(ServerOptimizer[MomentumServer]):
     """Heavy-ball momentum on the pseudo-gradient (FedAvgM)."""
 
     lr: float
     beta: float
 
-    def init(self, x: Tensor) -> MomentumState:
-        return MomentumState(m=torch.zeros_like(x))
+    def init(self, x: Tensor) -> MomentumServer:
+        return MomentumServer(x=x, m=torch.zeros_like(x))
 
-    def step(self, x: Tensor, delta: Tensor, state: MomentumState) -> tuple[Tensor, MomentumState]:
-        m = self.beta * state.m + delta
-        return x - self.lr * m, MomentumState(m=m)
+    def step(self, server: MomentumServer, delta: Tensor) -> MomentumServer:
+        m = self.beta * server.m + delta
+        return MomentumServer(x=server.x - self.lr * m, m=m)
 
 
 @dataclass(frozen=True)
-class Adam(ServerOptimizer[AdamState]):
+class Adam(ServerOptimizer[AdamServer]):
     """Adam on the pseudo-gradient without bias correction (FedAdam)."""
 
     lr: float
@@ -71,10 +71,10 @@ class Adam(ServerOptimizer[AdamState]):
     beta2: float
     tau: float
 
-    def init(self, x: Tensor) -> AdamState:
-        return AdamState(m=torch.zeros_like(x), v=torch.zeros_like(x))
+    def init(self, x: Tensor) -> AdamServer:
+        return AdamServer(x=x, m=torch.zeros_like(x), v=torch.zeros_like(x))
 
-    def step(self, x: Tensor, delta: Tensor, state: AdamState) -> tuple[Tensor, AdamState]:
-        m = self.beta1 * state.m + (1 - self.beta1) * delta
-        v = self.beta2 * state.v + (1 - self.beta2) * delta * delta
-        return x - self.lr * m / (v.sqrt() + self.tau), AdamState(m=m, v=v)
+    def step(self, server: AdamServer, delta: Tensor) -> AdamServer:
+        m = self.beta1 * server.m + (1 - self.beta1) * delta
+        v = self.beta2 * server.v + (1 - self.beta2) * delta * delta
+        return AdamServer(x=server.x - self.lr * m / (v.sqrt() + self.tau), m=m, v=v)

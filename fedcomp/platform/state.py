@@ -8,17 +8,13 @@ An algorithm declares its client state and its server state as dataclasses deriv
         u: Tensor
 
 Every field exists from the start (no lazily created keys) and an update builds a new record
-(``state.replace(x=...)``). A field may itself be a record (a server optimiser's state inside the server
-state). On the wire, in checkpoints and under ``vmap`` a state travels as its plain mapping of named tensors
-(:meth:`State.tensors`; a nested record's fields as ``outer.inner``), which :meth:`State.of` turns back into
-the record.
+(``state.replace(x=...)``). On the wire, in checkpoints and under ``vmap`` a state travels as its plain mapping
+of named tensors (:meth:`State.tensors`), which :meth:`State.of` turns back into the record.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
-import typing
 from collections.abc import Mapping
 from typing import Any, TypeVar
 
@@ -41,41 +37,16 @@ class State:
         return tuple(f.name for f in dataclasses.fields(cls))
 
     @classmethod
-    def tensor_names(cls) -> tuple[str, ...]:
-        """The names :meth:`tensors` gives (a nested record's fields as ``outer.inner``)."""
-        nested = _nested_types(cls)  # type: ignore[arg-type]  # mypy: a class object is hashable
-        return tuple(
-            m for n in cls.names() for m in ([f"{n}.{k}" for k in nested[n].tensor_names()] if n in nested else [n])
-        )
-
-    @classmethod
     def of(cls: type[S], tensors: Mapping[str, Tensor]) -> S:
         """The record from a mapping that holds (at least) every field; other keys are ignored."""
-        values: dict[str, Any] = {}
-        missing = []
-        for name in cls.names():
-            nested = _nested_types(cls).get(name)  # type: ignore[arg-type]  # mypy: a class object is hashable
-            if nested is not None:
-                prefix = name + "."
-                values[name] = nested.of({k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)})
-            elif name in tensors:
-                values[name] = tensors[name]
-            else:
-                missing.append(name)
+        missing = [name for name in cls.names() if name not in tensors]
         if missing:
             raise KeyError(f"{cls.__name__} needs {', '.join(missing)}; got {', '.join(sorted(tensors)) or 'nothing'}")
-        return cls(**values)
+        return cls(**{name: tensors[name] for name in cls.names()})
 
     def tensors(self) -> dict[str, Tensor]:
         """The fields as a plain mapping (the form that crosses the wire and goes into checkpoints)."""
-        out: dict[str, Tensor] = {}
-        for name in self.names():
-            value = getattr(self, name)
-            if isinstance(value, State):
-                out.update({f"{name}.{k}": v for k, v in value.tensors().items()})
-            else:
-                out[name] = value
-        return out
+        return {name: getattr(self, name) for name in self.names()}
 
     def replace(self: S, **changes: Any) -> S:
         """A new record with some fields replaced."""
@@ -96,13 +67,6 @@ class MinimaxModel(State):
 
     x: Tensor
     y: Tensor
-
-
-@functools.cache
-def _nested_types(cls: type[State]) -> dict[str, type[State]]:
-    """The fields of ``cls`` that are records themselves, with their types."""
-    hints = typing.get_type_hints(cls)
-    return {n: t for n, t in hints.items() if isinstance(t, type) and issubclass(t, State)}
 
 
 class Means(dict[str, Tensor]):

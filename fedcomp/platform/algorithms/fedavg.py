@@ -3,15 +3,14 @@
 
     every cohort client, q steps:  x_i <- x_i - lr grad l_i(x_i; batch)
     FedAvg:                        x <- <x_i>
-    FedAvgM / FedAdam:             Delta = x - <x_i>;  x, opt <- server_optimizer.step(x, Delta, opt)
+    FedAvgM / FedAdam:             Delta = x - <x_i>;  (x, moments) <- server_optimizer.step((x, moments), Delta)
 
 The server optimisers are transforms of the averaged update (:mod:`fedcomp.platform.server_optimizers`);
-their state lives in the server's typed state and is checkpointed with it.
+the server's typed state is the optimiser's record (the model and its moments), checkpointed as it is.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
@@ -28,7 +27,7 @@ from fedcomp.platform.algorithms.base import (
 from fedcomp.platform.problems import PLAIN, PlainProblem
 from fedcomp.platform.registry import register_algorithm
 from fedcomp.platform.rounds import Round
-from fedcomp.platform.server_optimizers import Adam, AdamState, Momentum, MomentumState, ServerOptimizer
+from fedcomp.platform.server_optimizers import Adam, AdamServer, Momentum, MomentumServer, ServerOptimizer
 from fedcomp.platform.state import Model, State
 
 
@@ -50,18 +49,6 @@ class FedAdamHParams(FedAvgHParams):
     server_beta1: float = Field(0.9, ge=0, lt=1, description="first-moment decay beta1")
     server_beta2: float = Field(0.99, ge=0, lt=1, description="second-moment decay beta2")
     server_tau: float = Field(1e-3, gt=0, description="adaptivity tau (added to sqrt(v))")
-
-
-@dataclass(frozen=True)
-class MomentumServer(State):
-    x: Tensor
-    opt: MomentumState
-
-
-@dataclass(frozen=True)
-class AdamServer(State):
-    x: Tensor
-    opt: AdamState
 
 
 @register_algorithm("fedavg")
@@ -92,16 +79,14 @@ class FedAvg(LocalSteps[Model, State]):
 class _ServerOptimized(FedAvg):
     """FedAvg whose server applies ``optimizer`` to the pseudo-gradient x - <x_i> (FedOpt)."""
 
-    optimizer: ServerOptimizer[Any]
+    optimizer: ServerOptimizer[Model]
 
-    def init(self, variables: Tensors) -> State:
-        x = variables["x"].clone()
-        return self.Server(x=x, opt=self.optimizer.init(x))  # type: ignore[call-arg]
+    def init(self, variables: Tensors) -> Model:
+        return self.optimizer.init(variables["x"].clone())
 
-    def round(self, fed: Round, server: State) -> State:
-        mean = fed.local_steps({"x": server.x}, self.hp.local_steps)  # type: ignore[attr-defined]
-        x, opt = self.optimizer.step(server.x, server.x - mean.x, server.opt)  # type: ignore[attr-defined]
-        return self.Server(x=x, opt=opt)  # type: ignore[call-arg]
+    def round(self, fed: Round, server: Model) -> Model:  # type: ignore[override]
+        mean = fed.local_steps({"x": server.x}, self.hp.local_steps)
+        return self.optimizer.step(server, server.x - mean.x)
 
 
 @register_algorithm("fedavgm")
