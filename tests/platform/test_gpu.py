@@ -252,21 +252,23 @@ GPU_CASES = {
 }
 
 
+def _case_runs(tmp_path, case: str, *devices: str) -> list[Any]:
+    """The metrics of ``GPU_CASES[case]`` run once on each device, in order."""
+    preset, overrides = GPU_CASES[case]
+    return [_cuda_run(tmp_path, f"{device}-{i}", preset, overrides, device) for i, device in enumerate(devices)]
+
+
 @CUDA
 @pytest.mark.parametrize("case", sorted(GPU_CASES))
 def test_same_seed_same_numbers_run_to_run_on_cuda(tmp_path, case: str) -> None:
-    preset, overrides = GPU_CASES[case]
-    first = _cuda_run(tmp_path, "a", preset, overrides, "cuda")
-    second = _cuda_run(tmp_path, "b", preset, overrides, "cuda")
+    first, second = _case_runs(tmp_path, case, "cuda", "cuda")
     assert first.equals(second)
 
 
 @CUDA
 @pytest.mark.parametrize("case", sorted(GPU_CASES))
 def test_cpu_and_cuda_agree_to_the_stated_tolerance(tmp_path, case: str) -> None:
-    preset, overrides = GPU_CASES[case]
-    cpu = _cuda_run(tmp_path, "cpu", preset, overrides, "cpu")
-    gpu = _cuda_run(tmp_path, "gpu", preset, overrides, "cuda")
+    cpu, gpu = _case_runs(tmp_path, case, "cpu", "cuda")
     counters = [c for c in cpu.columns if np.issubdtype(cpu[c].dtype, np.integer)]
     assert cpu[counters].equals(gpu[counters])
     floats = [c for c in cpu.columns if np.issubdtype(cpu[c].dtype, np.floating)]
