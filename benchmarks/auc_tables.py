@@ -14,8 +14,11 @@ The papers' numbers come from EXPERIMENTS.md (E3, E10); the offline datasets are
 the presets), so the comparison is of orderings, not of values.
 
 ``--datasets`` / ``--periods`` run the preset's grid cut to those datasets / local periods p (a long preset in
-parts); ``--reuse`` tabulates each table cell (dataset, and p for Table 1) from the newest finished sweep folder
-of the preset that ran that cell with the preset's current grid, and names the folders it used.
+parts; the part's table is printed, not written); ``--reuse`` tabulates each table cell (dataset, and p for Table 1)
+from the newest finished sweep folder of the preset that ran that cell with the preset's current grid, and names the
+folders it used. AUC_TABLES.md has a section per preset, each with the revision and command that made it: a run
+rewrites the sections of the presets it tabulated and keeps the other as it was (``--only table1 --reuse``
+re-tabulates Table 1 alone).
 """
 
 from __future__ import annotations
@@ -59,6 +62,9 @@ TABLE2_METHODS = ("fedavg", "coda-plus", "fcsg", "fcsg-m", "acc-fcsg-m")
 PREVIOUS = "0d1b87d"
 """The revision whose AUC_TABLES.md holds the last run of the earlier, narrower grids (x steps / lr 0.1, 0.3 and
 0.03, 0.1, beta 0.1, 3 seeds)."""
+PRESETS = {"auc-table1-offline": "table1", "auprc-table2-offline": "table2"}
+"""The report's sections, in order, and the ``--only`` value of each."""
+PAPERS = "Papers' numbers for reference (EXPERIMENTS.md E10 and E3):"
 TABLE1_CELL = ["task.dataset", "algorithm.name", "algorithm.local_steps"]
 TABLE2_CELL = ["task.dataset", "algorithm.name"]
 TABLE1_PART = ["task.dataset", "algorithm.local_steps"]
@@ -335,7 +341,7 @@ def table2_orderings(best: pd.DataFrame, datasets: Sequence[str]) -> list[str]:
 
 
 def paper_tables() -> list[str]:
-    lines = ["Papers' numbers for reference (EXPERIMENTS.md E10 and E3):", "",
+    lines = [PAPERS, "",
              "| LocalSCGDAM Table 1 (AUC) | method | p = 4 | p = 8 | p = 16 |", "|---|---|---:|---:|---:|"]
     lines += [f"| {d} | {m} | " + " | ".join(f"{v:.3f}" for v in values) + " |" for (d, m), values in PAPER_TABLE1.items()]
     lines += ["", "| FCSG Table 2 (AP) | " + " | ".join(TABLE2_METHODS) + " |", "|---|" + "---:|" * len(TABLE2_METHODS)]
@@ -360,7 +366,7 @@ def coverage(preset: str, result: SweepResult, part_keys: list[str]) -> list[str
 
 
 def section(preset: str, result: SweepResult, folders: Sequence[Path], wall: float | None, part_keys: list[str],
-            tabulate: Callable[[SweepResult], list[str]]) -> list[str]:
+            tabulate: Callable[[SweepResult], list[str]], provenance: str) -> list[str]:
     trials = result.trials["trial"].nunique()
     took = f"trials' own wall times summed: {common.trials_seconds(result.trials) / 60:.1f} min"
     if wall is not None:
@@ -372,7 +378,9 @@ def section(preset: str, result: SweepResult, folders: Sequence[Path], wall: flo
                        for row in rows[part_keys].drop_duplicates().itertuples(index=False)})
         parts.append(f"- `{folder.name}`: {'; '.join(what)}")
     extended = [line for folder in folders for line in extension_summary(folder)]
-    return [f"## `{preset}` ({trials} trials, {took})", "", "Sweep folders, each giving the cells listed:", "", *parts, "",
+    return [f"## `{preset}` ({trials} trials, {took})", "",
+            f"{provenance}; mean ± std over {result.spec.seeds} seeds.", "",
+            "Sweep folders, each giving the cells listed:", "", *parts, "",
             *coverage(preset, result, part_keys), paper_table(result.trials, result.spec), *tabulate(result),
             *(["`--extend-edges` (the sweeps' own records):", "", *(f"- {line}" for line in extended), ""] if extended else [])]
 
@@ -393,8 +401,7 @@ def main() -> None:
     if args.periods:
         only["algorithm.local_steps"] = args.periods
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    sections: list[str] = []
-    seeds: set[int] = set()
+    sections: dict[str, list[str]] = {}
     for key, preset, part_keys, tabulate in (("table1", "auc-table1-offline", TABLE1_PART, table1_sections),
                                              ("table2", "auprc-table2-offline", TABLE2_PART, table2_sections)):
         if args.only and args.only != key:
@@ -403,37 +410,54 @@ def main() -> None:
         if args.reuse:
             found = merged(Path(args.out), preset, part_keys)
             if found is None:
-                sections += [f"## `{preset}`", "", f"Not re-run with the current preset (no finished `{preset}_*` "
-                             f"sweep under `{args.out}`; the earlier two-step grid's cells are in `git show {PREVIOUS}:benchmarks/AUC_TABLES.md`).", ""]
+                print(f"{preset}: no finished `{preset}_*` sweep under {args.out}; its section stays as it was")
                 continue
             result, folders = found
         else:
             spec = restrict(load_spec(preset), only) if only else preset
             result = fedcomp.sweep(spec, overrides={"run.out": args.out}, extend_edges=args.extend_edges, edge_cap=args.edge_cap)
             wall, folders = time.time() - started, [result.path]
-        seeds.add(result.spec.seeds)
-        sections += section(preset, result, folders, wall, part_keys, tabulate)
+        provenance = (f"{common.generated_by('Tabulated')}, from the sweep folders named below (run with the same preset)"
+                      if args.reuse else common.generated_by())
+        sections[preset] = section(preset, result, folders, wall, part_keys, tabulate, provenance)
         print(f"{preset}: {result.trials['trial'].nunique()} trials, {common.trials_seconds(result.trials):.0f} s of trials", flush=True)
-    text = [
-        "# Imbalanced classification offline: Table 1 (LocalSCGDAM) and Table 2 (FCSG, AUPRC)",
-        "",
-        (f"{common.generated_by('Tabulated')}, from the sweep folders named below (run with the same presets) "
-         if args.reuse else f"{common.generated_by()} ")
-        + "(settings and grids in the presets' comments; every number below comes from these runs). Cells: the "
-        f"best configuration of the preset's grid, mean ± std over {' / '.join(str(s) for s in sorted(seeds))} "
-        "seeds of the final metric; † (and ↑edge / ↓edge) marks a best configuration on the edge of a tuned axis.",
-        "",
-        *sections,
-        *paper_tables(),
-        "",
-    ]
     target = common.HERE / "AUC_TABLES.md"
-    if (args.only or only) and target.exists():  # keep the other table's sections from the last full run
-        print(f"--only: not overwriting {target}; printing instead")
-        print("\n".join(text))
+    if only and not args.reuse:  # a part of a preset: its table is incomplete, so it is shown, not published
+        print("--datasets / --periods: not writing AUC_TABLES.md (tabulate the parts with --reuse); printing instead")
+        print("\n".join(line for lines in sections.values() for line in lines))
         return
-    target.write_text("\n".join(text))
+    target.write_text(report(sections, target.read_text() if target.exists() else ""))
     print(f"wrote {target}")
+
+
+HEADER = [
+    "# Imbalanced classification offline: Table 1 (LocalSCGDAM) and Table 2 (FCSG, AUPRC)",
+    "",
+    "Each section is one preset's sweep (settings and grids in the presets' comments; every number comes from the "
+    "runs its section names). Cells: the best configuration of the preset's grid, mean ± std over seeds of the final "
+    "metric; † (and ↑edge / ↓edge) marks a best configuration on the edge of a tuned axis.",
+    "",
+]
+
+
+def report(sections: Mapping[str, list[str]], old: str = "") -> str:
+    """AUC_TABLES.md with these presets' sections; every other preset's section is kept from ``old`` (the report
+    as it was), so ``--only table1`` re-tabulates Table 1 and leaves Table 2 as its own run wrote it."""
+    kept = {preset: _old_section(old, preset) for preset in PRESETS}
+    body = [line for preset in PRESETS for line in (sections.get(preset) or kept[preset])]
+    return "\n".join([*HEADER, *body, *paper_tables(), ""])
+
+
+def _old_section(old: str, preset: str) -> list[str]:
+    """The lines of ``preset``'s section in the report ``old`` (from its heading to the next heading or the
+    papers' numbers), or a line saying it has none."""
+    lines = old.splitlines()
+    heading = f"## `{preset}`"
+    starts = [i for i, line in enumerate(lines) if line.startswith(heading)]
+    if not starts:
+        return [heading, "", f"Not tabulated yet: run `python benchmarks/auc_tables.py --only {PRESETS[preset]}`.", ""]
+    end = next((i for i, line in enumerate(lines) if i > starts[0] and (line.startswith("## ") or line == PAPERS)), len(lines))
+    return lines[starts[0]:end]
 
 
 if __name__ == "__main__":

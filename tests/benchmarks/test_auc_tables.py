@@ -65,3 +65,14 @@ def test_each_cell_comes_from_the_newest_folder_that_ran_it_with_the_current_gri
 
 def test_no_folder_of_the_preset_gives_none(tmp_path):
     assert auc_tables.merged(tmp_path, TABLE1, auc_tables.TABLE1_PART) is None
+
+
+def test_a_report_rewrites_the_tabulated_presets_sections_and_keeps_the_others():
+    table1 = ["## `auc-table1-offline` (new)", "", "new table 1", ""]
+    first = auc_tables.report({TABLE1: ["## `auc-table1-offline` (old)", "", "old table 1", ""],
+                               "auprc-table2-offline": ["## `auprc-table2-offline` (old)", "", "table 2", "| a |", ""]})
+    second = auc_tables.report({TABLE1: table1}, first)
+    assert "new table 1" in second and "old table 1" not in second
+    assert second.index("new table 1") < second.index("## `auprc-table2-offline` (old)\n\ntable 2\n| a |\n") < second.index(auc_tables.PAPERS)
+    assert auc_tables.report({}, second) == second  # nothing tabulated: every section kept as it was
+    assert "Not tabulated yet: run `python benchmarks/auc_tables.py --only table2`" in auc_tables.report({TABLE1: table1})
