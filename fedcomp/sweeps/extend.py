@@ -6,9 +6,11 @@ at the smallest or largest value tried of a tuned numeric grid axis, with the ne
 ratio or step, else x sqrt(10) -- clamped to the hyperparameter's bound). One **extension step** runs, for every
 such edge at once, that group's configurations at the edge value with the axis moved to the next value (every
 other axis value of the group kept, the sweep's seeds, the sweep's trial machinery: ``pack`` included); then the
-edges are judged again on all trials. An axis of a group is extended at most ``cap`` times (default
-:data:`DEFAULT_CAP`); an edge that remains says why: the cap, the bound, a joint axis (its keys are set together,
-so one of them cannot move alone), or nothing new to run.
+edges are judged again on all trials. A joint axis (keys set together, e.g. ``gamma_x,gamma_y``) moves as one:
+when every key of it is an edge of the group with a next value, each key steps to its own next value at once
+(``(100, 100) -> (316, 316)``); one of its keys cannot move alone. An axis of a group is extended at most ``cap``
+times (default :data:`DEFAULT_CAP`); an edge that remains says why: the cap, the bound, a joint axis one of whose
+keys has no next value or is no edge, or nothing new to run.
 
 Everything lives in the sweep's folder: step ``k`` is Tune experiment ``extend-<k>/`` (its rows also in
 ``extend-<k>/rows.parquet``), ``extend.json`` records the cap, each step's edges and points and whether it
@@ -58,7 +60,8 @@ def check_options(spec: SweepSpec, extend_edges: bool, edge_cap: int | None) -> 
 
 @dataclass(frozen=True)
 class Move:
-    """One axis of one group moved one value past its edge in one step."""
+    """One axis of one group moved one value past its edge in one step. A joint axis is named by its keys
+    (``"a,b"``) and its ``start`` and ``to`` are tuples of their values, in the same order."""
 
     group: tuple[tuple[str, Any], ...]
     axis: str
@@ -66,12 +69,25 @@ class Move:
     start: Any
     to: Any
 
+    @property
+    def keys(self) -> list[str]:
+        return self.axis.split(",")
+
+    def values(self, which: Any) -> tuple[Any, ...]:
+        """``start`` or ``to`` as one value per key."""
+        return tuple(which) if len(self.keys) > 1 else (which,)
+
     def to_json(self) -> dict[str, Any]:
-        return {"group": [list(kv) for kv in self.group], "axis": self.axis, "side": self.side, "from": self.start, "to": self.to}
+        def plain(v: Any) -> Any:
+            return list(v) if len(self.keys) > 1 else v
+        return {"group": [list(kv) for kv in self.group], "axis": self.axis, "side": self.side,
+                "from": plain(self.start), "to": plain(self.to)}
 
     @staticmethod
     def from_json(data: Mapping[str, Any]) -> Move:
-        return Move(tuple((k, v) for k, v in data["group"]), data["axis"], data["side"], data["from"], data["to"])
+        def value(v: Any) -> Any:
+            return tuple(v) if isinstance(v, list) else v
+        return Move(tuple((k, v) for k, v in data["group"]), data["axis"], data["side"], value(data["from"]), value(data["to"]))
 
 
 @dataclass
@@ -120,21 +136,43 @@ def plan(trials: pd.DataFrame, spec: SweepSpec, steps: Sequence[Mapping[str, Any
     known = known_points(spec, steps)
     out = Plan()
     for edge in edges:
-        count = sum(1 for m in done if m.axis == edge.axis and same_group(m.group, edge.group))
+        keys = _joint_keys(spec, partners.get(edge.axis, frozenset([edge.axis])))
+        together = [next((e for e in edges if e.axis == k and same_group(e.group, edge.group)), None) for k in keys]
+        if edge.kind == "grid" and len(keys) > 1 and edge is not next(e for e in together if e is not None):
+            continue  # a joint axis is judged once, at its first key with an edge, for all its keys
+        axis = ",".join(keys)
+        count = sum(1 for m in done if m.axis == axis and same_group(m.group, edge.group))
+        why = None
         if edge.kind != "grid":
-            out.remaining.append((edge, "an Optuna range"))
-        elif len(partners.get(edge.axis, ())) > 1:
-            out.remaining.append((edge, f"a joint axis ({','.join(sorted(partners[edge.axis]))}): its keys move together"))
+            why = "an Optuna range"
+        elif len(keys) > 1 and any(e is None or e.next is None for e in together):
+            stuck = [f"{k} is no edge" if e is None else f"{k} is at the bound ({e.bound})" if e.bound else f"{k} has no next value"
+                     for k, e in zip(keys, together) if e is None or e.next is None]
+            why = f"a joint axis ({','.join(sorted(keys))}): its keys move together, and {', '.join(stuck)}"
         elif edge.next is None:
-            out.remaining.append((edge, f"at the bound ({edge.bound})" if edge.bound else "no next value"))
+            why = f"at the bound ({edge.bound})" if edge.bound else "no next value"
         elif count >= cap:
-            out.remaining.append((edge, f"cap of {cap} extension{'s' if cap > 1 else ''} reached"))
-        elif not _moved_points(spec, known, [move := Move(edge.group, edge.axis, edge.side, _plain(edge.value), _plain(edge.next))]):
-            out.remaining.append((edge, "nothing new to run (the next value was tried)"))
+            why = f"cap of {cap} extension{'s' if cap > 1 else ''} reached"
         else:
-            out.moves.append(move)
+            start, to = (tuple(_plain(e.value) for e in together if e), tuple(_plain(e.next) for e in together if e))
+            move = Move(edge.group, axis, edge.side, *((start, to) if len(keys) > 1 else (start[0], to[0])))
+            if _moved_points(spec, known, [move]):
+                out.moves.append(move)
+            else:
+                why = "nothing new to run (the next value was tried)"
+        if why is not None:
+            out.remaining += [(e, why) for e in (together if len(keys) > 1 else [edge]) if e is not None]
     out.points = _moved_points(spec, known, out.moves)
     return out
+
+
+def _joint_keys(spec: SweepSpec, partners: frozenset[str]) -> list[str]:
+    """The keys of a joint axis in the order the sweep file names them (a lone axis: itself)."""
+    for grid in spec.grids:
+        for axis in grid:
+            if set(axis.split(",")) == partners:
+                return axis.split(",")
+    return sorted(partners)
 
 
 def _moved_points(spec: SweepSpec, known: Sequence[Mapping[str, Any]], moves: Sequence[Move]) -> list[dict[str, Any]]:
@@ -147,9 +185,10 @@ def _moved_points(spec: SweepSpec, known: Sequence[Mapping[str, Any]], moves: Se
     while changed:
         changed = False
         for move in moves:
+            start, to = move.values(move.start), move.values(move.to)
             for point in [*pool, *new]:
-                if _in_group(spec, point, move.group) and same_value(point.get(move.axis), move.start):
-                    moved = {**point, move.axis: move.to}
+                if _in_group(spec, point, move.group) and all(same_value(point.get(k), v) for k, v in zip(move.keys, start)):
+                    moved = {**point, **dict(zip(move.keys, to))}
                     if moved in pool or moved in new or moved in rejected:
                         continue
                     if _valid(spec, moved):
@@ -236,6 +275,11 @@ def _who(group: Sequence[tuple[str, Any]]) -> str:
     return f"{name} at {where}" if where and name else (name or where or "the sweep")
 
 
+def _fmt_values(values: tuple[Any, ...]) -> str:
+    """One axis' value as the summary prints it; a joint axis' values as ``(a, b)``."""
+    return _fmt(values[0]) if len(values) == 1 else "(" + ", ".join(_fmt(v) for v in values) + ")"
+
+
 def summary(trials: pd.DataFrame, spec: SweepSpec, steps: Sequence[Mapping[str, Any]], cap: int) -> list[str]:
     """The report's lines: each extended axis of each group (how far, in how many steps, and where its best is
     now), then each edge that remains and why."""
@@ -251,10 +295,11 @@ def summary(trials: pd.DataFrame, spec: SweepSpec, steps: Sequence[Mapping[str, 
             continue
         seen.append(key)
         chain = [m for m in moves if same_group(m.group, move.group) and m.axis == move.axis and m.side == move.side]
-        values = " → ".join(_fmt(v) for v in [chain[0].start, *(m.to for m in chain)])
+        values = " → ".join(_fmt_values(move.values(v)) for v in [chain[0].start, *(m.to for m in chain)])
         row = next((r for _, r in best.iterrows() if same_group(tuple((k, r[k]) for k in by), move.group)), None)
-        now = "" if row is None or missing(row[move.axis]) else f"; best now {_fmt(_plain(row[move.axis]))}"
-        still = any(same_group(e.group, move.group) and e.axis == move.axis for e, _ in remaining)
+        now = ("" if row is None or any(missing(row[k]) for k in move.keys)
+               else f"; best now {_fmt_values(tuple(_plain(row[k]) for k in move.keys))}")
+        still = any(same_group(e.group, move.group) and e.axis in move.keys for e, _ in remaining)
         lines.append(f"extended: {_who(move.group)} {move.axis} {'upward' if move.side == 'high' else 'downward'} "
                      f"in {len(chain)} step{'s' if len(chain) > 1 else ''}: {values}{now}"
                      f"{' (still an edge)' if still else ' (interior)'}")

@@ -206,8 +206,28 @@ def test_a_joint_axis_and_a_bound_are_left_and_say_why():
     assert step.points == [] and step.moves == []
     assert sorted((e.axis, why) for e, why in step.remaining) == [
         ("algorithm.beta", "at the bound (algorithm.beta <= 1)"),
-        ("algorithm.local_steps", "a joint axis (algorithm.local_steps,run.rounds): its keys move together"),
-        ("run.rounds", "a joint axis (algorithm.local_steps,run.rounds): its keys move together")]
+        ("algorithm.local_steps", JOINT_STUCK), ("run.rounds", JOINT_STUCK)]
+
+
+JOINT_STUCK = "a joint axis (algorithm.local_steps,run.rounds): its keys move together, and run.rounds is at the bound (run.rounds >= 1)"
+
+
+def test_a_joint_axis_moves_all_its_keys_at_once_until_one_of_them_cannot():
+    spec = load_spec({**BASE, "grid": {"algorithm.name": ["fcsg-m"], "algorithm.lr,algorithm.beta": [[0.01, 0.1], [0.03, 0.3]]}})
+    points = [{"algorithm.name": "fcsg-m", "algorithm.lr": lr, "algorithm.beta": b} for lr, b in [(0.01, 0.1), (0.03, 0.3)]]
+    score, steps = peak({"fcsg-m": 1.0}), []  # the larger the lr, the better: the optimum is past the grid
+    while (step := plan(frame(points, score), spec, steps, DEFAULT_CAP)).points:
+        assert [(m.axis, len(step.points)) for m in step.moves] == [("algorithm.lr,algorithm.beta", 1)]  # never one key alone
+        steps.append({"moves": [m.to_json() for m in step.moves], "points": step.points, "done": True})
+        points += step.points
+    # each key steps by its own ratio (x3) at once; beta's 2.7 is clamped to its bound 1, after which it cannot move
+    assert [(round(p["algorithm.lr"], 12), p["algorithm.beta"]) for p in points[2:]] == [(0.09, 0.9), (0.27, 1.0)]
+    lines = summary(frame(points, score), spec, steps, DEFAULT_CAP)
+    assert lines[0] == ("extended: fcsg-m algorithm.lr,algorithm.beta upward in 2 steps: (0.03, 0.3) → (0.09, 0.9) → "
+                        "(0.27, 1); best now (0.27, 1) (still an edge)")
+    assert lines[1:] == [f"edge remains: fcsg-m {key} = {value} (largest tried): a joint axis (algorithm.beta,algorithm.lr): "
+                         "its keys move together, and algorithm.beta is at the bound (algorithm.beta <= 1)"
+                         for key, value in (("algorithm.lr", 0.27), ("algorithm.beta", 1))]
 
 
 @pytest.mark.ray
