@@ -11,9 +11,10 @@ many small runs), then writes
   and a curve-variability measure) and the verdicts on the paper's qualitative claims, all computed here;
 * a figure (default ``benchmarks/figure1.png``): the 3x3 grid of mean test accuracy (+- std band) vs rounds.
 
-One lr (from the paper's grid {0.01, 0.005, 0.001}) and one beta (from {0.001, 0.01, 0.1, 0.5, 0.9}) are
-used for every panel. ``--pilot`` picks them first from a small grid search on a seed that is not used by
-the main runs (see ``pilot`` below); ``--lr``/``--beta`` fix them by hand instead.
+One lr (from the paper's grid {0.01, 0.005, 0.001}, widened past its edge when the best lr sits there) and one
+beta (from {0.001, 0.01, 0.1, 0.5, 0.9}, likewise) are used for every panel. ``--pilot`` picks them first from a
+small grid search on a seed that is not used by the main runs (see ``pilot`` below); ``--lr``/``--beta`` fix them
+by hand instead.
 
 Usage (from the repository root)::
 
@@ -41,6 +42,10 @@ INNER_BATCHES = (1, 10, 100)
 NOISE_RATIOS = (1.0, 1.5, 2.0)
 ALGORITHMS = ("fcsg", "fcsg-m")
 LABELS = {"fcsg": "FCSG", "fcsg-m": "FCSG-M"}
+LR_UP = (0.02, 0.05, 0.1, 0.2, 0.5)  # past the paper's lr grid, tried while the best lr is the largest so far
+LR_DOWN = (0.0005, 0.0002)
+BETA_UP = (1.0,)  # beta = 1 is FCSG
+BETA_DOWN = (0.0001,)
 PILOT_PANELS = ((1, 2.0), (10, 1.5))  # (m, noise ratio): the hardest panel and the centre panel
 PILOT_SEED = 1000  # disjoint from the main runs' seeds 0..S-1
 
@@ -91,39 +96,71 @@ def pilot(rounds: int, out: str, log) -> tuple[float, float, list[str]]:
 
     Score of a run = mean test accuracy over the second half of its rounds (less noisy than the last point),
     averaged over the pilot panels. lr = argmax over the lr grid of (FCSG score + best FCSG-M score over
-    beta) / 2; beta = the best FCSG-M beta at that lr.
+    beta) / 2; beta = the best FCSG-M beta at that lr. A best lr on an edge of the paper's grid adds the next
+    value past it (LR_UP / LR_DOWN) until it is interior; a best beta on an edge of its grid likewise
+    (BETA_UP / BETA_DOWN, at the chosen lr only), so neither choice is an artefact of the grid's ends.
     """
     score: dict[tuple, float] = {}
-    for lr in LR_GRID:
+    lrs: list[float] = []
+    betas = list(BETA_GRID)
+
+    def run(algo: str, lr: float, beta: float | None) -> None:
+        values = [float(second_half(run_one(algo, m, ratio, PILOT_SEED, lr, beta or 1.0, rounds, out)).mean())
+                  for m, ratio in PILOT_PANELS]
+        score[(algo, lr, beta)] = float(np.mean(values))
+        log(f"pilot {algo:7s} lr={lr:<6} beta={beta!s:<6} score={score[(algo, lr, beta)]:.4f}")
+
+    def add_lr(lr: float) -> None:
+        lrs.append(lr)
         for algo, beta in [("fcsg", None), *(("fcsg-m", b) for b in BETA_GRID)]:
-            values = []
-            for m, ratio in PILOT_PANELS:
-                curve = run_one(algo, m, ratio, PILOT_SEED, lr, beta or 1.0, rounds, out)
-                values.append(float(second_half(curve).mean()))
-            score[(algo, lr, beta)] = float(np.mean(values))
-            log(f"pilot {algo:7s} lr={lr:<6} beta={beta!s:<6} score={score[(algo, lr, beta)]:.4f}")
-    best_beta = {lr: max(BETA_GRID, key=lambda b: score[("fcsg-m", lr, b)]) for lr in LR_GRID}
-    combined = {lr: (score[("fcsg", lr, None)] + score[("fcsg-m", lr, best_beta[lr])]) / 2 for lr in LR_GRID}
-    lr = max(LR_GRID, key=lambda v: combined[v])
-    beta = best_beta[lr]
+            run(algo, lr, beta)
+
+    def best_beta(lr: float) -> float:
+        return max((b for b in betas if ("fcsg-m", lr, b) in score), key=lambda b: score[("fcsg-m", lr, b)])
+
+    def combined(lr: float) -> float:
+        return (score[("fcsg", lr, None)] + score[("fcsg-m", lr, best_beta(lr))]) / 2
+
+    for lr in LR_GRID:
+        add_lr(lr)
+    lr = common.extend_past_edges(lambda: max(lrs, key=combined), lambda: lrs, add_lr, LR_UP, LR_DOWN)
+    assert lr is not None
+
+    def add_beta(beta: float) -> None:
+        betas.append(beta)
+        run("fcsg-m", lr, beta)
+
+    beta = common.extend_past_edges(lambda: best_beta(lr), lambda: [b for b in betas if ("fcsg-m", lr, b) in score],
+                                    add_beta, BETA_UP, BETA_DOWN)
+    assert beta is not None
+    tried_betas = [b for b in betas if ("fcsg-m", lr, b) in score]
+    edges = [f"{name} = {value:g} is the {'largest' if value == max(values) else 'smallest'} value tried"
+             for name, value, values in (("lr", lr, lrs), ("beta", beta, tried_betas)) if value in (min(values), max(values))]
 
     panels = ", ".join(f"m = {m}, sigma2/sigma1 = {r:g}" for m, r in PILOT_PANELS)
+    shown = sorted(set(betas))
     lines = [
         f"Pilot: seed {PILOT_SEED} (not one of the main runs' seeds), {rounds} rounds, panels ({panels}). "
         "Score = mean test accuracy over the second half of the rounds, averaged over the pilot panels. "
         "lr (shared by both algorithms) = argmax of (FCSG score + best FCSG-M score) / 2; "
-        "beta = best FCSG-M beta at that lr.",
+        "beta = best FCSG-M beta at that lr. The paper's grids are lr {0.01, 0.005, 0.001} and beta "
+        "{0.001, 0.01, 0.1, 0.5, 0.9}; a best value on a grid's edge added the next value past it "
+        f"(lr: {', '.join(f'{v:g}' for v in LR_UP)} upward, {', '.join(f'{v:g}' for v in LR_DOWN)} downward; "
+        f"beta at the chosen lr: {', '.join(f'{v:g}' for v in BETA_UP)} upward, "
+        f"{', '.join(f'{v:g}' for v in BETA_DOWN)} downward) until the best was interior.",
         "",
-        "| lr | FCSG | " + " | ".join(f"FCSG-M beta={b:g}" for b in BETA_GRID) + " | combined |",
-        "|---|---|" + "---|" * len(BETA_GRID) + "---|",
+        "| lr | FCSG | " + " | ".join(f"FCSG-M beta={b:g}" for b in shown) + " | combined |",
+        "|---|---|" + "---|" * len(shown) + "---|",
     ]
-    for v in LR_GRID:
+    for v in sorted(lrs, reverse=True):
         cells = [f"{score[('fcsg', v, None)]:.4f}"]
-        for b in BETA_GRID:
-            text = f"{score[('fcsg-m', v, b)]:.4f}"
+        for b in shown:
+            text = f"{score[('fcsg-m', v, b)]:.4f}" if ("fcsg-m", v, b) in score else "–"
             cells.append(f"**{text}**" if (v, b) == (lr, beta) else text)
-        lines.append(f"| {v:g} | " + " | ".join(cells) + f" | {combined[v]:.4f} |")
-    lines += ["", f"Chosen: **lr = {lr:g}, beta = {beta:g}**."]
+        lines.append(f"| {v:g} | " + " | ".join(cells) + f" | {combined(v):.4f} |")
+    where = ("both interior to the values tried" if not edges
+             else "still on an edge (the ladder ran out): " + "; ".join(edges))
+    lines += ["", f"Chosen: **lr = {lr:g}, beta = {beta:g}** ({where})."]
     return lr, beta, lines
 
 
