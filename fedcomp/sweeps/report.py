@@ -11,7 +11,16 @@ from typing import Any
 import pandas as pd
 
 from fedcomp.platform import results
-from fedcomp.sweeps.edges import EXTEND_JSON, Edge, edge_column, edges_of, find_edges, matches, missing as _missing
+from fedcomp.sweeps.edges import (
+    EXTEND_JSON,
+    Edge,
+    _plain,
+    edge_column,
+    edges_of,
+    find_edges,
+    matches,
+    missing as _missing,
+)
 from fedcomp.sweeps.spec import SweepSpec
 
 
@@ -105,6 +114,8 @@ def paper_table(trials: pd.DataFrame, spec: SweepSpec, metric: str | None = None
     _, edges = best_and_edges(trials, spec, metric, by=[*rows, column])
     marked: list[Edge] = []
     columns = list(dict.fromkeys(v for v in trials[column] if not _missing(v)))
+    if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in map(_plain, columns)):
+        columns.sort(key=_plain)  # numeric columns (p = 4, 8, 16) in order, whatever order the trials ran in
     label = column.split(".", 1)[1]
     blocks = []
     for name in shown:

@@ -81,3 +81,11 @@ def test_a_cell_whose_every_configuration_diverged_says_so():
     frame.loc[(frame["algorithm.name"] == "fcsg") & (frame["algorithm.local_steps"] == 4) & (frame["run.seed"] == 0)
               & (frame["round"] == 2), "test_accuracy"] = float("nan")
     assert "| fcsg | diverged | 0.6305 ± 0.0007 † |" in paper_table(frame, load_spec(SPEC)).splitlines()
+
+
+def test_numeric_columns_are_in_order_whatever_order_the_trials_ran_in():
+    frame = trials()
+    reversed_rows = pd.concat([frame[frame["algorithm.local_steps"] == 8], frame[frame["algorithm.local_steps"] == 4]])
+    lines = paper_table(reversed_rows, load_spec(SPEC)).splitlines()
+    assert "| name | local_steps = 4 | local_steps = 8 |" in lines
+    assert "| fcsg | 0.5905 ± 0.0007 † | 0.6305 ± 0.0007 † |" in lines
