@@ -158,6 +158,8 @@ class Cluster:
 
     def _start(self, head: bool) -> int:
         ports = free_ports(9)
+        while any(ports[2] <= port <= ports[2] + 60 for i, port in enumerate(ports) if i != 2):
+            ports = free_ports(9)  # Ray refuses a component port inside the worker ports' range
         args = [RAY, "start", "--block", "--num-cpus", "1", "--num-gpus", "0", "--node-ip-address", "127.0.0.1",
                 "--object-manager-port", str(ports[0]), "--node-manager-port", str(ports[1]),
                 "--min-worker-port", str(ports[2]), "--max-worker-port", str(ports[2] + 60),
