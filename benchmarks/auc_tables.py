@@ -388,7 +388,7 @@ def section(preset: str, result: SweepResult, folders: Sequence[Path], wall: flo
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="results", help="where the sweeps write their folders")
-    parser.add_argument("--only", choices=["table1", "table2"])
+    parser.add_argument("--only", choices=sorted(PRESETS.values()))
     parser.add_argument("--reuse", action="store_true", help="load the newest sweep of each preset under --out instead of running it")
     parser.add_argument("--extend-edges", action="store_true", help="run the sweeps with --extend-edges")
     parser.add_argument("--edge-cap", type=int, default=None, help="with --extend-edges: extensions per axis and cell")
@@ -402,9 +402,9 @@ def main() -> None:
         only["algorithm.local_steps"] = args.periods
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     sections: dict[str, list[str]] = {}
-    for key, preset, part_keys, tabulate in (("table1", "auc-table1-offline", TABLE1_PART, table1_sections),
-                                             ("table2", "auprc-table2-offline", TABLE2_PART, table2_sections)):
-        if args.only and args.only != key:
+    for preset, part_keys, tabulate in (("auc-table1-offline", TABLE1_PART, table1_sections),
+                                        ("auprc-table2-offline", TABLE2_PART, table2_sections)):
+        if args.only and args.only != PRESETS[preset]:
             continue
         started, wall = time.time(), None
         if args.reuse:

@@ -130,12 +130,13 @@ def pilot(rounds: int, out: str, log) -> tuple[float, float, list[str]]:
         betas.append(beta)
         run("fcsg-m", lr, beta)
 
-    beta = common.extend_past_edges(lambda: best_beta(lr), lambda: [b for b in betas if ("fcsg-m", lr, b) in score],
-                                    add_beta, BETA_UP, BETA_DOWN)
+    def tried_betas() -> list[float]:
+        return [b for b in betas if ("fcsg-m", lr, b) in score]
+
+    beta = common.extend_past_edges(lambda: best_beta(lr), tried_betas, add_beta, BETA_UP, BETA_DOWN)
     assert beta is not None
-    tried_betas = [b for b in betas if ("fcsg-m", lr, b) in score]
     edges = [f"{name} = {value:g} is the {'largest' if value == max(values) else 'smallest'} value tried"
-             for name, value, values in (("lr", lr, lrs), ("beta", beta, tried_betas)) if value in (min(values), max(values))]
+             for name, value, values in (("lr", lr, lrs), ("beta", beta, tried_betas())) if value in (min(values), max(values))]
 
     panels = ", ".join(f"m = {m}, sigma2/sigma1 = {r:g}" for m, r in PILOT_PANELS)
     shown = sorted(set(betas))
@@ -143,8 +144,8 @@ def pilot(rounds: int, out: str, log) -> tuple[float, float, list[str]]:
         f"Pilot: seed {PILOT_SEED} (not one of the main runs' seeds), {rounds} rounds, panels ({panels}). "
         "Score = mean test accuracy over the second half of the rounds, averaged over the pilot panels. "
         "lr (shared by both algorithms) = argmax of (FCSG score + best FCSG-M score) / 2; "
-        "beta = best FCSG-M beta at that lr. The paper's grids are lr {0.01, 0.005, 0.001} and beta "
-        "{0.001, 0.01, 0.1, 0.5, 0.9}; a best value on a grid's edge added the next value past it "
+        f"beta = best FCSG-M beta at that lr. The paper's grids are lr {{{', '.join(f'{v:g}' for v in LR_GRID)}}} and beta "
+        f"{{{', '.join(f'{v:g}' for v in BETA_GRID)}}}; a best value on a grid's edge added the next value past it "
         f"(lr: {', '.join(f'{v:g}' for v in LR_UP)} upward, {', '.join(f'{v:g}' for v in LR_DOWN)} downward; "
         f"beta at the chosen lr: {', '.join(f'{v:g}' for v in BETA_UP)} upward, "
         f"{', '.join(f'{v:g}' for v in BETA_DOWN)} downward) until the best was interior.",
