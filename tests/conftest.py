@@ -56,6 +56,30 @@ def ray_session():
     ray.shutdown()
 
 
+@pytest.fixture
+def keeping(ray_session):
+    """Ray actors kept from one run to the next within the test (see :func:`kept_actors`), killed at its end."""
+    from fedcomp.actors import kept
+
+    kept.keep_between_runs()
+    yield
+    kept.keep_between_runs(False)
+
+
+@pytest.fixture(scope="module")
+def kept_actors(ray_session):
+    """Ray actors kept from one run to the next within a test module (:mod:`fedcomp.actors.kept`, what a Tune
+    trial process does): each run rebuilds them from its own config, so a parity test on them also checks that
+    kept actors give fresh ones' numbers, and the module starts its actor processes once, not per test (about
+    4 s a test on 2 cores). Kept actors hold the cluster's CPUs, so not in a module whose later tests start Ray
+    work from another process or actors of their own."""
+    from fedcomp.actors import kept
+
+    kept.keep_between_runs()
+    yield
+    kept.keep_between_runs(False)
+
+
 def small(**overrides):
     """Overrides for a fast invariant-logreg run (4 clients, q = 5, 3 rounds, local backend)."""
     base = {

@@ -82,7 +82,7 @@ def test_python_dash_m_and_list():
 
 @pytest.mark.slow
 def test_process_killed_between_rounds_resumes_to_the_same_numbers(tmp_path):
-    over = ["--set", "federation.backend=local", "--set", "run.rounds=40", "--set", "run.checkpoint_every=3",
+    over = ["--set", "federation.backend=local", "--set", "run.rounds=12", "--set", "run.checkpoint_every=3",
             "--set", "run.eval_every=1", "--set", "run.progress=none", "--set", "task.test_samples=5000"]
     killed_root, ref_root = tmp_path / "killed", tmp_path / "ref"
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -92,14 +92,14 @@ def test_process_killed_between_rounds_resumes_to_the_same_numbers(tmp_path):
         deadline = time.time() + 120
         while time.time() < deadline and not list(killed_root.glob("*/checkpoint.pt")):
             time.sleep(0.05)
-        time.sleep(0.3)  # let it get a few rounds past the first checkpoint
+        time.sleep(0.3)  # let it get into the round after the first checkpoint (a round takes about 0.4 s here)
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait()
     (run_dir,) = killed_root.iterdir()
     assert json.loads((run_dir / "run.json").read_text())["status"] == "running"  # it really was cut short
     done = pd.read_parquet(run_dir / "metrics.parquet")["round"].max()
-    assert 0 < done < 40
+    assert 0 < done < 12
 
     assert main(["run", "--resume", str(run_dir)]) == 0
     assert json.loads((run_dir / "run.json").read_text())["status"] == "completed"

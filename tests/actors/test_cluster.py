@@ -272,7 +272,7 @@ def test_without_an_address_a_run_starts_its_own_ray_and_never_joins_a_running_c
 # -- the session's local Ray ----------------------------------------------------------------------------------
 
 @pytest.mark.ray
-def test_ray_and_local_give_bit_identical_numbers_train_loss_included(ray_session, tmp_path):
+def test_ray_and_local_give_bit_identical_numbers_train_loss_included(keeping, tmp_path):
     base = {**overrides(FAST), "run.out": str(tmp_path)}
     local = fedcomp.run("quickstart", {**base, "federation.backend": "local"}).metrics.drop(columns="wall_time")
     # two even actors, uneven packing (3 + 3 + 2), and the server in the driver's process

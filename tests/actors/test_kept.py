@@ -11,7 +11,6 @@ import time
 import pytest
 import torch
 
-from fedcomp.actors import kept
 from fedcomp.actors.server_actor import RayServer
 from fedcomp.platform.config import load_config
 from fedcomp.platform.federation import LocalFederation
@@ -19,13 +18,6 @@ from fedcomp.platform.server import Server
 from tests.conftest import small
 
 pytestmark = pytest.mark.ray
-
-
-@pytest.fixture
-def keeping():
-    kept.keep_between_runs()
-    yield
-    kept.keep_between_runs(False)
 
 
 def config(server: str, seed: int, lr: float):

@@ -32,7 +32,7 @@ CLASSIFICATION = {"name": "dro-classification", "dataset": "breast-cancer", "obj
         ("parallel-pdsgd", CLASSIFICATION, {"lr": 0.05, "outer_batch": 8}, 3),
     ],
 )
-def test_same_numbers_on_local_and_ray(ray_session, tmp_path, algorithm, task, extra, per_round):
+def test_same_numbers_on_local_and_ray(kept_actors, tmp_path, algorithm, task, extra, per_round):
     raw = {"task": task, "algorithm": {"name": algorithm, **extra},
            "federation": {"clients": 4, "clients_per_round": per_round, "backend": "local"},
            "run": {"rounds": 3, "progress": "none", "out": str(tmp_path)}}
