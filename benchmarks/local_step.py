@@ -83,9 +83,9 @@ def main(argv: list[str] | None = None) -> int:
         "machine: other work inflates every column alike, the runners alternate within each repeat).", "",
         f"FedAvg, {COHORT} clients per round, {LOCAL_STEPS} local SGD steps of batch 16, lr 0.05, {args.rounds} "
         f"rounds, median over rounds then over {args.repeats} repeats; one torch thread. `before` = in-place "
-        "steps switched off (the previous revision's path), `after` = as built, `optim` = `torch.optim.SGD` on "
-        "the module's parameters. Hashes: final weights (before and after must agree bit for bit; optim's "
-        "fused `p += -lr g` rounds once, so it differs in the last bits).", "",
+        "steps switched off (the pure, out-of-place step), `after` = as built, `optim` = `torch.optim.SGD` on "
+        "the module's parameters. Hashes: final weights (all three agree bit for bit: fedcomp's step is "
+        "torch.optim's fused `p += -lr g`, rounded once).", "",
         "| workload | before (ms/round) | after (ms/round) | optim (ms/round) | before (ms/step) | after (ms/step) "
         "| optim (ms/step) | speed-up | after / optim | final weights sha256 (before / after / optim) |",
         "|:---|---:|---:|---:|---:|---:|---:|---:|---:|:---|",

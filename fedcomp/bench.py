@@ -13,8 +13,9 @@ One workload -- FedAvg on ``synthetic-classification`` (an MLP on Gaussian-mixtu
   averaging -- so its final weights are the reference the other runners' weights are compared with;
 * ``optim``: the usual PyTorch way -- the same cohorts and batches, each client's steps taken by
   ``torch.optim.SGD`` on an ``nn.Module``'s own parameters in place (``zero_grad``, ``backward``, ``step``),
-  the float64 average accumulated from the parameters. ``torch.optim``'s fused ``param += -lr * grad`` rounds
-  once where ``x - lr * g`` rounds twice, so its weights differ from the others' in the last bits.
+  the float64 average accumulated from the parameters. Its step ``param += -lr * grad`` is the fused
+  multiply-add fedcomp's SGD step takes, so its final weights are the others' bit for bit: the same
+  arithmetic, done the usual way.
 
 fedcomp's runners are driven through :func:`fedcomp.api.make_server` (no result folders are written), so
 start-up (server construction, including the Ray actors' start) is timed apart from the rounds. Ray itself
@@ -47,7 +48,7 @@ from fedcomp.platform.errors import PlatformError
 
 RUNNERS = ("ray", "local", "plain", "optim")
 DEFAULT_RUNNERS = ("ray", "local", "plain")
-"""What runs without ``--runners``: ``optim`` is asked for by name (its weights differ from the others' in the last bits)."""
+"""What runs without ``--runners``: ``optim`` (the same weights, the usual PyTorch way) is asked for by name."""
 ACTORS = 2
 """Client actors of the Ray runner: the registered clients are packed ``ceil(clients / ACTORS)`` to one."""
 FEATURES, CLASSES, DEFAULT_HIDDEN = 32, 10, (64,)
@@ -152,7 +153,7 @@ def run_plain(config: Config, repeat: int) -> Measurement:
                 xg = xc.detach().requires_grad_(True)
                 loss = problem.loss(xg, batch)
                 (grad,) = torch.autograd.grad(loss, xg)
-                xc = xc - lr * grad
+                xc = torch.add(xc, grad, alpha=-lr)  # x - lr g rounded once, as fedcomp's and torch.optim's step
                 loss_sum += float(loss.detach()) / q
             total += xc.double()
         x = (total / len(cohort)).float()

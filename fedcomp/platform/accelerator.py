@@ -56,14 +56,19 @@ def configure(device: str | torch.device, deterministic: bool) -> dict[str, Any]
 
 def exact_sums(outputs: Sequence[Mapping[str, Tensor]], keys: Sequence[str]) -> np.ndarray:
     """The float64 sum over ``outputs`` (in order) of each output's ``keys`` flattened and concatenated, as a
-    host array: accumulated on the outputs' device, one copy to the host at the end."""
+    host array: accumulated on the outputs' device in one float64 buffer that each output's tensors are added
+    into (widened exactly on the way, no flat copy per output), one copy to the host at the end."""
     if not keys:
         return np.zeros(0, np.float64)
-    total: Tensor | None = None
-    for out in outputs:
-        flat = torch.cat([out[k].detach().reshape(-1) for k in keys]).to(torch.float64)
-        total = flat if total is None else total.add_(flat)
-    assert total is not None, "exact_sums needs at least one output"
+    assert outputs, "exact_sums needs at least one output"
+    first = [outputs[0][k].detach() for k in keys]
+    total = torch.empty(sum(t.numel() for t in first), dtype=torch.float64, device=first[0].device)
+    parts = total.split([t.numel() for t in first])
+    for part, t in zip(parts, first):
+        part.copy_(t.reshape(-1))
+    for out in outputs[1:]:
+        for part, k in zip(parts, keys):
+            part.add_(out[k].detach().reshape(-1))
     return total.cpu().numpy()
 
 

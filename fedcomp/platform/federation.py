@@ -257,7 +257,7 @@ class ClientHost:
                 start = self.algorithm.start_state(broadcast)
                 if self.model is not None:
                     start[BUFFERS] = self.model.initial_buffers().to(self.device)
-            state = self.algorithm.begin({**start, **{k: v.clone() for k, v in broadcast.items()}})
+            state = self.algorithm.begin({**start, **broadcast})  # programs never write the broadcast: in-place steps copy what they write
             if self.model is not None and down is not None and down.numel():
                 state[BUFFERS] = down.clone()
             starts.append(state)

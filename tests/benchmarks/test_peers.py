@@ -51,7 +51,7 @@ def test_workload_data_is_seeded_and_is_what_fedcomp_trains_on():
                 batch = (torch.from_numpy(a["features"][r, j, rows]), torch.from_numpy(a["labels"][r, j, rows]))
                 xg = xc.detach().requires_grad_(True)
                 (grad,) = torch.autograd.grad(task.loss(xg, batch), xg)
-                xc = xc - bench.LR * grad
+                xc = torch.add(xc, grad, alpha=-bench.LR)  # the fused step fedcomp and torch.optim take
             total += xc.double()
         x = (total / a["cohorts"].shape[1]).float()
     assert bench.weights_hash(x) == bench.weights_hash(bench.run_plain(config, 0).final)

@@ -28,9 +28,10 @@ from fedcomp.platform.algorithms.base import (
     CommonHParams,
     LocalSteps,
     Tensors,
+    descend,
+    descend_,
     grad_and_loss,
     grad_and_loss_pieces,
-    scaled_into,
     sgd_step,
     sgd_step_,
 )
@@ -111,7 +112,7 @@ class FCSGM(_FCSGBase):
     def update(self, problem: ConditionalProblem, state: ModelMomentum, batch: tuple[Any, ...], step: int) -> tuple[ModelMomentum, Tensor]:
         grad, loss = grad_and_loss(problem, state.x, *batch)
         u = grad if step == 0 else (1 - self.hp.beta) * state.u + self.hp.beta * grad
-        return ModelMomentum(x=state.x - self.hp.lr * u, u=u), loss
+        return ModelMomentum(x=descend(state.x, u, self.hp.lr), u=u), loss
 
     def update_(self, problem: ConditionalProblem, state: ModelMomentum, batch: tuple[Any, ...], step: int) -> tuple[ModelMomentum, Tensor]:
         grad, loss = grad_and_loss_pieces(problem, state.x, *batch)
@@ -122,7 +123,7 @@ class FCSGM(_FCSGBase):
             torch._foreach_mul_(u, 1 - self.hp.beta)
             torch._foreach_mul_(grad, self.hp.beta)
             torch._foreach_add_(u, grad)
-        torch._foreach_sub_(grad.of(state.x), scaled_into(grad, u, self.hp.lr))
+        descend_(grad.of(state.x), u, self.hp.lr)
         return state, loss
 
 
@@ -154,7 +155,7 @@ class AccFCSGM(_FCSGBase):
         else:
             grad_prev, _ = grad_and_loss(problem, state.x_prev, *batch)
             u = grad + (1 - self.hp.beta) * (state.u - grad_prev)
-        return AccClient(x=state.x - self.hp.lr * u, u=u, x_prev=state.x), loss
+        return AccClient(x=descend(state.x, u, self.hp.lr), u=u, x_prev=state.x), loss
 
     def update_(self, problem: ConditionalProblem, state: AccClient, batch: tuple[Any, ...], step: int) -> tuple[AccClient, Tensor]:
         grad, loss = grad_and_loss_pieces(problem, state.x, *batch)
@@ -170,5 +171,5 @@ class AccFCSGM(_FCSGBase):
             torch._foreach_mul_(u, 1 - self.hp.beta)
             torch._foreach_add_(u, grad)
         state.x_prev.copy_(state.x)
-        torch._foreach_sub_(grad.of(state.x), scaled_into(grad, grad.of(state.u), self.hp.lr))
+        descend_(grad.of(state.x), grad.of(state.u), self.hp.lr)
         return state, loss

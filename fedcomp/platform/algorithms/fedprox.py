@@ -21,7 +21,15 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
-from fedcomp.platform.algorithms.base import CommonHParams, LocalSteps, Tensors, grad_and_loss, grad_and_loss_pieces
+from fedcomp.platform.algorithms.base import (
+    CommonHParams,
+    LocalSteps,
+    Tensors,
+    descend,
+    descend_,
+    grad_and_loss,
+    grad_and_loss_pieces,
+)
 from fedcomp.platform.params import Params
 from fedcomp.platform.problems import PLAIN, PlainProblem
 from fedcomp.platform.registry import register_algorithm
@@ -64,7 +72,7 @@ class FedProx(LocalSteps[ProxClient, Model]):
 
     def update(self, problem: PlainProblem, state: ProxClient, batch: tuple[Any, ...], step: int) -> tuple[ProxClient, Tensor]:
         grad, loss = grad_and_loss(problem, state.x, *batch)
-        return state.replace(x=state.x - self.hp.lr * (grad + self.hp.mu * (state.x - state.anchor))), loss
+        return state.replace(x=descend(state.x, grad + self.hp.mu * (state.x - state.anchor), self.hp.lr)), loss
 
     def update_(self, problem: PlainProblem, state: ProxClient, batch: tuple[Any, ...], step: int) -> tuple[ProxClient, Tensor]:
         grad, loss = grad_and_loss_pieces(problem, state.x, *batch)
@@ -72,6 +80,5 @@ class FedProx(LocalSteps[ProxClient, Model]):
         pull = torch._foreach_sub(x, grad.of(state.anchor))
         torch._foreach_mul_(pull, self.hp.mu)
         torch._foreach_add_(grad, pull)
-        torch._foreach_mul_(grad, self.hp.lr)
-        torch._foreach_sub_(x, grad)
+        descend_(x, grad, self.hp.lr)
         return state, loss

@@ -25,9 +25,10 @@ from fedcomp.platform.algorithms.base import (
     CommonHParams,
     LocalSteps,
     Tensors,
+    descend,
+    descend_,
     grad_and_loss,
     grad_and_loss_pieces,
-    scaled_into,
 )
 from fedcomp.platform.params import Params
 from fedcomp.platform.problems import PLAIN, PlainProblem
@@ -85,14 +86,14 @@ class LocalSGDM(LocalSteps[ModelMomentum, State]):
     def update(self, problem: PlainProblem, state: ModelMomentum, batch: tuple[Any, ...], step: int) -> tuple[ModelMomentum, Tensor]:
         grad, loss = grad_and_loss(self._loss(problem, state), state.x, *batch)
         buf = self.hp.momentum * state.buf + grad
-        return state.replace(x=state.x - self.hp.lr * buf, buf=buf), loss
+        return state.replace(x=descend(state.x, buf, self.hp.lr), buf=buf), loss
 
     def update_(self, problem: PlainProblem, state: ModelMomentum, batch: tuple[Any, ...], step: int) -> tuple[ModelMomentum, Tensor]:
         grad, loss = grad_and_loss_pieces(self._loss(problem, state), state.x, *batch)
         buf = grad.of(state.buf)
         torch._foreach_mul_(buf, self.hp.momentum)
         torch._foreach_add_(buf, grad)
-        torch._foreach_sub_(grad.of(state.x), scaled_into(grad, buf, self.hp.lr))
+        descend_(grad.of(state.x), buf, self.hp.lr)
         return state, loss
 
     def _loss(self, problem: Any, state: ModelMomentum) -> Any:

@@ -37,7 +37,7 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
-from fedcomp.platform.algorithms.base import CommonHParams, LocalSteps, Tensors
+from fedcomp.platform.algorithms.base import CommonHParams, LocalSteps, Tensors, descend
 from fedcomp.platform.errors import ConfigError
 from fedcomp.platform.oracles import inner_value_vjp, outer_grad
 from fedcomp.platform.params import Params
@@ -168,7 +168,7 @@ class LocalSCGD(_SCGDBase):
 
     def update(self, problem: CompositionalProblem, state: SCGDState, batch: Any, step: int) -> tuple[SCGDState, Tensor]:
         z, u, loss = self._gradient(problem, state.x, state.u, _first(state, step), batch)
-        return _known(state.replace(x=state.x - self.hp.lr * z, u=u)), loss
+        return _known(state.replace(x=descend(state.x, z, self.hp.lr), u=u)), loss
 
 
 class LocalSCGDOwnInner(LocalSCGD):
@@ -207,7 +207,7 @@ class LocalSCGDM(_SCGDBase):
     def update(self, problem: CompositionalProblem, state: SCGDMState, batch: Any, step: int) -> tuple[SCGDMState, Tensor]:
         z, u, loss = self._gradient(problem, state.x, state.u, _first(state, step), batch)
         m = z if step == 0 else (1 - self.hp.beta) * state.m + self.hp.beta * z
-        return _known(state.replace(x=state.x - self.hp.lr * m, u=u, m=m)), loss
+        return _known(state.replace(x=descend(state.x, m, self.hp.lr), u=u, m=m)), loss
 
 
 class LocalSCGDMOwnInner(LocalSCGDM):
