@@ -175,8 +175,9 @@ class Algorithm(ABC, Generic[C, S]):
 
     def join(self, broadcast: Tensors) -> C:
         """A client's state the first time it takes part, from the first broadcast it receives; by default the
-        broadcast fields (an algorithm with private fields that start otherwise overrides this)."""
-        return self.Client.of(self.begin({k: v.clone() for k, v in broadcast.items()}))  # type: ignore[return-value]
+        broadcast fields themselves: no program writes the tensors it is given (an in-place step copies the
+        fields it writes first). An algorithm with private fields that start otherwise overrides this."""
+        return self.Client.of(self.begin(dict(broadcast)))  # type: ignore[return-value]
 
     @abstractmethod
     def round(self, fed: Round, server: S) -> S:
