@@ -4,6 +4,9 @@
 PYTHON ?= python3
 VENV ?= .venv
 STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
+# Two test processes: the Ray tests are one group (tests/conftest.py), run by one of them in order while the
+# other takes the rest. PARALLEL= runs the suite in one process.
+PARALLEL ?= -n 2 --dist loadgroup
 
 .PHONY: run test check bench clean
 
@@ -17,10 +20,10 @@ run: $(STAMP)
 	$(VENV)/bin/fedcomp run quickstart
 
 test: $(STAMP)
-	RAY_AUTH_MODE=disabled $(VENV)/bin/python -m pytest
+	RAY_AUTH_MODE=disabled $(VENV)/bin/python -m pytest $(PARALLEL)
 
 check: $(STAMP)
-	RAY_AUTH_MODE=disabled $(VENV)/bin/python -m pytest -m "not slow and (not ray or smoke)"
+	RAY_AUTH_MODE=disabled $(VENV)/bin/python -m pytest $(PARALLEL) -m "not slow and (not ray or smoke)"
 
 bench: $(STAMP)
 	$(VENV)/bin/fedcomp bench

@@ -1,5 +1,5 @@
 """`fedcomp bench` smoke tests: tiny arguments through the CLI; the table has a row per runner and client
-count, and fedcomp's final weights are bit-identical to the plain PyTorch loop's (same numbers)."""
+count, and fedcomp's final weights are bit-identical to the plain PyTorch loop's and torch.optim's (same numbers)."""
 
 from __future__ import annotations
 
@@ -38,9 +38,13 @@ def check(out: str, runners: list[str]) -> dict[tuple[str, int], dict[str, str]]
     return rows
 
 
-def test_bench_local_and_plain_loop_give_the_same_weights(capsys):
-    assert main([*TINY, "--runners", "local", "plain"]) == 0
-    check(capsys.readouterr().out, ["local", "plain"])
+@pytest.mark.parametrize("hidden", [["64"], ["400", "256"]], ids=["pure-steps", "in-place-steps"])
+def test_bench_local_plain_loop_and_torch_optim_give_the_same_weights(capsys, hidden):
+    """fedcomp's SGD step is torch.optim's fused ``p += -lr g``: the local backend, the plain loop and
+    ``torch.optim.SGD`` on an ``nn.Module`` end on the same bits, with the out-of-place step (a small MLP) and
+    the in-place one (118k parameters, over ``IN_PLACE_MIN_FLOATS``)."""
+    assert main([*TINY, "--hidden", *hidden, "--runners", "local", "plain", "optim"]) == 0
+    check(capsys.readouterr().out, ["local", "plain", "optim"])
 
 
 @pytest.mark.slow
