@@ -311,34 +311,6 @@ def _owner(cls: type, name: str) -> type:
     return next(k for k in cls.__mro__ if name in vars(k))
 
 
-def descend(x: Tensor, direction: Tensor, lr: float | Tensor) -> Tensor:
-    """``x - lr * direction`` as one fused multiply-add (rounded once, as ``torch.optim.SGD``'s
-    ``p.add_(d, alpha=-lr)``): one pass over x where the two-step product and difference take two, and the
-    same bits whether x is whole, cut into pieces (:func:`descend_`) or batched under ``vmap`` -- where
-    configurations stepped in lockstep each bring their own ``lr`` as a tensor. A new tensor."""
-    if isinstance(lr, Tensor):  # float64 in lockstep: rounded to x's dtype, as ``alpha`` is
-        return torch.addcmul(x, direction, lr.to(x.dtype), value=-1)
-    return torch.add(x, direction, alpha=-lr)
-
-
-def descend_(x: list[Tensor], direction: list[Tensor], lr: float) -> None:
-    """:func:`descend` in place on each piece of x (the same bits)."""
-    torch._foreach_add_(x, direction, alpha=-lr)
-
-
-def sgd_step(problem: Any, x: Tensor, batch: tuple[Any, ...], lr: float) -> tuple[Tensor, Tensor]:
-    """One SGD step on the problem's loss at x: ``(x - lr grad, loss)`` (:func:`descend`), a new tensor."""
-    grad, loss = grad_and_loss(problem, x, *batch)
-    return descend(x, grad, lr), loss
-
-
-def sgd_step_(problem: Any, x: Tensor, batch: tuple[Any, ...], lr: float) -> Tensor:
-    """:func:`sgd_step` in place on x (the same bits); returns the loss."""
-    grad, loss = grad_and_loss_pieces(problem, x, *batch)
-    descend_(grad.of(x), grad, lr)
-    return loss
-
-
 def batch_size(batch: Any) -> int:
     """Examples in a batch (a tuple whose last item is a tensor of labels); 1 for data-free problems."""
     if isinstance(batch, (tuple, list)) and batch and isinstance(batch[-1], Tensor) and batch[-1].dim() > 0:

@@ -24,17 +24,8 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
-from fedcomp.platform.algorithms.base import (
-    CommonHParams,
-    LocalSteps,
-    Tensors,
-    descend,
-    descend_,
-    grad_and_loss,
-    grad_and_loss_pieces,
-    sgd_step,
-    sgd_step_,
-)
+from fedcomp.platform.algorithms.base import CommonHParams, LocalSteps, Tensors, grad_and_loss, grad_and_loss_pieces
+from fedcomp.platform.algorithms.steps import descend, descend_, sgd_step, sgd_step_
 from fedcomp.platform.problems import CONDITIONAL, ConditionalProblem
 from fedcomp.platform.registry import register_algorithm
 from fedcomp.platform.state import Model, State

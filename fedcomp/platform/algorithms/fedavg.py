@@ -17,13 +17,8 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
-from fedcomp.platform.algorithms.base import (
-    CommonHParams,
-    LocalSteps,
-    Tensors,
-    sgd_step,
-    sgd_step_,
-)
+from fedcomp.platform.algorithms.base import CommonHParams, LocalSteps, Tensors
+from fedcomp.platform.algorithms.steps import sgd_step, sgd_step_
 from fedcomp.platform.problems import PLAIN, PlainProblem
 from fedcomp.platform.registry import register_algorithm
 from fedcomp.platform.rounds import Round

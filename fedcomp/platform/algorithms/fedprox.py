@@ -21,15 +21,8 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
-from fedcomp.platform.algorithms.base import (
-    CommonHParams,
-    LocalSteps,
-    Tensors,
-    descend,
-    descend_,
-    grad_and_loss,
-    grad_and_loss_pieces,
-)
+from fedcomp.platform.algorithms.base import CommonHParams, LocalSteps, Tensors, grad_and_loss, grad_and_loss_pieces
+from fedcomp.platform.algorithms.steps import descend, descend_
 from fedcomp.platform.params import Params
 from fedcomp.platform.problems import PLAIN, PlainProblem
 from fedcomp.platform.registry import register_algorithm

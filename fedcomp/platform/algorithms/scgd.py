@@ -37,7 +37,8 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
-from fedcomp.platform.algorithms.base import CommonHParams, LocalSteps, Tensors, descend
+from fedcomp.platform.algorithms.base import CommonHParams, LocalSteps, Tensors
+from fedcomp.platform.algorithms.steps import descend
 from fedcomp.platform.errors import ConfigError
 from fedcomp.platform.oracles import inner_value_vjp, outer_grad
 from fedcomp.platform.params import Params
