@@ -67,14 +67,18 @@ def ray_session():
     ray.shutdown()
 
 
-@pytest.fixture
-def keeping(ray_session):
-    """Ray actors kept from one run to the next within the test (see :func:`kept_actors`), killed at its end."""
+def _keep_actors():
     from fedcomp.actors import kept
 
     kept.keep_between_runs()
     yield
     kept.keep_between_runs(False)
+
+
+@pytest.fixture
+def keeping(ray_session):
+    """Ray actors kept from one run to the next within the test (see :func:`kept_actors`), killed at its end."""
+    yield from _keep_actors()
 
 
 @pytest.fixture(scope="module")
@@ -84,11 +88,7 @@ def kept_actors(ray_session):
     kept actors give fresh ones' numbers, and the module starts its actor processes once, not per test (about
     4 s a test on 2 cores). Kept actors hold the cluster's CPUs, so not in a module whose later tests start Ray
     work from another process or actors of their own."""
-    from fedcomp.actors import kept
-
-    kept.keep_between_runs()
-    yield
-    kept.keep_between_runs(False)
+    yield from _keep_actors()
 
 
 def small(**overrides):
