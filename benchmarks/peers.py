@@ -2,12 +2,12 @@
 same loop with ``torch.optim.SGD`` stepping an ``nn.Module`` in place, pfl 0.6 and Flower 1.42 (Ray simulation),
 each run in its own process; writes ``benchmarks/RESULTS.md``.
 
-    python benchmarks/peers.py [--quick] [--repeats N] [--runners ray ray-driver local plain optim pfl flower]
+    python benchmarks/peers.py [--quick] [--repeats N] [--runners ray ray-driver ray-home local plain optim pfl flower]
                                [--no-install] [--bench-dir DIR] [--results PATH|-]
 
-Every runner is a subprocess started from ``benchmarks/peers/`` (fedcomp's five in this virtualenv, pfl in
+Every runner is a subprocess started from ``benchmarks/peers/`` (fedcomp's six in this virtualenv, pfl in
 this virtualenv with its packages on PYTHONPATH, Flower in its own virtualenv), so start-up and the memory
-of the whole process tree are measured the same way for all seven. The peers are installed under
+of the whole process tree are measured the same way for all eight. The peers are installed under
 ``--bench-dir`` (default ``.bench/`` in the checkout) on first use; ``--no-install`` fails in one line
 (exit 2) instead. The workload, the machine description and the table come from :mod:`fedcomp.bench`
 (``fedcomp bench``), so both benchmarks measure the same thing and describe it the same way.
@@ -60,8 +60,9 @@ from fedcomp.platform.server import sample_cohort
 
 PEERS = HERE / "peers"
 """The runners' scripts."""
-PEER_RUNNERS = ("ray", "ray-driver", "local", "plain", "optim", "pfl", "flower")
-RUNNER_LABELS = {"ray": "fedcomp ray", "ray-driver": "fedcomp ray, server in driver", "local": "fedcomp local",
+PEER_RUNNERS = ("ray", "ray-driver", "ray-home", "local", "plain", "optim", "pfl", "flower")
+RUNNER_LABELS = {"ray": "fedcomp ray", "ray-driver": "fedcomp ray, server in driver",
+                 "ray-home": "fedcomp ray, clients at home", "local": "fedcomp local",
                  "plain": "plain PyTorch", "optim": "torch.optim loop", "pfl": "pfl", "flower": "Flower"}
 SINGLE_PROCESS = ("local", "plain", "optim")
 """Runners that are one process whatever the worker count: run once per workload, shown at 1 worker."""
@@ -323,7 +324,7 @@ def runner_command(runner: str, workers: int, spec: Any, out: Any, flower_python
     """The command line that starts ``runner`` with ``workers`` workers on the workload ``spec``."""
     peers = PEERS
     tail = ["--workload", str(spec), "--out", str(out)]
-    if runner in ("ray", "ray-driver", "local", "plain", "optim"):
+    if runner in ("ray", "ray-driver", "ray-home", "local", "plain", "optim"):
         return [sys.executable, str(peers / "fedcomp_runner.py"), "--runner", runner, *tail]
     if runner == "pfl":
         if workers == 1:
@@ -453,7 +454,7 @@ def peer_target_lines(runs: list[PeerRun], round_s: dict[tuple[str, str, int], f
     if overhead:
         lines.append(f"- fedcomp Ray overhead over the plain loop <= {TARGET_OVERHEAD_MS:g} ms/round: " + ", ".join(overhead))
     against_pfl = [f"{runner} {w.model}/{w.clients}c/{w.rounds}r {round_s[(runner, w.key, 2)] / round_s[('pfl', w.key, 2)]:.2f}x"
-                   for w, n in keys if n == 2 for runner in ("ray", "ray-driver")
+                   for w, n in keys if n == 2 for runner in ("ray", "ray-driver", "ray-home")
                    if (runner, w.key, 2) in round_s and ("pfl", w.key, 2) in round_s]
     if against_pfl:
         lines.append(f"- fedcomp Ray's round time / pfl's at 2 workers <= {TARGET_PFL_RATIO:g}x: " + ", ".join(against_pfl))

@@ -61,10 +61,11 @@ TARGET_RATIO = 0.10
 
 def bench_config(
     clients: int, cohort: int, rounds: int, local_steps: int, hidden: Sequence[int], backend: str,
-    actors: int = ACTORS, server: str = "actor",
+    actors: int = ACTORS, server: str = "actor", routing: str = "balanced",
 ) -> Config:
     """The benchmark workload as a validated fedcomp config (Ray: clients packed into ``actors`` actors, the
-    round program in a server actor or, ``server="driver"``, in the driver's process)."""
+    round program in a server actor or, ``server="driver"``, in the driver's process; cohort members spread
+    evenly over the actors or, ``routing="home"``, run by the actor hosting them)."""
     return load_config(
         {
             "task": {"name": "synthetic-classification", "features": FEATURES, "classes": CLASSES,
@@ -76,6 +77,7 @@ def bench_config(
                 "backend": backend,
                 "clients_per_actor": math.ceil(clients / actors),
                 "server": server,
+                "routing": routing,
             },
             "run": {"seed": SEED, "rounds": rounds, "progress": "none"},
         }
@@ -210,15 +212,19 @@ def weights_hash(x: torch.Tensor) -> str:
     return hashlib.sha256(x.detach().cpu().float().contiguous().numpy().tobytes()).hexdigest()[:12]
 
 
-def busier_share(clients: int, cohort: int, rounds: int) -> float:
-    """Mean over the rounds of the cohort members hosted by the busiest Ray client actor (load balance)."""
+def busier_share(clients: int, cohort: int, rounds: int, routing: str = "balanced") -> float:
+    """Mean over the rounds of the cohort members run by the busiest Ray client actor (load balance), as the
+    Ray backend's router assigns them (FedAvg leaves no private state: after round 0, ``balanced`` spreads them)."""
+    from fedcomp.actors.routing import Router
     from fedcomp.platform.server import sample_cohort
 
     per = math.ceil(clients / ACTORS)
+    router = Router([range(i, min(i + per, clients)) for i in range(0, clients, per)], routing)
     shares = []
     for r in range(rounds):
-        members = sample_cohort(SEED, r, clients, min(cohort, clients))
-        shares.append(max(sum(1 for c in members if c // per == a) for a in range(ACTORS)))
+        members = router.assign("local_steps", sample_cohort(SEED, r, clients, min(cohort, clients)))
+        router.learn("local_steps", members, dict.fromkeys(members, False))
+        shares.append(max(len(m) for m in members.values()))
     return statistics.fmean(shares)
 
 
@@ -459,8 +465,10 @@ def _bench(args: argparse.Namespace, clients: list[int], runners: list[str], hid
     )
     lines = [*machine_lines(ray_cpus, ray_start, load_before), workload, timing]
     if "ray" in runners:
-        lines.append("ray: clients of a round's cohort on the busier of the 2 actors (mean over rounds): " + ", ".join(
-            f"{busier_share(n, args.cohort, args.rounds):.2f} of {min(args.cohort, n)} at {n} clients" for n in clients
+        lines.append("ray: clients of a round's cohort on the busier of the 2 actors (mean over rounds; by home actor "
+                     "in brackets): " + ", ".join(
+            f"{busier_share(n, args.cohort, args.rounds):.2f} ({busier_share(n, args.cohort, args.rounds, 'home'):.2f}) "
+            f"of {min(args.cohort, n)} at {n} clients" for n in clients
         ))
     lines.append("")
     lines += render(columns, rows, args.markdown)

@@ -35,6 +35,7 @@ ALLOWED = (
     "federation.cpus_per_actor",
     "federation.gpus_per_client",
     "federation.ray_address",
+    "federation.routing",
     "federation.actor_timeout_s",
     "federation.max_retries",
 )

@@ -33,6 +33,7 @@ from fedcomp.actors.cluster import (
     plan_actors,
     probe_footprint_on_cluster,
 )
+from fedcomp.actors.routing import Router
 from fedcomp.platform.algorithms.base import Outcome, Tensors
 from fedcomp.platform.config import Config
 from fedcomp.platform.errors import ClientFailure, PlatformError, ResourceError
@@ -97,7 +98,7 @@ class RayFederation:
         probe = config.federation.gpu_packing == "auto" and resources.get("GPU", 0.0) > 0
         footprint = probe_footprint_on_cluster(config, self.timeout) if probe else None
         self.plan: ActorPlan = plan_actors(config.federation, resources, cluster_nodes(), footprint)
-        self.owner = {c: i for i, group in enumerate(self.plan.groups) for c in group}
+        self.router = Router(self.plan.groups, config.federation.routing)
         self.incarnations = [0] * len(self.plan.groups)
         self.actors = [self._spawn(i) for i in range(len(self.plan.groups))]
         kept.release()  # kept actors this run could not use would hold resources its own actors wait for
@@ -110,8 +111,8 @@ class RayFederation:
         """Client -> the object holding its latest saved private state (the reply of the last saving call)."""
         self.replay: list[tuple[dict[int, list[int]], Submit]] = []
         """The steps of the exchange in progress since its start: what a replacement actor re-runs to catch up."""
-        self.exchange: tuple[int, dict[int, list[int]]] = (-1, {})
-        """The round of the exchange in progress, and each actor's members of its cohort."""
+        self.exchange: tuple[str, int, dict[int, list[int]]] = ("", -1, {})
+        """The program and round of the exchange in progress, and each actor's members of its cohort."""
         self.restarts = 0
         self.replacements: list[dict[str, Any]] = []
         """Replaced actors not yet taken by :meth:`take_replacements`: round (1-based), actor, clients, reason."""
@@ -136,7 +137,7 @@ class RayFederation:
                                   "incarnation": self.incarnations[i], "reason": reason})
         self.actors[i] = self._spawn(i)
         self.placement[i] = wait_ready([self.actors[i]], [self._describe(i)], self.timeout)[0]
-        mine = self._private_of([c for c in self.plan.groups[i] if c in self.private_refs])
+        mine = self._private_of(self.router.held_by(i))
         if mine:
             ray.get(self.actors[i].load_private.remote(mine))
         for members, submit in self.replay:  # catch up on the steps since the last saving call
@@ -161,34 +162,31 @@ class RayFederation:
 
     def call(self, program: str, round: int, cohort: list[int], payload: Tensors, sub: int = 0) -> Outcome:
         message, ref, layout = self._message("run", payload, program=program, round=round, sub=sub)
-        return self._step(self._submit(message, ref), self._members(cohort), round, layout.total, saving=True)
+        return self._step(self._submit(message, ref), program, self.router.assign(program, cohort), round, layout.total,
+                          saving=True)
 
     def begin(self, program: str, round: int, cohort: list[int], payload: Tensors, sub: int = 0, last: bool = False) -> Outcome:
         message, ref, layout = self._message("begin", payload, program=program, round=round, sub=sub, last=last)
-        members = self._members(cohort)
-        self.exchange = (round, members)
-        return self._step(self._submit(message, ref), members, round, layout.total, saving=last)
+        members = self.router.assign(program, cohort)
+        self.exchange = (program, round, members)
+        return self._step(self._submit(message, ref), program, members, round, layout.total, saving=last)
 
     def resume(self, means: Tensors, last: bool = False) -> Outcome:
         message, ref, layout = self._message("resume", means, last=last)
-        round, members = self.exchange
-        return self._step(self._submit(message, ref), members, round, layout.total, saving=last)
+        program, round, members = self.exchange
+        return self._step(self._submit(message, ref), program, members, round, layout.total, saving=last)
 
     @staticmethod
     def _submit(message: bytes, ref: Any) -> Submit:
         """The call on one actor (``ClientActor.step``) with its members of the cohort: the same message for all."""
         return lambda actor, clients: actor.step.remote(message, ref, clients)
 
-    def _members(self, cohort: list[int]) -> dict[int, list[int]]:
-        """Each actor's members of ``cohort``, in cohort order."""
-        members: dict[int, list[int]] = {}
-        for c in cohort:
-            members.setdefault(self.owner[c], []).append(c)
-        return members
-
-    def _step(self, submit: Submit, members: dict[int, list[int]], round: int, floats_down: int, saving: bool) -> Outcome:
+    def _step(
+        self, submit: Submit, program: str, members: dict[int, list[int]], round: int, floats_down: int, saving: bool
+    ) -> Outcome:
         """Run ``submit`` on every actor with members, replacing dead actors (up to ``max_retries`` times);
-        log the step for replay unless it saves the clients' state; combine the partials in actor order."""
+        log the step for replay unless it saves the clients' state (then tell the router where private state is
+        now); combine the partials in actor order."""
         partials: dict[int, Partial] = {}
         todo = sorted(members)
         for attempt in range(self.config.federation.max_retries + 1):
@@ -205,6 +203,10 @@ class RayFederation:
             todo = sorted(failed)
         if saving:
             self.replay = []
+            left = {i: p.has_private for i, p in partials.items()}
+            self.router.learn(program, members, left)
+            for c in (c for i in members if not left[i] for c in members[i]):
+                self.private_refs.pop(c, None)
         else:
             self.replay.append((members, submit))
         started = time.perf_counter()
@@ -271,18 +273,18 @@ class RayFederation:
     def load_private_states(self, states: dict[int, Tensors]) -> None:
         self.private_refs = {}
         refs = []
-        for i, actor in enumerate(self.actors):
-            mine = {c: s for c, s in states.items() if self.owner[c] == i}
-            if mine:
-                refs.append(actor.load_private.remote(mine))
-                held = ray.put(mine)
-                self.private_refs.update({c: held for c in mine})
+        for i, clients in self.router.place(list(states)).items():
+            mine = {c: states[c] for c in clients}
+            refs.append(self.actors[i].load_private.remote(mine))
+            held = ray.put(mine)
+            self.private_refs.update({c: held for c in mine})
         ray.get(refs, timeout=self.timeout)
 
     def describe(self) -> dict[str, Any]:
         return {
             "name": "ray",
             "server": self.config.federation.server,
+            "routing": self.config.federation.routing,
             "client_actors": len(self.actors),
             "clients_per_actor": self.plan.packing.get("clients_per_actor", self.config.federation.clients_per_actor),
             **({"gpu_packing": self.plan.packing} if self.plan.packing else {}),

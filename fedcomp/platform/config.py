@@ -66,6 +66,12 @@ class FederationConfig(Params):
         description="Ray backend: the round program runs in a server actor next to the client actors, or in the "
         "driver's own process (one process fewer and no driver -> server hop; the same numbers)",
     )
+    routing: Literal["balanced", "home"] = Field(
+        "balanced",
+        description="Ray backend: which actor runs a cohort member: 'balanced' spreads the members without private "
+        "state evenly over the actors (a round waits for its busiest actor), 'home' always uses the actor hosting the "
+        "client; the same numbers either way",
+    )
     ray_address: str | None = Field(None, description="existing cluster to join (else RAY_ADDRESS, else local)")
     actor_timeout_s: float = Field(120.0, gt=0, description="deadline for actors to start or answer a round")
     max_retries: int = Field(3, ge=0, description="times a round is retried after a client actor dies")
