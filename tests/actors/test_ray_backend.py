@@ -45,6 +45,44 @@ def test_partial_participation_same_on_ray(ray_session, tmp_path):
     pd.testing.assert_frame_equal(metrics(ray_run), reference, rtol=0, atol=1e-6)
 
 
+@pytest.mark.parametrize("name, private", [("fcsg-m", False), ("acc-fcsg-m", True)])
+def test_balanced_routing_spreads_clients_without_private_state_and_keeps_every_number(keeping, name, private):
+    """A cohort of 4 from 8 clients hosted 4 + 4: FCSG-M's clients (nothing private) run 2 + 2 on any actor,
+    Acc-FCSG-M's (each keeps its previous iterate x_prev) where their state is; both give the local numbers bit for bit,
+    checkpoints included."""
+    from fedcomp.actors.federation import RayFederation
+    from fedcomp.platform.server import Server
+
+    over = small(**{"algorithm.name": name, "federation.clients": 8, "federation.clients_per_round": 4,
+                    "run.rounds": 4})
+    local = fedcomp.api.make_server(load_config("quickstart", over))
+    expected = [{k: v for k, v in local.run_round().items() if k != "wall_time"} for _ in range(4)]
+    server = Server(load_config("quickstart", {**over, "federation.backend": "ray", "federation.clients_per_actor": 4}),
+                    RayFederation)
+    router = server.federation.router
+    calls: list[dict[int, list[int]]] = []
+    assign = router.assign
+    router.assign = lambda program, cohort: calls.append(assign(program, cohort)) or calls[-1]  # type: ignore[method-assign]
+    try:
+        got = [{k: v for k, v in server.run_round().items() if k != "wall_time"} for _ in range(4)]
+        checkpoint = server.checkpoint()
+    finally:
+        server.close()
+    assert got == expected
+    want = local.checkpoint()
+    assert torch.equal(checkpoint["state"]["x"], want["state"]["x"])
+    assert sorted(checkpoint["private"]) == sorted(want["private"])
+    for client, state in want["private"].items():
+        assert all(torch.equal(checkpoint["private"][client][k], v) for k, v in state.items())
+    moved = [c for members in calls for i, clients in members.items() for c in clients if c // 4 != i]
+    if private:
+        assert router.stateful and not router.free and not moved
+        assert sorted(router.holder) == sorted(want["private"])
+    else:
+        assert router.free and not router.holder and not want["private"] and moved
+        assert all(sorted(map(len, members.values())) == [2, 2] for members in calls[1:])
+
+
 @pytest.mark.slow
 def test_killed_client_actor_is_replaced_and_its_round_retried(ray_session, monkeypatch):
     over = small(**{"federation.clients": 8, "federation.clients_per_actor": 4, "algorithm.name": "acc-fcsg-m",
