@@ -91,6 +91,17 @@ def kept_actors(ray_session):
     yield from _keep_actors()
 
 
+def record_routing(server):
+    """The Ray backend's routing of each federation call of ``server`` (actor -> clients), appended as it runs;
+    stays empty for a server without a router in this process (local backend, server actor)."""
+    calls = []
+    router = getattr(getattr(server, "federation", None), "router", None)
+    if router is not None:
+        assign = router.assign
+        router.assign = lambda program, cohort: calls.append(assign(program, cohort)) or calls[-1]
+    return calls
+
+
 def small(**overrides):
     """Overrides for a fast invariant-logreg run (4 clients, q = 5, 3 rounds, local backend)."""
     base = {

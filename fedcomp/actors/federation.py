@@ -2,11 +2,13 @@
 
 Per call: the payload is packed into one flat float32 buffer and ``ray.put`` once (small ones are inlined
 in the call, pickled once with the call's other arguments into one message for every actor); every actor
-that hosts cohort members gets it and returns one float64 partial sum over its clients; replies are collected
+that runs cohort members (:class:`~fedcomp.actors.routing.Router` says which: members without private state
+are spread evenly) gets it and returns one float64 partial sum over them; replies are collected
 with ``ray.wait`` under a deadline and combined in actor order (so the averages do not depend on arrival order
-or packing). An actor that dies is replaced by a fresh one that gets its clients' private state back from the
-object store (each reply leaves a copy there), and only its share of the round is run again -- which gives
-the same numbers as an undisturbed round, because every random draw is keyed by (seed, client, step).
+or packing). An actor that dies is replaced by a fresh one that gets the private state it held back from the
+object store (each reply leaves a copy there; the router knows which actor holds whose), and only its share
+of the round is run again -- which gives the same numbers as an undisturbed round, because every random draw
+is keyed by (seed, client, step).
 
 A generator program (``begin`` / ``resume``, for ``fed.exchange``) lives in its actor between the steps of
 an exchange and cannot be shipped; a replacement actor re-creates it from the clients' saved state and

@@ -18,7 +18,7 @@ from fedcomp.actors.cluster import plan_actors
 from fedcomp.actors.server_actor import RayServer
 from fedcomp.platform.config import FederationConfig, load_config
 from fedcomp.platform.errors import ResourceError
-from tests.conftest import small
+from tests.conftest import record_routing, small
 
 pytestmark = pytest.mark.ray
 
@@ -60,9 +60,7 @@ def test_balanced_routing_spreads_clients_without_private_state_and_keeps_every_
     server = Server(load_config("quickstart", {**over, "federation.backend": "ray", "federation.clients_per_actor": 4}),
                     RayFederation)
     router = server.federation.router
-    calls: list[dict[int, list[int]]] = []
-    assign = router.assign
-    router.assign = lambda program, cohort: calls.append(assign(program, cohort)) or calls[-1]  # type: ignore[method-assign]
+    calls = record_routing(server)
     try:
         got = [{k: v for k, v in server.run_round().items() if k != "wall_time"} for _ in range(4)]
         checkpoint = server.checkpoint()

@@ -4,7 +4,8 @@ Every name in the algorithm registry runs on a tiny task of its problem kind (``
 per-algorithm options of ``ALGORITHM_OPTIONS``) and must show five properties:
 
 1. the Ray backend gives the local backend's metrics, counters and final checkpoint bit for bit, with the
-   clients packed 2 + 1 into two actors (so one actor hosts two clients and one hosts a single client);
+   clients packed 2 + 1 into two actors (so one actor hosts two clients and one hosts a single client), and
+   the clients of a program that leaves no private state run on either actor (the balanced routing moves them);
    the same Ray server then resumes from the local run's mid-run checkpoint and repeats its rows;
 2. a fresh server restored from a mid-run checkpoint finishes the run with the uninterrupted run's numbers;
 3. checkpoints survive ``pickle`` and ``torch.save``/``torch.load``, and a second run with the same seed
@@ -47,6 +48,7 @@ from fedcomp.platform.config import Config, load_config
 from fedcomp.platform.errors import ConfigError
 from fedcomp.platform.registry import ALGORITHMS, TASKS
 from fedcomp.platform.runner import drive
+from tests.conftest import record_routing
 
 ROUNDS = 4
 """Rounds of every run."""
@@ -274,11 +276,16 @@ def test_ray_backend_matches_local_with_one_and_two_clients_per_actor(ray_sessio
     cfg = config(name, **{"federation.backend": "ray", "federation.clients_per_actor": 2, "run.out": str(tmp_path)})
     local = reference(name)
     server = ray_server(cfg)
+    calls = record_routing(server)
     try:
         assert server.describe()["client_actors"] == 2  # clients {0, 1} on one actor, {2} alone on another
         on_ray = run(cfg, server)
         assert_same_metrics(on_ray.metrics, local.metrics)
         assert_same(on_ray.final, local.final)
+        router = getattr(getattr(server, "federation", None), "router", None)
+        if router is not None and router.free:  # a program leaving no private state: its clients went round
+            moved = [c for members in calls for i, clients in members.items() for c in clients if router.home[c] != i]
+            assert moved, f"{name}: programs {sorted(router.free)} leave no private state, yet no client moved"
         # the same actors, rewound to the local run's mid-run checkpoint, repeat the rest of the run
         resumed = run(cfg, server, copy.deepcopy(local.checkpoints[RESUME_AT]))
         assert_same_metrics(resumed.metrics, local.metrics)
