@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.func import grad
+from torch.func import functional_call, grad
 
 from fedcomp.models.functional import FlatModel
 from fedcomp.models.resnet import init_flat, resnet20
@@ -160,3 +160,46 @@ def test_grad_pieces_decline_a_loss_that_uses_the_vector_besides_one_model_call(
     under_vmap = FlatModel(mlp([3, 4, 2]))
     torch.func.grad(lambda z: under_vmap(z, torch.ones(2, 3)).sum())(x)  # transforms keep the functional path
     assert under_vmap.direct_ok
+
+
+def _mlp() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 3))
+
+
+def test_calls_equal_functional_call_bit_for_bit_under_grad_and_vmap_and_leave_the_module_as_it_was():
+    model = FlatModel(_mlp())
+    own = [p.detach().clone() for p in model.module.parameters()]
+    x = torch.randn(model.dim, generator=torch.Generator().manual_seed(1))
+    batch = torch.randn(5, 6, generator=torch.Generator().manual_seed(2))
+
+    def reference(v: torch.Tensor) -> torch.Tensor:
+        return functional_call(model.module, model.unflatten(v), (batch,)).square().sum()
+
+    def ours(v: torch.Tensor) -> torch.Tensor:
+        return model(v, batch).square().sum()
+
+    assert torch.equal(ours(x), reference(x))
+    assert torch.equal(grad(ours)(x), grad(reference)(x))
+    xs = torch.stack([x, 2 * x])
+    assert torch.equal(torch.func.vmap(grad(ours))(xs), torch.func.vmap(grad(reference))(xs))
+    assert all(isinstance(p, nn.Parameter) and torch.equal(p, o) for p, o in zip(model.module.parameters(), own))
+
+
+def test_a_forward_that_raises_still_puts_the_modules_parameters_back():
+    model = FlatModel(_mlp())
+    own = list(model.module.parameters())
+    with pytest.raises(RuntimeError):
+        model(torch.zeros(model.dim), torch.zeros(5, 7))  # 7 features where the first layer takes 6
+    assert all(p is o for p, o in zip(model.module.parameters(), own))
+
+
+def test_tied_parameters_go_through_functional_call():
+    module = nn.Sequential(nn.Linear(4, 4, bias=False), nn.Linear(4, 4, bias=False))
+    module[1].weight = module[0].weight
+    model = FlatModel(module)
+    assert model.dim == 16 and model._slots is None
+    x = torch.randn(16)
+    inputs = torch.randn(2, 4)
+    w = x.view(4, 4)
+    assert torch.allclose(model(x, inputs), inputs @ w.T @ w.T)
