@@ -45,12 +45,13 @@ class Router:
         if self.routing == "home" or program not in self.free:
             return self._group({c: self.holder.get(c, self.home[c]) for c in cohort}, cohort)
         n = self.actors
+        where = {c: self.holder[c] for c in cohort if c in self.holder}  # pinned: they cannot move
+        if not where:  # the walk below when nothing is pinned, without its O(actors) scan per member
+            start, self.next = self.next, (self.next + len(cohort)) % n
+            return self._group({c: (start + k) % n for k, c in enumerate(cohort)}, cohort)
         load = [0] * n
-        where: dict[int, int] = {}
-        for c in cohort:  # pinned clients first: they cannot move
-            if c in self.holder:
-                where[c] = self.holder[c]
-                load[where[c]] += 1
+        for i in where.values():
+            load[i] += 1
         for c in cohort:
             if c not in where:
                 least = min(load)

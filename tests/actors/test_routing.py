@@ -90,3 +90,14 @@ def test_restored_states_go_home_and_replace_what_was_held() -> None:
     router.learn("p", {1: [3]}, {1: True})
     assert router.place([70, 5]) == {0: [5], 1: [70]}
     assert router.holder == {5: 0, 70: 1}
+
+
+def test_with_pinned_clients_the_others_even_out_the_loads() -> None:
+    rng = random.Random(1)
+    router = free(Router([range(0, 30), range(30, 60), range(60, 100)]))
+    router.learn("inner", {0: [0, 1]}, {0: True})  # 0 and 1 hold private state on actor 0
+    for _ in range(50):
+        cohort = [0, 1, *rng.sample(range(2, 100), rng.randint(4, 20))]
+        members = router.assign("local_steps", cohort)
+        sizes = loads(members, 3)
+        assert members[0][:2] == [0, 1] and max(sizes) - min(sizes) <= 1
