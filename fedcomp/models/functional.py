@@ -67,9 +67,12 @@ class FlatModel:
         """While :meth:`grad_pieces` runs: the stand-in for the flat vector and the leaves to call the module with."""
         self.direct_ok = True
         """False once a loss used the flat vector other than by one call of this model (:meth:`grad_pieces`)."""
-        tied = len(list(module.named_parameters(remove_duplicate=False))) != len(self.names)
-        self._slots = None if tied else [_slot(module, n) for n in self.names]
-        """Each parameter's owning module and attribute, for :meth:`_forward` (None: tied parameters)."""
+        buffers = [n for n, _ in module.named_buffers()]
+        tied = len(list(module.named_parameters(remove_duplicate=False))) != len(self.names) or len(
+            list(module.named_buffers(remove_duplicate=False))) != len(buffers)
+        self._slots = None if tied else {n: _slot(module, n) for n in [*self.names, *buffers]}
+        """Each parameter's and buffer's owning module, attribute and the dict holding it, for :meth:`_forward`
+        (None: tied parameters or buffers)."""
 
     @property
     def running(self) -> Tensor:
@@ -123,11 +126,11 @@ class FlatModel:
             return self._forward(params, inputs)
         if not self.module.training:
             stats = dict(zip(self.buffer_names, self.running.to(x.device).split(self.buffer_sizes)))
-            return functional_call(self.module, {**params, **self._untracked, **stats}, inputs)
+            return self._forward({**params, **self._untracked, **stats}, inputs)
         self._seen = []
         hooks = [mod.register_forward_pre_hook(self._record) for _, mod in self.norms]
         try:
-            out = functional_call(self.module, {**params, **self._untracked}, inputs)
+            out = self._forward({**params, **self._untracked}, inputs)
             seen = self._seen
         finally:
             for hook in hooks:
@@ -140,20 +143,24 @@ class FlatModel:
         self._pending.append(seen)
         return out
 
-    def _forward(self, params: dict[str, Tensor], inputs: tuple[Tensor, ...]) -> Tensor:
-        """``functional_call(module, params, inputs)`` for a module whose parameters are untied: the same swap
-        of each parameter slot for the given tensor around the forward pass, without re-deriving every call which
-        module owns which name and which names are tied (about 90 us a call, a quarter of a small MLP's step)."""
-        if self._slots is None:
-            return functional_call(self.module, params, inputs)
-        held = [owner._parameters[attr] for owner, attr in self._slots]
+    def _forward(self, tensors: dict[str, Any], inputs: tuple[Tensor, ...]) -> Tensor:
+        """``functional_call(module, tensors, inputs)`` for a module without tied parameters or buffers: the same
+        swap of each named slot (parameter or buffer; None empties a buffer) for the given tensor around the
+        forward pass, without re-deriving on every call which submodule owns which name and which names are
+        tied -- about 90 us a call for a small MLP, a quarter of its step, and more the more modules a network has."""
+        slots = self._slots
+        if slots is None or not tensors.keys() <= slots.keys():
+            return functional_call(self.module, tensors, inputs)
+        held = []
         try:
-            for (owner, attr), name in zip(self._slots, self.names):
-                owner._parameters[attr] = params[name]  # type: ignore[assignment]
+            for name, tensor in tensors.items():
+                store, attr = slots[name]
+                held.append((store, attr, store[attr]))
+                store[attr] = tensor
             return self.module(*inputs)
         finally:
-            for (owner, attr), tensor in zip(self._slots, held):
-                owner._parameters[attr] = tensor
+            for store, attr, tensor in reversed(held):
+                store[attr] = tensor
 
     def pieces(self, x: Tensor) -> list[Tensor]:
         """The flat vector ``x`` cut into the parameters' shapes (views: writing them writes ``x``)."""
@@ -195,10 +202,12 @@ class FlatModel:
             self._seen += [_plain(z.mean(dims).float()), _plain(z.var(dims, correction=1).float())]
 
 
-def _slot(module: nn.Module, name: str) -> tuple[nn.Module, str]:
-    """The module holding parameter ``name`` (dotted, as ``named_parameters`` gives it) and its attribute there."""
-    owner, _, attr = name.rpartition(".")
-    return module.get_submodule(owner), attr
+def _slot(module: nn.Module, name: str) -> tuple[dict[str, Any], str]:
+    """The dict holding parameter or buffer ``name`` (dotted, as ``named_parameters`` / ``named_buffers`` give
+    it) in its submodule -- ``_parameters`` or ``_buffers`` -- and its key there."""
+    owner_name, _, attr = name.rpartition(".")
+    owner = module.get_submodule(owner_name)
+    return (owner._parameters if attr in owner._parameters else owner._buffers), attr
 
 
 class _Direct:

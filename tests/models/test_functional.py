@@ -203,3 +203,20 @@ def test_tied_parameters_go_through_functional_call():
     inputs = torch.randn(2, 4)
     w = x.view(4, 4)
     assert torch.allclose(model(x, inputs), inputs @ w.T @ w.T)
+
+
+@pytest.mark.parametrize("training", [True, False])
+def test_the_direct_swap_gives_functional_calls_outputs_and_statistics_for_a_batchnorm_net(training):
+    torch.manual_seed(0)
+    direct, through = FlatModel(small_bn_net()), FlatModel(small_bn_net())
+    through._slots = None  # every call through functional_call, the reference
+    assert direct._slots is not None and any("running_mean" in name for name in direct._slots)
+    x = direct.flatten()
+    own = list(direct.module.buffers())
+    inputs = torch.randn(4, 2, 6, 6, generator=torch.Generator().manual_seed(3))
+    for model in (direct, through):
+        model.module.train(training)
+    for _ in range(2):
+        assert torch.equal(direct(x, inputs), through(x, inputs))
+    assert torch.equal(direct.running, through.running)
+    assert all(b is o for b, o in zip(direct.module.buffers(), own, strict=True))  # the module's own, put back
