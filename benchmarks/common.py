@@ -29,7 +29,7 @@ import torch
 from fedcomp.bench import load_average, machine as machine_summary, versions
 
 __all__ = ["HERE", "REPO", "SECTION_MARK", "Stopwatch", "claims_section", "command", "extend_past_edges",
-           "generated_by", "load_average", "machine", "mean_std", "put_section", "revision", "section_mark",
+           "generated_by", "load_average", "machine", "mean_std", "publish", "put_section", "revision", "section_mark",
            "table_report", "trials_seconds", "write_report"]
 
 HERE = Path(__file__).resolve().parent
@@ -152,6 +152,13 @@ def write_report(path: os.PathLike[str] | str, text: str) -> None:
     old = path.read_text() if path.exists() else ""
     kept = "\n" + old[old.index(SECTION_MARK):] if SECTION_MARK in old else ""
     path.write_text(text.rstrip("\n") + "\n" + kept)
+
+
+def publish(text: str, out: str) -> None:
+    """Print a report and write it to ``out`` (:func:`write_report`) unless ``out`` is ``-``."""
+    print(text)
+    if out != "-":
+        write_report(out, text)
 
 
 def put_section(path: os.PathLike[str] | str, script: str, text: str) -> None:

@@ -29,7 +29,7 @@ import sys
 
 import torch
 
-from common import HERE, generated_by, write_report
+from common import HERE, generated_by, publish
 from fedcomp.bench import bench_config, load_average, run_fedcomp, run_optim, weights_hash
 from fedcomp.platform.algorithms.base import LocalSteps
 
@@ -98,10 +98,7 @@ def main(argv: list[str] | None = None) -> int:
         *rows, "",
         f"Target (issue #16): after / optim <= {TARGET} on the heavy MLP.",
     ]
-    text = "\n".join(lines)
-    print(text)
-    if args.out != "-":
-        write_report(args.out, text)
+    publish("\n".join(lines), args.out)
     return 0
 
 

@@ -21,7 +21,7 @@ import sys
 
 import torch
 
-from common import HERE, generated_by, write_report
+from common import HERE, generated_by, publish
 from fedcomp.actors import kept
 from fedcomp.actors.cluster import connect
 from fedcomp.bench import bench_config, busier_share, load_average, run_fedcomp, weights_hash
@@ -77,10 +77,7 @@ def main(argv: list[str] | None = None) -> int:
         "|:---|---:|---:|---:|---:|---:|:---|",
         *rows,
     ]
-    text = "\n".join(lines)
-    print(text)
-    if args.out != "-":
-        write_report(args.out, text)
+    publish("\n".join(lines), args.out)
     return 0
 
 
