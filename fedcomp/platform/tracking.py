@@ -183,10 +183,19 @@ class TensorBoardTracker(Tracker):
         self.writer.flush()
 
     def abandon(self) -> None:
-        # tensorboardX closes its event file at exit, flushing again; marked closed, it has nothing to retry
+        # Nothing more reaches the disk. tensorboardX's writer thread would still write what is queued and wait on
+        # its queue until the interpreter tears the queue down under it (each a traceback after our one line), and
+        # the event file is closed (flushed again) at exit: point the thread at nothing, stop it, mark the file
+        # closed.
         events = getattr(getattr(self.writer, "file_writer", None), "event_writer", None)
-        if events is not None:
-            events._closed = True
+        if events is None:
+            return
+        worker = getattr(events, "_worker", None)
+        if worker is not None:
+            worker._record_writer = _NoEvents()
+            worker.stop()
+            worker.join(timeout=5)
+        events._closed = True
 
     def finish(self, status: str, meta: Mapping[str, Any], files: Sequence[Path]) -> None:
         if status == "completed" and self.final:
@@ -199,6 +208,19 @@ class TensorBoardTracker(Tracker):
             for summary in hparams(hp, metrics):
                 self.writer.file_writer.add_summary(summary, step)
         self.writer.close()
+
+
+class _NoEvents:
+    """An event writer that writes nothing: what an abandoned TensorBoard tracker's writer thread is left with."""
+
+    def write_event(self, event: Any) -> None:
+        pass
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
 
 
 class MLflowTracker(Tracker):
