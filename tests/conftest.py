@@ -91,11 +91,16 @@ def kept_actors(ray_session):
     yield from _keep_actors()
 
 
+def router_of(server):
+    """The Ray backend's router of ``server`` when it lives in this process (else None: local backend, server actor)."""
+    return getattr(getattr(server, "federation", None), "router", None)
+
+
 def record_routing(server):
     """The Ray backend's routing of each federation call of ``server`` (actor -> clients), appended as it runs;
-    stays empty for a server without a router in this process (local backend, server actor)."""
+    stays empty for a server without a router in this process (:func:`router_of`)."""
     calls = []
-    router = getattr(getattr(server, "federation", None), "router", None)
+    router = router_of(server)
     if router is not None:
         assign = router.assign
         router.assign = lambda program, cohort: calls.append(assign(program, cohort)) or calls[-1]

@@ -71,7 +71,7 @@ class FlatModel:
         tied = len(list(module.named_parameters(remove_duplicate=False))) != len(self.names) or len(
             list(module.named_buffers(remove_duplicate=False))) != len(buffers)
         self._slots = None if tied else {n: _slot(module, n) for n in [*self.names, *buffers]}
-        """Each parameter's and buffer's owning module, attribute and the dict holding it, for :meth:`_forward`
+        """Name -> (the dict holding that parameter or buffer in its submodule, its key there), for :meth:`_forward`
         (None: tied parameters or buffers)."""
 
     @property

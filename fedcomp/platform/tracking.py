@@ -219,9 +219,6 @@ class _NoEvents:
     def flush(self) -> None:
         pass
 
-    def close(self) -> None:
-        pass
-
 
 class MLflowTracker(Tracker):
     """One MLflow run in the store under the results root (experiment ``fedcomp``); params = the flat

@@ -48,7 +48,7 @@ from fedcomp.platform.config import Config, load_config
 from fedcomp.platform.errors import ConfigError
 from fedcomp.platform.registry import ALGORITHMS, TASKS
 from fedcomp.platform.runner import drive
-from tests.conftest import record_routing
+from tests.conftest import record_routing, router_of
 
 ROUNDS = 4
 """Rounds of every run."""
@@ -282,7 +282,7 @@ def test_ray_backend_matches_local_with_one_and_two_clients_per_actor(ray_sessio
         on_ray = run(cfg, server)
         assert_same_metrics(on_ray.metrics, local.metrics)
         assert_same(on_ray.final, local.final)
-        router = getattr(getattr(server, "federation", None), "router", None)
+        router = router_of(server)
         if router is not None and router.free:  # a program leaving no private state: its clients went round
             moved = [c for members in calls for i, clients in members.items() for c in clients if router.home[c] != i]
             assert moved, f"{name}: programs {sorted(router.free)} leave no private state, yet no client moved"
