@@ -275,11 +275,13 @@ class RayFederation:
     def load_private_states(self, states: dict[int, Tensors]) -> None:
         self.private_refs = {}
         refs = []
-        for i, clients in self.router.place(list(states)).items():
-            mine = {c: states[c] for c in clients}
+        placed = self.router.place(list(states))
+        for i in range(len(self.actors)):  # every actor, so that none keeps a state the checkpoint does not hold
+            mine = {c: states[c] for c in placed.get(i, [])}
             refs.append(self.actors[i].load_private.remote(mine))
-            held = ray.put(mine)
-            self.private_refs.update({c: held for c in mine})
+            if mine:
+                held = ray.put(mine)
+                self.private_refs.update({c: held for c in mine})
         ray.get(refs, timeout=self.timeout)
 
     def describe(self) -> dict[str, Any]:

@@ -160,8 +160,9 @@ class ClientHost:
         """The generator program in progress (between ``begin`` and its last ``resume``)."""
 
     def load_private(self, states: dict[int, Tensors]) -> None:
-        """Restore private states (after a checkpoint or when this host replaces a dead one)."""
-        self.private.update({c: {k: v.to(self.device) for k, v in s.items()} for c, s in states.items()})
+        """Restore private states (after a checkpoint or when this host replaces a dead one): they replace
+        whatever this host kept, so a client with no state in ``states`` starts afresh (as it did then)."""
+        self.private = {c: {k: v.to(self.device) for k, v in s.items()} for c, s in states.items()}
 
     def run(
         self, program: str, round: int, cohort: Sequence[int], payload: np.ndarray | Tensors, layout: Layout, sub: int = 0

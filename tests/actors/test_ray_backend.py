@@ -271,3 +271,31 @@ def test_vectorised_clients_on_one_actor_match_the_local_vectorised_run(ray_sess
     local = metrics(fedcomp.run("quickstart", base))
     on_ray = metrics(fedcomp.run("quickstart", {**base, "federation.backend": "ray", "federation.clients_per_actor": 4}))
     pd.testing.assert_frame_equal(on_ray, local, rtol=0, atol=0)  # same clients in lockstep together: same bits
+
+
+@pytest.mark.parametrize("backend", ["local", "ray"])
+def test_rewinding_to_before_a_clients_first_round_forgets_its_later_private_state(keeping, backend):
+    """Local SGDM averaging the model only keeps each client's momentum buffer from its first round on; restoring
+    the round-0 checkpoint (no buffers) into the same live clients must leave them with none, so the rounds
+    repeat exactly rather than starting from the momentum of the rounds undone."""
+    from fedcomp.actors.federation import RayFederation
+    from fedcomp.platform.server import Server
+
+    config = load_config({
+        "task": {"name": "synthetic-classification", "hidden": [8], "test_samples": 50},
+        "algorithm": {"name": "local-sgdm", "average": "model", "lr": 0.1, "local_steps": 3, "outer_batch": 8},
+        "federation": {"clients": 4, "backend": backend, "clients_per_actor": 2},
+        "run": {"progress": "none"},
+    })
+    server = Server(config, RayFederation) if backend == "ray" else fedcomp.api.make_server(config)
+    try:
+        start = server.checkpoint()
+        assert start["private"] == {}
+        first = [{k: v for k, v in server.run_round().items() if k != "wall_time"} for _ in range(2)]
+        assert sorted(server.checkpoint()["private"]) == [0, 1, 2, 3]
+        server.restore(start)
+        assert server.federation.private_states() == {}
+        again = [{k: v for k, v in server.run_round().items() if k != "wall_time"} for _ in range(2)]
+    finally:
+        server.close()
+    assert again == first
