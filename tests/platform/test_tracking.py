@@ -111,7 +111,7 @@ def test_wandb_offline_run_holds_config_history_and_summary(tmp_path, monkeypatc
     df = pd.read_parquet(result.run_dir / "metrics.parquet")
     (offline,) = (result.run_dir / "wandb").glob("offline-run-*")
     logged = read_offline_run(offline)
-    assert logged["name"] == result.run_dir.name
+    assert logged["name"] == result.run_dir.name, f"records in the offline run's log: {logged['kinds']}"
     flat = tracking.flat_config(result.config.to_dict())
     assert {k: logged["config"][k] for k in flat} == flat
     history = [h for h in logged["history"] if "test_accuracy" in h]

@@ -42,14 +42,17 @@ def records(path: Path) -> list[Any]:
 
 
 def read_offline_run(run_dir: Path) -> dict[str, Any]:
-    """``{"config": {...}, "history": [{"_step": s, key: value, ...}], "summary": {...}, "name": ...}``."""
+    """``{"config": {...}, "history": [{"_step": s, key: value, ...}], "summary": {...}, "name": ...,
+    "kinds": [the record types in file order]}`` (``kinds`` for the failure messages of the tests)."""
     (log,) = Path(run_dir).glob("run-*.wandb")
     config: dict[str, Any] = {}
     history: list[dict[str, Any]] = []
     summary: dict[str, Any] = {}
     name = None
+    kinds = []
     for record in records(log):
         kind = record.WhichOneof("record_type")
+        kinds.append(kind)
         if kind == "run":
             name = record.run.display_name
             config.update({i.key: json.loads(i.value_json) for i in record.run.config.update})
@@ -59,4 +62,4 @@ def read_offline_run(run_dir: Path) -> dict[str, Any]:
             history.append({i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in record.history.item})
         elif kind == "summary":
             summary.update({i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in record.summary.update})
-    return {"name": name, "config": config, "history": history, "summary": summary}
+    return {"name": name, "config": config, "history": history, "summary": summary, "kinds": kinds}
