@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Generator, Iterable, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from fedcomp.platform.accelerator import configure, exact_sums
+from fedcomp.platform.accelerator import ExactSum, configure, exact_sums
 from fedcomp.platform.algorithms.base import Algorithm, ClientContext, Outcome, StepInfo, Tensors
 from fedcomp.platform.catalog import load_builtins
 from fedcomp.platform.config import Config, FederationConfig
@@ -70,8 +70,13 @@ class Layout:
             return np.zeros(0, dtype)
         return torch.cat([state[k].detach().reshape(-1).cpu() for k in self.keys]).numpy().astype(dtype, copy=False)
 
-    def unpack(self, flat: np.ndarray, device: str | torch.device = "cpu") -> Tensors:
-        tensor = torch.tensor(flat, dtype=torch.float32, device=device)  # copies: broadcast buffers are read-only
+    def unpack(self, flat: np.ndarray, device: str | torch.device = "cpu", copy: bool = True) -> Tensors:
+        """The named tensors in ``flat`` (float32): copies (broadcast buffers are read-only), or with ``copy``
+        false views of ``flat`` itself on the CPU (an array the caller owns and lets go)."""
+        if copy:
+            tensor = torch.tensor(flat, dtype=torch.float32, device=device)
+        else:
+            tensor = torch.from_numpy(flat.astype(np.float32, copy=False)).to(device)
         return dict(zip(self.keys, tensor.split(list(self.sizes))))
 
     def copy(self, state: Tensors, device: str | torch.device = "cpu") -> Tensors:
@@ -115,7 +120,8 @@ def combine(partials: Sequence[Partial], floats_down: int) -> Outcome:
     total = np.zeros(layout.total, np.float64)
     for p in partials:
         total += p.sums
-    means = layout.unpack((total / clients).astype(np.float32))
+    total /= clients
+    means = layout.unpack(total.astype(np.float32), copy=False)
     return Outcome(
         means=means,
         clients=clients,
@@ -156,6 +162,8 @@ class ClientHost:
         self.model = self.task.running_statistics()
         """The model whose running statistics each client keeps (None: no module buffers)."""
         self.private: dict[int, Tensors] = {}
+        self.sums = ExactSum()
+        """Every call's float64 sums (its buffers reused from call to call)."""
         self.session: Session | None = None
         """The generator program in progress (between ``begin`` and its last ``resume``)."""
 
@@ -174,19 +182,23 @@ class ClientHost:
         started = time.perf_counter()
         broadcast = layout.receive(payload, self.device)
         clients, starts, contexts, returned = self._open(cohort, broadcast, round, sub)
-        results = None
+        results: Iterable[tuple[Tensors, Tensors, StepInfo]] | None = None
         if (
             self.config.federation.vectorise and self.model is None
             and can_lockstep(self.algorithm, self.problem, program, len(clients))
         ):  # fmt: skip
             results = lockstep_local_steps(self.algorithm, self.problem, starts, contexts)
         if results is None:
-            run_one = self.algorithm.program(program)
-            results = []
-            for state, ctx in zip(starts, contexts):
-                result, running = self._with_running(state, lambda: run_one(self.problem, state, ctx))  # noqa: B023 (called at once)
-                results.append(self._attach_running(result, running, returned))
+            results = self._one_at_a_time(self.algorithm.program(program), starts, contexts, returned)
         return self._close(clients, results, broadcast, started)
+
+    def _one_at_a_time(
+        self, run_one: Callable[..., tuple[Tensors, Tensors, StepInfo]], starts: list[Tensors],
+        contexts: list[ClientContext], returned: bool,
+    ) -> Iterator[tuple[Tensors, Tensors, StepInfo]]:
+        """Each client's result, computed when asked for (so :meth:`_close` counts and drops one before the next)."""
+        for state, ctx in zip(starts, contexts):
+            yield self._attach_running(*self._with_running(state, lambda: run_one(self.problem, state, ctx)), returned)  # noqa: B023 (called at once)
 
     def begin(
         self, program: str, round: int, cohort: Sequence[int], payload: np.ndarray | Tensors, layout: Layout,
@@ -296,26 +308,32 @@ class ClientHost:
         return Partial(layout, exact_sums(outputs, layout.keys), len(outputs), 0, compute_s=time.perf_counter() - started)
 
     def _close(
-        self, clients: list[int], results: Sequence[tuple[Tensors, Tensors, StepInfo]],
+        self, clients: list[int], results: Iterable[tuple[Tensors, Tensors, StepInfo]],
         broadcast: Tensors, started: float,
     ) -> Partial:
-        """Keep each client's private state and sum the outputs; the reply carries copies of the private states."""
+        """Sum the clients' outputs and keep each one's private state, a client at a time as ``results`` gives
+        them (its outputs are let go once counted); the reply carries copies of the private states."""
         if not clients:
             raise ValueError("ClientHost.run needs a non-empty cohort")
-        partial = self._sum([outputs for _, outputs, _ in results], started)
+        layout: Layout | None = None
+        samples, losses, private = 0, [], {}
         for client, (state, outputs, info) in zip(clients, results):
-            partial.samples += info.samples
-            partial.losses += (info.loss,)
+            if layout is None:
+                layout = Layout.of(outputs)
+                self.sums.begin(layout.keys)
+            self.sums.add(outputs)
+            samples += info.samples
+            losses.append(info.loss)
             # only the private fields are kept: the broadcast ones come again with the next broadcast, and
             # round-local fields are set again by Algorithm.begin
             dropped = (outputs.keys() | broadcast.keys() | self.algorithm.round_local) - {BUFFERS}
             kept = {k: v.detach() for k, v in state.items() if k not in dropped}
             self.private[client] = kept
             if kept:
-                partial.private[client] = {k: v.cpu() for k, v in kept.items()}
-        partial.has_private = bool(partial.private)
-        partial.compute_s = time.perf_counter() - started
-        return partial
+                private[client] = {k: v.cpu() for k, v in kept.items()}
+        assert layout is not None
+        return Partial(layout, self.sums.value(), len(clients), samples, private, bool(private),
+                       time.perf_counter() - started, tuple(losses))
 
 
 def local_device(fed: FederationConfig, deterministic: bool = True) -> str:

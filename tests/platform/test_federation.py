@@ -47,3 +47,22 @@ def test_partial_sums_do_not_depend_on_packing():
         for key in whole.means:
             torch.testing.assert_close(packed.means[key], whole.means[key], rtol=0, atol=0)
         assert packed.samples == whole.samples and packed.clients == 6
+
+
+def test_a_host_counts_each_clients_outputs_before_the_next_client_runs():
+    """The host sums a client's outputs as soon as its program returns (its model is let go before the next
+    client's program runs: a cohort of large models is never held at once), in cohort order."""
+    config = load_config("quickstart", small(**{"federation.clients": 3, "federation.vectorise": False}))
+    host = ClientHost(config, range(3))
+    payload = {"x": torch.linspace(-1, 1, 11), "u": torch.zeros(11)}
+    layout = Layout.of(payload)
+    counted_before = []
+    program = host.algorithm.program("local_steps")
+
+    def watched(problem, state, ctx):
+        counted_before.append((ctx.client, host.sums.added))
+        return program(problem, state, ctx)
+
+    host.algorithm.program = lambda name: watched
+    partial = host.run("local_steps", 0, [2, 0, 1], layout.pack(payload), layout)
+    assert counted_before == [(0, 0), (1, 1), (2, 2)] and partial.clients == 3
