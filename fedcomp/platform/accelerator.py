@@ -55,6 +55,13 @@ def configure(device: str | torch.device, deterministic: bool) -> dict[str, Any]
     }
 
 
+SCRATCH_MIN_FLOATS = 65_536
+"""Outputs from this size on are widened to float64 in :class:`ExactSum`'s scratch before they are added; smaller
+ones are added as they are (torch's small float64 temporary comes from the allocator's free lists, and one
+operation costs less than two: widening everything cost a round of 16 clients of a 10-float model about 0.5 ms
+more outside its local steps). Either way the same bits."""
+
+
 class ExactSum:
     """A float64 running sum of outputs' ``keys``, flattened and concatenated, added in the order they come, on
     their device (each output's tensors widened exactly into one float64 buffer: no flat copy per output).
@@ -98,7 +105,7 @@ class ExactSum:
         """``t`` in float64 (exactly), in the scratch buffer: adding a float32 tensor into a float64 one directly
         makes torch allocate a float64 temporary each time (for megabytes of parameters, fresh from the system:
         twice the time of the addition, measured on a 1-million-parameter MLP)."""
-        if t.dtype == torch.float64:
+        if t.dtype == torch.float64 or t.numel() < SCRATCH_MIN_FLOATS:
             return t
         if self.scratch is None or self.scratch.numel() < t.numel() or self.scratch.device != t.device:
             self.scratch = torch.empty(max(p.numel() for p in self.parts), dtype=torch.float64, device=t.device)

@@ -15,7 +15,14 @@ import pytest
 import torch
 from torch.overrides import TorchFunctionMode
 
-from fedcomp.platform.accelerator import ExactSum, Footprint, configure, exact_sums, pick_clients_per_actor
+from fedcomp.platform.accelerator import (
+    SCRATCH_MIN_FLOATS,
+    ExactSum,
+    Footprint,
+    configure,
+    exact_sums,
+    pick_clients_per_actor,
+)
 from fedcomp.platform.config import FederationConfig, load_config
 from fedcomp.platform.errors import ResourceError
 from fedcomp.platform.federation import Layout, LocalFederation, build_task
@@ -171,23 +178,25 @@ def test_exact_sums_equal_the_hosts_float64_sums_bit_for_bit() -> None:
 
 
 def test_a_kept_exact_sum_reuses_its_buffers_and_each_sum_is_exact() -> None:
-    """A host keeps one ExactSum: each new sum of the same size goes into the same float64 buffer and float32
-    outputs are widened in the same scratch (no allocation per call), with the bits of a fresh sum; float64
-    outputs are added as they are; a sum of another size gets its own buffer."""
+    """A host keeps one ExactSum: each new sum of the same size goes into the same float64 buffer and large
+    float32 outputs are widened in the same scratch (no allocation per call), with the bits of a fresh sum;
+    float64 and small outputs are added as they are; a sum of another size gets its own buffer."""
     gen = torch.Generator().manual_seed(5)
     kept = ExactSum()
-    buffers = set()
-    for size, dtype in ((300, torch.float32), (300, torch.float32), (300, torch.float64), (40, torch.float32)):
+    big = SCRATCH_MIN_FLOATS + 7
+    seen = []
+    for size, dtype in ((big, torch.float32), (big, torch.float32), (big, torch.float64), (40, torch.float32)):
         outputs = [{"a": torch.randn(size, generator=gen, dtype=dtype) * 1e3, "b": torch.randn(3, generator=gen)}
-                   for _ in range(6)]
+                   for _ in range(4)]
         kept.begin(("a", "b"))
         for out in outputs:
             kept.add(out)
         got = kept.value()
         assert np.array_equal(got, sum((Layout.of(o).pack(o, np.float64) for o in outputs), np.zeros(size + 3)))
         assert got.ctypes.data == kept.buffer.data_ptr()  # the host array is the buffer: valid until the next sum
-        buffers.add((size, kept.buffer.data_ptr(), kept.scratch.data_ptr() if kept.scratch is not None else None))
-    assert len({b for b in buffers if b[0] == 300}) == 1 and len(buffers) == 2
+        seen.append((kept.buffer.data_ptr(), kept.scratch.data_ptr()))
+    assert seen[0] == seen[1] == seen[2]  # the same buffer and scratch for every sum of that size
+    assert seen[3][0] != seen[0][0] and kept.buffer.numel() == 43
 
 
 @CUDA
