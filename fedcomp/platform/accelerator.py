@@ -68,20 +68,21 @@ class ExactSum:
 
     Added one output at a time, a host can let each client's outputs go as soon as they are counted: a cohort
     of large models is never held all at once. Kept by a host from call to call (:meth:`begin` starts a new
-    sum), its buffers are reused: megabytes asked of the allocator every call come back as fresh pages from
-    the system, each faulted in on first touch -- a measurable share of a CPU round of a large model."""
+    sum), its widening scratch is reused (megabytes asked of the allocator per client came back as fresh pages
+    from the system, each faulted in on first touch -- a measurable share of a CPU round of a large model);
+    each sum gets a buffer of its own, so a reply's sums stay what they were after the host's next call."""
 
     def __init__(self) -> None:
         self.keys: tuple[str, ...] = ()
         self.buffer: Tensor | None = None
-        """The sums (float64, on the outputs' device), overwritten by the next sum of the same size."""
+        """The current sum (float64, on the outputs' device; a new one for every sum)."""
         self.scratch: Tensor | None = None
         """Where a float32 output is widened before it is added."""
         self.parts: Sequence[Tensor] = ()
         self.added = 0
 
     def begin(self, keys: Sequence[str]) -> ExactSum:
-        """Start a new sum of ``keys`` (the previous one's :meth:`value` is overwritten by the first add)."""
+        """Start a new sum of ``keys`` (in a new buffer: the previous one's :meth:`value` stays as it was)."""
         self.keys, self.added = tuple(keys), 0
         return self
 
@@ -91,8 +92,7 @@ class ExactSum:
         tensors = [output[k].detach().reshape(-1) for k in self.keys]
         if self.added == 0:
             size, device = sum(t.numel() for t in tensors), tensors[0].device
-            if self.buffer is None or self.buffer.numel() != size or self.buffer.device != device:
-                self.buffer = torch.empty(size, dtype=torch.float64, device=device)
+            self.buffer = torch.empty(size, dtype=torch.float64, device=device)
             self.parts = self.buffer.split([t.numel() for t in tensors])
             for part, t in zip(self.parts, tensors):
                 part.copy_(t)
@@ -112,8 +112,7 @@ class ExactSum:
         return self.scratch[: t.numel()].copy_(t)
 
     def value(self) -> np.ndarray:
-        """The sums as a host array (one device -> host copy; on the CPU, the buffer itself, valid until the
-        next sum); empty without keys."""
+        """The sums as a host array (one device -> host copy; on the CPU, the buffer itself); empty without keys."""
         if not self.keys:
             return np.zeros(0, np.float64)
         assert self.added and self.buffer is not None, "ExactSum.value before any output was added"

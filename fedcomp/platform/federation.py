@@ -163,7 +163,7 @@ class ClientHost:
         """The model whose running statistics each client keeps (None: no module buffers)."""
         self.private: dict[int, Tensors] = {}
         self.sums = ExactSum()
-        """Every call's float64 sums (its buffers reused from call to call)."""
+        """Every call's float64 sums (its widening scratch reused from call to call)."""
         self.session: Session | None = None
         """The generator program in progress (between ``begin`` and its last ``resume``)."""
 
