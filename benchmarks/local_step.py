@@ -39,8 +39,8 @@ COHORT, LOCAL_STEPS = 10, 5
 TARGET = 1.05
 
 
-def run(runner: str, hidden: list[int], clients: int, rounds: int) -> tuple[float, str]:
-    """Median round time (s) and the final weights' hash of one runner."""
+def run(runner: str, hidden: list[int], clients: int, rounds: int) -> tuple[float, str, float]:
+    """Median round time (s), the final weights' hash and the minor page faults per round of one runner."""
     config = bench_config(clients, COHORT, rounds, LOCAL_STEPS, hidden, "local")
     if runner == "optim":
         m = run_optim(config, 0)
@@ -52,7 +52,7 @@ def run(runner: str, hidden: list[int], clients: int, rounds: int) -> tuple[floa
             m = run_fedcomp(config, "local", 0)
         finally:
             LocalSteps.in_place = switched  # type: ignore[method-assign]
-    return m.median_round_s, weights_hash(m.final)
+    return m.median_round_s, weights_hash(m.final), m.faults_per_round
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -67,11 +67,13 @@ def main(argv: list[str] | None = None) -> int:
     for label, (hidden, clients) in WORKLOADS.items():
         times: dict[str, list[float]] = {"before": [], "after": [], "optim": []}
         hashes: dict[str, str] = {}
+        faults: dict[str, list[float]] = {r: [] for r in times}
         for repeat in range(args.repeats):
             for runner in times:
                 print(f"local_step: {label}, repeat {repeat + 1}/{args.repeats}, {runner}", file=sys.stderr, flush=True)
-                seconds, hashes[runner] = run(runner, hidden, clients, args.rounds)
+                seconds, hashes[runner], per_round = run(runner, hidden, clients, args.rounds)
                 times[runner].append(seconds)
+                faults[runner].append(per_round)
         ms = {r: statistics.median(t) * 1e3 for r, t in times.items()}
         paired = [a / o for a, o in zip(times["after"], times["optim"])]
         best = min(times["after"]) / min(times["optim"])
@@ -80,7 +82,8 @@ def main(argv: list[str] | None = None) -> int:
             f"| {label} | {ms['before']:.1f} | {ms['after']:.1f} | {ms['optim']:.1f} | {per_step['before']:.2f} | "
             f"{per_step['after']:.2f} | {per_step['optim']:.2f} | {ms['before'] / ms['after']:.2f}x | "
             f"{ms['after'] / ms['optim']:.2f} | {statistics.median(paired):.2f} ({min(paired):.2f}-{max(paired):.2f}) | "
-            f"{best:.2f} | {hashes['before']} / {hashes['after']} / {hashes['optim']} |"
+            f"{best:.2f} | {' / '.join(f'{statistics.median(faults[r]):.0f}' for r in times)} | "
+            f"{hashes['before']} / {hashes['after']} / {hashes['optim']} |"
         )
     lines = [
         "# Local step: fedcomp's local backend vs an in-place torch.optim loop", "",
@@ -90,11 +93,13 @@ def main(argv: list[str] | None = None) -> int:
         f"rounds, median over rounds then over {args.repeats} repeats; one torch thread. `before` = in-place "
         "steps switched off (the pure, out-of-place step), `after` = as built, `optim` = `torch.optim.SGD` on "
         "the module's parameters. Hashes: final weights (all three agree bit for bit: fedcomp's step is "
-        "torch.optim's fused `p += -lr g`, rounded once).", "",
+        "torch.optim's fused `p += -lr g`, rounded once). Page faults: this process's minor page faults per "
+        "round (`getrusage`), median over repeats -- memory a round takes fresh from the system, which the "
+        "neighbours' load does not move.", "",
         "| workload | before (ms/round) | after (ms/round) | optim (ms/round) | before (ms/step) | after (ms/step) "
         "| optim (ms/step) | speed-up | after / optim | after / optim paired per repeat (range) | best / best "
-        "| final weights sha256 (before / after / optim) |",
-        "|:---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---|",
+        "| page faults per round (before / after / optim) | final weights sha256 (before / after / optim) |",
+        "|:---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---|",
         *rows, "",
         f"Target (issue #16): after / optim <= {TARGET} on the heavy MLP.",
     ]

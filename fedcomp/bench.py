@@ -97,6 +97,9 @@ class Measurement:
     test_accuracy: float
     rounds_started_at: float = 0.0
     """Wall-clock time (``time.time()``) when the first round began (start-up seen from outside)."""
+    faults_per_round: float = math.nan
+    """Minor page faults of this process per round (NaN where not counted): memory the rounds took fresh from
+    the system, a cost the neighbours' load does not move (the other processes' faults are not counted)."""
 
     @property
     def median_round_s(self) -> float:
@@ -112,16 +115,17 @@ def run_fedcomp(config: Config, runner: str, repeat: int) -> Measurement:
     startup = time.perf_counter() - t0
     try:
         times = []
-        started = time.time()
+        started, faults = time.time(), minor_faults()
         for _ in range(config.run.rounds):
             t = time.perf_counter()
             server.run_round()
             times.append(time.perf_counter() - t)
+        faults = (minor_faults() - faults) / config.run.rounds
         final = server.checkpoint()["state"]["x"].detach().cpu()
         accuracy = float(server.evaluate()["test_accuracy"])
     finally:
         server.close()
-    return Measurement(runner, config.federation.clients, repeat, startup, times, final, accuracy, started)
+    return Measurement(runner, config.federation.clients, repeat, startup, times, final, accuracy, started, faults)
 
 
 def run_plain(config: Config, repeat: int) -> Measurement:
@@ -184,7 +188,7 @@ def run_optim(config: Config, repeat: int) -> Measurement:
     startup = time.perf_counter() - t0
 
     times = []
-    started = time.time()
+    started, faults = time.time(), minor_faults()
     total = torch.zeros(x.numel(), dtype=torch.float64)
     for r in range(config.run.rounds):
         t = time.perf_counter()
@@ -203,8 +207,18 @@ def run_optim(config: Config, repeat: int) -> Measurement:
                 part.add_(p.detach().view(-1))
         x = (total / len(cohort)).float()
         times.append(time.perf_counter() - t)
+    faults = (minor_faults() - faults) / config.run.rounds
     accuracy = float(task.evaluator()({"x": x})["test_accuracy"])
-    return Measurement("optim", clients, repeat, startup, times, x, accuracy, started)
+    return Measurement("optim", clients, repeat, startup, times, x, accuracy, started, faults)
+
+
+def minor_faults() -> float:
+    """This process's minor page faults so far (``getrusage``; NaN where the platform has none)."""
+    try:
+        import resource
+    except ImportError:  # not on Unix
+        return math.nan
+    return float(resource.getrusage(resource.RUSAGE_SELF).ru_minflt)
 
 
 def weights_hash(x: torch.Tensor) -> str:

@@ -58,8 +58,7 @@ def configure(device: str | torch.device, deterministic: bool) -> dict[str, Any]
 SCRATCH_MIN_FLOATS = 65_536
 """Outputs from this size on are widened to float64 in :class:`ExactSum`'s scratch before they are added; smaller
 ones are added as they are (torch's small float64 temporary comes from the allocator's free lists, and one
-operation costs less than two: widening everything cost a round of 16 clients of a 10-float model about 0.5 ms
-more outside its local steps). Either way the same bits."""
+operation costs less than two, which shows on rounds of many tiny clients). Either way the same bits."""
 
 
 class ExactSum:
@@ -103,8 +102,8 @@ class ExactSum:
 
     def _widened(self, t: Tensor) -> Tensor:
         """``t`` in float64 (exactly), in the scratch buffer: adding a float32 tensor into a float64 one directly
-        makes torch allocate a float64 temporary each time (for megabytes of parameters, fresh from the system:
-        twice the time of the addition, measured on a 1-million-parameter MLP)."""
+        makes torch allocate a float64 temporary each time (for megabytes of parameters, fresh pages from the
+        system, each faulted in: the page faults per round that ``benchmarks/local_step.py`` counts)."""
         if t.dtype == torch.float64 or t.numel() < SCRATCH_MIN_FLOATS:
             return t
         if self.scratch is None or self.scratch.numel() < t.numel() or self.scratch.device != t.device:

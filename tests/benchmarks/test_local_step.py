@@ -1,5 +1,5 @@
 """``benchmarks/local_step.py``: its three runners end on the same weights and the report gives the paired and
-best-of ratios next to the medians."""
+best-of ratios next to the medians, and each runner's page faults per round."""
 
 from __future__ import annotations
 
@@ -17,3 +17,5 @@ def test_the_report_has_the_paired_and_best_ratios_and_one_hash(monkeypatch, cap
     assert len(cells) == len(header.strip("|").split("|"))
     before, after, optim = cells[-1].split(" / ")
     assert before == after == optim  # the three runners' final weights, bit for bit
+    assert "page faults per round (before / after / optim)" in header
+    assert all(count.isdigit() for count in cells[-2].split(" / "))  # counted for each runner
