@@ -71,13 +71,19 @@ class Layout:
         return torch.cat([state[k].detach().reshape(-1).cpu() for k in self.keys]).numpy().astype(dtype, copy=False)
 
     def unpack(self, flat: np.ndarray, device: str | torch.device = "cpu", copy: bool = True) -> Tensors:
-        """The named tensors in ``flat`` (float32): copies (broadcast buffers are read-only), or with ``copy``
-        false views of ``flat`` itself on the CPU (an array the caller owns and lets go)."""
-        if copy:
-            tensor = torch.tensor(flat, dtype=torch.float32, device=device)
-        else:
+        """The named tensors in ``flat`` (float32): copies, each in memory of its own (broadcast buffers are
+        read-only), or with ``copy`` false views of ``flat`` itself on the CPU (an array the caller owns and lets go).
+
+        Each copy is allocated on its own, as :meth:`copy` does on the in-process backend, rather than split out of
+        one tensor: a piece at an offset into a shared buffer is aligned differently, and some CPU kernels (MKL's
+        among them) then add in another order -- FedDRO's model at d = 26,600 ended a round in other last bits on
+        Ray than in process."""
+        if not copy:
             tensor = torch.from_numpy(flat.astype(np.float32, copy=False)).to(device)
-        return dict(zip(self.keys, tensor.split(list(self.sizes))))
+            return dict(zip(self.keys, tensor.split(list(self.sizes))))
+        ends = np.cumsum(self.sizes)
+        return {k: torch.tensor(flat[end - n:end], dtype=torch.float32, device=device)
+                for k, n, end in zip(self.keys, self.sizes, ends.tolist())}
 
     def copy(self, state: Tensors, device: str | torch.device = "cpu") -> Tensors:
         """What ``unpack(pack(state), device)`` gives -- flat float32 copies, in this layout's order -- without the
@@ -168,9 +174,10 @@ class ClientHost:
         """The generator program in progress (between ``begin`` and its last ``resume``)."""
 
     def load_private(self, states: dict[int, Tensors]) -> None:
-        """Restore private states (after a checkpoint or when this host replaces a dead one): they replace
-        whatever this host kept, so a client with no state in ``states`` starts afresh (as it did then)."""
-        self.private = {c: {k: v.to(self.device) for k, v in s.items()} for c, s in states.items()}
+        """Restore private states (after a checkpoint or when this host replaces a dead one), copied into memory of
+        their own (see :meth:`Layout.unpack`): they replace whatever this host kept, so a client with no state in
+        ``states`` starts afresh (as it did then)."""
+        self.private = {c: {k: v.to(self.device, copy=True) for k, v in s.items()} for c, s in states.items()}
 
     def run(
         self, program: str, round: int, cohort: Sequence[int], payload: np.ndarray | Tensors, layout: Layout, sub: int = 0
