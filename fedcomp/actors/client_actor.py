@@ -39,6 +39,8 @@ class ClientActor:
         except Exception as error:
             self.error = error
         self.incarnation = incarnation
+        self.graph_reply_kept: tuple[int, Partial] | None = None
+        """The last reply through the compiled graph and its call number (:meth:`graph_reply`)."""
         # Fault injection for the reliability tests: FEDCOMP_FAULT_KILL="<round>:<first client of the actor>"
         # (or "<round>:<client>:<sub>", or "<round>:<client>:<sub>:<step>" for a step of an exchange: 0 =
         # begin, k = the k-th answer) makes the first incarnation of that actor die (a real process exit) there.
@@ -79,6 +81,11 @@ class ClientActor:
         """One federation call as the server sends it: ``message`` is ``(method, arguments)`` pickled once for
         every actor (with the payload when small), ``payload`` the large payload from the object store (else
         None), ``cohort`` this actor's members of the call's cohort (unused by ``resume``)."""
+        return self._dispatch(message, payload, cohort)
+
+    def _dispatch(
+        self, message: bytes, payload: np.ndarray | None, cohort: list[int]
+    ) -> tuple[Partial, dict[int, Tensors]]:
         method, args = pickle.loads(message)
         if payload is not None:
             args["payload"] = payload
@@ -87,6 +94,25 @@ class ClientActor:
         if method not in ("run", "begin"):
             raise ValueError(f"ClientActor.step: unknown method {method!r} (allowed: run, begin, resume)")
         return getattr(self, method)(cohort=cohort, **args)
+
+    def graph_step(self, sent: tuple[bytes, dict[int, list[int]], int], index: int) -> Partial | None:
+        """One federation call through the federation's compiled graph (``federation.transport: graph``), on the
+        graph's thread: ``sent`` is ``(message, each actor's members, call number)`` as the graph's input, the same
+        for every actor, and ``index`` this actor's place in the graph. Runs :meth:`step` if this actor has members
+        (else None) and keeps the reply, private state inside it, for :meth:`graph_reply`."""
+        message, members, number = sent
+        if index not in members:
+            return None
+        partial, private = self._dispatch(message, None, members[index])
+        partial.private = private
+        self.graph_reply_kept = (number, partial)
+        return partial
+
+    def graph_reply(self, number: int) -> Partial | None:
+        """The reply of graph call ``number`` if this actor ran it, else None: when another actor of the graph dies,
+        reading the graph fails for every actor, and the federation takes the survivors' replies from here."""
+        kept = self.graph_reply_kept
+        return kept[1] if kept is not None and kept[0] == number else None
 
     @ray.method(num_returns=2)
     def run(

@@ -13,6 +13,10 @@ is keyed by (seed, client, step).
 A generator program (``begin`` / ``resume``, for ``fed.exchange``) lives in its actor between the steps of
 an exchange and cannot be shipped; a replacement actor re-creates it from the clients' saved state and
 replays the logged answers (the means sent so far).
+
+With ``federation.transport: graph`` the calls whose payload travels inline go through one compiled Ray graph
+over the actors instead (:mod:`fedcomp.actors.graph`); their replies carry the clients' private state, which the
+federation puts in the object store itself; a retry after an actor died always goes by calls.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from collections.abc import Callable
 from typing import Any
 
 import ray
-from ray.exceptions import RayActorError, RayTaskError
+from ray.exceptions import RayActorError, RayChannelError, RayChannelTimeoutError, RayTaskError
 
 from fedcomp.actors import kept
 from fedcomp.actors.client_actor import ClientActor
@@ -35,6 +39,7 @@ from fedcomp.actors.cluster import (
     plan_actors,
     probe_footprint_on_cluster,
 )
+from fedcomp.actors.graph import ActorGraph
 from fedcomp.actors.routing import Router
 from fedcomp.platform.algorithms.base import Outcome, Tensors
 from fedcomp.platform.config import Config
@@ -120,6 +125,12 @@ class RayFederation:
         """Replaced actors not yet taken by :meth:`take_replacements`: round (1-based), actor, clients, reason."""
         self.profile: dict[str, float] = dict.fromkeys(PHASES, 0.0)
         """Seconds spent per phase of ``call`` since the start (see :data:`PHASES`)."""
+        self.transport = config.federation.transport
+        """``calls`` or ``graph`` (``federation.transport``): read at every call."""
+        self.graph: ActorGraph | None = None
+        """The compiled graph over the actors (``federation.transport: graph``; built at its first use)."""
+        self.graph_calls = 0
+        self.graph_compile_s = 0.0
 
     @property
     def timeout(self) -> float:
@@ -133,6 +144,7 @@ class RayFederation:
         return kept.start("client", RemoteClient, options, self.config, self.plan.groups[i], self.incarnations[i])
 
     def _replace(self, i: int, round: int, reason: str) -> None:
+        self._drop_graph()  # rebuilt over the new actor at its next use
         self.incarnations[i] += 1
         self.restarts += 1
         self.replacements.append({"round": round + 1, "actor": i, "clients": list(self.plan.groups[i]),
@@ -164,19 +176,18 @@ class RayFederation:
 
     def call(self, program: str, round: int, cohort: list[int], payload: Tensors, sub: int = 0) -> Outcome:
         message, ref, layout = self._message("run", payload, program=program, round=round, sub=sub)
-        return self._step(self._submit(message, ref), program, self.router.assign(program, cohort), round, layout.total,
-                          saving=True)
+        return self._step(message, ref, program, self.router.assign(program, cohort), round, layout.total, saving=True)
 
     def begin(self, program: str, round: int, cohort: list[int], payload: Tensors, sub: int = 0, last: bool = False) -> Outcome:
         message, ref, layout = self._message("begin", payload, program=program, round=round, sub=sub, last=last)
         members = self.router.assign(program, cohort)
         self.exchange = (program, round, members)
-        return self._step(self._submit(message, ref), program, members, round, layout.total, saving=last)
+        return self._step(message, ref, program, members, round, layout.total, saving=last)
 
     def resume(self, means: Tensors, last: bool = False) -> Outcome:
         message, ref, layout = self._message("resume", means, last=last)
         program, round, members = self.exchange
-        return self._step(self._submit(message, ref), program, members, round, layout.total, saving=last)
+        return self._step(message, ref, program, members, round, layout.total, saving=last)
 
     @staticmethod
     def _submit(message: bytes, ref: Any) -> Submit:
@@ -184,15 +195,24 @@ class RayFederation:
         return lambda actor, clients: actor.step.remote(message, ref, clients)
 
     def _step(
-        self, submit: Submit, program: str, members: dict[int, list[int]], round: int, floats_down: int, saving: bool
+        self, message: bytes, ref: Any, program: str, members: dict[int, list[int]], round: int, floats_down: int,
+        saving: bool,
     ) -> Outcome:
-        """Run ``submit`` on every actor with members, replacing dead actors (up to ``max_retries`` times);
-        log the step for replay unless it saves the clients' state (then tell the router where private state is
-        now); combine the partials in actor order."""
+        """Run the call on every actor with members -- through the compiled graph where the transport is ``graph``
+        and the payload travels inline, else by one actor call each -- replacing dead actors (up to
+        ``max_retries`` times; a retry always goes by calls); log the step for replay unless it saves the clients'
+        state (then tell the router where private state is now); combine the partials in actor order."""
+        submit = self._submit(message, ref)
         partials: dict[int, Partial] = {}
         todo = sorted(members)
+        by_graph = self.transport == "graph" and ref is None
         for attempt in range(self.config.federation.max_retries + 1):
-            failed = self._collect(submit, members, todo, partials, round)
+            if by_graph and attempt == 0:
+                failed, todo = self._collect_graph(message, members, partials, round)
+                if todo:  # alive but had not run it when the graph broke
+                    failed.update(self._collect(submit, members, todo, partials, round))
+            else:
+                failed = self._collect(submit, members, todo, partials, round)
             if not failed:
                 break
             if attempt == self.config.federation.max_retries:
@@ -248,10 +268,70 @@ class RayFederation:
                     continue
                 if partials[i].has_private:
                     self.private_refs.update({c: private_ref for c in members[i]})
-        compute = max((partials[i].compute_s for i in todo if i in partials), default=0.0)
+        self._time_replies(partials, todo, submitted)
+        return failed
+
+    def _time_replies(self, partials: dict[int, Partial], ran: list[int], submitted: float) -> None:
+        compute = max((partials[i].compute_s for i in ran if i in partials), default=0.0)
         self.profile["actor compute (slowest actor)"] += compute
         self.profile["transport, scheduling, replies"] += time.perf_counter() - submitted - compute
-        return failed
+
+    def _collect_graph(
+        self, message: bytes, members: dict[int, list[int]], partials: dict[int, Partial], round: int
+    ) -> tuple[dict[int, str], list[int]]:
+        """Run the call through the compiled graph (compiled on first use); store the partials, and the private
+        state they carry in the object store. Returns the actors that died (and how) and the live ones that had
+        not run the call when the graph broke (to run by calls).
+
+        Reading a broken graph fails for every actor: the graph is then torn down and each member actor asked for
+        the reply it kept (:meth:`ClientActor.graph_reply`); it is rebuilt at its next use."""
+        started = time.perf_counter()
+        if self.graph is None:
+            self.graph = ActorGraph(self.actors)
+            self.graph_compile_s += self.graph.compile_s
+            started = time.perf_counter()
+        self.graph_calls += 1
+        refs = self.graph.execute((message, members, self.graph_calls))
+        submitted = time.perf_counter()
+        self.profile["submit actor calls"] += submitted - started
+        ran = sorted(members)
+        try:
+            replies = ray.get(refs, timeout=self.timeout)
+        except RayTaskError as error:
+            raise unwrap(error) from None
+        except RayChannelTimeoutError:
+            raise ClientFailure(f"client actors {ran} did not answer round {round} within {self.timeout:g}s") from None
+        except (RayActorError, RayChannelError):
+            replies = None
+        failed: dict[int, str] = {}
+        not_run: list[int] = []
+        if replies is None:
+            self._drop_graph()
+            replies = [None] * len(self.actors)
+            for i in ran:
+                try:
+                    replies[i] = ray.get(self.actors[i].graph_reply.remote(self.graph_calls), timeout=self.timeout)
+                except RayActorError as error:
+                    failed[i] = _death(error)
+                    continue
+                if replies[i] is None:
+                    not_run.append(i)
+        for i in ran:
+            partial = replies[i]
+            if partial is None:
+                continue
+            partials[i] = partial
+            if partial.has_private:
+                held = ray.put(partial.private)
+                self.private_refs.update({c: held for c in members[i]})
+            partial.private = {}
+        self._time_replies(partials, ran, submitted)
+        return failed, not_run
+
+    def _drop_graph(self) -> None:
+        if self.graph is not None:
+            self.graph.teardown()
+            self.graph = None
 
     def take_replacements(self) -> list[dict[str, Any]]:
         """The actor replacements since the last call (for the run's log and ``run.json``)."""
@@ -289,6 +369,7 @@ class RayFederation:
             "name": "ray",
             "server": self.config.federation.server,
             "routing": self.config.federation.routing,
+            "transport": self.transport,
             "client_actors": len(self.actors),
             "clients_per_actor": self.plan.packing.get("clients_per_actor", self.config.federation.clients_per_actor),
             **({"gpu_packing": self.plan.packing} if self.plan.packing else {}),
@@ -301,6 +382,7 @@ class RayFederation:
         }
 
     def close(self) -> None:
+        self._drop_graph()  # an actor takes part in one compiled graph at a time: a kept one joins the next run's
         for i, actor in enumerate(self.actors):
             kept.give_back("client", actor_options(self.plan.resources(i)), actor)
         self.actors = []

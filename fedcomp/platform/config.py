@@ -72,6 +72,13 @@ class FederationConfig(Params):
         "state evenly over the actors (a round waits for its busiest actor), 'home' always uses the actor hosting the "
         "client; the same numbers either way",
     )
+    transport: Literal["calls", "graph"] = Field(
+        "calls",
+        description="Ray backend: how a federation call reaches the client actors: 'calls', one actor call per actor "
+        "(payloads over 100 KB through the object store); 'graph', a compiled Ray graph (ray.dag) over the actors for "
+        "calls with smaller payloads (a lower latency per call, e.g. FedDRO's per-step exchange; its idle actors poll "
+        "their channels). The same numbers either way",
+    )
     ray_address: str | None = Field(None, description="existing cluster to join (else RAY_ADDRESS, else local)")
     actor_timeout_s: float = Field(120.0, gt=0, description="deadline for actors to start or answer a round")
     max_retries: int = Field(3, ge=0, description="times a round is retried after a client actor dies")

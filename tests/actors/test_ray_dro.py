@@ -43,16 +43,21 @@ def test_same_numbers_on_local_and_ray(kept_actors, tmp_path, algorithm, task, e
 
 
 @pytest.mark.parametrize(
-    "per_actor, kill",
+    "per_actor, kill, transport",
     [
-        (1, "1:2:0:0"),  # round 1, client 2's actor, as the exchange begins
-        (1, "1:2:0:3"),  # ... at its last answer (the step that saves the clients' state)
-        (2, "0:2:1:2"),  # round 0 (after the initial estimate, call 0), clients 2-3's actor, mid-exchange
+        (1, "1:2:0:0", "calls"),  # round 1, client 2's actor, as the exchange begins
+        (1, "1:2:0:3", "calls"),  # ... at its last answer (the step that saves the clients' state)
+        (2, "0:2:1:2", "calls"),  # round 0 (after the initial estimate, call 0), clients 2-3's actor, mid-exchange
+        (1, "1:2:0:3", "graph"),  # the compiled graph breaks for every actor: survivors' replies are fetched
+        (2, "0:2:1:2", "graph"),
     ],
 )
-def test_an_actor_killed_mid_exchange_is_replaced_and_replays_to_the_same_bits(ray_session, monkeypatch, per_actor, kill):
+def test_an_actor_killed_mid_exchange_is_replaced_and_replays_to_the_same_bits(
+    ray_session, monkeypatch, per_actor, kill, transport
+):
     """The replacement re-creates its clients' generators from their saved state (x_prev) and replays the
-    means logged so far; the run then goes on as if nothing had happened."""
+    means logged so far; the run then goes on as if nothing had happened -- by actor calls, and through a
+    compiled graph (``federation.transport: graph``), which is rebuilt over the replacement."""
     raw = {"task": COMPOSITION, "algorithm": {"name": "feddro", "local_steps": 3, "lr": 0.3, "beta": 0.4},
            "federation": {"clients": 4, "clients_per_actor": per_actor, "backend": "local"},
            "run": {"rounds": 3, "progress": "none"}}
@@ -60,7 +65,7 @@ def test_an_actor_killed_mid_exchange_is_replaced_and_replays_to_the_same_bits(r
     expected = [local.run_round() for _ in range(3)]
     reference = local.checkpoint()
     monkeypatch.setenv("FEDCOMP_FAULT_KILL", kill)
-    server = RayServer(load_config(raw, {"federation.backend": "ray"}))
+    server = RayServer(load_config(raw, {"federation.backend": "ray", "federation.transport": transport}))
     try:
         rows = [server.run_round() for _ in range(3)]
         got = server.checkpoint()

@@ -6,7 +6,8 @@ per-algorithm options of ``ALGORITHM_OPTIONS``) and must show five properties:
 1. the Ray backend gives the local backend's metrics, counters and final checkpoint bit for bit, with the
    clients packed 2 + 1 into two actors (so one actor hosts two clients and one hosts a single client), and
    the clients of a program that leaves no private state run on either actor (the balanced routing moves them);
-   the same Ray server then resumes from the local run's mid-run checkpoint and repeats its rows;
+   the same Ray server then resumes from the local run's mid-run checkpoint and repeats its rows, its calls
+   now through a compiled graph over the same actors (``federation.transport: graph``);
 2. a fresh server restored from a mid-run checkpoint finishes the run with the uninterrupted run's numbers;
 3. checkpoints survive ``pickle`` and ``torch.save``/``torch.load``, and a second run with the same seed
    gives the same numbers;
@@ -286,8 +287,13 @@ def test_ray_backend_matches_local_with_one_and_two_clients_per_actor(ray_sessio
         if router is not None and router.free:  # a program leaving no private state: its clients went round
             moved = [c for members in calls for i, clients in members.items() for c in clients if router.home[c] != i]
             assert moved, f"{name}: programs {sorted(router.free)} leave no private state, yet no client moved"
-        # the same actors, rewound to the local run's mid-run checkpoint, repeat the rest of the run
+        # the same actors, rewound to the local run's mid-run checkpoint, repeat the rest of the run -- through a
+        # compiled graph over them (federation.transport: graph; every payload here is small enough for it)
+        if router is not None:
+            server.federation.transport = "graph"
         resumed = run(cfg, server, copy.deepcopy(local.checkpoints[RESUME_AT]))
+        if router is not None:
+            assert server.federation.graph_calls > 0
         assert_same_metrics(resumed.metrics, local.metrics)
         assert_same(resumed.final, local.final)
     finally:
