@@ -1,10 +1,9 @@
 """Whether Ray's compiled graphs (``ray.dag``) would carry a per-step exchange faster than ordinary actor calls.
 
 Issue 16 (item 2) proposes compiled graphs as the transport for latency-bound patterns (FedDRO's per-step
-exchange, FedNest's sub-rounds). Before building that into ``RayFederation`` (graph rebuilt on a replaced
-actor, transient calls replayed), this script measures, on this machine, the round trip it would replace: the
-server sends one small pickled message (the shape of ``ClientActor.step``'s) to ``--actors`` actors and
-waits for every reply (a float and a small array), by
+exchange, FedNest's sub-rounds); ``federation.transport: graph`` is that transport. This script measures, on
+this machine, the bare round trip it replaces: the server sends one small pickled message (the shape of
+``ClientActor.step``'s) to ``--actors`` actors and waits for every reply (a float and a small array), by
 
 * ordinary actor calls (what ``RayFederation`` does: one call per actor, then ``ray.get``);
 * one compiled graph (``MultiOutputNode`` over the actors' method bound to the graph's input), compiled once;
@@ -118,8 +117,10 @@ def main() -> None:
                 f"{common.generated_by()}; the machine was shared with other work.", "", *lines, "",
                 "Reading it (a fixed note of the script): a graph cannot be compiled per exchange (the compile costs "
                 "more than a round saves) and a graph kept alive polls, so on a machine without cores to spare "
-                "(here: 2 cores, several processes per core) its readers take CPU from the clients' compute; the Ray "
-                "backend keeps ordinary actor calls (and their simpler fault recovery).", ""]
+                "(here: 2 cores, several processes per core) its readers take CPU from the clients' compute. The Ray "
+                "backend therefore compiles one graph per run, over all its client actors, and only where asked "
+                "(`federation.transport: graph`, `fedcomp/actors/graph.py`); ordinary actor calls stay the default. "
+                "What it gives inside a run: `feddro_exchange.py` (FEDDRO.md) and `profile_round.py` (PROFILE.md).", ""]
         common.write_report(REPORT, "\n".join(text))
 
 
