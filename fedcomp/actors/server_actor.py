@@ -47,11 +47,17 @@ class ServerActor:
     def placement(self) -> list[dict[str, Any]]:
         return list(self.server.federation.placement)  # type: ignore[attr-defined]
 
-    def run_round(self) -> dict[str, Any]:
+    def run_round(self, evaluate: bool = False) -> dict[str, Any]:
         """The round's record, with what the driver checks after every round in the same reply: whether the
-        global state is finite, and the client actors replaced during the round."""
-        record = self.server.run_round()
+        global state is finite, and the client actors replaced during the round; with ``evaluate``, also the
+        evaluation after the round and the seconds it took (one driver -> server actor hop, not two)."""
+        reply: dict[str, Any] = {}
+        if evaluate:
+            record, reply["evaluation"], reply["evaluate_s"] = self.server.run_round_evaluated()
+        else:
+            record = self.server.run_round()
         return {
+            **reply,
             "record": record,
             "model_finite": state_finite(self.server.tensors()),
             "replacements": self.server.federation.take_replacements(),  # type: ignore[attr-defined]
@@ -119,12 +125,20 @@ class RayServer:
             raise unwrap(error) from None
 
     def run_round(self) -> dict[str, Any]:
+        return self._round(False)["record"]
+
+    def run_round_evaluated(self) -> tuple[dict[str, Any], dict[str, float], float]:
+        """The round and the evaluation after it in one call to the server actor (see :meth:`Server.run_round_evaluated`)."""
+        reply = self._round(True)
+        return reply["record"], reply["evaluation"], reply["evaluate_s"]
+
+    def _round(self, evaluate: bool) -> dict[str, Any]:
         started = time.perf_counter()
-        reply = self._call("run_round")
-        self.driver_s += time.perf_counter() - started
+        reply = self._call("run_round", evaluate)
+        self.driver_s += time.perf_counter() - started - reply.get("evaluate_s", 0.0)
         self.finite = reply["model_finite"]
         self.replacements.extend(reply["replacements"])
-        return reply["record"]
+        return reply
 
     def model_finite(self) -> bool:
         """Whether the global state was finite after the last round (checked in the server actor)."""

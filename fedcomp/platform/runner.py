@@ -114,11 +114,13 @@ def drive(config: Config, server: ServerLike, checkpoint: dict[str, Any] | None 
     if first >= config.run.rounds:  # nothing left to run: hand back what the checkpoint holds
         yield RoundDone(first, None, None, rows, wall_offset)
     for r in range(first + 1, config.run.rounds + 1):
-        record = server.run_round()
         row = None
         if r % config.run.eval_every == 0 or r == config.run.rounds:
-            row = {**record, "wall_time": wall_offset + time.perf_counter() - t0, **server.evaluate()}
+            record, metrics, evaluate_s = server.run_round_evaluated()  # one call to a server behind a hop
+            row = {**record, "wall_time": wall_offset + time.perf_counter() - t0 - evaluate_s, **metrics}
             rows.append(row)
+        else:
+            record = server.run_round()
         wall = wall_offset + time.perf_counter() - t0
         ckpt = None
         if r % config.run.checkpoint_every == 0 or r == config.run.rounds:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 
 import pandas as pd
@@ -103,3 +104,35 @@ def test_failure_after_a_checkpoint_keeps_a_resumable_folder(tmp_path, monkeypat
     resumed = fedcomp.resume(run_dir)
     full = fedcomp.run("quickstart", {**over, "run.out": str(tmp_path / "ref")})
     pd.testing.assert_frame_equal(resumed.metrics.drop(columns="wall_time"), full.metrics.drop(columns="wall_time"))
+
+
+def test_an_evaluated_round_is_one_call_to_the_server_and_its_wall_time_leaves_the_evaluation_out():
+    """``drive`` asks for the round and its evaluation together (``run_round_evaluated``: one hop to a Ray server
+    actor, not two) and only the rounds it evaluates; a row's wall time is the round's end, as before."""
+    from fedcomp.api import make_server
+    from fedcomp.platform.config import load_config
+    from fedcomp.platform.runner import drive
+
+    config = load_config("quickstart", small(**{"run.rounds": 5, "run.eval_every": 2}))
+    server = make_server(config)
+    calls: list[str] = []
+    run_round, evaluate, evaluated = server.run_round, server.evaluate, server.run_round_evaluated
+
+    def counted_evaluate():
+        calls.append("evaluate")
+        return evaluate()
+
+    def counted_evaluated():
+        calls.append("evaluated")
+        return evaluated()
+
+    server.run_round = lambda: calls.append("round") or run_round()  # type: ignore[method-assign]
+    server.evaluate = counted_evaluate  # type: ignore[method-assign]
+    server.run_round_evaluated = counted_evaluated  # type: ignore[method-assign]
+    steps = list(drive(config, server))
+    # the initial evaluation; rounds 2 and 4 (eval_every) and 5 (the last) evaluated with their round
+    assert calls == ["evaluate", "round", "evaluated", "round", "evaluate", "round", "evaluated", "round", "evaluate",
+                     "evaluated", "round", "evaluate"]
+    rows = steps[-1].rows
+    assert [row["round"] for row in rows] == [0, 2, 4, 5]
+    assert all(a["wall_time"] <= b["wall_time"] for a, b in itertools.pairwise(rows))
