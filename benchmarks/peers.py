@@ -2,7 +2,7 @@
 same loop with ``torch.optim.SGD`` stepping an ``nn.Module`` in place, pfl 0.6 and Flower 1.42 (Ray simulation),
 each run in its own process; writes ``benchmarks/RESULTS.md``.
 
-    python benchmarks/peers.py [--quick] [--repeats N] [--runners ray ray-driver ray-home local plain optim pfl flower]
+    python benchmarks/peers.py [--quick] [--repeats N] [--runners ray ray-driver ray-home ray-graph local plain optim pfl flower]
                                [--no-install] [--bench-dir DIR] [--results PATH|-]
 
 Every runner is a subprocess started from ``benchmarks/peers/`` (fedcomp's six in this virtualenv, pfl in
@@ -60,9 +60,10 @@ from fedcomp.platform.server import sample_cohort
 
 PEERS = HERE / "peers"
 """The runners' scripts."""
-PEER_RUNNERS = ("ray", "ray-driver", "ray-home", "local", "plain", "optim", "pfl", "flower")
+PEER_RUNNERS = ("ray", "ray-driver", "ray-home", "ray-graph", "local", "plain", "optim", "pfl", "flower")
 RUNNER_LABELS = {"ray": "fedcomp ray", "ray-driver": "fedcomp ray, server in driver",
-                 "ray-home": "fedcomp ray, clients at home", "local": "fedcomp local",
+                 "ray-home": "fedcomp ray, clients at home", "ray-graph": "fedcomp ray, compiled graph",
+                 "local": "fedcomp local",
                  "plain": "plain PyTorch", "optim": "torch.optim loop", "pfl": "pfl", "flower": "Flower"}
 SINGLE_PROCESS = ("local", "plain", "optim")
 """Runners that are one process whatever the worker count: run once per workload, shown at 1 worker."""
@@ -324,7 +325,7 @@ def runner_command(runner: str, workers: int, spec: Any, out: Any, flower_python
     """The command line that starts ``runner`` with ``workers`` workers on the workload ``spec``."""
     peers = PEERS
     tail = ["--workload", str(spec), "--out", str(out)]
-    if runner in ("ray", "ray-driver", "ray-home", "local", "plain", "optim"):
+    if runner in ("ray", "ray-driver", "ray-home", "ray-graph", "local", "plain", "optim"):
         return [sys.executable, str(peers / "fedcomp_runner.py"), "--runner", runner, *tail]
     if runner == "pfl":
         if workers == 1:
@@ -454,7 +455,7 @@ def peer_target_lines(runs: list[PeerRun], round_s: dict[tuple[str, str, int], f
     if overhead:
         lines.append(f"- fedcomp Ray overhead over the plain loop <= {TARGET_OVERHEAD_MS:g} ms/round: " + ", ".join(overhead))
     against_pfl = [f"{runner} {w.model}/{w.clients}c/{w.rounds}r {round_s[(runner, w.key, 2)] / round_s[('pfl', w.key, 2)]:.2f}x"
-                   for w, n in keys if n == 2 for runner in ("ray", "ray-driver", "ray-home")
+                   for w, n in keys if n == 2 for runner in ("ray", "ray-driver", "ray-home", "ray-graph")
                    if (runner, w.key, 2) in round_s and ("pfl", w.key, 2) in round_s]
     if against_pfl:
         lines.append(f"- fedcomp Ray's round time / pfl's at 2 workers <= {TARGET_PFL_RATIO:g}x: " + ", ".join(against_pfl))

@@ -1,6 +1,7 @@
 """fedcomp's runners of ``benchmarks/peers.py``: the Ray backend (its server in an actor, or in the driver's
 process: ``ray-driver``; each cohort member run by the actor hosting it rather than spread evenly:
-``ray-home``), the local backend, the plain loop and the same rounds with ``torch.optim.SGD``
+``ray-home``; the calls with small payloads through a compiled Ray graph: ``ray-graph``), the local backend,
+the plain loop and the same rounds with ``torch.optim.SGD``
 stepping an ``nn.Module`` in place (``optim``).
 
 Each runs in its own process like the peers, so start-up (imports, Ray's start, actors) and the memory
@@ -24,7 +25,8 @@ common.one_thread()
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--runner", choices=["ray", "ray-driver", "ray-home", "local", "plain", "optim"], required=True)
+    parser.add_argument("--runner", choices=["ray", "ray-driver", "ray-home", "ray-graph", "local", "plain", "optim"],
+                        required=True)
     parser.add_argument("--workload", required=True)
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
@@ -38,7 +40,8 @@ def main() -> None:
     config = bench_config(int(spec["clients"]), int(spec["cohort"]), int(spec["rounds"]), int(spec["local_steps"]),
                           list(spec["sizes"])[1:-1], backend, actors=int(spec["workers"]),
                           server="driver" if args.runner == "ray-driver" else "actor",
-                          routing="home" if args.runner == "ray-home" else "balanced")
+                          routing="home" if args.runner == "ray-home" else "balanced",
+                          transport="graph" if args.runner == "ray-graph" else "calls")
     runs = {"plain": run_plain, "optim": run_optim}
     m = runs[args.runner](config, 0) if args.runner in runs else run_fedcomp(config, backend, 0)
 
