@@ -3,9 +3,9 @@
 An ordinary actor call costs about a millisecond of Ray's task machinery (submission, scheduling, the reply's
 object); a compiled graph (``ray.dag``) is set up once and then passes each message through shared-memory
 channels to a loop each actor runs on a background thread: 0.3-0.4 ms for a round trip to two actors against
-1.2 ms by calls on the 2-core machine of ``benchmarks/RAY_DAG.md``. That pays where calls are many and small
+1.2-1.4 ms by calls on the 2-core machines of ``benchmarks/RAY_DAG.md``. That pays where calls are many and small
 -- FedDRO's per-step exchange, FedNest's sub-rounds on small problems -- and costs where the actors' cores are
-few: an idle graph's channel readers poll (about half a core per idle actor there).
+few: an idle graph's channel readers poll (half a core to a whole one per idle actor there).
 
 The graph is one node per actor (``ClientActor.graph_step``, bound to the actor's index) fed the same input
 -- the pickled call, every actor's cohort members and the call's number -- so that one graph serves every
@@ -18,7 +18,6 @@ with ordinary calls and runs only the dead actor's share again on its replacemen
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -54,7 +53,6 @@ class ActorGraph:
     """One compiled graph over ``actors``: :meth:`execute` sends one input to all and gives one reference per actor."""
 
     def __init__(self, actors: Sequence[Any]) -> None:
-        started = time.perf_counter()
         with InputNode() as sent:
             dag = MultiOutputNode([actor.graph_step.bind(sent, i) for i, actor in enumerate(actors)])
         quiet_teardown()
@@ -62,8 +60,6 @@ class ActorGraph:
         # defaults (10 in flight, 1 MB each) allocate tens of MB of the object store per graph, which made
         # compiling stall for seconds when graphs were built run after run on kept actors
         self.compiled = dag.experimental_compile(_buffer_size_bytes=CHANNEL_BYTES, _max_inflight_executions=1)
-        self.compile_s = time.perf_counter() - started
-        """Seconds compiling took (a few hundred milliseconds: once per run, and again after a replaced actor)."""
 
     def execute(self, sent: tuple[bytes, dict[int, list[int]], int]) -> list[Any]:
         """Send ``sent`` to every actor; the references to their replies, in actor order."""
