@@ -2,7 +2,8 @@
 same loop with ``torch.optim.SGD`` stepping an ``nn.Module`` in place, pfl 0.6 and Flower 1.42 (Ray simulation),
 each run in its own process; writes ``benchmarks/RESULTS.md``.
 
-    python benchmarks/peers.py [--quick] [--repeats N] [--runners ray ray-driver ray-home ray-graph local plain optim pfl flower]
+    python benchmarks/peers.py [--quick] [--repeats N]
+        [--runners ray ray-driver ray-home ray-graph ray-vmap local local-vmap plain optim pfl flower]
                                [--no-install] [--bench-dir DIR] [--results PATH|-]
 
 Every runner is a subprocess started from ``benchmarks/peers/`` (fedcomp's six in this virtualenv, pfl in
@@ -60,12 +61,16 @@ from fedcomp.platform.server import sample_cohort
 
 PEERS = HERE / "peers"
 """The runners' scripts."""
-PEER_RUNNERS = ("ray", "ray-driver", "ray-home", "ray-graph", "local", "plain", "optim", "pfl", "flower")
+FEDCOMP_RUNNERS = ("ray", "ray-driver", "ray-home", "ray-graph", "ray-vmap", "local", "local-vmap", "plain", "optim")
+"""The runners of ``peers/fedcomp_runner.py``."""
+RAY_RUNNERS = ("ray", "ray-driver", "ray-home", "ray-graph", "ray-vmap")
+PEER_RUNNERS = (*FEDCOMP_RUNNERS, "pfl", "flower")
 RUNNER_LABELS = {"ray": "fedcomp ray", "ray-driver": "fedcomp ray, server in driver",
                  "ray-home": "fedcomp ray, clients at home", "ray-graph": "fedcomp ray, compiled graph",
-                 "local": "fedcomp local",
+                 "ray-vmap": "fedcomp ray, vectorised clients", "local": "fedcomp local",
+                 "local-vmap": "fedcomp local, vectorised clients",
                  "plain": "plain PyTorch", "optim": "torch.optim loop", "pfl": "pfl", "flower": "Flower"}
-SINGLE_PROCESS = ("local", "plain", "optim")
+SINGLE_PROCESS = ("local", "local-vmap", "plain", "optim")
 """Runners that are one process whatever the worker count: run once per workload, shown at 1 worker."""
 MODELS = {"small": (64,), "heavy": (1024, 1024)}
 PEER_COHORT, PEER_LOCAL_STEPS = 10, 5
@@ -325,7 +330,7 @@ def runner_command(runner: str, workers: int, spec: Any, out: Any, flower_python
     """The command line that starts ``runner`` with ``workers`` workers on the workload ``spec``."""
     peers = PEERS
     tail = ["--workload", str(spec), "--out", str(out)]
-    if runner in ("ray", "ray-driver", "ray-home", "ray-graph", "local", "plain", "optim"):
+    if runner in FEDCOMP_RUNNERS:
         return [sys.executable, str(peers / "fedcomp_runner.py"), "--runner", runner, *tail]
     if runner == "pfl":
         if workers == 1:
@@ -455,12 +460,13 @@ def peer_target_lines(runs: list[PeerRun], round_s: dict[tuple[str, str, int], f
     if overhead:
         lines.append(f"- fedcomp Ray overhead over the plain loop <= {TARGET_OVERHEAD_MS:g} ms/round: " + ", ".join(overhead))
     against_pfl = [f"{runner} {w.model}/{w.clients}c/{w.rounds}r {round_s[(runner, w.key, 2)] / round_s[('pfl', w.key, 2)]:.2f}x"
-                   for w, n in keys if n == 2 for runner in ("ray", "ray-driver", "ray-home", "ray-graph")
+                   for w, n in keys if n == 2 for runner in RAY_RUNNERS
                    if (runner, w.key, 2) in round_s and ("pfl", w.key, 2) in round_s]
     if against_pfl:
         lines.append(f"- fedcomp Ray's round time / pfl's at 2 workers <= {TARGET_PFL_RATIO:g}x: " + ", ".join(against_pfl))
-    speedup = [f"{w.clients}c/{w.rounds}r/{n}w {round_s[('flower', w.key, n)] / round_s[('ray', w.key, n)]:.1f}x"
-               for w, n in keys if w.model == "small" and ("flower", w.key, n) in round_s and ("ray", w.key, n) in round_s]
+    speedup = [f"{runner} {w.clients}c/{w.rounds}r/{n}w {round_s[('flower', w.key, n)] / round_s[(runner, w.key, n)]:.1f}x"
+               for w, n in keys if w.model == "small" for runner in ("ray", "ray-vmap")
+               if ("flower", w.key, n) in round_s and (runner, w.key, n) in round_s]
     if speedup:
         lines.append(f"- Flower's round time / fedcomp Ray's on the small workload >= {TARGET_FLOWER_SPEEDUP:g}x: "
                      + ", ".join(speedup))

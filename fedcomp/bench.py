@@ -62,11 +62,12 @@ TARGET_RATIO = 0.10
 def bench_config(
     clients: int, cohort: int, rounds: int, local_steps: int, hidden: Sequence[int], backend: str,
     actors: int = ACTORS, server: str = "actor", routing: str = "balanced", transport: str = "calls",
+    vectorise: bool = False,
 ) -> Config:
     """The benchmark workload as a validated fedcomp config (Ray: clients packed into ``actors`` actors, the
     round program in a server actor or, ``server="driver"``, in the driver's process; cohort members spread
     evenly over the actors or, ``routing="home"``, run by the actor hosting them; ``transport`` as
-    ``federation.transport``)."""
+    ``federation.transport``; ``vectorise`` as ``federation.vectorise``)."""
     return load_config(
         {
             "task": {"name": "synthetic-classification", "features": FEATURES, "classes": CLASSES,
@@ -80,6 +81,7 @@ def bench_config(
                 "server": server,
                 "routing": routing,
                 "transport": transport,
+                "vectorise": vectorise,
             },
             "run": {"seed": SEED, "rounds": rounds, "progress": "none"},
         }

@@ -1,7 +1,8 @@
 """fedcomp's runners of ``benchmarks/peers.py``: the Ray backend (its server in an actor, or in the driver's
 process: ``ray-driver``; each cohort member run by the actor hosting it rather than spread evenly:
-``ray-home``; the calls with small payloads through a compiled Ray graph: ``ray-graph``), the local backend,
-the plain loop and the same rounds with ``torch.optim.SGD``
+``ray-home``; the calls with small payloads through a compiled Ray graph: ``ray-graph``; each actor's cohort
+members stepped together under ``vmap``, ``federation.vectorise``: ``ray-vmap``), the local backend (and
+vectorised: ``local-vmap``), the plain loop and the same rounds with ``torch.optim.SGD``
 stepping an ``nn.Module`` in place (``optim``).
 
 Each runs in its own process like the peers, so start-up (imports, Ray's start, actors) and the memory
@@ -25,8 +26,8 @@ common.one_thread()
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--runner", choices=["ray", "ray-driver", "ray-home", "ray-graph", "local", "plain", "optim"],
-                        required=True)
+    parser.add_argument("--runner", required=True, choices=[
+        "ray", "ray-driver", "ray-home", "ray-graph", "ray-vmap", "local", "local-vmap", "plain", "optim"])
     parser.add_argument("--workload", required=True)
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
@@ -36,12 +37,13 @@ def main() -> None:
     from fedcomp.bench import bench_config, run_fedcomp, run_optim, run_plain
 
     spec = common.load_spec(args.workload)
-    backend = "local" if args.runner in ("local", "plain", "optim") else "ray"
+    backend = "local" if args.runner in ("local", "local-vmap", "plain", "optim") else "ray"
     config = bench_config(int(spec["clients"]), int(spec["cohort"]), int(spec["rounds"]), int(spec["local_steps"]),
                           list(spec["sizes"])[1:-1], backend, actors=int(spec["workers"]),
                           server="driver" if args.runner == "ray-driver" else "actor",
                           routing="home" if args.runner == "ray-home" else "balanced",
-                          transport="graph" if args.runner == "ray-graph" else "calls")
+                          transport="graph" if args.runner == "ray-graph" else "calls",
+                          vectorise=args.runner.endswith("-vmap"))
     runs = {"plain": run_plain, "optim": run_optim}
     m = runs[args.runner](config, 0) if args.runner in runs else run_fedcomp(config, backend, 0)
 

@@ -128,7 +128,7 @@ def test_peers_bad_flags(tmp_path, capsys, argv, says):
 def test_peers_quick_with_fedcomp_runners_only(tmp_path, capsys):
     """The harness end to end (subprocesses, memory, report) with the runners that need no peer installed."""
     out = tmp_path / "RESULTS.md"
-    args = ["--quick", "--runners", "local", "plain", "--bench-dir", str(tmp_path), "--results", str(out)]
+    args = ["--quick", "--runners", "local", "local-vmap", "plain", "--bench-dir", str(tmp_path), "--results", str(out)]
     assert peers.main(args) == 0
     text = out.read_text()
     assert text.strip() == capsys.readouterr().out.strip()
@@ -136,9 +136,11 @@ def test_peers_quick_with_fedcomp_runners_only(tmp_path, capsys):
     for line in (ln for ln in text.splitlines() if ln.startswith("| small")):
         cells = [c.strip() for c in line.strip("|").split("|")]
         rows[cells[3]] = dict(zip(peers.PEER_COLUMNS, cells))
-    assert set(rows) == {"fedcomp local", "plain PyTorch"}
+    assert set(rows) == {"fedcomp local", "fedcomp local, vectorised clients", "plain PyTorch"}
     assert rows["fedcomp local"]["final weights sha256"] == rows["plain PyTorch"]["final weights sha256"]
     assert rows["fedcomp local"]["max abs diff vs plain"] == "0.0e+00"
+    # lockstep vmap: the plain loop's weights up to float32 rounding (bit for bit is not promised)
+    assert float(rows["fedcomp local, vectorised clients"]["max abs diff vs plain"]) < 1e-5
     for cells in rows.values():
         assert float(cells["round (ms)"]) > 0 and float(cells["peak memory (MiB)"]) > 10
         assert float(cells["start-up (s)"]) > 0 and float(cells["test acc"]) > 0

@@ -65,7 +65,10 @@ def test_when_lockstep_applies():
     assert not can_lockstep(algorithm, problem, "local_steps", 1)  # one client: nothing to batch
     assert not can_lockstep(algorithm, problem, "other_program", 2)
     plain = load_config({"task": {"name": "synthetic-classification"}, "algorithm": {"name": "fedavg"}})
-    assert not can_lockstep(build_algorithm(plain), build_task(plain).problem("plain"), "local_steps", 2)  # not vmappable
+    fedavg, mlp = build_algorithm(plain), build_task(plain).problem("plain")
+    assert can_lockstep(fedavg, mlp, "local_steps", 2)
+    mlp.vmappable = False  # a task whose oracles vmap cannot batch (e.g. BatchNorm in training mode)
+    assert not can_lockstep(fedavg, mlp, "local_steps", 2)
     bilevel = load_config("fednest-minimax")
     assert not can_lockstep(build_algorithm(bilevel), build_task(bilevel).problem("bilevel"), "local_steps", 2)
 
@@ -100,6 +103,31 @@ def test_sinewave_local_scgd_lockstep_equals_one_at_a_time_up_to_rounding(algori
         np.testing.assert_allclose(fast.sums, slow.sums, rtol=1e-4, atol=1e-5)
         assert fast.samples == slow.samples
         assert fast.loss_sum == pytest.approx(slow.loss_sum, rel=1e-5)
+
+
+PLAIN_LOCAL_STEPS = ["fedavg", "fedavgm", "fedadam", "fedprox", "scaffold", "local-sgdm"]
+"""The plain kind's local-steps algorithms that run on an unweighted task (local-sgdm-rl needs class weights)."""
+
+
+@pytest.mark.parametrize("algorithm", PLAIN_LOCAL_STEPS)
+def test_mlp_classification_lockstep_equals_one_at_a_time_up_to_rounding(algorithm):
+    """Every local-steps algorithm of the plain kind on the synthetic MLP task (the peers benchmark's workload):
+    the cohort's steps batched under vmap give the one-at-a-time sums, counts and private states up to rounding."""
+    cfg = load_config(
+        {"task": {"name": "synthetic-classification", "hidden": [16], "test_samples": 10},
+         "algorithm": {"name": algorithm, "local_steps": 3}},
+        {"federation.backend": "local", "federation.clients": 6},
+    )
+    assert can_lockstep(build_algorithm(cfg), build_task(cfg).problem("plain"), "local_steps", 2)
+    for fast, slow in zip(host_reply(cfg, True), host_reply(cfg, False)):
+        assert not np.array_equal(fast.sums, np.zeros_like(fast.sums))
+        np.testing.assert_allclose(fast.sums, slow.sums, **ROUNDING)
+        assert fast.samples == slow.samples and fast.clients == slow.clients
+        assert fast.loss_sum == pytest.approx(slow.loss_sum, rel=1e-6)
+        assert fast.private.keys() == slow.private.keys()
+        for client in fast.private:
+            for key in fast.private[client]:
+                torch.testing.assert_close(fast.private[client][key], slow.private[client][key], **ROUNDING)
 
 
 def test_per_task_mix_runs_one_at_a_time():

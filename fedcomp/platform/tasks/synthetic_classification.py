@@ -41,6 +41,7 @@ class SyntheticClassification(Task):
     model: FlatModel
     kinds = frozenset({PLAIN})
     metrics = ("test_accuracy", "test_loss")
+    vmappable = True  # an MLP without BatchNorm and cross-entropy: pure tensor functions
     description = "Gaussian-mixture classification with Dirichlet label skew and an MLP (benchmarks)"
 
     def __init__(self, params: SyntheticClassificationParams, seed: int, clients: int, device: str = "cpu") -> None:
