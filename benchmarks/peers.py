@@ -123,6 +123,8 @@ FULL_MATRIX: tuple[tuple[Workload, tuple[int, ...]], ...] = (
 """(workload, worker counts) of ``python benchmarks/peers.py``."""
 QUICK_MATRIX: tuple[tuple[Workload, tuple[int, ...]], ...] = ((Workload("small", 100, 5), (2,)),)
 """``--quick``: one small workload, 5 rounds, 2 workers (and one repeat unless ``--repeats`` says more)."""
+MEMORY_MATRIX: tuple[tuple[Workload, tuple[int, ...]], ...] = ((Workload("small", 1000, 20), (2,)),)
+"""``--memory``: the memory target's workload alone (1,000 clients, 2 workers), e.g. under another torch build."""
 
 
 def workload_arrays(workload: Workload) -> dict[str, Any]:
@@ -505,9 +507,11 @@ def memory_lines(runs: list[PeerRun]) -> list[str]:
 
 def _plan(args: argparse.Namespace) -> tuple[tuple[tuple[Workload, tuple[int, ...]], ...], list[str], int]:
     """The workload matrix, the runners (in table order) and the repeats the flags ask for."""
-    matrix = QUICK_MATRIX if args.quick else FULL_MATRIX
+    if args.quick and args.memory:
+        raise PlatformError("--quick and --memory each pick the workloads: give one of them")
+    matrix = QUICK_MATRIX if args.quick else MEMORY_MATRIX if args.memory else FULL_MATRIX
     runners = [r for r in PEER_RUNNERS if r in (args.runners or PEER_RUNNERS)]
-    repeats = args.repeats if args.repeats is not None else (1 if args.quick else 3)
+    repeats = args.repeats if args.repeats is not None else (1 if args.quick or args.memory else 3)
     if repeats < 1:
         raise PlatformError(f"--repeats = {repeats}: must be >= 1")
     return matrix, runners, repeats
@@ -568,7 +572,7 @@ def render_peer_report(args: argparse.Namespace, runs: list[PeerRun], rows: list
             if name != "torch" or run.runner == "flower":
                 label = f"{name} ({RUNNER_LABELS[run.runner]})" if run.runner == "flower" else name
                 versions[label] = version
-    command = "python benchmarks/peers.py" + (" --quick" if args.quick else "") + (
+    command = "python benchmarks/peers.py" + (" --quick" if args.quick else "") + (" --memory" if args.memory else "") + (
         f" --repeats {args.repeats}" if args.repeats is not None else "") + (
         f" --runners {' '.join(args.runners)}" if args.runners else "")
     notes = [
@@ -606,6 +610,8 @@ def render_peer_report(args: argparse.Namespace, runs: list[PeerRun], rows: list
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python benchmarks/peers.py", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="one small workload, 5 rounds, 1 repeat")
+    parser.add_argument("--memory", action="store_true",
+                        help="the memory target's workload alone (small MLP, 1,000 clients, 2 workers), 1 repeat")
     parser.add_argument("--repeats", type=int, help="runs per configuration (default: 3; 1 with --quick)")
     parser.add_argument("--runners", nargs="+", choices=PEER_RUNNERS, help="which runners to time (default: all)")
     parser.add_argument("--no-install", action="store_true",

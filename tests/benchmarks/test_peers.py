@@ -117,11 +117,18 @@ def test_a_missing_peer_is_one_line_and_exit_2(tmp_path, capsys, runner, says):
     (["--markdown"], "unrecognized arguments: --markdown"),
     (["--runners", "tff"], "argument --runners: invalid choice: 'tff'"),
     (["--repeats", "0"], "--repeats = 0: must be >= 1"),
+    (["--quick", "--memory"], "--quick and --memory each pick the workloads: give one of them"),
 ])
 def test_peers_bad_flags(tmp_path, capsys, argv, says):
     assert exit_code([*argv, "--bench-dir", str(tmp_path)]) == 2
     assert says in capsys.readouterr().err
     assert not (tmp_path / "work").exists()
+
+
+def test_memory_flag_runs_the_memory_targets_workload_once():
+    matrix, runners, repeats = peers._plan(peers.build_parser().parse_args(["--memory", "--runners", "ray", "plain"]))
+    assert [(w.model, w.clients, n) for w, workers in matrix for n in workers] == [("small", 1000, 2)]
+    assert runners == ["ray", "plain"] and repeats == 1
 
 
 @pytest.mark.slow
