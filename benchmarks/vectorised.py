@@ -3,8 +3,10 @@
     python benchmarks/vectorised.py [--rounds 10] [--repeats 3]   # prints a table, writes benchmarks/VECTORISED.md
 
 Workloads: the invariant logistic regression task of the FCSG paper (16 clients, d = 10, q = 50, m = 10,
-FCSG-M) on the local backend (all 16 clients in one host) and on the Ray backend (16 clients in 2 client
-actors); the sinewave task with Local-SCGDM when it is registered. Per workload and setting: the median
+FCSG-M), the sinewave task with Local-SCGDM when it is registered, and FedAvg on the peers benchmark's small
+(32-64-10) and heavy (32-1024-1024-10) MLPs -- on the local backend (every client in one host) and on the
+Ray backend (the clients in 2 client actors, each stepping its share of the cohort together). Per workload
+and setting: the median
 per-round time over rounds and repeats, the speed-up, and the largest difference of the final metrics
 between the two paths (float32 rounding; see ``fedcomp/platform/vectorised.py``). Measured, not asserted.
 """
@@ -27,16 +29,28 @@ from fedcomp.platform.registry import TASKS
 from fedcomp.platform.vectorised import can_lockstep
 
 TITLE = "# Lockstep (vmap) vs one-at-a-time local steps"
+
+def mlp_fedavg(hidden: list[int], clients: int) -> tuple[dict, dict]:
+    """FedAvg on the peers benchmark's workload (benchmarks/peers.py): 10 clients a round, 5 steps of batch 16."""
+    return ({"task": {"name": "synthetic-classification", "hidden": hidden},
+             "algorithm": {"name": "fedavg", "lr": 0.05, "local_steps": 5, "outer_batch": 16}},
+            {"run.progress": "none", "federation.clients": clients, "federation.clients_per_round": 10})
+
+
 WORKLOADS = {
     "invariant-logreg, FCSG-M, 16 clients, d = 10, q = 50, m = 10": (
-        "quickstart", {"task.test_samples": 2000, "run.progress": "none"}),
+        "quickstart", {"task.test_samples": 2000, "run.progress": "none", "federation.clients": 16}),
     "sinewave, Local-SCGDM, 16 clients": (
         {"task": {"name": "sinewave"}, "algorithm": {"name": "local-scgdm"}}, {"run.progress": "none", "federation.clients": 16}),
+    "MLP 32-64-10 (2,762 weights), FedAvg, 10 of 1,000 clients, q = 5": mlp_fedavg([64], 1000),
+    "MLP 32-1024-1024-10 (1.1 M weights), FedAvg, 10 of 100 clients, q = 5": mlp_fedavg([1024, 1024], 100),
 }
+RAY_ACTORS = 2
 
 
 def time_rounds(base, overrides: dict, backend: str, vectorise: bool, rounds: int) -> tuple[float, dict]:
-    per_actor = 16 if backend == "local" else 8
+    clients = int(overrides["federation.clients"])
+    per_actor = clients if backend == "local" else -(-clients // RAY_ACTORS)
     config = load_config(base, {**overrides, "federation.backend": backend, "federation.vectorise": vectorise,
                                 "federation.clients_per_actor": per_actor, "run.rounds": rounds})
     server = make_server(config)
@@ -90,8 +104,8 @@ def main() -> None:
         common.HERE / "VECTORISED.md",
         TITLE,
         f"{common.generated_by()} (in every process, actors included); median per-round time (driver's view of "
-        "`run_round`) over rounds, then over repeats. Ray: 16 clients in 2 client actors (8 in lockstep per actor) + "
-        "the server actor; local: 16 in one host. Where lockstep does not apply (an algorithm that is not draw + pure "
+        f"`run_round`) over rounds, then over repeats. Ray: the clients in {RAY_ACTORS} client actors (each steps "
+        "its share of the cohort in lockstep) + the server actor; local: every client in one host. Where lockstep does not apply (an algorithm that is not draw + pure "
         f"update, or a task not declared vmappable) both columns run one at a time. Load average (1/5/15 min) before: "
         f"{load_before}.",
         lines,
