@@ -1,6 +1,7 @@
 """Lockstep (``torch.func.vmap``) vs one-at-a-time local steps, side by side in one run.
 
     python benchmarks/vectorised.py [--rounds 10] [--repeats 3]   # prints a table, writes benchmarks/VECTORISED.md
+    python benchmarks/vectorised.py --profile   # where a lockstep round of the large MLP spends its time (prints only)
 
 Workloads: the invariant logistic regression task of the FCSG paper (16 clients, d = 10, q = 50, m = 10,
 FCSG-M), the sinewave task with Local-SCGDM when it is registered, and FedAvg on the peers benchmark's small
@@ -65,12 +66,43 @@ def time_rounds(base, overrides: dict, backend: str, vectorise: bool, rounds: in
         server.close()
 
 
+def profile_lockstep(rounds: int = 2) -> None:
+    """Print the operators a lockstep round of the large MLP spends most time in (``torch.profiler``, the local
+    backend, per round after a warm-up round): why lockstep is slower than one at a time for large models."""
+    from torch.profiler import ProfilerActivity, profile
+
+    name = next(n for n in WORKLOADS if n.startswith("MLP 32-1024"))
+    base, overrides = WORKLOADS[name]
+    config = load_config(base, {**overrides, "federation.backend": "local", "federation.vectorise": True,
+                                "federation.clients_per_actor": int(overrides["federation.clients"])})
+    server = make_server(config)
+    try:
+        server.run_round()
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            for _ in range(rounds):
+                server.run_round()
+    finally:
+        server.close()
+    print(f"{name}, local backend, lockstep: self CPU time per round by operator ({common.generated_by()})")
+    events = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)
+    total = sum(e.self_cpu_time_total for e in events)
+    for event in events[:6]:
+        print(f"  {event.key[:40]:<40} {event.self_cpu_time_total / 1e6 / rounds:6.3f} s  ({event.count // rounds} calls)")
+    print(f"  {'all operators':<40} {total / 1e6 / rounds:6.3f} s")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--publish", action="store_true", help="only copy the last VECTORISED.md into RESULTS.md")
+    parser.add_argument("--profile", action="store_true", help="only profile a lockstep round of the large MLP")
     args = parser.parse_args()
+    if args.profile:
+        torch.set_num_threads(1)
+        load_builtins()
+        profile_lockstep()
+        return
     if args.publish:
         publish((common.HERE / "VECTORISED.md").read_text())
         return
