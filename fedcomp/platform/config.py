@@ -85,7 +85,8 @@ class FederationConfig(Params):
     vectorise: bool = Field(
         False,
         description="run a host's clients' local steps in lockstep under torch.func.vmap where the algorithm and "
-        "task allow it: faster, equal to the one-at-a-time numbers up to float32 rounding (not bit for bit)",
+        "task allow it: faster for small models (on a CPU, slower for large ones: benchmarks/VECTORISED.md), equal "
+        "to the one-at-a-time numbers up to float32 rounding (not bit for bit)",
     )
 
     @model_validator(mode="after")
