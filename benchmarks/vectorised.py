@@ -1,7 +1,7 @@
 """Lockstep (``torch.func.vmap``) vs one-at-a-time local steps, side by side in one run.
 
     python benchmarks/vectorised.py [--rounds 10] [--repeats 3]   # prints a table, writes benchmarks/VECTORISED.md
-    python benchmarks/vectorised.py --profile   # where a lockstep round of the large MLP spends its time (prints only)
+    python benchmarks/vectorised.py --profile   # why the large MLP steps one at a time on a CPU (prints only)
 
 Workloads: the invariant logistic regression task of the FCSG paper (16 clients, d = 10, q = 50, m = 10,
 FCSG-M), the sinewave task with Local-SCGDM when it is registered, and FedAvg on the peers benchmark's small
@@ -27,7 +27,8 @@ from fedcomp.platform.catalog import load_builtins
 from fedcomp.platform.config import load_config
 from fedcomp.platform.federation import build_algorithm, build_task
 from fedcomp.platform.registry import TASKS
-from fedcomp.platform.vectorised import can_lockstep
+from fedcomp.platform.rng import generator
+from fedcomp.platform.vectorised import LOCKSTEP_MAX_CPU_FLOATS, can_lockstep, lockstep_pays
 
 TITLE = "# Lockstep (vmap) vs one-at-a-time local steps"
 
@@ -66,29 +67,47 @@ def time_rounds(base, overrides: dict, backend: str, vectorise: bool, rounds: in
         server.close()
 
 
-def profile_lockstep(rounds: int = 2) -> None:
-    """Print the operators a lockstep round of the large MLP spends most time in (``torch.profiler``, the local
-    backend, per round after a warm-up round): why lockstep is slower than one at a time for large models."""
+def profile_lockstep(rounds: int = 4) -> None:
+    """Why a CPU host steps a large model one at a time even with ``federation.vectorise`` on
+    (``LOCKSTEP_MAX_CPU_FLOATS``): the large MLP on the local backend, lockstep forced past that limit against one at
+    a time, rounds alternating after a warm-up round each; then the operators the forced lockstep round spends most
+    time in (``torch.profiler``, per round)."""
     from torch.profiler import ProfilerActivity, profile
+
+    from fedcomp.platform import vectorised
 
     name = next(n for n in WORKLOADS if n.startswith("MLP 32-1024"))
     base, overrides = WORKLOADS[name]
-    config = load_config(base, {**overrides, "federation.backend": "local", "federation.vectorise": True,
-                                "federation.clients_per_actor": int(overrides["federation.clients"])})
-    server = make_server(config)
+    servers = {vectorise: make_server(load_config(base, {
+        **overrides, "federation.backend": "local", "federation.vectorise": vectorise,
+        "federation.clients_per_actor": int(overrides["federation.clients"])})) for vectorise in (False, True)}
+    limit = vectorised.LOCKSTEP_MAX_CPU_FLOATS
+    vectorised.LOCKSTEP_MAX_CPU_FLOATS = 2**62  # force lockstep, whatever the size
     try:
-        server.run_round()
-        with profile(activities=[ProfilerActivity.CPU]) as prof:
-            for _ in range(rounds):
+        times: dict[bool, list[float]] = {False: [], True: []}
+        for server in servers.values():
+            server.run_round()
+        for _ in range(rounds):
+            for vectorise, server in servers.items():
+                started = time.perf_counter()
                 server.run_round()
+                times[vectorise].append(time.perf_counter() - started)
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            for _ in range(2):
+                servers[True].run_round()
     finally:
-        server.close()
-    print(f"{name}, local backend, lockstep: self CPU time per round by operator ({common.generated_by()})")
+        vectorised.LOCKSTEP_MAX_CPU_FLOATS = limit
+        for server in servers.values():
+            server.close()
+    slow, fast = statistics.median(times[False]), statistics.median(times[True])
+    print(f"{name}, local backend ({common.generated_by()})")
+    print(f"  one at a time (in-place steps): {1e3 * slow:.1f} ms/round; lockstep forced: {1e3 * fast:.1f} ms/round "
+          f"({fast / slow:.1f}x the time; medians of {rounds} alternating rounds)")
+    print("  lockstep forced, self CPU time per round by operator:")
     events = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)
-    total = sum(e.self_cpu_time_total for e in events)
     for event in events[:6]:
-        print(f"  {event.key[:40]:<40} {event.self_cpu_time_total / 1e6 / rounds:6.3f} s  ({event.count // rounds} calls)")
-    print(f"  {'all operators':<40} {total / 1e6 / rounds:6.3f} s")
+        print(f"    {event.key[:40]:<40} {event.self_cpu_time_total / 2e6:6.3f} s  ({event.count // 2} calls)")
+    print(f"    {'all operators':<40} {sum(e.self_cpu_time_total for e in events) / 2e6:6.3f} s")
 
 
 def main() -> None:
@@ -96,7 +115,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--publish", action="store_true", help="only copy the last VECTORISED.md into RESULTS.md")
-    parser.add_argument("--profile", action="store_true", help="only profile a lockstep round of the large MLP")
+    parser.add_argument("--profile", action="store_true", help="only time and profile lockstep forced on the large MLP")
     args = parser.parse_args()
     if args.profile:
         torch.set_num_threads(1)
@@ -120,8 +139,12 @@ def main() -> None:
             lines.append(f"| {name} | — | task `{task}` not in this build | | | | |")
             continue
         config = load_config(base, overrides)
-        algorithm = build_algorithm(config)
-        applies = can_lockstep(algorithm, build_task(config).problem(algorithm.kind), "local_steps", 2)
+        algorithm, task_object = build_algorithm(config), build_task(config)
+        state = algorithm.join(algorithm.broadcast(algorithm.init(task_object.init_params(generator(0, "init")))))
+        applies = "no"
+        if can_lockstep(algorithm, task_object.problem(algorithm.kind), "local_steps", 2):
+            big = not lockstep_pays([state.tensors()], "cpu")
+            applies = f"no: over {LOCKSTEP_MAX_CPU_FLOATS:,} floats on a CPU" if big else "yes"
         for backend in ("local", "ray"):
             runs = {True: [], False: []}
             metrics = {}
@@ -131,14 +154,14 @@ def main() -> None:
                     runs[vectorise].append(seconds)
             slow, fast = statistics.median(runs[False]), statistics.median(runs[True])
             diff = max(abs(metrics[True][k] - metrics[False][k]) for k in metrics[True])
-            lines.append(f"| {name} | {backend} | {'yes' if applies else 'no'} | {1e3 * slow:.1f} | {1e3 * fast:.1f} | {slow / fast:.1f}x | {diff:.1e} |")
+            lines.append(f"| {name} | {backend} | {applies} | {1e3 * slow:.1f} | {1e3 * fast:.1f} | {slow / fast:.1f}x | {diff:.1e} |")
     text = common.table_report(
         common.HERE / "VECTORISED.md",
         TITLE,
         f"{common.generated_by()} (in every process, actors included); median per-round time (driver's view of "
         f"`run_round`) over rounds, then over repeats. Ray: the clients in {RAY_ACTORS} client actors (each steps "
         "its share of the cohort in lockstep) + the server actor; local: every client in one host. Where lockstep does not apply (an algorithm that is not draw + pure "
-        f"update, or a task not declared vmappable) both columns run one at a time. Load average (1/5/15 min) before: "
+        f"update, a task not declared vmappable, or on a CPU a client state over LOCKSTEP_MAX_CPU_FLOATS) both columns run one at a time. Load average (1/5/15 min) before: "
         f"{load_before}.",
         lines,
     )

@@ -34,7 +34,7 @@ from fedcomp.platform.registry import ALGORITHMS, TASKS
 from fedcomp.platform.rng import generator
 from fedcomp.platform.state import BUFFERS, Means
 from fedcomp.platform.tasks.base import Task
-from fedcomp.platform.vectorised import can_lockstep, lockstep_local_steps
+from fedcomp.platform.vectorised import can_lockstep, lockstep_local_steps, lockstep_pays
 
 T = TypeVar("T")
 
@@ -193,6 +193,7 @@ class ClientHost:
         if (
             self.config.federation.vectorise and self.model is None
             and can_lockstep(self.algorithm, self.problem, program, len(clients))
+            and lockstep_pays(starts, self.device)
         ):  # fmt: skip
             results = lockstep_local_steps(self.algorithm, self.problem, starts, contexts)
         if results is None:

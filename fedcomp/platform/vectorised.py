@@ -48,6 +48,22 @@ def steps_in_lockstep(algorithm: Algorithm[Any, Any], problem: Any, program: str
     )
 
 
+LOCKSTEP_MAX_CPU_FLOATS = 100_000
+"""Largest client state (floats) a CPU host steps in lockstep; larger ones go one at a time, where the local-steps
+family steps in place from the same size on (``IN_PLACE_MIN_FLOATS``). On one CPU thread a batched matrix product
+costs what the clients' separate products cost, so lockstep saves only per-call overhead -- which a large model does
+not have -- and pays for [clients x weights] gradients and states allocated afresh every step
+(benchmarks/VECTORISED.md: an MLP of 2,762 weights 1.4x faster in lockstep; ``python benchmarks/vectorised.py
+--profile``: one of 1.1 million weights 2-3x slower). A GPU host, not measured, steps any size in lockstep."""
+
+
+def lockstep_pays(states: Sequence[Tensors], device: str) -> bool:
+    """Whether stepping these client states in lockstep on ``device`` is expected to be faster than one at a time
+    (:data:`LOCKSTEP_MAX_CPU_FLOATS`)."""
+    floats = sum(int(t.numel()) for t in states[0].values()) if states else 0
+    return not str(device).startswith("cpu") or floats <= LOCKSTEP_MAX_CPU_FLOATS
+
+
 def stack_trees(trees: Sequence[Any]) -> Any:
     """Stack equally shaped batches (tensors in tuples, lists, dicts or dataclasses) leaf by leaf; raises
     :class:`NotStackable` where leaves differ in shape or dtype or an item is none of those."""

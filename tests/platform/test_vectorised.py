@@ -9,12 +9,13 @@ import pytest
 import torch
 
 import fedcomp
+from fedcomp.platform import federation
 from fedcomp.platform.algorithms.base import ClientContext
 from fedcomp.platform.algorithms.fcsg import FCSG
 from fedcomp.platform.config import load_config
 from fedcomp.platform.federation import ClientHost, Layout, build_algorithm, build_task
 from fedcomp.platform.rng import generator
-from fedcomp.platform.vectorised import can_lockstep, lockstep_local_steps
+from fedcomp.platform.vectorised import LOCKSTEP_MAX_CPU_FLOATS, can_lockstep, lockstep_local_steps, lockstep_pays
 from tests.conftest import small
 
 ROUNDING = dict(rtol=1e-5, atol=1e-6)  # a few float32 ulps per step, accumulated over the steps
@@ -128,6 +129,35 @@ def test_mlp_classification_lockstep_equals_one_at_a_time_up_to_rounding(algorit
         for client in fast.private:
             for key in fast.private[client]:
                 torch.testing.assert_close(fast.private[client][key], slow.private[client][key], **ROUNDING)
+
+
+def test_lockstep_pays_for_small_states_on_a_cpu_and_any_state_on_a_gpu():
+    small_state, large_state = [{"x": torch.zeros(10), "m": torch.zeros(10)}], [{"x": torch.zeros(LOCKSTEP_MAX_CPU_FLOATS + 1)}]
+    assert lockstep_pays(small_state, "cpu")
+    assert not lockstep_pays(large_state, "cpu")
+    assert lockstep_pays(large_state, "cuda:0")  # the device's name only: no GPU needed
+    assert lockstep_pays([{"x": torch.zeros(LOCKSTEP_MAX_CPU_FLOATS)}], "cpu")  # the limit itself still does
+
+
+def test_a_large_model_on_a_cpu_steps_one_at_a_time_even_when_vectorised(monkeypatch):
+    """Lockstep costs more than it saves for a large model on a CPU: the host runs it one at a time (the same
+    bits as with vectorise off), and a small one on the same task still in lockstep."""
+    calls = []
+
+    def counting(*args):
+        calls.append(len(args[2]))
+        return lockstep_local_steps(*args)
+
+    monkeypatch.setattr(federation, "lockstep_local_steps", counting)
+    task = {"name": "synthetic-classification", "test_samples": 10}
+    large = load_config({"task": {**task, "hidden": [1024, 128]}, "algorithm": {"name": "fedavg", "local_steps": 2}},
+                        {"federation.backend": "local", "federation.clients": 6})
+    assert build_task(large).model.dim > LOCKSTEP_MAX_CPU_FLOATS
+    for fast, slow in zip(host_reply(large, True), host_reply(large, False)):
+        assert np.array_equal(fast.sums, slow.sums) and fast.loss_sum == slow.loss_sum
+    assert calls == []
+    host_reply(large.replace(**{"task.hidden": [16]}), True)
+    assert calls == [6, 4]  # both calls of the small model in lockstep
 
 
 def test_per_task_mix_runs_one_at_a_time():
