@@ -85,7 +85,7 @@ class FederationConfig(Params):
     vectorise: bool = Field(
         False,
         description="run a host's clients' local steps in lockstep under torch.func.vmap where the algorithm and "
-        "task allow it: faster for small models (on a CPU, slower for large ones: benchmarks/VECTORISED.md), equal "
+        "task allow it (on a CPU host, client states up to 100,000 floats: larger ones are faster one at a time), equal "
         "to the one-at-a-time numbers up to float32 rounding (not bit for bit)",
     )
 
