@@ -36,18 +36,23 @@ def host_reply(cfg, vectorise: bool):
     return first, second
 
 
+def assert_close_replies(fast, slow):
+    """A lockstep reply equals the one-at-a-time reply up to rounding: sums, counts, loss and private states."""
+    np.testing.assert_allclose(fast.sums, slow.sums, **ROUNDING)
+    assert fast.samples == slow.samples and fast.clients == slow.clients
+    assert fast.loss_sum == pytest.approx(slow.loss_sum, rel=1e-6)
+    assert fast.private.keys() == slow.private.keys()
+    for client in fast.private:
+        for key in fast.private[client]:
+            torch.testing.assert_close(fast.private[client][key], slow.private[client][key], **ROUNDING)
+
+
 @pytest.mark.parametrize("algorithm", ["fcsg", "fcsg-m", "acc-fcsg-m"])
 @pytest.mark.parametrize("objective", ["paper", "official-code"])
 def test_lockstep_equals_one_at_a_time_up_to_rounding(algorithm, objective):
     cfg = config(**{"algorithm.name": algorithm, "task.objective": objective})
     for fast, slow in zip(host_reply(cfg, True), host_reply(cfg, False)):
-        np.testing.assert_allclose(fast.sums, slow.sums, **ROUNDING)
-        assert fast.samples == slow.samples and fast.clients == slow.clients
-        assert fast.loss_sum == pytest.approx(slow.loss_sum, rel=1e-6)
-        assert fast.private.keys() == slow.private.keys()
-        for client in fast.private:
-            for key in fast.private[client]:
-                torch.testing.assert_close(fast.private[client][key], slow.private[client][key], **ROUNDING)
+        assert_close_replies(fast, slow)
 
 
 def test_vectorised_run_is_close_to_sequential_and_bitwise_reproducible(tmp_path):
@@ -122,13 +127,7 @@ def test_mlp_classification_lockstep_equals_one_at_a_time_up_to_rounding(algorit
     assert can_lockstep(build_algorithm(cfg), build_task(cfg).problem("plain"), "local_steps", 2)
     for fast, slow in zip(host_reply(cfg, True), host_reply(cfg, False)):
         assert not np.array_equal(fast.sums, np.zeros_like(fast.sums))
-        np.testing.assert_allclose(fast.sums, slow.sums, **ROUNDING)
-        assert fast.samples == slow.samples and fast.clients == slow.clients
-        assert fast.loss_sum == pytest.approx(slow.loss_sum, rel=1e-6)
-        assert fast.private.keys() == slow.private.keys()
-        for client in fast.private:
-            for key in fast.private[client]:
-                torch.testing.assert_close(fast.private[client][key], slow.private[client][key], **ROUNDING)
+        assert_close_replies(fast, slow)
 
 
 def test_lockstep_pays_for_small_states_on_a_cpu_and_any_state_on_a_gpu():
