@@ -53,7 +53,7 @@ LOCKSTEP_MAX_CPU_FLOATS = 100_000
 family steps in place from the same size on (``IN_PLACE_MIN_FLOATS``). On one CPU thread a batched matrix product
 costs what the clients' separate products cost, so lockstep saves only per-call overhead -- which a large model does
 not have -- and pays for [clients x weights] gradients and states allocated afresh every step
-(benchmarks/VECTORISED.md: an MLP of 2,762 weights 1.4x faster in lockstep; ``python benchmarks/vectorised.py
+(benchmarks/VECTORISED.md: an MLP of 2,762 weights 1.4-2.6x faster in lockstep in two runs; ``python benchmarks/vectorised.py
 --profile``: one of 1.1 million weights 2-3x slower). A GPU host, not measured, steps any size in lockstep."""
 
 
