@@ -19,8 +19,8 @@ Tolerance: under ``vmap`` a reduction (matrix product, mean, the backward pass's
 kernel whose summation order depends on the batched shape, so numbers equal a run alone up to float32
 rounding (see :mod:`fedcomp.platform.vectorised`); the measured differences on the FCSG Figure 1 grid are in
 ``benchmarks/SWEEP.md`` and the tested bound is :data:`TOLERANCE`. Calls that cannot be batched (another
-program, a generator program, module buffers, draws of different shapes, an update that is not vmappable)
-run one configuration at a time, bit for bit.
+program, a generator program, module buffers, draws of different shapes, an update that is not vmappable, on a
+CPU a client state over ``LOCKSTEP_MAX_CPU_FLOATS``) run one configuration at a time, bit for bit.
 """
 
 from __future__ import annotations
@@ -41,7 +41,14 @@ from fedcomp.platform.config import Config
 from fedcomp.platform.federation import Layout, LocalFederation, combine
 from fedcomp.platform.runner import RoundDone, drive
 from fedcomp.platform.server import Server
-from fedcomp.platform.vectorised import NotStackable, equal_shape_runs, index_tree, stack_trees, steps_in_lockstep
+from fedcomp.platform.vectorised import (
+    NotStackable,
+    equal_shape_runs,
+    index_tree,
+    lockstep_pays,
+    stack_trees,
+    steps_in_lockstep,
+)
 
 TOLERANCE = 1e-4
 """Largest difference (absolute, on metrics in [0, 1] and on the model) between a lockstep configuration and
@@ -153,6 +160,8 @@ def _batched(calls: Sequence[_Call], swept: Sequence[str]) -> list[Outcome] | No
         broadcast = layout.receive(call.payload, host.device)  # as a run alone receives it in-process
         clients, starts, contexts, _ = host._open(call.cohort, broadcast, call.round, call.sub)
         opened.append((layout, broadcast, clients, starts, contexts))
+    if not lockstep_pays(opened[0][3], calls[0].federation.host.device):
+        return None  # a large model on a CPU: one configuration at a time is faster
     template: Any = calls[0].federation.host.algorithm  # a LocalSteps algorithm (checked by _batchable)
     problem = calls[0].federation.host.problem
     q = template.hp.local_steps

@@ -38,6 +38,24 @@ def alone(trials: pd.DataFrame, trial: str, out) -> tuple[pd.DataFrame, pd.DataF
     return rows[METRICS], fedcomp.run("quickstart", overrides).metrics[METRICS]
 
 
+def run_watched(configs, swept):
+    """Every round's batch of ``run_together`` and the lockstep group (one per call it saw, whose ``batched_calls``
+    counts the calls that ran under ``vmap``)."""
+    groups, batches = [], []
+    original = Lockstep.submit
+
+    def counted(self, index, call):
+        groups.append(self)
+        return original(self, index, call)
+
+    Lockstep.submit = counted
+    try:
+        batches = list(run_together(configs, swept, [None] * len(configs)))
+    finally:
+        Lockstep.submit = original
+    return groups, batches
+
+
 def test_figure1_grid_packs_by_shape():
     spec = load_spec("fcsg-invariant-lr")
     assert spec.pack == "lockstep" and swept_floats(spec) == ["lr", "beta"]
@@ -53,21 +71,11 @@ def test_figure1_grid_packs_by_shape():
 def test_lockstep_configurations_equal_runs_alone_within_tolerance(tmp_path):
     points = [{"algorithm.lr": lr, "algorithm.beta": beta} for lr in GRID["algorithm.lr"] for beta in GRID["algorithm.beta"]]
     configs = [load_config("quickstart", {**TINY, **p, "run.progress": "none"}) for p in points]
+    calls, batches = run_watched(configs, ["lr", "beta"])
     last = {}
-    calls = []
-    original = Lockstep.submit
-
-    def counted(self, index, call):
-        calls.append(self)
-        return original(self, index, call)
-
-    Lockstep.submit = counted
-    try:
-        for batch in run_together(configs, ["lr", "beta"], [None] * len(configs)):
-            assert [k for k, _ in batch] == list(range(len(configs)))  # every configuration, every round
-            last.update(batch)
-    finally:
-        Lockstep.submit = original
+    for batch in batches:
+        assert [k for k, _ in batch] == list(range(len(configs)))  # every configuration, every round
+        last.update(batch)
     assert calls and calls[0].batched_calls == len(configs) * TINY["run.rounds"]  # every round ran batched
     for k, point in enumerate(points):
         swept = pd.DataFrame(last[k].rows)[METRICS]
@@ -88,6 +96,24 @@ def test_a_pack_of_an_algorithm_without_a_swept_field_batches_the_fields_it_has(
     ref = fedcomp.run("quickstart", {**TINY, "algorithm.name": "fcsg", "algorithm.lr": 0.02, "run.rounds": 2,
                                      "run.progress": "none", "run.out": str(tmp_path)}).metrics
     assert (pd.DataFrame(last[1].rows)["test_loss"] - ref["test_loss"]).abs().max() <= TOLERANCE
+
+
+@pytest.mark.parametrize("hidden, batched", [([16], True), ([1024, 128], False)])
+def test_configurations_of_a_large_model_on_a_cpu_run_one_at_a_time(tmp_path, hidden, batched):
+    """Lockstep costs more than it saves for a client state over LOCKSTEP_MAX_CPU_FLOATS on a CPU: such a pack runs
+    its configurations one at a time, bit for bit a run alone; a small model on the same task still batches."""
+    base = {"task": {"name": "synthetic-classification", "hidden": hidden, "test_samples": 10},
+            "algorithm": {"name": "fedavg", "local_steps": 2}}
+    overrides = {"federation.backend": "local", "federation.clients": 4, "run.rounds": 2, "run.progress": "none"}
+    configs = [load_config(base, {**overrides, "algorithm.lr": lr}) for lr in (0.1, 0.02)]
+    groups, batches = run_watched(configs, ["lr"])
+    last = {}
+    for batch in batches:
+        last.update(batch)
+    assert (groups[0].batched_calls > 0) == batched
+    if not batched:
+        ref = fedcomp.run(base, {**overrides, "algorithm.lr": 0.02, "run.out": str(tmp_path)}).metrics[EXACT + ["test_loss"]]
+        pd.testing.assert_frame_equal(pd.DataFrame(last[1].rows)[EXACT + ["test_loss"]], ref, check_dtype=False)
 
 
 @pytest.mark.ray
