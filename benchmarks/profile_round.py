@@ -7,9 +7,11 @@ Runs two workloads on the Ray backend and reads the phase timers the backend kee
 FedAvg workload (MLP 32-64-10, 10 of 100 clients per round, 5 local steps, 2 client actors) and the FCSG
 paper's invariant logistic regression (FCSG-M, 16 clients in 4 actors, q = 50), each with
 ``federation.transport`` ``calls`` and ``graph``. The phases add up to the driver's own time per round; the
-first round (actor warm-up) is left out. Then as many pairs of rounds evaluate the server's model after each round
-(what a run does by default; the compiled graph's idle actors poll meanwhile), alternately in a second call to the
-server actor and in the same call as the round (``run_round_evaluated``, what the runner does).
+first round (actor warm-up) is left out. Then as many rounds again are driven each of four ways, in turns of five
+rounds: bare rounds pipelined (``RayServer.run_rounds``: the next round's call is submitted before this one's reply
+is taken, as the runner does), and rounds that each evaluate the server's model after them (what a run does by
+default; the compiled graph's idle actors poll meanwhile) in a second call to the server actor, in the same call
+as the round, and in the same call pipelined (what the runner does now).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from __future__ import annotations
 import argparse
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import torch
 
@@ -26,11 +28,20 @@ from fedcomp.actors.server_actor import RayServer
 from fedcomp.bench import bench_config
 from fedcomp.platform.config import Config, load_config
 
+BLOCK = 5
+"""Rounds timed in a row before the next way of driving them takes over (so that all see the same load)."""
 
-def profile(config, rounds: int) -> tuple[dict[str, float], float, float, float]:
-    """Seconds per round in each phase, per round, and per round followed by the server's evaluation (a run's
-    default, ``run.eval_every: 1``: the client actors wait meanwhile, which a compiled graph's actors do polling)
-    asked for in a second call to the server actor (as the runner did) and in the same call (as it does now)."""
+
+def drain(replies: Iterable[object]) -> None:
+    for _ in replies:
+        pass
+
+
+def profile(config, rounds: int) -> tuple[dict[str, float], dict[str, float]]:
+    """Seconds per round in each phase, and per round driven each way: bare rounds one call at a
+    time (the phases' rounds) and pipelined (``run_rounds``, the runner's way), and rounds each followed by the
+    server's evaluation (a run's default, ``run.eval_every: 1``; the client actors wait meanwhile, which a compiled
+    graph's actors do polling) asked for in a second call to the server actor, in the same call, and pipelined."""
     server = RayServer(config)
     try:
         server.run_round()  # warm-up: first calls import code and fill caches in the actors
@@ -38,19 +49,24 @@ def profile(config, rounds: int) -> tuple[dict[str, float], float, float, float]
         started = time.perf_counter()
         for _ in range(rounds):
             server.run_round()
-        total = time.perf_counter() - started
+        per_round = {"bare rounds, one call each": (time.perf_counter() - started) / rounds}
         after = server.profile()
-        two_calls, one_call = 0.0, 0.0
-        for _ in range(rounds):  # alternating, so that both see the same load
-            started = time.perf_counter()
-            server.run_round()
-            server.evaluate()
-            two_calls += time.perf_counter() - started
-            started = time.perf_counter()
-            server.run_round_evaluated()
-            one_call += time.perf_counter() - started
+        ways: dict[str, Callable[[], None]] = {
+            "bare rounds, pipelined (`run_rounds`)": lambda: drain(server.run_rounds([False] * BLOCK)),
+            "round, then its evaluation in a second call": lambda: [
+                (server.run_round(), server.evaluate()) for _ in range(BLOCK)],
+            "round and evaluation in one call": lambda: [next(server.run_rounds([True])) for _ in range(BLOCK)],
+            "rounds and evaluations, pipelined (the runner's, now)": lambda: drain(server.run_rounds([True] * BLOCK)),
+        }
+        spent = dict.fromkeys(ways, 0.0)
+        for _ in range(max(1, rounds // BLOCK)):
+            for name, way in ways.items():
+                started = time.perf_counter()
+                way()
+                spent[name] += time.perf_counter() - started
+        per_round |= {name: seconds / (max(1, rounds // BLOCK) * BLOCK) for name, seconds in spent.items()}
         phases = {k: (after[k] - before.get(k, 0.0)) / rounds for k in after}
-        return phases, total / rounds, two_calls / rounds, one_call / rounds
+        return phases, per_round
     finally:
         server.close()
 
@@ -76,18 +92,23 @@ def main() -> None:
     columns = [(name, transport) for name in workloads for transport in TRANSPORTS]
     results = {(name, transport): profile(workloads[name](transport), args.rounds) for name, transport in columns}
     phases = list(next(iter(results.values()))[0])
+    bare = "bare rounds, one call each"
     lines = ["| phase | " + " | ".join(f"{n}, transport {t} (ms/round)" for n, t in columns) + " |",
              "|---|" + "---:|" * len(columns)]
     for phase in phases:
-        cells = [f"{1e3 * results[c][0][phase]:.2f} ({100 * results[c][0][phase] / results[c][1]:.0f} %)" for c in columns]
+        cells = [f"{1e3 * results[c][0][phase]:.2f} ({100 * results[c][0][phase] / results[c][1][bare]:.0f} %)"
+                 for c in columns]
         lines.append(f"| {phase} | " + " | ".join(cells) + " |")
-    lines.append("| **round, as the driver sees it** | " + " | ".join(f"**{1e3 * results[c][1]:.2f}**" for c in columns) + " |")
-    overhead = {c: results[c][1] - results[c][0]["actor compute (slowest actor)"] for c in columns}
+    lines.append("| **round, as the driver sees it** | " + " | ".join(f"**{1e3 * results[c][1][bare]:.2f}**" for c in columns) + " |")
+    overhead = {c: results[c][1][bare] - results[c][0]["actor compute (slowest actor)"] for c in columns}
     lines.append("| over the slowest actor's compute | " + " | ".join(f"{1e3 * overhead[c]:.2f}" for c in columns) + " |")
-    lines.append("| round, then the server's evaluation in a second call | "
-                 + " | ".join(f"{1e3 * results[c][2]:.2f}" for c in columns) + " |")
-    lines.append("| round and evaluation in one call (`run_round_evaluated`, the runner's) | "
-                 + " | ".join(f"{1e3 * results[c][3]:.2f}" for c in columns) + " |")
+    pipelined = "bare rounds, pipelined (`run_rounds`)"
+    for way in list(next(iter(results.values()))[1])[1:]:
+        lines.append(f"| {way} | " + " | ".join(f"{1e3 * results[c][1][way]:.2f}" for c in columns) + " |")
+        if way == pipelined:
+            lines.append("| pipelined, over the slowest actor's compute | " + " | ".join(
+                f"{1e3 * (results[c][1][way] - results[c][0]['actor compute (slowest actor)']):.2f}" for c in columns)
+                + " |")
     common.table_report(
         common.HERE / "PROFILE.md",
         "# Where a Ray-backend round's time goes",

@@ -4,6 +4,8 @@ can also hold the server in the driver's own process (``federation.server: drive
 from __future__ import annotations
 
 import time
+from collections import deque
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import ray
@@ -15,7 +17,7 @@ from fedcomp.actors.cluster import actor_options, cluster_nodes, connect, plan_a
 from fedcomp.actors.federation import RayFederation, unwrap, wait_ready
 from fedcomp.platform.config import Config
 from fedcomp.platform.run_checks import state_finite
-from fedcomp.platform.server import Server
+from fedcomp.platform.server import RoundReply, Server
 
 
 class ServerActor:
@@ -51,14 +53,11 @@ class ServerActor:
         """The round's record, with what the driver checks after every round in the same reply: whether the
         global state is finite, and the client actors replaced during the round; with ``evaluate``, also the
         evaluation after the round and the seconds it took (one driver -> server actor hop, not two)."""
-        reply: dict[str, Any] = {}
-        if evaluate:
-            record, reply["evaluation"], reply["evaluate_s"] = self.server.run_round_evaluated()
-        else:
-            record = self.server.run_round()
+        record, evaluation, evaluate_s = self.server.one_round(evaluate)
         return {
-            **reply,
             "record": record,
+            "evaluation": evaluation,
+            "evaluate_s": evaluate_s,
             "model_finite": state_finite(self.server.tensors()),
             "replacements": self.server.federation.take_replacements(),  # type: ignore[attr-defined]
         }
@@ -125,20 +124,44 @@ class RayServer:
             raise unwrap(error) from None
 
     def run_round(self) -> dict[str, Any]:
-        return self._round(False)["record"]
-
-    def run_round_evaluated(self) -> tuple[dict[str, Any], dict[str, float], float]:
-        """The round and the evaluation after it in one call to the server actor (see :meth:`Server.run_round_evaluated`)."""
-        reply = self._round(True)
-        return reply["record"], reply["evaluation"], reply["evaluate_s"]
-
-    def _round(self, evaluate: bool) -> dict[str, Any]:
         started = time.perf_counter()
-        reply = self._call("run_round", evaluate)
-        self.driver_s += time.perf_counter() - started - reply.get("evaluate_s", 0.0)
+        return self._take(self._call("run_round", False), started)[0]
+
+    def run_rounds(self, evaluated: Sequence[bool]) -> Iterator[RoundReply]:
+        """The rounds (see :class:`~fedcomp.platform.server.ServerLike`), each with its evaluation in the same call
+        to the server actor. The next round's call is submitted before this round's reply is awaited, so the server
+        actor starts it as soon as it has replied, while the reply travels and the caller uses it: the driver ->
+        server actor hop leaves the rounds' critical path. A caller that stops early leaves the server actor at
+        most one round further on."""
+        if self.actor is None:
+            for evaluate in evaluated:
+                started = time.perf_counter()
+                yield self._take(self._call("run_round", evaluate), started)
+            return
+        plan, pending = iter(evaluated), deque[Any]()
+
+        def submit() -> None:
+            evaluate = next(plan, None)
+            if evaluate is not None:
+                pending.append(self.actor.run_round.remote(evaluate))
+
+        submit()
+        while pending:
+            submit()  # queued behind the round the server actor runs now: at most one round ahead of the caller
+            started = time.perf_counter()
+            try:
+                reply = ray.get(pending.popleft())
+            except RayTaskError as error:
+                raise unwrap(error) from None
+            yield self._take(reply, started)
+
+    def _take(self, reply: dict[str, Any], started: float) -> RoundReply:
+        """Note what the driver checks after every round (finite model, replaced actors) and the seconds it waited
+        for the reply beyond the evaluation (``profile``'s driver -> server actor hop)."""
+        self.driver_s += time.perf_counter() - started - reply["evaluate_s"]
         self.finite = reply["model_finite"]
         self.replacements.extend(reply["replacements"])
-        return reply
+        return reply["record"], reply["evaluation"], reply["evaluate_s"]
 
     def model_finite(self) -> bool:
         """Whether the global state was finite after the last round (checked in the server actor)."""

@@ -113,19 +113,22 @@ def drive(config: Config, server: ServerLike, checkpoint: dict[str, Any] | None 
         rows.append({**asdict(Counters()), "train_loss": math.nan, "wall_time": 0.0, **server.evaluate()})
     if first >= config.run.rounds:  # nothing left to run: hand back what the checkpoint holds
         yield RoundDone(first, None, None, rows, wall_offset)
-    for r in range(first + 1, config.run.rounds + 1):
-        row = None
-        if r % config.run.eval_every == 0 or r == config.run.rounds:
-            record, metrics, evaluate_s = server.run_round_evaluated()  # one call to a server behind a hop
-            row = {**record, "wall_time": wall_offset + time.perf_counter() - t0 - evaluate_s, **metrics}
-            rows.append(row)
-        else:
-            record = server.run_round()
-        wall = wall_offset + time.perf_counter() - t0
-        ckpt = None
-        if r % config.run.checkpoint_every == 0 or r == config.run.rounds:
-            ckpt = {"server": server.checkpoint(), "rows": rows, "wall_time": wall, "identity": identity}
-        yield RoundDone(r, row, ckpt, rows, wall, float(record["train_loss"]))
+    r = first
+    while r < config.run.rounds:
+        # Up to the next checkpoint: a server behind a hop runs these rounds back to back (ServerLike.run_rounds).
+        last = min((r // config.run.checkpoint_every + 1) * config.run.checkpoint_every, config.run.rounds)
+        stretch = range(r + 1, last + 1)
+        evaluated = [k % config.run.eval_every == 0 or k == config.run.rounds for k in stretch]
+        for r, (record, metrics, evaluate_s) in zip(stretch, server.run_rounds(evaluated), strict=True):
+            row = None
+            if metrics is not None:
+                row = {**record, "wall_time": wall_offset + time.perf_counter() - t0 - evaluate_s, **metrics}
+                rows.append(row)
+            wall = wall_offset + time.perf_counter() - t0
+            ckpt = None
+            if r == last:
+                ckpt = {"server": server.checkpoint(), "rows": rows, "wall_time": wall, "identity": identity}
+            yield RoundDone(r, row, ckpt, rows, wall, float(record["train_loss"]))
 
 
 class _RunLog:

@@ -8,7 +8,7 @@ states -- is what :meth:`Server.checkpoint` returns, so a restored server contin
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Protocol
 
@@ -45,12 +45,23 @@ class Counters:
                 setattr(self, f.name, getattr(self, f.name) + getattr(record, f.name))
 
 
+RoundReply = tuple[dict[str, Any], dict[str, float] | None, float]
+"""One round of :meth:`ServerLike.run_rounds`: its record (cumulative counters and the round's training loss),
+the evaluation after it (None where the round is not evaluated) and the seconds that evaluation took."""
+
+
 class ServerLike(Protocol):
     """What the runner drives: the in-process :class:`Server` or a proxy to the Ray server actor."""
 
     def run_round(self) -> dict[str, Any]: ...
     def evaluate(self) -> dict[str, float]: ...
-    def run_round_evaluated(self) -> tuple[dict[str, Any], dict[str, float], float]: ...
+    def run_rounds(self, evaluated: Sequence[bool]) -> Iterator[RoundReply]:
+        """``len(evaluated)`` rounds, round ``i`` followed by an evaluation where ``evaluated[i]``, each reply
+        yielded as its round ends. A server behind a hop may start the next round of ``evaluated`` before the
+        caller has taken this one's reply (so that the hop's latency overlaps a round): a caller that stops early
+        may leave it one round further on; after the last reply nothing more runs, so that is where to
+        checkpoint."""
+        ...
     def checkpoint(self) -> dict[str, Any]: ...
     def restore(self, checkpoint: dict[str, Any]) -> None: ...
     def close(self) -> None: ...
@@ -107,14 +118,21 @@ class Server:
         self.train_loss = record.train_loss
         return {**asdict(self.counters), "train_loss": record.train_loss}
 
-    def run_round_evaluated(self) -> tuple[dict[str, Any], dict[str, float], float]:
-        """:meth:`run_round`, then :meth:`evaluate`: the round's record, the evaluation and the seconds it took --
-        one call for a round the runner evaluates, so that a server behind a hop (the Ray server actor) pays the
-        hop once."""
+    def one_round(self, evaluate: bool) -> RoundReply:
+        """:meth:`run_round`, then (``evaluate``) :meth:`evaluate`: the round's record, the evaluation and the
+        seconds it took -- one call for a round and its evaluation, so that a server behind a hop (the Ray
+        server actor) pays the hop once."""
         record = self.run_round()
+        if not evaluate:
+            return record, None, 0.0
         started = time.perf_counter()
         metrics = self.evaluate()
         return record, metrics, time.perf_counter() - started
+
+    def run_rounds(self, evaluated: Sequence[bool]) -> Iterator[RoundReply]:
+        """One round after another (see :meth:`ServerLike.run_rounds`); in-process there is no hop to hide."""
+        for evaluate in evaluated:
+            yield self.one_round(evaluate)
 
     def tensors(self) -> Tensors:
         """The global state as named tensors (what is evaluated and checkpointed)."""

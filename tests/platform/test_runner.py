@@ -106,33 +106,34 @@ def test_failure_after_a_checkpoint_keeps_a_resumable_folder(tmp_path, monkeypat
     pd.testing.assert_frame_equal(resumed.metrics.drop(columns="wall_time"), full.metrics.drop(columns="wall_time"))
 
 
-def test_an_evaluated_round_is_one_call_to_the_server_and_its_wall_time_leaves_the_evaluation_out():
-    """``drive`` asks for the round and its evaluation together (``run_round_evaluated``: one hop to a Ray server
-    actor, not two) and only the rounds it evaluates; a row's wall time is the round's end, as before."""
+def test_drive_asks_for_the_rounds_up_to_each_checkpoint_at_once_with_the_ones_it_evaluates():
+    """``drive`` hands the server each stretch of rounds up to the next checkpoint in one ``run_rounds`` (so that a
+    server behind a hop can pipeline them), marking the rounds it evaluates; it checkpoints only at a stretch's
+    end, when nothing more runs; a row's wall time is its round's end less the evaluation."""
     from fedcomp.api import make_server
     from fedcomp.platform.config import load_config
     from fedcomp.platform.runner import drive
 
-    config = load_config("quickstart", small(**{"run.rounds": 5, "run.eval_every": 2}))
+    config = load_config("quickstart", small(**{"run.rounds": 5, "run.eval_every": 2, "run.checkpoint_every": 3}))
     server = make_server(config)
-    calls: list[str] = []
-    run_round, evaluate, evaluated = server.run_round, server.evaluate, server.run_round_evaluated
+    calls: list[object] = []
+    run_rounds, evaluate, checkpoint = server.run_rounds, server.evaluate, server.checkpoint
 
-    def counted_evaluate():
-        calls.append("evaluate")
-        return evaluate()
+    def counted_run_rounds(evaluated):
+        calls.append(list(evaluated))
+        return run_rounds(evaluated)
 
-    def counted_evaluated():
-        calls.append("evaluated")
-        return evaluated()
-
-    server.run_round = lambda: calls.append("round") or run_round()  # type: ignore[method-assign]
-    server.evaluate = counted_evaluate  # type: ignore[method-assign]
-    server.run_round_evaluated = counted_evaluated  # type: ignore[method-assign]
+    server.run_rounds = counted_run_rounds  # type: ignore[method-assign]
+    server.evaluate = lambda: calls.append("evaluate") or evaluate()  # type: ignore[method-assign]
+    server.checkpoint = lambda: calls.append("checkpoint") or checkpoint()  # type: ignore[method-assign]
     steps = list(drive(config, server))
-    # the initial evaluation; rounds 2 and 4 (eval_every) and 5 (the last) evaluated with their round
-    assert calls == ["evaluate", "round", "evaluated", "round", "evaluate", "round", "evaluated", "round", "evaluate",
-                     "evaluated", "round", "evaluate"]
+    # the initial evaluation; rounds 1-3 (round 2 evaluated: eval_every), a checkpoint; rounds 4-5 (5 is the last)
+    assert calls == ["evaluate", [False, True, False], "evaluate", "checkpoint", [True, True], "evaluate", "evaluate",
+                     "checkpoint"]
+    assert [step.round for step in steps] == [1, 2, 3, 4, 5]
+    assert [step.checkpoint is not None for step in steps] == [False, False, True, False, True]
+    assert [step.row is not None for step in steps] == [False, True, False, True, True]
     rows = steps[-1].rows
     assert [row["round"] for row in rows] == [0, 2, 4, 5]
     assert all(a["wall_time"] <= b["wall_time"] for a, b in itertools.pairwise(rows))
+    assert steps[2].checkpoint["server"]["counters"]["round"] == 3

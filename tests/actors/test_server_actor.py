@@ -1,0 +1,38 @@
+"""The driver's proxy to the server actor (:class:`~fedcomp.actors.server_actor.RayServer`): pipelined rounds."""
+
+from __future__ import annotations
+
+import pytest
+
+from fedcomp.actors.server_actor import RayServer
+from fedcomp.platform.config import load_config
+from fedcomp.platform.federation import LocalFederation
+from fedcomp.platform.server import Server
+from tests.conftest import small
+
+pytestmark = pytest.mark.ray
+
+
+@pytest.mark.slow
+def test_run_rounds_keeps_the_next_round_queued_one_round_ahead_with_the_in_process_numbers(ray_session):
+    config = load_config("quickstart", small(**{"federation.backend": "ray", "federation.clients_per_actor": 2,
+                                                "algorithm.name": "fcsg-m"}))
+    local = Server(config.replace(**{"federation.backend": "local"}), LocalFederation)
+    server = RayServer(config)
+    try:
+        replies = server.run_rounds([False, True, False])
+        first = next(replies)
+        # round 2 was submitted before round 1's reply was handed out: a call made now runs after it
+        assert server.checkpoint()["counters"]["round"] == 2
+        got = [(record, metrics) for record, metrics, _ in [first, *replies]]
+        expected = [local.one_round(evaluate)[:2] for evaluate in (False, True, False)]
+        assert got == expected  # bit for bit, the evaluation too
+        assert [record["round"] for record, _ in got] == [1, 2, 3] and got[1][1] is not None
+
+        abandoned = server.run_rounds([False] * 4)
+        next(abandoned)
+        abandoned.close()  # a caller that stops early (a diverged run, a trial Tune stops)
+        assert server.checkpoint()["counters"]["round"] == 5  # one round on from the last reply taken, no more
+        assert server.model_finite()
+    finally:
+        server.close()
