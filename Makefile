@@ -4,9 +4,9 @@
 PYTHON ?= python3
 VENV ?= .venv
 STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
-# Two test processes: the Ray tests are one group (tests/conftest.py), run by one of them in order while the
-# other takes the rest. PARALLEL= runs the suite in one process.
-PARALLEL ?= -n 2 --dist loadgroup
+# Two test processes, each taking the next test as it finishes one (each starts its own Ray session if it runs
+# a Ray test). PARALLEL= runs the suite in one process.
+PARALLEL ?= -n 2
 
 .PHONY: run test check bench clean
 

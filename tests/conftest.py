@@ -30,23 +30,14 @@ def results_root() -> str:
     return str(Path(_request.getfixturevalue("tmp_path")) / "results")
 
 
-RAY_MODULES = ("tests/actors/test_cluster.py", "tests/sweeps/test_cluster.py", "tests/test_quiet.py",
-               "tests/actors/test_ray_backend.py")
-"""Modules whose tests start Ray instances or clusters of their own (loopback nodes, ``fedcomp run`` in a
-subprocess): with the Ray tests in one group, so that one test process at a time starts Ray."""
-
-
 def pytest_collection_modifyitems(items):
-    """A test that uses the session's Ray instance is a ``ray`` test, marked or not (``make check`` leaves
-    them out; ``make test`` runs them). Under pytest-xdist (``make test`` runs two test processes,
-    ``--dist loadgroup``) the ``ray`` tests and :data:`RAY_MODULES` are one group, run in order by one
-    process -- the one Ray session of the run -- while the other process takes the rest; most of a Ray
-    test's time is spent waiting on other processes, which the other tests fill."""
+    """A test that uses the session's Ray instance is a ``ray`` test, marked or not (``make check`` leaves them
+    out; ``make test`` runs them). Under pytest-xdist each test process that runs one starts its own Ray
+    session, so the two processes of ``make test`` may each hold one while other tests start clusters of their
+    own (every one on ports Ray picks, with its own temporary folder)."""
     for item in items:
         if "ray_session" in getattr(item, "fixturenames", ()) and item.get_closest_marker("ray") is None:
             item.add_marker(pytest.mark.ray)
-        if item.get_closest_marker("ray") is not None or item.nodeid.startswith(RAY_MODULES):
-            item.add_marker(pytest.mark.xdist_group("ray"))
 
 
 @pytest.fixture(scope="session")
