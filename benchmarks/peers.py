@@ -588,8 +588,9 @@ def render_peer_report(args: argparse.Namespace, runs: list[PeerRun], rows: list
         "gloo); Flower = Ray actors running ClientApps (2 CPUs, 2/workers each); fedcomp local and the plain "
         "loop are one process; one torch thread per process everywhere",
         f"timing: each run is its own process; start-up = process launch until round 1 ends, less the median "
-        f"round (imports, Ray, actors, client registration, lazy initialisation); round = wall time per round seen by the server loop, median over the "
-        f"rounds, then median over {repeats} run(s); client updates/s = clients per round / round time; "
+        f"round (imports, Ray, actors, client registration, lazy initialisation); round = wall time per round seen by the server loop (fedcomp: "
+        f"between two rounds' replies as its runner drives them, the next round queued before this one's reply "
+        f"is taken), median over the rounds, then median over {repeats} run(s); client updates/s = clients per round / round time; "
         f"peak memory = peak of the summed PSS of the process and all its descendants (sampled every "
         f"{MEMORY_INTERVAL_S:g} s)",
         "weights: sha256 of the final float32 weights; fedcomp averages in float64 (bit-identical to the plain "
