@@ -153,15 +153,18 @@ def _batched(calls: Sequence[_Call], swept: Sequence[str]) -> list[Outcome] | No
     """The calls' ``local_steps`` programs in one ``vmap`` per run of equally shaped steps; None if their
     draws or states differ in shape (then they run one at a time)."""
     started = time.perf_counter()
-    opened = []
-    for call in calls:
+
+    def open_call(call: _Call) -> tuple[Any, ...]:
         host = call.federation.host
         layout = Layout.of(call.payload)
         broadcast = layout.receive(call.payload, host.device)  # as a run alone receives it in-process
         clients, starts, contexts, _ = host._open(call.cohort, broadcast, call.round, call.sub)
-        opened.append((layout, broadcast, clients, starts, contexts))
+        return layout, broadcast, clients, starts, contexts
+
+    opened = [open_call(calls[0])]
     if not lockstep_pays(opened[0][3], calls[0].federation.host.device):
-        return None  # a large model on a CPU: one configuration at a time is faster
+        return None  # a large model on a CPU: one configuration at a time is faster (decided before opening the rest)
+    opened += [open_call(call) for call in calls[1:]]
     template: Any = calls[0].federation.host.algorithm  # a LocalSteps algorithm (checked by _batchable)
     problem = calls[0].federation.host.problem
     q = template.hp.local_steps

@@ -41,7 +41,7 @@ def alone(trials: pd.DataFrame, trial: str, out) -> tuple[pd.DataFrame, pd.DataF
 def run_watched(configs, swept):
     """Every round's batch of ``run_together`` and the lockstep group (one per call it saw, whose ``batched_calls``
     counts the calls that ran under ``vmap``)."""
-    groups, batches = [], []
+    groups = []
     original = Lockstep.submit
 
     def counted(self, index, call):
