@@ -58,28 +58,29 @@ def ray_session():
     ray.shutdown()
 
 
-def _keep_actors():
+@pytest.fixture
+def keeping(ray_session):
+    """Ray actors kept from one run to the next (:mod:`fedcomp.actors.kept`, what a Tune trial process does), also
+    from this test to the next test that keeps them: a run of such tests starts its actor processes once per shape
+    of run, not per test (a fresh client or server actor costs about 4.5 s of CPU on 2 cores, importing torch;
+    a run on kept ones about 1 s in all). Each run rebuilds the actors it takes from its own config, so a parity
+    test on kept actors also checks that they give fresh ones' numbers."""
     from fedcomp.actors import kept
 
     kept.keep_between_runs()
     yield
-    kept.keep_between_runs(False)
 
 
-@pytest.fixture
-def keeping(ray_session):
-    """Ray actors kept from one run to the next within the test (see :func:`kept_actors`), killed at its end."""
-    yield from _keep_actors()
+@pytest.fixture(autouse=True)
+def _fresh_actors_unless_keeping(request):
+    """Before a test that does not keep actors, the kept ones are killed: its runs start fresh actors, and Ray
+    work of its own (another process, Tune, actors it makes) finds the CPUs that idle kept actors would hold."""
+    if "keeping" not in request.fixturenames:
+        from fedcomp.actors import kept
 
-
-@pytest.fixture(scope="module")
-def kept_actors(ray_session):
-    """Ray actors kept from one run to the next within a test module (:mod:`fedcomp.actors.kept`, what a Tune
-    trial process does): each run rebuilds them from its own config, so a parity test on them also checks that
-    kept actors give fresh ones' numbers, and the module starts its actor processes once, not per test (about
-    4 s a test on 2 cores). Kept actors hold the cluster's CPUs, so not in a module whose later tests start Ray
-    work from another process or actors of their own."""
-    yield from _keep_actors()
+        if kept.keeping():
+            kept.keep_between_runs(False)
+    yield
 
 
 def router_of(server):

@@ -49,7 +49,7 @@ def test_bench_local_plain_loop_and_torch_optim_give_the_same_weights(capsys, hi
 
 @pytest.mark.slow
 @pytest.mark.ray
-def test_bench_all_runners_on_ray(ray_session, capsys):
+def test_bench_all_runners_on_ray(keeping, capsys):
     assert main(TINY) == 0
     out = capsys.readouterr().out
     rows = check(out, ["ray", "local", "plain"])

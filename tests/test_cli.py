@@ -123,7 +123,7 @@ def test_gpu_request_on_the_local_backend_without_cuda(tmp_path, capsys):
     assert list(tmp_path.iterdir()) == []
 
 
-SWEEP = {"base": "quickstart", "grid": {"algorithm.lr": [0.1, 0.05]},
+SWEEP = {"base": "quickstart", "grid": {"algorithm.lr": [0.1, 0.05]}, "max_concurrent": 1,
          "set": {"federation.backend": "local", "federation.clients": 4, "algorithm.local_steps": 5,
                  "task.test_samples": 2000, "run.rounds": 3, "run.eval_every": 1}}
 

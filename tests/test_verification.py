@@ -44,13 +44,13 @@ def test_a_verified_run_is_identical_and_nothing_is_left_behind(tmp_path, capsys
 
 @pytest.mark.ray
 @pytest.mark.smoke
-def test_a_local_run_verified_on_ray_is_identical(ray_session, tmp_path, capsys):
+def test_a_local_run_verified_on_ray_is_identical(keeping, tmp_path, capsys):
     run_dir = finished_run(tmp_path)
     keep = tmp_path / "rerun"
-    assert main(["verify", str(run_dir), "--backend", "ray", "--set", "federation.clients_per_actor=1",
+    assert main(["verify", str(run_dir), "--backend", "ray", "--set", "federation.clients_per_actor=2",
                  "--out", str(keep)]) == 0
     out = capsys.readouterr().out
-    assert "re-ran on ray (4 client actors, clients_per_actor=1)" in out and "identical:" in out
+    assert "re-ran on ray (2 client actors, clients_per_actor=2)" in out and "identical:" in out
     (rerun,) = keep.iterdir()
     assert json.loads((rerun / "run.json").read_text())["backend"]["name"] == "ray"
     pd.testing.assert_frame_equal(pd.read_parquet(rerun / "metrics.parquet").drop(columns="wall_time"),
@@ -60,7 +60,7 @@ def test_a_local_run_verified_on_ray_is_identical(ray_session, tmp_path, capsys)
 
 @pytest.mark.slow
 @pytest.mark.ray
-def test_a_run_verified_with_two_clients_per_actor_is_identical(ray_session, tmp_path):
+def test_a_run_verified_with_two_clients_per_actor_is_identical(keeping, tmp_path):
     run_dir = finished_run(tmp_path, **{"run.rounds": 6, "run.eval_every": 1})  # round 5 rounds differently
     outcome = fedcomp.verify(run_dir, backend="ray", overrides={"federation.clients_per_actor": 2})
     assert [d.column for d in outcome.differences] == []

@@ -47,7 +47,7 @@ def counted(federation: RayFederation) -> dict[str, int]:
 
 
 @pytest.mark.parametrize("dim, all_by_graph", [(10, True), (INLINE_BYTES // 4 + 1_000, False)])
-def test_the_graph_gives_the_local_numbers_and_carries_only_inline_payloads(kept_actors, dim, all_by_graph):
+def test_the_graph_gives_the_local_numbers_and_carries_only_inline_payloads(keeping, dim, all_by_graph):
     raw = feddro(dim)
     local = make_server(load_config(raw))
     expected = [local.run_round() for _ in range(2)]
@@ -71,7 +71,7 @@ def test_the_graph_gives_the_local_numbers_and_carries_only_inline_payloads(kept
         assert 0 < counts["graph"] < counts["steps"]
 
 
-def test_an_error_in_a_client_program_comes_through_the_graph_which_then_goes_on(kept_actors):
+def test_an_error_in_a_client_program_comes_through_the_graph_which_then_goes_on(keeping):
     raw = feddro(10)
     expected = make_server(load_config(raw)).run_round()
     server = Server(load_config(raw, {"federation.backend": "ray", "federation.transport": "graph"}), RayFederation)
@@ -84,7 +84,7 @@ def test_an_error_in_a_client_program_comes_through_the_graph_which_then_goes_on
         server.close()
 
 
-def test_kept_actors_go_from_one_runs_graph_to_the_next(kept_actors):
+def test_kept_actors_go_from_one_runs_graph_to_the_next(keeping):
     """An actor takes part in one compiled graph at a time: each run tears its graph down before handing its actors
     on, so graph, calls and graph again on the same processes give the same numbers."""
     raw = feddro(10)

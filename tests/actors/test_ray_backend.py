@@ -28,20 +28,23 @@ def metrics(result) -> pd.DataFrame:
 
 
 @pytest.mark.slow
-def test_same_numbers_on_local_and_ray_with_1_2_and_4_client_actors(keeping, tmp_path):
-    base = small(**{"federation.clients": 4, "run.rounds": 3, "run.out": str(tmp_path), "algorithm.name": "acc-fcsg-m"})
+def test_same_numbers_on_local_and_ray_for_even_and_uneven_packings_and_either_server(keeping, tmp_path):
+    """Bit for bit, the training loss included: clients packed 3 + 3 + 2 with the server in the driver's process,
+    then 4 + 4 with the server actor (one client per actor: the conformance suite)."""
+    base = small(**{"federation.clients": 8, "run.out": str(tmp_path), "algorithm.name": "acc-fcsg-m"})
     reference = metrics(fedcomp.run("quickstart", base))
-    for per_actor in (4, 2, 1):  # 1, 2 and 4 client actors (one per client; each run takes the last one's): bit for bit
-        ray_run = fedcomp.run("quickstart", {**base, "federation.backend": "ray", "federation.clients_per_actor": per_actor})
+    for per_actor, server in ((3, "driver"), (4, "actor")):
+        ray_run = fedcomp.run("quickstart", {**base, "federation.backend": "ray", "federation.clients_per_actor": per_actor,
+                                             "federation.server": server})
         pd.testing.assert_frame_equal(metrics(ray_run), reference, check_exact=True)
 
 
 @pytest.mark.smoke
-def test_partial_participation_same_on_ray(ray_session, tmp_path):
+def test_partial_participation_same_on_ray(keeping, tmp_path):
     base = small(**{"federation.clients": 12, "federation.clients_per_round": 5, "run.out": str(tmp_path),
                     "algorithm.name": "fcsg-m"})
     reference = metrics(fedcomp.run("quickstart", base))
-    ray_run = fedcomp.run("quickstart", {**base, "federation.backend": "ray", "federation.clients_per_actor": 5})
+    ray_run = fedcomp.run("quickstart", {**base, "federation.backend": "ray", "federation.clients_per_actor": 6})
     pd.testing.assert_frame_equal(metrics(ray_run), reference, rtol=0, atol=1e-6)
 
 
@@ -206,7 +209,7 @@ def test_cli_joins_an_existing_cluster(ray_session, tmp_path):
 
 
 @pytest.mark.slow
-def test_fednest_sub_rounds_same_on_ray(ray_session, tmp_path):
+def test_fednest_sub_rounds_same_on_ray(keeping, tmp_path):
     raw = {"task": {"name": "minimax-quadratic"}, "algorithm": {"name": "fednest", "inner_steps": 3, "local_steps": 2},
            "federation": {"clients": 12, "clients_per_round": 5, "backend": "local"},
            "run": {"rounds": 3, "progress": "none", "out": str(tmp_path)}}
@@ -216,14 +219,14 @@ def test_fednest_sub_rounds_same_on_ray(ray_session, tmp_path):
     assert reference["comm_rounds"].tolist() == [0, 4, 8, 12]  # minimax: 2T + 2 per epoch (no FedIHGP)
 
 
-def test_fednest_code_variant_private_counters_same_on_ray(ray_session, tmp_path):
+def test_fednest_code_variant_private_counters_same_on_ray(keeping, tmp_path):
     # ihgp: code keeps each client's Neumann counter as private state on its actor across sub-rounds
     over = {"algorithm.name": "fednest", "algorithm.ihgp": "code", "algorithm.inner_steps": 2,
             "algorithm.neumann_terms": 3, "federation.clients": 6, "federation.clients_per_round": 3,
             "federation.backend": "local", "task.per_client": 40, "task.hidden": 20, "run.rounds": 2,
             "run.eval_every": 1, "run.progress": "none", "run.out": str(tmp_path)}
     reference = metrics(fedcomp.run("fednest-hr-offline", over))
-    ray_run = fedcomp.run("fednest-hr-offline", {**over, "federation.backend": "ray", "federation.clients_per_actor": 2})
+    ray_run = fedcomp.run("fednest-hr-offline", {**over, "federation.backend": "ray", "federation.clients_per_actor": 3})
     pd.testing.assert_frame_equal(metrics(ray_run), reference, rtol=0, atol=1e-6)
     assert reference["comm_rounds"].tolist() == [0, 8, 16]  # 2T + N + 3 per epoch
 
@@ -248,7 +251,7 @@ def test_actor_killed_between_per_step_exchanges_catches_up_by_replay(ray_sessio
     assert rows[-1]["embedding_exchanges"] == reference["embedding_exchanges"].iloc[-1]
 
 
-def test_round_profile_phases_add_up_to_the_drivers_round_time(ray_session):
+def test_round_profile_phases_add_up_to_the_drivers_round_time(keeping):
     from fedcomp.actors.federation import PHASES
 
     server = RayServer(load_config("quickstart", small(**{"federation.backend": "ray", "federation.clients_per_actor": 2})))
@@ -266,7 +269,7 @@ def test_round_profile_phases_add_up_to_the_drivers_round_time(ray_session):
 
 
 @pytest.mark.slow
-def test_vectorised_clients_on_one_actor_match_the_local_vectorised_run(ray_session, tmp_path):
+def test_vectorised_clients_on_one_actor_match_the_local_vectorised_run(keeping, tmp_path):
     base = small(**{"run.out": str(tmp_path), "federation.vectorise": True, "algorithm.name": "acc-fcsg-m"})
     local = metrics(fedcomp.run("quickstart", base))
     on_ray = metrics(fedcomp.run("quickstart", {**base, "federation.backend": "ray", "federation.clients_per_actor": 4}))

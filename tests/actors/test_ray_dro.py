@@ -32,7 +32,7 @@ CLASSIFICATION = {"name": "dro-classification", "dataset": "breast-cancer", "obj
         ("parallel-pdsgd", CLASSIFICATION, {"lr": 0.05, "outer_batch": 8}, 3),
     ],
 )
-def test_same_numbers_on_local_and_ray(kept_actors, tmp_path, algorithm, task, extra, per_round):
+def test_same_numbers_on_local_and_ray(keeping, tmp_path, algorithm, task, extra, per_round):
     raw = {"task": task, "algorithm": {"name": algorithm, **extra},
            "federation": {"clients": 4, "clients_per_round": per_round, "backend": "local"},
            "run": {"rounds": 3, "progress": "none", "out": str(tmp_path)}}
@@ -56,8 +56,9 @@ def test_an_actor_killed_mid_exchange_is_replaced_and_replays_to_the_same_bits(
     ray_session, monkeypatch, per_actor, kill, transport
 ):
     """The replacement re-creates its clients' generators from their saved state (x_prev) and replays the
-    means logged so far; the run then goes on as if nothing had happened -- by actor calls, and through a
-    compiled graph (``federation.transport: graph``), which is rebuilt over the replacement."""
+    means logged so far; the run then goes on as if nothing had happened -- by actor calls (the server in the
+    driver's process here; with the server actor: test_ray_backend.py), and through a compiled graph
+    (``federation.transport: graph``, the server actor), which is rebuilt over the replacement."""
     raw = {"task": COMPOSITION, "algorithm": {"name": "feddro", "local_steps": 3, "lr": 0.3, "beta": 0.4},
            "federation": {"clients": 4, "clients_per_actor": per_actor, "backend": "local"},
            "run": {"rounds": 3, "progress": "none"}}
@@ -65,7 +66,8 @@ def test_an_actor_killed_mid_exchange_is_replaced_and_replays_to_the_same_bits(
     expected = [local.run_round() for _ in range(3)]
     reference = local.checkpoint()
     monkeypatch.setenv("FEDCOMP_FAULT_KILL", kill)
-    server = RayServer(load_config(raw, {"federation.backend": "ray", "federation.transport": transport}))
+    server = RayServer(load_config(raw, {"federation.backend": "ray", "federation.transport": transport,
+                                         "federation.server": "driver" if transport == "calls" else "actor"}))
     try:
         rows = [server.run_round() for _ in range(3)]
         got = server.checkpoint()

@@ -14,7 +14,7 @@ pytestmark = pytest.mark.ray
 
 
 @pytest.mark.slow
-def test_run_rounds_keeps_the_next_round_queued_one_round_ahead_with_the_in_process_numbers(ray_session):
+def test_run_rounds_keeps_the_next_round_queued_one_round_ahead_with_the_in_process_numbers(keeping):
     config = load_config("quickstart", small(**{"federation.backend": "ray", "federation.clients_per_actor": 2,
                                                 "algorithm.name": "fcsg-m"}))
     local = Server(config.replace(**{"federation.backend": "local"}), LocalFederation)

@@ -457,7 +457,7 @@ def test_runs_end_to_end_on_breast_cancer(tmp_path, name, extra):
 @pytest.mark.ray
 @pytest.mark.skipif("imbalanced-binary" not in TASKS, reason="the imbalanced-binary task is not registered")
 @pytest.mark.slow
-def test_stages_and_dual_restarts_give_the_same_numbers_on_ray(ray_session, tmp_path):
+def test_stages_and_dual_restarts_give_the_same_numbers_on_ray(keeping, tmp_path):
     """Partial participation across two stage boundaries (three dual restarts, whose broadcast is the model alone,
     between rounds whose broadcast carries v_ref): every metric and counter of the Ray backend (2 clients per
     actor) equals the local backend's."""

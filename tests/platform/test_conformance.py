@@ -273,7 +273,7 @@ def assert_same_metrics(actual: pd.DataFrame, expected: pd.DataFrame) -> None:
 @pytest.mark.ray
 @pytest.mark.slow
 @pytest.mark.parametrize("name", cases("ray"))
-def test_ray_backend_matches_local_with_one_and_two_clients_per_actor(ray_session, kept_actors, name, tmp_path):
+def test_ray_backend_matches_local_with_one_and_two_clients_per_actor(ray_session, keeping, name, tmp_path):
     cfg = config(name, **{"federation.backend": "ray", "federation.clients_per_actor": 2, "run.out": str(tmp_path)})
     local = reference(name)
     server = ray_server(cfg)

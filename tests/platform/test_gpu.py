@@ -322,7 +322,7 @@ def test_the_probe_measures_a_clients_gpu_memory() -> None:
 # -- the Ray backend ----------------------------------------------------------------------------------------------
 
 
-def test_gpu_packing_auto_without_gpus_keeps_the_given_packing(ray_session, tmp_path) -> None:
+def test_gpu_packing_auto_without_gpus_keeps_the_given_packing(keeping, tmp_path) -> None:
     import json
 
     import fedcomp

@@ -304,7 +304,7 @@ def test_model_only_averaging_does_not_run_in_lockstep():
 @pytest.mark.ray
 @pytest.mark.skipif("imbalanced-binary" not in TASKS, reason="the imbalanced-binary task is not registered")
 @pytest.mark.slow
-def test_private_momenta_and_late_joiners_give_the_same_numbers_on_ray(ray_session, tmp_path):
+def test_private_momenta_and_late_joiners_give_the_same_numbers_on_ray(keeping, tmp_path):
     """``average: model`` with 2 of 4 clients per round: clients that join late estimate their momenta on
     their first step, which then stay on their actor; every metric and counter of the Ray backend (2 clients per
     actor) equals the local backend's."""

@@ -170,7 +170,7 @@ def test_a_resumed_run_equals_the_uninterrupted_one(tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize("program", ["local-steps", "exchange"])
 def test_ray_gives_the_local_numbers_bit_for_bit_with_one_and_two_clients_per_actor(
-    ray_session, program, cifar_root, tmp_path
+    keeping, program, cifar_root, tmp_path
 ):
     policy = "averaged" if program == "local-steps" else "local"
     make = (lambda **o: imbalanced(policy, tmp_path, **o)) if program == "local-steps" else (

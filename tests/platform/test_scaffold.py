@@ -104,7 +104,7 @@ def test_lockstep_clients_give_the_same_numbers(control):
 
 
 @pytest.mark.ray
-def test_same_numbers_on_local_and_ray(ray_session, tmp_path):
+def test_same_numbers_on_local_and_ray(keeping, tmp_path):
     from fedcomp.actors.server_actor import RayServer
 
     over = {"task": {"name": "synthetic-classification", "hidden": [8], "test_samples": 50},

@@ -83,7 +83,7 @@ def test_sweep_submitted_as_a_ray_job(tmp_path):
         out = tmp_path / "results"
         # the trials' clients run in-process: placing trials' actors is the two-node test's subject below
         spec = {"base": "quickstart", "set": {**TINY, "federation.backend": "local", "run.out": str(out)},
-                "grid": {"algorithm.lr": [0.1, 0.05]}}
+                "grid": {"algorithm.lr": [0.1, 0.05]}, "max_concurrent": 1}
         (workdir / "tiny.yaml").write_text(yaml.safe_dump(spec))
         submit = [str(BIN / "ray"), "job", "submit", "--address", address, "--working-dir", str(workdir), "--",
                   "fedcomp", "sweep", "tiny.yaml", "--verbose", "0"]

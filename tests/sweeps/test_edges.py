@@ -156,7 +156,7 @@ def test_paper_table_marks_edge_cells_with_a_footnote():
 def test_a_real_sweep_whose_best_is_on_the_edge_warns_and_marks_it(ray_session, tmp_path, capsys):
     spec = tmp_path / "edge.yaml"
     spec.write_text(yaml.safe_dump({
-        "base": "quickstart", "grid": {"algorithm.lr": [0.0001, 0.001, 0.01]},
+        "base": "quickstart", "grid": {"algorithm.lr": [0.0001, 0.001, 0.01]}, "max_concurrent": 1,
         "set": {"federation.backend": "local", "federation.clients": 4, "algorithm.local_steps": 5,
                 "task.test_samples": 2000, "run.rounds": 2, "run.track": "none"},
     }))

@@ -119,7 +119,7 @@ def test_configurations_of_a_large_model_on_a_cpu_run_one_at_a_time(tmp_path, hi
 @pytest.mark.ray
 @pytest.mark.slow
 def test_sequential_packs_equal_runs_alone_bit_for_bit_and_report_per_configuration(ray_session, tmp_path):
-    result = fedcomp.sweep(tiny(tmp_path, seeds=2, pack="sequential", pack_size=3))
+    result = fedcomp.sweep(tiny(tmp_path, seeds=2, pack="sequential", pack_size=3, max_concurrent=1))
     trials = result.trials
     assert trials["trial"].nunique() == 8 and set(trials["status"]) == {"completed"}
     assert len([p for p in result.path.iterdir() if p.is_dir()]) == 3  # 8 configurations in 3 Tune trials

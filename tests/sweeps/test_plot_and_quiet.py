@@ -58,7 +58,7 @@ def test_every_algorithm_gets_its_curve_even_with_an_axis_it_lacks(tmp_path):
 def test_a_sweep_at_verbose_0_prints_the_report_and_nothing_of_tunes(ray_session, tmp_path, capsys):
     spec = tmp_path / "tiny.yaml"
     spec.write_text(yaml.safe_dump({
-        "base": "quickstart", "grid": {"algorithm.lr": [0.1, 0.05]},
+        "base": "quickstart", "grid": {"algorithm.lr": [0.1, 0.05]}, "max_concurrent": 1,
         "set": {"federation.backend": "local", "federation.clients": 4, "algorithm.local_steps": 5,
                 "task.test_samples": 2000, "run.rounds": 2, "run.track": "none"},  # no fedcomp tracking line either
     }))

@@ -27,7 +27,8 @@ TINY = {
 
 def sweep(tmp_path, track):
     spec = {"base": "quickstart", "set": {**TINY, "run.out": str(tmp_path), "run.track": track},
-            "grid": {"algorithm.lr": [0.1, 0.05]}, "cpus_per_trial": 1.0}
+            "grid": {"algorithm.lr": [0.1, 0.05]}, "cpus_per_trial": 1.0,
+            "max_concurrent": 1}  # one trial process for both (another would cost seconds of CPU importing torch)
     return fedcomp.sweep(spec)
 
 

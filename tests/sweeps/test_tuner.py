@@ -90,7 +90,8 @@ def test_grid_sweep_with_more_trials_than_cpus_matches_single_runs(ray_session, 
 def test_optuna_search_is_seeded_and_repeats_each_configuration_over_seeds(ray_session, tmp_path):
     space = {"algorithm.lr": {"loguniform": [0.001, 0.2]}}
     def lrs(out):
-        result = fedcomp.sweep(tiny(out, backend="local", search="optuna", space=space, num_samples=2, seeds=2, seed=5))
+        result = fedcomp.sweep(tiny(out, backend="local", search="optuna", space=space, num_samples=2, seeds=2, seed=5,
+                                    max_concurrent=1))
         finals = result.trials.groupby("trial").tail(1)
         assert len(finals) == 4
         pairs = finals.groupby("algorithm.lr")["run.seed"].apply(sorted)
@@ -160,7 +161,7 @@ def test_a_killed_sweep_resumes_without_redoing_finished_trials(ray_session, tmp
 
 
 def test_a_sweep_whose_tune_state_was_cut_short_resumes_from_fedcomps_copy(ray_session, tmp_path, capfd):
-    spec = tiny(tmp_path, backend="local", grid={"algorithm.lr": [0.1, 0.05]}, set={"run.rounds": 2})
+    spec = tiny(tmp_path, backend="local", grid={"algorithm.lr": [0.1, 0.05]}, max_concurrent=1, set={"run.rounds": 2})
     before = fedcomp.sweep(spec).trials
     [state] = Path(before["run.out"].iloc[0]).glob("*/experiment_state-*.json")
     sweep_dir = state.parent
