@@ -12,12 +12,14 @@ import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
-import pandas as pd
 import torch
 
 from fedcomp.platform.errors import StorageError
+
+if TYPE_CHECKING:  # pandas (and pyarrow) load where frames are written or read, not in every actor process
+    import pandas as pd
 
 METRICS = "metrics.parquet"
 RUN_JSON = "run.json"
@@ -106,6 +108,8 @@ def write_parquet(path: Path, frame: pd.DataFrame) -> None:
 
 
 def write_metrics(path: Path, rows: list[dict[str, Any]]) -> None:
+    import pandas as pd
+
     write_parquet(path, pd.DataFrame(rows))
 
 
@@ -163,6 +167,8 @@ def load_results(path: str | Path) -> pd.DataFrame:
     ``path`` is a run folder or a results root holding run folders. Columns: ``run_id``, ``algorithm``,
     ``task``, ``seed``, then the metrics columns (``round``, ``comm_rounds``, ..., the task's metrics).
     """
+    import pandas as pd
+
     frames = []
     for run in run_dirs(path):
         meta = read_json(run / RUN_JSON)

@@ -171,7 +171,8 @@ def test_actors_are_scheduled_on_declared_gpus(tmp_path):
         from fedcomp.actors.server_actor import RayServer
         from fedcomp.platform.config import load_config
         ray.init(address="local", num_cpus=2, num_gpus=2, include_dashboard=False, object_store_memory=100 * 1024**2)
-        over = {small(**{"federation.clients": 8, "federation.clients_per_actor": 4, "federation.backend": "ray"})!r}
+        over = {small(**{"federation.clients": 8, "federation.clients_per_actor": 4, "federation.backend": "ray",
+                         "federation.server": "driver"})!r}
         server = RayServer(load_config("quickstart", over))
         placement = server.placement()
         server.close()

@@ -36,3 +36,16 @@ def test_run_rounds_keeps_the_next_round_queued_one_round_ahead_with_the_in_proc
         assert server.model_finite()
     finally:
         server.close()
+
+
+def test_actor_processes_import_neither_pandas_nor_pyarrow():
+    """A client or server actor's process loads torch and Ray but not the results' frame libraries (about 70 MiB
+    and half a second of CPU each): the driver writes the results."""
+    import subprocess
+    import sys
+
+    code = ("import sys, fedcomp.actors.client_actor, fedcomp.actors.server_actor; "
+            "print(sorted(m for m in ('pandas', 'pyarrow') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["[]"]

@@ -122,7 +122,7 @@ def test_a_trial_that_cannot_fit_fails_at_once_and_writes_nothing(ray_session, t
 
 def test_a_failing_trial_is_retried_from_its_checkpoint_with_fresh_actors(ray_session, tmp_path, monkeypatch):
     monkeypatch.setenv(FAULT_EXIT, "3")  # the trial's process dies at round 3; its last checkpoint is round 2
-    result = fedcomp.sweep(tiny(tmp_path))
+    result = fedcomp.sweep(tiny(tmp_path, set={"federation.clients_per_actor": 4}))  # one client actor a trial
     trials = result.trials
     assert set(trials["status"]) == {"completed"}
     assert_rows_once(trials, 4)
