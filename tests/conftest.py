@@ -73,9 +73,11 @@ def keeping(ray_session):
 
 @pytest.fixture(autouse=True)
 def _fresh_actors_unless_keeping(request):
-    """Before a test that does not keep actors, the kept ones are killed: its runs start fresh actors, and Ray
-    work of its own (another process, Tune, actors it makes) finds the CPUs that idle kept actors would hold."""
-    if "keeping" not in request.fixturenames:
+    """Before a test that uses the session's Ray without keeping actors, the kept ones are killed: its runs start
+    fresh actors, and Ray work of its own (another process, Tune, actors it makes) finds the CPUs that idle kept
+    actors would hold. Other tests leave them be (idle, they cost about 1 % of a core each), so the next keeping
+    test, also in another module, takes them."""
+    if "ray_session" in request.fixturenames and "keeping" not in request.fixturenames:
         from fedcomp.actors import kept
 
         if kept.keeping():

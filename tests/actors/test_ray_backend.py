@@ -27,6 +27,8 @@ def metrics(result) -> pd.DataFrame:
     return result.metrics.drop(columns="wall_time")
 
 
+# -- the local numbers, on actors kept from one run (and test) to the next --------------------------------------
+
 @pytest.mark.slow
 def test_same_numbers_on_local_and_ray_for_even_and_uneven_packings_and_either_server(keeping, tmp_path):
     """Bit for bit, the training loss included: clients packed 3 + 3 + 2 with the server in the driver's process,
@@ -85,31 +87,83 @@ def test_balanced_routing_spreads_clients_without_private_state_and_keeps_every_
 
 
 @pytest.mark.slow
-def test_killed_client_actor_is_replaced_and_its_round_retried(ray_session, monkeypatch):
-    over = small(**{"federation.clients": 8, "federation.clients_per_actor": 4, "algorithm.name": "acc-fcsg-m",
-                    "run.rounds": 4})
-    local = fedcomp.api.make_server(load_config("quickstart", over))
-    for _ in range(4):
-        local.run_round()
-    expected = local.checkpoint()
+def test_fednest_sub_rounds_same_on_ray(keeping, tmp_path):
+    raw = {"task": {"name": "minimax-quadratic"}, "algorithm": {"name": "fednest", "inner_steps": 3, "local_steps": 2},
+           "federation": {"clients": 12, "clients_per_round": 5, "backend": "local"},
+           "run": {"rounds": 3, "progress": "none", "out": str(tmp_path)}}
+    reference = metrics(fedcomp.run(raw))
+    ray_run = fedcomp.run(raw, {"federation.backend": "ray", "federation.clients_per_actor": 6})
+    pd.testing.assert_frame_equal(metrics(ray_run), reference, rtol=0, atol=1e-6)
+    assert reference["comm_rounds"].tolist() == [0, 4, 8, 12]  # minimax: 2T + 2 per epoch (no FedIHGP)
 
-    # The actor hosting clients 4..7 exits (a real process death) in round index 2, after it has private
-    # state (Acc-FCSG-M's x_prev) from rounds 0 and 1 that its replacement must get back.
-    monkeypatch.setenv("FEDCOMP_FAULT_KILL", "2:4")
-    server = RayServer(load_config("quickstart", {**over, "federation.backend": "ray"}))
+
+def test_fednest_code_variant_private_counters_same_on_ray(keeping, tmp_path):
+    # ihgp: code keeps each client's Neumann counter as private state on its actor across sub-rounds
+    over = {"algorithm.name": "fednest", "algorithm.ihgp": "code", "algorithm.inner_steps": 2,
+            "algorithm.neumann_terms": 3, "federation.clients": 6, "federation.clients_per_round": 3,
+            "federation.backend": "local", "task.per_client": 40, "task.hidden": 20, "run.rounds": 2,
+            "run.eval_every": 1, "run.progress": "none", "run.out": str(tmp_path)}
+    reference = metrics(fedcomp.run("fednest-hr-offline", over))
+    ray_run = fedcomp.run("fednest-hr-offline", {**over, "federation.backend": "ray", "federation.clients_per_actor": 3})
+    pd.testing.assert_frame_equal(metrics(ray_run), reference, rtol=0, atol=1e-6)
+    assert reference["comm_rounds"].tolist() == [0, 8, 16]  # 2T + N + 3 per epoch
+
+
+def test_round_profile_phases_add_up_to_the_drivers_round_time(keeping):
+    from fedcomp.actors.federation import PHASES
+
+    server = RayServer(load_config("quickstart", small(**{"federation.backend": "ray", "federation.clients_per_actor": 2})))
     try:
-        for _ in range(4):
+        started = time.perf_counter()
+        for _ in range(3):
             server.run_round()
-        got = server.checkpoint()
-        assert server.restarts() == 1
+        elapsed = time.perf_counter() - started
+        phases = server.profile()
     finally:
         server.close()
-    for key in ("x", "u"):
-        torch.testing.assert_close(got["state"][key], expected["state"][key], rtol=0, atol=1e-6)
-    for client, state in expected["private"].items():
-        torch.testing.assert_close(got["private"][client]["x_prev"], state["x_prev"], rtol=0, atol=1e-6)
-    assert got["counters"] == expected["counters"]
+    assert list(phases) == [*PHASES, "server round program", "driver -> server actor call"]
+    assert phases["actor compute (slowest actor)"] > 0 and phases["submit actor calls"] > 0
+    assert sum(phases.values()) == pytest.approx(elapsed, rel=0.05)
 
+
+@pytest.mark.parametrize("backend", ["local", "ray"])
+def test_rewinding_to_before_a_clients_first_round_forgets_its_later_private_state(keeping, backend):
+    """Local SGDM averaging the model only keeps each client's momentum buffer from its first round on; restoring
+    the round-0 checkpoint (no buffers) into the same live clients must leave them with none, so the rounds
+    repeat exactly rather than starting from the momentum of the rounds undone."""
+    from fedcomp.actors.federation import RayFederation
+    from fedcomp.platform.server import Server
+
+    config = load_config({
+        "task": {"name": "synthetic-classification", "hidden": [8], "test_samples": 50},
+        "algorithm": {"name": "local-sgdm", "average": "model", "lr": 0.1, "local_steps": 3, "outer_batch": 8},
+        "federation": {"clients": 4, "backend": backend, "clients_per_actor": 2},
+        "run": {"progress": "none"},
+    })
+    server = Server(config, RayFederation) if backend == "ray" else fedcomp.api.make_server(config)
+    try:
+        start = server.checkpoint()
+        assert start["private"] == {}
+        first = [{k: v for k, v in server.run_round().items() if k != "wall_time"} for _ in range(2)]
+        assert sorted(server.checkpoint()["private"]) == [0, 1, 2, 3]
+        server.restore(start)
+        assert server.federation.private_states() == {}
+        again = [{k: v for k, v in server.run_round().items() if k != "wall_time"} for _ in range(2)]
+    finally:
+        server.close()
+    assert again == first
+
+
+@pytest.mark.slow
+def test_vectorised_clients_on_one_actor_match_the_local_vectorised_run(keeping, tmp_path):
+    # last of its section: one client actor is a new shape of run, whose start kills the kept actors of two
+    base = small(**{"run.out": str(tmp_path), "federation.vectorise": True, "algorithm.name": "acc-fcsg-m"})
+    local = metrics(fedcomp.run("quickstart", base))
+    on_ray = metrics(fedcomp.run("quickstart", {**base, "federation.backend": "ray", "federation.clients_per_actor": 4}))
+    pd.testing.assert_frame_equal(on_ray, local, rtol=0, atol=0)  # same clients in lockstep together: same bits
+
+
+# -- planning and placement -------------------------------------------------------------------------------------
 
 def test_gpu_request_on_a_cluster_without_gpus_fails_at_once(ray_session, tmp_path, capsys):
     from fedcomp.cli import main
@@ -194,6 +248,8 @@ def test_actors_are_scheduled_on_declared_gpus(tmp_path):
                       "ERROR federation.gpu_packing = 'auto' measures a client on a GPU, but none is visible here"]
 
 
+# -- fresh actors: another process on this cluster, actors that die ---------------------------------------------
+
 @pytest.mark.slow
 def test_cli_joins_an_existing_cluster(ray_session, tmp_path):
     """`fedcomp run --ray-address` from another process runs on this session's cluster, not a new one."""
@@ -210,26 +266,30 @@ def test_cli_joins_an_existing_cluster(ray_session, tmp_path):
 
 
 @pytest.mark.slow
-def test_fednest_sub_rounds_same_on_ray(keeping, tmp_path):
-    raw = {"task": {"name": "minimax-quadratic"}, "algorithm": {"name": "fednest", "inner_steps": 3, "local_steps": 2},
-           "federation": {"clients": 12, "clients_per_round": 5, "backend": "local"},
-           "run": {"rounds": 3, "progress": "none", "out": str(tmp_path)}}
-    reference = metrics(fedcomp.run(raw))
-    ray_run = fedcomp.run(raw, {"federation.backend": "ray", "federation.clients_per_actor": 6})
-    pd.testing.assert_frame_equal(metrics(ray_run), reference, rtol=0, atol=1e-6)
-    assert reference["comm_rounds"].tolist() == [0, 4, 8, 12]  # minimax: 2T + 2 per epoch (no FedIHGP)
+def test_killed_client_actor_is_replaced_and_its_round_retried(ray_session, monkeypatch):
+    over = small(**{"federation.clients": 8, "federation.clients_per_actor": 4, "algorithm.name": "acc-fcsg-m",
+                    "run.rounds": 4})
+    local = fedcomp.api.make_server(load_config("quickstart", over))
+    for _ in range(4):
+        local.run_round()
+    expected = local.checkpoint()
 
-
-def test_fednest_code_variant_private_counters_same_on_ray(keeping, tmp_path):
-    # ihgp: code keeps each client's Neumann counter as private state on its actor across sub-rounds
-    over = {"algorithm.name": "fednest", "algorithm.ihgp": "code", "algorithm.inner_steps": 2,
-            "algorithm.neumann_terms": 3, "federation.clients": 6, "federation.clients_per_round": 3,
-            "federation.backend": "local", "task.per_client": 40, "task.hidden": 20, "run.rounds": 2,
-            "run.eval_every": 1, "run.progress": "none", "run.out": str(tmp_path)}
-    reference = metrics(fedcomp.run("fednest-hr-offline", over))
-    ray_run = fedcomp.run("fednest-hr-offline", {**over, "federation.backend": "ray", "federation.clients_per_actor": 3})
-    pd.testing.assert_frame_equal(metrics(ray_run), reference, rtol=0, atol=1e-6)
-    assert reference["comm_rounds"].tolist() == [0, 8, 16]  # 2T + N + 3 per epoch
+    # The actor hosting clients 4..7 exits (a real process death) in round index 2, after it has private
+    # state (Acc-FCSG-M's x_prev) from rounds 0 and 1 that its replacement must get back.
+    monkeypatch.setenv("FEDCOMP_FAULT_KILL", "2:4")
+    server = RayServer(load_config("quickstart", {**over, "federation.backend": "ray"}))
+    try:
+        for _ in range(4):
+            server.run_round()
+        got = server.checkpoint()
+        assert server.restarts() == 1
+    finally:
+        server.close()
+    for key in ("x", "u"):
+        torch.testing.assert_close(got["state"][key], expected["state"][key], rtol=0, atol=1e-6)
+    for client, state in expected["private"].items():
+        torch.testing.assert_close(got["private"][client]["x_prev"], state["x_prev"], rtol=0, atol=1e-6)
+    assert got["counters"] == expected["counters"]
 
 
 @pytest.mark.slow
@@ -250,56 +310,3 @@ def test_actor_killed_between_per_step_exchanges_catches_up_by_replay(ray_sessio
         server.close()
     assert final["grad_norm_sq"] == pytest.approx(reference["grad_norm_sq"].iloc[-1], rel=1e-6, abs=1e-12)
     assert rows[-1]["embedding_exchanges"] == reference["embedding_exchanges"].iloc[-1]
-
-
-def test_round_profile_phases_add_up_to_the_drivers_round_time(keeping):
-    from fedcomp.actors.federation import PHASES
-
-    server = RayServer(load_config("quickstart", small(**{"federation.backend": "ray", "federation.clients_per_actor": 2})))
-    try:
-        started = time.perf_counter()
-        for _ in range(3):
-            server.run_round()
-        elapsed = time.perf_counter() - started
-        phases = server.profile()
-    finally:
-        server.close()
-    assert list(phases) == [*PHASES, "server round program", "driver -> server actor call"]
-    assert phases["actor compute (slowest actor)"] > 0 and phases["submit actor calls"] > 0
-    assert sum(phases.values()) == pytest.approx(elapsed, rel=0.05)
-
-
-@pytest.mark.slow
-def test_vectorised_clients_on_one_actor_match_the_local_vectorised_run(keeping, tmp_path):
-    base = small(**{"run.out": str(tmp_path), "federation.vectorise": True, "algorithm.name": "acc-fcsg-m"})
-    local = metrics(fedcomp.run("quickstart", base))
-    on_ray = metrics(fedcomp.run("quickstart", {**base, "federation.backend": "ray", "federation.clients_per_actor": 4}))
-    pd.testing.assert_frame_equal(on_ray, local, rtol=0, atol=0)  # same clients in lockstep together: same bits
-
-
-@pytest.mark.parametrize("backend", ["local", "ray"])
-def test_rewinding_to_before_a_clients_first_round_forgets_its_later_private_state(keeping, backend):
-    """Local SGDM averaging the model only keeps each client's momentum buffer from its first round on; restoring
-    the round-0 checkpoint (no buffers) into the same live clients must leave them with none, so the rounds
-    repeat exactly rather than starting from the momentum of the rounds undone."""
-    from fedcomp.actors.federation import RayFederation
-    from fedcomp.platform.server import Server
-
-    config = load_config({
-        "task": {"name": "synthetic-classification", "hidden": [8], "test_samples": 50},
-        "algorithm": {"name": "local-sgdm", "average": "model", "lr": 0.1, "local_steps": 3, "outer_batch": 8},
-        "federation": {"clients": 4, "backend": backend, "clients_per_actor": 2},
-        "run": {"progress": "none"},
-    })
-    server = Server(config, RayFederation) if backend == "ray" else fedcomp.api.make_server(config)
-    try:
-        start = server.checkpoint()
-        assert start["private"] == {}
-        first = [{k: v for k, v in server.run_round().items() if k != "wall_time"} for _ in range(2)]
-        assert sorted(server.checkpoint()["private"]) == [0, 1, 2, 3]
-        server.restore(start)
-        assert server.federation.private_states() == {}
-        again = [{k: v for k, v in server.run_round().items() if k != "wall_time"} for _ in range(2)]
-    finally:
-        server.close()
-    assert again == first

@@ -1,0 +1,178 @@
+"""Where the test suite's time goes: the CPU each test costs, Ray's processes included.
+
+    python benchmarks/suite_cpu.py                       # the suite as `make test` runs it; writes SUITE_CPU.md
+    python benchmarks/suite_cpu.py --out - -- tests/actors -n 0   # pytest's arguments after `--`
+
+On two cores the suite is CPU-bound: both test processes keep a core busy from start to end, so it gets faster
+only by spending less CPU. Neither `time` nor pytest's `--durations` says where that CPU goes. Ray's daemons and
+actor processes are not the test processes' children, and a test's wall time shares the machine with the other
+test process. So each test process (this file is also the pytest plugin, loaded as `-p suite_cpu`) moves itself
+into a cgroup of its own. The cgroup's CPU counter counts every process it starts from then on: its Ray session's
+daemons and actors, `fedcomp` subprocesses, clusters. The plugin notes how much the counter grew over each test,
+setup and teardown included. It needs a cgroup it may create (cgroup v1 `cpuacct`, or v2), e.g. as root in a VM.
+Without one it says so in one line and exits with 2.
+
+The run uses no pytest cache (`-p no:cacheprovider`), as in a fresh clone: mypy's test starts cold.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+OUT_ENV = "SUITE_CPU_OUT"
+V1 = Path("/sys/fs/cgroup/cpuacct")
+V2 = Path("/sys/fs/cgroup")
+
+
+def hierarchy() -> tuple[Path, str]:
+    """Where cgroups are made here and the file of a cgroup that holds its CPU counter."""
+    if (V1 / "cpuacct.usage").is_file():
+        return V1, "cpuacct.usage"
+    if (V2 / "cgroup.controllers").is_file():
+        return V2, "cpu.stat"
+    raise OSError("no cgroup v1 cpuacct or v2 hierarchy under /sys/fs/cgroup")
+
+
+class Group:
+    """A new cgroup holding this process (and every process it starts later), with its CPU counter in seconds."""
+
+    def __init__(self, name: str) -> None:
+        root, self.counter = hierarchy()
+        self.path = root / name
+        self.path.mkdir(exist_ok=True)
+        (self.path / "cgroup.procs").write_text(str(os.getpid()))
+
+    def seconds(self) -> float:
+        text = (self.path / self.counter).read_text()
+        if self.counter == "cpuacct.usage":
+            return int(text) / 1e9
+        return int(dict(line.split() for line in text.splitlines())["usage_usec"]) / 1e6
+
+
+# -- the pytest plugin ------------------------------------------------------------------------------------------
+
+_group: Group | None = None
+_worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    global _group
+    if os.environ.get(OUT_ENV) is None or (_worker == "main" and getattr(config.option, "numprocesses", None)):
+        return  # not under this script, or the controller of test processes (which runs no test)
+    _group = Group(f"fedcomp-suite-{Path(os.environ[OUT_ENV]).name}-{_worker}")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
+    if _group is None:
+        yield
+        return
+    cpu, wall = _group.seconds(), time.monotonic()
+    yield
+    row = {"test": item.nodeid, "cpu": _group.seconds() - cpu, "wall": time.monotonic() - wall}
+    with open(Path(os.environ[OUT_ENV]) / f"{_worker}.jsonl", "a") as out:
+        out.write(json.dumps(row) + "\n")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if _group is not None:
+        (Path(os.environ[OUT_ENV]) / f"total-{_worker}.json").write_text(json.dumps({"cpu": _group.seconds()}))
+
+
+# -- the script -------------------------------------------------------------------------------------------------
+
+
+def run_suite(pytest_args: list[str], folder: Path) -> tuple[float, str]:
+    """Run pytest with the plugin, rows into ``folder``; returns the wall seconds and pytest's summary line."""
+    here = str(Path(__file__).resolve().parent)
+    env = {**os.environ, OUT_ENV: str(folder), "RAY_AUTH_MODE": "disabled",
+           "PYTHONPATH": os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH", "")) if p)}
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "pytest", "-p", "suite_cpu", "-p", "no:cacheprovider", "-q",
+                           *pytest_args], env=env, capture_output=True, text=True, cwd=Path(here).parent)
+    wall = time.monotonic() - started
+    summary = next((line.strip("= ") for line in reversed(done.stdout.splitlines()) if " in " in line), "")
+    if done.returncode not in (0, 1):
+        sys.exit(f"suite_cpu: pytest exited with {done.returncode}: {done.stdout[-2000:]}{done.stderr[-2000:]}")
+    return wall, summary
+
+
+def report(folder: Path, wall: float, summary: str, pytest_args: list[str], top: int) -> str:
+    import common
+
+    rows = [json.loads(line) for f in sorted(folder.glob("*.jsonl")) for line in f.read_text().splitlines()]
+    processes = [json.loads(f.read_text())["cpu"] for f in sorted(folder.glob("total-*.json"))]
+    by_module: Counter[str] = Counter()
+    count: Counter[str] = Counter()
+    for row in rows:
+        module = row["test"].split("::")[0]
+        by_module[module] += row["cpu"]
+        count[module] += 1
+    in_tests, total = sum(r["cpu"] for r in rows), sum(processes)
+    who = "The test process" if len(processes) == 1 else f"The {len(processes)} test processes"
+    lines = [
+        "# Where the test suite's CPU goes",
+        "",
+        f"{common.generated_by('Measured', shlex.join(['python', 'benchmarks/suite_cpu.py', '--', *pytest_args]))}. "
+        f"pytest: {summary}.",
+        "",
+        f"{who} and every process started from {'it' if len(processes) == 1 else 'them'} used "
+        f"**{total / 60:.1f} min of CPU** in {wall / 60:.1f} min of wall time "
+        f"({total / wall:.2f} cores busy on average); {in_tests / 60:.1f} min of it inside tests, the rest "
+        "collecting them and starting and stopping the processes' Ray sessions.",
+        "",
+        "| tests costing | tests | CPU (s) |",
+        "|---|---:|---:|",
+    ]
+    for low, high in ((0, 1), (1, 5), (5, 20), (20, 10_000)):
+        chosen = [r["cpu"] for r in rows if low <= r["cpu"] < high]
+        label = f"{low}–{high} s" if high < 10_000 else f"{low} s or more"
+        lines.append(f"| {label} | {len(chosen)} | {sum(chosen):.0f} |")
+    lines += ["", f"The {top} modules that cost most:", "", "| module | tests | CPU (s) |", "|---|---:|---:|"]
+    lines += [f"| `{m}` | {count[m]} | {s:.0f} |" for m, s in by_module.most_common(top)]
+    lines += ["", f"The {top} tests that cost most (setup and teardown included; wall time beside the other test "
+              "process):", "", "| test | CPU (s) | wall (s) |", "|---|---:|---:|"]
+    lines += [f"| `{r['test']}` | {r['cpu']:.1f} | {r['wall']:.1f} |"
+              for r in sorted(rows, key=lambda r: -r["cpu"])[:top]]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    import common
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", default=str(common.HERE / "SUITE_CPU.md"), help="the report ('-': print only)")
+    parser.add_argument("--top", type=int, default=25, help="rows in the per-module and per-test tables")
+    parser.add_argument("pytest_args", nargs="*", default=["-n", "2"], help="pytest's arguments (after --)")
+    args = parser.parse_args()
+    try:  # may a cgroup be made here? (the test processes make theirs)
+        probe = hierarchy()[0] / f"fedcomp-suite-probe-{os.getpid()}"
+        probe.mkdir()
+        probe.rmdir()
+    except OSError as error:
+        print(f"suite_cpu: cannot create a cgroup to count the suite's CPU in ({error})", file=sys.stderr)
+        sys.exit(2)
+    with tempfile.TemporaryDirectory() as tmp:
+        wall, summary = run_suite(args.pytest_args, Path(tmp))
+        text = report(Path(tmp), wall, summary, args.pytest_args, args.top)
+        for group in hierarchy()[0].glob(f"fedcomp-suite-{Path(tmp).name}-*"):
+            try:
+                group.rmdir()
+            except OSError:  # a process of the run still lingers in it
+                pass
+    common.publish(text, args.out)
+
+
+if __name__ == "__main__":
+    main()

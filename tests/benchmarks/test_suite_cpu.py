@@ -1,0 +1,29 @@
+"""benchmarks/suite_cpu.py: the CPU of each test, counted over every process the test processes start."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.slow
+def test_the_report_counts_every_test_of_the_selection_and_the_processes_they_start():
+    args = [sys.executable, "benchmarks/suite_cpu.py", "--out", "-", "--top", "3", "--",
+            "tests/actors/test_routing.py", "tests/test_cli.py::test_python_dash_m_and_list", "-n", "0"]
+    done = subprocess.run(args, capture_output=True, text=True, cwd=ROOT, timeout=600)
+    if done.returncode == 2 and "cannot create a cgroup" in done.stderr:
+        pytest.skip(done.stderr.strip())
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    assert "pytest: 11 passed in " in lines[2]
+    modules = {line.split("|")[1].strip(" `"): line.split("|")[2:4] for line in lines if line.startswith("| `tests/")
+               and line.count("|") == 4 and "::" not in line}
+    assert int(modules["tests/actors/test_routing.py"][0]) == 10 and int(modules["tests/test_cli.py"][0]) == 1
+    # `python -m fedcomp` in subprocesses (torch imported in each) costs far more than the routing bookkeeping
+    slowest = next(line for line in lines if line.startswith("| `tests/") and "::" in line)
+    assert "test_python_dash_m_and_list" in slowest and float(slowest.split("|")[2]) > 1.0
