@@ -71,9 +71,9 @@ def main() -> None:
     rows += ["", f"A Ray run with a driver, a server actor and 2 client actors holds 4 processes with at least "
              f"these imports (the driver's are the server actor's and pandas, which writes the results): "
              f"{2 * uss[0] + 2 * uss[1]:.2f} GiB of private memory at least ({2 * pss[0] + 2 * pss[1]:.2f} GiB of "
-             f"PSS when one of them is measured beside the machine's other processes), before any client, Ray's own processes and the clients' data; "
-             f"{2 * uss[0] + uss[1]:.2f} GiB private with the server inside the driver. The speed issue's target for "
-             f"the whole tree is 1.2 GiB."]
+             f"PSS when one of them is measured beside the machine's other processes), before any client, Ray's "
+             f"own processes and the clients' data; {2 * uss[0] + uss[1]:.2f} GiB private with the server inside "
+             f"the driver. The speed issue's target for the whole tree is 1.2 GiB."]
     common.table_report(common.HERE / "IMPORT_MEMORY.md", "# What a process pays to import torch (CUDA build)",
                         common.generated_by("Measured") + ". Each row a fresh interpreter.", rows)
 

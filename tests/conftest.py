@@ -62,9 +62,9 @@ def ray_session():
 def keeping(ray_session):
     """Ray actors kept from one run to the next (:mod:`fedcomp.actors.kept`, what a Tune trial process does), also
     from this test to the next test that keeps them: a run of such tests starts its actor processes once per shape
-    of run, not per test (a fresh client or server actor costs about 4.5 s of CPU on 2 cores, importing torch;
-    a run on kept ones about 1 s in all). Each run rebuilds the actors it takes from its own config, so a parity
-    test on kept actors also checks that they give fresh ones' numbers."""
+    of run, not per test (each fresh actor spends seconds of CPU importing torch; benchmarks/SUITE_CPU.md). Each
+    run rebuilds the actors it takes from its own config, so a parity test on kept actors also checks that they
+    give fresh ones' numbers."""
     from fedcomp.actors import kept
 
     kept.keep_between_runs()
@@ -75,14 +75,13 @@ def keeping(ray_session):
 def _fresh_actors_unless_keeping(request):
     """Before a test that uses the session's Ray without keeping actors, the kept ones are killed: its runs start
     fresh actors, and Ray work of its own (another process, Tune, actors it makes) finds the CPUs that idle kept
-    actors would hold. Other tests leave them be (idle, they cost about 1 % of a core each), so the next keeping
-    test, also in another module, takes them."""
+    actors would hold. Other tests leave them be (idle, they wait on a socket), so the next keeping test, also
+    in another module, takes them."""
     if "ray_session" in request.fixturenames and "keeping" not in request.fixturenames:
         from fedcomp.actors import kept
 
         if kept.keeping():
             kept.keep_between_runs(False)
-    yield
 
 
 def router_of(server):

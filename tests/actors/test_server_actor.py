@@ -39,8 +39,8 @@ def test_run_rounds_keeps_the_next_round_queued_one_round_ahead_with_the_in_proc
 
 
 def test_actor_processes_import_neither_pandas_nor_pyarrow():
-    """A client or server actor's process loads torch and Ray but not the results' frame libraries (about 70 MiB
-    and half a second of CPU each): the driver writes the results."""
+    """A client or server actor's process loads torch and Ray but not the results' frame libraries (tens of MiB
+    each; benchmarks/IMPORT_MEMORY.md): the driver writes the results."""
     import subprocess
     import sys
 
