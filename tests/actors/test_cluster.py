@@ -8,11 +8,9 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -25,9 +23,9 @@ from fedcomp.actors.cluster import plan_actors
 from fedcomp.cli import main
 from fedcomp.platform.config import FederationConfig
 from fedcomp.platform.errors import ResourceError
+from tests.ray_nodes import Cluster, free_ports
 
 ROOT = Path(__file__).resolve().parents[2]
-RAY = str(Path(sys.executable).with_name("ray"))
 FAST = ["--set", "federation.clients=8", "--set", "federation.clients_per_actor=2", "--set", "algorithm.local_steps=5",
         "--set", "algorithm.first_batch=4", "--set", "task.test_samples=2000", "--set", "run.rounds=3",
         "--set", "run.progress=none", "--set", "algorithm.name=acc-fcsg-m"]
@@ -46,16 +44,6 @@ def cli(*args: str, env: dict[str, str] | None = None, timeout: float = 600) -> 
     full = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
     return subprocess.run([sys.executable, "-m", "fedcomp", *args], capture_output=True, text=True, timeout=timeout,
                           env=full, cwd=ROOT)
-
-
-def free_ports(n: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(n)]
-    for s in sockets:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in sockets]
-    for s in sockets:
-        s.close()
-    return ports
 
 
 # -- placement (no Ray needed) --------------------------------------------------------------------------------
@@ -143,88 +131,11 @@ def test_an_address_that_accepts_but_never_answers_fails_in_seconds(tmp_path):
 
 # -- a real two-node cluster on loopback ----------------------------------------------------------------------
 
-class Cluster:
-    """Two `ray start` processes (head and worker, 1 CPU each) on their own ports and temp dir."""
-
-    def __init__(self) -> None:
-        self.tmp = tempfile.mkdtemp(prefix="fcr", dir="/tmp")  # short: Ray's socket paths have a length limit
-        self.env = {**os.environ, "RAY_TMPDIR": self.tmp, "RAY_AUTH_MODE": "disabled"}
-        self.env.pop("RAY_ADDRESS", None)
-        self.procs: list[subprocess.Popen] = []
-        self.port = self._start(head=True)
-        self._wait(lambda: self._answers(), "the head's GCS port")
-        self._start(head=False)
-        self.address = f"127.0.0.1:{self.port}"
-        self._wait(self._joined, "the second node")
-
-    def _start(self, head: bool) -> int:
-        ports = free_ports(9)
-        while any(ports[2] <= port <= ports[2] + 60 for i, port in enumerate(ports) if i != 2):
-            ports = free_ports(9)  # Ray refuses a component port inside the worker ports' range
-        args = [RAY, "start", "--block", "--num-cpus", "1", "--num-gpus", "0", "--node-ip-address", "127.0.0.1",
-                "--object-manager-port", str(ports[0]), "--node-manager-port", str(ports[1]),
-                "--min-worker-port", str(ports[2]), "--max-worker-port", str(ports[2] + 60),
-                "--dashboard-agent-listen-port", str(ports[3]), "--dashboard-agent-grpc-port", str(ports[4]),
-                "--runtime-env-agent-port", str(ports[5]), "--metrics-export-port", str(ports[6]),
-                "--object-store-memory", str(100 * 1024**2), "--disable-usage-stats"]
-        if head:
-            args += ["--head", "--port", str(ports[7]), "--ray-client-server-port", str(ports[8]),
-                     "--include-dashboard", "false", "--temp-dir", str(Path(self.tmp) / "ray")]  # RAY_TMPDIR's default
-        else:
-            args += ["--address", f"127.0.0.1:{self.port}"]
-        log = open(Path(self.tmp) / f"start-{len(self.procs)}.log", "w")  # noqa: SIM115 (the node's stdout for its life)
-        self.procs.append(subprocess.Popen(args, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
-        return ports[7]
-
-    def _answers(self) -> bool:
-        try:
-            socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
-            return True
-        except OSError:
-            return False
-
-    def _joined(self) -> bool:
-        """Whether the worker's `ray start` reports that it joined the head."""
-        return "Ray runtime started" in (Path(self.tmp) / "start-1.log").read_text()
-
-    def running(self) -> bool:
-        return all(p.poll() is None for p in self.procs)
-
-    def _wait(self, ready, what: str, timeout: float = 240) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if any(p.poll() is not None for p in self.procs):
-                break
-            if ready():
-                return
-            time.sleep(1)
-        self.stop()
-        pytest.fail(f"the test cluster did not bring up {what}")
-
-    def stop(self) -> None:
-        """Stop the two `ray start` processes (and what they started, their process groups) by their PIDs: a
-        graceful stop took about 35 s here, so after a short grace the groups are killed (their temp folder
-        goes with the fixture)."""
-        for proc in reversed(self.procs):
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
-        for proc in reversed(self.procs):
-            try:
-                proc.wait(timeout=3)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-        self.procs = []
-
-
 @pytest.fixture(scope="module")
 def two_nodes():
-    if not Path(RAY).is_file():
-        pytest.skip("the ray command is not installed next to this Python")
     cluster = Cluster()
     yield cluster
-    cluster.stop()
-    subprocess.run(["rm", "-rf", cluster.tmp], check=False)
+    cluster.close()
 
 
 @pytest.mark.ray

@@ -43,24 +43,25 @@ def test_same_numbers_on_local_and_ray(keeping, tmp_path, algorithm, task, extra
 
 
 @pytest.mark.parametrize(
-    "per_actor, kill, transport",
+    "clients, per_actor, kill, transport",
     [
-        (1, "1:2:0:0", "calls"),  # round 1, client 2's actor, as the exchange begins
-        (1, "1:2:0:3", "calls"),  # ... at its last answer (the step that saves the clients' state)
-        (2, "0:2:1:2", "calls"),  # round 0 (after the initial estimate, call 0), clients 2-3's actor, mid-exchange
-        (1, "1:2:0:3", "graph"),  # the compiled graph breaks for every actor: survivors' replies are fetched
-        (2, "0:2:1:2", "graph"),
+        (2, 1, "1:1:0:0", "calls"),  # round 1, client 1's actor, as the exchange begins
+        (2, 1, "1:1:0:3", "calls"),  # ... at its last answer (the step that saves the clients' state)
+        (4, 2, "0:2:1:2", "calls"),  # round 0 (after the initial estimate, call 0), clients 2-3's actor, mid-exchange
+        (2, 1, "1:1:0:3", "graph"),  # the compiled graph breaks for every actor: survivors' replies are fetched
+        (4, 2, "0:2:1:2", "graph"),
     ],
 )
 def test_an_actor_killed_mid_exchange_is_replaced_and_replays_to_the_same_bits(
-    ray_session, monkeypatch, per_actor, kill, transport
+    ray_session, monkeypatch, clients, per_actor, kill, transport
 ):
     """The replacement re-creates its clients' generators from their saved state (x_prev) and replays the
     means logged so far; the run then goes on as if nothing had happened -- by actor calls (the server in the
     driver's process here; with the server actor: test_ray_backend.py), and through a compiled graph
-    (``federation.transport: graph``, the server actor), which is rebuilt over the replacement."""
+    (``federation.transport: graph``, the server actor), which is rebuilt over the replacement. Each case has
+    two client actors: a replacement and a survivor."""
     raw = {"task": COMPOSITION, "algorithm": {"name": "feddro", "local_steps": 3, "lr": 0.3, "beta": 0.4},
-           "federation": {"clients": 4, "clients_per_actor": per_actor, "backend": "local"},
+           "federation": {"clients": clients, "clients_per_actor": per_actor, "backend": "local"},
            "run": {"rounds": 3, "progress": "none"}}
     local = make_server(load_config(raw))
     expected = [local.run_round() for _ in range(3)]

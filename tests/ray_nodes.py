@@ -1,0 +1,122 @@
+"""A real two-node Ray cluster on loopback for the tests whose subject is placement or a cluster's own entry
+points: two `ray start` processes (head and worker, 1 CPU each) on free ports and a temp folder of their own,
+so the test session's Ray is left alone, stopped by their process groups."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+BIN = Path(sys.executable).parent
+RAY = str(BIN / "ray")
+
+
+def free_ports(n: int) -> list[int]:
+    sockets = [socket.socket() for _ in range(n)]
+    for s in sockets:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in sockets]
+    for s in sockets:
+        s.close()
+    return ports
+
+
+class Cluster:
+    """Two `ray start` processes (head and worker, 1 CPU each) on their own ports and temp dir.
+
+    ``dashboard`` gives the head its dashboard and job agent, at :attr:`jobs` (``ray job submit --address``); a
+    cluster without them starts faster and costs less CPU while it idles.
+    """
+
+    def __init__(self, dashboard: bool = False) -> None:
+        if not Path(RAY).is_file():
+            pytest.skip("the ray command is not installed next to this Python")
+        self.tmp = tempfile.mkdtemp(prefix="fcr", dir="/tmp")  # short: Ray's socket paths have a length limit
+        # the venv's commands on PATH: a job's entrypoint (`fedcomp ...`) runs in the head's environment
+        self.env = {**os.environ, "RAY_TMPDIR": self.tmp, "RAY_AUTH_MODE": "disabled",
+                    "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}
+        self.env.pop("RAY_ADDRESS", None)
+        self.procs: list[subprocess.Popen] = []
+        self.jobs = ""
+        self.port = self._start(head=True, dashboard=dashboard)
+        self._wait(lambda: self._answers(), "the head's GCS port")
+        self._start(head=False)
+        self.address = f"127.0.0.1:{self.port}"
+        self._wait(self._joined, "the second node")
+
+    def _start(self, head: bool, dashboard: bool = False) -> int:
+        ports = free_ports(10)
+        while any(ports[2] <= port <= ports[2] + 60 for i, port in enumerate(ports) if i != 2):
+            ports = free_ports(10)  # Ray refuses a component port inside the worker ports' range
+        args = [RAY, "start", "--block", "--num-cpus", "1", "--num-gpus", "0", "--node-ip-address", "127.0.0.1",
+                "--object-manager-port", str(ports[0]), "--node-manager-port", str(ports[1]),
+                "--min-worker-port", str(ports[2]), "--max-worker-port", str(ports[2] + 60),
+                "--dashboard-agent-listen-port", str(ports[3]), "--dashboard-agent-grpc-port", str(ports[4]),
+                "--runtime-env-agent-port", str(ports[5]), "--metrics-export-port", str(ports[6]),
+                "--object-store-memory", str(100 * 1024**2), "--disable-usage-stats"]
+        if head:
+            args += ["--head", "--port", str(ports[7]), "--ray-client-server-port", str(ports[8]),
+                     "--temp-dir", str(Path(self.tmp) / "ray")]  # RAY_TMPDIR's default
+            if dashboard:
+                args += ["--include-dashboard", "true", "--dashboard-host", "127.0.0.1", "--dashboard-port",
+                         str(ports[9])]
+                self.jobs = f"http://127.0.0.1:{ports[9]}"
+            else:
+                args += ["--include-dashboard", "false"]
+        else:
+            args += ["--address", f"127.0.0.1:{self.port}"]
+        log = open(Path(self.tmp) / f"start-{len(self.procs)}.log", "w")  # noqa: SIM115 (the node's stdout for its life)
+        self.procs.append(subprocess.Popen(args, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
+        return ports[7]
+
+    def _answers(self) -> bool:
+        try:
+            socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+            return True
+        except OSError:
+            return False
+
+    def _joined(self) -> bool:
+        """Whether the worker's `ray start` reports that it joined the head."""
+        return "Ray runtime started" in (Path(self.tmp) / "start-1.log").read_text()
+
+    def running(self) -> bool:
+        return all(p.poll() is None for p in self.procs)
+
+    def _wait(self, ready, what: str, timeout: float = 240) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if any(p.poll() is not None for p in self.procs):
+                break
+            if ready():
+                return
+            time.sleep(1)
+        self.close()
+        pytest.fail(f"the test cluster did not bring up {what}")
+
+    def stop(self) -> None:
+        """Stop the two `ray start` processes (and what they started, their process groups) by their PIDs: a
+        graceful stop took about 35 s here, so after a short grace the groups are killed."""
+        for proc in reversed(self.procs):
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+        for proc in reversed(self.procs):
+            try:
+                proc.wait(timeout=3)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        self.procs = []
+
+    def close(self) -> None:
+        """Stop the nodes and remove their temp folder."""
+        self.stop()
+        subprocess.run(["rm", "-rf", self.tmp], check=False)
