@@ -2,10 +2,10 @@
 
 An ordinary actor call costs about a millisecond of Ray's task machinery (submission, scheduling, the reply's
 object); a compiled graph (``ray.dag``) is set up once and then passes each message through shared-memory
-channels to a loop each actor runs on a background thread: 0.3-0.4 ms for a round trip to two actors against
-1.2-1.4 ms by calls on the 2-core machines of ``benchmarks/RAY_DAG.md``. That pays where calls are many and small
--- FedDRO's per-step exchange, FedNest's sub-rounds on small problems -- and costs where the actors' cores are
-few: an idle graph's channel readers poll (half a core to a whole one per idle actor there).
+channels to a loop each actor runs on a background thread: a round trip to two actors takes about a quarter of
+the calls' time on the 2-core machine of ``benchmarks/RAY_DAG.md``. That pays where calls are many and small --
+FedDRO's per-step exchange, FedNest's sub-rounds on small problems -- and costs where the actors' cores are few:
+an idle graph's channel readers poll (half a core to a whole one per idle actor there).
 
 The graph is one node per actor (``ClientActor.graph_step``, bound to the actor's index) fed the same input
 -- the pickled call, every actor's cohort members and the call's number -- so that one graph serves every
