@@ -51,7 +51,10 @@ VARIANTS = {
     "reused trial processes, fresh actors per run": {"reuse_actors": True, "keep_actors": False},
     "reused trial processes and actors (default)": {"reuse_actors": True, "keep_actors": True},
     "packed, 6 runs per trial, one at a time": {"reuse_actors": True, "pack": "sequential", "pack_size": 6},
+    "one trial process at a time (max_concurrent 1), reused, kept actors": {"reuse_actors": True, "keep_actors": True,
+                                                                          "max_concurrent": 1},
 }
+"""The sweep's trial machinery per row; every variant runs CONCURRENT trials at a time unless it says otherwise."""
 
 
 def cpu_seconds() -> float:
@@ -124,25 +127,31 @@ def sequential(backend: str, root: Path) -> float:
 
 def measure(backend: str, variant: dict[str, object], root: Path, seeds: int = SEEDS) -> dict[str, float]:
     overrides = {**WORKLOAD, "federation.backend": backend, "run.out": str(root / backend)}
-    started = time.perf_counter()
-    result = fedcomp.sweep({"base": "quickstart", "set": overrides, "grid": GRID, "seeds": seeds, "cpus_per_trial": 1.0,
-                            **variant})
-    sweep_s = time.perf_counter() - started
+    cpu0, tree = cpu_seconds(), TreeCPU()
+    with tree:
+        started = time.perf_counter()
+        result = fedcomp.sweep({"base": "quickstart", "set": overrides, "grid": GRID, "seeds": seeds,
+                                "cpus_per_trial": 1.0, **variant})
+        sweep_s = time.perf_counter() - started
+        tree._sample()
     n = result.trials["trial"].nunique()
-    # Two trials run at a time (cpus_per_trial = 1 on 2 CPUs): the sweep had 2 x its wall time of trial slots.
-    # A packed trial's runs follow one another: each run's own time is its last wall_time.
+    # Two trials run at a time (cpus_per_trial = 1 on 2 CPUs) unless the variant says fewer: the sweep had that
+    # many times its wall time of trial slots. A packed trial's runs follow one another: each run's own time is
+    # its last wall_time.
+    slots = int(str(variant.get("max_concurrent", CONCURRENT)))
     own = common.trials_seconds(result.trials)
     tune_trials = len([p for p in result.path.iterdir() if p.is_dir()])
-    return {"runs": n, "tune_trials": tune_trials, "sweep_s": sweep_s, "own_s": own,
-            "startup_s": (CONCURRENT * sweep_s - own) / n}
+    return {"runs": n, "tune_trials": tune_trials, "sweep_s": sweep_s, "own_s": own, "slots": slots,
+            "startup_s": (slots * sweep_s - own) / n, "cpu_s": cpu_seconds() - cpu0 + tree.seconds}
 
 
 def overhead_table(backends: list[str]) -> tuple[str, list[str]]:
     cpus = connect()["CPU"]
     lines = [
         "| trial backend | variant | runs | Tune trials | sweep wall (s) | same runs in sequence (s) | sequence / sweep | "
-        f"per-run overhead (s) | wall with {2 * SEEDS} seeds (s) | marginal overhead per run (s) |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        f"per-run overhead (s) | wall with {2 * SEEDS} seeds (s) | marginal overhead per run (s) | CPU of every "
+        "process, 12 runs (s) |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     with tempfile.TemporaryDirectory() as tmp:
         for backend in backends:
@@ -151,21 +160,25 @@ def overhead_table(backends: list[str]) -> tuple[str, list[str]]:
                 r = measure(backend, variant, Path(tmp) / name.split()[0])
                 double = measure(backend, variant, Path(tmp) / name.split()[0], 2 * SEEDS)
                 # what one more run costs beyond its own run time: the fixed costs of a sweep cancel out
-                marginal = (CONCURRENT * (double["sweep_s"] - r["sweep_s"]) - (double["own_s"] - r["own_s"])) / (
+                marginal = (r["slots"] * (double["sweep_s"] - r["sweep_s"]) - (double["own_s"] - r["own_s"])) / (
                     double["runs"] - r["runs"])
                 lines.append(
                     f"| {backend} | {name} | {r['runs']} | {r['tune_trials']} | {r['sweep_s']:.1f} | {alone:.1f} | "
-                    f"{alone / r['sweep_s']:.2f} | {r['startup_s']:.2f} | {double['sweep_s']:.1f} | {marginal:.2f} |"
+                    f"{alone / r['sweep_s']:.2f} | {r['startup_s']:.2f} | {double['sweep_s']:.1f} | {marginal:.2f} | "
+                    f"{r['cpu_s']:.1f} |"
                 )
                 print(lines[-1], flush=True)
     intro = (
-        f"{common.generated_by()}, Ray with {cpus:g} CPUs, cpus_per_trial = 1 (two trials at a time); the variants "
-        f"ran side by side in this one run. Workload: invariant-logreg FCSG-M, 4 clients (2 client actors), q = 10, "
-        f"10 rounds; grid lr {GRID['algorithm.lr']} x beta {GRID['algorithm.beta']} x {SEEDS} seeds, and again with "
-        f"{2 * SEEDS} seeds. Per-run overhead: (2 x sweep wall - the runs' own run time) / runs, which spreads a "
-        f"sweep's fixed costs (starting Tune, its first trial processes, writing the results) over the runs; "
-        f"marginal overhead per run: the same difference between the two sweep sizes, per added run, where the "
-        f"fixed costs cancel. Load average at the end: {os.getloadavg()[0]:.1f} (the machine is shared)."
+        f"{common.generated_by()}, Ray with {cpus:g} CPUs, cpus_per_trial = 1 (two trials at a time unless the "
+        f"variant says otherwise); the variants ran side by side in this one run. Workload: invariant-logreg "
+        f"FCSG-M, 4 clients (2 client actors), q = 10, 10 rounds; grid lr {GRID['algorithm.lr']} x beta "
+        f"{GRID['algorithm.beta']} x {SEEDS} seeds, and again with {2 * SEEDS} seeds. Per-run overhead: (trials at "
+        f"a time x sweep wall - the runs' own run time) / runs, which spreads a sweep's fixed costs (starting Tune, "
+        f"its first trial processes, writing the results) over the runs; marginal overhead per run: the same "
+        f"difference between the two sweep sizes, per added run, where the fixed costs cancel. CPU: the seconds "
+        f"this process and every process it started (Ray's daemons, trial processes, actors) used during the "
+        f"12-run sweep, read from /proc every 0.5 s. Load average at the end: {os.getloadavg()[0]:.1f} (the "
+        f"machine is shared)."
     )
     return intro, lines
 
