@@ -12,7 +12,9 @@ daemons and actors, `fedcomp` subprocesses, clusters. The plugin notes how much 
 setup and teardown included. It needs a cgroup it may create (cgroup v1 `cpuacct`, or v2), e.g. as root in a VM.
 Without one it says so in one line and exits with 2.
 
-The run uses no pytest cache (`-p no:cacheprovider`), as in a fresh clone: mypy's test starts cold.
+The run uses no pytest cache (`-p no:cacheprovider`), as in a fresh clone: mypy's test starts cold. When a test
+fails or errors, the script prints the report and the tests that did not pass, leaves the report file as it was
+and exits with 1.
 """
 
 from __future__ import annotations
@@ -93,19 +95,21 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 # -- the script -------------------------------------------------------------------------------------------------
 
 
-def run_suite(pytest_args: list[str], folder: Path) -> tuple[float, str]:
-    """Run pytest with the plugin, rows into ``folder``; returns the wall seconds and pytest's summary line."""
+def run_suite(pytest_args: list[str], folder: Path) -> tuple[float, str, list[str]]:
+    """Run pytest with the plugin, rows into ``folder``; returns the wall seconds, pytest's summary line and its
+    lines naming the tests that failed or errored."""
     here = str(Path(__file__).resolve().parent)
     env = {**os.environ, OUT_ENV: str(folder), "RAY_AUTH_MODE": "disabled",
            "PYTHONPATH": os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH", "")) if p)}
     started = time.monotonic()
-    done = subprocess.run([sys.executable, "-m", "pytest", "-p", "suite_cpu", "-p", "no:cacheprovider", "-q",
+    done = subprocess.run([sys.executable, "-m", "pytest", "-p", "suite_cpu", "-p", "no:cacheprovider", "-q", "-rfE",
                            *pytest_args], env=env, capture_output=True, text=True, cwd=Path(here).parent)
     wall = time.monotonic() - started
     summary = next((line.strip("= ") for line in reversed(done.stdout.splitlines()) if " in " in line), "")
     if done.returncode not in (0, 1):
         sys.exit(f"suite_cpu: pytest exited with {done.returncode}: {done.stdout[-2000:]}{done.stderr[-2000:]}")
-    return wall, summary
+    failed = [line for line in done.stdout.splitlines() if line.startswith(("FAILED ", "ERROR "))]
+    return wall, summary, failed
 
 
 def report(folder: Path, wall: float, summary: str, pytest_args: list[str], top: int) -> str:
@@ -164,13 +168,18 @@ def main() -> None:
         print(f"suite_cpu: cannot create a cgroup to count the suite's CPU in ({error})", file=sys.stderr)
         sys.exit(2)
     with tempfile.TemporaryDirectory() as tmp:
-        wall, summary = run_suite(args.pytest_args, Path(tmp))
+        wall, summary, failed = run_suite(args.pytest_args, Path(tmp))
         text = report(Path(tmp), wall, summary, args.pytest_args, args.top)
         for group in hierarchy()[0].glob(f"fedcomp-suite-{Path(tmp).name}-*"):
             try:
                 group.rmdir()
             except OSError:  # a process of the run still lingers in it
                 pass
+    if failed:  # a failing test's CPU is not what the suite spends: printed, not published
+        print(text)
+        kept = "" if args.out == "-" else f"; {args.out} left as it was"
+        print(f"suite_cpu: {len(failed)} test(s) did not pass{kept}:", *failed, sep="\n  ", file=sys.stderr)
+        sys.exit(1)
     common.publish(text, args.out)
 
 

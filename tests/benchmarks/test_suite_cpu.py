@@ -27,3 +27,18 @@ def test_the_report_counts_every_test_of_the_selection_and_the_processes_they_st
     # `python -m fedcomp` in subprocesses (torch imported in each) costs far more than the routing bookkeeping
     slowest = next(line for line in lines if line.startswith("| `tests/") and "::" in line)
     assert "test_python_dash_m_and_list" in slowest and float(slowest.split("|")[2]) > 1.0
+
+
+@pytest.mark.slow
+def test_a_failing_test_is_named_and_the_report_is_not_written(tmp_path):
+    failing = tmp_path / "test_fails.py"
+    failing.write_text("def test_fails():\n    assert 1 == 2\n\n\ndef test_passes():\n    pass\n")
+    out = tmp_path / "SUITE_CPU.md"
+    args = [sys.executable, "benchmarks/suite_cpu.py", "--out", str(out), "--", str(failing), "-n", "0"]
+    done = subprocess.run(args, capture_output=True, text=True, cwd=ROOT, timeout=600)
+    if done.returncode == 2 and "cannot create a cgroup" in done.stderr:
+        pytest.skip(done.stderr.strip())
+    assert done.returncode == 1, done.stderr[-3000:]
+    assert done.stderr.splitlines()[0] == f"suite_cpu: 1 test(s) did not pass; {out} left as it was"
+    assert done.stderr.splitlines()[1].startswith("  FAILED ") and "test_fails" in done.stderr.splitlines()[1]
+    assert "pytest: 1 failed, 1 passed in " in done.stdout and not out.exists()
