@@ -39,6 +39,6 @@ def test_a_failing_test_is_named_and_the_report_is_not_written(tmp_path):
     if done.returncode == 2 and "cannot create a cgroup" in done.stderr:
         pytest.skip(done.stderr.strip())
     assert done.returncode == 1, done.stderr[-3000:]
-    assert done.stderr.splitlines()[0] == f"suite_cpu: 1 test(s) did not pass; {out} left as it was"
+    assert done.stderr.splitlines()[0] == f"suite_cpu: 1 test(s) did not pass; {out} left as it was:"
     assert done.stderr.splitlines()[1].startswith("  FAILED ") and "test_fails" in done.stderr.splitlines()[1]
     assert "pytest: 1 failed, 1 passed in " in done.stdout and not out.exists()
