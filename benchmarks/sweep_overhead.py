@@ -26,6 +26,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -109,6 +110,7 @@ class TreeCPU:
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join()
+        self._sample()  # the last reading, for processes still alive
 
     @property
     def seconds(self) -> float:
@@ -125,7 +127,7 @@ def sequential(backend: str, root: Path) -> float:
     return time.perf_counter() - started
 
 
-def measure(backend: str, variant: dict[str, object], root: Path, seeds: int = SEEDS) -> dict[str, float]:
+def measure(backend: str, variant: dict[str, Any], root: Path, seeds: int = SEEDS) -> dict[str, float]:
     overrides = {**WORKLOAD, "federation.backend": backend, "run.out": str(root / backend)}
     cpu0, tree = cpu_seconds(), TreeCPU()
     with tree:
@@ -133,12 +135,11 @@ def measure(backend: str, variant: dict[str, object], root: Path, seeds: int = S
         result = fedcomp.sweep({"base": "quickstart", "set": overrides, "grid": GRID, "seeds": seeds,
                                 "cpus_per_trial": 1.0, **variant})
         sweep_s = time.perf_counter() - started
-        tree._sample()
     n = result.trials["trial"].nunique()
     # Two trials run at a time (cpus_per_trial = 1 on 2 CPUs) unless the variant says fewer: the sweep had that
     # many times its wall time of trial slots. A packed trial's runs follow one another: each run's own time is
     # its last wall_time.
-    slots = int(str(variant.get("max_concurrent", CONCURRENT)))
+    slots = int(variant.get("max_concurrent", CONCURRENT))
     own = common.trials_seconds(result.trials)
     tune_trials = len([p for p in result.path.iterdir() if p.is_dir()])
     return {"runs": n, "tune_trials": tune_trials, "sweep_s": sweep_s, "own_s": own, "slots": slots,
@@ -198,7 +199,7 @@ def figure1(root: Path) -> list[str]:
         connect()
         result = fedcomp.sweep("fcsg-invariant-lr", overrides={"run.out": str(root / "fig1")})
         wall = time.perf_counter() - wall0
-        tree._sample()
+        tree._sample()  # before the shutdown ends Ray's processes
         ray.shutdown()
     cpu = cpu_seconds() - cpu0 + tree.seconds
     runs = result.trials["trial"].nunique()

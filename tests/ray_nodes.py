@@ -47,7 +47,7 @@ class Cluster:
         self.procs: list[subprocess.Popen] = []
         self.jobs = ""
         self.port = self._start(head=True, dashboard=dashboard)
-        self._wait(lambda: self._answers(), "the head's GCS port")
+        self._wait(self._answers, "the head's GCS port")
         self._start(head=False)
         self.address = f"127.0.0.1:{self.port}"
         self._wait(self._joined, "the second node")
