@@ -6,6 +6,8 @@ many clients one GPU actor can hold.
   workspace (``CUBLAS_WORKSPACE_CONFIG``, set before cuBLAS starts) and full float32 (no TF32), so the same
   seed gives the same numbers run to run and CPU and GPU agree to float32 rounding. On the CPU it does
   nothing: CPU kernels are already deterministic and the CPU numbers stay bit for bit what they were.
+* :func:`one_thread` -- client programs compute with one intra-op thread in every process, so that the number
+  of threads a process has does not change the order of a float reduction.
 * :class:`ExactSum`, :func:`exact_sums` -- float64 sums of the clients' outputs in client order, added on the
   outputs' device as each client finishes and copied to the host once (one device->host copy per call instead
   of one per client). Float64 addition is correctly rounded on every IEEE device, so the sums equal the
@@ -17,9 +19,10 @@ many clients one GPU actor can hold.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -53,6 +56,25 @@ def configure(device: str | torch.device, deterministic: bool) -> dict[str, Any]
         "cudnn_benchmark": torch.backends.cudnn.benchmark,
         "tf32": not deterministic,
     }
+
+
+@contextlib.contextmanager
+def one_thread() -> Iterator[None]:
+    """Run the block with one intra-op thread (the process's setting is put back after it).
+
+    The hosts run every client program this way, as every client actor does anyway: torch splits some float
+    reductions across threads (FedDRO's step at d = 26,600 on an Intel Xeon ended a round in other last bits with
+    the 2 threads of a 2-core machine's process than with 1), so clients computing with the driver's threads on the
+    local backend would not give the Ray backend's numbers. Switching costs microseconds per call."""
+    before = torch.get_num_threads()
+    if before == 1:
+        yield
+        return
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 SCRATCH_MIN_FLOATS = 65_536

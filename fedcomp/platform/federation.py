@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from fedcomp.platform.accelerator import ExactSum, configure, exact_sums
+from fedcomp.platform.accelerator import ExactSum, configure, exact_sums, one_thread
 from fedcomp.platform.algorithms.base import Algorithm, ClientContext, Outcome, StepInfo, Tensors
 from fedcomp.platform.catalog import load_builtins
 from fedcomp.platform.config import Config, FederationConfig
@@ -179,6 +179,7 @@ class ClientHost:
         ``states`` starts afresh (as it did then)."""
         self.private = {c: {k: v.to(self.device, copy=True) for k, v in s.items()} for c, s in states.items()}
 
+    @one_thread()
     def run(
         self, program: str, round: int, cohort: Sequence[int], payload: np.ndarray | Tensors, layout: Layout, sub: int = 0
     ) -> Partial:
@@ -208,6 +209,7 @@ class ClientHost:
         for state, ctx in zip(starts, contexts):
             yield self._attach_running(*self._with_running(state, lambda: run_one(self.problem, state, ctx)), returned)  # noqa: B023 (called at once)
 
+    @one_thread()
     def begin(
         self, program: str, round: int, cohort: Sequence[int], payload: np.ndarray | Tensors, layout: Layout,
         sub: int = 0, last: bool = False,
@@ -223,6 +225,7 @@ class ClientHost:
         self.session = Session(program, round, sub, broadcast, programs, running, returned)
         return self._advance(next, last, started)
 
+    @one_thread()
     def resume(self, payload: np.ndarray | Tensors, layout: Layout, last: bool = False) -> Partial:
         """Send the server's answer (the means of the last yield) into every generator of the session and run
         each to its next yield (``last``: to its end)."""
