@@ -228,7 +228,7 @@ CASES = [
     Case("actor-timeout-inf", run("federation.actor_timeout_s=inf"), "federation.actor_timeout_s = 'inf': Input should be a finite number"),
     Case("retries-negative", run("federation.max_retries=-1"), "federation.max_retries = -1: Input should be greater than or equal to 0"),
     Case("routing", run("federation.routing=nearest"), "federation.routing = 'nearest': Input should be 'balanced' or 'home'"),
-    Case("transport", run("federation.transport=dag"), "federation.transport = 'dag': Input should be 'calls' or 'graph'"),
+    Case("transport", run("federation.transport=dag"), "federation.transport = 'dag': Input should be 'calls', 'graph' or 'collective'"),
     Case("vectorise-text", run("federation.vectorise=maybe"), "federation.vectorise = 'maybe': Input should be a valid boolean"),
     Case("rounds-0", run("run.rounds=0"), "run.rounds = 0: Input should be greater than or equal to 1"),
     Case("rounds-text", run("run.rounds=many"), "run.rounds = 'many': Input should be a valid integer"),

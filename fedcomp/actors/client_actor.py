@@ -11,6 +11,7 @@ import numpy as np
 import ray
 import torch
 
+from fedcomp.actors.collective import Group, History, run_exchange
 from fedcomp.platform.accelerator import configure
 from fedcomp.platform.algorithms.base import Tensors
 from fedcomp.platform.config import Config
@@ -39,6 +40,10 @@ class ClientActor:
         except Exception as error:
             self.error = error
         self.incarnation = incarnation
+        if not hasattr(self, "group"):
+            self.group = Group()
+            """This actor's membership of the client actors' process group (``federation.transport: collective``)."""
+        self.group.leave()  # a kept actor joins the next run's group afresh
         self.graph_reply_kept: tuple[int, Partial] | None = None
         """The last reply through the compiled graph and its call number (:meth:`graph_reply`)."""
         # Fault injection for the reliability tests: FEDCOMP_FAULT_KILL="<round>:<first client of the actor>"
@@ -113,6 +118,44 @@ class ClientActor:
         reading the graph fails for every actor, and the federation takes the survivors' replies from here."""
         kept = self.graph_reply_kept
         return kept[1] if kept is not None and kept[0] == number else None
+
+    def group_address(self) -> str:
+        """A rendezvous address for the process group, on this actor's node (asked of the group's rank 0)."""
+        return Group.address()
+
+    def join_group(self, address: str, rank: int, world: int, timeout_s: float) -> None:
+        self.group.join(address, rank, world, timeout_s)
+
+    def leave_group(self) -> None:
+        self.group.leave()
+
+    @ray.method(num_returns=2)
+    def collective(
+        self, message: bytes, payload: np.ndarray | None, cohort: list[int]
+    ) -> tuple[tuple[Partial | None, History], dict[int, Tensors]]:
+        """A whole exchange with its answers formed in the actors' group (:mod:`fedcomp.actors.collective`):
+        ``message`` is ``("exchange", arguments)`` pickled once for every actor, as for :meth:`step`, ``cohort``
+        this actor's members (none: it only takes part in the gathers). Returns the final partial sums (None
+        without members) with each step's means, and the clients' private state. On any error the actor leaves the
+        group first, so that the others' gathers fail at once instead of waiting for it."""
+        method, args = pickle.loads(message)
+        if method != "exchange":
+            raise ValueError(f"ClientActor.collective: unknown method {method!r} (allowed: exchange)")
+        if payload is not None:
+            args["payload"] = payload
+        round, sub = args["round"], args["sub"]
+        try:
+            partial, history = run_exchange(
+                self.host, self.group, args["program"], round, cohort, args["payload"], args["layout"], sub,
+                args["steps"], lambda step: self._die_at(round, sub, step),
+            )
+        except BaseException:
+            self.group.leave()
+            raise
+        if partial is None:
+            return (None, history), {}
+        partial, private = self._split(partial)
+        return (partial, history), private
 
     @ray.method(num_returns=2)
     def run(

@@ -16,15 +16,18 @@ replays the logged answers (the means sent so far).
 
 With ``federation.transport: graph`` the calls whose payload travels inline go through one compiled Ray graph
 over the actors instead (:mod:`fedcomp.actors.graph`); their replies carry the clients' private state, which the
-federation puts in the object store itself; a retry after an actor died always goes by calls.
+federation puts in the object store itself; a retry after an actor died always goes by calls. With
+``transport: collective`` an exchange goes to every actor in one call and the actors answer its steps among
+themselves (:mod:`fedcomp.actors.collective`); what an actor's death leaves unfinished runs again by calls.
 """
 
 from __future__ import annotations
 
+import math
 import pickle
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import ray
 from ray.exceptions import RayActorError, RayChannelError, RayChannelTimeoutError, RayTaskError
@@ -39,12 +42,13 @@ from fedcomp.actors.cluster import (
     plan_actors,
     probe_footprint_on_cluster,
 )
+from fedcomp.actors.collective import GroupBroken, History
 from fedcomp.actors.graph import ActorGraph
 from fedcomp.actors.routing import Router
-from fedcomp.platform.algorithms.base import Outcome, Tensors
+from fedcomp.platform.algorithms.base import Exchanged, Outcome, Tensors
 from fedcomp.platform.config import Config
 from fedcomp.platform.errors import ClientFailure, PlatformError, ResourceError
-from fedcomp.platform.federation import Layout, Partial, combine
+from fedcomp.platform.federation import Layout, Partial, combine, exchange_by_steps
 
 RemoteClient = ray.remote(ClientActor)
 Submit = Callable[[Any, list[int]], Any]
@@ -118,7 +122,7 @@ class RayFederation:
         """Client -> the object holding its latest saved private state (the reply of the last saving call)."""
         self.replay: list[tuple[dict[int, list[int]], Submit]] = []
         """The steps of the exchange in progress since its start: what a replacement actor re-runs to catch up."""
-        self.exchange: tuple[str, int, dict[int, list[int]]] = ("", -1, {})
+        self.in_exchange: tuple[str, int, dict[int, list[int]]] = ("", -1, {})
         """The program and round of the exchange in progress, and each actor's members of its cohort."""
         self.restarts = 0
         self.replacements: list[dict[str, Any]] = []
@@ -131,6 +135,8 @@ class RayFederation:
         """The compiled graph over the actors (``federation.transport: graph``; built at its first use)."""
         self.graph_calls = 0
         """Calls sent through the graph so far (each one's number, which a survivor's kept reply is matched by)."""
+        self.group_ready = False
+        """Whether the actors are joined in one process group (``transport: collective``; joined at its first use)."""
 
     @property
     def timeout(self) -> float:
@@ -145,6 +151,7 @@ class RayFederation:
 
     def _replace(self, i: int, round: int, reason: str) -> None:
         self._drop_graph()  # rebuilt over the new actor at its next use
+        self.group_ready = False  # likewise the process group
         self.incarnations[i] += 1
         self.restarts += 1
         self.replacements.append({"round": round + 1, "actor": i, "clients": list(self.plan.groups[i]),
@@ -181,13 +188,109 @@ class RayFederation:
     def begin(self, program: str, round: int, cohort: list[int], payload: Tensors, sub: int = 0, last: bool = False) -> Outcome:
         message, ref, layout = self._message("begin", payload, program=program, round=round, sub=sub, last=last)
         members = self.router.assign(program, cohort)
-        self.exchange = (program, round, members)
+        self.in_exchange = (program, round, members)
         return self._step(message, ref, program, members, round, layout.total, saving=last)
 
     def resume(self, means: Tensors, last: bool = False) -> Outcome:
         message, ref, layout = self._message("resume", means, last=last)
-        program, round, members = self.exchange
+        program, round, members = self.in_exchange
         return self._step(message, ref, program, members, round, layout.total, saving=last)
+
+    def exchange(self, program: str, round: int, cohort: list[int], payload: Tensors, sub: int, steps: int) -> Exchanged:
+        """An exchange: by ``begin`` and ``steps`` times ``resume``; with ``transport: collective``, in one call to
+        every actor, the actors answering each step among themselves (:mod:`fedcomp.actors.collective`).
+
+        Collectively, when an actor dies, it is replaced, and what did not finish runs again by calls, with the same
+        numbers: if an actor finished, every step's means are known, and the others' members replay the exchange
+        with them (``begin``, then ``resume`` with each step's means); else the whole exchange runs again."""
+        if self.transport != "collective" or steps == 0:
+            return exchange_by_steps(self, program, round, cohort, payload, sub, steps)
+        message, ref, layout = self._message("exchange", payload, program=program, round=round, sub=sub, steps=steps)
+        members = self.router.assign(program, cohort)
+        self.in_exchange = (program, round, members)
+        replies, failed = self._collect_collective(message, ref, members, round, steps)
+        partials = {i: p for i, (p, _) in replies.items() if p is not None and i in members}
+        for i, reason in sorted(failed.items()):
+            self._replace(i, round, reason)
+        if not partials:  # nothing is lost: no member changed its clients' state
+            return exchange_by_steps(self, program, round, cohort, payload, sub, steps)
+        history = replies[min(partials)][1]
+        rest = {i: members[i] for i in members if i not in partials}
+        if rest:
+            partials.update(self._replay_exchange(program, round, sub, payload, rest, history))
+        self._book(program, members, partials, True, None)
+        clients = sum(p.clients for p in partials.values())
+        return Exchanged(
+            [Outcome(lay.unpack(means), clients, 0, math.nan, lay.total, lay.total) for lay, means in history],
+            combine([partials[i] for i in sorted(partials)], layout.total),
+        )
+
+    def _collect_collective(
+        self, message: bytes, ref: Any, members: dict[int, list[int]], round: int, steps: int
+    ) -> tuple[dict[int, tuple[Partial | None, History]], dict[int, str]]:
+        """Send the exchange to every actor (joining them in a group first where they are not); their replies, and
+        the actors that died (and how). An error a client program raised reaches the user as it was raised."""
+        self._join_group()
+        started = time.perf_counter()
+        pending: dict[Any, tuple[int, Any]] = {}
+        for i, actor in enumerate(self.actors):
+            reply_ref, private_ref = actor.collective.remote(message, ref, members.get(i, []))
+            pending[reply_ref] = (i, private_ref)
+        self.profile["submit actor calls"] += time.perf_counter() - started
+        replies: dict[int, tuple[Partial | None, History]] = {}
+        failed: dict[int, str] = {}
+        errors: dict[int, RayTaskError] = {}
+        while pending:
+            ready, _ = ray.wait(list(pending), num_returns=1, timeout=self.timeout * (steps + 1))
+            if not ready:
+                late = sorted(i for i, _ in pending.values())
+                raise ClientFailure(f"client actors {late} did not answer round {round} within {self.timeout:g}s per step")
+            for r in ready:
+                i, private_ref = pending.pop(r)
+                try:
+                    replies[i] = ray.get(r)
+                except RayTaskError as error:
+                    if not isinstance(_cause(error), GroupBroken):
+                        errors[i] = error
+                    continue
+                except RayActorError as error:
+                    failed[i] = _death(error)
+                    continue
+                partial = replies[i][0]
+                if partial is not None and partial.has_private:
+                    self.private_refs.update({c: private_ref for c in members[i]})
+        if errors or failed or len(replies) < len(self.actors):
+            self.group_ready = False  # its members left it
+        if errors:
+            raise unwrap(errors[min(errors)]) from None
+        return replies, failed
+
+    def _replay_exchange(
+        self, program: str, round: int, sub: int, payload: Tensors, members: dict[int, list[int]], history: History
+    ) -> dict[int, Partial]:
+        """Run an exchange whose answers are known (``history``) for ``members`` by calls: the final partials."""
+        self.in_exchange = (program, round, members)
+        self.replay = []
+        calls = [self._message("begin", payload, program=program, round=round, sub=sub, last=False)]
+        calls += [self._message("resume", lay.unpack(m), last=k == len(history) - 1)
+                  for k, (lay, m) in enumerate(history)]
+        partials: dict[int, Partial] = {}
+        for message, ref, _ in calls:
+            submit = self._submit(message, ref)
+            partials = self._run_step(message, ref, submit, members, round)
+            self.replay.append((members, submit))
+        self.replay = []
+        return partials
+
+    def _join_group(self) -> None:
+        """Join every actor in one process group (once, and again after an actor was replaced)."""
+        if self.group_ready:
+            return
+        address = ray.get(self.actors[0].group_address.remote(), timeout=self.timeout)
+        world = len(self.actors)
+        ray.get([a.join_group.remote(address, i, world, self.timeout) for i, a in enumerate(self.actors)],
+                timeout=self.timeout)
+        self.group_ready = True
 
     @staticmethod
     def _submit(message: bytes, ref: Any) -> Submit:
@@ -203,6 +306,15 @@ class RayFederation:
         ``max_retries`` times; a retry always goes by calls); log the step for replay unless it saves the clients'
         state (then tell the router where private state is now); combine the partials in actor order."""
         submit = self._submit(message, ref)
+        partials = self._run_step(message, ref, submit, members, round)
+        self._book(program, members, partials, saving, submit)
+        started = time.perf_counter()
+        outcome = combine([partials[i] for i in sorted(partials)], floats_down)
+        self.profile["combine partials"] += time.perf_counter() - started
+        return outcome
+
+    def _run_step(self, message: bytes, ref: Any, submit: Submit, members: dict[int, list[int]], round: int) -> dict[int, Partial]:
+        """Every member actor's partial of the call, replacing dead actors (see :meth:`_step`)."""
         partials: dict[int, Partial] = {}
         todo = sorted(members)
         by_graph = self.transport == "graph" and ref is None
@@ -223,18 +335,20 @@ class RayFederation:
             for i, reason in sorted(failed.items()):
                 self._replace(i, round, reason)
             todo = sorted(failed)
+        return partials
+
+    def _book(self, program: str, members: dict[int, list[int]], partials: dict[int, Partial], saving: bool,
+              submit: Submit | None) -> None:
+        """After a call: where it saved the clients' state, tell the router who holds private state now (and forget
+        the saved state of clients that have none); else log the step for a replacement to replay."""
         if saving:
             self.replay = []
-            left = {i: p.has_private for i, p in partials.items()}
+            left = {i: partials[i].has_private for i in members}
             self.router.learn(program, members, left)
             for c in (c for i in members if not left[i] for c in members[i]):
                 self.private_refs.pop(c, None)
-        else:
+        elif submit is not None:
             self.replay.append((members, submit))
-        started = time.perf_counter()
-        outcome = combine([partials[i] for i in sorted(partials)], floats_down)
-        self.profile["combine partials"] += time.perf_counter() - started
-        return outcome
 
     def _collect(
         self, submit: Submit, members: dict[int, list[int]], todo: list[int], partials: dict[int, Partial], round: int
@@ -382,9 +496,20 @@ class RayFederation:
 
     def close(self) -> None:
         self._drop_graph()  # an actor takes part in one compiled graph at a time: a kept one joins the next run's
+        if self.group_ready:  # likewise in one process group (each actor also leaves it when rebuilt)
+            self.group_ready = False
+            ray.wait([a.leave_group.remote() for a in self.actors], num_returns=len(self.actors), timeout=self.timeout)
         for i, actor in enumerate(self.actors):
             kept.give_back("client", actor_options(self.plan.resources(i)), actor)
         self.actors = []
+
+
+def _cause(error: RayTaskError) -> BaseException | None:
+    """The exception an actor raised, through any number of actor layers."""
+    cause: Any = error
+    while isinstance(cause, RayTaskError):
+        cause = getattr(cause, "cause", None)
+    return cast(BaseException | None, cause)
 
 
 def _death(error: RayActorError) -> str:

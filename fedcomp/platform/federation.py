@@ -26,7 +26,7 @@ import torch
 from torch import Tensor
 
 from fedcomp.platform.accelerator import ExactSum, configure, exact_sums, one_thread
-from fedcomp.platform.algorithms.base import Algorithm, ClientContext, Outcome, StepInfo, Tensors
+from fedcomp.platform.algorithms.base import Algorithm, ClientContext, Exchanged, Outcome, StepInfo, Tensors
 from fedcomp.platform.catalog import load_builtins
 from fedcomp.platform.config import Config, FederationConfig
 from fedcomp.platform.errors import ResourceError
@@ -119,15 +119,22 @@ class Partial:
         return math.fsum(self.losses)
 
 
+def mean_of(sums: Iterable[np.ndarray], clients: int, size: int) -> np.ndarray:
+    """The cohort mean (float32) of hosts' float64 partial sums of ``size`` floats, added in the given order: the
+    one place the average is formed, by the server (:func:`combine`) and by client actors that average among
+    themselves (``federation.transport: collective``), so both give the same bits."""
+    total = np.zeros(size, np.float64)
+    for part in sums:
+        total += part
+    total /= clients
+    return total.astype(np.float32)
+
+
 def combine(partials: Sequence[Partial], floats_down: int) -> Outcome:
     """Average the partial sums (in the given, fixed order) into an :class:`Outcome`."""
     layout = partials[0].layout
     clients = sum(p.clients for p in partials)
-    total = np.zeros(layout.total, np.float64)
-    for p in partials:
-        total += p.sums
-    total /= clients
-    means = layout.unpack(total.astype(np.float32), copy=False)
+    means = layout.unpack(mean_of((p.sums for p in partials), clients, layout.total), copy=False)
     return Outcome(
         means=means,
         clients=clients,
@@ -136,6 +143,19 @@ def combine(partials: Sequence[Partial], floats_down: int) -> Outcome:
         floats_up=layout.total,
         floats_down=floats_down,
     )
+
+
+def exchange_by_steps(
+    federation: Any, program: str, round: int, cohort: list[int], payload: Tensors, sub: int, steps: int
+) -> Exchanged:
+    """An exchange as the server drives it: ``begin``, then ``steps`` times ``resume`` with the means of the last
+    yield (every backend's way; the Ray backend's collective transport averages among the actors instead)."""
+    out = federation.begin(program, round, cohort, payload, sub, last=steps == 0)
+    yields = []
+    for step in range(steps):
+        yields.append(out)
+        out = federation.resume(out.means, last=step == steps - 1)
+    return Exchanged(yields, out)
 
 
 @dataclass
@@ -386,6 +406,9 @@ class LocalFederation:
         partial = self.host.resume(means, layout, last)
         self.private.update(partial.private)
         return combine([partial], layout.total)
+
+    def exchange(self, program: str, round: int, cohort: list[int], payload: Tensors, sub: int, steps: int) -> Exchanged:
+        return exchange_by_steps(self, program, round, cohort, payload, sub, steps)
 
     def private_states(self) -> dict[int, Tensors]:
         return dict(self.private)

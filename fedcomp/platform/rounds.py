@@ -192,14 +192,14 @@ class Round:
         payload = self._payload(broadcast, model=True)
         sub, r = self._calls, self.record
         self._calls += 1
-        out = self.federation.begin(program, self.number, cohort, payload, sub, last=steps == 0)
+        done = self.federation.exchange(program, self.number, cohort, payload, sub, steps)
         exchanged: dict[str, Tensor] = {}
-        for step in range(steps):
-            exchanged = out.means
+        for step in done.steps:
+            exchanged = step.means
             r.embedding_exchanges += 1
-            r.embedding_floats_up += out.floats_up
-            r.embedding_floats_down += out.floats_up  # the mean of what went up
-            out = self.federation.resume(exchanged, last=step == steps - 1)
+            r.embedding_floats_up += step.floats_up
+            r.embedding_floats_down += step.floats_up  # the mean of what went up
+        out = done.final
         self._take_buffers(out.means)
         clash = sorted(set(exchanged) & set(out.means))
         if clash:

@@ -4,6 +4,7 @@ One and two clients per actor with full cohorts: the conformance suite (tests/pl
 
 from __future__ import annotations
 
+import json
 import pandas as pd
 import pytest
 import torch
@@ -42,6 +43,25 @@ def test_same_numbers_on_local_and_ray(keeping, tmp_path, algorithm, task, extra
     assert local["comm_rounds"].iloc[-1] == 3
 
 
+def test_collective_exchanges_give_the_local_numbers_with_idle_actors_and_on_kept_actors(keeping, tmp_path):
+    """``federation.transport: collective``: the actors average each step of FedDRO's exchange among themselves.
+    With 3 of 4 clients per round in 4 actors, one actor has no member each round and only takes part in the
+    gathers; the next run takes two of those actors, kept, which leave their 4-actor group for a 2-actor one.
+    Both runs give the local backend's rows and final state bit for bit."""
+    raw = {"task": COMPOSITION, "algorithm": {"name": "feddro", "local_steps": 3, "lr": 0.3, "beta": 0.4},
+           "federation": {"clients": 4, "clients_per_round": 3, "backend": "local"},
+           "run": {"rounds": 3, "progress": "none", "out": str(tmp_path)}}
+    local = fedcomp.run(raw)
+    for per_actor in (1, 2):
+        on_ray = fedcomp.run(raw, {"federation.backend": "ray", "federation.transport": "collective",
+                                   "federation.clients_per_actor": per_actor})
+        backend = json.loads((on_ray.run_dir / "run.json").read_text())["backend"]
+        assert (backend["transport"], backend["client_actors"]) == ("collective", 4 // per_actor)
+        pd.testing.assert_frame_equal(on_ray.metrics.drop(columns="wall_time"), local.metrics.drop(columns="wall_time"),
+                                      rtol=0, atol=0)
+    assert local.metrics["embedding_exchanges"].iloc[-1] == 1 + 3 * 3  # the initial estimate, then I = 3 per round
+
+
 @pytest.mark.parametrize(
     "clients, per_actor, kill, transport",
     [
@@ -50,6 +70,9 @@ def test_same_numbers_on_local_and_ray(keeping, tmp_path, algorithm, task, extra
         (4, 2, "0:2:1:2", "calls"),  # round 0 (after the initial estimate, call 0), clients 2-3's actor, mid-exchange
         (2, 1, "1:1:0:3", "graph"),  # the compiled graph breaks for every actor: survivors' replies are fetched
         (4, 2, "0:2:1:2", "graph"),
+        (2, 1, "1:1:0:2", "collective"),  # mid-exchange: the survivor's gather fails; the exchange runs again by calls
+        (2, 1, "1:1:0:3", "collective"),  # after the last gather: the survivor finished; the dead actor's share replays
+        (4, 2, "0:2:1:0", "collective"),  # as its exchange begins, the other actor waiting in the first gather
     ],
 )
 def test_an_actor_killed_mid_exchange_is_replaced_and_replays_to_the_same_bits(
@@ -58,8 +81,9 @@ def test_an_actor_killed_mid_exchange_is_replaced_and_replays_to_the_same_bits(
     """The replacement re-creates its clients' generators from their saved state (x_prev) and replays the
     means logged so far; the run then goes on as if nothing had happened -- by actor calls (the server in the
     driver's process here; with the server actor: test_ray_backend.py), and through a compiled graph
-    (``federation.transport: graph``, the server actor), which is rebuilt over the replacement. Each case has
-    two client actors: a replacement and a survivor."""
+    (``federation.transport: graph``, the server actor), which is rebuilt over the replacement, and with the actors
+    averaging each step among themselves (``transport: collective``), whose group is rebuilt likewise. Each case
+    has two client actors: a replacement and a survivor."""
     raw = {"task": COMPOSITION, "algorithm": {"name": "feddro", "local_steps": 3, "lr": 0.3, "beta": 0.4},
            "federation": {"clients": clients, "clients_per_actor": per_actor, "backend": "local"},
            "run": {"rounds": 3, "progress": "none"}}

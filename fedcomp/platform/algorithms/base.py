@@ -97,6 +97,15 @@ class Outcome:
     """Floats each participating client downloaded."""
 
 
+@dataclass
+class Exchanged:
+    """What an exchange (``fed.exchange``) gave the server: the cohort means of each step's yield, in order (their
+    ``floats_up`` the floats each client sent), and the outcome of the program's end."""
+
+    steps: list[Outcome]
+    final: Outcome
+
+
 class Federation(Protocol):
     """Where client programs run (in-process or on Ray actors); identical numbers either way."""
 
@@ -111,6 +120,12 @@ class Federation(Protocol):
 
     def resume(self, means: Tensors, last: bool = False) -> Outcome:
         """Send ``means`` into every cohort client's generator and run it to its next yield (``last``: its end)."""
+        ...
+
+    def exchange(self, program: str, round: int, cohort: list[int], payload: Tensors, sub: int, steps: int) -> Exchanged:
+        """Run the generator program ``algorithm.<program>`` on every cohort client with ``payload``, answering each
+        of its ``steps`` yields with the cohort means of what it yielded: each step's means, then the outcome of its
+        end."""
         ...
 
     def private_states(self) -> dict[int, Tensors]:

@@ -1,0 +1,146 @@
+"""Exchanges averaged among the client actors themselves (``federation.transport: collective``).
+
+FedDRO's round answers every local step of its clients with the cohort mean of one small value
+(``fed.exchange``). By calls, each step is a round trip from the server to the actors and back (a millisecond or
+more of Ray's task machinery); through a compiled graph, its idle readers poll their channels, which costs the
+clients' compute its cores where cores are few. Here the server sends the whole exchange to every client actor in
+one call, and the actors, joined in one torch.distributed process group (gloo, over TCP, so across nodes too),
+answer each step among themselves: every actor sends its float64 partial sums to every other (``all_gather``; a
+waiting actor blocks in a socket read, it does not poll) and forms the cohort mean itself with the server's own
+function, in actor order (:func:`~fedcomp.platform.federation.mean_of`), so each actor's answer has the bits the
+server's would have. Each actor returns its final partial sums and the means it formed at each step, which the
+server counts as the exchange's steps. Actors without cohort members take part with nothing to add.
+
+When an actor dies or raises mid-exchange, its process or its group is gone, and every other actor's next gather
+fails at once (gloo reads the end of its socket) with :class:`GroupBroken`; the federation then replaces the dead
+actors, rebuilds the group at its next use and runs again, by calls, what did not finish
+(:meth:`fedcomp.actors.federation.RayFederation.exchange`).
+"""
+
+from __future__ import annotations
+
+import datetime
+import socket
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import ray
+import torch
+
+from fedcomp.platform.federation import ClientHost, Layout, Partial, mean_of
+
+HEADER = 2
+"""Floats in front of each actor's row in a gather: its clients, then the number of floats it sends."""
+
+History = list[tuple[Layout, np.ndarray]]
+"""Each step's cohort means as one actor formed them: their layout and the float32 values."""
+
+
+class GroupBroken(RuntimeError):
+    """A gather of the exchange failed: another actor of the group died or left it (after an error of its own)."""
+
+
+class Group:
+    """This process's membership of the client actors' process group, and the buffers its gathers reuse."""
+
+    def __init__(self) -> None:
+        self.rank = -1
+        self.world = 0
+        self._resize(0)
+
+    @staticmethod
+    def address() -> str:
+        """A rendezvous address on this actor's node (a port free now) for the group's rank 0."""
+        with socket.socket() as probe:
+            probe.bind(("", 0))
+            port = probe.getsockname()[1]
+        return f"tcp://{ray.util.get_node_ip_address()}:{port}"
+
+    def join(self, address: str, rank: int, world: int, timeout_s: float) -> None:
+        """Join the group of ``world`` actors as ``rank`` (leaving any group this process was in); returns once all
+        have joined. A gather waits at most ``timeout_s`` for the others."""
+        import torch.distributed as dist
+
+        self.leave()
+        dist.init_process_group("gloo", init_method=address, rank=rank, world_size=world,
+                                timeout=datetime.timedelta(seconds=timeout_s))
+        self.rank, self.world = rank, world
+        self._resize(0)
+
+    def leave(self) -> None:
+        """Leave the group (the other actors' gathers then fail at once)."""
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
+        self.rank, self.world = -1, 0
+
+    @property
+    def joined(self) -> bool:
+        return self.world > 0
+
+    def mean(self, clients: int, sums: np.ndarray | None) -> np.ndarray:
+        """The cohort mean (float32) of every actor's partial ``sums`` over its ``clients`` (0 and None for an actor
+        without members this time), formed in actor order.
+
+        Raises:
+            GroupBroken: another actor of the group is gone.
+            RuntimeError: the actors' yields differ in size (a program out of step with itself).
+        """
+        size = 0 if sums is None else int(sums.size)
+        rows = self._gather(clients, sums, size)
+        largest = int(rows[:, 1].max())
+        if largest > self.capacity:  # every actor sees it and gathers again with room for the largest
+            self._resize(largest)
+            rows = self._gather(clients, sums, size)
+        members = rows[rows[:, 0] > 0]
+        width = int(members[0, 1])
+        if (members[:, 1] != width).any():
+            raise RuntimeError(f"exchange out of step: the actors yielded {sorted(set(members[:, 1].astype(int)))} floats")
+        return mean_of(members[:, HEADER:HEADER + width], int(members[:, 0].sum()), width)
+
+    def _resize(self, capacity: int) -> None:
+        """Rows (and this actor's own row) with room for ``capacity`` floats of partial sums (grown, for every actor
+        at once, when a yield is larger)."""
+        self.capacity = capacity
+        self.rows = torch.zeros(self.world, HEADER + capacity, dtype=torch.float64)
+        self.outputs = list(self.rows.unbind(0))
+        self.mine = torch.zeros(HEADER + capacity, dtype=torch.float64)
+
+    def _gather(self, clients: int, sums: np.ndarray | None, size: int) -> np.ndarray:
+        """Every actor's row (clients, size, partial sums padded to the capacity), in actor order: a view of the
+        buffer the next gather overwrites."""
+        import torch.distributed as dist
+
+        mine = self.mine.numpy()
+        mine[:] = 0.0
+        mine[0], mine[1] = clients, size
+        if sums is not None and size <= self.capacity:
+            mine[HEADER:HEADER + size] = sums
+        try:
+            dist.all_gather(self.outputs, self.mine)
+        except RuntimeError as error:
+            raise GroupBroken(f"an exchange's gather failed: {str(error).strip().splitlines()[0][:160]}") from None
+        return self.rows.numpy()
+
+
+def run_exchange(
+    host: ClientHost, group: Group, program: str, round: int, cohort: Sequence[int], payload: np.ndarray,
+    layout: Layout, sub: int, steps: int, at_step: Callable[[int], None],
+) -> tuple[Partial | None, History]:
+    """Run the generator program for this host's ``cohort`` (possibly none) through ``steps`` answers formed in
+    ``group``; ``at_step(k)`` is called before step k (0: the start; for fault injection). Returns the final
+    partial sums (None without members) and each step's means."""
+    history: History = []
+    partial: Partial | None = None
+    if cohort:
+        at_step(0)
+        partial = host.begin(program, round, cohort, payload, layout, sub)
+    for step in range(steps):
+        means = group.mean(partial.clients, partial.sums) if partial is not None else group.mean(0, None)
+        if partial is None:
+            continue
+        history.append((partial.layout, means))
+        at_step(step + 1)
+        partial = host.resume(means, partial.layout, last=step == steps - 1)
+    return partial, history
