@@ -14,12 +14,14 @@ server counts as the exchange's steps. Actors without cohort members take part w
 When an actor dies or raises mid-exchange, its process or its group is gone, and every other actor's next gather
 fails at once (gloo reads the end of its socket) with :class:`GroupBroken`; the federation then replaces the dead
 actors, rebuilds the group at its next use and runs again, by calls, what did not finish
-(:meth:`fedcomp.actors.federation.RayFederation.exchange`).
+(:meth:`fedcomp.actors.federation.RayFederation.exchange`). Actors that cannot meet at the rendezvous (a
+firewall between nodes, say) make the run's exchanges by calls, after one warning.
 """
 
 from __future__ import annotations
 
 import datetime
+import os
 import socket
 from collections.abc import Callable, Sequence
 
@@ -29,6 +31,11 @@ import torch
 
 from fedcomp.platform.federation import ClientHost, Layout, Partial, mean_of
 
+JOIN_TIMEOUT_S = 20.0
+"""How long the actors wait for each other at the group's rendezvous (e.g. a cluster whose firewall blocks the
+port): the federation then makes its exchanges by calls."""
+FAULT_JOIN = "FEDCOMP_FAULT_GROUP_JOIN"
+"""Fault injection for the tests: when set in a client actor's environment, joining the group fails."""
 HEADER = 2
 """Floats in front of each actor's row in a gather: its clients, then the number of floats it sends."""
 
@@ -58,11 +65,17 @@ class Group:
 
     def join(self, address: str, rank: int, world: int, timeout_s: float) -> None:
         """Join the group of ``world`` actors as ``rank`` (leaving any group this process was in); returns once all
-        have joined. A gather waits at most ``timeout_s`` for the others."""
+        have joined, or raises when they have not met at ``address`` within :data:`JOIN_TIMEOUT_S`. A gather waits
+        at most ``timeout_s`` for the others."""
         import torch.distributed as dist
 
         self.leave()
-        dist.init_process_group("gloo", init_method=address, rank=rank, world_size=world,
+        if os.environ.get(FAULT_JOIN):
+            raise RuntimeError(f"{FAULT_JOIN} is set (fault injection)")
+        host, port = address.removeprefix("tcp://").rsplit(":", 1)
+        store = dist.TCPStore(  # type: ignore[attr-defined]  # exported by torch.distributed, untyped there
+            host, int(port), world, rank == 0, timeout=datetime.timedelta(seconds=JOIN_TIMEOUT_S))
+        dist.init_process_group("gloo", store=store, rank=rank, world_size=world,
                                 timeout=datetime.timedelta(seconds=timeout_s))
         self.rank, self.world = rank, world
         self._resize(0)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 import pickle
+import sys
 import time
 from collections.abc import Callable
 from typing import Any, cast
@@ -42,7 +43,7 @@ from fedcomp.actors.cluster import (
     plan_actors,
     probe_footprint_on_cluster,
 )
-from fedcomp.actors.collective import GroupBroken, History
+from fedcomp.actors.collective import JOIN_TIMEOUT_S, GroupBroken, History
 from fedcomp.actors.graph import ActorGraph
 from fedcomp.actors.routing import Router
 from fedcomp.platform.algorithms.base import Exchanged, Outcome, Tensors
@@ -137,6 +138,8 @@ class RayFederation:
         """Calls sent through the graph so far (each one's number, which a survivor's kept reply is matched by)."""
         self.group_ready = False
         """Whether the actors are joined in one process group (``transport: collective``; joined at its first use)."""
+        self.group_failed = False
+        """Whether they could not form one (then the run's exchanges go by calls)."""
 
     @property
     def timeout(self) -> float:
@@ -203,7 +206,7 @@ class RayFederation:
         Collectively, when an actor dies, it is replaced, and what did not finish runs again by calls, with the same
         numbers: if an actor finished, every step's means are known, and the others' members replay the exchange
         with them (``begin``, then ``resume`` with each step's means); else the whole exchange runs again."""
-        if self.transport != "collective" or steps == 0:
+        if self.transport != "collective" or steps == 0 or not self._join_group():
             return exchange_by_steps(self, program, round, cohort, payload, sub, steps)
         message, ref, layout = self._message("exchange", payload, program=program, round=round, sub=sub, steps=steps)
         members = self.router.assign(program, cohort)
@@ -230,7 +233,6 @@ class RayFederation:
     ) -> tuple[dict[int, tuple[Partial | None, History]], dict[int, str]]:
         """Send the exchange to every actor (joining them in a group first where they are not); their replies, and
         the actors that died (and how). An error a client program raised reaches the user as it was raised."""
-        self._join_group()
         started = time.perf_counter()
         pending: dict[Any, tuple[int, Any]] = {}
         for i, actor in enumerate(self.actors):
@@ -282,15 +284,38 @@ class RayFederation:
         self.replay = []
         return partials
 
-    def _join_group(self) -> None:
-        """Join every actor in one process group (once, and again after an actor was replaced)."""
-        if self.group_ready:
-            return
-        address = ray.get(self.actors[0].group_address.remote(), timeout=self.timeout)
+    def _join_group(self) -> bool:
+        """Join every actor in one process group (once, and again after an actor was replaced); whether they are in
+        one. When they cannot meet (e.g. a firewall between nodes), say so once: the run's exchanges go by calls.
+        When an actor died, this exchange goes by calls, which replace it; the next one tries again."""
+        if self.group_ready or self.group_failed:
+            return self.group_ready
+        why, died = None, False
+        try:
+            address = ray.get(self.actors[0].group_address.remote(), timeout=self.timeout)
+        except RayActorError:
+            return False
         world = len(self.actors)
-        ray.get([a.join_group.remote(address, i, world, self.timeout) for i, a in enumerate(self.actors)],
-                timeout=self.timeout)
+        refs = [a.join_group.remote(address, i, world, self.timeout) for i, a in enumerate(self.actors)]
+        _, late = ray.wait(refs, num_returns=len(refs), timeout=self.timeout + JOIN_TIMEOUT_S)
+        if late:
+            why = f"they did not meet within {self.timeout + JOIN_TIMEOUT_S:g}s"
+        for ref in (r for r in refs if r not in late):  # every answer is read: Ray reports an unread error
+            try:
+                ray.get(ref, timeout=0)
+            except RayActorError:
+                died = True
+            except RayTaskError as error:
+                why = why or first_line(_cause(error) or error)
+        if died:  # this exchange goes by calls, which replace the dead actor; the next one tries again
+            return False
+        if why is not None:
+            self.group_failed = True
+            print(f"fedcomp: warning: the client actors could not form a process group for collective exchanges "
+                  f"({why}); this run's exchanges go by actor calls (the same numbers)", file=sys.stderr, flush=True)
+            return False
         self.group_ready = True
+        return True
 
     @staticmethod
     def _submit(message: bytes, ref: Any) -> Submit:

@@ -73,13 +73,13 @@ class FederationConfig(Params):
         "client; the same numbers either way",
     )
     transport: Literal["calls", "graph", "collective"] = Field(
-        "calls",
-        description="Ray backend: how a federation call reaches the client actors: 'calls', one actor call per actor "
-        "(payloads over 100 KB through the object store); 'graph', a compiled Ray graph (ray.dag) over the actors for "
-        "calls with smaller payloads (a lower latency per call, e.g. FedDRO's per-step exchange; its idle actors poll "
-        "their channels); 'collective', calls, except that an exchange (fed.exchange: FedDRO's local steps) goes to "
-        "the actors in one call and they average each step among themselves (a torch.distributed gloo group). The "
-        "same numbers every way",
+        "collective",
+        description="Ray backend: how a federation call reaches the client actors: 'collective' (default), one actor "
+        "call per actor (payloads over 100 KB through the object store), except that an exchange (fed.exchange: "
+        "FedDRO's local steps) goes to the actors in one call and they average each step among themselves (a "
+        "torch.distributed gloo group; by calls where they cannot form one); 'calls', every step of an exchange by "
+        "calls too; 'graph', a compiled Ray graph (ray.dag) over the actors for calls with smaller payloads (a lower "
+        "latency per call; its idle actors poll their channels). The same numbers every way",
     )
     ray_address: str | None = Field(None, description="existing cluster to join (else RAY_ADDRESS, else local)")
     actor_timeout_s: float = Field(120.0, gt=0, description="deadline for actors to start or answer a round")

@@ -5,11 +5,13 @@ One and two clients per actor with full cohorts: the conformance suite (tests/pl
 from __future__ import annotations
 
 import json
+
 import pandas as pd
 import pytest
 import torch
 
 import fedcomp
+from fedcomp.actors.collective import FAULT_JOIN
 from fedcomp.actors.server_actor import RayServer
 from fedcomp.backends import make_server
 from fedcomp.platform.config import load_config
@@ -41,6 +43,21 @@ def test_same_numbers_on_local_and_ray(keeping, tmp_path, algorithm, task, extra
     on_ray = fedcomp.run(raw, {"federation.backend": "ray", "federation.clients_per_actor": 2})
     pd.testing.assert_frame_equal(on_ray.metrics.drop(columns="wall_time"), local, rtol=0, atol=0)
     assert local["comm_rounds"].iloc[-1] == 3
+
+
+def test_a_group_that_cannot_form_leaves_the_exchanges_to_calls(ray_session, monkeypatch, tmp_path, capfd):
+    """Client actors that cannot meet at the group's rendezvous (fault injected: joining fails) make the run's
+    exchanges by calls, with the same numbers, after one warning that says so."""
+    raw = {"task": COMPOSITION, "algorithm": {"name": "feddro", "local_steps": 3, "lr": 0.3},
+           "federation": {"clients": 4, "clients_per_actor": 2, "backend": "local"},
+           "run": {"rounds": 2, "progress": "none", "out": str(tmp_path)}}
+    local = fedcomp.run(raw)
+    monkeypatch.setenv(FAULT_JOIN, "1")
+    on_ray = fedcomp.run(raw, {"federation.backend": "ray", "federation.server": "driver"})
+    pd.testing.assert_frame_equal(on_ray.metrics.drop(columns="wall_time"), local.metrics.drop(columns="wall_time"),
+                                  rtol=0, atol=0)
+    warnings = [line for line in capfd.readouterr().err.splitlines() if "could not form a process group" in line]
+    assert len(warnings) == 1 and FAULT_JOIN in warnings[0] and "by actor calls" in warnings[0], warnings
 
 
 def test_collective_exchanges_give_the_local_numbers_with_idle_actors_and_on_kept_actors(keeping, tmp_path):
