@@ -28,11 +28,11 @@ import ray
 import torch
 
 import common
-from fedcomp.actors.federation import INLINE_BYTES, RayFederation
+from fedcomp.actors.federation import INLINE_BYTES, RayFederation, Submit
 from fedcomp.bench import bench_config
 from fedcomp.platform.algorithms.base import Outcome, Tensors
 from fedcomp.platform.config import Config, load_config
-from fedcomp.platform.federation import Layout
+from fedcomp.platform.federation import Layout, combine
 from fedcomp.platform.server import Server
 
 REPORT = common.HERE / "RAY_TRANSPORT.md"
@@ -49,23 +49,30 @@ class SixArguments(RayFederation):
         self.profile["serialise broadcast"] += time.perf_counter() - started
         return ref, layout
 
+    def _six(self, program: str, submit: Submit, members: dict[int, list[int]], round: int, floats_down: int,
+             saving: bool) -> Outcome:
+        """The federation's own retry, bookkeeping and combine, around the old submission."""
+        partials = self._run_step(b"", None, submit, members, round)
+        self._book(program, members, partials, saving, submit)
+        return combine([partials[i] for i in sorted(partials)], floats_down)
+
     def call(self, program: str, round: int, cohort: list[int], payload: Tensors, sub: int = 0) -> Outcome:
         ref, layout = self._put(payload)
-        return self._step(lambda actor, clients: actor.run.remote(program, round, clients, ref, layout, sub),
-                          self._members(cohort), round, layout.total, saving=True)
+        return self._six(program, lambda actor, clients: actor.run.remote(program, round, clients, ref, layout, sub),
+                         self.router.assign(program, cohort), round, layout.total, saving=True)
 
     def begin(self, program: str, round: int, cohort: list[int], payload: Tensors, sub: int = 0, last: bool = False) -> Outcome:
         ref, layout = self._put(payload)
-        members = self._members(cohort)
-        self.exchange = (round, members)
-        return self._step(lambda actor, clients: actor.begin.remote(program, round, clients, ref, layout, sub, last),
-                          members, round, layout.total, saving=last)
+        members = self.router.assign(program, cohort)
+        self.in_exchange = (program, round, members)
+        return self._six(program, lambda actor, clients: actor.begin.remote(program, round, clients, ref, layout, sub, last),
+                         members, round, layout.total, saving=last)
 
     def resume(self, means: Tensors, last: bool = False) -> Outcome:
         ref, layout = self._put(means)
-        round, members = self.exchange
-        return self._step(lambda actor, clients: actor.resume.remote(ref, layout, last), members, round, layout.total,
-                          saving=last)
+        program, round, members = self.in_exchange
+        return self._six(program, lambda actor, clients: actor.resume.remote(ref, layout, last), members, round,
+                         layout.total, saving=last)
 
 
 def federation_calls(server: Server) -> int:
@@ -118,7 +125,7 @@ def main() -> None:
     load_before = common.load_average()
     feddro = load_config({"task": {"name": "heterogeneous-composition", "dim": 10},
                           "algorithm": {"name": "feddro", "lr": 0.1, "local_steps": 8},
-                          "federation": {"clients": 8, "clients_per_actor": 4, "backend": "ray"},
+                          "federation": {"clients": 8, "clients_per_actor": 4, "backend": "ray", "transport": "calls"},
                           "run": {"rounds": args.rounds, "progress": "none"}})
     fedavg = bench_config(100, 10, args.rounds, 5, (64,), "ray")
     header = ["| transport | ms / round, median | 25th pct | serialise | submit | slowest actor | transport, replies "
