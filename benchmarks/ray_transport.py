@@ -54,7 +54,10 @@ class SixArguments(RayFederation):
         """The federation's own retry, bookkeeping and combine, around the old submission."""
         partials = self._run_step(b"", None, submit, members, round)
         self._book(program, members, partials, saving, submit)
-        return combine([partials[i] for i in sorted(partials)], floats_down)
+        started = time.perf_counter()
+        outcome = combine([partials[i] for i in sorted(partials)], floats_down)
+        self.profile["combine partials"] += time.perf_counter() - started
+        return outcome
 
     def call(self, program: str, round: int, cohort: list[int], payload: Tensors, sub: int = 0) -> Outcome:
         ref, layout = self._put(payload)
