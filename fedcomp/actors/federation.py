@@ -27,7 +27,7 @@ import math
 import pickle
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, cast
 
 import ray
@@ -242,25 +242,19 @@ class RayFederation:
         replies: dict[int, tuple[Partial | None, History]] = {}
         failed: dict[int, str] = {}
         errors: dict[int, RayTaskError] = {}
-        while pending:
-            ready, _ = ray.wait(list(pending), num_returns=1, timeout=self.timeout * (steps + 1))
-            if not ready:
-                late = sorted(i for i, _ in pending.values())
-                raise ClientFailure(f"client actors {late} did not answer round {round} within {self.timeout:g}s per step")
-            for r in ready:
-                i, private_ref = pending.pop(r)
-                try:
-                    replies[i] = ray.get(r)
-                except RayTaskError as error:
-                    if not isinstance(_cause(error), GroupBroken):
-                        errors[i] = error
-                    continue
-                except RayActorError as error:
-                    failed[i] = _death(error)
-                    continue
-                partial = replies[i][0]
-                if partial is not None and partial.has_private:
-                    self.private_refs.update({c: private_ref for c in members[i]})
+        for r, i, private_ref in self._arrivals(pending, round, steps + 1):
+            try:
+                replies[i] = ray.get(r)
+            except RayTaskError as error:
+                if not isinstance(_cause(error), GroupBroken):
+                    errors[i] = error
+                continue
+            except RayActorError as error:
+                failed[i] = _death(error)
+                continue
+            partial = replies[i][0]
+            if partial is not None and partial.has_private:
+                self.private_refs.update({c: private_ref for c in members[i]})
         if errors or failed or len(replies) < len(self.actors):
             self.group_ready = False  # its members left it
         if errors:
@@ -391,24 +385,35 @@ class RayFederation:
         submitted = time.perf_counter()
         self.profile["submit actor calls"] += submitted - started
         failed: dict[int, str] = {}
-        while pending:
-            ready, _ = ray.wait(list(pending), num_returns=1, timeout=self.timeout)
-            if not ready:
-                late = sorted(i for i, _ in pending.values())
-                raise ClientFailure(f"client actors {late} did not answer round {round} within {self.timeout:g}s")
-            for r in ready:
-                i, private_ref = pending.pop(r)
-                try:
-                    partials[i] = ray.get(r)
-                except RayTaskError as error:  # the client program raised: the same error as on the local backend
-                    raise unwrap(error) from None
-                except RayActorError as error:
-                    failed[i] = _death(error)
-                    continue
-                if partials[i].has_private:
-                    self.private_refs.update({c: private_ref for c in members[i]})
+        for r, i, private_ref in self._arrivals(pending, round):
+            try:
+                partials[i] = ray.get(r)
+            except RayTaskError as error:  # the client program raised: the same error as on the local backend
+                raise unwrap(error) from None
+            except RayActorError as error:
+                failed[i] = _death(error)
+                continue
+            if partials[i].has_private:
+                self.private_refs.update({c: private_ref for c in members[i]})
         self._time_replies(partials, todo, submitted)
         return failed
+
+    def _arrivals(self, pending: dict[Any, tuple[int, Any]], round: int, steps: int = 1) -> Iterator[tuple[Any, int, Any]]:
+        """Each pending reply as it arrives: its ref, its actor and the actor's private-state ref (taken out of
+        ``pending``), waiting up to the deadline (per step of a call of ``steps``) for the next one.
+
+        Raises:
+            ClientFailure: no reply arrived within the deadline.
+        """
+        while pending:
+            ready, _ = ray.wait(list(pending), num_returns=1, timeout=self.timeout * steps)
+            if not ready:
+                late = sorted(i for i, _ in pending.values())
+                per = " per step" if steps > 1 else ""
+                raise ClientFailure(f"client actors {late} did not answer round {round} within {self.timeout:g}s{per}")
+            for r in ready:
+                i, private_ref = pending.pop(r)
+                yield r, i, private_ref
 
     def _time_replies(self, partials: dict[int, Partial], ran: list[int], submitted: float) -> None:
         compute = max((partials[i].compute_s for i in ran if i in partials), default=0.0)
