@@ -4,10 +4,11 @@ many clients one GPU actor can hold.
 * :func:`configure` -- what ``run.deterministic`` means on CUDA: deterministic kernels (``torch.
   use_deterministic_algorithms``, cuDNN's deterministic algorithms, no cuDNN autotuning), cuBLAS's fixed
   workspace (``CUBLAS_WORKSPACE_CONFIG``, set before cuBLAS starts) and full float32 (no TF32), so the same
-  seed gives the same numbers run to run and CPU and GPU agree to float32 rounding. On the CPU it does
-  nothing: CPU kernels are already deterministic and the CPU numbers stay bit for bit what they were.
-* :func:`one_thread` -- client programs compute with one intra-op thread in every process, so that the number
-  of threads a process has does not change the order of a float reduction.
+  seed gives the same numbers run to run and CPU and GPU agree to float32 rounding. On the CPU kernels are
+  deterministic at a given number of threads (:func:`one_thread`).
+* :func:`one_thread` -- what ``run.deterministic`` means on the CPU: client programs compute with one intra-op
+  thread in every process, so that the number of threads a process has does not change the order of a float
+  reduction.
 * :class:`ExactSum`, :func:`exact_sums` -- float64 sums of the clients' outputs in client order, added on the
   outputs' device as each client finishes and copied to the host once (one device->host copy per call instead
   of one per client). Float64 addition is correctly rounded on every IEEE device, so the sums equal the
@@ -59,15 +60,17 @@ def configure(device: str | torch.device, deterministic: bool) -> dict[str, Any]
 
 
 @contextlib.contextmanager
-def one_thread() -> Iterator[None]:
-    """Run the block with one intra-op thread (the process's setting is put back after it).
+def one_thread(enabled: bool = True) -> Iterator[None]:
+    """Run the block with one intra-op thread (the process's setting is put back after it); as it is when not
+    ``enabled``.
 
-    The hosts run every client program this way, as every client actor does anyway: torch splits some float
-    reductions across threads (FedDRO's step at d = 26,600 on an Intel Xeon ended a round in other last bits with
-    the 2 threads of a 2-core machine's process than with 1), so clients computing with the driver's threads on the
-    local backend would not give the Ray backend's numbers. Switching costs microseconds per call."""
+    The hosts run every client program this way under ``run.deterministic`` (the default), as every client actor
+    does anyway: torch splits some float reductions across threads (FedDRO's step at d = 26,600 on an Intel Xeon
+    ended a round in other last bits with the 2 threads of a 2-core machine's process than with 1), so clients
+    computing with the driver's threads on the local backend would not give the Ray backend's numbers. Switching
+    costs microseconds per call."""
     before = torch.get_num_threads()
-    if before == 1:
+    if before == 1 or not enabled:
         yield
         return
     torch.set_num_threads(1)

@@ -199,7 +199,6 @@ class ClientHost:
         ``states`` starts afresh (as it did then)."""
         self.private = {c: {k: v.to(self.device, copy=True) for k, v in s.items()} for c, s in states.items()}
 
-    @one_thread()
     def run(
         self, program: str, round: int, cohort: Sequence[int], payload: np.ndarray | Tensors, layout: Layout, sub: int = 0
     ) -> Partial:
@@ -207,19 +206,20 @@ class ClientHost:
         reply carries copies of their private state. ``payload``: the broadcast packed by ``layout`` (from
         another process) or as named tensors (in-process; copied, not packed). The default local-steps
         program runs the clients in lockstep under ``vmap`` where the algorithm and task allow it (same numbers)."""
-        started = time.perf_counter()
-        broadcast = layout.receive(payload, self.device)
-        clients, starts, contexts, returned = self._open(cohort, broadcast, round, sub)
-        results: Iterable[tuple[Tensors, Tensors, StepInfo]] | None = None
-        if (
-            self.config.federation.vectorise and self.model is None
-            and can_lockstep(self.algorithm, self.problem, program, len(clients))
-            and lockstep_pays(starts, self.device)
-        ):  # fmt: skip
-            results = lockstep_local_steps(self.algorithm, self.problem, starts, contexts)
-        if results is None:
-            results = self._one_at_a_time(self.algorithm.program(program), starts, contexts, returned)
-        return self._close(clients, results, broadcast, started)
+        with one_thread(self.config.run.deterministic):
+            started = time.perf_counter()
+            broadcast = layout.receive(payload, self.device)
+            clients, starts, contexts, returned = self._open(cohort, broadcast, round, sub)
+            results: Iterable[tuple[Tensors, Tensors, StepInfo]] | None = None
+            if (
+                self.config.federation.vectorise and self.model is None
+                and can_lockstep(self.algorithm, self.problem, program, len(clients))
+                and lockstep_pays(starts, self.device)
+            ):  # fmt: skip
+                results = lockstep_local_steps(self.algorithm, self.problem, starts, contexts)
+            if results is None:
+                results = self._one_at_a_time(self.algorithm.program(program), starts, contexts, returned)
+            return self._close(clients, results, broadcast, started)
 
     def _one_at_a_time(
         self, run_one: Callable[..., tuple[Tensors, Tensors, StepInfo]], starts: list[Tensors],
@@ -229,32 +229,32 @@ class ClientHost:
         for state, ctx in zip(starts, contexts):
             yield self._attach_running(*self._with_running(state, lambda: run_one(self.problem, state, ctx)), returned)  # noqa: B023 (called at once)
 
-    @one_thread()
     def begin(
         self, program: str, round: int, cohort: Sequence[int], payload: np.ndarray | Tensors, layout: Layout,
         sub: int = 0, last: bool = False,
     ) -> Partial:
         """Start the generator program ``algorithm.<program>`` for the cohort members here and run each to its
         first yield (``last``: to its end): the partial sums of what they yielded (returned)."""
-        started = time.perf_counter()
-        broadcast = layout.receive(payload, self.device)
-        clients, starts, contexts, returned = self._open(cohort, broadcast, round, sub)
-        run_one = self.algorithm.program(program)
-        programs = {c: run_one(self.problem, state, ctx) for c, state, ctx in zip(clients, starts, contexts)}
-        running = {c: state[BUFFERS] for c, state in zip(clients, starts) if BUFFERS in state}
-        self.session = Session(program, round, sub, broadcast, programs, running, returned)
-        return self._advance(next, last, started)
+        with one_thread(self.config.run.deterministic):
+            started = time.perf_counter()
+            broadcast = layout.receive(payload, self.device)
+            clients, starts, contexts, returned = self._open(cohort, broadcast, round, sub)
+            run_one = self.algorithm.program(program)
+            programs = {c: run_one(self.problem, state, ctx) for c, state, ctx in zip(clients, starts, contexts)}
+            running = {c: state[BUFFERS] for c, state in zip(clients, starts) if BUFFERS in state}
+            self.session = Session(program, round, sub, broadcast, programs, running, returned)
+            return self._advance(next, last, started)
 
-    @one_thread()
     def resume(self, payload: np.ndarray | Tensors, layout: Layout, last: bool = False) -> Partial:
         """Send the server's answer (the means of the last yield) into every generator of the session and run
         each to its next yield (``last``: to its end)."""
         started = time.perf_counter()
         if self.session is None:
             raise RuntimeError("ClientHost.resume without a generator program in progress (begin first)")
-        means = layout.receive(payload, self.device)
-        self.session.step += 1
-        return self._advance(lambda gen: gen.send(Means({k: v.clone() for k, v in means.items()})), last, started)
+        with one_thread(self.config.run.deterministic):
+            means = layout.receive(payload, self.device)
+            self.session.step += 1
+            return self._advance(lambda gen: gen.send(Means({k: v.clone() for k, v in means.items()})), last, started)
 
     def _advance(self, step: Callable[[Generator[Any, Any, Any]], Any], last: bool, started: float) -> Partial:
         """Run ``step`` on every generator of the session; sum the yields, or close the session at its end."""

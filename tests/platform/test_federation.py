@@ -8,6 +8,7 @@ import numpy as np
 import torch
 
 from fedcomp.backends import make_server
+from fedcomp.platform.accelerator import one_thread
 from fedcomp.platform.config import load_config
 from fedcomp.platform.federation import ClientHost, Layout, combine
 from tests.conftest import small
@@ -101,3 +102,23 @@ def test_clients_compute_with_one_thread_whatever_the_process_has():
         torch.set_num_threads(before)
     assert rows[2][0] == rows[1][0]
     torch.testing.assert_close(rows[2][1], rows[1][1], rtol=0, atol=0)
+
+
+def test_one_thread_under_run_deterministic_only_and_the_setting_comes_back():
+    """``run.deterministic: false`` leaves the local backend's clients the process's threads (faster for large models
+    on many cores); the process's setting is back after every client program either way, also after an error."""
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        with one_thread():
+            assert torch.get_num_threads() == 1
+        with one_thread(enabled=False):
+            assert torch.get_num_threads() == 2
+        try:
+            with one_thread():
+                raise ValueError("a client program's error")
+        except ValueError:
+            pass
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
