@@ -32,8 +32,8 @@ import torch
 from fedcomp.platform.federation import ClientHost, Layout, Partial, mean_of
 
 JOIN_TIMEOUT_S = 20.0
-"""How long the actors wait for each other at the group's rendezvous (e.g. a cluster whose firewall blocks the
-port): the federation then makes its exchanges by calls."""
+"""How long the actors wait for each other at the group's rendezvous and for their connections (e.g. a cluster
+whose firewall blocks the ports): the federation then makes its exchanges by calls."""
 FAULT_JOIN = "FEDCOMP_FAULT_GROUP_JOIN"
 """Fault injection for the tests: when set in a client actor's environment, joining the group fails."""
 HEADER = 2
@@ -75,8 +75,11 @@ class Group:
         host, port = address.removeprefix("tcp://").rsplit(":", 1)
         store = dist.TCPStore(  # type: ignore[attr-defined]  # exported by torch.distributed, untyped there
             host, int(port), world, rank == 0, timeout=datetime.timedelta(seconds=JOIN_TIMEOUT_S))
+        # connecting every pair waits as long as the rendezvous (a node whose hostname resolves to a loopback
+        # address advertises one the others cannot reach: set GLOO_SOCKET_IFNAME there); gathers, the deadline
         dist.init_process_group("gloo", store=store, rank=rank, world_size=world,
-                                timeout=datetime.timedelta(seconds=timeout_s))
+                                timeout=datetime.timedelta(seconds=JOIN_TIMEOUT_S))
+        dist.distributed_c10d.set_timeout(datetime.timedelta(seconds=timeout_s))
         self.rank, self.world = rank, world
         self._resize(0)
 
