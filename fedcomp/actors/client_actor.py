@@ -88,12 +88,18 @@ class ClientActor:
         None), ``cohort`` this actor's members of the call's cohort (unused by ``resume``)."""
         return self._dispatch(message, payload, cohort)
 
-    def _dispatch(
-        self, message: bytes, payload: np.ndarray | None, cohort: list[int]
-    ) -> tuple[Partial, dict[int, Tensors]]:
+    @staticmethod
+    def _unpack(message: bytes, payload: np.ndarray | None) -> tuple[str, dict[str, Any]]:
+        """A call's method and arguments from its message, the large payload (from the object store) put in."""
         method, args = pickle.loads(message)
         if payload is not None:
             args["payload"] = payload
+        return method, args
+
+    def _dispatch(
+        self, message: bytes, payload: np.ndarray | None, cohort: list[int]
+    ) -> tuple[Partial, dict[int, Tensors]]:
+        method, args = self._unpack(message, payload)
         if method == "resume":
             return self.resume(**args)
         if method not in ("run", "begin"):
@@ -138,11 +144,9 @@ class ClientActor:
         this actor's members (none: it only takes part in the gathers). Returns the final partial sums (None
         without members) with each step's means, and the clients' private state. On any error the actor leaves the
         group first, so that the others' gathers fail at once instead of waiting for it."""
-        method, args = pickle.loads(message)
+        method, args = self._unpack(message, payload)
         if method != "exchange":
             raise ValueError(f"ClientActor.collective: unknown method {method!r} (allowed: exchange)")
-        if payload is not None:
-            args["payload"] = payload
         round, sub = args["round"], args["sub"]
         try:
             partial, history = run_exchange(

@@ -51,7 +51,6 @@ class Group:
     """This process's membership of the client actors' process group, and the buffers its gathers reuse."""
 
     def __init__(self) -> None:
-        self.rank = -1
         self.world = 0
         self._resize(0)
 
@@ -80,7 +79,7 @@ class Group:
         dist.init_process_group("gloo", store=store, rank=rank, world_size=world,
                                 timeout=datetime.timedelta(seconds=JOIN_TIMEOUT_S))
         dist.distributed_c10d.set_timeout(datetime.timedelta(seconds=timeout_s))
-        self.rank, self.world = rank, world
+        self.world = world
         self._resize(0)
 
     def leave(self) -> None:
@@ -89,7 +88,7 @@ class Group:
 
         if dist.is_available() and dist.is_initialized():
             dist.destroy_process_group()
-        self.rank, self.world = -1, 0
+        self.world = 0
 
     @property
     def joined(self) -> bool:
@@ -153,9 +152,10 @@ def run_exchange(
         at_step(0)
         partial = host.begin(program, round, cohort, payload, layout, sub)
     for step in range(steps):
-        means = group.mean(partial.clients, partial.sums) if partial is not None else group.mean(0, None)
-        if partial is None:
+        if partial is None:  # no members here: this actor only takes part in the gathers
+            group.mean(0, None)
             continue
+        means = group.mean(partial.clients, partial.sums)
         history.append((partial.layout, means))
         at_step(step + 1)
         partial = host.resume(means, partial.layout, last=step == steps - 1)

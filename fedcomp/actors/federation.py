@@ -66,10 +66,16 @@ adding up the partial sums."""
 def unwrap(error: RayTaskError) -> BaseException:
     """The fedcomp error an actor raised (through any number of actor layers), so that it reaches the user as
     the same one line as on the local backend; other errors stay Ray's (with the remote traceback)."""
+    cause = _cause(error)
+    return cause if isinstance(cause, PlatformError) else error
+
+
+def _cause(error: RayTaskError) -> BaseException | None:
+    """The exception an actor raised, through any number of actor layers."""
     cause: Any = error
     while isinstance(cause, RayTaskError):
         cause = getattr(cause, "cause", None)
-    return cause if isinstance(cause, PlatformError) else error
+    return cast(BaseException | None, cause)
 
 
 def first_line(error: BaseException) -> str:
@@ -131,7 +137,7 @@ class RayFederation:
         self.profile: dict[str, float] = dict.fromkeys(PHASES, 0.0)
         """Seconds spent per phase of ``call`` since the start (see :data:`PHASES`)."""
         self.transport = config.federation.transport
-        """``calls`` or ``graph`` (``federation.transport``): read at every call."""
+        """``collective``, ``calls`` or ``graph`` (``federation.transport``): read at every call."""
         self.graph: ActorGraph | None = None
         """The compiled graph over the actors (``federation.transport: graph``; built at its first use)."""
         self.graph_calls = 0
@@ -255,8 +261,8 @@ class RayFederation:
             partial = replies[i][0]
             if partial is not None and partial.has_private:
                 self.private_refs.update({c: private_ref for c in members[i]})
-        if errors or failed or len(replies) < len(self.actors):
-            self.group_ready = False  # its members left it
+        if len(replies) < len(self.actors):
+            self.group_ready = False  # an actor died, raised or saw the group break: its members left it
         if errors:
             raise unwrap(errors[min(errors)]) from None
         return replies, failed
@@ -532,14 +538,6 @@ class RayFederation:
         for i, actor in enumerate(self.actors):
             kept.give_back("client", actor_options(self.plan.resources(i)), actor)
         self.actors = []
-
-
-def _cause(error: RayTaskError) -> BaseException | None:
-    """The exception an actor raised, through any number of actor layers."""
-    cause: Any = error
-    while isinstance(cause, RayTaskError):
-        cause = getattr(cause, "cause", None)
-    return cast(BaseException | None, cause)
 
 
 def _death(error: RayActorError) -> str:
