@@ -254,6 +254,7 @@ class RayFederation:
             except RayTaskError as error:
                 if not isinstance(_cause(error), GroupBroken):
                     errors[i] = error
+                _read_error(private_ref)  # the same error: read, so that Ray does not print it as unhandled
                 continue
             except RayActorError as error:
                 failed[i] = _death(error)
@@ -538,6 +539,15 @@ class RayFederation:
         for i, actor in enumerate(self.actors):
             kept.give_back("client", actor_options(self.plan.resources(i)), actor)
         self.actors = []
+
+
+def _read_error(ref: Any) -> None:
+    """Read a reply that holds an error already dealt with (Ray prints an error no one read when its reference
+    goes)."""
+    try:
+        ray.get(ref)
+    except (RayTaskError, RayActorError):
+        pass
 
 
 def _death(error: RayActorError) -> str:
