@@ -5,18 +5,25 @@ state) into a staging folder on the driver and copies it into the sweep folder i
 file and not atomically: a kill during the copy leaves a cut-off ``experiment_state-*.json``, and
 ``Tuner.restore`` then loses every trial it recorded. :class:`StateCopy` takes the staging files after each
 controller step that wrote them -- the step has finished writing by then -- and stores them together in one
-atomically written file; :func:`repair` puts that copy back before a resume when any of Tune's files in the
-sweep folder cannot be read.
+atomically written file; :func:`repair` puts that copy back before every resume.
+
+Checkpoints are pruned here too, not by Tune (``CheckpointConfig.num_to_keep``): Tune deletes a trial's old
+checkpoint the moment it registers a new one, before it saves the experiment state that names the new one,
+so a sweep killed in between resumed that trial from a folder that no longer existed, and the trial failed.
+:class:`StateCopy` deletes a trial's checkpoints only once the copy it has just written names a newer one.
 """
 
 from __future__ import annotations
 
 import json
 import pickle
+import posixpath
+import re
 from fnmatch import fnmatch
 from pathlib import Path
 from typing import Any
 
+from pyarrow import fs
 from ray.tune import Callback
 
 from fedcomp.platform import results
@@ -28,15 +35,21 @@ TUNE_FILES = (STATE_GLOB, "basic-variant-state-*.json", "searcher-state-*.pkl", 
 """Tune's own state files (its controller's, search algorithm's, callbacks' and tuner's). A resumed sweep's
 staging folder also holds the sweep folder's other files (``sweep.json``, ``extend.json``, this copy): those
 are fedcomp's, written atomically where they are, and never copied back."""
+CHECKPOINT_FOLDER = re.compile(r"checkpoint_(\d+)")
+"""How Tune names a trial's checkpoint folders, numbered in the order they were taken."""
 
 
 class StateCopy(Callback):
     """After every controller step that saved Tune's experiment state, and after its final save, copy Tune's
     state files (:data:`TUNE_FILES`) from the staging folder into ``COPY`` in the sweep folder, in one atomic
-    write."""
+    write; then delete every trial's checkpoints older than its latest.
+
+    The trials' latest checkpoints at that moment are the ones the copy names: the controller registers a
+    trial's checkpoint, saves its state and only then ends the step, one event per step."""
 
     def __init__(self) -> None:
         self._copied: int | None = None
+        self._pruned: dict[str, str] = {}  # trial id -> the checkpoint it was last pruned down to
 
     def on_step_end(self, iteration: int, trials: list[Any], **info: Any) -> None:
         self._copy(trials)
@@ -59,6 +72,27 @@ class StateCopy(Callback):
                  if p.is_file() and any(fnmatch(p.name, pattern) for pattern in TUNE_FILES)}
         results.atomic_write(Path(storage.experiment_fs_path) / COPY, pickle.dumps(files))
         self._copied = stamp
+        for trial in trials:
+            checkpoint = trial.checkpoint
+            if checkpoint is not None and self._pruned.get(trial.trial_id) != checkpoint.path:
+                _delete_older(checkpoint.filesystem, checkpoint.path)
+                self._pruned[trial.trial_id] = checkpoint.path
+
+
+def _delete_older(filesystem: fs.FileSystem, latest: str) -> None:
+    """Delete the checkpoint folders beside ``latest`` that were taken before it. Pruning is housekeeping: a
+    folder that cannot be deleted stays, and the sweep goes on."""
+    folder, name = posixpath.split(latest)
+    number = CHECKPOINT_FOLDER.fullmatch(name)
+    if number is None:
+        return
+    for info in filesystem.get_file_info(fs.FileSelector(folder)):
+        older = CHECKPOINT_FOLDER.fullmatch(info.base_name)
+        if info.type == fs.FileType.Directory and older and int(older[1]) < int(number[1]):
+            try:
+                filesystem.delete_dir(info.path)
+            except OSError:
+                pass
 
 
 def _readable(path: Path) -> bool:
@@ -78,15 +112,16 @@ def _readable(path: Path) -> bool:
 
 
 def repair(path: Path) -> list[str]:
-    """Put the whole copy of Tune's state back into the sweep folder ``path`` when any of the files it holds
-    is missing or cannot be read there (a copy cut short by a kill); return those files' names (none: nothing
-    was changed)."""
+    """Put the whole copy of Tune's state back into the sweep folder ``path``; return the names of the files
+    it holds that were missing or could not be read there (a background copy cut short by a kill).
+
+    The copy goes back even when Tune's files are whole: Tune's may lag behind it, and name checkpoints that
+    were pruned once the copy named newer ones; the copy never does."""
     copy = path / COPY
     if not copy.is_file():
         return []
     files: dict[str, bytes] = pickle.loads(copy.read_bytes())
     broken = sorted(name for name in files if not _readable(path / name))
-    if broken:
-        for name, data in files.items():
-            results.atomic_write(path / name, data)
+    for name, data in files.items():
+        results.atomic_write(path / name, data)
     return broken

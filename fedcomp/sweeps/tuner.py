@@ -150,7 +150,6 @@ def _run_config(spec: SweepSpec, path: Path, verbose: int) -> tune.RunConfig:
         name=path.name,
         storage_path=str(path.parent),
         failure_config=tune.FailureConfig(max_failures=spec.max_failures),
-        checkpoint_config=tune.CheckpointConfig(num_to_keep=2),
         verbose=verbose,
         callbacks=[*logger_callbacks(run.track, path, spec.model_dump_json()), TrialProgress(trials, metric, mode, run.progress, verbose),
                    tune_state.StateCopy()],

@@ -139,14 +139,14 @@ def test_a_killed_sweep_resumes_without_redoing_finished_trials(ray_session, tmp
     address = ray_session.get_runtime_context().gcs_address
     cmd = [sys.executable, "-m", "fedcomp", "sweep", str(spec_file), "--ray-address", address, "--verbose", "0"]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    # Checkpoints at rounds 5, 10, ..., 30 are numbered 0..5: a trial with checkpoint 5 had finished.
     deadline = time.time() + 240
-    while time.time() < deadline and len(list(tmp_path.glob("*/*/checkpoint_*"))) < 4:
-        time.sleep(0.5)
+    while time.time() < deadline and not list(tmp_path.glob("*/*/checkpoint_000005")):
+        time.sleep(0.02)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     [sweep_dir] = [p for p in tmp_path.iterdir() if (p / "sweep.json").is_file()]
     assert not (sweep_dir / "trials.parquet").exists()
-    # Checkpoints at rounds 5, 10, ..., 30 are numbered 0..5: a trial with checkpoint 5 had finished.
     finished_before = {p.parent.name for p in sweep_dir.glob("*/checkpoint_000005")}
     assert 1 <= len(finished_before) < 4
     result = fedcomp.resume_sweep(sweep_dir)
