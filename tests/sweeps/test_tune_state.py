@@ -56,19 +56,22 @@ def test_every_state_a_resume_could_start_from_names_checkpoints_that_exist(ray_
     spec_file.write_text(yaml.safe_dump(spec))
     address = ray_session.get_runtime_context().gcs_address
     cmd = [sys.executable, "-m", "fedcomp", "sweep", str(spec_file), "--ray-address", address, "--verbose", "0"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    checked, missing = 0, []
-    while proc.poll() is None:
+    log = tmp_path / "sweep.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+    checked, missing, deadline = 0, [], time.time() + 300
+    while proc.poll() is None and time.time() < deadline:
+        time.sleep(0.005)  # leave the sweep its CPUs
         copies = list(tmp_path.glob(f"*/{tune_state.COPY}"))
         if not copies:
-            time.sleep(0.005)
             continue
         copy = copies[0].read_bytes()
         gone = [path for path in recorded_checkpoints(copy).values() if not Path(path).is_dir()]
         if copies[0].read_bytes() == copy:  # no newer copy (which may have pruned these) was written meanwhile
             checked += 1
             missing += gone
-    assert proc.returncode == 0, proc.stderr.read().decode()
+    proc.kill()
+    assert proc.wait() == 0, log.read_text()
     assert checked > 10 and missing == []
     [sweep_dir] = [copy.parent for copy in tmp_path.glob(f"*/{tune_state.COPY}")]
     final = recorded_checkpoints((sweep_dir / tune_state.COPY).read_bytes())
