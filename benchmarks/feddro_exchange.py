@@ -43,12 +43,14 @@ VARIANTS = {"ray": ("ray", "calls"), "ray, compiled graph": ("ray", "graph"), "r
 TARGET_MS = 1.2
 
 
-def per_step_ms(algorithm: str, dim: int, variant: str, rounds: int, steps: int) -> float:
+def per_step_ms(algorithm: str, dim: int, variant: str, rounds: int, steps: int, **federation: object) -> float:
+    """Median wall time per local step over ``rounds`` rounds after a warm-up one (``federation``: more settings of
+    that section, e.g. ``cpus_per_actor`` for a test on a busy Ray)."""
     backend, transport = VARIANTS[variant]
     config = load_config(
         {"task": {"name": "heterogeneous-composition", "dim": dim},
          "algorithm": {"name": algorithm, "lr": 0.1, "local_steps": steps},
-         "federation": {"clients": 8, "clients_per_actor": 4, "backend": backend, "transport": transport},
+         "federation": {"clients": 8, "clients_per_actor": 4, "backend": backend, "transport": transport, **federation},
          "run": {"rounds": rounds, "progress": "none"}}
     )
     server = make_server(config)

@@ -156,6 +156,7 @@ def main() -> None:
     parser.add_argument("--section", metavar="TITLE", help=f"with --report: publish as the section TITLE of {REPORT.name} "
                         "(e.g. the same script run against an older fedcomp on PYTHONPATH), keeping the rest")
     args = parser.parse_args()
+    torch.set_num_threads(1)  # fedcomp's clients compute with one thread (run.deterministic): so do the plain loops
     overrides = {"federation.backend": "local", "run.progress": "none"}
     for item in args.set:
         key, _, value = item.partition("=")

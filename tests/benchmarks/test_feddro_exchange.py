@@ -1,0 +1,26 @@
+"""``benchmarks/feddro_exchange.py``: it times every transport a Ray federation offers, each on today's API."""
+
+from __future__ import annotations
+
+import math
+from typing import get_args
+
+import feddro_exchange
+import pytest
+
+from fedcomp.platform.config import FederationConfig
+
+pytestmark = pytest.mark.ray
+
+
+def test_every_transport_has_a_row():
+    transports = get_args(FederationConfig.model_fields["transport"].annotation)
+    assert sorted(t for b, t in feddro_exchange.VARIANTS.values() if b == "ray") == sorted(transports)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("variant", list(feddro_exchange.VARIANTS))
+def test_each_row_times_both_algorithms(ray_session, variant):
+    for algorithm in ("feddro", "fedavg-co-1"):
+        ms = feddro_exchange.per_step_ms(algorithm, 10, variant, rounds=1, steps=2, cpus_per_actor=0.25)
+        assert math.isfinite(ms) and ms > 0

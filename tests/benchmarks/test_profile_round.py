@@ -1,0 +1,25 @@
+"""``benchmarks/profile_round.py``: it reads every phase timer of the Ray federation and drives rounds each way
+it reports, on today's API."""
+
+from __future__ import annotations
+
+import math
+
+import profile_round
+import pytest
+
+from fedcomp.actors.federation import PHASES
+from fedcomp.bench import bench_config
+
+pytestmark = pytest.mark.ray
+
+
+@pytest.mark.parametrize("transport", profile_round.TRANSPORTS)
+def test_profile_gives_every_phase_and_way(ray_session, transport):
+    config = bench_config(8, 4, 2, 2, (8,), "ray", transport=transport).replace(**{"federation.cpus_per_actor": 0.25})
+    phases, per_round = profile_round.profile(config, rounds=profile_round.BLOCK)
+    assert set(PHASES) <= set(phases) and "server round program" in phases
+    assert phases[profile_round.COMPUTE] > 0
+    assert {profile_round.BARE, profile_round.PIPELINED, profile_round.PIPELINED_OVER} <= set(per_round)
+    assert len(per_round) == 6 and all(math.isfinite(s) and s >= 0 for s in per_round.values())
+    assert all(math.isfinite(s) for s in phases.values())
