@@ -9,6 +9,7 @@ the few that can only fail inside the Ray backend are at the end, marked ``ray``
 from __future__ import annotations
 
 import json
+import pickle
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -149,6 +150,17 @@ def sweep_folder(content: str | None) -> Callable[[Path, dict], dict[str, str]]:
         if content is not None:
             (root / "sweep.json").write_text(content)
         return {"sweep": str(root)}
+
+    return make
+
+
+def sweep_state_copy(content: bytes) -> Callable[[Path, dict], dict[str, str]]:
+    """Setup: a folder ``{sweep}`` with a valid ``sweep.json`` and fedcomp's copy of Tune's state holding ``content``."""
+
+    def make(tmp: Path, runs: dict) -> dict[str, str]:
+        names = sweep_folder('{"spec": {"base": "quickstart", "grid": {"algorithm.lr": [0.1]}}, "cluster_has_gpus": false}')(tmp, runs)
+        (Path(names["sweep"]) / "tune_state.pkl").write_bytes(content)
+        return names
 
     return make
 
@@ -357,6 +369,11 @@ CASES = [
     Case("report-nothing", ("report", "{tmp}/nothing"), "no fedcomp run results under"),
     Case("report-unknown-metric", ("report", "{results}", "--metric", "auroc"),
          "column 'auroc' is not in these results; allowed:", results_with(lambda target, runs: None)),
+    Case("sweep-resume-garbage-state-copy", ("sweep", "--resume", "{sweep}"),
+         "tune_state.pkl cannot be read (UnpicklingError", sweep_state_copy(b"\x00garbage")),
+    Case("sweep-resume-foreign-state-copy", ("sweep", "--resume", "{sweep}"),
+         "tune_state.pkl cannot be read (not a copy of Tune's state files); it is fedcomp's copy of Tune's state: delete it",
+         sweep_state_copy(pickle.dumps([1, 2]))),
     Case("report-unknown-x", ("report", "{results}", "--x", "epochs"),
          "column 'epochs' is not in these results; allowed:", results_with(lambda target, runs: None)),
     Case("report-corrupt-run-json", ("report", "{results}"), "run.json cannot be read", results_with(truncate("run.json"))),

@@ -27,6 +27,7 @@ from pyarrow import fs
 from ray.tune import Callback
 
 from fedcomp.platform import results
+from fedcomp.platform.errors import StorageError
 
 COPY = "tune_state.pkl"
 STATE_GLOB = "experiment_state-*.json"
@@ -120,8 +121,26 @@ def repair(path: Path) -> list[str]:
     copy = path / COPY
     if not copy.is_file():
         return []
-    files: dict[str, bytes] = pickle.loads(copy.read_bytes())
+    files = _read_copy(copy)
     broken = sorted(name for name in files if not _readable(path / name))
     for name, data in files.items():
         results.atomic_write(path / name, data)
     return broken
+
+
+def _read_copy(copy: Path) -> dict[str, bytes]:
+    """The state files held in fedcomp's copy.
+
+    Raises:
+        StorageError: the copy is not one (a damaged or foreign file); nothing has been changed.
+    """
+    try:
+        files = pickle.loads(copy.read_bytes())
+    except Exception as error:
+        files, reason = None, f"{type(error).__name__}: {error}"
+    else:
+        reason = "not a copy of Tune's state files"
+    if not (isinstance(files, dict) and files and all(isinstance(k, str) and isinstance(v, bytes) for k, v in files.items())):
+        raise StorageError(f"{copy} cannot be read ({reason}); it is fedcomp's copy of Tune's state: delete it to resume "
+                           "from Tune's own state files")
+    return files
