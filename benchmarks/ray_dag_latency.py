@@ -7,9 +7,14 @@ this machine, the bare round trip it replaces: the server sends one small pickle
 
 * ordinary actor calls (what ``RayFederation`` does: one call per actor, then ``ray.get``);
 * one compiled graph (``MultiOutputNode`` over the actors' method bound to the graph's input), compiled once;
-  its compile and teardown times are reported too.
+  its compile and teardown times are reported too;
+* the actors' own group (``federation.transport: collective``): no message from the server at all, each actor
+  sends its small row of partial sums to every other (gloo ``all_gather``) and forms the mean, with fedcomp's
+  :class:`~fedcomp.actors.collective.Group` -- one step of a collective exchange, and what a round would cost if
+  the actors averaged a round's outputs among themselves. Timed inside the actors over a block of gathers (the
+  slowest actor's time per gather).
 
-Median over ``--calls`` round trips, interleaved in blocks of 50. ``--report`` writes ``benchmarks/RAY_DAG.md``.
+Median over ``--calls`` round trips, interleaved in blocks of 50 (the group's: median over the blocks' means). ``--report`` writes ``benchmarks/RAY_DAG.md``.
 
     python benchmarks/ray_dag_latency.py [--actors 2] [--calls 600] [--report]
 """
@@ -29,6 +34,7 @@ import ray
 from ray.dag import InputNode, MultiOutputNode
 
 import common
+from fedcomp.actors.collective import Group
 
 REPORT = common.HERE / "RAY_DAG.md"
 BLOCK = 50
@@ -42,6 +48,21 @@ class Echo:
     def step(self, message: bytes) -> tuple[float, np.ndarray]:
         pickle.loads(message)
         return 1.0, np.zeros(2)
+
+    def address(self) -> str:
+        return Group.address()
+
+    def join(self, address: str, rank: int, world: int) -> None:
+        self.group = Group()
+        self.group.join(address, rank, world, timeout_s=60.0)
+
+    def gathers(self, count: int) -> float:
+        """Seconds for ``count`` means formed in the group (each actor adding one client's two floats)."""
+        sums = np.ones(2)
+        started = time.perf_counter()
+        for _ in range(count):
+            self.group.mean(1, sums)
+        return time.perf_counter() - started
 
     def cpu_seconds(self) -> float:
         """CPU time this actor's process has used so far (user + system)."""
@@ -91,13 +112,20 @@ def main() -> None:
     started = time.perf_counter()
     compiled.teardown()
     teardown_s = time.perf_counter() - started
+    address = ray.get(actors[0].address.remote())
+    ray.get([a.join.remote(address, rank, len(actors)) for rank, a in enumerate(actors)])
+    ray.get([a.gathers.remote(BLOCK) for a in actors])  # warm-up: the rows grow to the message's size once
+    group = times["actors' group, one all_gather step"] = []
+    for _ in range(max(1, args.calls // BLOCK)):
+        group.append(1000 * max(ray.get([a.gathers.remote(BLOCK) for a in actors])) / BLOCK)
     for actor in actors:
         ray.kill(actor)
     ordinary = statistics.median(times["ordinary actor calls"])
     lines = [
         f"One message to {args.actors} actors and every reply back, median of {len(times['compiled graph'])} round "
-        f"trips each (interleaved in blocks of {BLOCK}); Ray {ray.__version__}, {ray.cluster_resources().get('CPU', 0):g} "
-        "CPUs for Ray:",
+        f"trips each (interleaved in blocks of {BLOCK}); the actors' group: median over {len(group)} blocks of {BLOCK} "
+        f"gathers, timed inside the actors (the slowest one's mean per gather); Ray {ray.__version__}, "
+        f"{ray.cluster_resources().get('CPU', 0):g} CPUs for Ray:",
         "",
         "| transport | ms / round trip, median | 25th percentile | vs ordinary calls |",
         "|---|---:|---:|---:|",
@@ -119,8 +147,12 @@ def main() -> None:
                 "more than a round saves) and a graph kept alive polls, so on a machine without cores to spare "
                 "(here: 2 cores, several processes per core) its readers take CPU from the clients' compute. The Ray "
                 "backend therefore compiles one graph per run, over all its client actors, and only where asked "
-                "(`federation.transport: graph`, `fedcomp/actors/graph.py`); ordinary actor calls stay the default. "
-                "What it gives inside a run: `feddro_exchange.py` (FEDDRO.md) and `profile_round.py` (PROFILE.md).", ""]
+                "(`federation.transport: graph`, `fedcomp/actors/graph.py`). The actors' group neither polls (a "
+                "waiting actor blocks in a socket read) nor involves the server; it carries the steps of an exchange "
+                "under the default `federation.transport: collective` (`fedcomp/actors/collective.py`). Its row is "
+                "the idle cost of one step, without the clients' compute competing for the cores. What the "
+                "transports give inside a run: `feddro_exchange.py` (FEDDRO.md) and `profile_round.py` (PROFILE.md).",
+                ""]
         common.write_report(REPORT, "\n".join(text))
 
 
