@@ -243,7 +243,7 @@ def test_a_sweep_killed_during_an_extension_step_resumes_it_from_checkpoints(ray
            "--ray-address", address, "--verbose", "0"]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     deadline = time.time() + 240
-    while time.time() < deadline and not list(tmp_path.glob("*/extend-1/*/checkpoint_00000[234]")):  # 2 are kept
+    while time.time() < deadline and not list(tmp_path.glob("*/extend-1/*/checkpoint_00000[234]")):  # mid-trial
         time.sleep(0.05)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
