@@ -53,26 +53,33 @@ class StateCopy(Callback):
         self._pruned: dict[str, str] = {}  # trial id -> the checkpoint it was last pruned down to
 
     def on_step_end(self, iteration: int, trials: list[Any], **info: Any) -> None:
-        self._copy(trials)
+        if self._copy(trials):
+            self._prune(trials)
 
     def on_experiment_end(self, trials: list[Any], **info: Any) -> None:
-        self._copy(trials)
+        if self._copy(trials):
+            self._prune(trials)
 
-    def _copy(self, trials: list[Any]) -> None:
+    def _copy(self, trials: list[Any]) -> bool:
+        """Copy the staging files if Tune saved them since the last copy; whether it did."""
         if not trials:
-            return
+            return False
         storage = trials[0].storage
         staging = Path(storage.experiment_driver_staging_path)
         states = sorted(staging.glob(STATE_GLOB))
         if not states:
-            return
+            return False
         stamp = states[-1].stat().st_mtime_ns
         if stamp == self._copied:
-            return
+            return False
         files = {p.name: p.read_bytes() for p in staging.iterdir()
                  if p.is_file() and any(fnmatch(p.name, pattern) for pattern in TUNE_FILES)}
         results.atomic_write(Path(storage.experiment_fs_path) / COPY, pickle.dumps(files))
         self._copied = stamp
+        return True
+
+    def _prune(self, trials: list[Any]) -> None:
+        """Delete each trial's checkpoints older than its latest (which the copy just written names)."""
         for trial in trials:
             checkpoint = trial.checkpoint
             if checkpoint is not None and self._pruned.get(trial.trial_id) != checkpoint.path:

@@ -149,7 +149,7 @@ def _run_config(spec: SweepSpec, path: Path, verbose: int) -> tune.RunConfig:
     return tune.RunConfig(
         name=path.name,
         storage_path=str(path.parent),
-        failure_config=tune.FailureConfig(max_failures=spec.max_failures),
+        failure_config=tune.FailureConfig(max_failures=spec.max_failures),  # no num_to_keep: tune_state prunes
         verbose=verbose,
         callbacks=[*logger_callbacks(run.track, path, spec.model_dump_json()), TrialProgress(trials, metric, mode, run.progress, verbose),
                    tune_state.StateCopy()],
