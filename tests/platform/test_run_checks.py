@@ -5,6 +5,7 @@ private mount namespace), and ``fedcomp report`` shows each task's own headline 
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import shutil
@@ -247,3 +248,20 @@ def test_a_non_finite_model_is_seen_on_an_in_process_server():
     assert model_finite(server)
     server.state = server.state.replace(x=server.state.x.clone().fill_(float("inf")))
     assert not model_finite(server)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int64])
+def test_state_finite_answers_as_torch_does_for_every_value_and_dtype(dtype):
+    from fedcomp.platform.run_checks import state_finite
+
+    for bad in (None, float("nan"), float("inf"), float("-inf")):
+        if bad is not None and not dtype.is_floating_point:
+            continue
+        for shape in ((7,), (3, 5)):
+            x = torch.linspace(-3e4, 3e4, math.prod(shape)).to(dtype).reshape(shape)
+            if bad is not None:
+                x.view(-1)[4] = bad
+            cases = {"x": x, "strided": x.t() if x.dim() == 2 else x[::2], "step": 3}
+            assert state_finite(cases) == bool(torch.isfinite(x).all()) == (bad is None)
+    big = torch.full((4,), torch.finfo(torch.float32).max)  # finite, though its sum overflows
+    assert state_finite({"x": big, "w": big.requires_grad_()})
