@@ -15,11 +15,12 @@ the clients to send theirs back with their outputs; non-empty ones replace the c
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import numpy as np
 import torch
@@ -37,6 +38,7 @@ from fedcomp.platform.tasks.base import Task
 from fedcomp.platform.vectorised import can_lockstep, lockstep_local_steps, lockstep_pays
 
 T = TypeVar("T")
+P = ParamSpec("P")
 
 
 def build_task(config: Config, device: str = "cpu") -> Task:
@@ -175,6 +177,17 @@ class Session:
     """How many times the server has answered (0 after ``begin``)."""
 
 
+def _client_threads(method: Callable[Concatenate[ClientHost, P], T]) -> Callable[Concatenate[ClientHost, P], T]:
+    """A host's entry point run with one torch thread under ``run.deterministic`` (:func:`one_thread`)."""
+
+    @functools.wraps(method)
+    def wrapper(host: ClientHost, /, *args: P.args, **kwargs: P.kwargs) -> T:
+        with one_thread(host.config.run.deterministic):
+            return method(host, *args, **kwargs)
+
+    return wrapper
+
+
 class ClientHost:
     """Hosts clients ``clients``: runs client programs and keeps each client's private state."""
 
@@ -199,6 +212,7 @@ class ClientHost:
         ``states`` starts afresh (as it did then)."""
         self.private = {c: {k: v.to(self.device, copy=True) for k, v in s.items()} for c, s in states.items()}
 
+    @_client_threads
     def run(
         self, program: str, round: int, cohort: Sequence[int], payload: np.ndarray | Tensors, layout: Layout, sub: int = 0
     ) -> Partial:
@@ -206,20 +220,19 @@ class ClientHost:
         reply carries copies of their private state. ``payload``: the broadcast packed by ``layout`` (from
         another process) or as named tensors (in-process; copied, not packed). The default local-steps
         program runs the clients in lockstep under ``vmap`` where the algorithm and task allow it (same numbers)."""
-        with one_thread(self.config.run.deterministic):
-            started = time.perf_counter()
-            broadcast = layout.receive(payload, self.device)
-            clients, starts, contexts, returned = self._open(cohort, broadcast, round, sub)
-            results: Iterable[tuple[Tensors, Tensors, StepInfo]] | None = None
-            if (
-                self.config.federation.vectorise and self.model is None
-                and can_lockstep(self.algorithm, self.problem, program, len(clients))
-                and lockstep_pays(starts, self.device)
-            ):  # fmt: skip
-                results = lockstep_local_steps(self.algorithm, self.problem, starts, contexts)
-            if results is None:
-                results = self._one_at_a_time(self.algorithm.program(program), starts, contexts, returned)
-            return self._close(clients, results, broadcast, started)
+        started = time.perf_counter()
+        broadcast = layout.receive(payload, self.device)
+        clients, starts, contexts, returned = self._open(cohort, broadcast, round, sub)
+        results: Iterable[tuple[Tensors, Tensors, StepInfo]] | None = None
+        if (
+            self.config.federation.vectorise and self.model is None
+            and can_lockstep(self.algorithm, self.problem, program, len(clients))
+            and lockstep_pays(starts, self.device)
+        ):  # fmt: skip
+            results = lockstep_local_steps(self.algorithm, self.problem, starts, contexts)
+        if results is None:
+            results = self._one_at_a_time(self.algorithm.program(program), starts, contexts, returned)
+        return self._close(clients, results, broadcast, started)
 
     def _one_at_a_time(
         self, run_one: Callable[..., tuple[Tensors, Tensors, StepInfo]], starts: list[Tensors],
@@ -229,32 +242,32 @@ class ClientHost:
         for state, ctx in zip(starts, contexts):
             yield self._attach_running(*self._with_running(state, lambda: run_one(self.problem, state, ctx)), returned)  # noqa: B023 (called at once)
 
+    @_client_threads
     def begin(
         self, program: str, round: int, cohort: Sequence[int], payload: np.ndarray | Tensors, layout: Layout,
         sub: int = 0, last: bool = False,
     ) -> Partial:
         """Start the generator program ``algorithm.<program>`` for the cohort members here and run each to its
         first yield (``last``: to its end): the partial sums of what they yielded (returned)."""
-        with one_thread(self.config.run.deterministic):
-            started = time.perf_counter()
-            broadcast = layout.receive(payload, self.device)
-            clients, starts, contexts, returned = self._open(cohort, broadcast, round, sub)
-            run_one = self.algorithm.program(program)
-            programs = {c: run_one(self.problem, state, ctx) for c, state, ctx in zip(clients, starts, contexts)}
-            running = {c: state[BUFFERS] for c, state in zip(clients, starts) if BUFFERS in state}
-            self.session = Session(program, round, sub, broadcast, programs, running, returned)
-            return self._advance(next, last, started)
+        started = time.perf_counter()
+        broadcast = layout.receive(payload, self.device)
+        clients, starts, contexts, returned = self._open(cohort, broadcast, round, sub)
+        run_one = self.algorithm.program(program)
+        programs = {c: run_one(self.problem, state, ctx) for c, state, ctx in zip(clients, starts, contexts)}
+        running = {c: state[BUFFERS] for c, state in zip(clients, starts) if BUFFERS in state}
+        self.session = Session(program, round, sub, broadcast, programs, running, returned)
+        return self._advance(next, last, started)
 
+    @_client_threads
     def resume(self, payload: np.ndarray | Tensors, layout: Layout, last: bool = False) -> Partial:
         """Send the server's answer (the means of the last yield) into every generator of the session and run
         each to its next yield (``last``: to its end)."""
         started = time.perf_counter()
         if self.session is None:
             raise RuntimeError("ClientHost.resume without a generator program in progress (begin first)")
-        with one_thread(self.config.run.deterministic):
-            means = layout.receive(payload, self.device)
-            self.session.step += 1
-            return self._advance(lambda gen: gen.send(Means({k: v.clone() for k, v in means.items()})), last, started)
+        means = layout.receive(payload, self.device)
+        self.session.step += 1
+        return self._advance(lambda gen: gen.send(Means({k: v.clone() for k, v in means.items()})), last, started)
 
     def _advance(self, step: Callable[[Generator[Any, Any, Any]], Any], last: bool, started: float) -> Partial:
         """Run ``step`` on every generator of the session; sum the yields, or close the session at its end."""

@@ -43,7 +43,8 @@ CHECKPOINT_FOLDER = re.compile(r"checkpoint_(\d+)")
 class StateCopy(Callback):
     """After every controller step that saved Tune's experiment state, and after its final save, copy Tune's
     state files (:data:`TUNE_FILES`) from the staging folder into ``COPY`` in the sweep folder, in one atomic
-    write; then delete every trial's checkpoints older than its latest.
+    write; then delete every trial's checkpoints older than its latest. As each checkpoint arrives, drop the older
+    ones from Tune's own list of the trial's checkpoints, which every snapshot saves.
 
     The trials' latest checkpoints at that moment are the ones the copy names: the controller registers a
     trial's checkpoint, saves its state and only then ends the step, one event per step."""
@@ -53,10 +54,12 @@ class StateCopy(Callback):
         self._pruned: dict[str, str] = {}  # trial id -> the checkpoint it was last pruned down to
 
     def on_step_end(self, iteration: int, trials: list[Any], **info: Any) -> None:
-        if self._copy(trials):
-            self._prune(trials)
+        self._snapshot(trials)
 
     def on_experiment_end(self, trials: list[Any], **info: Any) -> None:
+        self._snapshot(trials)
+
+    def _snapshot(self, trials: list[Any]) -> None:
         if self._copy(trials):
             self._prune(trials)
 
