@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import pickle
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -12,6 +12,7 @@ import ray
 import torch
 
 from fedcomp.actors.collective import Group, History, run_exchange
+from fedcomp.actors.replicas import Replica
 from fedcomp.platform.accelerator import configure
 from fedcomp.platform.algorithms.base import Tensors
 from fedcomp.platform.config import Config
@@ -44,6 +45,8 @@ class ClientActor:
             self.group = Group()
             """This actor's membership of the client actors' process group (``federation.transport: collective``)."""
         self.group.leave()  # a kept actor joins the next run's group afresh
+        self.replica: Replica | None = None
+        """This actor's copy of the server (``federation.server: replicated``; built by :meth:`replica_setup`)."""
         self.graph_reply_kept: tuple[int, Partial] | None = None
         """The last reply through the compiled graph and its call number (:meth:`graph_reply`)."""
         # Fault injection for the reliability tests: FEDCOMP_FAULT_KILL="<round>:<first client of the actor>"
@@ -182,3 +185,44 @@ class ClientActor:
         if session is not None:
             self._die_at(session.round, session.sub, session.step + 1)
         return self._split(self.host.resume(payload, layout, last))
+
+    # ------------------------------------------------------------------ the replicated server (fedcomp.actors.replicas)
+
+    def replica_setup(self, groups: Sequence[Sequence[int]], rank: int) -> None:
+        """Build this actor's copy of the server, as replica ``rank`` of the group it has joined."""
+        self.replica = Replica(self.host.config, self.host, self.group, rank, groups, self._die_at)
+
+    def _replica(self) -> Replica:
+        if self.replica is None:
+            raise RuntimeError("ClientActor: no replica of the server here (replica_setup first)")
+        return self.replica
+
+    def replica_rounds(self, evaluated: Sequence[bool]) -> Iterator[dict[str, Any]]:
+        """Replica 0: run the rounds, yielding each one's reply as it ends (a Ray streaming generator). On any error
+        the actor leaves the group first, so that the others' gathers fail at once instead of waiting for it."""
+        try:
+            yield from self._replica().rounds(evaluated)
+        except BaseException:
+            self.group.leave()
+            raise
+
+    def replica_follow(self, evaluated: Sequence[bool]) -> None:
+        """The other replicas: run the same rounds (leaving the group on any error, as :meth:`replica_rounds`)."""
+        try:
+            for _ in self._replica().rounds(evaluated):
+                pass
+        except BaseException:
+            self.group.leave()
+            raise
+
+    def replica_evaluate(self) -> dict[str, float]:
+        return self._replica().server.evaluate()
+
+    def replica_checkpoint(self, with_state: bool) -> dict[str, Any]:
+        return self._replica().checkpoint(with_state)
+
+    def replica_restore(self, checkpoint: dict[str, Any]) -> None:
+        self._replica().server.restore(checkpoint)
+
+    def replica_profile(self) -> dict[str, float]:
+        return self._replica().server.profile()

@@ -23,6 +23,7 @@ from __future__ import annotations
 import datetime
 import os
 import socket
+import zlib
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -36,8 +37,10 @@ JOIN_TIMEOUT_S = 20.0
 whose firewall blocks the ports): the federation then makes its exchanges by calls."""
 FAULT_JOIN = "FEDCOMP_FAULT_GROUP_JOIN"
 """Fault injection for the tests: when set in a client actor's environment, joining the group fails."""
-HEADER = 2
-"""Floats in front of each actor's row in a gather: its clients, then the number of floats it sends."""
+HEADER = 6
+"""Floats in front of each actor's row in a gather: its clients, the number of floats it sends after the header, and
+for a whole partial (:meth:`Group.partials`) its samples, whether it kept private state, its layout's fingerprint
+and how many of its floats are the clients' losses (zeros for a bare mean)."""
 
 History = list[tuple[Layout, np.ndarray]]
 """Each step's cohort means as one actor formed them: their layout and the float32 values."""
@@ -52,6 +55,8 @@ class Group:
 
     def __init__(self) -> None:
         self.world = 0
+        self.layouts: dict[float, Layout] = {}
+        """Layouts of partials gathered since the group formed, by fingerprint (the same on every actor)."""
         self._resize(0)
 
     @staticmethod
@@ -80,6 +85,7 @@ class Group:
                                 timeout=datetime.timedelta(seconds=JOIN_TIMEOUT_S))
         dist.distributed_c10d.set_timeout(datetime.timedelta(seconds=timeout_s))
         self.world = world
+        self.layouts = {}
         self._resize(0)
 
     def leave(self) -> None:
@@ -103,16 +109,62 @@ class Group:
             RuntimeError: the actors' yields differ in size (a program out of step with itself).
         """
         size = 0 if sums is None else int(sums.size)
-        rows = self._gather(clients, sums, size)
-        largest = int(rows[:, 1].max())
-        if largest > self.capacity:  # every actor sees it and gathers again with room for the largest
-            self._resize(largest)
-            rows = self._gather(clients, sums, size)
+        rows = self._rows((clients, size, 0, 0, 0, 0), sums)
         members = rows[rows[:, 0] > 0]
         width = int(members[0, 1])
         if (members[:, 1] != width).any():
             raise RuntimeError(f"exchange out of step: the actors yielded {sorted(set(members[:, 1].astype(int)))} floats")
         return mean_of(members[:, HEADER:HEADER + width], int(members[:, 0].sum()), width)
+
+    def partials(self, mine: Partial | None) -> list[Partial | None]:
+        """Every actor's whole partial -- sums, clients, samples, each client's loss, whether it kept private state --
+        in actor order (None for an actor without members this time, as ``mine`` is then), so that every actor can
+        :func:`~fedcomp.platform.federation.combine` them as the server would. One gather; a layout no actor has
+        seen since the group formed travels once more, by pickle, and is known by its fingerprint from then on (the
+        decision is made from gathered rows alone, so every actor makes it alike).
+
+        Raises:
+            GroupBroken: another actor of the group is gone.
+        """
+        head: tuple[float, ...] = (0, 0, 0, 0, 0, 0)
+        body = None
+        if mine is not None:
+            body = np.concatenate([np.asarray(mine.losses, np.float64), mine.sums])
+            head = (mine.clients, body.size, mine.samples, float(mine.has_private), _fingerprint(mine.layout), len(mine.losses))
+        rows = self._rows(head, body)
+        members = np.flatnonzero(rows[:, 0] > 0)
+        if any(rows[i, 4] not in self.layouts for i in members):
+            self._learn_layouts(None if mine is None else mine.layout)
+        out: list[Partial | None] = [None] * len(rows)
+        for i in members.tolist():
+            row = rows[i]
+            width, losses = int(row[1]), int(row[5])
+            out[i] = Partial(
+                self.layouts[float(row[4])], row[HEADER + losses:HEADER + width].copy(), int(row[0]), int(row[2]),
+                has_private=bool(row[3]), losses=tuple(row[HEADER:HEADER + losses].tolist()),
+            )
+        return out
+
+    def _learn_layouts(self, mine: Layout | None) -> None:
+        """Every actor's layout of this gather (pickled; None from those without members), kept by fingerprint."""
+        import torch.distributed as dist
+
+        layouts: list[Layout | None] = [None] * self.world
+        try:
+            dist.all_gather_object(layouts, mine)
+        except RuntimeError as error:
+            raise GroupBroken(f"a gather of layouts failed: {str(error).strip().splitlines()[0][:160]}") from None
+        self.layouts.update({_fingerprint(lay): lay for lay in layouts if lay is not None})
+
+    def _rows(self, head: tuple[float, ...], body: np.ndarray | None) -> np.ndarray:
+        """Every actor's row, in actor order (gathered again, with room for the largest, when one outgrew them)."""
+        size = int(head[1])
+        rows = self._gather(head, body, size)
+        largest = int(rows[:, 1].max())
+        if largest > self.capacity:  # every actor sees it and gathers again with room for the largest
+            self._resize(largest)
+            rows = self._gather(head, body, size)
+        return rows
 
     def _resize(self, capacity: int) -> None:
         """Rows (and this actor's own row) with room for ``capacity`` floats of partial sums (grown, for every actor
@@ -122,21 +174,26 @@ class Group:
         self.outputs = list(self.rows.unbind(0))
         self.mine = torch.zeros(HEADER + capacity, dtype=torch.float64)
 
-    def _gather(self, clients: int, sums: np.ndarray | None, size: int) -> np.ndarray:
-        """Every actor's row (clients, size, partial sums padded to the capacity), in actor order: a view of the
-        buffer the next gather overwrites."""
+    def _gather(self, head: tuple[float, ...], body: np.ndarray | None, size: int) -> np.ndarray:
+        """Every actor's row (``head``, then ``body`` padded to the capacity), in actor order: a view of the buffer
+        the next gather overwrites."""
         import torch.distributed as dist
 
         mine = self.mine.numpy()
         mine[:] = 0.0
-        mine[0], mine[1] = clients, size
-        if sums is not None and size <= self.capacity:
-            mine[HEADER:HEADER + size] = sums
+        mine[:HEADER] = head
+        if body is not None and size <= self.capacity:
+            mine[HEADER:HEADER + size] = body
         try:
             dist.all_gather(self.outputs, self.mine)
         except RuntimeError as error:
             raise GroupBroken(f"an exchange's gather failed: {str(error).strip().splitlines()[0][:160]}") from None
         return self.rows.numpy()
+
+
+def _fingerprint(layout: Layout) -> float:
+    """A float that tells layouts apart (a CRC-32 of their names and sizes, exact in a float64 row)."""
+    return float(zlib.crc32(repr((layout.keys, layout.sizes)).encode()))
 
 
 def run_exchange(

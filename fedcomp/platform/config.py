@@ -61,10 +61,12 @@ class FederationConfig(Params):
         "(a short probe) so that actors_per_gpu actors share each GPU; on CPUs (or 'fixed') clients_per_actor holds",
     )
     actors_per_gpu: int = Field(2, ge=1, description="client actors sharing one GPU under gpu_packing: auto")
-    server: Literal["actor", "driver"] = Field(
+    server: Literal["actor", "driver", "replicated"] = Field(
         "actor",
-        description="Ray backend: the round program runs in a server actor next to the client actors, or in the "
-        "driver's own process (one process fewer and no driver -> server hop; the same numbers)",
+        description="Ray backend: the round program runs in a server actor next to the client actors, in the "
+        "driver's own process (one process fewer and no driver -> server hop), or 'replicated' on every client actor, "
+        "which average each call among themselves (a torch.distributed gloo group; no server process and no hop per "
+        "call; an actor's death reruns the rounds since the last checkpoint). The same numbers every way",
     )
     routing: Literal["balanced", "home"] = Field(
         "balanced",

@@ -160,7 +160,7 @@ class _RunLog:
             span = f"client {clients[0]}" if len(clients) == 1 else f"clients {clients[0]}-{clients[-1]}"
             print(
                 f"fedcomp: round {event['round']}: client actor {event['actor']} ({span}) died "
-                f"({event['reason']}); replaced it and re-ran its share of the round",
+                f"({event['reason']}); replaced it and {event.get('rerun', 're-ran its share of the round')}",
                 file=sys.stderr, flush=True,
             )
         if events:

@@ -300,6 +300,30 @@ def test_ray_backend_matches_local_with_one_and_two_clients_per_actor(ray_sessio
         server.close()
 
 
+@pytest.mark.ray
+@pytest.mark.slow
+@pytest.mark.parametrize("name", cases("replicated"))
+def test_a_server_replicated_on_the_client_actors_matches_local(ray_session, keeping, name, tmp_path):
+    """``federation.server: replicated``: every client actor runs the round program and the actors average among
+    themselves; the same metrics and final checkpoint as the local run, bit for bit (clients packed 2 + 1), and again
+    after the replicas are restored to the local run's mid-run checkpoint."""
+    cfg = config(name, **{"federation.backend": "ray", "federation.server": "replicated",
+                          "federation.clients_per_actor": 2, "run.out": str(tmp_path)})
+    local = reference(name)
+    server = make_server(cfg)
+    try:
+        described = server.describe()
+        assert (described["server"], described["client_actors"]) == ("replicated", 2)
+        on_ray = run(cfg, server)
+        assert_same_metrics(on_ray.metrics, local.metrics)
+        assert_same(on_ray.final, local.final)
+        resumed = run(cfg, server, copy.deepcopy(local.checkpoints[RESUME_AT]))
+        assert_same_metrics(resumed.metrics, local.metrics)
+        assert_same(resumed.final, local.final)
+    finally:
+        server.close()
+
+
 # ------------------------------------------------------------------------------------------------ 2. resume
 
 

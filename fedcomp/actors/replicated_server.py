@@ -1,0 +1,218 @@
+"""The driver's proxy to a server replicated on the client actors (``federation.server: replicated``).
+
+The client actors join one process group and each builds a copy of the server (:mod:`fedcomp.actors.replicas`).
+A run of rounds is one call to every actor; replica 0 streams each round's reply back as the round ends, and
+the others answer once, at the end. Checkpoints gather the server state from replica 0 and each actor's clients'
+private states; a restore goes to every replica.
+
+Recovery is by chunks. The last checkpoint (or restore, or the start) is kept in the object store as the restore
+point. When an actor dies mid-run, the others' next gather fails at once (gloo reads the end of its socket); the
+dead actors are replaced, the group formed again, every replica restored from the restore point, and the rounds
+since then run again -- the ones already handed to the caller silently, without evaluations -- which gives the
+same numbers, since every random draw is keyed by (seed, client, round, step).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import ray
+from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
+
+from fedcomp.actors.cluster import connect
+from fedcomp.actors.collective import GroupBroken
+from fedcomp.actors.federation import RayFederation, _cause, _death, first_line, unwrap
+from fedcomp.platform.config import Config
+from fedcomp.platform.errors import ClientFailure
+from fedcomp.platform.server import RoundReply
+
+
+class _Broken(Exception):
+    """A run of rounds stopped because client actors died: actor -> how."""
+
+    def __init__(self, dead: dict[int, str]) -> None:
+        super().__init__(dead)
+        self.dead = dead
+
+
+class ReplicatedServer:
+    """Driver-side proxy (:class:`~fedcomp.platform.server.ServerLike`) to the server replicated on the client actors."""
+
+    def __init__(self, config: Config) -> None:
+        connect(config.federation.ray_address)
+        self.config = config
+        self.actors = RayFederation(config)
+        """The client actors (started, placed, replaced and closed as for the other Ray servers)."""
+        self.round = 0
+        """Rounds run and handed to the caller."""
+        self.finite = True
+        self.driver_s = 0.0
+        try:
+            self._form(range(len(self.actors.actors)))
+            self.restore_point = ray.put(self.checkpoint())
+            self.restore_round = 0
+        except BaseException:
+            self.actors.close()
+            raise
+
+    @property
+    def timeout(self) -> float:
+        return self.config.federation.actor_timeout_s
+
+    def _form(self, new: Sequence[int]) -> None:
+        """Join every actor in one process group, and build a replica of the server on the actors in ``new``."""
+        if not self.actors._join_group():
+            raise ClientFailure(
+                "federation.server = 'replicated': the client actors could not form a process group (see the warning "
+                "above, or an actor died while joining); use federation.server: actor"
+            )
+        groups = self.actors.plan.groups
+        self._get([self.actors.actors[i].replica_setup.remote(groups, i) for i in new])
+
+    def _get(self, refs: list[Any]) -> list[Any]:
+        """The actors' answers; an error one raised reaches the user as it was raised."""
+        try:
+            return list(ray.get(refs, timeout=self.timeout))
+        except RayTaskError as error:
+            raise unwrap(error) from None
+        except RayActorError as error:
+            raise ClientFailure(f"a client actor died ({first_line(error)})") from None
+        except GetTimeoutError:
+            raise ClientFailure(f"the client actors did not answer within {self.timeout:g}s") from None
+
+    def run_round(self) -> dict[str, Any]:
+        [(record, _, _)] = self.run_rounds([False])  # taken to the end: the other replicas' answers are read
+        return record
+
+    def run_rounds(self, evaluated: Sequence[bool]) -> Iterator[RoundReply]:
+        """The rounds, every replica running them back to back; each reply as replica 0 ends its round. Replica 0 may
+        be several rounds ahead of the caller: one that stops early leaves the replicas up to ``len(evaluated)``
+        rounds further on."""
+        evaluated = list(evaluated)
+        done, skip, plan = 0, 0, evaluated
+        for attempt in range(self.config.federation.max_retries + 1):
+            try:
+                for reply in self._stream(plan):
+                    if skip:  # a round handed out before the retry, run again to catch up
+                        skip -= 1
+                        continue
+                    done += 1
+                    self.round += 1
+                    yield self._take(reply)
+                return
+            except _Broken as broken:
+                if attempt == self.config.federation.max_retries:
+                    raise ClientFailure(
+                        f"client actors {sorted(broken.dead)} died in round {self.round + 1} {attempt + 1} times; "
+                        f"federation.max_retries = {self.config.federation.max_retries}"
+                    ) from None
+                self._recover(broken.dead)
+                skip = self.round - self.restore_round
+                plan = [False] * skip + evaluated[done:]
+
+    def _stream(self, plan: list[bool]) -> Iterator[dict[str, Any]]:
+        """Every replica runs ``plan``; replica 0's replies as they come.
+
+        Raises:
+            _Broken: client actors died (the others' gathers failed).
+            ClientFailure: no reply within the deadline, or the group broke with no actor dead.
+        """
+        lead, *others = self.actors.actors
+        stream = lead.replica_rounds.remote(plan)
+        rest = [actor.replica_follow.remote(plan) for actor in others]
+        error: BaseException | None = None
+        try:
+            for _ in plan:
+                started = time.perf_counter()
+                ready, _ = ray.wait([stream], timeout=self.timeout)
+                if not ready:
+                    raise ClientFailure(f"client actor 0 did not answer round {self.round + 1} within {self.timeout:g}s")
+                reply = ray.get(next(stream))
+                self.driver_s += time.perf_counter() - started
+                yield reply
+        except (RayTaskError, RayActorError) as failed:
+            error = failed
+        outcomes: dict[int, BaseException | None] = {0: error}
+        for i, ref in enumerate(rest, 1):
+            try:
+                ray.get(ref, timeout=self.timeout)
+                outcomes[i] = None
+            except (RayTaskError, RayActorError) as failed:
+                outcomes[i] = failed
+            except GetTimeoutError:
+                raise ClientFailure(f"client actor {i} did not finish round {self.round + 1} within {self.timeout:g}s") from None
+        self._raise_failures(outcomes)
+
+    @staticmethod
+    def _raise_failures(outcomes: dict[int, BaseException | None]) -> None:
+        """Raise what the actors' runs met: an error a client program raised as it was raised; else the dead actors."""
+        dead: dict[int, str] = {}
+        for i, failure in sorted(outcomes.items()):
+            if isinstance(failure, RayActorError):
+                dead[i] = _death(failure)
+            elif isinstance(failure, RayTaskError) and not isinstance(_cause(failure), GroupBroken):
+                raise unwrap(failure) from None
+        if dead:
+            raise _Broken(dead)
+        broken = [i for i, failure in outcomes.items() if failure is not None]
+        if broken:
+            raise ClientFailure(f"the client actors' group broke with no actor dead (actors {broken} stopped); see their errors above")
+
+    def _recover(self, dead: dict[int, str]) -> None:
+        """Replace the dead actors, form the group again and restore every replica from the restore point."""
+        first = len(self.actors.replacements)
+        for i, reason in sorted(dead.items()):
+            self.actors._replace(i, self.round, reason)
+        for event in self.actors.replacements[first:]:
+            event["rerun"] = f"restored every replica of the server to round {self.restore_round} and re-ran the rounds since"
+        self._form(sorted(dead))
+        self._get([actor.replica_restore.remote(self.restore_point) for actor in self.actors.actors])
+
+    def _take(self, reply: dict[str, Any]) -> RoundReply:
+        self.finite = reply["model_finite"]
+        return reply["record"], reply["evaluation"], reply["evaluate_s"]
+
+    def model_finite(self) -> bool:
+        """Whether the global state was finite after the last round (checked in replica 0)."""
+        return self.finite
+
+    def take_replacements(self) -> list[dict[str, Any]]:
+        return self.actors.take_replacements()
+
+    def evaluate(self) -> dict[str, float]:
+        return self._get([self.actors.actors[0].replica_evaluate.remote()])[0]
+
+    def checkpoint(self) -> dict[str, Any]:
+        """Replica 0's checkpoint with every actor's clients' private states; kept as the restore point."""
+        parts = self._get([actor.replica_checkpoint.remote(i == 0) for i, actor in enumerate(self.actors.actors)])
+        checkpoint = parts[0]
+        private = {c: state for part in parts for c, state in part["private"].items()}
+        checkpoint["private"] = dict(sorted(private.items()))
+        self.restore_point, self.restore_round = ray.put(checkpoint), self.round
+        return checkpoint
+
+    def restore(self, checkpoint: dict[str, Any]) -> None:
+        point = ray.put(checkpoint)
+        self._get([actor.replica_restore.remote(point) for actor in self.actors.actors])
+        self.restore_point, self.round = point, int(checkpoint["counters"]["round"])
+        self.restore_round = self.round
+
+    def restarts(self) -> int:
+        return self.actors.restarts
+
+    def profile(self) -> dict[str, float]:
+        """Replica 0's phases (:meth:`~fedcomp.platform.server.Server.profile`) and the driver's wait beyond them."""
+        phases = self._get([self.actors.actors[0].replica_profile.remote()])[0]
+        phases["driver waiting for replica 0"] = self.driver_s - sum(phases.values())
+        return phases
+
+    def describe(self) -> dict[str, Any]:
+        return {**self.actors.describe(), "server": "replicated", "transport": "group"}
+
+    def placement(self) -> list[dict[str, Any]]:
+        return list(self.actors.placement)
+
+    def close(self) -> None:
+        self.actors.close()
