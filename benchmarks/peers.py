@@ -3,7 +3,8 @@ same loop with ``torch.optim.SGD`` stepping an ``nn.Module`` in place, pfl 0.6 a
 each run in its own process; writes ``benchmarks/RESULTS.md``.
 
     python benchmarks/peers.py [--quick] [--repeats N]
-        [--runners ray ray-driver ray-home ray-graph ray-vmap ray-driver-vmap local local-vmap plain optim pfl flower]
+        [--runners ray ray-driver ray-home ray-graph ray-vmap ray-driver-vmap ray-replicated ray-replicated-vmap local
+                   local-vmap plain optim pfl flower]
                                [--no-install] [--bench-dir DIR] [--results PATH|-]
 
 Every runner is a subprocess started from ``benchmarks/peers/`` (fedcomp's six in this virtualenv, pfl in
@@ -61,15 +62,18 @@ from fedcomp.platform.server import sample_cohort
 
 PEERS = HERE / "peers"
 """The runners' scripts."""
-FEDCOMP_RUNNERS = ("ray", "ray-driver", "ray-home", "ray-graph", "ray-vmap", "ray-driver-vmap", "local", "local-vmap",
-                   "plain", "optim")
+FEDCOMP_RUNNERS = ("ray", "ray-driver", "ray-home", "ray-graph", "ray-vmap", "ray-driver-vmap", "ray-replicated",
+                   "ray-replicated-vmap", "local", "local-vmap", "plain", "optim")
 """The runners of ``peers/fedcomp_runner.py``."""
-RAY_RUNNERS = ("ray", "ray-driver", "ray-home", "ray-graph", "ray-vmap", "ray-driver-vmap")
+RAY_RUNNERS = ("ray", "ray-driver", "ray-home", "ray-graph", "ray-vmap", "ray-driver-vmap", "ray-replicated",
+               "ray-replicated-vmap")
 PEER_RUNNERS = (*FEDCOMP_RUNNERS, "pfl", "flower")
 RUNNER_LABELS = {"ray": "fedcomp ray", "ray-driver": "fedcomp ray, server in driver",
                  "ray-home": "fedcomp ray, clients at home", "ray-graph": "fedcomp ray, compiled graph",
                  "ray-vmap": "fedcomp ray, vectorised clients",
-                 "ray-driver-vmap": "fedcomp ray, server in driver, vectorised clients", "local": "fedcomp local",
+                 "ray-driver-vmap": "fedcomp ray, server in driver, vectorised clients",
+                 "ray-replicated": "fedcomp ray, server replicated on the client actors",
+                 "ray-replicated-vmap": "fedcomp ray, server replicated, vectorised clients", "local": "fedcomp local",
                  "local-vmap": "fedcomp local, vectorised clients",
                  "plain": "plain PyTorch", "optim": "torch.optim loop", "pfl": "pfl", "flower": "Flower"}
 SINGLE_PROCESS = ("local", "local-vmap", "plain", "optim")
@@ -469,7 +473,8 @@ def peer_target_lines(runs: list[PeerRun], round_s: dict[tuple[str, str, int], f
     if against_pfl:
         lines.append(f"- fedcomp Ray's round time / pfl's at 2 workers <= {TARGET_PFL_RATIO:g}x: " + ", ".join(against_pfl))
     speedup = [f"{runner} {w.clients}c/{w.rounds}r/{n}w {round_s[('flower', w.key, n)] / round_s[(runner, w.key, n)]:.1f}x"
-               for w, n in keys if w.model == "small" for runner in ("ray", "ray-vmap", "ray-driver-vmap")
+               for w, n in keys if w.model == "small"
+               for runner in ("ray", "ray-vmap", "ray-driver-vmap", "ray-replicated", "ray-replicated-vmap")
                if ("flower", w.key, n) in round_s and (runner, w.key, n) in round_s]
     if speedup:
         lines.append(f"- Flower's round time / fedcomp Ray's on the small workload >= {TARGET_FLOWER_SPEEDUP:g}x: "
@@ -479,7 +484,8 @@ def peer_target_lines(runs: list[PeerRun], round_s: dict[tuple[str, str, int], f
     if in_place:
         lines.append(f"- fedcomp local's round time / an in-place torch.optim loop's <= {TARGET_OPTIM_RATIO:g}x (on the "
                      f"heavy MLP): " + ", ".join(in_place))
-    for runner, where in (("ray", "server actor"), ("ray-driver", "the server in the driver")):
+    for runner, where in (("ray", "server actor"), ("ray-driver", "the server in the driver"),
+                          ("ray-replicated", "the server replicated on the client actors")):
         mem = [r for r in runs if r.runner == runner and r.workload.clients == 1000 and r.workers == 2]
         if mem:
             peak = median([r.peak_bytes for r in mem]) / 2**30
@@ -491,7 +497,7 @@ def peer_target_lines(runs: list[PeerRun], round_s: dict[tuple[str, str, int], f
 def memory_lines(runs: list[PeerRun]) -> list[str]:
     """Where the peak memory sits, per process kind, for the multi-process runners' largest workload."""
     lines = []
-    for runner in ("ray", "ray-driver", "flower", "pfl"):
+    for runner in ("ray", "ray-driver", "ray-replicated", "flower", "pfl"):
         mine = [r for r in runs if r.runner == runner and r.peak_detail]
         if not mine:
             continue

@@ -2,7 +2,8 @@
 process: ``ray-driver``; each cohort member run by the actor hosting it rather than spread evenly:
 ``ray-home``; the calls with small payloads through a compiled Ray graph: ``ray-graph``; each actor's cohort
 members stepped together under ``vmap``, ``federation.vectorise``: ``ray-vmap``; both the last and the server in
-the driver: ``ray-driver-vmap``), the local backend (and
+the driver: ``ray-driver-vmap``; the round program replicated on the client actors, ``federation.server:
+replicated``: ``ray-replicated``, and vectorised: ``ray-replicated-vmap``), the local backend (and
 vectorised: ``local-vmap``), the plain loop and the same rounds with ``torch.optim.SGD``
 stepping an ``nn.Module`` in place (``optim``).
 
@@ -24,12 +25,15 @@ import _peer_common as common
 
 common.one_thread()
 
+SERVERS = {"ray-driver": "driver", "ray-replicated": "replicated"}
+"""Runner (less ``-vmap``) -> ``federation.server`` where it is not the server actor."""
+
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runner", required=True, choices=[
-        "ray", "ray-driver", "ray-home", "ray-graph", "ray-vmap", "ray-driver-vmap", "local", "local-vmap", "plain",
-        "optim"])
+        "ray", "ray-driver", "ray-home", "ray-graph", "ray-vmap", "ray-driver-vmap", "ray-replicated",
+        "ray-replicated-vmap", "local", "local-vmap", "plain", "optim"])
     parser.add_argument("--workload", required=True)
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
@@ -42,7 +46,7 @@ def main() -> None:
     backend = "local" if args.runner in ("local", "local-vmap", "plain", "optim") else "ray"
     config = bench_config(int(spec["clients"]), int(spec["cohort"]), int(spec["rounds"]), int(spec["local_steps"]),
                           list(spec["sizes"])[1:-1], backend, actors=int(spec["workers"]),
-                          server="driver" if args.runner.startswith("ray-driver") else "actor",
+                          server=SERVERS.get(args.runner.removesuffix("-vmap"), "actor"),
                           routing="home" if args.runner == "ray-home" else "balanced",
                           transport="graph" if args.runner == "ray-graph" else "calls",
                           vectorise=args.runner.endswith("-vmap"))

@@ -1,0 +1,77 @@
+"""``federation.server: replicated`` on a real local Ray: a client actor that dies mid-run (in a call, or between the
+answers of an exchange) is replaced, every replica goes back to the last checkpoint and the run ends with the local
+backend's numbers, bit for bit, the user told; an error a replica's client program raises reaches the user as raised.
+Parity with the local backend for every registered algorithm is in ``tests/platform/test_conformance.py``."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+
+import fedcomp
+from fedcomp.actors.replicated_server import ReplicatedServer
+from fedcomp.platform.config import load_config
+from fedcomp.platform.errors import ConfigError
+from tests.conftest import small
+
+pytestmark = pytest.mark.ray
+
+ACC = {"algorithm.name": "acc-fcsg-m", "federation.clients": 8, "federation.clients_per_actor": 4, "run.rounds": 6,
+       "run.checkpoint_every": 3}
+"""Acc-FCSG-M keeps each client's previous iterate on its actor: a replacement must get it back from the checkpoint."""
+FEDDRO = {"task": {"name": "heterogeneous-composition"}, "algorithm": {"name": "feddro", "local_steps": 4, "lr": 0.3},
+          "federation": {"clients": 6, "clients_per_actor": 3, "backend": "local"},
+          "run": {"rounds": 4, "checkpoint_every": 2, "progress": "none"}}
+"""FedDRO exchanges y at every local step (``fed.exchange``): each answer is one gather of the replicas."""
+
+
+def _metrics(result) -> pd.DataFrame:
+    return result.metrics.drop(columns="wall_time")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", ["call", "exchange"])
+def test_an_actor_killed_mid_run_is_replaced_and_the_run_ends_with_the_local_numbers(
+    ray_session, tmp_path, monkeypatch, capsys, case
+):
+    if case == "call":  # the actor of clients 4..7 exits in round index 4, after the checkpoint of round 3
+        raw, overrides, kill = "quickstart", small(**ACC, **{"run.out": str(tmp_path)}), "4:4"
+    else:  # the actor of clients 3..5 exits in round index 3 at the second answer of its exchange
+        raw, overrides, kill = FEDDRO, {"run.out": str(tmp_path)}, "3:3:0:2"
+    reference = _metrics(fedcomp.run(raw, overrides))
+    monkeypatch.setenv("FEDCOMP_FAULT_KILL", kill)
+    capsys.readouterr()
+    result = fedcomp.run(raw, {**overrides, "federation.backend": "ray", "federation.server": "replicated"})
+    pd.testing.assert_frame_equal(_metrics(result), reference, check_exact=True)
+    meta = json.loads((result.run_dir / "run.json").read_text())
+    assert meta["backend"]["server"] == "replicated" and meta["backend"]["transport"] == "group"
+    (event,) = meta["actor_replacements"]
+    restored = 3 if case == "call" else 2
+    assert event["actor"] == 1 and event["rerun"] == (
+        f"restored every replica of the server to round {restored} and re-ran the rounds since")
+    assert f"client actor 1 (clients {4 if case == 'call' else 3}-" in capsys.readouterr().err
+
+
+def test_an_error_a_replica_meets_reaches_the_user_as_raised(ray_session):
+    """PDSGD's round program checks its dual weights against the task's examples: restored from a checkpoint of the
+    wrong size, every replica raises the local backend's ConfigError, which reaches the user as it was raised (not
+    wrapped in Ray's error), and the server is told apart from a dead actor (no replacement)."""
+    raw = {"task": {"name": "dro-classification", "dataset": "breast-cancer"},
+           "algorithm": {"name": "parallel-pdsgd", "outer_batch": 4},
+           "federation": {"clients": 3, "clients_per_actor": 2, "backend": "ray", "server": "replicated"},
+           "run": {"rounds": 2, "progress": "none"}}
+    server = ReplicatedServer(load_config(raw))
+    try:
+        server.run_round()
+        checkpoint = server.checkpoint()
+        state = dict(checkpoint["state"])
+        (dual,) = (k for k in state if k != "x")
+        state[dual] = state[dual][:-1]
+        server.restore({**checkpoint, "state": state})
+        with pytest.raises(ConfigError, match="the stored dual weights have"):
+            server.run_round()
+        assert server.restarts() == 0
+    finally:
+        server.close()
