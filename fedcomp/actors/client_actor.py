@@ -197,8 +197,8 @@ class ClientActor:
             raise RuntimeError("ClientActor: no replica of the server here (replica_setup first)")
         return self.replica
 
-    def replica_rounds(self, evaluated: Sequence[bool]) -> Iterator[dict[str, Any]]:
-        """Replica 0: run the rounds, yielding each one's reply as it ends (a Ray streaming generator). On any error
+    def replica_rounds(self, evaluated: Sequence[bool]) -> Iterator[list[dict[str, Any]]]:
+        """Replica 0: run the rounds, yielding their replies in batches as they end (a Ray streaming generator). On any error
         the actor leaves the group first, so that the others' gathers fail at once instead of waiting for it."""
         try:
             yield from self._replica().rounds(evaluated)

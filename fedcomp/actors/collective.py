@@ -4,15 +4,15 @@ FedDRO's round answers every local step of its clients with the cohort mean of o
 (``fed.exchange``). By calls, each step is a round trip from the server to the actors and back (a millisecond or
 more of Ray's task machinery); through a compiled graph, its idle readers poll their channels, which costs the
 clients' compute its cores where cores are few. Here the server sends the whole exchange to every client actor in
-one call, and the actors, joined in one torch.distributed process group (gloo, over TCP, so across nodes too),
-answer each step among themselves: every actor sends its float64 partial sums to every other (``all_gather``; a
-waiting actor blocks in a socket read, it does not poll) and forms the cohort mean itself with the server's own
+one call, and the actors, joined in one group (:class:`Group`: TCP connections to actor 0, so across nodes too),
+answer each step among themselves: every actor's float64 partial sums reach every other (a waiting actor blocks in
+a socket read, it does not poll) and each forms the cohort mean itself with the server's own
 function, in actor order (:func:`~fedcomp.platform.federation.mean_of`), so each actor's answer has the bits the
 server's would have. Each actor returns its final partial sums and the means it formed at each step, which the
 server counts as the exchange's steps. Actors without cohort members take part with nothing to add.
 
 When an actor dies or raises mid-exchange, its process or its group is gone, and every other actor's next gather
-fails at once (gloo reads the end of its socket) with :class:`GroupBroken`; the federation then replaces the dead
+fails at once (it reads the end of a socket) with :class:`GroupBroken`; the federation then replaces the dead
 actors, rebuilds the group at its next use and runs again, by calls, what did not finish
 (:meth:`fedcomp.actors.federation.RayFederation.exchange`). Actors that cannot meet at the rendezvous (a
 firewall between nodes, say) make the run's exchanges by calls, after one warning.
@@ -20,15 +20,16 @@ firewall between nodes, say) make the run's exchanges by calls, after one warnin
 
 from __future__ import annotations
 
-import datetime
 import os
+import pickle
 import socket
+import struct
+import time
 import zlib
 from collections.abc import Callable, Sequence
 
 import numpy as np
 import ray
-import torch
 
 from fedcomp.platform.federation import ClientHost, Layout, Partial, mean_of
 
@@ -51,13 +52,21 @@ class GroupBroken(RuntimeError):
 
 
 class Group:
-    """This process's membership of the client actors' process group, and the buffers its gathers reuse."""
+    """This process's membership of the client actors' group: a star of TCP connections to actor 0.
+
+    An exchange sends this actor's row (float64) to actor 0, which sends every actor the rows of all, in actor
+    order. Each message is one blocking socket write and read on the caller's thread (TCP_NODELAY): a gloo
+    ``all_gather`` between two actors, which hands every message to worker threads, took 0.7 ms idle on a 2-core
+    machine (``benchmarks/RAY_DAG.md``). A peer that dies or leaves closes its sockets, so the others' next read
+    fails at once; every read waits at most the group's deadline."""
 
     def __init__(self) -> None:
         self.world = 0
+        self.rank = 0
+        self.peers: list[socket.socket] = []
+        """Actor 0: its connections to actors 1, 2, ... in order; any other actor: its connection to actor 0."""
         self.layouts: dict[float, Layout] = {}
         """Layouts of partials gathered since the group formed, by fingerprint (the same on every actor)."""
-        self._resize(0)
 
     @staticmethod
     def address() -> str:
@@ -71,30 +80,37 @@ class Group:
         """Join the group of ``world`` actors as ``rank`` (leaving any group this process was in); returns once all
         have joined, or raises when they have not met at ``address`` within :data:`JOIN_TIMEOUT_S`. A gather waits
         at most ``timeout_s`` for the others."""
-        import torch.distributed as dist
-
         self.leave()
         if os.environ.get(FAULT_JOIN):
             raise RuntimeError(f"{FAULT_JOIN} is set (fault injection)")
         host, port = address.removeprefix("tcp://").rsplit(":", 1)
-        store = dist.TCPStore(  # type: ignore[attr-defined]  # exported by torch.distributed, untyped there
-            host, int(port), world, rank == 0, timeout=datetime.timedelta(seconds=JOIN_TIMEOUT_S))
-        # connecting every pair waits as long as the rendezvous (a node whose hostname resolves to a loopback
-        # address advertises one the others cannot reach: set GLOO_SOCKET_IFNAME there); gathers, the deadline
-        dist.init_process_group("gloo", store=store, rank=rank, world_size=world,
-                                timeout=datetime.timedelta(seconds=JOIN_TIMEOUT_S))
-        dist.distributed_c10d.set_timeout(datetime.timedelta(seconds=timeout_s))
-        self.world = world
-        self.layouts = {}
-        self._resize(0)
+        deadline = time.monotonic() + JOIN_TIMEOUT_S
+        peers: list[socket.socket] = []
+        try:
+            if rank == 0:
+                peers = _accept(int(port), world - 1, deadline)
+            else:
+                peers = [_connect(host, int(port), rank, deadline)]
+            for peer in peers:
+                peer.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if rank == 0:  # everyone is in: say so, so that no one starts before all have joined
+                for peer in peers:
+                    peer.sendall(b"J")
+            elif _read(peers[0], 1) != b"J":
+                raise ConnectionError("the group's rank 0 answered the rendezvous wrongly")
+        except (OSError, ConnectionError) as error:
+            for peer in peers:
+                peer.close()
+            raise RuntimeError(f"the actors did not meet at {address} within {JOIN_TIMEOUT_S:g}s ({error})") from None
+        for peer in peers:
+            peer.settimeout(timeout_s)
+        self.world, self.rank, self.peers, self.layouts = world, rank, peers, {}
 
     def leave(self) -> None:
-        """Leave the group (the other actors' gathers then fail at once)."""
-        import torch.distributed as dist
-
-        if dist.is_available() and dist.is_initialized():
-            dist.destroy_process_group()
-        self.world = 0
+        """Leave the group (the other actors' next read then fails at once)."""
+        for peer in self.peers:
+            peer.close()
+        self.peers, self.world = [], 0
 
     @property
     def joined(self) -> bool:
@@ -110,18 +126,19 @@ class Group:
         """
         size = 0 if sums is None else int(sums.size)
         rows = self._rows((clients, size, 0, 0, 0, 0), sums)
-        members = rows[rows[:, 0] > 0]
-        width = int(members[0, 1])
-        if (members[:, 1] != width).any():
-            raise RuntimeError(f"exchange out of step: the actors yielded {sorted(set(members[:, 1].astype(int)))} floats")
-        return mean_of(members[:, HEADER:HEADER + width], int(members[:, 0].sum()), width)
+        members = [row for row in rows if row[0] > 0]
+        widths = sorted({int(row[1]) for row in members})
+        if len(widths) > 1:
+            raise RuntimeError(f"exchange out of step: the actors yielded {widths} floats")
+        width = widths[0]
+        return mean_of((row[HEADER:HEADER + width] for row in members), int(sum(row[0] for row in members)), width)
 
     def partials(self, mine: Partial | None) -> list[Partial | None]:
         """Every actor's whole partial -- sums, clients, samples, each client's loss, whether it kept private state --
         in actor order (None for an actor without members this time, as ``mine`` is then), so that every actor can
-        :func:`~fedcomp.platform.federation.combine` them as the server would. One gather; a layout no actor has
+        :func:`~fedcomp.platform.federation.combine` them as the server would. One exchange; a layout no actor has
         seen since the group formed travels once more, by pickle, and is known by its fingerprint from then on (the
-        decision is made from gathered rows alone, so every actor makes it alike).
+        decision is made from exchanged rows alone, so every actor makes it alike).
 
         Raises:
             GroupBroken: another actor of the group is gone.
@@ -132,63 +149,108 @@ class Group:
             body = np.concatenate([np.asarray(mine.losses, np.float64), mine.sums])
             head = (mine.clients, body.size, mine.samples, float(mine.has_private), _fingerprint(mine.layout), len(mine.losses))
         rows = self._rows(head, body)
-        members = np.flatnonzero(rows[:, 0] > 0)
-        if any(rows[i, 4] not in self.layouts for i in members):
+        if any(row[0] > 0 and row[4] not in self.layouts for row in rows):
             self._learn_layouts(None if mine is None else mine.layout)
-        out: list[Partial | None] = [None] * len(rows)
-        for i in members.tolist():
-            row = rows[i]
+        out: list[Partial | None] = []
+        for row in rows:
+            if row[0] <= 0:
+                out.append(None)
+                continue
             width, losses = int(row[1]), int(row[5])
-            out[i] = Partial(
-                self.layouts[float(row[4])], row[HEADER + losses:HEADER + width].copy(), int(row[0]), int(row[2]),
+            out.append(Partial(
+                self.layouts[float(row[4])], row[HEADER + losses:HEADER + width], int(row[0]), int(row[2]),
                 has_private=bool(row[3]), losses=tuple(row[HEADER:HEADER + losses].tolist()),
-            )
+            ))
         return out
 
     def _learn_layouts(self, mine: Layout | None) -> None:
-        """Every actor's layout of this gather (pickled; None from those without members), kept by fingerprint."""
-        import torch.distributed as dist
-
-        layouts: list[Layout | None] = [None] * self.world
-        try:
-            dist.all_gather_object(layouts, mine)
-        except RuntimeError as error:
-            raise GroupBroken(f"a gather of layouts failed: {str(error).strip().splitlines()[0][:160]}") from None
+        """Every actor's layout of this exchange (pickled; None from those without members), kept by fingerprint."""
+        layouts = [pickle.loads(blob) for blob in self._exchange(pickle.dumps(mine))]
         self.layouts.update({_fingerprint(lay): lay for lay in layouts if lay is not None})
 
-    def _rows(self, head: tuple[float, ...], body: np.ndarray | None) -> np.ndarray:
-        """Every actor's row, in actor order (gathered again, with room for the largest, when one outgrew them)."""
-        size = int(head[1])
-        rows = self._gather(head, body, size)
-        largest = int(rows[:, 1].max())
-        if largest > self.capacity:  # every actor sees it and gathers again with room for the largest
-            self._resize(largest)
-            rows = self._gather(head, body, size)
-        return rows
+    def _rows(self, head: tuple[float, ...], body: np.ndarray | None) -> list[np.ndarray]:
+        """Every actor's row (``head``, then ``body``), in actor order: float64 arrays of their own."""
+        row = np.empty(HEADER + (0 if body is None else body.size), np.float64)
+        row[:HEADER] = head
+        if body is not None:
+            row[HEADER:] = body
+        return [np.frombuffer(blob, np.float64) for blob in self._exchange(memoryview(row).cast("B"))]
 
-    def _resize(self, capacity: int) -> None:
-        """Rows (and this actor's own row) with room for ``capacity`` floats of partial sums (grown, for every actor
-        at once, when a yield is larger)."""
-        self.capacity = capacity
-        self.rows = torch.zeros(self.world, HEADER + capacity, dtype=torch.float64)
-        self.outputs = list(self.rows.unbind(0))
-        self.mine = torch.zeros(HEADER + capacity, dtype=torch.float64)
+    def _exchange(self, message: bytes | memoryview) -> list[bytearray]:
+        """Every actor's ``message``, in actor order: sent to actor 0, which sends all of them to everyone.
 
-    def _gather(self, head: tuple[float, ...], body: np.ndarray | None, size: int) -> np.ndarray:
-        """Every actor's row (``head``, then ``body`` padded to the capacity), in actor order: a view of the buffer
-        the next gather overwrites."""
-        import torch.distributed as dist
-
-        mine = self.mine.numpy()
-        mine[:] = 0.0
-        mine[:HEADER] = head
-        if body is not None and size <= self.capacity:
-            mine[HEADER:HEADER + size] = body
+        Raises:
+            GroupBroken: another actor of the group is gone (or did not answer within the deadline); this one then
+                leaves the group too.
+        """
         try:
-            dist.all_gather(self.outputs, self.mine)
-        except RuntimeError as error:
-            raise GroupBroken(f"an exchange's gather failed: {str(error).strip().splitlines()[0][:160]}") from None
-        return self.rows.numpy()
+            if self.rank != 0:
+                _send(self.peers[0], [message])
+                return [_receive(self.peers[0]) for _ in range(self.world)]
+            messages = [bytearray(message), *(_receive(peer) for peer in self.peers)]
+            for peer in self.peers:
+                _send(peer, messages)
+            return messages
+        except (OSError, ConnectionError) as error:
+            self.leave()  # so that the others' exchanges fail at once too
+            reason = "timed out" if isinstance(error, TimeoutError) else str(error) or type(error).__name__
+            raise GroupBroken(f"an exchange of the actors' group failed: {reason[:160]}") from None
+
+
+def _accept(port: int, peers: int, deadline: float) -> list[socket.socket]:
+    """Actor 0's end of the rendezvous: a connection from each of the other actors, in their order."""
+    with socket.create_server(("", port)) as listener:
+        joined: dict[int, socket.socket] = {}
+        while len(joined) < peers:
+            listener.settimeout(max(deadline - time.monotonic(), 0.001))
+            peer, _ = listener.accept()
+            peer.settimeout(max(deadline - time.monotonic(), 0.001))
+            joined[struct.unpack("<q", _read(peer, 8))[0]] = peer
+    return [joined[rank] for rank in sorted(joined)]
+
+
+def _connect(host: str, port: int, rank: int, deadline: float) -> socket.socket:
+    """Another actor's end of the rendezvous: a connection to actor 0 (retried until it listens), naming its rank."""
+    while True:
+        try:
+            peer = socket.create_connection((host, port), timeout=max(deadline - time.monotonic(), 0.001))
+            break
+        except ConnectionRefusedError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.02)
+    peer.sendall(struct.pack("<q", rank))
+    return peer
+
+
+def _send(peer: socket.socket, messages: Sequence[bytes | bytearray | memoryview]) -> None:
+    """Messages, each after its length (8 bytes)."""
+    parts: list[bytes | bytearray | memoryview] = []
+    for message in messages:
+        parts += [struct.pack("<q", len(message)), message]
+    if sum(len(p) for p in parts) < 65536:
+        peer.sendall(b"".join(parts))  # one segment: a small copy, not one write per part
+        return
+    for part in parts:  # no copy of a large message
+        peer.sendall(part)
+
+
+def _receive(peer: socket.socket) -> bytearray:
+    """One message (after its length)."""
+    (size,) = struct.unpack("<q", _read(peer, 8))
+    return _read(peer, size)
+
+
+def _read(peer: socket.socket, size: int) -> bytearray:
+    """Exactly ``size`` bytes; a closed connection is a :class:`ConnectionError`."""
+    data = bytearray(size)
+    view, got = memoryview(data), 0
+    while got < size:
+        n = peer.recv_into(view[got:])
+        if n == 0:
+            raise ConnectionError("another actor left the group")
+        got += n
+    return data
 
 
 def _fingerprint(layout: Layout) -> float:

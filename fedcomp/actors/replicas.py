@@ -28,6 +28,9 @@ from fedcomp.platform.federation import ClientHost, Layout, Partial, combine, ex
 from fedcomp.platform.run_checks import state_finite
 from fedcomp.platform.server import Server
 
+REPLY_EVERY_S = 0.1
+"""How often replica 0 sends the replies of the rounds it has run since it last sent (besides at evaluated rounds
+and at the end)."""
 AtCall = Callable[..., None]
 """Called with ``(round, sub)`` before this actor runs a call's members (``(round, sub, step)`` for a step of an
 exchange): the client actor's fault injection."""
@@ -128,14 +131,22 @@ class Replica:
         self.rank = rank
         self.server = Server(config, lambda c: GroupFederation(host, group, rank, groups, c.federation.routing, at_call))
 
-    def rounds(self, evaluated: Sequence[bool]) -> Iterator[dict[str, Any]]:
-        """Run the rounds; replica 0 evaluates where asked and yields each round's reply (the others yield nothing):
-        its record, the evaluation, the seconds it took and whether the global state is finite."""
-        for evaluate in evaluated:
+    def rounds(self, evaluated: Sequence[bool]) -> Iterator[list[dict[str, Any]]]:
+        """Run the rounds; replica 0 evaluates where asked and yields the rounds' replies (the others yield nothing):
+        each round's record, its evaluation, the seconds that took and whether the global state is finite. Replies are
+        sent in batches -- at an evaluated round, at the end, and otherwise every :data:`REPLY_EVERY_S` -- since each
+        message to the driver costs the actors' cores some of their time."""
+        batch: list[dict[str, Any]] = []
+        sent = time.perf_counter()
+        for k, evaluate in enumerate(evaluated):
             record, metrics, evaluate_s = self.server.one_round(evaluate and self.rank == 0)
-            if self.rank == 0:
-                yield {"record": record, "evaluation": metrics, "evaluate_s": evaluate_s,
-                       "model_finite": state_finite(self.server.tensors())}
+            if self.rank != 0:
+                continue
+            batch.append({"record": record, "evaluation": metrics, "evaluate_s": evaluate_s,
+                          "model_finite": state_finite(self.server.tensors())})
+            if evaluate or k == len(evaluated) - 1 or time.perf_counter() - sent >= REPLY_EVERY_S:
+                yield batch
+                batch, sent = [], time.perf_counter()
 
     def checkpoint(self, with_state: bool) -> dict[str, Any]:
         """The server's checkpoint with this actor's private states (``with_state`` false: those alone)."""

@@ -87,9 +87,9 @@ class ReplicatedServer:
         return record
 
     def run_rounds(self, evaluated: Sequence[bool]) -> Iterator[RoundReply]:
-        """The rounds, every replica running them back to back; each reply as replica 0 ends its round. Replica 0 may
-        be several rounds ahead of the caller: one that stops early leaves the replicas up to ``len(evaluated)``
-        rounds further on."""
+        """The rounds, every replica running them back to back; the replies as replica 0 sends them (every evaluated
+        round, else every 0.1 s). The replicas run ahead of the caller: one that stops early leaves them up to
+        ``len(evaluated)`` rounds further on."""
         evaluated = list(evaluated)
         done, skip, plan = 0, 0, evaluated
         for attempt in range(self.config.federation.max_retries + 1):
@@ -113,7 +113,7 @@ class ReplicatedServer:
                 plan = [False] * skip + evaluated[done:]
 
     def _stream(self, plan: list[bool]) -> Iterator[dict[str, Any]]:
-        """Every replica runs ``plan``; replica 0's replies as they come.
+        """Every replica runs ``plan``; replica 0's replies as they come (in batches: :data:`~fedcomp.actors.replicas.REPLY_EVERY_S`).
 
         Raises:
             _Broken: client actors died (the others' gathers failed).
@@ -124,14 +124,16 @@ class ReplicatedServer:
         rest = [actor.replica_follow.remote(plan) for actor in others]
         error: BaseException | None = None
         try:
-            for _ in plan:
+            replied = 0
+            while replied < len(plan):
                 started = time.perf_counter()
                 ready, _ = ray.wait([stream], timeout=self.timeout)
                 if not ready:
                     raise ClientFailure(f"client actor 0 did not answer round {self.round + 1} within {self.timeout:g}s")
-                reply = ray.get(next(stream))
+                batch = ray.get(next(stream))
                 self.driver_s += time.perf_counter() - started
-                yield reply
+                replied += len(batch)
+                yield from batch
         except (RayTaskError, RayActorError) as failed:
             error = failed
         outcomes: dict[int, BaseException | None] = {0: error}

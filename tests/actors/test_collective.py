@@ -1,33 +1,127 @@
-"""``fedcomp.actors.collective``'s group in one process (a world of one): the rows it gathers, a yield that outgrows
-the rows, the means formed with the server's own function, and the deadlines (the join's, then the gathers')."""
+"""``fedcomp.actors.collective``'s group: in one process (a world of one), the rows it exchanges and the means formed
+with the server's own function; across threads (a world of three), every member's rows in member order, whole
+partials with layouts learnt once, a member that leaves failing the others' next exchange at once, and the
+deadlines (the rendezvous', then the exchanges')."""
 
 from __future__ import annotations
 
-import datetime
+import socket
+import threading
 
 import numpy as np
-import torch
-import torch.distributed as dist
+import pytest
 
-from fedcomp.actors.collective import JOIN_TIMEOUT_S, Group
-from fedcomp.platform.federation import mean_of
+from fedcomp.actors.collective import JOIN_TIMEOUT_S, Group, GroupBroken
+from fedcomp.platform.federation import Layout, Partial, combine, mean_of
 
 
-def test_a_group_of_one_forms_the_servers_mean_and_grows_its_rows():
-    group = Group()
-    group.join(Group.address(), 0, 1, timeout_s=77.0)
+def _address() -> str:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return f"tcp://127.0.0.1:{probe.getsockname()[1]}"
+
+
+def _joined(world: int, timeout_s: float = 30.0) -> list[Group]:
+    """``world`` groups joined from threads of this process (the transport is plain sockets)."""
+    groups = [Group() for _ in range(world)]
+    address = _address()
+    threads = [threading.Thread(target=g.join, args=(address, i, world, timeout_s)) for i, g in enumerate(groups)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert all(g.joined for g in groups)
+    return groups
+
+
+def _together(groups: list[Group], work) -> list:
+    """``work(group, rank)`` on every member at once; each one's result (or the exception it raised)."""
+    out: list = [None] * len(groups)
+
+    def one(i: int) -> None:
+        try:
+            out[i] = work(groups[i], i)
+        except BaseException as error:  # handed to the test
+            out[i] = error
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(groups))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return out
+
+
+def test_a_group_of_one_forms_the_servers_mean():
+    (group,) = _joined(1, timeout_s=77.0)
     try:
-        backend = dist.distributed_c10d._get_default_group()._get_backend(torch.device("cpu"))
-        assert backend.options._timeout == datetime.timedelta(seconds=77)  # gathers wait the deadline ...
-        assert JOIN_TIMEOUT_S < 77  # ... connecting only the rendezvous' time
         sums = np.array([1.0, 3.0, -0.5])
         got = group.mean(3, sums)
-        assert got.dtype == np.float32 and group.capacity == 3
+        assert got.dtype == np.float32
         np.testing.assert_array_equal(got, mean_of([sums], 3, 3))
         bigger = np.arange(5, dtype=np.float64)
-        np.testing.assert_array_equal(group.mean(2, bigger), mean_of([bigger], 2, 5))  # gathered again, wider
-        assert group.capacity == 5
-        np.testing.assert_array_equal(group.mean(3, sums), mean_of([sums], 3, 3))  # a narrower yield in wide rows
+        np.testing.assert_array_equal(group.mean(2, bigger), mean_of([bigger], 2, 5))
     finally:
         group.leave()
-    assert not group.joined and not dist.is_initialized()
+    assert not group.joined
+
+
+def test_three_members_combine_whole_partials_in_member_order_as_the_server_does():
+    groups = _joined(3)
+    layout = Layout(("m", "x"), (2, 3))
+    partials = [Partial(layout, np.arange(5.0) * (i + 1) + 0.1, 2 + i, 10 * i, has_private=i == 2,
+                        losses=tuple(0.25 * k + i for k in range(2 + i))) for i in range(3)]
+    try:
+        mine = [partials[0], None, partials[2]]  # member 1 has no cohort members this time
+        got = _together(groups, lambda g, i: g.partials(mine[i]))
+        for rows in got:
+            assert rows[1] is None
+            for want, have in zip((partials[0], partials[2]), (rows[0], rows[2])):
+                assert (have.clients, have.samples, have.has_private, have.losses, have.layout) == (
+                    want.clients, want.samples, want.has_private, want.losses, want.layout)
+                np.testing.assert_array_equal(have.sums, want.sums)
+        outcomes = [combine([p for p in rows if p is not None], 5) for rows in got]
+        expected = combine([partials[0], partials[2]], 5)
+        for outcome in outcomes:
+            assert outcome.loss == expected.loss and outcome.samples == expected.samples
+            for key in ("m", "x"):
+                np.testing.assert_array_equal(outcome.means[key].numpy(), expected.means[key].numpy())
+        assert all(g.layouts == groups[0].layouts and len(g.layouts) == 1 for g in groups)  # learnt alike, once
+        means = _together(groups, lambda g, i: g.mean(i, np.full(4, float(i)) if i else None))  # rows of any size
+        for mean in means:
+            np.testing.assert_array_equal(mean, mean_of([np.full(4, 1.0), np.full(4, 2.0)], 3, 4))
+    finally:
+        for g in groups:
+            g.leave()
+
+
+def test_a_member_that_leaves_breaks_the_others_next_exchange_at_once():
+    groups = _joined(3, timeout_s=60.0)
+    try:
+        groups[2].leave()
+        got = _together(groups[:2], lambda g, i: g.mean(1, np.ones(2)))
+        assert all(isinstance(e, GroupBroken) for e in got), got  # not after the 60 s deadline
+    finally:
+        for g in groups:
+            g.leave()
+
+
+def test_an_exchange_waits_the_deadline_and_the_rendezvous_its_own():
+    groups = _joined(2, timeout_s=0.5)
+    try:
+        assert all(p.gettimeout() == 0.5 for g in groups for p in g.peers)
+        with pytest.raises(GroupBroken, match="timed out"):
+            groups[1].mean(1, np.ones(2))  # member 0 never answers
+    finally:
+        for g in groups:
+            g.leave()
+    assert JOIN_TIMEOUT_S < 120  # the rendezvous does not wait the (longer) deadline of a round
+    lonely = Group()
+    with pytest.raises(RuntimeError, match="did not meet"):
+        import fedcomp.actors.collective as collective
+
+        saved, collective.JOIN_TIMEOUT_S = collective.JOIN_TIMEOUT_S, 0.3
+        try:
+            lonely.join(_address(), 1, 2, 5.0)  # no member 0 listens
+        finally:
+            collective.JOIN_TIMEOUT_S = saved
