@@ -174,7 +174,7 @@ class Group:
         row[:HEADER] = head
         if body is not None:
             row[HEADER:] = body
-        return [np.frombuffer(blob, np.float64) for blob in self._exchange(memoryview(row).cast("B"))]
+        return [np.frombuffer(blob, np.float64) for blob in self._exchange(row.data.cast("B"))]
 
     def _exchange(self, message: bytes | memoryview) -> list[bytearray]:
         """Every actor's ``message``, in actor order: sent to actor 0, which sends all of them to everyone.
