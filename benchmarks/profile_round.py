@@ -12,6 +12,10 @@ rounds: bare rounds pipelined (``RayServer.run_rounds``: the next round's call i
 is taken, as the runner does), and rounds that each evaluate the server's model after them (what a run does by
 default; the compiled graph's idle actors poll meanwhile) in a second call to the server actor, in the same call
 as the round, and in the same call pipelined (what the runner does now).
+
+A second table profiles both workloads with the round program replicated on the client actors
+(``federation.server: replicated``, :mod:`fedcomp.actors.replicas`): there the phases are each replica's own
+(``ReplicatedServer.profile()``), read from every replica, and rounds are driven the runner's way only.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from collections.abc import Callable, Iterable
 import torch
 
 import common
+from fedcomp.actors.replicated_server import ReplicatedServer
 from fedcomp.actors.server_actor import RayServer
 from fedcomp.bench import bench_config
 from fedcomp.platform.config import Config, load_config
@@ -82,8 +87,55 @@ def profile(config, rounds: int) -> tuple[dict[str, float], dict[str, float]]:
         server.close()
 
 
+REPLICA_COMPUTE = "actor compute (this replica)"
+REPLICA_GATHERS = "group gathers"
+
+
+def profile_replicated(config: Config, rounds: int) -> tuple[dict[str, float], dict[str, float]]:
+    """Seconds per round in each replica's phases (the busiest replica's compute, the mean of the others' phases over
+    the replicas) over ``rounds`` bare rounds driven as the runner drives them, and per round: those rounds, the part
+    of them over the busiest replica's mean compute, and as many rounds each evaluated after it."""
+    server = ReplicatedServer(config)
+    actors = server.actors.actors
+
+    def phases() -> list[dict[str, float]]:
+        import ray
+
+        return ray.get([actor.replica_profile.remote() for actor in actors])
+
+    try:
+        drain(server.run_rounds([False] * 2))  # warm-up: first calls import code and fill caches in the actors
+        before, driver_before = phases(), server.driver_s
+        started = time.perf_counter()
+        drain(server.run_rounds([False] * rounds))
+        bare = (time.perf_counter() - started) / rounds
+        after = phases()
+        per = [{k: (a[k] - b.get(k, 0.0)) / rounds for k in a} for a, b in zip(after, before)]
+        out = {f"{k} (mean over replicas)": sum(p[k] for p in per) / len(per) for k in per[0]}
+        busiest = max(p[REPLICA_COMPUTE] for p in per)
+        out[f"{REPLICA_COMPUTE}, busiest replica"] = busiest
+        out["driver waiting for replica 0's replies"] = (server.driver_s - driver_before) / rounds
+        started = time.perf_counter()
+        drain(server.run_rounds([True] * rounds))
+        evaluated = (time.perf_counter() - started) / rounds
+        return out, {PIPELINED: bare, "over the busiest replica's mean compute": bare - busiest,
+                     "rounds and evaluations, pipelined (the runner's)": evaluated}
+    finally:
+        server.close()
+
+
 TRANSPORTS = ("calls", "graph")
 """``federation.transport``: one actor call per actor, or a compiled graph over the actors (inline payloads)."""
+SERVER_REPLICATED = "replicated"
+"""Passed for the transport: the server replicated on the client actors (``federation.server: replicated``)."""
+
+
+def _server(transport: str) -> str:
+    return "replicated" if transport == SERVER_REPLICATED else "actor"
+
+
+def _transport(transport: str) -> str:
+    return "calls" if transport == SERVER_REPLICATED else transport
 TARGET_MS = 0.5
 
 
@@ -95,10 +147,11 @@ def main() -> None:
     torch.set_num_threads(1)
     load_before = common.load_average()
     workloads: dict[str, Callable[[str], Config]] = {
-        "FedAvg MLP 32-64-10, 10 of 100 clients, 5 local steps, 2 actors":
-            lambda transport: bench_config(100, 10, args.rounds, 5, (64,), "ray", transport=transport),
+        "FedAvg MLP 32-64-10, 10 of 100 clients, 5 local steps, 2 actors": lambda transport: bench_config(
+            100, 10, args.rounds, 5, (64,), "ray", transport=_transport(transport), server=_server(transport)),
         "invariant-LR FCSG-M, 16 clients, q = 50, 4 actors": lambda transport: load_config(
-            "quickstart", {"task.test_samples": 2000, "run.progress": "none", "federation.transport": transport}),
+            "quickstart", {"task.test_samples": 2000, "run.progress": "none",
+                           "federation.transport": _transport(transport), "federation.server": _server(transport)}),
     }
     columns = [(name, transport) for name in workloads for transport in TRANSPORTS]
     results = {(name, transport): profile(workloads[name](transport), args.rounds) for name, transport in columns}
@@ -114,13 +167,27 @@ def main() -> None:
     lines.append("| over the slowest actor's compute | " + " | ".join(f"{1e3 * overhead[c]:.2f}" for c in columns) + " |")
     for way in list(next(iter(results.values()))[1])[1:]:
         lines.append(f"| {way} | " + " | ".join(f"{1e3 * results[c][1][way]:.2f}" for c in columns) + " |")
+    replicated = {name: profile_replicated(make(SERVER_REPLICATED), args.rounds) for name, make in workloads.items()}
+    names = list(workloads)
+    lines += ["", "## The round program replicated on the client actors (`federation.server: replicated`)", "",
+              "Every client actor runs the round program and the actors combine each call's partials among themselves "
+              "(`fedcomp/actors/replicas.py`); the phases are each replica's own. Mean per round over "
+              f"{args.rounds} rounds driven as the runner does (after two warm-up rounds), then as many evaluated.", "",
+              "| phase | " + " | ".join(f"{n} (ms/round)" for n in names) + " |", "|---|" + "---:|" * len(names)]
+    for phase in replicated[names[0]][0]:
+        lines.append(f"| {phase} | " + " | ".join(f"{1e3 * replicated[n][0][phase]:.2f}" for n in names) + " |")
+    for i, way in enumerate(replicated[names[0]][1]):
+        cells = [f"{1e3 * replicated[n][1][way]:.2f}" for n in names]
+        lines.append(f"| {'**' + way + '**' if i == 0 else way} | " + " | ".join(
+            f"**{c}**" if i == 0 else c for c in cells) + " |")
     common.table_report(
         common.HERE / "PROFILE.md",
         "# Where a Ray-backend round's time goes",
         f"{common.generated_by()} (in every process, actors included), load average (1/5/15 min) before the run "
         f"{load_before}. Mean per round over {args.rounds} rounds after one warm-up round; each workload by actor "
-        "calls and through a compiled graph (`federation.transport`), one after the other. Target (issue #16): "
-        f"<= {TARGET_MS} ms per round over the slowest actor's compute.",
+        "calls and through a compiled graph (`federation.transport`), one after the other, then with the server "
+        f"replicated on the client actors. Target (issue #16): <= {TARGET_MS} ms per round over the slowest actor's "
+        "compute.",
         lines,
     )
 

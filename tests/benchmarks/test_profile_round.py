@@ -23,3 +23,12 @@ def test_profile_gives_every_phase_and_way(ray_session, transport):
     assert {profile_round.BARE, profile_round.PIPELINED, profile_round.PIPELINED_OVER} <= set(per_round)
     assert len(per_round) == 6 and all(math.isfinite(s) and s >= 0 for s in per_round.values())
     assert all(math.isfinite(s) for s in phases.values())
+
+
+def test_the_replicated_server_is_profiled_from_every_replica(ray_session):
+    config = bench_config(8, 4, 2, 2, (8,), "ray", server="replicated").replace(**{"federation.cpus_per_actor": 0.25})
+    phases, per_round = profile_round.profile_replicated(config, rounds=3)
+    assert phases[f"{profile_round.REPLICA_COMPUTE}, busiest replica"] > 0
+    assert phases[f"{profile_round.REPLICA_GATHERS} (mean over replicas)"] > 0
+    assert "server round program (mean over replicas)" in phases and "driver waiting for replica 0's replies" in phases
+    assert len(per_round) == 3 and all(math.isfinite(s) and s > 0 for s in per_round.values())
