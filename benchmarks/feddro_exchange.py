@@ -12,7 +12,9 @@ should not grow with d. Median over rounds, then median (and range) over ``--rep
 
 Each Ray row is run with ordinary actor calls (``federation.transport: calls``), with a compiled graph over
 the client actors (``transport: graph``, ``fedcomp/actors/graph.py``) and with the actors averaging each step
-among themselves (``transport: collective``, ``fedcomp/actors/collective.py``), side by side in one run.
+among themselves (``transport: collective``, ``fedcomp/actors/collective.py``), and with the whole round program
+replicated on the client actors (``federation.server: replicated``, ``fedcomp/actors/replicas.py``), side by side
+in one run.
 ``--dims 10`` runs the small model only (a quick check; the report wants both).
 
 ``--report`` also publishes what it prints, verbatim, as the section "Cost of the per-step exchange on the Ray
@@ -37,20 +39,22 @@ REPORT = common.HERE / "FEDDRO.md"
 HEADING = "## Cost of the per-step exchange on the Ray backend"
 
 
-VARIANTS = {"ray": ("ray", "calls"), "ray, compiled graph": ("ray", "graph"), "ray, collective": ("ray", "collective"),
-            "local": ("local", "calls")}
-"""Row label -> (``federation.backend``, ``federation.transport``)."""
+VARIANTS = {"ray": ("ray", "calls", "actor"), "ray, compiled graph": ("ray", "graph", "actor"),
+            "ray, collective": ("ray", "collective", "actor"), "ray, server replicated": ("ray", "calls", "replicated"),
+            "local": ("local", "calls", "actor")}
+"""Row label -> (``federation.backend``, ``federation.transport``, ``federation.server``)."""
 TARGET_MS = 1.2
 
 
 def per_step_ms(algorithm: str, dim: int, variant: str, rounds: int, steps: int, **federation: object) -> float:
     """Median wall time per local step over ``rounds`` rounds after a warm-up one (``federation``: more settings of
     that section, e.g. ``cpus_per_actor`` for a test on a busy Ray)."""
-    backend, transport = VARIANTS[variant]
+    backend, transport, where = VARIANTS[variant]
     config = load_config(
         {"task": {"name": "heterogeneous-composition", "dim": dim},
          "algorithm": {"name": algorithm, "lr": 0.1, "local_steps": steps},
-         "federation": {"clients": 8, "clients_per_actor": 4, "backend": backend, "transport": transport, **federation},
+         "federation": {"clients": 8, "clients_per_actor": 4, "backend": backend, "transport": transport,
+                        "server": where, **federation},
          "run": {"rounds": rounds, "progress": "none"}}
     )
     server = make_server(config)
@@ -81,7 +85,7 @@ def write_report(printed: list[str], seconds: float) -> None:
         "holds d-sized work that FedAvg-CO case I does not do: at the end of each round every actor also ships its "
         "clients' private state (x_prev, d floats per client) to the object store, for recovery and checkpoints "
         "(`fedcomp/platform/federation.py`, `ClientHost`); the per-step answers to the clients' generator programs "
-        "(`fed.exchange`) carry only y (with `transport: collective` they never reach the server: the actors form "
+        "(`fed.exchange`) carry only y (with `transport: collective` or the server replicated they never reach a server: the actors form "
         "them among themselves). The d = 1,000,000 rows also move with the machine's load (it is shared): "
         "compare the range column.",
         "",

@@ -9,7 +9,7 @@ this machine, the bare round trip it replaces: the server sends one small pickle
 * one compiled graph (``MultiOutputNode`` over the actors' method bound to the graph's input), compiled once;
   its compile and teardown times are reported too;
 * the actors' own group (``federation.transport: collective``): no message from the server at all, each actor
-  sends its small row of partial sums to every other (gloo ``all_gather``) and forms the mean, with fedcomp's
+  sends its small row of partial sums to every other (through actor 0, over TCP) and forms the mean, with fedcomp's
   :class:`~fedcomp.actors.collective.Group` -- one step of a collective exchange, and what a round would cost if
   the actors averaged a round's outputs among themselves. Timed inside the actors over a block of gathers (the
   slowest actor's time per gather).
@@ -115,7 +115,7 @@ def main() -> None:
     address = ray.get(actors[0].address.remote())
     ray.get([a.join.remote(address, rank, len(actors)) for rank, a in enumerate(actors)])
     ray.get([a.gathers.remote(BLOCK) for a in actors])  # warm-up: the rows grow to the message's size once
-    group = times["actors' group, one all_gather step"] = []
+    group = times["actors' group, one exchange step"] = []
     for _ in range(max(1, args.calls // BLOCK)):
         group.append(1000 * max(ray.get([a.gathers.remote(BLOCK) for a in actors])) / BLOCK)
     for actor in actors:

@@ -13,9 +13,11 @@ from fedcomp.platform.config import FederationConfig
 pytestmark = pytest.mark.ray
 
 
-def test_every_transport_has_a_row():
+def test_every_transport_and_the_replicated_server_have_a_row():
     transports = get_args(FederationConfig.model_fields["transport"].annotation)
-    assert sorted(t for b, t in feddro_exchange.VARIANTS.values() if b == "ray") == sorted(transports)
+    rows = feddro_exchange.VARIANTS.values()
+    assert sorted(t for b, t, where in rows if b == "ray" and where == "actor") == sorted(transports)
+    assert [where for b, _, where in rows if b == "ray" and where != "actor"] == ["replicated"]
 
 
 @pytest.mark.slow

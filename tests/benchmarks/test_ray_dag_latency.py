@@ -16,5 +16,5 @@ def test_every_transport_is_timed(ray_session, monkeypatch, capsys):
     monkeypatch.setattr(ray_dag_latency, "IDLE_S", 0.2)
     ray_dag_latency.main()
     rows = [line.split("|") for line in capsys.readouterr().out.splitlines() if line.startswith("| ") and "x |" in line]
-    assert [r[1].strip() for r in rows] == ["ordinary actor calls", "compiled graph", "actors' group, one all_gather step"]
+    assert [r[1].strip() for r in rows] == ["ordinary actor calls", "compiled graph", "actors' group, one exchange step"]
     assert all(float(r[2]) > 0 for r in rows)
