@@ -592,13 +592,14 @@ def render_peer_report(args: argparse.Namespace, runs: list[PeerRun], rows: list
         + ", ".join(f"{k} MLP {'-'.join(map(str, [FEATURES, *v, CLASSES]))}" for k, v in MODELS.items())
         + "; every runner trains on the same cohorts and batches (drawn once from the seed; the peers read "
         "them from an .npz) from the same initial weights",
-        "workers: fedcomp ray = client actors (+ 1 server actor), Ray with 2 CPUs; pfl = processes (torchrun, "
+        "workers: fedcomp ray = client actors (+ 1 server actor, but for ray-driver* and ray-replicated*), Ray with 2 CPUs; pfl = processes (torchrun, "
         "gloo); Flower = Ray actors running ClientApps (2 CPUs, 2/workers each); fedcomp local and the plain "
         "loop are one process; one torch thread per process everywhere",
         f"timing: each run is its own process; start-up = process launch until round 1 ends, less the median "
         f"round (imports, Ray, actors, client registration, lazy initialisation); round = wall time per round seen by the server loop (fedcomp: "
         f"between two rounds' replies as its runner drives them, the next round queued before this one's reply "
-        f"is taken), median over the rounds, then median over {repeats} run(s); client updates/s = clients per round / round time; "
+        f"is taken; with the server replicated on the client actors, between two round ends in replica 0, whose "
+        f"replies come in batches), median over the rounds, then median over {repeats} run(s); client updates/s = clients per round / round time; "
         f"peak memory = peak of the summed PSS of the process and all its descendants (sampled every "
         f"{MEMORY_INTERVAL_S:g} s)",
         "weights: sha256 of the final float32 weights; fedcomp averages in float64 (bit-identical to the plain "

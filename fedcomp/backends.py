@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 from fedcomp.platform.config import Config
 from fedcomp.platform.federation import LocalFederation
 from fedcomp.platform.server import Server, ServerLike
@@ -13,9 +15,15 @@ def make_server(config: Config) -> ServerLike:
     if config.federation.backend == "local":
         return Server(config, LocalFederation)
     if config.federation.server == "replicated":
-        from fedcomp.actors.replicated_server import ReplicatedServer
+        from fedcomp.actors.replicated_server import GroupUnavailable, ReplicatedServer
 
-        return ReplicatedServer(config)
+        try:
+            return ReplicatedServer(config)
+        except GroupUnavailable as error:  # the same numbers with the server here (and no more processes to place)
+            print(f"fedcomp: warning: the client actors could not form a group to replicate the server on ({error}); "
+                  f"this run's server runs in the driver and reaches them by actor calls (federation.server: driver, "
+                  f"transport: calls; the same numbers)", file=sys.stderr, flush=True)
+            config = config.replace(**{"federation.server": "driver", "federation.transport": "calls"})
     from fedcomp.actors.server_actor import RayServer
 
     return RayServer(config)

@@ -240,6 +240,8 @@ CASES = [
     Case("actor-timeout-inf", run("federation.actor_timeout_s=inf"), "federation.actor_timeout_s = 'inf': Input should be a finite number"),
     Case("retries-negative", run("federation.max_retries=-1"), "federation.max_retries = -1: Input should be greater than or equal to 0"),
     Case("routing", run("federation.routing=nearest"), "federation.routing = 'nearest': Input should be 'balanced' or 'home'"),
+    Case("transport-replicated", run("federation.server=replicated", "federation.transport=graph"),
+         "federation.transport = 'graph': applies to server: actor or driver; with server: replicated every call"),
     Case("transport", run("federation.transport=dag"), "federation.transport = 'dag': Input should be 'calls', 'graph' or 'collective'"),
     Case("vectorise-text", run("federation.vectorise=maybe"), "federation.vectorise = 'maybe': Input should be a valid boolean"),
     Case("rounds-0", run("run.rounds=0"), "run.rounds = 0: Input should be greater than or equal to 1"),

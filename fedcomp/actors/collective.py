@@ -27,11 +27,13 @@ import struct
 import time
 import zlib
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 import ray
 
-from fedcomp.platform.federation import ClientHost, Layout, Partial, mean_of
+from fedcomp.platform.algorithms.base import Outcome
+from fedcomp.platform.federation import ClientHost, Layout, Partial, combine, mean_of
 
 JOIN_TIMEOUT_S = 20.0
 """How long the actors wait for each other at the group's rendezvous and for their connections (e.g. a cluster
@@ -40,7 +42,7 @@ FAULT_JOIN = "FEDCOMP_FAULT_GROUP_JOIN"
 """Fault injection for the tests: when set in a client actor's environment, joining the group fails."""
 HEADER = 6
 """Floats in front of each actor's row in a gather: its clients, the number of floats it sends after the header, and
-for a whole partial (:meth:`Group.partials`) its samples, whether it kept private state, its layout's fingerprint
+for a whole partial (:meth:`Group.combined`) its samples, whether it kept private state, its layout's fingerprint
 and how many of its floats are the clients' losses (zeros for a bare mean)."""
 
 History = list[tuple[Layout, np.ndarray]]
@@ -54,8 +56,9 @@ class GroupBroken(RuntimeError):
 class Group:
     """This process's membership of the client actors' group: a star of TCP connections to actor 0.
 
-    An exchange sends this actor's row (float64) to actor 0, which sends every actor the rows of all, in actor
-    order. Each message is one blocking socket write and read on the caller's thread (TCP_NODELAY): a gloo
+    An exchange sends this actor's row (float64 partial sums) to actor 0, which forms the result from all of them in
+    actor order, as the server would, and sends it to every actor. Each message is one blocking socket write and read
+    on the caller's thread (TCP_NODELAY): a gloo
     ``all_gather`` between two actors, which hands every message to worker threads, took 0.7 ms idle on a 2-core
     machine (``benchmarks/RAY_DAG.md``). A peer that dies or leaves closes its sockets, so the others' next read
     fails at once; every read waits at most the group's deadline."""
@@ -66,7 +69,9 @@ class Group:
         self.peers: list[socket.socket] = []
         """Actor 0: its connections to actors 1, 2, ... in order; any other actor: its connection to actor 0."""
         self.layouts: dict[float, Layout] = {}
-        """Layouts of partials gathered since the group formed, by fingerprint (the same on every actor)."""
+        """Actor 0: the layouts of partials the actors have sent since the group formed, by fingerprint."""
+        self.sent: set[float] = set()
+        """The fingerprints of the layouts this actor has sent actor 0 since the group formed."""
 
     @staticmethod
     def address() -> str:
@@ -104,7 +109,7 @@ class Group:
             raise RuntimeError(f"the actors did not meet at {address} within {JOIN_TIMEOUT_S:g}s ({error})") from None
         for peer in peers:
             peer.settimeout(timeout_s)
-        self.world, self.rank, self.peers, self.layouts = world, rank, peers, {}
+        self.world, self.rank, self.peers, self.layouts, self.sent = world, rank, peers, {}, set()
 
     def leave(self) -> None:
         """Leave the group (the other actors' next read then fails at once)."""
@@ -118,66 +123,70 @@ class Group:
 
     def mean(self, clients: int, sums: np.ndarray | None) -> np.ndarray:
         """The cohort mean (float32) of every actor's partial ``sums`` over its ``clients`` (0 and None for an actor
-        without members this time), formed in actor order.
+        without members this time), formed by actor 0 in actor order with the server's own function and sent to all.
 
         Raises:
             GroupBroken: another actor of the group is gone.
             RuntimeError: the actors' yields differ in size (a program out of step with itself).
         """
         size = 0 if sums is None else int(sums.size)
-        rows = self._rows((clients, size, 0, 0, 0, 0), sums)
-        members = [row for row in rows if row[0] > 0]
-        widths = sorted({int(row[1]) for row in members})
-        if len(widths) > 1:
-            raise RuntimeError(f"exchange out of step: the actors yielded {widths} floats")
-        width = widths[0]
-        return mean_of((row[HEADER:HEADER + width] for row in members), int(sum(row[0] for row in members)), width)
+        row = _row((clients, size, 0, 0, 0, 0), sums)
 
-    def partials(self, mine: Partial | None) -> list[Partial | None]:
-        """Every actor's whole partial -- sums, clients, samples, each client's loss, whether it kept private state --
-        in actor order (None for an actor without members this time, as ``mine`` is then), so that every actor can
-        :func:`~fedcomp.platform.federation.combine` them as the server would. One exchange; a layout no actor has
-        seen since the group formed travels once more, by pickle, and is known by its fingerprint from then on (the
-        decision is made from exchanged rows alone, so every actor makes it alike).
+        def answer(rows: list[np.ndarray], _: list[bytearray]) -> tuple[dict[str, Any], np.ndarray]:
+            members = [r for r in rows if r[0] > 0]
+            widths = sorted({int(r[1]) for r in members})
+            if len(widths) > 1:
+                return {"error": f"exchange out of step: the actors yielded {widths} floats"}, np.zeros(0, np.float32)
+            width = widths[0]
+            return {}, mean_of((r[HEADER:HEADER + width] for r in members), int(sum(r[0] for r in members)), width)
+
+        head, means = self._at_root(row, b"", answer)
+        if "error" in head:
+            raise RuntimeError(head["error"])
+        return means
+
+    def combined(self, mine: Partial | None, floats_down: int) -> tuple[Outcome, list[bool]]:
+        """What the server's :func:`~fedcomp.platform.federation.combine` makes of every actor's partial (``mine``:
+        this actor's, None without members this time): formed by actor 0 in actor order and sent to every actor, so
+        all hold the same bits; with whether each actor kept private state. A layout travels to actor 0 once (pickled,
+        with the first partial of its shape each actor sends) and is known by its fingerprint from then on.
 
         Raises:
             GroupBroken: another actor of the group is gone.
         """
-        head: tuple[float, ...] = (0, 0, 0, 0, 0, 0)
-        body = None
-        if mine is not None:
+        layout = b""
+        if mine is None:
+            row = _row((0, 0, 0, 0, 0, 0), None)
+        else:
+            fingerprint = _fingerprint(mine.layout)
             body = np.concatenate([np.asarray(mine.losses, np.float64), mine.sums])
-            head = (mine.clients, body.size, mine.samples, float(mine.has_private), _fingerprint(mine.layout), len(mine.losses))
-        rows = self._rows(head, body)
-        if any(row[0] > 0 and row[4] not in self.layouts for row in rows):
-            self._learn_layouts(None if mine is None else mine.layout)
-        out: list[Partial | None] = []
-        for row in rows:
-            if row[0] <= 0:
-                out.append(None)
-                continue
-            width, losses = int(row[1]), int(row[5])
-            out.append(Partial(
-                self.layouts[float(row[4])], row[HEADER + losses:HEADER + width], int(row[0]), int(row[2]),
-                has_private=bool(row[3]), losses=tuple(row[HEADER:HEADER + losses].tolist()),
-            ))
-        return out
+            row = _row((mine.clients, body.size, mine.samples, float(mine.has_private), fingerprint, len(mine.losses)),
+                       body)
+            if fingerprint not in self.sent:
+                layout = pickle.dumps(mine.layout)
+                self.sent.add(fingerprint)
 
-    def _learn_layouts(self, mine: Layout | None) -> None:
-        """Every actor's layout of this exchange (pickled; None from those without members), kept by fingerprint."""
-        layouts = [pickle.loads(blob) for blob in self._exchange(pickle.dumps(mine))]
-        self.layouts.update({_fingerprint(lay): lay for lay in layouts if lay is not None})
+        def answer(rows: list[np.ndarray], layouts: list[bytearray]) -> tuple[dict[str, Any], np.ndarray]:
+            self.layouts.update({_fingerprint(lay): lay for lay in (pickle.loads(b) for b in layouts if b)})
+            partials = [_partial(r, self.layouts[float(r[4])]) for r in rows if r[0] > 0]
+            outcome = combine(partials, floats_down)
+            flat = np.concatenate([v.reshape(-1).numpy() for v in outcome.means.values()]) if outcome.means else (
+                np.zeros(0, np.float32))
+            head = {"layout": partials[0].layout, "clients": outcome.clients, "samples": outcome.samples,
+                    "loss": outcome.loss, "floats_up": outcome.floats_up, "private": [bool(r[3]) for r in rows]}
+            return head, flat
 
-    def _rows(self, head: tuple[float, ...], body: np.ndarray | None) -> list[np.ndarray]:
-        """Every actor's row (``head``, then ``body``), in actor order: float64 arrays of their own."""
-        row = np.empty(HEADER + (0 if body is None else body.size), np.float64)
-        row[:HEADER] = head
-        if body is not None:
-            row[HEADER:] = body
-        return [np.frombuffer(blob, np.float64) for blob in self._exchange(row.data.cast("B"))]
+        head, means = self._at_root(row, layout, answer)
+        outcome = Outcome(head["layout"].unpack(means, copy=False), head["clients"], head["samples"], head["loss"],
+                          head["floats_up"], floats_down)
+        return outcome, head["private"]
 
-    def _exchange(self, message: bytes | memoryview) -> list[bytearray]:
-        """Every actor's ``message``, in actor order: sent to actor 0, which sends all of them to everyone.
+    def _at_root(
+        self, row: np.ndarray, extra: bytes,
+        answer: Callable[[list[np.ndarray], list[bytearray]], tuple[dict[str, Any], np.ndarray]],
+    ) -> tuple[dict[str, Any], np.ndarray]:
+        """Every actor's ``row`` (float64) and ``extra`` bytes go to actor 0, which computes ``answer`` from them (in
+        actor order) and sends every actor its two parts: a small header (pickled) and a float32 array.
 
         Raises:
             GroupBroken: another actor of the group is gone (or did not answer within the deadline); this one then
@@ -185,16 +194,40 @@ class Group:
         """
         try:
             if self.rank != 0:
-                _send(self.peers[0], [message])
-                return [_receive(self.peers[0]) for _ in range(self.world)]
-            messages = [bytearray(message), *(_receive(peer) for peer in self.peers)]
+                mine: list[bytes | bytearray | memoryview] = [row.data.cast("B"), extra]
+                _send(self.peers[0], mine)
+                head, result = _receive(self.peers[0]), _receive(self.peers[0])
+                return pickle.loads(head), np.frombuffer(result, np.float32)
+            rows, extras = [row], [bytearray(extra)]
             for peer in self.peers:
-                _send(peer, messages)
-            return messages
+                rows.append(np.frombuffer(_receive(peer), np.float64))
+                extras.append(_receive(peer))
+            header, values = answer(rows, extras)
+            values = np.ascontiguousarray(values, np.float32)
+            for peer in self.peers:
+                answered: list[bytes | bytearray | memoryview] = [pickle.dumps(header), values.data.cast("B")]
+                _send(peer, answered)
+            return header, values
         except (OSError, ConnectionError) as error:
             self.leave()  # so that the others' exchanges fail at once too
             reason = "timed out" if isinstance(error, TimeoutError) else str(error) or type(error).__name__
             raise GroupBroken(f"an exchange of the actors' group failed: {reason[:160]}") from None
+
+
+def _row(head: tuple[float, ...], body: np.ndarray | None) -> np.ndarray:
+    """An actor's row: ``head`` (:data:`HEADER` floats), then ``body``."""
+    row = np.empty(HEADER + (0 if body is None else body.size), np.float64)
+    row[:HEADER] = head
+    if body is not None:
+        row[HEADER:] = body
+    return row
+
+
+def _partial(row: np.ndarray, layout: Layout) -> Partial:
+    """The partial an actor's row (from :meth:`Group.combined`) holds."""
+    width, losses = int(row[1]), int(row[5])
+    return Partial(layout, row[HEADER + losses:HEADER + width], int(row[0]), int(row[2]), has_private=bool(row[3]),
+                   losses=tuple(row[HEADER:HEADER + losses].tolist()))
 
 
 def _accept(port: int, peers: int, deadline: float) -> list[socket.socket]:

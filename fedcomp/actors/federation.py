@@ -146,6 +146,8 @@ class RayFederation:
         """Whether the actors are joined in one process group (``transport: collective``; joined at its first use)."""
         self.group_failed = False
         """Whether they could not form one (then the run's exchanges go by calls)."""
+        self.group_failure = ""
+        """Why they could not (where they could not)."""
 
     @property
     def timeout(self) -> float:
@@ -285,10 +287,11 @@ class RayFederation:
         self.replay = []
         return partials
 
-    def _join_group(self) -> bool:
+    def _join_group(self, warn: bool = True) -> bool:
         """Join every actor in one process group (once, and again after an actor was replaced); whether they are in
-        one. When they cannot meet (e.g. a firewall between nodes), say so once: the run's exchanges go by calls.
-        When an actor died, this exchange goes by calls, which replace it; the next one tries again."""
+        one. When they cannot meet (e.g. a firewall between nodes), say so once (``warn``; why, in
+        :attr:`group_failure`): the run's exchanges go by calls. When an actor died, this exchange goes by calls,
+        which replace it; the next one tries again."""
         if self.group_ready or self.group_failed:
             return self.group_ready
         why, died = None, False
@@ -311,9 +314,10 @@ class RayFederation:
         if died:  # this exchange goes by calls, which replace the dead actor; the next one tries again
             return False
         if why is not None:
-            self.group_failed = True
-            print(f"fedcomp: warning: the client actors could not form a process group for collective exchanges "
-                  f"({why}); this run's exchanges go by actor calls (the same numbers)", file=sys.stderr, flush=True)
+            self.group_failed, self.group_failure = True, why
+            if warn:
+                print(f"fedcomp: warning: the client actors could not form a process group for collective exchanges "
+                      f"({why}); this run's exchanges go by actor calls (the same numbers)", file=sys.stderr, flush=True)
             return False
         self.group_ready = True
         return True

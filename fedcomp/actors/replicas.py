@@ -3,8 +3,9 @@
 Every client actor holds a copy of the :class:`~fedcomp.platform.server.Server` -- the global state, the cohort
 sampler, the algorithm's round program -- over a :class:`GroupFederation`. A federation call runs this actor's
 members of the cohort on its own :class:`~fedcomp.platform.federation.ClientHost`, then the actors exchange their
-partial sums in one gather of their process group (:meth:`~fedcomp.actors.collective.Group.partials`) and each
-combines them in actor order with the server's own :func:`~fedcomp.platform.federation.combine`. So every replica
+partial sums in their group: actor 0 combines them in actor order with the server's own
+:func:`~fedcomp.platform.federation.combine` and sends the result to every actor
+(:meth:`~fedcomp.actors.collective.Group.combined`). So every replica
 holds, after every call, the state a single server would hold, bit for bit, and no message goes through the driver
 or a server actor between rounds: the driver starts a run of rounds on every actor at once and hears back from
 replica 0 only (each round's record, its evaluation, whether the state is finite).
@@ -24,7 +25,7 @@ from fedcomp.actors.collective import Group
 from fedcomp.actors.routing import Router
 from fedcomp.platform.algorithms.base import Exchanged, Outcome, Tensors
 from fedcomp.platform.config import Config
-from fedcomp.platform.federation import ClientHost, Layout, Partial, combine, exchange_by_steps
+from fedcomp.platform.federation import ClientHost, Layout, Partial, exchange_by_steps
 from fedcomp.platform.run_checks import state_finite
 from fedcomp.platform.server import Server
 
@@ -98,11 +99,11 @@ class GroupFederation:
         """Every actor's partial, combined in actor order; for a call's end (``members``), the router learns where
         private state is now."""
         started = time.perf_counter()
-        parts = self.group.partials(partial)
+        outcome, private = self.group.combined(partial, floats_down)
         self.profile["group gathers"] += time.perf_counter() - started
         if members is not None:
-            self.router.learn(program, members, {i: bool(p and p.has_private) for i, p in enumerate(parts) if i in members})
-        return combine([p for p in parts if p is not None], floats_down)
+            self.router.learn(program, members, {i: private[i] for i in members})
+        return outcome
 
     def private_states(self) -> dict[int, Tensors]:
         """The private states this actor holds (a checkpoint merges every actor's)."""
@@ -129,21 +130,25 @@ class Replica:
     def __init__(self, config: Config, host: ClientHost, group: Group, rank: int, groups: Sequence[Sequence[int]],
                  at_call: AtCall) -> None:
         self.rank = rank
-        self.server = Server(config, lambda c: GroupFederation(host, group, rank, groups, c.federation.routing, at_call))
+        federation = lambda c: GroupFederation(host, group, rank, groups, c.federation.routing, at_call)  # noqa: E731
+        self.server = Server(config, federation, host.task if host.device == "cpu" else None)
 
     def rounds(self, evaluated: Sequence[bool]) -> Iterator[list[dict[str, Any]]]:
         """Run the rounds; replica 0 evaluates where asked and yields the rounds' replies (the others yield nothing):
-        each round's record, its evaluation, the seconds that took and whether the global state is finite. Replies are
+        each round's record, its evaluation, the seconds that took, whether the global state is finite and the seconds
+        since the previous round ended (replica 0's own round time, evaluation included). Replies are
         sent in batches -- at an evaluated round, at the end, and otherwise every :data:`REPLY_EVERY_S` -- since each
         message to the driver costs the actors' cores some of their time."""
         batch: list[dict[str, Any]] = []
-        sent = time.perf_counter()
+        sent = ended = time.perf_counter()
         for k, evaluate in enumerate(evaluated):
             record, metrics, evaluate_s = self.server.one_round(evaluate and self.rank == 0)
             if self.rank != 0:
                 continue
-            batch.append({"record": record, "evaluation": metrics, "evaluate_s": evaluate_s,
-                          "model_finite": state_finite(self.server.tensors())})
+            finite, now = state_finite(self.server.tensors()), time.perf_counter()
+            batch.append({"record": record, "evaluation": metrics, "evaluate_s": evaluate_s, "model_finite": finite,
+                          "round_s": now - ended})
+            ended = now
             if evaluate or k == len(evaluated) - 1 or time.perf_counter() - sent >= REPLY_EVERY_S:
                 yield batch
                 batch, sent = [], time.perf_counter()

@@ -29,6 +29,10 @@ from fedcomp.platform.errors import ClientFailure
 from fedcomp.platform.server import RoundReply
 
 
+class GroupUnavailable(ClientFailure):
+    """The client actors could not form their group (e.g. a firewall between nodes); they have been let go."""
+
+
 class _Broken(Exception):
     """A run of rounds stopped because client actors died: actor -> how."""
 
@@ -49,6 +53,9 @@ class ReplicatedServer:
         """Rounds run and handed to the caller."""
         self.finite = True
         self.driver_s = 0.0
+        self.round_seconds: list[float] = []
+        """Each round's time in replica 0, from the end of the round before (its replies arrive in batches, so the
+        time between two replies says little about one round)."""
         try:
             self._form(range(len(self.actors.actors)))
             self.restore_point = ray.put(self.checkpoint())
@@ -62,12 +69,16 @@ class ReplicatedServer:
         return self.config.federation.actor_timeout_s
 
     def _form(self, new: Sequence[int]) -> None:
-        """Join every actor in one process group, and build a replica of the server on the actors in ``new``."""
-        if not self.actors._join_group():
-            raise ClientFailure(
-                "federation.server = 'replicated': the client actors could not form a process group (see the warning "
-                "above, or an actor died while joining); use federation.server: actor"
-            )
+        """Join every actor in one process group, and build a replica of the server on the actors in ``new``.
+
+        Raises:
+            GroupUnavailable: the actors could not meet (:func:`fedcomp.backends.make_server` then runs a server actor).
+            ClientFailure: an actor died while joining.
+        """
+        if not self.actors._join_group(warn=False):
+            if self.actors.group_failed:
+                raise GroupUnavailable(self.actors.group_failure)
+            raise ClientFailure("federation.server = 'replicated': a client actor died while the actors formed their group")
         groups = self.actors.plan.groups
         self._get([self.actors.actors[i].replica_setup.remote(groups, i) for i in new])
 
@@ -174,6 +185,7 @@ class ReplicatedServer:
 
     def _take(self, reply: dict[str, Any]) -> RoundReply:
         self.finite = reply["model_finite"]
+        self.round_seconds.append(reply["round_s"])
         return reply["record"], reply["evaluation"], reply["evaluate_s"]
 
     def model_finite(self) -> bool:
@@ -192,7 +204,7 @@ class ReplicatedServer:
         checkpoint = parts[0]
         private = {c: state for part in parts for c, state in part["private"].items()}
         checkpoint["private"] = dict(sorted(private.items()))
-        self.restore_point, self.restore_round = ray.put(checkpoint), self.round
+        self.restore_point, self.restore_round = ray.put(checkpoint), int(checkpoint["counters"]["round"])
         return checkpoint
 
     def restore(self, checkpoint: dict[str, Any]) -> None:

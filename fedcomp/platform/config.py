@@ -103,6 +103,11 @@ class FederationConfig(Params):
             value = getattr(self, name)
             if value != "auto" and not (math.isfinite(value) and value >= 0):
                 raise ValueError(f"{name} = {value}: must be 'auto' or a number >= 0")
+        if self.server == "replicated" and "transport" in self.model_fields_set and self.transport != "collective":
+            raise ValueError(
+                f"transport = {self.transport!r}: applies to server: actor or driver; with server: replicated every call "
+                f"goes through the client actors' group (allowed there: 'collective', the default)"
+            )
         if self.gpu_packing == "auto" and self.gpus_per_client == 0:
             raise ValueError("gpu_packing = 'auto': needs GPUs but gpus_per_client = 0; use gpus_per_client: 'auto' or > 0")
         return self

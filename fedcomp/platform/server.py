@@ -21,6 +21,7 @@ from fedcomp.platform.federation import build_algorithm, build_task
 from fedcomp.platform.rng import generator
 from fedcomp.platform.rounds import GlobalBuffers, Round, RoundRecord
 from fedcomp.platform.state import State
+from fedcomp.platform.tasks.base import Task
 
 
 @dataclass
@@ -79,9 +80,11 @@ def sample_cohort(seed: int, round: int, clients: int, size: int, sub: int = 0) 
 class Server:
     """Runs rounds of ``config``'s algorithm over ``federation``; evaluates the global model x."""
 
-    def __init__(self, config: Config, federation: Callable[[Config], Federation]) -> None:
+    def __init__(self, config: Config, federation: Callable[[Config], Federation], task: Task | None = None) -> None:
+        """``task``: the task to evaluate with and to read the problem from, if one of this config on the CPU is at
+        hand (a client actor's, where the server is replicated on them: one copy of the data, not two)."""
         self.config = config
-        task = build_task(config)
+        task = build_task(config) if task is None else task
         self.algorithm = build_algorithm(config)
         params = task.init_params(generator(config.run.seed, "init"))
         self.state: State = self.algorithm.init(params)

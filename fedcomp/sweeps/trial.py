@@ -1,8 +1,9 @@
 """One Tune trial = one whole federated run: its resources, and the trainable that runs it (a sweep with
 ``pack:`` runs several configurations per trial instead: :mod:`fedcomp.sweeps.packs`).
 
-The trial's placement group has one bundle for the trainable itself, one for the server actor and one per
-client actor (``federation.backend: ray``), or a single bundle when the trial runs the local backend in
+The trial's placement group has one bundle for the trainable itself, one for the server actor (where there is
+one: not with ``federation.server: driver`` or ``replicated``) and one per client actor (``federation.backend:
+ray``), or a single bundle when the trial runs the local backend in
 its own process. Tune captures child actors into the trial's group, and the trial's config pins
 ``federation.cpus_per_actor`` / ``gpus_per_client`` to the bundles' sizes, so every actor the run starts
 lands in its own trial's bundles and trials never wait on each other's actors.
@@ -61,13 +62,14 @@ def trial_resources(spec: SweepSpec, config: Config, cluster_has_gpus: bool) -> 
         if gpc:
             bundle["GPU"] = floor_share(gpc * fed.clients)
         return TrialResources((bundle,), spec.cpus_per_trial, gpc)
-    share = float(fed.cpus_per_actor) if fed.cpus_per_actor != "auto" else floor_share(spec.cpus_per_trial / (actors + 2))
+    processes = actors + 1 + (fed.server == "actor")  # the server runs in the trainable or on the client actors
+    share = float(fed.cpus_per_actor) if fed.cpus_per_actor != "auto" else floor_share(spec.cpus_per_trial / processes)
     if share <= 0:
         raise ResourceError(
             f"cpus_per_trial = {spec.cpus_per_trial:g} is too small for {actors} client actors, the server and the "
             f"trial; raise cpus_per_trial or federation.clients_per_actor"
         )
-    bundles = [{"CPU": share}, {"CPU": share}]  # the trainable, the server actor
+    bundles = [{"CPU": share}] * (processes - actors)  # the trainable (and the server actor)
     for start in range(0, fed.clients, fed.clients_per_actor):
         bundle = {"CPU": share}
         hosted = min(fed.clients_per_actor, fed.clients - start)

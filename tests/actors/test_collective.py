@@ -72,24 +72,23 @@ def test_three_members_combine_whole_partials_in_member_order_as_the_server_does
     partials = [Partial(layout, np.arange(5.0) * (i + 1) + 0.1, 2 + i, 10 * i, has_private=i == 2,
                         losses=tuple(0.25 * k + i for k in range(2 + i))) for i in range(3)]
     try:
-        mine = [partials[0], None, partials[2]]  # member 1 has no cohort members this time
-        got = _together(groups, lambda g, i: g.partials(mine[i]))
-        for rows in got:
-            assert rows[1] is None
-            for want, have in zip((partials[0], partials[2]), (rows[0], rows[2])):
-                assert (have.clients, have.samples, have.has_private, have.losses, have.layout) == (
-                    want.clients, want.samples, want.has_private, want.losses, want.layout)
-                np.testing.assert_array_equal(have.sums, want.sums)
-        outcomes = [combine([p for p in rows if p is not None], 5) for rows in got]
-        expected = combine([partials[0], partials[2]], 5)
-        for outcome in outcomes:
-            assert outcome.loss == expected.loss and outcome.samples == expected.samples
-            for key in ("m", "x"):
-                np.testing.assert_array_equal(outcome.means[key].numpy(), expected.means[key].numpy())
-        assert all(g.layouts == groups[0].layouts and len(g.layouts) == 1 for g in groups)  # learnt alike, once
+        expected = combine([partials[0], partials[2]], 7)
+        for _ in range(2):  # the layout travels with the first exchange only
+            mine = [partials[0], None, partials[2]]  # member 1 has no cohort members this time
+            got = _together(groups, lambda g, i: g.combined(mine[i], 7))  # noqa: B023 (called at once)
+            for outcome, private in got:
+                assert private == [False, False, True]
+                assert (outcome.clients, outcome.samples, outcome.loss, outcome.floats_up, outcome.floats_down) == (
+                    expected.clients, expected.samples, expected.loss, expected.floats_up, 7)
+                assert list(outcome.means) == ["m", "x"]
+                for key in ("m", "x"):
+                    np.testing.assert_array_equal(outcome.means[key].numpy(), expected.means[key].numpy())
+        assert len(groups[0].layouts) == 1 and groups[2].sent == groups[0].sent and not groups[1].sent
         means = _together(groups, lambda g, i: g.mean(i, np.full(4, float(i)) if i else None))  # rows of any size
         for mean in means:
             np.testing.assert_array_equal(mean, mean_of([np.full(4, 1.0), np.full(4, 2.0)], 3, 4))
+        late = _together(groups, lambda g, i: g.mean(1, np.ones(2 + i)))  # a program out of step with itself
+        assert all(isinstance(e, RuntimeError) and "out of step" in str(e) for e in late), late
     finally:
         for g in groups:
             g.leave()

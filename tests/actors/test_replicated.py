@@ -11,6 +11,7 @@ import pandas as pd
 import pytest
 
 import fedcomp
+from fedcomp.actors.collective import FAULT_JOIN
 from fedcomp.actors.replicated_server import ReplicatedServer
 from fedcomp.platform.config import load_config
 from fedcomp.platform.errors import ConfigError
@@ -75,3 +76,25 @@ def test_an_error_a_replica_meets_reaches_the_user_as_raised(ray_session):
         assert server.restarts() == 0
     finally:
         server.close()
+
+
+def test_actors_that_cannot_form_a_group_run_the_server_in_the_driver_after_one_warning(
+    ray_session, monkeypatch, tmp_path, capfd
+):
+    """Client actors that cannot meet at the group's rendezvous (fault injected: joining fails) cannot hold replicas
+    of the server: the run goes on with the server in the driver (no process more to place, say in a Tune trial's
+    bundles), the same numbers, after one warning that says so; run.json records the server the run had."""
+    raw = {"task": FEDDRO["task"], "algorithm": {"name": "feddro", "local_steps": 3, "lr": 0.3},
+           "federation": {"clients": 4, "clients_per_actor": 2, "backend": "local"},
+           "run": {"rounds": 2, "progress": "none", "out": str(tmp_path)}}
+    local = fedcomp.run(raw)
+    monkeypatch.setenv(FAULT_JOIN, "1")
+    capfd.readouterr()
+    on_ray = fedcomp.run(raw, {"federation.backend": "ray", "federation.server": "replicated"})
+    pd.testing.assert_frame_equal(_metrics(on_ray), _metrics(local), check_exact=True)
+    err = capfd.readouterr().err.splitlines()
+    warnings = [line for line in err if "could not form a group to replicate the server" in line]
+    assert len(warnings) == 1 and FAULT_JOIN in warnings[0] and "runs in the driver" in warnings[0], err
+    assert not [line for line in err if "could not form a process group for collective exchanges" in line]
+    backend = json.loads((on_ray.run_dir / "run.json").read_text())["backend"]
+    assert (backend["server"], backend["transport"]) == ("driver", "calls")

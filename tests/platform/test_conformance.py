@@ -7,7 +7,8 @@ per-algorithm options of ``ALGORITHM_OPTIONS``) and must show five properties:
    clients packed 2 + 1 into two actors (so one actor hosts two clients and one hosts a single client), and
    the clients of a program that leaves no private state run on either actor (the balanced routing moves them);
    the same Ray server then resumes from the local run's mid-run checkpoint and repeats its rows, its calls
-   now through a compiled graph over the same actors (``federation.transport: graph``);
+   now through a compiled graph over the same actors (``federation.transport: graph``); and again with the server
+   replicated on the client actors (``federation.server: replicated``), before and after a restore;
 2. a fresh server restored from a mid-run checkpoint finishes the run with the uninterrupted run's numbers;
 3. checkpoints survive ``pickle`` and ``torch.save``/``torch.load``, and a second run with the same seed
    gives the same numbers;

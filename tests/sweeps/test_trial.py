@@ -19,6 +19,13 @@ def test_ray_trial_has_trainable_server_and_client_actor_bundles():
     assert res.total == {"CPU": 1.0} and res.gpus_per_client == 0.0
 
 
+@pytest.mark.parametrize("server", ["driver", "replicated"])
+def test_a_trial_without_a_server_actor_has_no_bundle_for_one(server):
+    s = load_spec({**BASE, "set": {**BASE["set"], "federation.server": server}, "cpus_per_trial": 1.5})
+    res = trial_resources(s, s.base_config(), cluster_has_gpus=False)
+    assert res.bundles == ({"CPU": 0.5},) * 3  # the trainable and two client actors
+
+
 def test_gpu_bundles_only_where_the_cluster_has_gpus():
     s = load_spec({**BASE, "gpus_per_trial": 1.0})
     res = trial_resources(s, s.base_config(), cluster_has_gpus=True)

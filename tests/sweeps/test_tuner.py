@@ -87,6 +87,19 @@ def test_grid_sweep_with_more_trials_than_cpus_matches_single_runs(ray_session, 
     assert png.stat().st_size > 1000 and "| fcsg | lr=" in md.read_text()
 
 
+def test_a_sweep_with_the_server_replicated_on_the_client_actors_matches_single_runs(ray_session, tmp_path):
+    """Three trials whose runs replicate the server on their two client actors (no server actor, no bundle for
+    one), the later ones on kept actors: each trial's rows are ``fedcomp.run``'s on the local backend, exactly."""
+    result = fedcomp.sweep(tiny(tmp_path, set={"federation.server": "replicated"}, grid={"algorithm.lr": [0.1, 0.05, 0.02]},
+                                cpus_per_trial=1))
+    trials = result.trials
+    assert set(trials["status"]) == {"completed"} and trials["trial"].nunique() == 3
+    assert_rows_once(trials, 4)
+    for trial in sorted(trials["trial"].unique()):
+        swept, alone = reference(trials, trial)
+        pd.testing.assert_frame_equal(swept, alone, check_dtype=False, check_exact=True)
+
+
 def test_optuna_search_is_seeded_and_repeats_each_configuration_over_seeds(ray_session, tmp_path):
     space = {"algorithm.lr": {"loguniform": [0.001, 0.2]}}
     def lrs(out):
