@@ -40,7 +40,7 @@ HEADING = "## Cost of the per-step exchange on the Ray backend"
 
 
 VARIANTS = {"ray": ("ray", "calls", "actor"), "ray, compiled graph": ("ray", "graph", "actor"),
-            "ray, collective": ("ray", "collective", "actor"), "ray, server replicated": ("ray", "calls", "replicated"),
+            "ray, collective": ("ray", "collective", "actor"), "ray, server replicated": ("ray", "collective", "replicated"),
             "local": ("local", "calls", "actor")}
 """Row label -> (``federation.backend``, ``federation.transport``, ``federation.server``)."""
 TARGET_MS = 1.2

@@ -128,9 +128,9 @@ def main() -> None:
     load_before = common.load_average()
     feddro = load_config({"task": {"name": "heterogeneous-composition", "dim": 10},
                           "algorithm": {"name": "feddro", "lr": 0.1, "local_steps": 8},
-                          "federation": {"clients": 8, "clients_per_actor": 4, "backend": "ray", "transport": "calls"},
+                          "federation": {"clients": 8, "clients_per_actor": 4, "backend": "ray", "server": "actor", "transport": "calls"},
                           "run": {"rounds": args.rounds, "progress": "none"}})
-    fedavg = bench_config(100, 10, args.rounds, 5, (64,), "ray")
+    fedavg = bench_config(100, 10, args.rounds, 5, (64,), "ray", server="actor")
     header = ["| transport | ms / round, median | 25th pct | serialise | submit | slowest actor | transport, replies "
               "| combine |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
     lines = []

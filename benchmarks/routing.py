@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
             for repeat in range(args.repeats):
                 for routing in ROUTINGS:
                     print(f"routing: {label}, repeat {repeat + 1}/{args.repeats}, {routing}", file=sys.stderr, flush=True)
-                    config = bench_config(CLIENTS, COHORT, args.rounds, LOCAL_STEPS, hidden, "ray", routing=routing)
+                    config = bench_config(CLIENTS, COHORT, args.rounds, LOCAL_STEPS, hidden, "ray", server="actor", routing=routing)
                     m = run_fedcomp(config, "ray", repeat)
                     times[routing].append(m.median_round_s)
                     hashes.add(weights_hash(m.final))

@@ -61,13 +61,14 @@ TARGET_RATIO = 0.10
 
 def bench_config(
     clients: int, cohort: int, rounds: int, local_steps: int, hidden: Sequence[int], backend: str,
-    actors: int = ACTORS, server: str = "actor", routing: str = "balanced", transport: str = "calls",
+    actors: int = ACTORS, server: str = "replicated", routing: str = "balanced", transport: str = "calls",
     vectorise: bool = False,
 ) -> Config:
     """The benchmark workload as a validated fedcomp config (Ray: clients packed into ``actors`` actors, the
-    round program in a server actor or, ``server="driver"``, in the driver's process; cohort members spread
-    evenly over the actors or, ``routing="home"``, run by the actor hosting them; ``transport`` as
-    ``federation.transport``; ``vectorise`` as ``federation.vectorise``)."""
+    round program ``server`` as ``federation.server`` -- replicated on the client actors, the default, in a server
+    actor or in the driver's process; cohort members spread evenly over the actors or, ``routing="home"``, run by the
+    actor hosting them; ``transport`` as ``federation.transport`` (not with the server replicated); ``vectorise`` as
+    ``federation.vectorise``)."""
     return load_config(
         {
             "task": {"name": "synthetic-classification", "features": FEATURES, "classes": CLASSES,

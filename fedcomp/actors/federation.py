@@ -117,14 +117,6 @@ class RayFederation:
         footprint = probe_footprint_on_cluster(config, self.timeout) if probe else None
         self.plan: ActorPlan = plan_actors(config.federation, resources, cluster_nodes(), footprint)
         self.router = Router(self.plan.groups, config.federation.routing)
-        self.incarnations = [0] * len(self.plan.groups)
-        self.actors = [self._spawn(i) for i in range(len(self.plan.groups))]
-        kept.release()  # kept actors this run could not use would hold resources its own actors wait for
-        try:
-            self.placement = wait_ready(self.actors, [self._describe(i) for i in range(len(self.actors))], self.timeout)
-        except BaseException:
-            self.close()
-            raise
         self.private_refs: dict[int, Any] = {}
         """Client -> the object holding its latest saved private state (the reply of the last saving call)."""
         self.replay: list[tuple[dict[int, list[int]], Submit]] = []
@@ -148,6 +140,14 @@ class RayFederation:
         """Whether they could not form one (then the run's exchanges go by calls)."""
         self.group_failure = ""
         """Why they could not (where they could not)."""
+        self.incarnations = [0] * len(self.plan.groups)
+        self.actors = [self._spawn(i) for i in range(len(self.plan.groups))]
+        kept.release()  # kept actors this run could not use would hold resources its own actors wait for
+        try:
+            self.placement = wait_ready(self.actors, [self._describe(i) for i in range(len(self.actors))], self.timeout)
+        except BaseException:
+            self.close()
+            raise
 
     @property
     def timeout(self) -> float:

@@ -61,12 +61,13 @@ class FederationConfig(Params):
         "(a short probe) so that actors_per_gpu actors share each GPU; on CPUs (or 'fixed') clients_per_actor holds",
     )
     actors_per_gpu: int = Field(2, ge=1, description="client actors sharing one GPU under gpu_packing: auto")
-    server: Literal["actor", "driver", "replicated"] = Field(
-        "actor",
-        description="Ray backend: the round program runs in a server actor next to the client actors, in the "
-        "driver's own process (one process fewer and no driver -> server hop), or 'replicated' on every client actor, "
-        "which average each call among themselves (a torch.distributed gloo group; no server process and no hop per "
-        "call; an actor's death reruns the rounds since the last checkpoint). The same numbers every way",
+    server: Literal["replicated", "actor", "driver"] = Field(
+        "replicated",
+        description="Ray backend: where the round program runs: 'replicated' (default) on every client actor, which "
+        "combine each call's partial sums among themselves (their own group over TCP; no server process and no hop per "
+        "call; an actor's death reruns the rounds since the last checkpoint; where the actors cannot form a group, the "
+        "server runs in the driver, after one warning); 'actor', a server actor next to the client actors (an actor's "
+        "death reruns its share of the call); 'driver', the driver's own process. The same numbers every way",
     )
     routing: Literal["balanced", "home"] = Field(
         "balanced",

@@ -76,8 +76,9 @@ def _check_fits(spec: SweepSpec, cluster: Mapping[str, float], has_gpus: bool) -
         for key, need in res.total.items():
             have = float(cluster.get(key, 0.0))
             if need > have + 1e-9:
+                parts = "trial, server, client actors" if config.federation.server == "actor" else "trial, client actors"
                 raise ResourceError(
-                    f"{what} needs {key}={need:g} ({len(res.bundles)} bundles: trial, server, client actors) but the "
+                    f"{what} needs {key}={need:g} ({len(res.bundles)} bundles: {parts}) but the "
                     f"cluster has {key}={have:g}; lower cpus_per_trial/gpus_per_trial or raise "
                     f"federation.clients_per_actor"
                 )

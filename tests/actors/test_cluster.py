@@ -155,18 +155,23 @@ def test_a_run_places_its_actors_on_both_nodes_with_the_local_numbers(two_nodes,
 
 @pytest.mark.ray
 @pytest.mark.slow
-def test_feddro_exchanges_collectively_across_both_nodes_with_the_local_numbers(two_nodes, tmp_path):
-    """The default transport's process group spans the nodes: FedDRO's per-step means are formed among client actors
-    on both nodes (no fallback to calls, which would warn), with the local backend's numbers."""
+@pytest.mark.parametrize("server", ["replicated", "actor"])
+def test_feddro_exchanges_among_the_actors_across_both_nodes_with_the_local_numbers(two_nodes, tmp_path, server):
+    """The actors' group spans the nodes: with the server replicated on the client actors (the default) every call's
+    result, and with the server actor (transport: collective) FedDRO's per-step means, are formed among client actors
+    on both nodes (no fallback, which would warn), with the local backend's numbers."""
     args = ["--set", "federation.clients=8", "--set", "federation.clients_per_actor=2", "--set", "run.rounds=3",
-            "--set", "run.eval_every=1", "--set", "algorithm.local_steps=3", "--set", "run.progress=none"]
+            "--set", "run.eval_every=1", "--set", "algorithm.local_steps=3", "--set", "run.progress=none",
+            "--set", f"federation.server={server}"]
     done = cli("run", "feddro-drift", *args, "--ray-address", two_nodes.address, "--set", f"run.out={tmp_path / 'ray'}",
                env={"RAY_TMPDIR": two_nodes.tmp})
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "could not form a process group" not in done.stderr, done.stderr[-3000:]
+    assert "could not form a" not in done.stderr, done.stderr[-3000:]
     (run_dir,) = (tmp_path / "ray").iterdir()
     backend = json.loads((run_dir / "run.json").read_text())["backend"]
-    assert (backend["transport"], backend["client_actors"], len(backend["nodes"])) == ("collective", 4, 2)
+    transport = "group" if server == "replicated" else "collective"
+    assert (backend["server"], backend["transport"], backend["client_actors"], len(backend["nodes"])) == (
+        server, transport, 4, 2)
     local = fedcomp.run("feddro-drift", {**overrides(args), "federation.backend": "local", "run.out": str(tmp_path / "local")})
     assert local.metrics["embedding_exchanges"].iloc[-1] > 0
     pd.testing.assert_frame_equal(metrics(run_dir), local.metrics.drop(columns="wall_time"), check_exact=True)

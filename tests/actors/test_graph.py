@@ -52,7 +52,7 @@ def test_the_graph_gives_the_local_numbers_and_carries_only_inline_payloads(keep
     local = make_server(load_config(raw))
     expected = [local.run_round() for _ in range(2)]
     reference = local.checkpoint()
-    server = Server(load_config(raw, {"federation.backend": "ray", "federation.transport": "graph"}), RayFederation)
+    server = Server(load_config(raw, {"federation.backend": "ray", "federation.server": "actor", "federation.transport": "graph"}), RayFederation)
     counts = counted(server.federation)  # type: ignore[arg-type]
     try:
         rows = [server.run_round() for _ in range(2)]
@@ -74,7 +74,7 @@ def test_the_graph_gives_the_local_numbers_and_carries_only_inline_payloads(keep
 def test_an_error_in_a_client_program_comes_through_the_graph_which_then_goes_on(keeping):
     raw = feddro(10)
     expected = make_server(load_config(raw)).run_round()
-    server = Server(load_config(raw, {"federation.backend": "ray", "federation.transport": "graph"}), RayFederation)
+    server = Server(load_config(raw, {"federation.backend": "ray", "federation.server": "actor", "federation.transport": "graph"}), RayFederation)
     try:
         with pytest.raises(RayTaskError, match="KeyError: 'y'") as raised:  # a broadcast without FedDRO's y
             server.federation.call("no_such_program", 0, [0, 1, 2, 3], {"x": torch.zeros(10)})  # type: ignore[attr-defined]
@@ -91,7 +91,7 @@ def test_kept_actors_go_from_one_runs_graph_to_the_next(keeping):
     expected = [make_server(load_config(raw)).run_round() for _ in range(1)]
     pids = []
     for transport in ("graph", "calls", "graph"):
-        server = Server(load_config(raw, {"federation.backend": "ray", "federation.transport": transport}), RayFederation)
+        server = Server(load_config(raw, {"federation.backend": "ray", "federation.server": "actor", "federation.transport": transport}), RayFederation)
         try:
             pids.append(sorted(p["pid"] for p in server.federation.placement))  # type: ignore[attr-defined]
             assert [server.run_round()] == expected

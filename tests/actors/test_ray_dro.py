@@ -70,7 +70,7 @@ def test_collective_exchanges_give_the_local_numbers_with_idle_actors_and_on_kep
            "run": {"rounds": 3, "progress": "none", "out": str(tmp_path)}}
     local = fedcomp.run(raw)
     for per_actor in (1, 2):
-        on_ray = fedcomp.run(raw, {"federation.backend": "ray", "federation.transport": "collective",
+        on_ray = fedcomp.run(raw, {"federation.backend": "ray", "federation.server": "actor", "federation.transport": "collective",
                                    "federation.clients_per_actor": per_actor})
         backend = json.loads((on_ray.run_dir / "run.json").read_text())["backend"]
         assert (backend["transport"], backend["client_actors"]) == ("collective", 4 // per_actor)

@@ -16,7 +16,7 @@ pytestmark = pytest.mark.ray
 
 @pytest.mark.parametrize("transport", profile_round.TRANSPORTS)
 def test_profile_gives_every_phase_and_way(ray_session, transport):
-    config = bench_config(8, 4, 2, 2, (8,), "ray", transport=transport).replace(**{"federation.cpus_per_actor": 0.25})
+    config = bench_config(8, 4, 2, 2, (8,), "ray", server="actor", transport=transport).replace(**{"federation.cpus_per_actor": 0.25})
     phases, per_round = profile_round.profile(config, rounds=profile_round.BLOCK)
     assert set(PHASES) <= set(phases) and "server round program" in phases
     assert phases[profile_round.COMPUTE] > 0

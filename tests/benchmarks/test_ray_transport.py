@@ -14,7 +14,7 @@ pytestmark = pytest.mark.ray
 def test_the_old_transport_runs_and_ends_in_the_same_state(ray_session):
     config = load_config({"task": {"name": "heterogeneous-composition", "dim": 10},
                           "algorithm": {"name": "feddro", "lr": 0.1, "local_steps": 2},
-                          "federation": {"clients": 4, "clients_per_actor": 2, "backend": "ray", "transport": "calls",
+                          "federation": {"clients": 4, "clients_per_actor": 2, "backend": "ray", "server": "actor", "transport": "calls",
                                          "cpus_per_actor": 0.25},
                           "run": {"rounds": 2, "progress": "none"}})
     rows = ray_transport.compare(config, 2)  # exits when the two transports end in different states

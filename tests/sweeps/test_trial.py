@@ -1,5 +1,5 @@
-"""A trial's placement group: one bundle for the trainable, one for the server, one per client actor, GPU
-only where the cluster has GPUs; and the per-actor shares pinned into the trial's config."""
+"""A trial's placement group: one bundle for the trainable, one for the server actor where there is one, one per
+client actor, GPU only where the cluster has GPUs; and the per-actor shares pinned into the trial's config."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ from fedcomp.platform.errors import ResourceError
 from fedcomp.sweeps.spec import load_spec
 from fedcomp.sweeps.trial import pinned_config, placement_group_factory, trial_resources
 
-BASE = {"base": "quickstart", "set": {"federation.clients": 4, "federation.clients_per_actor": 2}}
+BASE = {"base": "quickstart", "set": {"federation.clients": 4, "federation.clients_per_actor": 2,
+                                      "federation.server": "actor"}}
 
 
 def test_ray_trial_has_trainable_server_and_client_actor_bundles():
@@ -19,9 +20,10 @@ def test_ray_trial_has_trainable_server_and_client_actor_bundles():
     assert res.total == {"CPU": 1.0} and res.gpus_per_client == 0.0
 
 
-@pytest.mark.parametrize("server", ["driver", "replicated"])
+@pytest.mark.parametrize("server", ["driver", "replicated", None])
 def test_a_trial_without_a_server_actor_has_no_bundle_for_one(server):
-    s = load_spec({**BASE, "set": {**BASE["set"], "federation.server": server}, "cpus_per_trial": 1.5})
+    fed = {k: v for k, v in BASE["set"].items() if k != "federation.server"}  # None: the default, replicated
+    s = load_spec({**BASE, "set": {**fed, **({"federation.server": server} if server else {})}, "cpus_per_trial": 1.5})
     res = trial_resources(s, s.base_config(), cluster_has_gpus=False)
     assert res.bundles == ({"CPU": 0.5},) * 3  # the trainable and two client actors
 

@@ -126,8 +126,10 @@ def test_asha_stops_weak_trials_and_the_report_ranks_full_runs(ray_session, tmp_
 
 
 def test_a_trial_that_cannot_fit_fails_at_once_and_writes_nothing(ray_session, tmp_path):
-    with pytest.raises(ResourceError, match=r"needs CPU=4 .* but the cluster has CPU=2"):
-        fedcomp.sweep(tiny(tmp_path, cpus_per_trial=4.0))
+    with pytest.raises(ResourceError, match=r"needs CPU=3.9999 \(3 bundles: trial, client actors\) but the cluster has CPU=2"):
+        fedcomp.sweep(tiny(tmp_path, cpus_per_trial=4.0))  # three shares of 4/3 CPU, rounded down
+    with pytest.raises(ResourceError, match=r"needs CPU=4 \(4 bundles: trial, server, client actors\) but the cluster"):
+        fedcomp.sweep(tiny(tmp_path, set={"federation.server": "actor"}, cpus_per_trial=4.0))
     with pytest.raises(ResourceError, match="GPU"):
         fedcomp.sweep(tiny(tmp_path, set={"federation.gpus_per_client": 0.5}))
     assert not any(tmp_path.iterdir())
