@@ -130,12 +130,24 @@ SERVER_REPLICATED = "replicated"
 """Passed for the transport: the server replicated on the client actors (``federation.server: replicated``)."""
 
 
+def workloads(rounds: int) -> dict[str, Callable[[str], Config]]:
+    """Each workload's config for a transport (:data:`TRANSPORTS`, or :data:`SERVER_REPLICATED`)."""
+    return {
+        "FedAvg MLP 32-64-10, 10 of 100 clients, 5 local steps, 2 actors": lambda transport: bench_config(
+            100, 10, rounds, 5, (64,), "ray", transport=_transport(transport), server=_server(transport)),
+        "invariant-LR FCSG-M, 16 clients, q = 50, 4 actors": lambda transport: load_config(
+            "quickstart", {"task.test_samples": 2000, "run.progress": "none",
+                           "federation.transport": _transport(transport), "federation.server": _server(transport)}),
+    }
+
+
+
 def _server(transport: str) -> str:
     return "replicated" if transport == SERVER_REPLICATED else "actor"
 
 
 def _transport(transport: str) -> str:
-    return "calls" if transport == SERVER_REPLICATED else transport
+    return "collective" if transport == SERVER_REPLICATED else transport  # the server replicated: the actors' group
 TARGET_MS = 0.5
 
 
@@ -146,15 +158,9 @@ def main() -> None:
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     torch.set_num_threads(1)
     load_before = common.load_average()
-    workloads: dict[str, Callable[[str], Config]] = {
-        "FedAvg MLP 32-64-10, 10 of 100 clients, 5 local steps, 2 actors": lambda transport: bench_config(
-            100, 10, args.rounds, 5, (64,), "ray", transport=_transport(transport), server=_server(transport)),
-        "invariant-LR FCSG-M, 16 clients, q = 50, 4 actors": lambda transport: load_config(
-            "quickstart", {"task.test_samples": 2000, "run.progress": "none",
-                           "federation.transport": _transport(transport), "federation.server": _server(transport)}),
-    }
-    columns = [(name, transport) for name in workloads for transport in TRANSPORTS]
-    results = {(name, transport): profile(workloads[name](transport), args.rounds) for name, transport in columns}
+    configs = workloads(args.rounds)
+    columns = [(name, transport) for name in configs for transport in TRANSPORTS]
+    results = {(name, transport): profile(configs[name](transport), args.rounds) for name, transport in columns}
     phases = list(next(iter(results.values()))[0])
     lines = ["| phase | " + " | ".join(f"{n}, transport {t} (ms/round)" for n, t in columns) + " |",
              "|---|" + "---:|" * len(columns)]
@@ -167,8 +173,8 @@ def main() -> None:
     lines.append("| over the slowest actor's compute | " + " | ".join(f"{1e3 * overhead[c]:.2f}" for c in columns) + " |")
     for way in list(next(iter(results.values()))[1])[1:]:
         lines.append(f"| {way} | " + " | ".join(f"{1e3 * results[c][1][way]:.2f}" for c in columns) + " |")
-    replicated = {name: profile_replicated(make(SERVER_REPLICATED), args.rounds) for name, make in workloads.items()}
-    names = list(workloads)
+    replicated = {name: profile_replicated(make(SERVER_REPLICATED), args.rounds) for name, make in configs.items()}
+    names = list(configs)
     lines += ["", "## The round program replicated on the client actors (`federation.server: replicated`)", "",
               "Every client actor runs the round program and the actors combine each call's partials among themselves "
               "(`fedcomp/actors/replicas.py`); the phases are each replica's own. Mean per round over "

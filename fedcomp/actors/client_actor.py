@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 from collections.abc import Iterator, Sequence
@@ -43,7 +44,8 @@ class ClientActor:
         self.incarnation = incarnation
         if not hasattr(self, "group"):
             self.group = Group()
-            """This actor's membership of the client actors' process group (``federation.transport: collective``)."""
+            """This actor's membership of the client actors' group (the server replicated on them, or ``federation.transport:
+            collective``)."""
         self.group.leave()  # a kept actor joins the next run's group afresh
         self.replica: Replica | None = None
         """This actor's copy of the server (``federation.server: replicated``; built by :meth:`replica_setup`)."""
@@ -128,6 +130,16 @@ class ClientActor:
         kept = self.graph_reply_kept
         return kept[1] if kept is not None and kept[0] == number else None
 
+    @contextlib.contextmanager
+    def _in_group(self) -> Iterator[None]:
+        """Work with the actors' group: on any error this actor leaves it first, so that the others' exchanges fail at
+        once instead of waiting for it."""
+        try:
+            yield
+        except BaseException:
+            self.group.leave()
+            raise
+
     def group_address(self) -> str:
         """A rendezvous address for the process group, on this actor's node (asked of the group's rank 0)."""
         return Group.address()
@@ -145,20 +157,16 @@ class ClientActor:
         """A whole exchange with its answers formed in the actors' group (:mod:`fedcomp.actors.collective`):
         ``message`` is ``("exchange", arguments)`` pickled once for every actor, as for :meth:`step`, ``cohort``
         this actor's members (none: it only takes part in the gathers). Returns the final partial sums (None
-        without members) with each step's means, and the clients' private state. On any error the actor leaves the
-        group first, so that the others' gathers fail at once instead of waiting for it."""
+        without members) with each step's means, and the clients' private state."""
         method, args = self._unpack(message, payload)
         if method != "exchange":
             raise ValueError(f"ClientActor.collective: unknown method {method!r} (allowed: exchange)")
         round, sub = args["round"], args["sub"]
-        try:
+        with self._in_group():
             partial, history = run_exchange(
                 self.host, self.group, args["program"], round, cohort, args["payload"], args["layout"], sub,
                 args["steps"], lambda step: self._die_at(round, sub, step),
             )
-        except BaseException:
-            self.group.leave()
-            raise
         if partial is None:
             return (None, history), {}
         partial, private = self._split(partial)
@@ -198,22 +206,15 @@ class ClientActor:
         return self.replica
 
     def replica_rounds(self, evaluated: Sequence[bool]) -> Iterator[list[dict[str, Any]]]:
-        """Replica 0: run the rounds, yielding their replies in batches as they end (a Ray streaming generator). On any error
-        the actor leaves the group first, so that the others' gathers fail at once instead of waiting for it."""
-        try:
+        """Replica 0: run the rounds, yielding their replies in batches as they end (a Ray streaming generator)."""
+        with self._in_group():
             yield from self._replica().rounds(evaluated)
-        except BaseException:
-            self.group.leave()
-            raise
 
     def replica_follow(self, evaluated: Sequence[bool]) -> None:
-        """The other replicas: run the same rounds (leaving the group on any error, as :meth:`replica_rounds`)."""
-        try:
+        """The other replicas: run the same rounds."""
+        with self._in_group():
             for _ in self._replica().rounds(evaluated):
                 pass
-        except BaseException:
-            self.group.leave()
-            raise
 
     def replica_evaluate(self) -> dict[str, float]:
         return self._replica().server.evaluate()

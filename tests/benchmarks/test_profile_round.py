@@ -32,3 +32,12 @@ def test_the_replicated_server_is_profiled_from_every_replica(ray_session):
     assert phases[f"{profile_round.REPLICA_GATHERS} (mean over replicas)"] > 0
     assert "server round program (mean over replicas)" in phases and "driver waiting for replica 0's replies" in phases
     assert len(per_round) == 3 and all(math.isfinite(s) and s > 0 for s in per_round.values())
+
+
+def test_every_workload_builds_with_each_transport_and_the_server_replicated():
+    for make in profile_round.workloads(rounds=2).values():
+        for transport in (*profile_round.TRANSPORTS, profile_round.SERVER_REPLICATED):
+            config = make(transport)
+            replicated = transport == profile_round.SERVER_REPLICATED
+            assert config.federation.server == ("replicated" if replicated else "actor")
+            assert config.federation.transport == ("collective" if replicated else transport)
