@@ -20,6 +20,7 @@ firewall between nodes, say) make the run's exchanges by calls, after one warnin
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import pickle
 import socket
@@ -33,7 +34,7 @@ import numpy as np
 import ray
 
 from fedcomp.platform.algorithms.base import Outcome
-from fedcomp.platform.federation import ClientHost, Layout, Partial, combine, mean_of
+from fedcomp.platform.federation import Averages, ClientHost, Layout, Partial, mean_of
 
 JOIN_TIMEOUT_S = 20.0
 """How long the actors wait for each other at the group's rendezvous and for their connections (e.g. a cluster
@@ -147,8 +148,8 @@ class Group:
 
     def combined(self, mine: Partial | None, floats_down: int) -> tuple[Outcome, list[bool]]:
         """What the server's :func:`~fedcomp.platform.federation.combine` makes of every actor's partial (``mine``:
-        this actor's, None without members this time): formed by actor 0 in actor order and sent to every actor, so
-        all hold the same bits; with whether each actor kept private state. A layout travels to actor 0 once (pickled,
+        this actor's, None without members this time): averaged by actor 0 in actor order
+        (:class:`~fedcomp.platform.federation.Averages`) and sent to every actor, so all hold the same bits; with whether each actor kept private state. A layout travels to actor 0 once (pickled,
         with the first partial of its shape each actor sends) and is known by its fingerprint from then on.
 
         Raises:
@@ -168,18 +169,13 @@ class Group:
 
         def answer(rows: list[np.ndarray], layouts: list[bytearray]) -> tuple[dict[str, Any], np.ndarray]:
             self.layouts.update({_fingerprint(lay): lay for lay in (pickle.loads(b) for b in layouts if b)})
-            partials = [_partial(r, self.layouts[float(r[4])]) for r in rows if r[0] > 0]
-            outcome = combine(partials, floats_down)
-            flat = np.concatenate([v.reshape(-1).numpy() for v in outcome.means.values()]) if outcome.means else (
-                np.zeros(0, np.float32))
-            head = {"layout": partials[0].layout, "clients": outcome.clients, "samples": outcome.samples,
-                    "loss": outcome.loss, "floats_up": outcome.floats_up, "private": [bool(r[3]) for r in rows]}
-            return head, flat
+            averages = Averages.of([_partial(r, self.layouts[float(r[4])]) for r in rows if r[0] > 0])
+            head = {"averages": dataclasses.replace(averages, flat=np.zeros(0, np.float32)),
+                    "private": [bool(r[3]) for r in rows]}
+            return head, averages.flat
 
         head, means = self._at_root(row, layout, answer)
-        outcome = Outcome(head["layout"].unpack(means, copy=False), head["clients"], head["samples"], head["loss"],
-                          head["floats_up"], floats_down)
-        return outcome, head["private"]
+        return dataclasses.replace(head["averages"], flat=means).outcome(floats_down), head["private"]
 
     def _at_root(
         self, row: np.ndarray, extra: bytes,
@@ -204,8 +200,8 @@ class Group:
                 extras.append(_receive(peer))
             header, values = answer(rows, extras)
             values = np.ascontiguousarray(values, np.float32)
+            answered: list[bytes | bytearray | memoryview] = [pickle.dumps(header), values.data.cast("B")]
             for peer in self.peers:
-                answered: list[bytes | bytearray | memoryview] = [pickle.dumps(header), values.data.cast("B")]
                 _send(peer, answered)
             return header, values
         except (OSError, ConnectionError) as error:

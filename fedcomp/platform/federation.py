@@ -132,19 +132,34 @@ def mean_of(sums: Iterable[np.ndarray], clients: int, size: int) -> np.ndarray:
     return total.astype(np.float32)
 
 
+@dataclass(frozen=True)
+class Averages:
+    """The cohort means of some partials as one flat float32 buffer in their layout, with the counts: what
+    :func:`combine` unpacks into an :class:`Outcome`, and what the client actors' group sends from actor 0 to the
+    others (``fedcomp.actors.collective``)."""
+
+    layout: Layout
+    flat: np.ndarray
+    clients: int
+    samples: int
+    loss: float
+
+    @classmethod
+    def of(cls, partials: Sequence[Partial]) -> Averages:
+        """The partial sums averaged in the given, fixed order."""
+        layout = partials[0].layout
+        clients = sum(p.clients for p in partials)
+        return cls(layout, mean_of((p.sums for p in partials), clients, layout.total), clients,
+                   sum(p.samples for p in partials), math.fsum(loss for p in partials for loss in p.losses) / clients)
+
+    def outcome(self, floats_down: int) -> Outcome:
+        return Outcome(means=self.layout.unpack(self.flat, copy=False), clients=self.clients, samples=self.samples,
+                       loss=self.loss, floats_up=self.layout.total, floats_down=floats_down)
+
+
 def combine(partials: Sequence[Partial], floats_down: int) -> Outcome:
     """Average the partial sums (in the given, fixed order) into an :class:`Outcome`."""
-    layout = partials[0].layout
-    clients = sum(p.clients for p in partials)
-    means = layout.unpack(mean_of((p.sums for p in partials), clients, layout.total), copy=False)
-    return Outcome(
-        means=means,
-        clients=clients,
-        samples=sum(p.samples for p in partials),
-        loss=math.fsum(loss for p in partials for loss in p.losses) / clients,
-        floats_up=layout.total,
-        floats_down=floats_down,
-    )
+    return Averages.of(partials).outcome(floats_down)
 
 
 def exchange_by_steps(
