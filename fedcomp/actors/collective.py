@@ -5,9 +5,9 @@ FedDRO's round answers every local step of its clients with the cohort mean of o
 more of Ray's task machinery); through a compiled graph, its idle readers poll their channels, which costs the
 clients' compute its cores where cores are few. Here the server sends the whole exchange to every client actor in
 one call, and the actors, joined in one group (:class:`Group`: TCP connections to actor 0, so across nodes too),
-answer each step among themselves: every actor's float64 partial sums reach every other (a waiting actor blocks in
-a socket read, it does not poll) and each forms the cohort mean itself with the server's own
-function, in actor order (:func:`~fedcomp.platform.federation.mean_of`), so each actor's answer has the bits the
+answer each step among themselves: every actor's float64 partial sums go to actor 0 (a waiting actor blocks in a
+socket read, it does not poll), which forms the cohort mean with the server's own function, in actor order
+(:func:`~fedcomp.platform.federation.mean_of`), and sends it to every actor, so each actor's answer has the bits the
 server's would have. Each actor returns its final partial sums and the means it formed at each step, which the
 server counts as the exchange's steps. Actors without cohort members take part with nothing to add.
 
@@ -21,6 +21,7 @@ firewall between nodes, say) make the run's exchanges by calls, after one warnin
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import pickle
 import socket
@@ -42,10 +43,12 @@ whose firewall blocks the ports): the federation then makes its exchanges by cal
 FAULT_JOIN = "FEDCOMP_FAULT_GROUP_JOIN"
 """Fault injection for the tests: when set in a client actor's environment, joining the group fails."""
 HEADER = 6
-"""Floats in front of each actor's row in a gather: its clients, the number of floats it sends after the header, and
-for a whole partial (:meth:`Group.combined`) its samples, whether it kept private state, its layout's fingerprint
-and how many of its floats are the clients' losses (zeros for a bare mean)."""
+"""Floats in front of each actor's row head in a gather: its clients, the floats in its body (the sums), and for a
+whole partial (:meth:`Group.combined`) its samples, whether it kept private state, its layout's fingerprint and how
+many clients' losses follow in the head (zeros for a bare mean)."""
 
+Row = tuple[np.ndarray, np.ndarray, bytes]
+"""One actor's contribution to an exchange as actor 0 sees it: head (counts, then losses), body (float64 sums), extra."""
 History = list[tuple[Layout, np.ndarray]]
 """Each step's cohort means as one actor formed them: their layout and the float32 values."""
 
@@ -73,6 +76,15 @@ class Group:
         """Actor 0: the layouts of partials the actors have sent since the group formed, by fingerprint."""
         self.sent: set[float] = set()
         """The fingerprints of the layouts this actor has sent actor 0 since the group formed."""
+        self.buffers: dict[int, np.ndarray] = {}
+        """Actor 0: for each other actor, the buffer its rows' bodies are read into (kept: no fresh pages per call)."""
+
+    def _scratch(self, peer: int, size: int) -> memoryview:
+        """Actor 0's buffer for ``size`` bytes of the body of actor ``peer + 1``'s row (valid until the next gather)."""
+        buffer = self.buffers.get(peer)
+        if buffer is None or buffer.size < size:
+            buffer = self.buffers[peer] = np.empty(size, np.uint8)
+        return buffer.data[:size]
 
     @staticmethod
     def address() -> str:
@@ -116,7 +128,7 @@ class Group:
         """Leave the group (the other actors' next read then fails at once)."""
         for peer in self.peers:
             peer.close()
-        self.peers, self.world = [], 0
+        self.peers, self.world, self.buffers = [], 0, {}
 
     @property
     def joined(self) -> bool:
@@ -131,19 +143,18 @@ class Group:
             RuntimeError: the actors' yields differ in size (a program out of step with itself).
         """
         size = 0 if sums is None else int(sums.size)
-        row = _row((clients, size, 0, 0, 0, 0), sums)
+        head = _head((clients, size, 0, 0, 0, 0), ())
 
-        def answer(rows: list[np.ndarray], _: list[bytearray]) -> tuple[dict[str, Any], np.ndarray]:
-            members = [r for r in rows if r[0] > 0]
-            widths = sorted({int(r[1]) for r in members})
+        def answer(rows: list[Row]) -> tuple[dict[str, Any], np.ndarray]:
+            members = [(h, body) for h, body, _ in rows if h[0] > 0]
+            widths = sorted({int(h[1]) for h, _ in members})
             if len(widths) > 1:
                 return {"error": f"exchange out of step: the actors yielded {widths} floats"}, np.zeros(0, np.float32)
-            width = widths[0]
-            return {}, mean_of((r[HEADER:HEADER + width] for r in members), int(sum(r[0] for r in members)), width)
+            return {}, mean_of((body for _, body in members), int(sum(h[0] for h, _ in members)), widths[0])
 
-        head, means = self._at_root(row, b"", answer)
-        if "error" in head:
-            raise RuntimeError(head["error"])
+        header, means = self._at_root(head, sums, b"", answer)
+        if "error" in header:
+            raise RuntimeError(header["error"])
         return means
 
     def combined(self, mine: Partial | None, floats_down: int) -> tuple[Outcome, list[bool]]:
@@ -157,50 +168,53 @@ class Group:
         """
         layout = b""
         if mine is None:
-            row = _row((0, 0, 0, 0, 0, 0), None)
+            head, body = _head((0, 0, 0, 0, 0, 0), ()), None
         else:
             fingerprint = _fingerprint(mine.layout)
-            body = np.concatenate([np.asarray(mine.losses, np.float64), mine.sums])
-            row = _row((mine.clients, body.size, mine.samples, float(mine.has_private), fingerprint, len(mine.losses)),
-                       body)
+            body = mine.sums
+            head = _head((mine.clients, body.size, mine.samples, float(mine.has_private), fingerprint, len(mine.losses)),
+                         mine.losses)
             if fingerprint not in self.sent:
                 layout = pickle.dumps(mine.layout)
                 self.sent.add(fingerprint)
 
-        def answer(rows: list[np.ndarray], layouts: list[bytearray]) -> tuple[dict[str, Any], np.ndarray]:
-            self.layouts.update({_fingerprint(lay): lay for lay in (pickle.loads(b) for b in layouts if b)})
-            averages = Averages.of([_partial(r, self.layouts[float(r[4])]) for r in rows if r[0] > 0])
-            head = {"averages": dataclasses.replace(averages, flat=np.zeros(0, np.float32)),
-                    "private": [bool(r[3]) for r in rows]}
-            return head, averages.flat
+        def answer(rows: list[Row]) -> tuple[dict[str, Any], np.ndarray]:
+            self.layouts.update({_fingerprint(lay): lay for lay in (pickle.loads(b) for _, _, b in rows if b)})
+            averages = Averages.of([_partial(h, body, self.layouts[float(h[4])]) for h, body, _ in rows if h[0] > 0])
+            header = {"averages": dataclasses.replace(averages, flat=np.zeros(0, np.float32)),
+                      "private": [bool(h[3]) for h, _, _ in rows]}
+            return header, averages.flat
 
-        head, means = self._at_root(row, layout, answer)
-        return dataclasses.replace(head["averages"], flat=means).outcome(floats_down), head["private"]
+        header, means = self._at_root(head, body, layout, answer)
+        return dataclasses.replace(header["averages"], flat=means).outcome(floats_down), header["private"]
 
     def _at_root(
-        self, row: np.ndarray, extra: bytes,
-        answer: Callable[[list[np.ndarray], list[bytearray]], tuple[dict[str, Any], np.ndarray]],
+        self, head: np.ndarray, body: np.ndarray | None, extra: bytes, answer: Callable[[list[Row]], tuple[dict[str, Any], np.ndarray]],
     ) -> tuple[dict[str, Any], np.ndarray]:
-        """Every actor's ``row`` (float64) and ``extra`` bytes go to actor 0, which computes ``answer`` from them (in
-        actor order) and sends every actor its two parts: a small header (pickled) and a float32 array.
+        """Every actor's row -- ``head`` and ``body`` (float64) and ``extra`` bytes -- goes to actor 0, which computes
+        ``answer`` from them (in actor order) and sends every actor its two parts: a small header (pickled) and a
+        float32 array. Nothing is copied on the way out (one gathering write per message); actor 0 reads each
+        actor's body into a buffer it keeps for that actor, and an answer is read into a new array, since its
+        means become the caller's tensors.
 
         Raises:
             GroupBroken: another actor of the group is gone (or did not answer within the deadline); this one then
                 leaves the group too.
         """
+        body = np.zeros(0, np.float64) if body is None else np.ascontiguousarray(body, np.float64)
         try:
             if self.rank != 0:
-                mine: list[bytes | bytearray | memoryview] = [row.data.cast("B"), extra]
-                _send(self.peers[0], mine)
-                head, result = _receive(self.peers[0]), _receive(self.peers[0])
-                return pickle.loads(head), np.frombuffer(result, np.float32)
-            rows, extras = [row], [bytearray(extra)]
-            for peer in self.peers:
-                rows.append(np.frombuffer(_receive(peer), np.float64))
-                extras.append(_receive(peer))
-            header, values = answer(rows, extras)
+                _send(self.peers[0], [head, body, extra])
+                header = pickle.loads(_receive(self.peers[0]))
+                return header, np.frombuffer(_receive(self.peers[0], _fresh), np.float32)
+            rows: list[Row] = [(head, body, extra)]
+            for i, peer in enumerate(self.peers):
+                their_head = np.frombuffer(_receive(peer), np.float64)
+                their_body = np.frombuffer(_receive(peer, functools.partial(self._scratch, i)), np.float64)
+                rows.append((their_head, their_body, bytes(_receive(peer))))
+            header, values = answer(rows)
             values = np.ascontiguousarray(values, np.float32)
-            answered: list[bytes | bytearray | memoryview] = [pickle.dumps(header), values.data.cast("B")]
+            answered: list[bytes | np.ndarray] = [pickle.dumps(header), values]
             for peer in self.peers:
                 _send(peer, answered)
             return header, values
@@ -210,20 +224,16 @@ class Group:
             raise GroupBroken(f"an exchange of the actors' group failed: {reason[:160]}") from None
 
 
-def _row(head: tuple[float, ...], body: np.ndarray | None) -> np.ndarray:
-    """An actor's row: ``head`` (:data:`HEADER` floats), then ``body``."""
-    row = np.empty(HEADER + (0 if body is None else body.size), np.float64)
-    row[:HEADER] = head
-    if body is not None:
-        row[HEADER:] = body
-    return row
+def _head(counts: tuple[float, ...], losses: Sequence[float]) -> np.ndarray:
+    """An actor's row head: ``counts`` (:data:`HEADER` floats), then its clients' losses."""
+    return np.array([*counts, *losses], np.float64)
 
 
-def _partial(row: np.ndarray, layout: Layout) -> Partial:
-    """The partial an actor's row (from :meth:`Group.combined`) holds."""
-    width, losses = int(row[1]), int(row[5])
-    return Partial(layout, row[HEADER + losses:HEADER + width], int(row[0]), int(row[2]), has_private=bool(row[3]),
-                   losses=tuple(row[HEADER:HEADER + losses].tolist()))
+def _partial(head: np.ndarray, body: np.ndarray, layout: Layout) -> Partial:
+    """The partial an actor's row (from :meth:`Group.combined`) holds (its sums a view of ``body``)."""
+    losses = int(head[5])
+    return Partial(layout, body, int(head[0]), int(head[2]), has_private=bool(head[3]),
+                   losses=tuple(head[HEADER:HEADER + losses].tolist()))
 
 
 def _accept(port: int, peers: int, deadline: float) -> list[socket.socket]:
@@ -252,34 +262,47 @@ def _connect(host: str, port: int, rank: int, deadline: float) -> socket.socket:
     return peer
 
 
-def _send(peer: socket.socket, messages: Sequence[bytes | bytearray | memoryview]) -> None:
-    """Messages, each after its length (8 bytes)."""
-    parts: list[bytes | bytearray | memoryview] = []
+def _send(peer: socket.socket, messages: Sequence[bytes | np.ndarray]) -> None:
+    """Messages, each after its length (8 bytes), in gathering writes: no copy of a large message."""
+    parts: list[memoryview] = []
     for message in messages:
-        parts += [struct.pack("<q", len(message)), message]
-    if sum(len(p) for p in parts) < 65536:
-        peer.sendall(b"".join(parts))  # one segment: a small copy, not one write per part
-        return
-    for part in parts:  # no copy of a large message
-        peer.sendall(part)
+        view = (memoryview(message) if isinstance(message, bytes) else message.data).cast("B")
+        parts += [memoryview(struct.pack("<q", view.nbytes)), view]
+    while parts:
+        sent = peer.sendmsg(parts)
+        while parts and sent >= parts[0].nbytes:
+            sent -= parts.pop(0).nbytes
+        if sent:
+            parts[0] = parts[0][sent:]
 
 
-def _receive(peer: socket.socket) -> bytearray:
-    """One message (after its length)."""
+def _fresh(size: int) -> memoryview:
+    return np.empty(size, np.uint8).data
+
+
+def _receive(peer: socket.socket, buffer: Callable[[int], memoryview] | None = None) -> memoryview:
+    """One message (after its length), read into ``buffer(size)`` (default: a new ``bytearray``)."""
     (size,) = struct.unpack("<q", _read(peer, 8))
-    return _read(peer, size)
+    view = memoryview(bytearray(size)) if buffer is None else buffer(size)
+    _read_into(peer, view)
+    return view
 
 
 def _read(peer: socket.socket, size: int) -> bytearray:
     """Exactly ``size`` bytes; a closed connection is a :class:`ConnectionError`."""
     data = bytearray(size)
-    view, got = memoryview(data), 0
+    _read_into(peer, memoryview(data))
+    return data
+
+
+def _read_into(peer: socket.socket, view: memoryview) -> None:
+    """Fill ``view`` (bytes) from ``peer``; a closed connection is a :class:`ConnectionError`."""
+    got, size = 0, view.nbytes
     while got < size:
         n = peer.recv_into(view[got:])
         if n == 0:
             raise ConnectionError("another actor left the group")
         got += n
-    return data
 
 
 def _fingerprint(layout: Layout) -> float:

@@ -125,11 +125,17 @@ def mean_of(sums: Iterable[np.ndarray], clients: int, size: int) -> np.ndarray:
     """The cohort mean (float32) of hosts' float64 partial sums of ``size`` floats, added in the given order: the
     one place the average is formed, by the server (:func:`combine`) and by client actors that average among
     themselves (``federation.transport: collective``), so both give the same bits."""
-    total = np.zeros(size, np.float64)
+    total: np.ndarray | None = None
     for part in sums:
-        total += part
-    total /= clients
-    return total.astype(np.float32)
+        if total is None:
+            total = np.add(part, 0.0)  # 0.0 + part, as if added to zeros (-0.0 becomes 0.0), in one pass
+        else:
+            total += part
+    if total is None:
+        total = np.zeros(size, np.float64)
+    with np.errstate(over="ignore"):  # divided in float64 and rounded once to float32 (beyond its range: inf)
+        means: np.ndarray = np.divide(total, clients, out=np.empty(size, np.float32), casting="unsafe")
+    return means
 
 
 @dataclass(frozen=True)

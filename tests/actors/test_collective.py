@@ -94,6 +94,26 @@ def test_three_members_combine_whole_partials_in_member_order_as_the_server_does
             g.leave()
 
 
+def test_model_sized_rows_arrive_whole_and_answers_do_not_share_actor_0s_buffers():
+    """Rows far beyond a socket's buffers (written in parts) arrive whole; actor 0 reads every row into a buffer it
+    keeps, so an answer handed out earlier must not change when the next exchange (larger, then smaller) reuses it."""
+    groups = _joined(2)
+    rng = np.random.default_rng(0)
+    try:
+        answers, expected = [], []
+        for size in (3_000_000, 4_000_000, 1_000):
+            rows = [rng.standard_normal(size) for _ in groups]
+            answers.append(_together(groups, lambda g, i: g.mean(2 + i, rows[i])))  # noqa: B023 (called at once)
+            expected.append(mean_of(rows, 5, size))
+        for got, want in zip(answers, expected):
+            for mean in got:
+                assert mean.tobytes() == want.tobytes()
+    finally:
+        for g in groups:
+            g.leave()
+    assert not groups[0].buffers
+
+
 def test_a_member_that_leaves_breaks_the_others_next_exchange_at_once():
     groups = _joined(3, timeout_s=60.0)
     try:
