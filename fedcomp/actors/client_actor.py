@@ -226,4 +226,4 @@ class ClientActor:
         self._replica().server.restore(checkpoint)
 
     def replica_profile(self) -> dict[str, float]:
-        return self._replica().server.profile()
+        return self._replica().profile()

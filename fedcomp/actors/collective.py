@@ -20,7 +20,6 @@ firewall between nodes, say) make the run's exchanges by calls, after one warnin
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import os
 import pickle
@@ -29,7 +28,6 @@ import struct
 import time
 import zlib
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import numpy as np
 import ray
@@ -42,10 +40,15 @@ JOIN_TIMEOUT_S = 20.0
 whose firewall blocks the ports): the federation then makes its exchanges by calls."""
 FAULT_JOIN = "FEDCOMP_FAULT_GROUP_JOIN"
 """Fault injection for the tests: when set in a client actor's environment, joining the group fails."""
-HEADER = 6
+HEADER = 7
 """Floats in front of each actor's row head in a gather: its clients, the floats in its body (the sums), and for a
-whole partial (:meth:`Group.combined`) its samples, whether it kept private state, its layout's fingerprint and how
-many clients' losses follow in the head (zeros for a bare mean)."""
+whole partial (:meth:`Group.combined`) its samples, whether it kept private state, its layout's fingerprint, how
+many clients' losses follow in the head and the seconds it worked on the call (zeros for a bare mean)."""
+
+ANSWER = 5
+"""Floats in front of actor 0's answer to a :meth:`Group.combined` (its header): the cohort's clients and samples,
+the mean loss, the most seconds an actor worked on the call and the layout's fingerprint; then one float for each
+actor, whether it kept private state; then, the first time a layout is answered, the layout, pickled."""
 
 Row = tuple[np.ndarray, np.ndarray, bytes]
 """One actor's contribution to an exchange as actor 0 sees it: head (counts, then losses), body (float64 sums), extra."""
@@ -73,9 +76,12 @@ class Group:
         self.peers: list[socket.socket] = []
         """Actor 0: its connections to actors 1, 2, ... in order; any other actor: its connection to actor 0."""
         self.layouts: dict[float, Layout] = {}
-        """Actor 0: the layouts of partials the actors have sent since the group formed, by fingerprint."""
+        """The layouts this actor knows since the group formed, by fingerprint: its own, and on actor 0 those the
+        actors have sent it, elsewhere those actor 0 has told."""
         self.sent: set[float] = set()
         """The fingerprints of the layouts this actor has sent actor 0 since the group formed."""
+        self.told: set[float] = set()
+        """Actor 0: the fingerprints of the layouts its answers have carried to every actor since the group formed."""
         self.buffers: dict[int, np.ndarray] = {}
         """Actor 0: for each other actor, the buffer its rows' bodies are read into (kept: no fresh pages per call)."""
 
@@ -122,7 +128,7 @@ class Group:
             raise RuntimeError(f"the actors did not meet at {address} within {JOIN_TIMEOUT_S:g}s ({error})") from None
         for peer in peers:
             peer.settimeout(timeout_s)
-        self.world, self.rank, self.peers, self.layouts, self.sent = world, rank, peers, {}, set()
+        self.world, self.rank, self.peers, self.layouts, self.sent, self.told = world, rank, peers, {}, set(), set()
 
     def leave(self) -> None:
         """Leave the group (the other actors' next read then fails at once)."""
@@ -143,57 +149,73 @@ class Group:
             RuntimeError: the actors' yields differ in size (a program out of step with itself).
         """
         size = 0 if sums is None else int(sums.size)
-        head = _head((clients, size, 0, 0, 0, 0), ())
+        head = _head((clients, size, 0, 0, 0, 0, 0), ())
 
-        def answer(rows: list[Row]) -> tuple[dict[str, Any], np.ndarray]:
+        def answer(rows: list[Row]) -> tuple[bytes, np.ndarray]:
             members = [(h, body) for h, body, _ in rows if h[0] > 0]
             widths = sorted({int(h[1]) for h, _ in members})
             if len(widths) > 1:
-                return {"error": f"exchange out of step: the actors yielded {widths} floats"}, np.zeros(0, np.float32)
-            return {}, mean_of((body for _, body in members), int(sum(h[0] for h, _ in members)), widths[0])
+                return f"exchange out of step: the actors yielded {widths} floats".encode(), np.zeros(0, np.float32)
+            return b"", mean_of((body for _, body in members), int(sum(h[0] for h, _ in members)), widths[0])
 
-        header, means = self._at_root(head, sums, b"", answer)
-        if "error" in header:
-            raise RuntimeError(header["error"])
+        error, means = self._at_root(head, sums, b"", answer)
+        if error:
+            raise RuntimeError(error.decode())
         return means
 
-    def combined(self, mine: Partial | None, floats_down: int) -> tuple[Outcome, list[bool]]:
+    def combined(self, mine: Partial | None, floats_down: int, busy_s: float = 0.0) -> tuple[Outcome, list[bool], float]:
         """What the server's :func:`~fedcomp.platform.federation.combine` makes of every actor's partial (``mine``:
         this actor's, None without members this time): averaged by actor 0 in actor order
-        (:class:`~fedcomp.platform.federation.Averages`) and sent to every actor, so all hold the same bits; with whether each actor kept private state. A layout travels to actor 0 once (pickled,
-        with the first partial of its shape each actor sends) and is known by its fingerprint from then on.
+        (:class:`~fedcomp.platform.federation.Averages`) and sent to every actor, so all hold the same bits; with
+        whether each actor kept private state, and the most seconds any actor says it worked on the call
+        (``busy_s``: the slowest actor's compute, for the profile). A layout travels to actor 0 once (pickled, with
+        the first partial of its shape each actor sends), and back to every actor with the first answer in it (so that
+        actors without members can unpack the means), and is known by its fingerprint from then on: an answer's
+        header is a few floats (:data:`ANSWER`), not a pickle.
 
         Raises:
             GroupBroken: another actor of the group is gone.
         """
         layout = b""
         if mine is None:
-            head, body = _head((0, 0, 0, 0, 0, 0), ()), None
+            head, body = _head((0, 0, 0, 0, 0, 0, busy_s), ()), None
         else:
             fingerprint = _fingerprint(mine.layout)
             body = mine.sums
-            head = _head((mine.clients, body.size, mine.samples, float(mine.has_private), fingerprint, len(mine.losses)),
-                         mine.losses)
+            head = _head((mine.clients, body.size, mine.samples, float(mine.has_private), fingerprint, len(mine.losses),
+                          busy_s), mine.losses)
             if fingerprint not in self.sent:
                 layout = pickle.dumps(mine.layout)
                 self.sent.add(fingerprint)
+                self.layouts[fingerprint] = mine.layout
 
-        def answer(rows: list[Row]) -> tuple[dict[str, Any], np.ndarray]:
+        def answer(rows: list[Row]) -> tuple[bytes, np.ndarray]:
             self.layouts.update({_fingerprint(lay): lay for lay in (pickle.loads(b) for _, _, b in rows if b)})
-            averages = Averages.of([_partial(h, body, self.layouts[float(h[4])]) for h, body, _ in rows if h[0] > 0])
-            header = {"averages": dataclasses.replace(averages, flat=np.zeros(0, np.float32)),
-                      "private": [bool(h[3]) for h, _, _ in rows]}
-            return header, averages.flat
+            members = [(h, body) for h, body, _ in rows if h[0] > 0]
+            fingerprint = float(members[0][0][4])
+            averages = Averages.of([_partial(h, body, self.layouts[float(h[4])]) for h, body in members])
+            counts = [averages.clients, averages.samples, averages.loss, max(float(h[6]) for h, _, _ in rows),
+                      fingerprint, *(h[3] for h, _, _ in rows)]
+            told = b""
+            if fingerprint not in self.told:
+                told = pickle.dumps(averages.layout)
+                self.told.add(fingerprint)
+            return np.array(counts, np.float64).tobytes() + told, averages.flat
 
         header, means = self._at_root(head, body, layout, answer)
-        return dataclasses.replace(header["averages"], flat=means).outcome(floats_down), header["private"]
+        counts = np.frombuffer(header, np.float64, count=ANSWER + self.world)
+        fingerprint = float(counts[4])
+        if len(header) > counts.nbytes:
+            self.layouts.setdefault(fingerprint, pickle.loads(header[counts.nbytes:]))
+        averages = Averages(self.layouts[fingerprint], means, int(counts[0]), int(counts[1]), float(counts[2]))
+        return averages.outcome(floats_down), [bool(f) for f in counts[ANSWER:]], float(counts[3])
 
     def _at_root(
-        self, head: np.ndarray, body: np.ndarray | None, extra: bytes, answer: Callable[[list[Row]], tuple[dict[str, Any], np.ndarray]],
-    ) -> tuple[dict[str, Any], np.ndarray]:
+        self, head: np.ndarray, body: np.ndarray | None, extra: bytes, answer: Callable[[list[Row]], tuple[bytes, np.ndarray]],
+    ) -> tuple[bytes, np.ndarray]:
         """Every actor's row -- ``head`` and ``body`` (float64) and ``extra`` bytes -- goes to actor 0, which computes
-        ``answer`` from them (in actor order) and sends every actor its two parts: a small header (pickled) and a
-        float32 array. Nothing is copied on the way out (one gathering write per message); actor 0 reads each
+        ``answer`` from them (in actor order) and sends every actor its two parts: a small header (bytes the caller
+        encodes) and a float32 array. Nothing is copied on the way out (one gathering write per message); actor 0 reads each
         actor's body into a buffer it keeps for that actor, and an answer is read into a new array, since its
         means become the caller's tensors.
 
@@ -205,7 +227,7 @@ class Group:
         try:
             if self.rank != 0:
                 _send(self.peers[0], [head, body, extra])
-                header = pickle.loads(_receive(self.peers[0]))
+                header = bytes(_receive(self.peers[0]))
                 return header, np.frombuffer(_receive(self.peers[0], _fresh), np.float32)
             rows: list[Row] = [(head, body, extra)]
             for i, peer in enumerate(self.peers):
@@ -214,7 +236,7 @@ class Group:
                 rows.append((their_head, their_body, bytes(_receive(peer))))
             header, values = answer(rows)
             values = np.ascontiguousarray(values, np.float32)
-            answered: list[bytes | np.ndarray] = [pickle.dumps(header), values]
+            answered: list[bytes | np.ndarray] = [header, values]
             for peer in self.peers:
                 _send(peer, answered)
             return header, values
@@ -307,7 +329,12 @@ def _read_into(peer: socket.socket, view: memoryview) -> None:
 
 def _fingerprint(layout: Layout) -> float:
     """A float that tells layouts apart (a CRC-32 of their names and sizes, exact in a float64 row)."""
-    return float(zlib.crc32(repr((layout.keys, layout.sizes)).encode()))
+    return _crc(layout.keys, layout.sizes)
+
+
+@functools.lru_cache(maxsize=256)
+def _crc(keys: tuple[str, ...], sizes: tuple[int, ...]) -> float:
+    return float(zlib.crc32(repr((keys, sizes)).encode()))
 
 
 def run_exchange(

@@ -32,6 +32,8 @@ from fedcomp.platform.server import Server
 REPLY_EVERY_S = 0.1
 """How often replica 0 sends the replies of the rounds it has run since it last sent (besides at evaluated rounds
 and at the end)."""
+SLOWEST_COMPUTE = "actor compute (slowest actor each call)"
+"""The key, in a replica's profile, of the seconds each call's slowest actor computed, summed over the calls."""
 AtCall = Callable[..., None]
 """Called with ``(round, sub)`` before this actor runs a call's members (``(round, sub, step)`` for a step of an
 exchange): the client actor's fault injection."""
@@ -51,6 +53,11 @@ class GroupFederation:
         """The exchange in progress: its program, round and sub-round, each actor's members and the answers so far."""
         self.profile = {"actor compute (this replica)": 0.0, "group gathers": 0.0}
         """Seconds in this actor's clients' programs and in the gathers (waiting for the slowest actor included)."""
+        self.slowest_s = 0.0
+        """Seconds in the programs of each call's slowest actor, summed over the calls (as a server counts its
+        actors' compute; not a phase of this replica's time)."""
+        self.busy_s = 0.0
+        """This actor's seconds of compute in the call in progress (told to the others with its partial)."""
 
     def call(self, program: str, round: int, cohort: list[int], payload: Tensors, sub: int = 0) -> Outcome:
         layout = Layout.of(payload)
@@ -90,7 +97,8 @@ class GroupFederation:
         started = time.perf_counter()
         partial = run()
         partial.private = {}  # the host keeps its clients' state; a checkpoint asks for it
-        self.profile["actor compute (this replica)"] += time.perf_counter() - started
+        self.busy_s = time.perf_counter() - started
+        self.profile["actor compute (this replica)"] += self.busy_s
         return partial
 
     def _combine(
@@ -99,8 +107,10 @@ class GroupFederation:
         """Every actor's partial, combined in actor order; for a call's end (``members``), the router learns where
         private state is now."""
         started = time.perf_counter()
-        outcome, private = self.group.combined(partial, floats_down)
+        outcome, private, slowest_s = self.group.combined(partial, floats_down, self.busy_s)
         self.profile["group gathers"] += time.perf_counter() - started
+        self.slowest_s += slowest_s
+        self.busy_s = 0.0
         if members is not None:
             self.router.learn(program, members, {i: private[i] for i in members})
         return outcome
@@ -132,6 +142,13 @@ class Replica:
         self.rank = rank
         federation = lambda c: GroupFederation(host, group, rank, groups, c.federation.routing, at_call)  # noqa: E731
         self.server = Server(config, federation, host.task if host.device == "cpu" else None)
+
+    def profile(self) -> dict[str, float]:
+        """This replica's phases (:meth:`~fedcomp.platform.server.Server.profile`), and under :data:`SLOWEST_COMPUTE`
+        the seconds of each call's slowest actor (the same on every replica; not one of the phases)."""
+        federation = self.server.federation
+        assert isinstance(federation, GroupFederation)
+        return {**self.server.profile(), SLOWEST_COMPUTE: federation.slowest_s}
 
     def rounds(self, evaluated: Sequence[bool]) -> Iterator[list[dict[str, Any]]]:
         """Run the rounds; replica 0 evaluates where asked and yields the rounds' replies (the others yield nothing):

@@ -75,15 +75,17 @@ def test_three_members_combine_whole_partials_in_member_order_as_the_server_does
         expected = combine([partials[0], partials[2]], 7)
         for _ in range(2):  # the layout travels with the first exchange only
             mine = [partials[0], None, partials[2]]  # member 1 has no cohort members this time
-            got = _together(groups, lambda g, i: g.combined(mine[i], 7))  # noqa: B023 (called at once)
-            for outcome, private in got:
+            got = _together(groups, lambda g, i: g.combined(mine[i], 7, busy_s=0.5 * i))  # noqa: B023 (called at once)
+            for outcome, private, slowest_s in got:
                 assert private == [False, False, True]
+                assert slowest_s == 1.0  # the most seconds any member said it worked, member 1's none included
                 assert (outcome.clients, outcome.samples, outcome.loss, outcome.floats_up, outcome.floats_down) == (
                     expected.clients, expected.samples, expected.loss, expected.floats_up, 7)
                 assert list(outcome.means) == ["m", "x"]
                 for key in ("m", "x"):
                     np.testing.assert_array_equal(outcome.means[key].numpy(), expected.means[key].numpy())
         assert len(groups[0].layouts) == 1 and groups[2].sent == groups[0].sent and not groups[1].sent
+        assert groups[1].layouts == groups[0].layouts == groups[2].layouts  # told with the first answer
         means = _together(groups, lambda g, i: g.mean(i, np.full(4, float(i)) if i else None))  # rows of any size
         for mean in means:
             np.testing.assert_array_equal(mean, mean_of([np.full(4, 1.0), np.full(4, 2.0)], 3, 4))

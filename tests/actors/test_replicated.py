@@ -9,9 +9,11 @@ import json
 
 import pandas as pd
 import pytest
+import ray
 
 import fedcomp
 from fedcomp.actors.collective import FAULT_JOIN
+from fedcomp.actors.replicas import SLOWEST_COMPUTE
 from fedcomp.actors.replicated_server import ReplicatedServer
 from fedcomp.platform.config import load_config
 from fedcomp.platform.errors import ConfigError
@@ -98,3 +100,25 @@ def test_actors_that_cannot_form_a_group_run_the_server_in_the_driver_after_one_
     assert not [line for line in err if "could not form a process group for collective exchanges" in line]
     backend = json.loads((on_ray.run_dir / "run.json").read_text())["backend"]
     assert (backend["server"], backend["transport"]) == ("driver", "calls")
+
+
+def test_the_profile_counts_each_calls_slowest_actor_beside_each_replicas_own_phases(ray_session):
+    """Every replica learns, with each call's answer, the most seconds any actor computed on it: a round's overhead is
+    then measured over that, as with a server actor (``benchmarks/profile_round.py``), and it is not a phase (the
+    driver's wait is what the phases leave of its time)."""
+    raw = {"task": FEDDRO["task"], "algorithm": {"name": "feddro", "local_steps": 3, "lr": 0.3},
+           "federation": {"clients": 4, "clients_per_actor": 2, "backend": "ray", "server": "replicated"},
+           "run": {"rounds": 3, "progress": "none"}}
+    server = ReplicatedServer(load_config(raw))
+    try:
+        for _ in server.run_rounds([False] * 3):
+            pass
+        replicas = ray.get([actor.replica_profile.remote() for actor in server.actors.actors])
+        assert len({p[SLOWEST_COMPUTE] for p in replicas}) == 1, replicas  # every replica heard the same
+        assert replicas[0][SLOWEST_COMPUTE] >= max(p["actor compute (this replica)"] for p in replicas) > 0
+        phases = server.profile()
+        spent = sum(s for k, s in phases.items() if k not in (SLOWEST_COMPUTE, "driver waiting for replica 0"))
+        assert phases["driver waiting for replica 0"] == pytest.approx(server.driver_s - spent)
+        assert phases["server round program"] >= 0
+    finally:
+        server.close()
