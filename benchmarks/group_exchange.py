@@ -110,6 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--exchanges", type=int, default=40)
     parser.add_argument("--out", default=str(common.HERE / "GROUP_EXCHANGE.md"))
     args = parser.parse_args(argv)
+    torch.set_num_threads(1)  # as in the members, so that the report says what they ran with
     load_before = common.load_average()
     times = measure(args.exchanges, list(SIZES.values()))
     table = ["| partial | floats | exchange (ms, median) | bare transfer of its bytes (ms, median) | exchange / transfer |",
