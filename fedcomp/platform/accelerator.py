@@ -80,29 +80,29 @@ def one_thread(enabled: bool = True) -> Iterator[None]:
         torch.set_num_threads(before)
 
 
-SCRATCH_MIN_FLOATS = 65_536
-"""Outputs from this size on are widened to float64 in :class:`ExactSum`'s scratch before they are added; smaller
-ones are added as they are (torch's small float64 temporary comes from the allocator's free lists, and one
-operation costs less than two, which shows on rounds of many tiny clients). Either way the same bits."""
+HOST_FLOATS = (torch.float32, torch.float64)
+"""Output dtypes a host-memory sum adds through NumPy, which widens each block of the addend as it adds it."""
 
 
 class ExactSum:
     """A float64 running sum of outputs' ``keys``, flattened and concatenated, added in the order they come, on
-    their device (each output's tensors widened exactly into one float64 buffer: no flat copy per output).
+    their device (each output's tensors added into one float64 buffer: no flat copy per output).
 
     Added one output at a time, a host can let each client's outputs go as soon as they are counted: a cohort
-    of large models is never held all at once. Kept by a host from call to call (:meth:`begin` starts a new
-    sum), its widening scratch is reused (megabytes asked of the allocator per client came back as fresh pages
-    from the system, each faulted in on first touch -- a measurable share of a CPU round of a large model);
-    each sum gets a buffer of its own, so a reply's sums stay what they were after the host's next call."""
+    of large models is never held all at once. In host memory a float32 output is added by NumPy
+    (``np.add(total, output, out=total)``: one pass, widened a block at a time), since torch's ``add_`` of a float32
+    tensor into a float64 one on the CPU first makes a float64 copy of it (megabytes per client of a large model,
+    fresh pages faulted in on first touch: twice the memory traffic, a measurable share of a CPU round); on a
+    GPU torch widens in its kernel. Each sum gets a buffer of its own, so a reply's sums stay what they were after
+    the host's next call."""
 
     def __init__(self) -> None:
         self.keys: tuple[str, ...] = ()
         self.buffer: Tensor | None = None
         """The current sum (float64, on the outputs' device; a new one for every sum)."""
-        self.scratch: Tensor | None = None
-        """Where a float32 output is widened before it is added."""
         self.parts: Sequence[Tensor] = ()
+        self.arrays: Sequence[np.ndarray] = ()
+        """The parts as NumPy arrays (host memory), empty on a GPU."""
         self.added = 0
 
     def begin(self, keys: Sequence[str]) -> ExactSum:
@@ -118,22 +118,16 @@ class ExactSum:
             size, device = sum(t.numel() for t in tensors), tensors[0].device
             self.buffer = torch.empty(size, dtype=torch.float64, device=device)
             self.parts = self.buffer.split([t.numel() for t in tensors])
+            self.arrays = [p.numpy() for p in self.parts] if device.type == "cpu" else []
             for part, t in zip(self.parts, tensors):
                 part.copy_(t)
         else:
-            for part, t in zip(self.parts, tensors):
-                part.add_(self._widened(t))
+            for i, (part, t) in enumerate(zip(self.parts, tensors)):
+                if self.arrays and t.device.type == "cpu" and t.dtype in HOST_FLOATS:
+                    np.add(self.arrays[i], t.numpy(), out=self.arrays[i])
+                else:
+                    part.add_(t)
         self.added += 1
-
-    def _widened(self, t: Tensor) -> Tensor:
-        """``t`` in float64 (exactly), in the scratch buffer: adding a float32 tensor into a float64 one directly
-        makes torch allocate a float64 temporary each time (for megabytes of parameters, fresh pages from the
-        system, each faulted in: the page faults per round that ``benchmarks/local_step.py`` counts)."""
-        if t.dtype == torch.float64 or t.numel() < SCRATCH_MIN_FLOATS:
-            return t
-        if self.scratch is None or self.scratch.numel() < t.numel() or self.scratch.device != t.device:
-            self.scratch = torch.empty(max(p.numel() for p in self.parts), dtype=torch.float64, device=t.device)
-        return self.scratch[: t.numel()].copy_(t)
 
     def value(self) -> np.ndarray:
         """The sums as a host array (one device -> host copy; on the CPU, the buffer itself); empty without keys."""

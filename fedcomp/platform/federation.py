@@ -121,20 +121,30 @@ class Partial:
         return math.fsum(self.losses)
 
 
+MEAN_BLOCK = 65_536
+"""Floats :func:`mean_of` forms at a time: its float64 total stays in the core's cache, so a large model's sums are
+read once and its means written once (rather than a model-sized total written and read back twice)."""
+
+
 def mean_of(sums: Iterable[np.ndarray], clients: int, size: int) -> np.ndarray:
     """The cohort mean (float32) of hosts' float64 partial sums of ``size`` floats, added in the given order: the
     one place the average is formed, by the server (:func:`combine`) and by client actors that average among
-    themselves (``federation.transport: collective``), so both give the same bits."""
-    total: np.ndarray | None = None
-    for part in sums:
-        if total is None:
-            total = np.add(part, 0.0)  # 0.0 + part, as if added to zeros (-0.0 becomes 0.0), in one pass
-        else:
-            total += part
-    if total is None:
-        total = np.zeros(size, np.float64)
-    with np.errstate(over="ignore"):  # divided in float64 and rounded once to float32 (beyond its range: inf)
-        means: np.ndarray = np.divide(total, clients, out=np.empty(size, np.float32), casting="unsafe")
+    themselves (``federation.transport: collective``), so both give the same bits. Each element is
+    ``((0.0 + s_1) + s_2 + ...) / clients`` in float64, rounded once to float32 (beyond its range: inf)."""
+    parts = list(sums)
+    means = np.empty(size, np.float32)
+    total = np.empty(min(size, MEAN_BLOCK), np.float64)
+    with np.errstate(over="ignore"):
+        for start in range(0, size, MEAN_BLOCK):
+            end = min(start + MEAN_BLOCK, size)
+            block = total[: end - start]
+            if parts:
+                np.add(parts[0][start:end], 0.0, out=block)  # as if added to zeros: -0.0 becomes 0.0
+                for part in parts[1:]:
+                    block += part[start:end]
+            else:
+                block.fill(0.0)
+            np.divide(block, clients, out=means[start:end], casting="unsafe")
     return means
 
 
@@ -223,7 +233,7 @@ class ClientHost:
         """The model whose running statistics each client keeps (None: no module buffers)."""
         self.private: dict[int, Tensors] = {}
         self.sums = ExactSum()
-        """Every call's float64 sums (its widening scratch reused from call to call)."""
+        """Every call's float64 sums, each client's outputs added as the client finishes."""
         self.session: Session | None = None
         """The generator program in progress (between ``begin`` and its last ``resume``)."""
 

@@ -16,7 +16,6 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from fedcomp.platform.accelerator import (
-    SCRATCH_MIN_FLOATS,
     ExactSum,
     Footprint,
     configure,
@@ -177,14 +176,13 @@ def test_exact_sums_equal_the_hosts_float64_sums_bit_for_bit() -> None:
     assert exact_sums(outputs, ()).size == 0
 
 
-def test_a_kept_exact_sum_reuses_its_scratch_and_each_sum_is_exact_and_its_own() -> None:
-    """A host keeps one ExactSum: large float32 outputs are widened in the same scratch every call (no
-    allocation per client), each sum has the bits of a fresh float64 sum and is an array of its own (the next
-    sum does not change it); float64 and small outputs are added as they are."""
+def test_a_kept_exact_sum_is_exact_and_each_sum_its_own() -> None:
+    """A host keeps one ExactSum: each sum -- of large and small float32 outputs, of float64 ones, of outputs mixing
+    both -- has the bits of a fresh float64 sum and is an array of its own (the next sum does not change it)."""
     gen = torch.Generator().manual_seed(5)
     kept = ExactSum()
-    big = SCRATCH_MIN_FLOATS + 7
-    sums, expected, scratches = [], [], []
+    big = 70_007
+    sums, expected = [], []
     for size, dtype in ((big, torch.float32), (big, torch.float32), (big, torch.float64), (40, torch.float32)):
         outputs = [{"a": torch.randn(size, generator=gen, dtype=dtype) * 1e3, "b": torch.randn(3, generator=gen)}
                    for _ in range(4)]
@@ -193,10 +191,20 @@ def test_a_kept_exact_sum_reuses_its_scratch_and_each_sum_is_exact_and_its_own()
             kept.add(out)
         sums.append(kept.value())
         expected.append(sum((Layout.of(o).pack(o, np.float64) for o in outputs), np.zeros(size + 3)))
-        scratches.append(kept.scratch.data_ptr())
     for got, want in zip(sums, expected, strict=True):  # read after every later sum: each is its own
         assert got.dtype == np.float64 and np.array_equal(got, want)
-    assert len(set(scratches)) == 1  # one scratch for every sum
+
+
+def test_an_exact_sum_adds_views_and_keeps_minus_zero_of_the_first_output() -> None:
+    """Outputs that are strided views (a transposed weight) are added element for element in their flattened
+    order, and a sum starts as its first output's values exactly (-0.0 stays -0.0 when nothing else is added)."""
+    gen = torch.Generator().manual_seed(6)
+    weights = [torch.randn(300, 400, generator=gen).t() for _ in range(3)]
+    total = exact_sums([{"w": w} for w in weights], ("w",))
+    want = sum((w.contiguous().reshape(-1).double().numpy() for w in weights), np.zeros(120_000))
+    assert np.array_equal(total, want)
+    alone = exact_sums([{"z": torch.tensor([-0.0, 1.5])}], ("z",))
+    assert np.signbit(alone[0]) and alone[1] == 1.5
 
 
 @CUDA
