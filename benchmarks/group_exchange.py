@@ -5,8 +5,10 @@ With ``federation.server: replicated`` (the default) every round ends with one e
 averages them in actor order and sends the float32 means back. This script times that exchange between two
 processes (the group is plain TCP on loopback, as between two client actors on one node), for the partials of the
 small MLP 32-64-10, a 100k-float model and the heavy MLP 32-1024-1024-10, and side by side in the same processes
-the floor: the same bytes over the same connection with nothing else done (8 bytes a float one way, 4 back, read
-into buffers allocated once). The ratio is what the exchange pays over moving its bytes.
+the same bytes over the same connection with nothing else done: 8 bytes a float one way, then 4 back, read into
+buffers allocated once. The ratio is what the exchange pays over moving its bytes one way after the other; a large
+exchange sends the means back while the sums are still arriving (``collective.PIPELINED_FLOATS``), so it can come
+under that.
 
     python benchmarks/group_exchange.py [--exchanges 40] [--out benchmarks/GROUP_EXCHANGE.md]
 """
@@ -122,8 +124,9 @@ def main(argv: list[str] | None = None) -> int:
         f"{common.generated_by()}; load average before: {load_before}, after: {common.load_average()}. Two "
         f"processes in one group over loopback TCP, {CLIENTS} clients' partial each; median over {args.exchanges} "
         f"exchanges after {WARM_UP} warm-up ones, each the slower member's time, the exchange and the bare transfer "
-        "interleaved. Bare transfer: the exchange's bytes (8 a float to actor 0, 4 back) over the same connection "
-        "into buffers allocated once."
+        "interleaved. Bare transfer: the exchange's bytes (8 a float to actor 0, then 4 back) over the same "
+        "connection into buffers allocated once; exchanges of large sums overlap the two directions (block by block), "
+        "so they can take less."
     )
     common.publish("\n".join(["# One exchange of the actors' group against the bare transfer of its bytes", "",
                               intro, "", *table]), args.out)

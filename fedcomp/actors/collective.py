@@ -23,6 +23,7 @@ from __future__ import annotations
 import functools
 import os
 import pickle
+import select
 import socket
 import struct
 import time
@@ -33,7 +34,7 @@ import numpy as np
 import ray
 
 from fedcomp.platform.algorithms.base import Outcome
-from fedcomp.platform.federation import Averages, ClientHost, Layout, Partial, mean_of
+from fedcomp.platform.federation import MEAN_BLOCK, Averages, ClientHost, Layout, Partial, mean_of
 
 JOIN_TIMEOUT_S = 20.0
 """How long the actors wait for each other at the group's rendezvous and for their connections (e.g. a cluster
@@ -50,8 +51,20 @@ ANSWER = 5
 the mean loss, the most seconds an actor worked on the call and the layout's fingerprint; then one float for each
 actor, whether it kept private state; then, the first time a layout is answered, the layout, pickled."""
 
+PIPELINED_FLOATS = 262_144
+"""Sums from this many floats on (2 MiB of float64) are averaged as they arrive: actor 0 forms and sends the means
+of each block of :data:`~fedcomp.platform.federation.MEAN_BLOCK` floats as soon as every actor's sums of that block
+are in, while the rest are still on their way, and the other actors send their sums and read the means at once
+(:func:`_duplex`). Smaller exchanges are a few messages each way, which blocking reads and writes make at the
+least latency."""
+
 Row = tuple[np.ndarray, np.ndarray, bytes]
 """One actor's contribution to an exchange as actor 0 sees it: head (counts, then losses), body (float64 sums), extra."""
+Message = bytes | np.ndarray
+"""What goes over a connection after its length: bytes, or an array's memory as it is."""
+Plan = tuple[bytes, list[int], int, int]
+"""What actor 0 makes of the rows' heads before their sums are in: an error (empty when none), which rows' sums make
+the mean (in actor order), over how many clients, and how many floats it has."""
 History = list[tuple[Layout, np.ndarray]]
 """Each step's cohort means as one actor formed them: their layout and the float32 values."""
 
@@ -67,8 +80,10 @@ class Group:
     actor order, as the server would, and sends it to every actor. Each message is one blocking socket write and read
     on the caller's thread (TCP_NODELAY): a gloo
     ``all_gather`` between two actors, which hands every message to worker threads, took 0.7 ms idle on a 2-core
-    machine (``benchmarks/RAY_DAG.md``). A peer that dies or leaves closes its sockets, so the others' next read
-    fails at once; every read waits at most the group's deadline."""
+    machine (``benchmarks/RAY_DAG.md``). Large sums (:data:`PIPELINED_FLOATS`) are averaged block by block as they
+    arrive, actor 0 sending each block's means at once, and the other actors write their sums and read the means
+    at the same time: the means come back while the sums are still going up. A peer that dies or leaves closes its
+    sockets, so the others' next read fails at once; every read waits at most the group's deadline."""
 
     def __init__(self) -> None:
         self.world = 0
@@ -151,14 +166,14 @@ class Group:
         size = 0 if sums is None else int(sums.size)
         head = _head((clients, size, 0, 0, 0, 0, 0), ())
 
-        def answer(rows: list[Row]) -> tuple[bytes, np.ndarray]:
-            members = [(h, body) for h, body, _ in rows if h[0] > 0]
-            widths = sorted({int(h[1]) for h, _ in members})
+        def plan(rows: list[Row]) -> Plan:
+            members = [i for i, (h, _, _) in enumerate(rows) if h[0] > 0]
+            widths = sorted({int(rows[i][0][1]) for i in members})
             if len(widths) > 1:
-                return f"exchange out of step: the actors yielded {widths} floats".encode(), np.zeros(0, np.float32)
-            return b"", mean_of((body for _, body in members), int(sum(h[0] for h, _ in members)), widths[0])
+                return f"exchange out of step: the actors yielded {widths} floats".encode(), [], 0, 0
+            return b"", members, int(sum(rows[i][0][0] for i in members)), widths[0]
 
-        error, means = self._at_root(head, sums, b"", answer)
+        error, means = self._at_root(head, sums, b"", plan, lambda rows, means, error: error)
         if error:
             raise RuntimeError(error.decode())
         return means
@@ -189,20 +204,24 @@ class Group:
                 self.sent.add(fingerprint)
                 self.layouts[fingerprint] = mine.layout
 
-        def answer(rows: list[Row]) -> tuple[bytes, np.ndarray]:
+        def plan(rows: list[Row]) -> Plan:
+            members = [i for i, (h, _, _) in enumerate(rows) if h[0] > 0]
+            return b"", members, int(sum(rows[i][0][0] for i in members)), int(rows[members[0]][0][1])
+
+        def answer(rows: list[Row], means: np.ndarray, error: bytes) -> bytes:
             self.layouts.update({_fingerprint(lay): lay for lay in (pickle.loads(b) for _, _, b in rows if b)})
             members = [(h, body) for h, body, _ in rows if h[0] > 0]
             fingerprint = float(members[0][0][4])
-            averages = Averages.of([_partial(h, body, self.layouts[float(h[4])]) for h, body in members])
+            averages = Averages.of([_partial(h, body, self.layouts[float(h[4])]) for h, body in members], means)
             counts = [averages.clients, averages.samples, averages.loss, max(float(h[6]) for h, _, _ in rows),
                       fingerprint, *(h[3] for h, _, _ in rows)]
             told = b""
             if fingerprint not in self.told:
                 told = pickle.dumps(averages.layout)
                 self.told.add(fingerprint)
-            return np.array(counts, np.float64).tobytes() + told, averages.flat
+            return np.array(counts, np.float64).tobytes() + told
 
-        header, means = self._at_root(head, body, layout, answer)
+        header, means = self._at_root(head, body, layout, plan, answer)
         counts = np.frombuffer(header, np.float64, count=ANSWER + self.world)
         fingerprint = float(counts[4])
         if len(header) > counts.nbytes:
@@ -211,13 +230,15 @@ class Group:
         return averages.outcome(floats_down), [bool(f) for f in counts[ANSWER:]], float(counts[3])
 
     def _at_root(
-        self, head: np.ndarray, body: np.ndarray | None, extra: bytes, answer: Callable[[list[Row]], tuple[bytes, np.ndarray]],
+        self, head: np.ndarray, body: np.ndarray | None, extra: bytes, plan: Callable[[list[Row]], Plan],
+        answer: Callable[[list[Row], np.ndarray, bytes], bytes],
     ) -> tuple[bytes, np.ndarray]:
-        """Every actor's row -- ``head`` and ``body`` (float64) and ``extra`` bytes -- goes to actor 0, which computes
-        ``answer`` from them (in actor order) and sends every actor its two parts: a small header (bytes the caller
-        encodes) and a float32 array. Nothing is copied on the way out (one gathering write per message); actor 0 reads each
-        actor's body into a buffer it keeps for that actor, and an answer is read into a new array, since its
-        means become the caller's tensors.
+        """Every actor's row -- ``head``, ``extra`` bytes and ``body`` (float64 sums) -- goes to actor 0, which
+        ``plan``s the mean from the heads, forms it (:func:`~fedcomp.platform.federation.mean_of`, in actor order) and
+        sends every actor the float32 means, then the header ``answer`` encodes from the rows and the means. Sums of
+        :data:`PIPELINED_FLOATS` or more are averaged block by block as they arrive. Nothing is copied on the way out
+        (gathering writes); actor 0 reads each actor's sums into a buffer it keeps for that actor, and the means are
+        read into a new array, since they become the caller's tensors.
 
         Raises:
             GroupBroken: another actor of the group is gone (or did not answer within the deadline); this one then
@@ -226,20 +247,43 @@ class Group:
         body = np.zeros(0, np.float64) if body is None else np.ascontiguousarray(body, np.float64)
         try:
             if self.rank != 0:
-                _send(self.peers[0], [head, body, extra])
-                header = bytes(_receive(self.peers[0]))
-                return header, np.frombuffer(_receive(self.peers[0], _fresh), np.float32)
+                peer, row = self.peers[0], list[Message]([head, extra, body])
+                if body.size >= PIPELINED_FLOATS:
+                    values, told = _duplex(peer, row)
+                else:
+                    _send(peer, row)
+                    values, told = _receive(peer, _fresh), _receive(peer)
+                return bytes(told), np.frombuffer(values, np.float32)
             rows: list[Row] = [(head, body, extra)]
+            views: list[memoryview] = []
             for i, peer in enumerate(self.peers):
-                their_head = np.frombuffer(_receive(peer), np.float64)
-                their_body = np.frombuffer(_receive(peer, functools.partial(self._scratch, i)), np.float64)
-                rows.append((their_head, their_body, bytes(_receive(peer))))
-            header, values = answer(rows)
-            values = np.ascontiguousarray(values, np.float32)
-            answered: list[bytes | np.ndarray] = [header, values]
+                their_head, their_extra = np.frombuffer(_receive(peer), np.float64), bytes(_receive(peer))
+                views.append(self._scratch(i, struct.unpack("<q", _read(peer, 8))[0]))
+                rows.append((their_head, np.frombuffer(views[-1], np.float64), their_extra))
+            error, members, clients, size = plan(rows)
+            means = np.empty(0 if error else size, np.float32)
+            if error or size < PIPELINED_FLOATS or any(v.nbytes not in (0, 8 * size) for v in views):
+                for peer, view in zip(self.peers, views):
+                    _read_into(peer, view)
+                if not error:
+                    mean_of((rows[i][1] for i in members), clients, size, means)
+                for peer in self.peers:
+                    _send(peer, [means])
+            else:
+                for peer in self.peers:
+                    peer.sendall(struct.pack("<q", means.nbytes))
+                for start in range(0, size, MEAN_BLOCK):
+                    end = min(start + MEAN_BLOCK, size)
+                    for peer, view in zip(self.peers, views):
+                        if view.nbytes:
+                            _read_into(peer, view[8 * start:8 * end])
+                    block = mean_of((rows[i][1][start:end] for i in members), clients, end - start, means[start:end])
+                    for peer in self.peers:
+                        peer.sendall(block.data.cast("B"))
+            header = answer(rows, means, error)
             for peer in self.peers:
-                _send(peer, answered)
-            return header, values
+                _send(peer, [header])
+            return header, means
         except (OSError, ConnectionError) as error:
             self.leave()  # so that the others' exchanges fail at once too
             reason = "timed out" if isinstance(error, TimeoutError) else str(error) or type(error).__name__
@@ -284,18 +328,75 @@ def _connect(host: str, port: int, rank: int, deadline: float) -> socket.socket:
     return peer
 
 
-def _send(peer: socket.socket, messages: Sequence[bytes | np.ndarray]) -> None:
+def _send(peer: socket.socket, messages: Sequence[Message]) -> None:
     """Messages, each after its length (8 bytes), in gathering writes: no copy of a large message."""
+    parts = _framed(messages)
+    while parts:
+        _advance(parts, peer.sendmsg(parts))
+
+
+def _framed(messages: Sequence[Message]) -> list[memoryview]:
+    """The messages' bytes, each after its length (8 bytes), as views for a gathering write."""
     parts: list[memoryview] = []
     for message in messages:
         view = (memoryview(message) if isinstance(message, bytes) else message.data).cast("B")
         parts += [memoryview(struct.pack("<q", view.nbytes)), view]
-    while parts:
-        sent = peer.sendmsg(parts)
-        while parts and sent >= parts[0].nbytes:
-            sent -= parts.pop(0).nbytes
-        if sent:
-            parts[0] = parts[0][sent:]
+    return parts
+
+
+def _advance(parts: list[memoryview], sent: int) -> None:
+    """Drop the ``sent`` bytes from the front of ``parts``."""
+    while parts and sent >= parts[0].nbytes:
+        sent -= parts.pop(0).nbytes
+    if sent:
+        parts[0] = parts[0][sent:]
+
+
+def _duplex(peer: socket.socket, messages: Sequence[Message]) -> tuple[memoryview, memoryview]:
+    """Send ``messages`` (framed as :func:`_send` frames them) while reading the answer's two messages, the means
+    (into a new buffer) and then the header: actor 0 sends a large exchange's means block by block while sums are still
+    on their way (:data:`PIPELINED_FLOATS`), so neither end may wait for the other to finish. Each wait for the
+    connection lasts at most its timeout, as a blocking read's would."""
+    timeout = peer.gettimeout()
+    parts, received = _framed(messages), list[memoryview]()
+    length = bytearray(8)
+    view = message = memoryview(length)
+    in_length = True
+    poller = select.poll()
+    peer.setblocking(False)
+    try:
+        while parts or len(received) < 2:
+            moved = False
+            if parts:
+                try:
+                    _advance(parts, peer.sendmsg(parts))
+                    moved = True
+                except BlockingIOError:
+                    pass
+            while len(received) < 2:
+                if not view:  # a length or a message is complete
+                    if in_length:
+                        (size,) = struct.unpack("<q", length)
+                        message = _fresh(size) if not received else memoryview(bytearray(size))
+                        view, in_length = message, False
+                    else:
+                        received.append(message)
+                        view, in_length = memoryview(length), True
+                    continue
+                try:
+                    got = peer.recv_into(view)
+                except BlockingIOError:
+                    break
+                if got == 0:
+                    raise ConnectionError("another actor left the group")
+                view, moved = view[got:], True
+            if not moved:
+                poller.register(peer, (select.POLLOUT if parts else 0) | (select.POLLIN if len(received) < 2 else 0))
+                if not poller.poll(None if timeout is None else timeout * 1000):
+                    raise TimeoutError("timed out")
+    finally:
+        peer.settimeout(timeout)
+    return received[0], received[1]
 
 
 def _fresh(size: int) -> memoryview:

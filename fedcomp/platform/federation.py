@@ -126,13 +126,14 @@ MEAN_BLOCK = 65_536
 read once and its means written once (rather than a model-sized total written and read back twice)."""
 
 
-def mean_of(sums: Iterable[np.ndarray], clients: int, size: int) -> np.ndarray:
+def mean_of(sums: Iterable[np.ndarray], clients: int, size: int, out: np.ndarray | None = None) -> np.ndarray:
     """The cohort mean (float32) of hosts' float64 partial sums of ``size`` floats, added in the given order: the
     one place the average is formed, by the server (:func:`combine`) and by client actors that average among
     themselves (``federation.transport: collective``), so both give the same bits. Each element is
-    ``((0.0 + s_1) + s_2 + ...) / clients`` in float64, rounded once to float32 (beyond its range: inf)."""
+    ``((0.0 + s_1) + s_2 + ...) / clients`` in float64, rounded once to float32 (beyond its range: inf); written
+    into ``out`` where given (float32, ``size`` floats), else into a new array."""
     parts = list(sums)
-    means = np.empty(size, np.float32)
+    means = np.empty(size, np.float32) if out is None else out
     total = np.empty(min(size, MEAN_BLOCK), np.float64)
     with np.errstate(over="ignore"):
         for start in range(0, size, MEAN_BLOCK):
@@ -161,12 +162,14 @@ class Averages:
     loss: float
 
     @classmethod
-    def of(cls, partials: Sequence[Partial]) -> Averages:
-        """The partial sums averaged in the given, fixed order."""
+    def of(cls, partials: Sequence[Partial], means: np.ndarray | None = None) -> Averages:
+        """The partial sums averaged in the given, fixed order (``means``: their :func:`mean_of`, where it was formed
+        already -- by the actors' group, block by block as the sums arrived)."""
         layout = partials[0].layout
         clients = sum(p.clients for p in partials)
-        return cls(layout, mean_of((p.sums for p in partials), clients, layout.total), clients,
-                   sum(p.samples for p in partials), math.fsum(loss for p in partials for loss in p.losses) / clients)
+        flat = mean_of((p.sums for p in partials), clients, layout.total) if means is None else means
+        return cls(layout, flat, clients, sum(p.samples for p in partials),
+                   math.fsum(loss for p in partials for loss in p.losses) / clients)
 
     def outcome(self, floats_down: int) -> Outcome:
         return Outcome(means=self.layout.unpack(self.flat, copy=False), clients=self.clients, samples=self.samples,

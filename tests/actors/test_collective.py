@@ -11,8 +11,8 @@ import threading
 import numpy as np
 import pytest
 
-from fedcomp.actors.collective import JOIN_TIMEOUT_S, Group, GroupBroken
-from fedcomp.platform.federation import Layout, Partial, combine, mean_of
+from fedcomp.actors.collective import JOIN_TIMEOUT_S, PIPELINED_FLOATS, Group, GroupBroken
+from fedcomp.platform.federation import MEAN_BLOCK, Layout, Partial, combine, mean_of
 
 
 def _address() -> str:
@@ -114,6 +114,58 @@ def test_model_sized_rows_arrive_whole_and_answers_do_not_share_actor_0s_buffers
         for g in groups:
             g.leave()
     assert not groups[0].buffers
+
+
+def test_large_partials_averaged_block_by_block_are_the_servers_bits():
+    """Partials of :data:`PIPELINED_FLOATS` floats or more are averaged as their blocks arrive (the last block a
+    part one, a member without cohort members taking part with nothing): every member holds what the server's
+    ``combine`` makes of them, every time; then a program out of step (rows of different sizes) fails for all, and
+    the group carries on."""
+    groups = _joined(3)
+    size = PIPELINED_FLOATS + MEAN_BLOCK // 2 + 3
+    layout = Layout(("w", "b"), (size - 10, 10))
+    rng = np.random.default_rng(7)
+    try:
+        for round in range(2):
+            partials = [Partial(layout, rng.standard_normal(size) * 10.0 ** (3 * i), 2 + i, 16 * (2 + i),
+                                losses=tuple(rng.random(2 + i))) for i in range(3)]
+            partials[0].sums[:4] = [-0.0, np.inf, -np.inf, np.nan]
+            expected = combine([partials[0], partials[2]], size)
+            mine = [partials[0], None, partials[2]]
+            got = _together(groups, lambda g, i: g.combined(mine[i], size))  # noqa: B023 (called at once)
+            for outcome, _, _ in got:
+                assert (outcome.clients, outcome.samples, outcome.loss) == (expected.clients, expected.samples, expected.loss)
+                for key in ("w", "b"):
+                    assert outcome.means[key].numpy().tobytes() == expected.means[key].numpy().tobytes(), round
+        late = _together(groups, lambda g, i: g.mean(1, np.ones(size + i)))
+        assert all(isinstance(e, RuntimeError) and "out of step" in str(e) for e in late), late
+        rows = [rng.standard_normal(size) for _ in groups]
+        for mean in _together(groups, lambda g, i: g.mean(1 + i, rows[i])):
+            assert mean.tobytes() == mean_of(rows, 6, size).tobytes()
+    finally:
+        for g in groups:
+            g.leave()
+
+
+def test_a_large_exchange_fails_at_once_when_member_0_is_gone_and_at_the_deadline_when_it_is_silent():
+    """A member sending a large partial reads and writes at once: it fails as soon as member 0 has left, and waits no
+    longer than the group's deadline for a member 0 that never reads (its sums stuck in the connection)."""
+    big = np.ones(8 * PIPELINED_FLOATS)  # beyond what the connection's buffers hold
+    gone = _joined(2, timeout_s=60.0)
+    try:
+        gone[0].leave()
+        with pytest.raises(GroupBroken):
+            gone[1].mean(1, big)
+    finally:
+        gone[1].leave()
+    silent = _joined(2, timeout_s=0.5)
+    try:
+        with pytest.raises(GroupBroken, match="timed out"):
+            silent[1].mean(1, big)
+        assert silent[1].peers == [] and all(p.gettimeout() == 0.5 for p in silent[0].peers)
+    finally:
+        for g in silent:
+            g.leave()
 
 
 def test_a_member_that_leaves_breaks_the_others_next_exchange_at_once():
