@@ -59,7 +59,9 @@ are in, while the rest are still on their way, and the other actors send their s
 least latency."""
 
 Row = tuple[np.ndarray, np.ndarray, bytes]
-"""One actor's contribution to an exchange as actor 0 sees it: head (counts, then losses), body (float64 sums), extra."""
+"""One actor's contribution to an exchange as actor 0 sees it: head (counts, then losses), body (float64 sums; another
+actor's sums averaged block by block as they arrived are :data:`NOT_KEPT`), extra."""
+NOT_KEPT = np.zeros(0, np.float64)
 Message = bytes | np.ndarray
 """What goes over a connection after its length: bytes, or an array's memory as it is."""
 Plan = tuple[bytes, list[int], int, int]
@@ -255,31 +257,35 @@ class Group:
                     values, told = _receive(peer, _fresh), _receive(peer)
                 return bytes(told), np.frombuffer(values, np.float32)
             rows: list[Row] = [(head, body, extra)]
-            views: list[memoryview] = []
-            for i, peer in enumerate(self.peers):
+            sizes: list[int] = []
+            for peer in self.peers:
                 their_head, their_extra = np.frombuffer(_receive(peer), np.float64), bytes(_receive(peer))
-                views.append(self._scratch(i, struct.unpack("<q", _read(peer, 8))[0]))
-                rows.append((their_head, np.frombuffer(views[-1], np.float64), their_extra))
+                sizes.append(struct.unpack("<q", _read(peer, 8))[0])
+                rows.append((their_head, NOT_KEPT, their_extra))
             error, members, clients, size = plan(rows)
             means = np.empty(0 if error else size, np.float32)
-            if error or size < PIPELINED_FLOATS or any(v.nbytes not in (0, 8 * size) for v in views):
-                for peer, view in zip(self.peers, views):
+            if error or size < PIPELINED_FLOATS or any(n not in (0, 8 * size) for n in sizes):
+                for i, (peer, n) in enumerate(zip(self.peers, sizes)):
+                    view = self._scratch(i, n)
                     _read_into(peer, view)
+                    rows[i + 1] = (rows[i + 1][0], np.frombuffer(view, np.float64), rows[i + 1][2])
                 if not error:
                     mean_of((rows[i][1] for i in members), clients, size, means)
                 for peer in self.peers:
                     _send(peer, [means])
-            else:
+            else:  # each peer's block read into the same few hundred kilobytes, still in cache when averaged
+                blocks = [np.frombuffer(self._scratch(i, 8 * MEAN_BLOCK), np.float64) for i in range(len(self.peers))]
                 for peer in self.peers:
                     peer.sendall(struct.pack("<q", means.nbytes))
                 for start in range(0, size, MEAN_BLOCK):
                     end = min(start + MEAN_BLOCK, size)
-                    for peer, view in zip(self.peers, views):
-                        if view.nbytes:
-                            _read_into(peer, view[8 * start:8 * end])
-                    block = mean_of((rows[i][1][start:end] for i in members), clients, end - start, means[start:end])
+                    for peer, n, block in zip(self.peers, sizes, blocks):
+                        if n:
+                            _read_into(peer, block[:end - start].data.cast("B"))
+                    sums = (body[start:end] if i == 0 else blocks[i - 1][:end - start] for i in members)
+                    mean_of(sums, clients, end - start, means[start:end])
                     for peer in self.peers:
-                        peer.sendall(block.data.cast("B"))
+                        peer.sendall(means[start:end].data.cast("B"))
             header = answer(rows, means, error)
             for peer in self.peers:
                 _send(peer, [header])
