@@ -4,7 +4,7 @@ each run in its own process; writes ``benchmarks/RESULTS.md``.
 
     python benchmarks/peers.py [--quick] [--repeats N]
         [--runners ray ray-driver ray-home ray-graph ray-vmap ray-driver-vmap ray-replicated ray-replicated-vmap local
-                   local-vmap plain optim pfl flower]
+                   local-vmap plain optim pfl flower] [--models small heavy]
                                [--no-install] [--bench-dir DIR] [--results PATH|-]
 
 Every runner is a subprocess started from ``benchmarks/peers/`` (fedcomp's six in this virtualenv, pfl in
@@ -518,6 +518,10 @@ def _plan(args: argparse.Namespace) -> tuple[tuple[tuple[Workload, tuple[int, ..
     if args.quick and args.memory:
         raise PlatformError("--quick and --memory each pick the workloads: give one of them")
     matrix = QUICK_MATRIX if args.quick else MEMORY_MATRIX if args.memory else FULL_MATRIX
+    if args.models:
+        matrix = tuple((w, workers) for w, workers in matrix if w.model in args.models)
+        if not matrix:
+            raise PlatformError(f"--models {' '.join(args.models)}: none of this run's workloads has that model")
     runners = [r for r in PEER_RUNNERS if r in (args.runners or PEER_RUNNERS)]
     repeats = args.repeats if args.repeats is not None else (1 if args.quick or args.memory else 3)
     if repeats < 1:
@@ -582,7 +586,8 @@ def render_peer_report(args: argparse.Namespace, runs: list[PeerRun], rows: list
                 versions[label] = version
     command = "python benchmarks/peers.py" + (" --quick" if args.quick else "") + (" --memory" if args.memory else "") + (
         f" --repeats {args.repeats}" if args.repeats is not None else "") + (
-        f" --runners {' '.join(args.runners)}" if args.runners else "")
+        f" --runners {' '.join(args.runners)}" if args.runners else "") + (
+        f" --models {' '.join(args.models)}" if args.models else "")
     notes = [
         *machine_lines(None, None, load_before),
         "runners: " + ", ".join(f"{k} {v}" for k, v in sorted(versions.items())),
@@ -624,6 +629,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="the memory target's workload alone (small MLP, 1,000 clients, 2 workers), 1 repeat")
     parser.add_argument("--repeats", type=int, help="runs per configuration (default: 3; 1 with --quick)")
     parser.add_argument("--runners", nargs="+", choices=PEER_RUNNERS, help="which runners to time (default: all)")
+    parser.add_argument("--models", nargs="+", choices=list(MODELS),
+                        help="only the workloads of these models (default: all; e.g. heavy for more repeats of it)")
     parser.add_argument("--no-install", action="store_true",
                         help="fail (one line, exit 2) instead of installing a missing peer")
     parser.add_argument("--bench-dir", help="peers' installs and work files (default: .bench in the checkout)")

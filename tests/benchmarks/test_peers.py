@@ -118,6 +118,8 @@ def test_a_missing_peer_is_one_line_and_exit_2(tmp_path, capsys, runner, says):
     (["--runners", "tff"], "argument --runners: invalid choice: 'tff'"),
     (["--repeats", "0"], "--repeats = 0: must be >= 1"),
     (["--quick", "--memory"], "--quick and --memory each pick the workloads: give one of them"),
+    (["--memory", "--models", "heavy"], "--models heavy: none of this run's workloads has that model"),
+    (["--models", "huge"], "argument --models: invalid choice: 'huge'"),
 ])
 def test_peers_bad_flags(tmp_path, capsys, argv, says):
     assert exit_code([*argv, "--bench-dir", str(tmp_path)]) == 2
@@ -129,6 +131,13 @@ def test_memory_flag_runs_the_memory_targets_workload_once():
     matrix, runners, repeats = peers._plan(peers.build_parser().parse_args(["--memory", "--runners", "ray", "plain"]))
     assert [(w.model, w.clients, n) for w, workers in matrix for n in workers] == [("small", 1000, 2)]
     assert runners == ["ray", "plain"] and repeats == 1
+
+
+def test_models_flag_keeps_that_models_workloads_at_every_worker_count():
+    matrix, _, repeats = peers._plan(peers.build_parser().parse_args(["--models", "heavy", "--repeats", "5"]))
+    assert [(w.model, w.clients, n) for w, workers in matrix for n in workers] == [
+        (w.model, w.clients, n) for w, workers in peers.FULL_MATRIX for n in workers if w.model == "heavy"]
+    assert matrix and repeats == 5
 
 
 @pytest.mark.slow

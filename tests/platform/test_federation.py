@@ -10,7 +10,7 @@ import torch
 from fedcomp.backends import make_server
 from fedcomp.platform.accelerator import one_thread
 from fedcomp.platform.config import load_config
-from fedcomp.platform.federation import ClientHost, Layout, combine
+from fedcomp.platform.federation import MEAN_BLOCK, ClientHost, Layout, combine, mean_of
 from tests.conftest import small
 
 
@@ -48,6 +48,32 @@ def test_messages_and_config_pickle():
     again = pickle.loads(pickle.dumps(partial))
     np.testing.assert_array_equal(again.sums, partial.sums)
     assert again.layout == partial.layout and again.clients == 2
+
+
+def test_the_cohort_mean_is_each_elements_float64_sum_in_order_divided_and_rounded_once():
+    """``mean_of`` forms its blocks in cache, but each element is ``((0.0 + s_1) + s_2 + ...) / clients`` in float64,
+    rounded once to float32: across block boundaries, for -0.0, infinities, NaN and sums beyond float32's range, into
+    a given array or a new one, and zeros without any partial."""
+    rng = np.random.default_rng(11)
+    size = 2 * MEAN_BLOCK + 17
+    sums = [rng.standard_normal(size) * 10.0 ** rng.integers(-40, 300, size) for _ in range(3)]
+    for k, special in enumerate([-0.0, np.inf, -np.inf, np.nan, 1e300]):
+        sums[0][MEAN_BLOCK - 1 + k] = special
+    sums[1][MEAN_BLOCK + 1] = sums[2][MEAN_BLOCK + 1] = sums[0][MEAN_BLOCK + 1] = -0.0
+    want = np.empty(size, np.float32)
+    for i in range(size):
+        total = 0.0
+        for part in sums:
+            total += float(part[i])
+        with np.errstate(over="ignore", invalid="ignore"):
+            want[i] = np.float32(np.float64(total) / 7)
+    out = np.full(size, 5.0, np.float32)
+    with np.errstate(invalid="ignore"):
+        got = mean_of(iter(sums), 7, size, out)
+        assert got is out and got.tobytes() == want.tobytes()
+        assert mean_of(sums, 7, size).tobytes() == want.tobytes()
+    assert not np.signbit(got[MEAN_BLOCK + 1])  # -0.0 sums to 0.0, as if added to zeros
+    assert mean_of([], 3, 4).tolist() == [0.0] * 4
 
 
 def test_partial_sums_do_not_depend_on_packing():
