@@ -264,6 +264,7 @@ class Group:
                 rows.append((their_head, NOT_KEPT, their_extra))
             error, members, clients, size = plan(rows)
             means = np.empty(0 if error else size, np.float32)
+            answered: list[Message] = []  # what each actor still gets before the header
             if error or size < PIPELINED_FLOATS or any(n not in (0, 8 * size) for n in sizes):
                 for i, (peer, n) in enumerate(zip(self.peers, sizes)):
                     view = self._scratch(i, n)
@@ -271,26 +272,23 @@ class Group:
                     rows[i + 1] = (rows[i + 1][0], np.frombuffer(view, np.float64), rows[i + 1][2])
                 if not error:
                     mean_of((rows[i][1] for i in members), clients, size, means)
-                header = answer(rows, means, error)
+                answered = [means]  # in one write with the header: the others wake once
+            else:  # each peer's blocks are read into the same few hundred kilobytes, still in cache when averaged
+                blocks = [np.frombuffer(self._scratch(i, 8 * MEAN_BLOCK), np.float64) for i in range(len(self.peers))]
                 for peer in self.peers:
-                    _send(peer, [means, header])  # one write: the others wake once
-                return header, means
-            # each peer's blocks are read into the same few hundred kilobytes, still in cache when averaged
-            blocks = [np.frombuffer(self._scratch(i, 8 * MEAN_BLOCK), np.float64) for i in range(len(self.peers))]
-            for peer in self.peers:
-                peer.sendall(struct.pack("<q", means.nbytes))
-            for start in range(0, size, MEAN_BLOCK):
-                end = min(start + MEAN_BLOCK, size)
-                for peer, n, block in zip(self.peers, sizes, blocks):
-                    if n:
-                        _read_into(peer, block[:end - start].data.cast("B"))
-                sums = (body[start:end] if i == 0 else blocks[i - 1][:end - start] for i in members)
-                mean_of(sums, clients, end - start, means[start:end])
-                for peer in self.peers:
-                    peer.sendall(means[start:end].data.cast("B"))
+                    peer.sendall(struct.pack("<q", means.nbytes))
+                for start in range(0, size, MEAN_BLOCK):
+                    end = min(start + MEAN_BLOCK, size)
+                    for peer, n, block in zip(self.peers, sizes, blocks):
+                        if n:
+                            _read_into(peer, block[:end - start].data.cast("B"))
+                    sums = (body[start:end] if i == 0 else blocks[i - 1][:end - start] for i in members)
+                    mean_of(sums, clients, end - start, means[start:end])
+                    for peer in self.peers:
+                        peer.sendall(means[start:end].data.cast("B"))
             header = answer(rows, means, error)
             for peer in self.peers:
-                _send(peer, [header])
+                _send(peer, [*answered, header])
             return header, means
         except (OSError, ConnectionError) as error:
             self.leave()  # so that the others' exchanges fail at once too

@@ -123,7 +123,7 @@ class ExactSum:
                 part.copy_(t)
         else:
             for i, (part, t) in enumerate(zip(self.parts, tensors)):
-                if self.arrays and t.device.type == "cpu" and t.dtype in HOST_FLOATS:
+                if self.arrays and t.dtype in HOST_FLOATS:  # arrays: the sum is in host memory, as the outputs are
                     np.add(self.arrays[i], t.numpy(), out=self.arrays[i])
                 else:
                     part.add_(t)
