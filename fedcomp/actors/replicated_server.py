@@ -57,6 +57,9 @@ class ReplicatedServer:
         self.round_seconds: list[float] = []
         """Each round's time in replica 0, from the end of the round before (its replies arrive in batches, so the
         time between two replies says little about one round)."""
+        self.ahead = False
+        """Whether the replicas may have run past :attr:`round`: a caller stopped taking a run's replies early, or the
+        run failed. The next use brings them back (:meth:`_catch_up`)."""
         try:
             self._form(range(len(self.actors.actors)))
             self.restore_point = ray.put(self.checkpoint())
@@ -100,29 +103,51 @@ class ReplicatedServer:
 
     def run_rounds(self, evaluated: Sequence[bool]) -> Iterator[RoundReply]:
         """The rounds, every replica running them back to back; the replies as replica 0 sends them (every evaluated
-        round, else every 0.1 s). The replicas run ahead of the caller: one that stops early leaves them up to
-        ``len(evaluated)`` rounds further on."""
+        round, else every 0.1 s). The replicas run ahead of the caller; one that stops early finds the server at the
+        round of the last reply it took when it next uses it (the replicas go back to the restore point and run the
+        rounds since again: the same numbers)."""
+        self._catch_up()
         evaluated = list(evaluated)
         done, skip, plan = 0, 0, evaluated
-        for attempt in range(self.config.federation.max_retries + 1):
-            try:
-                for reply in self._stream(plan):
-                    if skip:  # a round handed out before the retry, run again to catch up
-                        skip -= 1
-                        continue
-                    done += 1
-                    self.round += 1
-                    yield self._take(reply)
-                return
-            except _Broken as broken:
-                if attempt == self.config.federation.max_retries:
-                    raise ClientFailure(
-                        f"client actors {sorted(broken.dead)} died in round {self.round + 1} {attempt + 1} times; "
-                        f"federation.max_retries = {self.config.federation.max_retries}"
-                    ) from None
-                self._recover(broken.dead)
-                skip = self.round - self.restore_round
-                plan = [False] * skip + evaluated[done:]
+        try:
+            for attempt in range(self.config.federation.max_retries + 1):
+                try:
+                    for reply in self._stream(plan):
+                        if skip:  # a round handed out before the retry, run again to catch up
+                            skip -= 1
+                            continue
+                        done += 1
+                        self.round += 1
+                        yield self._take(reply)
+                    return
+                except _Broken as broken:
+                    if attempt == self.config.federation.max_retries:
+                        raise ClientFailure(
+                            f"client actors {sorted(broken.dead)} died in round {self.round + 1} {attempt + 1} times; "
+                            f"federation.max_retries = {self.config.federation.max_retries}"
+                        ) from None
+                    self._recover(broken.dead)
+                    skip = self.round - self.restore_round
+                    plan = [False] * skip + evaluated[done:]
+        finally:
+            self.ahead = done < len(evaluated)  # stopped early (or failed): the replicas may be further on
+
+    def _catch_up(self) -> None:
+        """After a run the caller left early (:attr:`ahead`): every replica back to the restore point, and the rounds
+        from there to :attr:`round` run again, unseen. The replicas' calls run in the order they were made, so the
+        restore waits for the left run to end."""
+        if not self.ahead:
+            return
+        self.ahead = False
+        target, seconds = self.round, len(self.round_seconds)
+        self._get([actor.replica_restore.remote(self.restore_point) for actor in self.actors.actors])
+        self.round = self.restore_round
+        try:
+            for _ in self.run_rounds([False] * (target - self.round)):
+                pass
+        finally:  # failed: still ahead, and the caller's round is still the one it saw last
+            self.round = target
+            del self.round_seconds[seconds:]  # not rounds of the caller's
 
     def _stream(self, plan: list[bool]) -> Iterator[dict[str, Any]]:
         """Every replica runs ``plan``; replica 0's replies as they come (in batches: :data:`~fedcomp.actors.replicas.REPLY_EVERY_S`).
@@ -197,10 +222,12 @@ class ReplicatedServer:
         return self.actors.take_replacements()
 
     def evaluate(self) -> dict[str, float]:
+        self._catch_up()
         return self._get([self.actors.actors[0].replica_evaluate.remote()])[0]
 
     def checkpoint(self) -> dict[str, Any]:
         """Replica 0's checkpoint with every actor's clients' private states; kept as the restore point."""
+        self._catch_up()
         parts = self._get([actor.replica_checkpoint.remote(i == 0) for i, actor in enumerate(self.actors.actors)])
         checkpoint = parts[0]
         private = {c: state for part in parts for c, state in part["private"].items()}
@@ -210,6 +237,7 @@ class ReplicatedServer:
 
     def restore(self, checkpoint: dict[str, Any]) -> None:
         point = ray.put(checkpoint)
+        self.ahead = False  # whatever the replicas ran, they start again from the checkpoint (after it: calls keep order)
         self._get([actor.replica_restore.remote(point) for actor in self.actors.actors])
         self.restore_point, self.round = point, int(checkpoint["counters"]["round"])
         self.restore_round = self.round

@@ -60,7 +60,8 @@ class ServerLike(Protocol):
         """``len(evaluated)`` rounds, round ``i`` followed by an evaluation where ``evaluated[i]``, each reply
         yielded as its round ends. A server behind a hop may start the next round of ``evaluated`` before the
         caller has taken this one's reply (so that the hop's latency overlaps a round): a caller that stops early
-        may leave it one round further on; after the last reply nothing more runs, so that is where to
+        may leave it one round further on (the server actor; a server whose replicas run further ahead goes back to
+        the last reply taken before its next use); after the last reply nothing more runs, so that is where to
         checkpoint."""
         ...
     def checkpoint(self) -> dict[str, Any]: ...

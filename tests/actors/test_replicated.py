@@ -17,6 +17,8 @@ from fedcomp.actors.replicas import SLOWEST_COMPUTE
 from fedcomp.actors.replicated_server import ReplicatedServer
 from fedcomp.platform.config import load_config
 from fedcomp.platform.errors import ConfigError
+from fedcomp.platform.federation import LocalFederation
+from fedcomp.platform.server import Server
 from tests.conftest import small
 
 pytestmark = pytest.mark.ray
@@ -120,5 +122,32 @@ def test_the_profile_counts_each_calls_slowest_actor_beside_each_replicas_own_ph
         spent = sum(s for k, s in phases.items() if k not in (SLOWEST_COMPUTE, "driver waiting for replica 0"))
         assert phases["driver waiting for replica 0"] == pytest.approx(server.driver_s - spent)
         assert phases["server round program"] >= 0
+    finally:
+        server.close()
+
+
+def test_a_caller_that_stops_taking_replies_early_finds_the_server_at_its_last_reply(keeping):
+    """The replicas run a call's rounds back to back, ahead of the caller: one that stops after the first reply of
+    four (a diverged run, an API user's loop that breaks) then reads the state of round 1, not of round 4, and the
+    rounds after it are the in-process server's, bit for bit."""
+    config = load_config("quickstart", small(**{"federation.backend": "ray", "federation.server": "replicated",
+                                                "federation.clients_per_actor": 2, "algorithm.name": "fcsg-m"}))
+    local = Server(config.replace(**{"federation.backend": "local"}), LocalFederation)
+    expected = [local.one_round(evaluate)[:2] for evaluate in (False, False, True, False)]
+    server = ReplicatedServer(config)
+    try:
+        abandoned = server.run_rounds([False] * 4)
+        first, _, _ = next(abandoned)
+        abandoned.close()
+        assert server.checkpoint()["counters"]["round"] == 1
+        got = [(first, None), *((record, metrics) for record, metrics, _ in server.run_rounds([False, True, False]))]
+        assert got == expected  # the evaluation of round 3 too
+        assert [record["round"] for record, _ in got] == [1, 2, 3, 4] and server.round == 4
+
+        left = server.run_rounds([False] * 3)
+        next(left)
+        del left  # dropped without close(): the same
+        assert server.evaluate() == local.one_round(True)[1]
+        assert server.checkpoint()["counters"]["round"] == 5
     finally:
         server.close()
