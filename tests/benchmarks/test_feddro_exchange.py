@@ -22,7 +22,7 @@ def test_every_transport_and_the_replicated_server_have_a_row():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("variant", list(feddro_exchange.VARIANTS))
-def test_each_row_times_both_algorithms(ray_session, variant):
+def test_each_row_times_both_algorithms(keeping, variant):
     for algorithm in ("feddro", "fedavg-co-1"):
         ms = feddro_exchange.per_step_ms(algorithm, 10, variant, rounds=1, steps=2, cpus_per_actor=0.25)
         assert math.isfinite(ms) and ms > 0

@@ -15,7 +15,7 @@ pytestmark = pytest.mark.ray
 
 
 @pytest.mark.parametrize("transport", profile_round.TRANSPORTS)
-def test_profile_gives_every_phase_and_way(ray_session, transport):
+def test_profile_gives_every_phase_and_way(keeping, transport):
     config = bench_config(8, 4, 2, 2, (8,), "ray", server="actor", transport=transport).replace(**{"federation.cpus_per_actor": 0.25})
     phases, per_round = profile_round.profile(config, rounds=profile_round.BLOCK)
     assert set(PHASES) <= set(phases) and "server round program" in phases
@@ -25,7 +25,7 @@ def test_profile_gives_every_phase_and_way(ray_session, transport):
     assert all(math.isfinite(s) for s in phases.values())
 
 
-def test_the_replicated_server_is_profiled_from_every_replica(ray_session):
+def test_the_replicated_server_is_profiled_from_every_replica(keeping):
     config = bench_config(8, 4, 2, 2, (8,), "ray", server="replicated").replace(**{"federation.cpus_per_actor": 0.25})
     phases, per_round = profile_round.profile_replicated(config, rounds=3)
     assert phases[f"{profile_round.REPLICA_COMPUTE}, busiest replica"] > 0
