@@ -4,11 +4,11 @@ FedDRO's round answers every local step of its clients with the cohort mean of o
 (``fed.exchange``). By calls, each step is a round trip from the server to the actors and back (a millisecond or
 more of Ray's task machinery); through a compiled graph, its idle readers poll their channels, which costs the
 clients' compute its cores where cores are few. Here the server sends the whole exchange to every client actor in
-one call, and the actors, joined in one group (:class:`Group`: TCP connections to actor 0, so across nodes too),
-answer each step among themselves: every actor's float64 partial sums go to actor 0 (a waiting actor blocks in a
-socket read, it does not poll), which forms the cohort mean with the server's own function, in actor order
-(:func:`~fedcomp.platform.federation.mean_of`), and sends it to every actor, so each actor's answer has the bits the
-server's would have. Each actor returns its final partial sums and the means it formed at each step, which the
+one call, and the actors, joined in one group (:class:`Group`: a TCP connection between every two actors, so across
+nodes too), answer each step among themselves: every actor's float64 partial sums go to every other actor (a waiting
+actor blocks in ``poll``, it does not spin), and each forms the cohort mean with the server's own function, in actor
+order (:func:`~fedcomp.platform.federation.mean_of`), so each actor's answer has the bits the server's would have
+(large sums go to actor 0 alone, which sends the means to all). Each actor returns its final partial sums and the means it formed at each step, which the
 server counts as the exchange's steps. Actors without cohort members take part with nothing to add.
 
 When an actor dies or raises mid-exchange, its process or its group is gone, and every other actor's next gather
@@ -42,31 +42,26 @@ whose firewall blocks the ports): the federation then makes its exchanges by cal
 FAULT_JOIN = "FEDCOMP_FAULT_GROUP_JOIN"
 """Fault injection for the tests: when set in a client actor's environment, joining the group fails."""
 HEADER = 7
-"""Floats in front of each actor's row head in a gather: its clients, the floats in its body (the sums), and for a
+"""Floats in front of each actor's row head in an exchange: its clients, the floats in its body (the sums), and for a
 whole partial (:meth:`Group.combined`) its samples, whether it kept private state, its layout's fingerprint, how
 many clients' losses follow in the head and the seconds it worked on the call (zeros for a bare mean)."""
 
-ANSWER = 5
-"""Floats in front of actor 0's answer to a :meth:`Group.combined` (its header): the cohort's clients and samples,
-the mean loss, the most seconds an actor worked on the call and the layout's fingerprint; then one float for each
-actor, whether it kept private state; then, the first time a layout is answered, the layout, pickled."""
-
 PIPELINED_FLOATS = 262_144
-"""Sums from this many floats on (2 MiB of float64) are averaged as they arrive: actor 0 forms and sends the means
-of each block of :data:`~fedcomp.platform.federation.MEAN_BLOCK` floats as soon as every actor's sums of that block
-are in, while the rest are still on their way, and the other actors send their sums and read the means at once
-(:func:`_duplex`). Smaller exchanges are a few messages each way, which blocking reads and writes make at the
-least latency."""
+"""Sums smaller than this many floats, counting every copy an actor sends (its floats times the other actors: 2 MiB of
+float64 in all), go from every actor to every other with its row, and each actor forms the means itself: one
+transfer on the call's critical path. Larger ones go to actor 0 alone, which averages them block by block
+(:data:`~fedcomp.platform.federation.MEAN_BLOCK` floats) as they arrive and sends each block's means to every actor at
+once, while the other actors send their sums and read the means at the same time (:func:`_move`)."""
 
 Row = tuple[np.ndarray, np.ndarray, bytes]
-"""One actor's contribution to an exchange as actor 0 sees it: head (counts, then losses), body (float64 sums; another
-actor's sums averaged block by block as they arrived are :data:`NOT_KEPT`), extra."""
+"""One actor's contribution to an exchange: head (counts, then losses), body (float64 sums; :data:`NOT_KEPT` where they
+went to actor 0 alone) and extra (a pickled layout, the first time the actor sends it)."""
 NOT_KEPT = np.zeros(0, np.float64)
 Message = bytes | np.ndarray
-"""What goes over a connection after its length: bytes, or an array's memory as it is."""
+"""What goes over a connection: bytes, or an array's memory as it is."""
 Plan = tuple[bytes, list[int], int, int]
-"""What actor 0 makes of the rows' heads before their sums are in: an error (empty when none), which rows' sums make
-the mean (in actor order), over how many clients, and how many floats it has."""
+"""What every actor makes of the rows' heads: an error (empty when none), which rows' sums make the mean (in actor
+order), over how many clients, and how many floats it has."""
 History = list[tuple[Layout, np.ndarray]]
 """Each step's cohort means as one actor formed them: their layout and the float32 values."""
 
@@ -76,37 +71,35 @@ class GroupBroken(RuntimeError):
 
 
 class Group:
-    """This process's membership of the client actors' group: a star of TCP connections to actor 0.
+    """This process's membership of the client actors' group: a TCP connection to every other actor.
 
-    An exchange sends this actor's row (float64 partial sums) to actor 0, which forms the result from all of them in
-    actor order, as the server would, and sends it to every actor. Each message is one blocking socket write and read
-    on the caller's thread (TCP_NODELAY): a gloo
+    An exchange sends every other actor this actor's row -- its head (counts, losses) and, when small, its float64
+    partial sums -- and every actor forms the result from all rows in actor order, with the server's own function,
+    so all hold the bits the server would: no answer has to come back from anyone, and the actor that finishes last
+    finds the others' rows waiting. Large sums (:data:`PIPELINED_FLOATS`) go to actor 0 alone, which averages them
+    block by block as they arrive and sends each block's means to every actor. Messages are non-blocking writes and
+    reads over all connections at once on the caller's thread (TCP_NODELAY, one ``poll`` when nothing moves): a gloo
     ``all_gather`` between two actors, which hands every message to worker threads, took 0.7 ms idle on a 2-core
-    machine (``benchmarks/RAY_DAG.md``). Large sums (:data:`PIPELINED_FLOATS`) are averaged block by block as they
-    arrive, actor 0 sending each block's means at once, and the other actors write their sums and read the means
-    at the same time: the means come back while the sums are still going up. A peer that dies or leaves closes its
-    sockets, so the others' next read fails at once; every read waits at most the group's deadline."""
+    machine (``benchmarks/RAY_DAG.md``). A peer that dies or leaves closes its sockets, so the others' next read fails
+    at once; every wait lasts at most the group's deadline."""
 
     def __init__(self) -> None:
         self.world = 0
         self.rank = 0
         self.peers: list[socket.socket] = []
-        """Actor 0: its connections to actors 1, 2, ... in order; any other actor: its connection to actor 0."""
+        """The connections to the other actors, in their order (an actor other than 0 finds actor 0's first)."""
         self.layouts: dict[float, Layout] = {}
-        """The layouts this actor knows since the group formed, by fingerprint: its own, and on actor 0 those the
-        actors have sent it, elsewhere those actor 0 has told."""
+        """The layouts this actor knows since the group formed, by fingerprint: its own and those the others sent."""
         self.sent: set[float] = set()
-        """The fingerprints of the layouts this actor has sent actor 0 since the group formed."""
-        self.told: set[float] = set()
-        """Actor 0: the fingerprints of the layouts its answers have carried to every actor since the group formed."""
+        """The fingerprints of the layouts this actor has sent the others since the group formed."""
         self.buffers: dict[int, np.ndarray] = {}
-        """Actor 0: for each other actor, the buffer its rows' bodies are read into (kept: no fresh pages per call)."""
+        """Actor 0: for each actor whose large sums it averages, the buffer their blocks are read into (kept)."""
 
-    def _scratch(self, peer: int, size: int) -> memoryview:
-        """Actor 0's buffer for ``size`` bytes of the body of actor ``peer + 1``'s row (valid until the next gather)."""
-        buffer = self.buffers.get(peer)
+    def _scratch(self, rank: int, size: int) -> memoryview:
+        """Actor 0's buffer for ``size`` bytes of actor ``rank``'s sums (valid until the next exchange)."""
+        buffer = self.buffers.get(rank)
         if buffer is None or buffer.size < size:
-            buffer = self.buffers[peer] = np.empty(size, np.uint8)
+            buffer = self.buffers[rank] = np.empty(size, np.uint8)
         return buffer.data[:size]
 
     @staticmethod
@@ -119,33 +112,52 @@ class Group:
 
     def join(self, address: str, rank: int, world: int, timeout_s: float) -> None:
         """Join the group of ``world`` actors as ``rank`` (leaving any group this process was in); returns once all
-        have joined, or raises when they have not met at ``address`` within :data:`JOIN_TIMEOUT_S`. A gather waits
-        at most ``timeout_s`` for the others."""
+        are connected to all, or raises when they have not met within :data:`JOIN_TIMEOUT_S`. Every actor other than
+        0 listens on a port of its own, tells actor 0 (at ``address``) where, learns the others' ports from it, and
+        connects to the actors before it; the actors after it connect to it. An exchange waits at most ``timeout_s``
+        for the others."""
         self.leave()
         if os.environ.get(FAULT_JOIN):
             raise RuntimeError(f"{FAULT_JOIN} is set (fault injection)")
         host, port = address.removeprefix("tcp://").rsplit(":", 1)
         deadline = time.monotonic() + JOIN_TIMEOUT_S
-        peers: list[socket.socket] = []
+        peers: dict[int, socket.socket] = {}
         try:
             if rank == 0:
-                peers = _accept(int(port), world - 1, deadline)
-            else:
-                peers = [_connect(host, int(port), rank, deadline)]
-            for peer in peers:
-                peer.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            if rank == 0:  # everyone is in: say so, so that no one starts before all have joined
-                for peer in peers:
+                with socket.create_server(("", int(port))) as listener:
+                    heard = _accept(listener, world - 1, deadline)
+                peers = {r: peer for r, (peer, _) in heard.items()}
+                ports = ";".join(heard[r][1] for r in range(1, world)).encode()
+                for peer in peers.values():
+                    peer.sendall(_lengthed(ports))
+                for peer in peers.values():  # each is connected to every other actor: start together
+                    if _read(peer, 1) != b"M":
+                        raise ConnectionError("an actor answered the rendezvous wrongly")
+                for peer in peers.values():
                     peer.sendall(b"J")
-            elif _read(peers[0], 1) != b"J":
-                raise ConnectionError("the group's rank 0 answered the rendezvous wrongly")
-        except (OSError, ConnectionError) as error:
-            for peer in peers:
+            else:
+                with socket.create_server(("", 0)) as listener:
+                    peers[0] = _connect(host, int(port), deadline)
+                    listening = f"{peers[0].getsockname()[0]}:{listener.getsockname()[1]}"
+                    peers[0].sendall(struct.pack("<q", rank) + _lengthed(listening.encode()))
+                    others = _read(peers[0], struct.unpack("<q", _read(peers[0], 8))[0]).decode().split(";")
+                    for other in range(1, rank):
+                        there, at = others[other - 1].rsplit(":", 1)
+                        peers[other] = _connect(there, int(at), deadline)
+                        peers[other].sendall(struct.pack("<q", rank) + _lengthed(b""))
+                    peers.update({r: peer for r, (peer, _) in _accept(listener, world - 1 - rank, deadline).items()})
+                peers[0].sendall(b"M")
+                if _read(peers[0], 1) != b"J":
+                    raise ConnectionError("the group's rank 0 answered the rendezvous wrongly")
+        except (OSError, ConnectionError, ValueError) as error:
+            for peer in peers.values():
                 peer.close()
             raise RuntimeError(f"the actors did not meet at {address} within {JOIN_TIMEOUT_S:g}s ({error})") from None
-        for peer in peers:
+        for peer in peers.values():
+            peer.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             peer.settimeout(timeout_s)
-        self.world, self.rank, self.peers, self.layouts, self.sent, self.told = world, rank, peers, {}, set(), set()
+        self.world, self.rank, self.peers = world, rank, [peers[r] for r in sorted(peers)]
+        self.layouts, self.sent = {}, set()
 
     def leave(self) -> None:
         """Leave the group (the other actors' next read then fails at once)."""
@@ -159,36 +171,26 @@ class Group:
 
     def mean(self, clients: int, sums: np.ndarray | None) -> np.ndarray:
         """The cohort mean (float32) of every actor's partial ``sums`` over its ``clients`` (0 and None for an actor
-        without members this time), formed by actor 0 in actor order with the server's own function and sent to all.
+        without members this time), formed in actor order with the server's own function, the same on every actor.
 
         Raises:
             GroupBroken: another actor of the group is gone.
             RuntimeError: the actors' yields differ in size (a program out of step with itself).
         """
         size = 0 if sums is None else int(sums.size)
-        head = _head((clients, size, 0, 0, 0, 0, 0), ())
-
-        def plan(rows: list[Row]) -> Plan:
-            members = [i for i, (h, _, _) in enumerate(rows) if h[0] > 0]
-            widths = sorted({int(rows[i][0][1]) for i in members})
-            if len(widths) > 1:
-                return f"exchange out of step: the actors yielded {widths} floats".encode(), [], 0, 0
-            return b"", members, int(sum(rows[i][0][0] for i in members)), widths[0]
-
-        error, means = self._at_root(head, sums, b"", plan, lambda rows, means, error: error)
+        _, error, means = self._exchange(_head((clients, size, 0, 0, 0, 0, 0), ()), sums, b"")
         if error:
             raise RuntimeError(error.decode())
         return means
 
     def combined(self, mine: Partial | None, floats_down: int, busy_s: float = 0.0) -> tuple[Outcome, list[bool], float]:
         """What the server's :func:`~fedcomp.platform.federation.combine` makes of every actor's partial (``mine``:
-        this actor's, None without members this time): averaged by actor 0 in actor order
-        (:class:`~fedcomp.platform.federation.Averages`) and sent to every actor, so all hold the same bits; with
-        whether each actor kept private state, and the most seconds any actor says it worked on the call
-        (``busy_s``: the slowest actor's compute, for the profile). A layout travels to actor 0 once (pickled, with
-        the first partial of its shape each actor sends), and back to every actor with the first answer in it (so that
-        actors without members can unpack the means), and is known by its fingerprint from then on: an answer's
-        header is a few floats (:data:`ANSWER`), not a pickle.
+        this actor's, None without members this time), formed by every actor from all partials in actor order
+        (:class:`~fedcomp.platform.federation.Averages`), so all hold the same bits; with whether each actor kept
+        private state, and the most seconds any actor says it worked on the call (``busy_s``: the slowest actor's
+        compute, for the profile). A layout travels to the others once (pickled, with the first partial of its shape
+        each actor sends), so that actors without members can unpack the means, and is known by its fingerprint from
+        then on.
 
         Raises:
             GroupBroken: another actor of the group is gone.
@@ -202,45 +204,28 @@ class Group:
             head = _head((mine.clients, body.size, mine.samples, float(mine.has_private), fingerprint, len(mine.losses),
                           busy_s), mine.losses)
             if fingerprint not in self.sent:
-                layout = pickle.dumps(mine.layout) if self.rank else b""  # actor 0 knows its own
+                layout = pickle.dumps(mine.layout) if self.world > 1 else b""
                 self.sent.add(fingerprint)
                 self.layouts[fingerprint] = mine.layout
+        rows, error, means = self._exchange(head, body, layout)
+        if error:
+            raise RuntimeError(error.decode())
+        for i, (_, _, extra) in enumerate(rows):
+            if extra and i != self.rank:
+                told: Layout = pickle.loads(extra)
+                self.layouts.setdefault(_fingerprint(told), told)
+        members = [(h, sums) for h, sums, _ in rows if h[0] > 0]
+        averages = Averages.of([_partial(h, sums, self.layouts[float(h[4])]) for h, sums in members], means)
+        return (averages.outcome(floats_down), [bool(h[3]) for h, _, _ in rows],
+                max(float(h[6]) for h, _, _ in rows))
 
-        def plan(rows: list[Row]) -> Plan:
-            members = [i for i, (h, _, _) in enumerate(rows) if h[0] > 0]
-            return b"", members, int(sum(rows[i][0][0] for i in members)), int(rows[members[0]][0][1])
-
-        def answer(rows: list[Row], means: np.ndarray, error: bytes) -> bytes:
-            self.layouts.update({_fingerprint(lay): lay for lay in (pickle.loads(b) for _, _, b in rows if b)})
-            members = [(h, body) for h, body, _ in rows if h[0] > 0]
-            fingerprint = float(members[0][0][4])
-            averages = Averages.of([_partial(h, body, self.layouts[float(h[4])]) for h, body in members], means)
-            counts = [averages.clients, averages.samples, averages.loss, max(float(h[6]) for h, _, _ in rows),
-                      fingerprint, *(h[3] for h, _, _ in rows)]
-            told = b""
-            if fingerprint not in self.told:
-                told = pickle.dumps(averages.layout)
-                self.told.add(fingerprint)
-            return np.array(counts, np.float64).tobytes() + told
-
-        header, means = self._at_root(head, body, layout, plan, answer)
-        counts = np.frombuffer(header, np.float64, count=ANSWER + self.world)
-        fingerprint = float(counts[4])
-        if len(header) > counts.nbytes:
-            self.layouts.setdefault(fingerprint, pickle.loads(header[counts.nbytes:]))
-        averages = Averages(self.layouts[fingerprint], means, int(counts[0]), int(counts[1]), float(counts[2]))
-        return averages.outcome(floats_down), [bool(f) for f in counts[ANSWER:]], float(counts[3])
-
-    def _at_root(
-        self, head: np.ndarray, body: np.ndarray | None, extra: bytes, plan: Callable[[list[Row]], Plan],
-        answer: Callable[[list[Row], np.ndarray, bytes], bytes],
-    ) -> tuple[bytes, np.ndarray]:
-        """Every actor's row -- ``head``, ``extra`` bytes and ``body`` (float64 sums) -- goes to actor 0, which
-        ``plan``s the mean from the heads, forms it (:func:`~fedcomp.platform.federation.mean_of`, in actor order) and
-        sends every actor the float32 means, then the header ``answer`` encodes from the rows and the means. Sums of
-        :data:`PIPELINED_FLOATS` or more are averaged block by block as they arrive. Nothing is copied on the way out
-        (gathering writes); actor 0 reads each actor's sums into a buffer it keeps for that actor, and the means are
-        read into a new array, since they become the caller's tensors.
+    def _exchange(self, head: np.ndarray, body: np.ndarray | None, extra: bytes) -> tuple[list[Row], bytes, np.ndarray]:
+        """Every actor's row -- ``head``, ``extra`` bytes and ``body`` (float64 sums) -- to every other actor (the body
+        to actor 0 alone from :data:`PIPELINED_FLOATS` on); every actor then plans the mean from the heads (which
+        rows, how many clients and floats, or an error: sums of different sizes) and forms it
+        (:func:`~fedcomp.platform.federation.mean_of`, in actor order), or reads actor 0's, which averaged the large
+        sums block by block as they arrived. Returns the rows (this actor's included), the error and the float32 means
+        (a new array: they become the caller's tensors). Nothing is copied on the way out (gathering writes).
 
         Raises:
             GroupBroken: another actor of the group is gone (or did not answer within the deadline); this one then
@@ -248,57 +233,68 @@ class Group:
         """
         body = np.zeros(0, np.float64) if body is None else np.ascontiguousarray(body, np.float64)
         try:
-            if self.rank != 0:
-                peer, row = self.peers[0], list[Message]([head, extra, body])
-                if body.size >= PIPELINED_FLOATS:
-                    values, told = _duplex(peer, row)
-                else:
-                    _send(peer, row)
-                    values, told = _receive(peer, _fresh), _receive(peer)
-                return bytes(told), np.frombuffer(values, np.float32)
-            rows: list[Row] = [(head, body, extra)]
-            sizes: list[int] = []
-            for peer in self.peers:
-                their_head, their_extra = np.frombuffer(_receive(peer), np.float64), bytes(_receive(peer))
-                sizes.append(struct.unpack("<q", _read(peer, 8))[0])
-                rows.append((their_head, NOT_KEPT, their_extra))
-            error, members, clients, size = plan(rows)
-            means = np.empty(0 if error else size, np.float32)
-            answered: list[Message] = []  # what each actor still gets before the header
-            if error or size < PIPELINED_FLOATS or any(n not in (0, 8 * size) for n in sizes):
-                for i, (peer, n) in enumerate(zip(self.peers, sizes)):
-                    view = self._scratch(i, n)
-                    _read_into(peer, view)
-                    rows[i + 1] = (rows[i + 1][0], np.frombuffer(view, np.float64), rows[i + 1][2])
-                if not error:
-                    mean_of((rows[i][1] for i in members), clients, size, means)
-                answered = [means]  # in one write with the header: the others wake once
-            else:  # each peer's blocks are read into the same few hundred kilobytes, still in cache when averaged
-                blocks = [np.frombuffer(self._scratch(i, 8 * MEAN_BLOCK), np.float64) for i in range(len(self.peers))]
-                for peer in self.peers:
-                    peer.sendall(struct.pack("<q", means.nbytes))
-                for start in range(0, size, MEAN_BLOCK):
-                    end = min(start + MEAN_BLOCK, size)
-                    for peer, n, block in zip(self.peers, sizes, blocks):
-                        if n:
-                            _read_into(peer, block[:end - start].data.cast("B"))
-                    sums = (body[start:end] if i == 0 else blocks[i - 1][:end - start] for i in members)
-                    mean_of(sums, clients, end - start, means[start:end])
-                    for peer in self.peers:
-                        peer.sendall(means[start:end].data.cast("B"))
-            header = answer(rows, means, error)
-            for peer in self.peers:
-                _send(peer, [*answered, header])
-            return header, means
+            shared = body.size * (self.world - 1) < PIPELINED_FLOATS
+            timeout = self.peers[0].gettimeout() if self.peers else None
+            frames = _move({peer: _frame(head, extra, body if shared else NOT_KEPT) for peer in self.peers},
+                           {peer: _Framed() for peer in self.peers}, timeout)
+            rows = [_row(frames[peer].received()) for peer in self.peers]
+            rows.insert(self.rank, (head, body, extra))
+            members = [i for i, (h, _, _) in enumerate(rows) if h[0] > 0]
+            widths = sorted({int(rows[i][0][1]) for i in members})
+            if len(widths) > 1:
+                return rows, f"exchange out of step: the actors yielded {widths} floats".encode(), NOT_KEPT.astype(np.float32)
+            clients, size = int(sum(rows[i][0][0] for i in members)), widths[0] if widths else 0
+            means = np.empty(size, np.float32)
+            if all(rows[i][1].size == size for i in members):  # every member's sums are here
+                mean_of((rows[i][1] for i in members), clients, size, means)
+            elif self.rank == 0:
+                self._average_as_they_come(rows, members, clients, means)
+            elif self.rank in members:  # sends its sums while the means of their first blocks come back
+                _move({self.peers[0]: [body.data.cast("B")]}, {self.peers[0]: _Into(means.data.cast("B"))}, timeout)
+            else:
+                _read_into(self.peers[0], means.data.cast("B"))
+            return rows, b"", means
         except (OSError, ConnectionError) as error:
             self.leave()  # so that the others' exchanges fail at once too
             reason = "timed out" if isinstance(error, TimeoutError) else str(error) or type(error).__name__
             raise GroupBroken(f"an exchange of the actors' group failed: {reason[:160]}") from None
 
+    def _average_as_they_come(self, rows: list[Row], members: list[int], clients: int, means: np.ndarray) -> None:
+        """Actor 0: the means of large sums, a block at a time: each member's next block is read into one block-sized
+        buffer (still in cache when averaged), and the block's means go to every actor at once."""
+        size = means.size
+        blocks = {i: np.frombuffer(self._scratch(i, 8 * min(size, MEAN_BLOCK)), np.float64) for i in members if i}
+        for start in range(0, size, MEAN_BLOCK):
+            end = min(start + MEAN_BLOCK, size)
+            for i, block in blocks.items():
+                _read_into(self.peers[i - 1], block[:end - start].data.cast("B"))
+            sums = (rows[0][1][start:end] if i == 0 else blocks[i][:end - start] for i in members)
+            mean_of(sums, clients, end - start, means[start:end])
+            for peer in self.peers:
+                peer.sendall(means[start:end].data.cast("B"))
+
 
 def _head(counts: tuple[float, ...], losses: Sequence[float]) -> np.ndarray:
     """An actor's row head: ``counts`` (:data:`HEADER` floats), then its clients' losses."""
     return np.array([*counts, *losses], np.float64)
+
+
+def _frame(head: np.ndarray, extra: bytes, body: np.ndarray) -> list[memoryview]:
+    """A row as one message (gathering write, no copy of the body): its length, the lengths of the head and the extra,
+    then head, extra (padded to 8 bytes, so that the body lands aligned) and body."""
+    padded = extra + bytes(-len(extra) % 8)
+    size = 16 + head.nbytes + len(padded) + body.nbytes
+    return [memoryview(struct.pack("<qqq", size, head.nbytes, len(extra))), head.data.cast("B"),
+            memoryview(padded), body.data.cast("B")]
+
+
+def _row(frame: memoryview) -> Row:
+    """The row in a message :func:`_frame` made (head and body views of it)."""
+    head_bytes, extra_bytes = struct.unpack_from("<qq", frame)
+    head = np.frombuffer(frame, np.float64, count=head_bytes // 8, offset=16)
+    start = 16 + head_bytes + extra_bytes + (-extra_bytes % 8)
+    body = np.frombuffer(frame, np.float64, offset=start) if frame.nbytes > start else NOT_KEPT
+    return head, body, bytes(frame[16 + head_bytes:16 + head_bytes + extra_bytes])
 
 
 def _partial(head: np.ndarray, body: np.ndarray, layout: Layout) -> Partial:
@@ -308,46 +304,112 @@ def _partial(head: np.ndarray, body: np.ndarray, layout: Layout) -> Partial:
                    losses=tuple(head[HEADER:HEADER + losses].tolist()))
 
 
-def _accept(port: int, peers: int, deadline: float) -> list[socket.socket]:
-    """Actor 0's end of the rendezvous: a connection from each of the other actors, in their order."""
-    with socket.create_server(("", port)) as listener:
-        joined: dict[int, socket.socket] = {}
-        while len(joined) < peers:
-            listener.settimeout(max(deadline - time.monotonic(), 0.001))
-            peer, _ = listener.accept()
-            peer.settimeout(max(deadline - time.monotonic(), 0.001))
-            joined[struct.unpack("<q", _read(peer, 8))[0]] = peer
-    return [joined[rank] for rank in sorted(joined)]
+def _accept(listener: socket.socket, peers: int, deadline: float) -> dict[int, tuple[socket.socket, str]]:
+    """A connection from each of ``peers`` actors, by rank, each with the address it says it listens on."""
+    joined: dict[int, tuple[socket.socket, str]] = {}
+    while len(joined) < peers:
+        listener.settimeout(max(deadline - time.monotonic(), 0.001))
+        peer, _ = listener.accept()
+        peer.settimeout(max(deadline - time.monotonic(), 0.001))
+        rank, size = struct.unpack("<qq", _read(peer, 16))
+        joined[rank] = peer, _read(peer, size).decode()
+    return joined
 
 
-def _connect(host: str, port: int, rank: int, deadline: float) -> socket.socket:
-    """Another actor's end of the rendezvous: a connection to actor 0 (retried until it listens), naming its rank."""
+def _connect(host: str, port: int, deadline: float) -> socket.socket:
+    """A connection to the actor listening at ``host:port`` (retried until it listens)."""
     while True:
         try:
-            peer = socket.create_connection((host, port), timeout=max(deadline - time.monotonic(), 0.001))
-            break
+            return socket.create_connection((host, port), timeout=max(deadline - time.monotonic(), 0.001))
         except ConnectionRefusedError:
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.02)
-    peer.sendall(struct.pack("<q", rank))
-    return peer
 
 
-def _send(peer: socket.socket, messages: Sequence[Message]) -> None:
-    """Messages, each after its length (8 bytes), in gathering writes: no copy of a large message."""
-    parts = _framed(messages)
-    while parts:
-        _advance(parts, peer.sendmsg(parts))
+def _lengthed(data: bytes) -> bytes:
+    return struct.pack("<q", len(data)) + data
 
 
-def _framed(messages: Sequence[Message]) -> list[memoryview]:
-    """The messages' bytes, each after its length (8 bytes), as views for a gathering write."""
-    parts: list[memoryview] = []
-    for message in messages:
-        view = (memoryview(message) if isinstance(message, bytes) else message.data).cast("B")
-        parts += [memoryview(struct.pack("<q", view.nbytes)), view]
-    return parts
+class _Framed:
+    """One message to read from a connection: its length (8 bytes), then the message, into a new buffer."""
+
+    def __init__(self) -> None:
+        self.length = bytearray(8)
+        self.view = memoryview(self.length)
+        self.message: memoryview | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.message is not None and not self.view
+
+    def received(self) -> memoryview:
+        assert self.message is not None and self.done
+        return self.message
+
+    def read(self, peer: socket.socket) -> bool:
+        """Read what has arrived (the connection is non-blocking); whether anything had."""
+        moved = False
+        while not self.done:
+            if not self.view:  # the length is in
+                (size,) = struct.unpack("<q", self.length)
+                self.message = self.view = _fresh(size)
+                continue
+            try:
+                got = peer.recv_into(self.view)
+            except BlockingIOError:  # nothing more yet
+                return moved
+            if got == 0:
+                raise ConnectionError("another actor left the group")
+            self.view, moved = self.view[got:], True
+        return moved
+
+
+class _Into(_Framed):
+    """Bytes to read from a connection into a given buffer (its size known to both ends)."""
+
+    def __init__(self, into: memoryview) -> None:
+        self.length = bytearray(0)
+        self.message = self.view = into
+
+
+def _move(
+    outgoing: dict[socket.socket, list[memoryview]], incoming: dict[socket.socket, _Framed], timeout: float | None
+) -> dict[socket.socket, _Framed]:
+    """Write every connection its parts while reading what each is to bring (``incoming``), all at once: no end waits
+    for another to finish writing, whatever the sizes (non-blocking writes and reads; one ``poll`` when nothing
+    moved). Each wait lasts at most ``timeout``, as a blocking read's would. Returns ``incoming``, read."""
+    sockets = list(dict.fromkeys([*outgoing, *incoming]))
+    for peer in sockets:
+        peer.setblocking(False)
+    try:
+        while True:
+            moved = False
+            for peer in sockets:
+                parts = outgoing.get(peer)
+                if parts:
+                    try:
+                        _advance(parts, peer.sendmsg(parts))
+                        moved = True
+                    except BlockingIOError:
+                        pass
+                reading = incoming.get(peer)
+                if reading is not None and not reading.done:
+                    moved = reading.read(peer) or moved
+            waiting = {peer: (select.POLLOUT if outgoing.get(peer) else 0)
+                       | (select.POLLIN if peer in incoming and not incoming[peer].done else 0) for peer in sockets}
+            if not any(waiting.values()):
+                return incoming
+            if not moved:
+                poller = select.poll()
+                for peer, events in waiting.items():
+                    if events:
+                        poller.register(peer, events)
+                if not poller.poll(None if timeout is None else timeout * 1000):
+                    raise TimeoutError("timed out")
+    finally:
+        for peer in sockets:
+            peer.settimeout(timeout)
 
 
 def _advance(parts: list[memoryview], sent: int) -> None:
@@ -358,63 +420,8 @@ def _advance(parts: list[memoryview], sent: int) -> None:
         parts[0] = parts[0][sent:]
 
 
-def _duplex(peer: socket.socket, messages: Sequence[Message]) -> tuple[memoryview, memoryview]:
-    """Send ``messages`` (framed as :func:`_send` frames them) while reading the answer's two messages, the means
-    (into a new buffer) and then the header: actor 0 sends a large exchange's means block by block while sums are still
-    on their way (:data:`PIPELINED_FLOATS`), so neither end may wait for the other to finish. Each wait for the
-    connection lasts at most its timeout, as a blocking read's would."""
-    timeout = peer.gettimeout()
-    parts, received = _framed(messages), list[memoryview]()
-    length = bytearray(8)
-    view = message = memoryview(length)
-    in_length = True
-    poller = select.poll()
-    peer.setblocking(False)
-    try:
-        while parts or len(received) < 2:
-            moved = False
-            if parts:
-                try:
-                    _advance(parts, peer.sendmsg(parts))
-                    moved = True
-                except BlockingIOError:
-                    pass
-            while len(received) < 2:
-                if not view:  # a length or a message is complete
-                    if in_length:
-                        (size,) = struct.unpack("<q", length)
-                        message = _fresh(size) if not received else memoryview(bytearray(size))
-                        view, in_length = message, False
-                    else:
-                        received.append(message)
-                        view, in_length = memoryview(length), True
-                    continue
-                try:
-                    got = peer.recv_into(view)
-                except BlockingIOError:
-                    break
-                if got == 0:
-                    raise ConnectionError("another actor left the group")
-                view, moved = view[got:], True
-            if not moved:
-                poller.register(peer, (select.POLLOUT if parts else 0) | (select.POLLIN if len(received) < 2 else 0))
-                if not poller.poll(None if timeout is None else timeout * 1000):
-                    raise TimeoutError("timed out")
-    finally:
-        peer.settimeout(timeout)
-    return received[0], received[1]
-
-
 def _fresh(size: int) -> memoryview:
     return np.empty(size, np.uint8).data
-
-
-def _receive(peer: socket.socket, buffer: Callable[[int], memoryview] | None = None) -> memoryview:
-    """One message (after its length), read into ``buffer(size)`` (default: a new ``bytearray``)."""
-    (size,) = struct.unpack("<q", _read(peer, 8))
-    view = memoryview(bytearray(size)) if buffer is None else buffer(size)
-    _read_into(peer, view)
-    return view
 
 
 def _read(peer: socket.socket, size: int) -> bytearray:

@@ -3,9 +3,9 @@
 Every client actor holds a copy of the :class:`~fedcomp.platform.server.Server` -- the global state, the cohort
 sampler, the algorithm's round program -- over a :class:`GroupFederation`. A federation call runs this actor's
 members of the cohort on its own :class:`~fedcomp.platform.federation.ClientHost`, then the actors exchange their
-partial sums in their group: actor 0 combines them in actor order with the server's own
-:func:`~fedcomp.platform.federation.combine` and sends the result to every actor
-(:meth:`~fedcomp.actors.collective.Group.combined`). So every replica
+partial sums in their group and each combines them in actor order as the server's own
+:func:`~fedcomp.platform.federation.combine` does (:meth:`~fedcomp.actors.collective.Group.combined`; large sums
+averaged by actor 0, which sends every actor the means). So every replica
 holds, after every call, the state a single server would hold, bit for bit, and no message goes through the driver
 or a server actor between rounds: the driver starts a run of rounds on every actor at once and hears back from
 replica 0 only (each round's record, its evaluation, whether the state is finite).

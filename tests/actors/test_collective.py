@@ -1,6 +1,6 @@
 """``fedcomp.actors.collective``'s group: in one process (a world of one), the rows it exchanges and the means formed
-with the server's own function; across threads (a world of three), every member's rows in member order, whole
-partials with layouts learnt once, a member that leaves failing the others' next exchange at once, and the
+with the server's own function; across threads (a world of three, each member connected to every other), every
+member's rows in member order, whole partials with layouts learnt once, a member that leaves failing the others' next exchange at once, and the
 deadlines (the rendezvous', then the exchanges')."""
 
 from __future__ import annotations
@@ -85,7 +85,8 @@ def test_three_members_combine_whole_partials_in_member_order_as_the_server_does
                 for key in ("m", "x"):
                     np.testing.assert_array_equal(outcome.means[key].numpy(), expected.means[key].numpy())
         assert len(groups[0].layouts) == 1 and groups[2].sent == groups[0].sent and not groups[1].sent
-        assert groups[1].layouts == groups[0].layouts == groups[2].layouts  # told with the first answer
+        assert groups[1].layouts == groups[0].layouts == groups[2].layouts  # sent with the first rows
+        assert all(len(g.peers) == 2 for g in groups)  # each member is connected to every other
         means = _together(groups, lambda g, i: g.mean(i, np.full(4, float(i)) if i else None))  # rows of any size
         for mean in means:
             np.testing.assert_array_equal(mean, mean_of([np.full(4, 1.0), np.full(4, 2.0)], 3, 4))
@@ -97,13 +98,18 @@ def test_three_members_combine_whole_partials_in_member_order_as_the_server_does
 
 
 def test_model_sized_rows_arrive_whole_and_answers_do_not_share_actor_0s_buffers():
-    """Rows far beyond a socket's buffers (written in parts) arrive whole; actor 0 reads every row into a buffer it
-    keeps, so an answer handed out earlier must not change when the next exchange (larger, then smaller) reuses it."""
+    """Rows far beyond a socket's buffers (written in parts) arrive whole -- also when both members send each other
+    theirs at once (200,000 floats: under :data:`PIPELINED_FLOATS`, every member gets every row); actor 0 reads large
+    rows into buffers it keeps, so an answer handed out earlier must not change when the next exchange (larger, then
+    smaller) reuses them. Members whose rows take different ways (one small, one large: out of step) fail alike,
+    and the group carries on."""
     groups = _joined(2)
     rng = np.random.default_rng(0)
     try:
+        mixed = _together(groups, lambda g, i: g.mean(1, np.ones(PIPELINED_FLOATS + 1 if i else 10)))
+        assert all(isinstance(e, RuntimeError) and "out of step" in str(e) for e in mixed), mixed
         answers, expected = [], []
-        for size in (3_000_000, 4_000_000, 1_000):
+        for size in (3_000_000, 200_000, 4_000_000, 1_000):
             rows = [rng.standard_normal(size) for _ in groups]
             answers.append(_together(groups, lambda g, i: g.mean(2 + i, rows[i])))  # noqa: B023 (called at once)
             expected.append(mean_of(rows, 5, size))
