@@ -1,14 +1,14 @@
 """What one exchange of the client actors' group costs at a model's size, against the bare transfer of its bytes.
 
 With ``federation.server: replicated`` (the default) every round ends with one exchange in the actors' group
-(:meth:`fedcomp.actors.collective.Group.combined`): each actor sends its float64 partial sums to actor 0, which
-averages them in actor order and sends the float32 means back. This script times that exchange between two
-processes (the group is plain TCP on loopback, as between two client actors on one node), for the partials of the
+(:meth:`fedcomp.actors.collective.Group.combined`): each actor sends its float64 partial sums to the other, and each
+averages them in actor order (large sums are split: each actor averages half and sends the other its float32 means).
+This script times that exchange between two processes (the group is plain TCP on loopback, as between two client actors on one node), for the partials of the
 small MLP 32-64-10, a 100k-float model and the heavy MLP 32-1024-1024-10, and side by side in the same processes
 the same bytes over the same connection with nothing else done: 8 bytes a float one way, then 4 back, read into
-buffers allocated once. The ratio is what the exchange pays over moving its bytes one way after the other; a large
-exchange sends the means back while the sums are still arriving (``collective.PIPELINED_FLOATS``), so it can come
-under that.
+buffers allocated once (the same reference at every revision, whatever way the exchange takes). The ratio is what
+the exchange pays over moving those bytes one way after the other; an exchange moves bytes both ways at once, and a
+large one (``collective.SPLIT_FLOATS``) about half as many per actor, so it can come under that.
 
     python benchmarks/group_exchange.py [--exchanges 40] [--out benchmarks/GROUP_EXCHANGE.md]
 """
@@ -125,8 +125,8 @@ def main(argv: list[str] | None = None) -> int:
         f"processes in one group over loopback TCP, {CLIENTS} clients' partial each; median over {args.exchanges} "
         f"exchanges after {WARM_UP} warm-up ones, each the slower member's time, the exchange and the bare transfer "
         "interleaved. Bare transfer: the exchange's bytes (8 a float to actor 0, then 4 back) over the same "
-        "connection into buffers allocated once; exchanges of large sums overlap the two directions (block by block), "
-        "so they can take less."
+        "connection into buffers allocated once; exchanges move bytes both ways at once, large ones about half as many "
+        "per actor (split), so they can take less."
     )
     common.publish("\n".join(["# One exchange of the actors' group against the bare transfer of its bytes", "",
                               intro, "", *table]), args.out)

@@ -34,7 +34,7 @@ import numpy as np
 import ray
 
 from fedcomp.platform.algorithms.base import Outcome
-from fedcomp.platform.federation import MEAN_BLOCK, Averages, ClientHost, Layout, Partial, mean_of
+from fedcomp.platform.federation import Averages, ClientHost, Layout, Partial, mean_of
 
 JOIN_TIMEOUT_S = 20.0
 """How long the actors wait for each other at the group's rendezvous and for their connections (e.g. a cluster
@@ -46,16 +46,16 @@ HEADER = 7
 whole partial (:meth:`Group.combined`) its samples, whether it kept private state, its layout's fingerprint, how
 many clients' losses follow in the head and the seconds it worked on the call (zeros for a bare mean)."""
 
-PIPELINED_FLOATS = 262_144
+SPLIT_FLOATS = 262_144
 """Sums smaller than this many floats, counting every copy an actor sends (its floats times the other actors: 2 MiB of
 float64 in all), go from every actor to every other with its row, and each actor forms the means itself: one
-transfer on the call's critical path. Larger ones go to actor 0 alone, which averages them block by block
-(:data:`~fedcomp.platform.federation.MEAN_BLOCK` floats) as they arrive and sends each block's means to every actor at
-once, while the other actors send their sums and read the means at the same time (:func:`_move`)."""
+transfer on the call's critical path. Larger ones are split among the actors (a reduce-scatter, then an all-gather):
+actor k receives the k-th share of every member's sums, forms their means and sends them to every other actor, so each
+actor moves and adds about 1/world of the sums of each member instead of actor 0 all of them."""
 
 Row = tuple[np.ndarray, np.ndarray, bytes]
 """One actor's contribution to an exchange: head (counts, then losses), body (float64 sums; :data:`NOT_KEPT` where they
-went to actor 0 alone) and extra (a pickled layout, the first time the actor sends it)."""
+are split among the actors) and extra (a pickled layout, the first time the actor sends it)."""
 NOT_KEPT = np.zeros(0, np.float64)
 Message = bytes | np.ndarray
 """What goes over a connection: bytes, or an array's memory as it is."""
@@ -76,8 +76,8 @@ class Group:
     An exchange sends every other actor this actor's row -- its head (counts, losses) and, when small, its float64
     partial sums -- and every actor forms the result from all rows in actor order, with the server's own function,
     so all hold the bits the server would: no answer has to come back from anyone, and the actor that finishes last
-    finds the others' rows waiting. Large sums (:data:`PIPELINED_FLOATS`) go to actor 0 alone, which averages them
-    block by block as they arrive and sends each block's means to every actor. Messages are non-blocking writes and
+    finds the others' rows waiting. Large sums (:data:`SPLIT_FLOATS`) are split: each actor averages its share of
+    the floats and sends the others those means. Messages are non-blocking writes and
     reads over all connections at once on the caller's thread (TCP_NODELAY, one ``poll`` when nothing moves): a gloo
     ``all_gather`` between two actors, which hands every message to worker threads, took 0.7 ms idle on a 2-core
     machine (``benchmarks/RAY_DAG.md``). A peer that dies or leaves closes its sockets, so the others' next read fails
@@ -93,10 +93,10 @@ class Group:
         self.sent: set[float] = set()
         """The fingerprints of the layouts this actor has sent the others since the group formed."""
         self.buffers: dict[int, np.ndarray] = {}
-        """Actor 0: for each actor whose large sums it averages, the buffer their blocks are read into (kept)."""
+        """For each other actor, the buffer its share of large sums is read into (kept: no fresh pages per call)."""
 
     def _scratch(self, rank: int, size: int) -> memoryview:
-        """Actor 0's buffer for ``size`` bytes of actor ``rank``'s sums (valid until the next exchange)."""
+        """The buffer for ``size`` bytes of actor ``rank``'s sums (valid until the next exchange)."""
         buffer = self.buffers.get(rank)
         if buffer is None or buffer.size < size:
             buffer = self.buffers[rank] = np.empty(size, np.uint8)
@@ -220,11 +220,10 @@ class Group:
                 max(float(h[6]) for h, _, _ in rows))
 
     def _exchange(self, head: np.ndarray, body: np.ndarray | None, extra: bytes) -> tuple[list[Row], bytes, np.ndarray]:
-        """Every actor's row -- ``head``, ``extra`` bytes and ``body`` (float64 sums) -- to every other actor (the body
-        to actor 0 alone from :data:`PIPELINED_FLOATS` on); every actor then plans the mean from the heads (which
+        """Every actor's row -- ``head``, ``extra`` bytes and ``body`` (float64 sums) -- to every other actor (from
+        :data:`SPLIT_FLOATS` on, the body afterwards, split); every actor then plans the mean from the heads (which
         rows, how many clients and floats, or an error: sums of different sizes) and forms it
-        (:func:`~fedcomp.platform.federation.mean_of`, in actor order), or reads actor 0's, which averaged the large
-        sums block by block as they arrived. Returns the rows (this actor's included), the error and the float32 means
+        (:func:`~fedcomp.platform.federation.mean_of`, in actor order), or its share of it (:meth:`_split`). Returns the rows (this actor's included), the error and the float32 means
         (a new array: they become the caller's tensors). Nothing is copied on the way out (gathering writes).
 
         Raises:
@@ -233,7 +232,7 @@ class Group:
         """
         body = np.zeros(0, np.float64) if body is None else np.ascontiguousarray(body, np.float64)
         try:
-            shared = body.size * (self.world - 1) < PIPELINED_FLOATS
+            shared = body.size * (self.world - 1) < SPLIT_FLOATS
             timeout = self.peers[0].gettimeout() if self.peers else None
             frames = _move({peer: _frame(head, extra, body if shared else NOT_KEPT) for peer in self.peers},
                            {peer: _Framed() for peer in self.peers}, timeout)
@@ -247,31 +246,30 @@ class Group:
             means = np.empty(size, np.float32)
             if all(rows[i][1].size == size for i in members):  # every member's sums are here
                 mean_of((rows[i][1] for i in members), clients, size, means)
-            elif self.rank == 0:
-                self._average_as_they_come(rows, members, clients, means)
-            elif self.rank in members:  # sends its sums while the means of their first blocks come back
-                _move({self.peers[0]: [body.data.cast("B")]}, {self.peers[0]: _Into(means.data.cast("B"))}, timeout)
             else:
-                _read_into(self.peers[0], means.data.cast("B"))
+                self._split(members, clients, body, means, timeout)
             return rows, b"", means
         except (OSError, ConnectionError) as error:
             self.leave()  # so that the others' exchanges fail at once too
             reason = "timed out" if isinstance(error, TimeoutError) else str(error) or type(error).__name__
             raise GroupBroken(f"an exchange of the actors' group failed: {reason[:160]}") from None
 
-    def _average_as_they_come(self, rows: list[Row], members: list[int], clients: int, means: np.ndarray) -> None:
-        """Actor 0: the means of large sums, a block at a time: each member's next block is read into one block-sized
-        buffer (still in cache when averaged), and the block's means go to every actor at once."""
-        size = means.size
-        blocks = {i: np.frombuffer(self._scratch(i, 8 * min(size, MEAN_BLOCK)), np.float64) for i in members if i}
-        for start in range(0, size, MEAN_BLOCK):
-            end = min(start + MEAN_BLOCK, size)
-            for i, block in blocks.items():
-                _read_into(self.peers[i - 1], block[:end - start].data.cast("B"))
-            sums = (rows[0][1][start:end] if i == 0 else blocks[i][:end - start] for i in members)
-            mean_of(sums, clients, end - start, means[start:end])
-            for peer in self.peers:
-                peer.sendall(means[start:end].data.cast("B"))
+    def _split(self, members: list[int], clients: int, body: np.ndarray, means: np.ndarray, timeout: float | None) -> None:
+        """Large sums' means, each actor forming a share: actor k receives the k-th share of every other member's sums
+        (while sending each actor its own share of this actor's, if a member), forms that share's means and sends them
+        to every other actor, while receiving the other shares' means from their actors."""
+        cuts = [means.size * k // self.world for k in range(self.world + 1)]
+        share = slice(cuts[self.rank], cuts[self.rank + 1])
+        floats = share.stop - share.start
+        peer = dict(zip((r for r in range(self.world) if r != self.rank), self.peers))
+        sending = self.rank in members
+        _move({p: [body[cuts[r]:cuts[r + 1]].data.cast("B")] for r, p in peer.items()} if sending else {},
+              {peer[r]: _Into(self._scratch(r, 8 * floats)) for r in members if r != self.rank}, timeout)
+        parts = (body[share] if r == self.rank else np.frombuffer(self._scratch(r, 8 * floats), np.float64)
+                 for r in members)
+        mean_of(parts, clients, floats, means[share])
+        _move({p: [means[share].data.cast("B")] for p in self.peers},
+              {p: _Into(means[cuts[r]:cuts[r + 1]].data.cast("B")) for r, p in peer.items()}, timeout)
 
 
 def _head(counts: tuple[float, ...], losses: Sequence[float]) -> np.ndarray:

@@ -11,7 +11,7 @@ import threading
 import numpy as np
 import pytest
 
-from fedcomp.actors.collective import JOIN_TIMEOUT_S, PIPELINED_FLOATS, Group, GroupBroken
+from fedcomp.actors.collective import JOIN_TIMEOUT_S, SPLIT_FLOATS, Group, GroupBroken
 from fedcomp.platform.federation import MEAN_BLOCK, Layout, Partial, combine, mean_of
 
 
@@ -97,16 +97,16 @@ def test_three_members_combine_whole_partials_in_member_order_as_the_server_does
             g.leave()
 
 
-def test_model_sized_rows_arrive_whole_and_answers_do_not_share_actor_0s_buffers():
+def test_model_sized_rows_arrive_whole_and_answers_do_not_share_the_members_buffers():
     """Rows far beyond a socket's buffers (written in parts) arrive whole -- also when both members send each other
-    theirs at once (200,000 floats: under :data:`PIPELINED_FLOATS`, every member gets every row); actor 0 reads large
-    rows into buffers it keeps, so an answer handed out earlier must not change when the next exchange (larger, then
-    smaller) reuses them. Members whose rows take different ways (one small, one large: out of step) fail alike,
+    theirs at once (200,000 floats: under :data:`SPLIT_FLOATS`, every member gets every row); each member reads its share
+    of large rows into buffers it keeps, so an answer handed out earlier must not change when the next exchange
+    (larger, then smaller) reuses them. Members whose rows take different ways (one small, one large: out of step) fail alike,
     and the group carries on."""
     groups = _joined(2)
     rng = np.random.default_rng(0)
     try:
-        mixed = _together(groups, lambda g, i: g.mean(1, np.ones(PIPELINED_FLOATS + 1 if i else 10)))
+        mixed = _together(groups, lambda g, i: g.mean(1, np.ones(SPLIT_FLOATS + 1 if i else 10)))
         assert all(isinstance(e, RuntimeError) and "out of step" in str(e) for e in mixed), mixed
         answers, expected = [], []
         for size in (3_000_000, 200_000, 4_000_000, 1_000):
@@ -119,16 +119,16 @@ def test_model_sized_rows_arrive_whole_and_answers_do_not_share_actor_0s_buffers
     finally:
         for g in groups:
             g.leave()
-    assert not groups[0].buffers
+    assert not groups[0].buffers and not groups[1].buffers
 
 
-def test_large_partials_averaged_block_by_block_are_the_servers_bits():
-    """Partials of :data:`PIPELINED_FLOATS` floats or more are averaged as their blocks arrive (the last block a
-    part one, a member without cohort members taking part with nothing): every member holds what the server's
+def test_large_partials_split_among_the_members_are_the_servers_bits():
+    """Partials of :data:`SPLIT_FLOATS` floats or more are split: each member averages a share of the floats (shares
+    of unequal sizes; a member without cohort members averaging its share of the others'): every member holds what the server's
     ``combine`` makes of them, every time; then a program out of step (rows of different sizes) fails for all, and
     the group carries on."""
     groups = _joined(3)
-    size = PIPELINED_FLOATS + MEAN_BLOCK // 2 + 3
+    size = SPLIT_FLOATS + MEAN_BLOCK // 2 + 3
     layout = Layout(("w", "b"), (size - 10, 10))
     rng = np.random.default_rng(7)
     try:
@@ -154,9 +154,9 @@ def test_large_partials_averaged_block_by_block_are_the_servers_bits():
 
 
 def test_a_large_exchange_fails_at_once_when_member_0_is_gone_and_at_the_deadline_when_it_is_silent():
-    """A member sending a large partial reads and writes at once: it fails as soon as member 0 has left, and waits no
-    longer than the group's deadline for a member 0 that never reads (its sums stuck in the connection)."""
-    big = np.ones(8 * PIPELINED_FLOATS)  # beyond what the connection's buffers hold
+    """A member sending a large partial fails as soon as member 0 has left, and waits no longer than the group's
+    deadline for a member 0 that never answers."""
+    big = np.ones(8 * SPLIT_FLOATS)  # beyond what the connection's buffers hold
     gone = _joined(2, timeout_s=60.0)
     try:
         gone[0].leave()
