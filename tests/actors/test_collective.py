@@ -143,6 +143,11 @@ def test_large_partials_split_among_the_members_are_the_servers_bits():
                 assert (outcome.clients, outcome.samples, outcome.loss) == (expected.clients, expected.samples, expected.loss)
                 for key in ("w", "b"):
                     assert outcome.means[key].numpy().tobytes() == expected.means[key].numpy().tobytes(), round
+        for alone in range(3):  # one member's sums alone: the others average their shares of them
+            mine = [partials[alone] if i == alone else None for i in range(3)]
+            expected = combine([partials[alone]], size)
+            for outcome, _, _ in _together(groups, lambda g, i: g.combined(mine[i], size)):  # noqa: B023
+                assert outcome.means["w"].numpy().tobytes() == expected.means["w"].numpy().tobytes(), alone
         late = _together(groups, lambda g, i: g.mean(1, np.ones(size + i)))
         assert all(isinstance(e, RuntimeError) and "out of step" in str(e) for e in late), late
         rows = [rng.standard_normal(size) for _ in groups]
