@@ -4,9 +4,10 @@
 PYTHON ?= python3
 VENV ?= .venv
 STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
-# Two test processes, each taking the next test as it finishes one (each starts its own Ray session if it runs
-# a Ray test). PARALLEL= runs the suite in one process.
-PARALLEL ?= -n 2
+# Two test processes, each taking the next test module as it finishes one (each starts its own Ray session if it
+# runs a Ray test; a module's tests run in one process, in order, so its keeping tests share kept actors).
+# PARALLEL= runs the suite in one process.
+PARALLEL ?= -n 2 --dist loadfile
 
 .PHONY: run test check bench clean
 
