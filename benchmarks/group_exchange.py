@@ -2,10 +2,10 @@
 
 With ``federation.server: replicated`` (the default) every round ends with one exchange in the actors' group
 (:meth:`fedcomp.actors.collective.Group.combined`): each actor sends its float64 partial sums to the other, and each
-averages them in actor order (large sums are split: each actor averages half and sends the other its float32 means).
-This script times that exchange between two processes (the group is plain TCP on loopback, as between two client actors on one node), for the partials of the
-small MLP 32-64-10, a 100k-float model and the heavy MLP 32-1024-1024-10, and side by side in the same processes
-the same bytes over the same connection with nothing else done: 8 bytes a float one way, then 4 back, read into
+averages them in actor order (large sums are split: each actor averages half and sends the other its float32
+means). This script times that exchange between two processes (the group is plain TCP on loopback, as between two
+client actors on one node), for the partials of the small MLP 32-64-10, a 100k-float model and the heavy MLP
+32-1024-1024-10, and side by side in the same processes the same bytes over the same connection with nothing else done: 8 bytes a float one way, then 4 back, read into
 buffers allocated once (the same reference at every revision, whatever way the exchange takes). The ratio is what
 the exchange pays over moving those bytes one way after the other; an exchange moves bytes both ways at once, and a
 large one (``collective.SPLIT_FLOATS``) about half as many per actor, so it can come under that.

@@ -57,11 +57,6 @@ Row = tuple[np.ndarray, np.ndarray, bytes]
 """One actor's contribution to an exchange: head (counts, then losses), body (float64 sums; :data:`NOT_KEPT` where they
 are split among the actors) and extra (a pickled layout, the first time the actor sends it)."""
 NOT_KEPT = np.zeros(0, np.float64)
-Message = bytes | np.ndarray
-"""What goes over a connection: bytes, or an array's memory as it is."""
-Plan = tuple[bytes, list[int], int, int]
-"""What every actor makes of the rows' heads: an error (empty when none), which rows' sums make the mean (in actor
-order), over how many clients, and how many floats it has."""
 History = list[tuple[Layout, np.ndarray]]
 """Each step's cohort means as one actor formed them: their layout and the float32 values."""
 
@@ -178,10 +173,7 @@ class Group:
             RuntimeError: the actors' yields differ in size (a program out of step with itself).
         """
         size = 0 if sums is None else int(sums.size)
-        _, error, means = self._exchange(_head((clients, size, 0, 0, 0, 0, 0), ()), sums, b"")
-        if error:
-            raise RuntimeError(error.decode())
-        return means
+        return self._exchange(_head((clients, size, 0, 0, 0, 0, 0), ()), sums, b"")[1]
 
     def combined(self, mine: Partial | None, floats_down: int, busy_s: float = 0.0) -> tuple[Outcome, list[bool], float]:
         """What the server's :func:`~fedcomp.platform.federation.combine` makes of every actor's partial (``mine``:
@@ -194,6 +186,7 @@ class Group:
 
         Raises:
             GroupBroken: another actor of the group is gone.
+            RuntimeError: the actors' partials differ in size.
         """
         layout = b""
         if mine is None:
@@ -207,9 +200,7 @@ class Group:
                 layout = pickle.dumps(mine.layout) if self.world > 1 else b""
                 self.sent.add(fingerprint)
                 self.layouts[fingerprint] = mine.layout
-        rows, error, means = self._exchange(head, body, layout)
-        if error:
-            raise RuntimeError(error.decode())
+        rows, means = self._exchange(head, body, layout)
         for i, (_, _, extra) in enumerate(rows):
             if extra and i != self.rank:
                 told: Layout = pickle.loads(extra)
@@ -219,20 +210,21 @@ class Group:
         return (averages.outcome(floats_down), [bool(h[3]) for h, _, _ in rows],
                 max(float(h[6]) for h, _, _ in rows))
 
-    def _exchange(self, head: np.ndarray, body: np.ndarray | None, extra: bytes) -> tuple[list[Row], bytes, np.ndarray]:
-        """Every actor's row -- ``head``, ``extra`` bytes and ``body`` (float64 sums) -- to every other actor (from
-        :data:`SPLIT_FLOATS` on, the body afterwards, split); every actor then plans the mean from the heads (which
-        rows, how many clients and floats, or an error: sums of different sizes) and forms it
-        (:func:`~fedcomp.platform.federation.mean_of`, in actor order), or its share of it (:meth:`_split`). Returns the rows (this actor's included), the error and the float32 means
-        (a new array: they become the caller's tensors). Nothing is copied on the way out (gathering writes).
+    def _exchange(self, head: np.ndarray, body: np.ndarray | None, extra: bytes) -> tuple[list[Row], np.ndarray]:
+        """Every actor's row -- ``head``, ``extra`` bytes and ``body`` (float64 sums; from :data:`SPLIT_FLOATS` on, the
+        body afterwards, split) -- to every other actor; every actor then plans the mean from the heads (which rows,
+        over how many clients, how many floats) and forms it (:func:`~fedcomp.platform.federation.mean_of`, in actor
+        order), or its share of it (:meth:`_split`). Returns the rows (this actor's included) and the float32 means (a
+        new array: they become the caller's tensors). Nothing is copied on the way out (gathering writes).
 
         Raises:
             GroupBroken: another actor of the group is gone (or did not answer within the deadline); this one then
                 leaves the group too.
+            RuntimeError: the members' sums differ in size (every actor raises it; the group carries on).
         """
         body = np.zeros(0, np.float64) if body is None else np.ascontiguousarray(body, np.float64)
         try:
-            shared = body.size * (self.world - 1) < SPLIT_FLOATS
+            shared = not self._splits(body.size)
             timeout = self.peers[0].gettimeout() if self.peers else None
             frames = _move({peer: _frame(head, extra, body if shared else NOT_KEPT) for peer in self.peers},
                            {peer: _Framed() for peer in self.peers}, timeout)
@@ -241,18 +233,25 @@ class Group:
             members = [i for i, (h, _, _) in enumerate(rows) if h[0] > 0]
             widths = sorted({int(rows[i][0][1]) for i in members})
             if len(widths) > 1:
-                return rows, f"exchange out of step: the actors yielded {widths} floats".encode(), NOT_KEPT.astype(np.float32)
-            clients, size = int(sum(rows[i][0][0] for i in members)), widths[0] if widths else 0
-            means = np.empty(size, np.float32)
-            if size * (self.world - 1) < SPLIT_FLOATS:  # every member sent every actor its sums
-                mean_of((rows[i][1] for i in members), clients, size, means)
+                out_of_step = f"exchange out of step: the actors yielded {widths} floats"
             else:
-                self._split(members, clients, body, means, timeout)
-            return rows, b"", means
+                clients, size = int(sum(rows[i][0][0] for i in members)), widths[0] if widths else 0
+                means = np.empty(size, np.float32)
+                if self._splits(size):
+                    self._split(members, clients, body, means, timeout)
+                else:  # every member sent every actor its sums
+                    mean_of((rows[i][1] for i in members), clients, size, means)
+                return rows, means
         except (OSError, ConnectionError) as error:
             self.leave()  # so that the others' exchanges fail at once too
             reason = "timed out" if isinstance(error, TimeoutError) else str(error) or type(error).__name__
             raise GroupBroken(f"an exchange of the actors' group failed: {reason[:160]}") from None
+        raise RuntimeError(out_of_step)
+
+    def _splits(self, floats: int) -> bool:
+        """Whether members' sums of ``floats`` floats are split among the actors (:data:`SPLIT_FLOATS`): decided from
+        the size alone, so every actor decides alike, whoever sent what."""
+        return floats * (self.world - 1) >= SPLIT_FLOATS
 
     def _split(self, members: list[int], clients: int, body: np.ndarray, means: np.ndarray, timeout: float | None) -> None:
         """Large sums' means, each actor forming a share: actor k receives the k-th share of every other member's sums

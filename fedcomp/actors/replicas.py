@@ -5,7 +5,7 @@ sampler, the algorithm's round program -- over a :class:`GroupFederation`. A fed
 members of the cohort on its own :class:`~fedcomp.platform.federation.ClientHost`, then the actors exchange their
 partial sums in their group and each combines them in actor order as the server's own
 :func:`~fedcomp.platform.federation.combine` does (:meth:`~fedcomp.actors.collective.Group.combined`; large sums
-averaged by actor 0, which sends every actor the means). So every replica
+split: each actor averages a share and sends the others its means). So every replica
 holds, after every call, the state a single server would hold, bit for bit, and no message goes through the driver
 or a server actor between rounds: the driver starts a run of rounds on every actor at once and hears back from
 replica 0 only (each round's record, its evaluation, whether the state is finite).
