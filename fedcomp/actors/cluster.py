@@ -204,7 +204,9 @@ def plan_actors(
     holds.
 
     One actor lives on one node, so shares are fitted per node: with ``auto``, the largest CPU share (at most
-    1) such that every client actor and the server find a node whichever node Ray puts the server on, and the
+    1) such that every client actor and the server actor (``federation.server: actor``; with the server replicated
+    on the client actors or in the driver there is none to place) find a node whichever node Ray puts the server
+    on, and the
     largest GPU share per client (at most 1 and the cluster's GPUs over the clients) such that every client
     actor finds a node's GPU.
 
@@ -226,6 +228,8 @@ def plan_actors(
     nodes = [dict(node) for node in nodes] if nodes else [dict(cluster)]
     total_gpus, total_cpus = float(cluster.get("GPU", 0.0)), float(cluster.get("CPU", 0.0))
     units = [(_units(node.get("CPU", 0.0)), _units(node.get("GPU", 0.0))) for node in nodes]
+    server = fed.server == "actor"
+    actors = f"{n} client actors and the server" if server else f"{n} client actors"
 
     if fed.gpus_per_client == "auto":
         gpc = _auto_gpus(units, n, per, min(1.0, total_gpus / k)) if total_gpus else 0.0
@@ -253,7 +257,7 @@ def plan_actors(
     gpu_units = _units(floor_share(gpc * per))
 
     if fed.cpus_per_actor == "auto":
-        cpu_units = _auto_cpus(units, n, gpu_units)
+        cpu_units = _auto_cpus(units, n, gpu_units, server)
         if cpu_units is None:
             raise ResourceError(
                 f"federation.clients = {k} with clients_per_actor = {per} makes {n} actors, too many for "
@@ -262,20 +266,20 @@ def plan_actors(
         cpus = cpu_units / UNITS
     else:
         cpus = float(fed.cpus_per_actor)
-        need = cpus * (n + 1)
+        need = cpus * (n + server)
         if need > total_cpus + 1e-9:
             raise ResourceError(
-                f"federation.cpus_per_actor = {cpus:g} needs {need:g} CPUs for {n} client actors and the server "
-                f"but the cluster has {total_cpus:g}"
+                f"federation.cpus_per_actor = {cpus:g} needs {need:g} CPUs for {actors} but the cluster has "
+                f"{total_cpus:g}"
             )
-        if not _fits(units, n, _units(cpus), gpu_units):
-            best = _auto_cpus(units, n, gpu_units)
+        if not _fits(units, n, _units(cpus), gpu_units, server):
+            best = _auto_cpus(units, n, gpu_units, server)
             advice = f"use cpus_per_actor <= {best / UNITS:g} or 'auto'" if best else "raise federation.clients_per_actor"
             raise ResourceError(
-                f"federation.cpus_per_actor = {cpus:g}: {n} client actors and the server do not fit on "
-                f"{_describe(nodes, 'CPU')} (an actor lives on one node); {advice}"
+                f"federation.cpus_per_actor = {cpus:g}: {actors} do not fit on {_describe(nodes, 'CPU')} (an actor "
+                f"lives on one node); {advice}"
             )
-    return ActorPlan(groups, cpus, gpc, cpus, packing)
+    return ActorPlan(groups, cpus, gpc, cpus if server else 0.0, packing)
 
 
 def probe_footprint_on_cluster(config: Config, timeout: float) -> Footprint:
@@ -319,10 +323,12 @@ def _slots_total(nodes: Sequence[tuple[int, int]], cpu_each: int, gpu_each: int)
     return sum(_slots(c, g, cpu_each, gpu_each) for c, g in nodes)
 
 
-def _fits(nodes: Sequence[tuple[int, int]], actors: int, cpu_each: int, gpu_each: int) -> bool:
-    """Whether ``actors`` client actors and a CPU-only server actor of the same CPU share fit ``nodes``,
-    wherever Ray puts the server (it is started first; equal-sized client actors then fit greedily)."""
+def _fits(nodes: Sequence[tuple[int, int]], actors: int, cpu_each: int, gpu_each: int, server: bool) -> bool:
+    """Whether ``actors`` client actors, and with ``server`` a CPU-only server actor of the same CPU share, fit
+    ``nodes``, wherever Ray puts the server (it is started first; equal-sized client actors then fit greedily)."""
     slots = [_slots(c, g, cpu_each, gpu_each) for c, g in nodes]
+    if not server:
+        return sum(slots) >= actors
     after_server = [
         sum(slots) - slots[j] + _slots(c - cpu_each, g, cpu_each, gpu_each)
         for j, (c, g) in enumerate(nodes) if c >= cpu_each
@@ -330,7 +336,7 @@ def _fits(nodes: Sequence[tuple[int, int]], actors: int, cpu_each: int, gpu_each
     return bool(after_server) and min(after_server) >= actors
 
 
-def _auto_cpus(nodes: Sequence[tuple[int, int]], actors: int, gpu_each: int) -> int | None:
+def _auto_cpus(nodes: Sequence[tuple[int, int]], actors: int, gpu_each: int, server: bool) -> int | None:
     """The largest CPU share (units, at most one CPU) that fits; None if even Ray's smallest does not.
 
     The candidates are the shares that split some node evenly; fitting only gets easier as the share
@@ -339,7 +345,7 @@ def _auto_cpus(nodes: Sequence[tuple[int, int]], actors: int, gpu_each: int) -> 
     lo, hi, best = 0, len(candidates) - 1, None
     while lo <= hi:
         mid = (lo + hi) // 2
-        if _fits(nodes, actors, candidates[mid], gpu_each):
+        if _fits(nodes, actors, candidates[mid], gpu_each, server):
             best, lo = candidates[mid], mid + 1
         else:
             hi = mid - 1

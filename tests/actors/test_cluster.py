@@ -52,7 +52,7 @@ TWO_NODES = [{"CPU": 1.0}, {"CPU": 1.0}]
 
 
 def test_actor_shares_fit_the_nodes_not_the_total():
-    fed = FederationConfig(clients=16, clients_per_actor=4)  # quickstart: 4 client actors and the server
+    fed = FederationConfig(clients=16, clients_per_actor=4, server="actor")  # 4 client actors and the server actor
     plan = plan_actors(fed, {"CPU": 2.0}, TWO_NODES)
     # 2 CPUs / 5 actors = 0.4 fits the total but not the nodes (two 0.4 shares per node = 4 actors); a third
     # of a CPU gives each node three.
@@ -62,13 +62,30 @@ def test_actor_shares_fit_the_nodes_not_the_total():
     with pytest.raises(ResourceError, match=r"federation.cpus_per_actor = 0.4: 4 client actors and the server do not "
                                             r"fit on 2 nodes with CPU 1, 1 \(an actor lives on one node\); use "
                                             r"cpus_per_actor <= 0.3333 or 'auto'"):
-        plan_actors(FederationConfig(clients=16, clients_per_actor=4, cpus_per_actor=0.4), {"CPU": 2.0}, TWO_NODES)
-    assert plan_actors(FederationConfig(clients=16, clients_per_actor=4, cpus_per_actor=0.2), {"CPU": 2.0}, TWO_NODES).cpus == 0.2
+        plan_actors(fed.model_copy(update={"cpus_per_actor": 0.4}), {"CPU": 2.0}, TWO_NODES)
+    assert plan_actors(fed.model_copy(update={"cpus_per_actor": 0.2}), {"CPU": 2.0}, TWO_NODES).cpus == 0.2
+
+
+@pytest.mark.parametrize("server", ["replicated", "driver"])
+def test_without_a_server_actor_only_the_client_actors_are_placed(server):
+    fed = FederationConfig(clients=16, clients_per_actor=4, server=server)
+    plan = plan_actors(fed, {"CPU": 2.0}, TWO_NODES)
+    assert plan.cpus == pytest.approx(0.5) and plan.server_cpus == 0.0  # two client actors a node, nothing else
+    two = FederationConfig(clients=16, clients_per_actor=8, server=server, cpus_per_actor=1)
+    assert plan_actors(two, {"CPU": 2.0}).cpus == 1.0  # a whole CPU each: the server takes none
+    with pytest.raises(ResourceError, match=r"^federation.cpus_per_actor = 1 needs 4 CPUs for 4 client actors but the "
+                                            r"cluster has 2$"):
+        plan_actors(fed.model_copy(update={"cpus_per_actor": 1}), {"CPU": 2.0})
+    three = FederationConfig(clients=12, clients_per_actor=4, server=server, cpus_per_actor=0.6)  # 1.8 CPUs in all
+    with pytest.raises(ResourceError, match=r"^federation.cpus_per_actor = 0.6: 3 client actors do not fit on 2 nodes "
+                                            r"with CPU 1, 1 \(an actor lives on one node\); use cpus_per_actor <= 0.5 "
+                                            r"or 'auto'$"):
+        plan_actors(three, {"CPU": 2.0}, TWO_NODES)
 
 
 def test_gpu_shares_fit_the_gpu_nodes():
     nodes = [{"CPU": 1.0, "GPU": 2.0}, {"CPU": 1.0}]
-    plan = plan_actors(FederationConfig(clients=6), {"CPU": 2.0, "GPU": 2.0}, nodes)
+    plan = plan_actors(FederationConfig(clients=6, server="actor"), {"CPU": 2.0, "GPU": 2.0}, nodes)
     # Every client actor needs the GPU node: six of them and maybe the server share its one CPU.
     assert plan.gpus_per_client == pytest.approx(0.3333) and plan.cpus == pytest.approx(1 / 7, abs=1e-4)
     with pytest.raises(ResourceError, match=r"gpus_per_client = 0.75 asks 0.75 GPU per client actor; 2 nodes with GPU 1, 2 "
@@ -79,7 +96,7 @@ def test_gpu_shares_fit_the_gpu_nodes():
 
 def test_planning_many_actors_on_many_nodes_is_quick():
     started = time.perf_counter()
-    plan = plan_actors(FederationConfig(clients=1000), {"CPU": 200.0}, [{"CPU": 2.0}] * 100)
+    plan = plan_actors(FederationConfig(clients=1000, server="actor"), {"CPU": 200.0}, [{"CPU": 2.0}] * 100)
     assert time.perf_counter() - started < 2.0
     assert 100 * int(2.0 / plan.cpus + 1e-9) >= 1001
 
@@ -147,8 +164,8 @@ def test_a_run_places_its_actors_on_both_nodes_with_the_local_numbers(two_nodes,
     (run_dir,) = (tmp_path / "ray").iterdir()
     backend = json.loads((run_dir / "run.json").read_text())["backend"]
     assert backend["gcs_address"].endswith(f":{two_nodes.port}")
-    assert backend["client_actors"] == 4 and len(backend["nodes"]) == 2  # 5 actors of 1/3 CPU need both nodes
-    assert backend["cpus_per_actor"] == pytest.approx(0.3333)
+    assert backend["client_actors"] == 4 and len(backend["nodes"]) == 2  # 4 actors of 1/2 CPU need both nodes
+    assert backend["cpus_per_actor"] == pytest.approx(0.5)  # the server replicated on them: no server actor to place
     local = fedcomp.run("quickstart", {**overrides(FAST), "federation.backend": "local", "run.out": str(tmp_path / "local")})
     pd.testing.assert_frame_equal(metrics(run_dir), local.metrics.drop(columns="wall_time"), check_exact=True)
 
@@ -182,7 +199,7 @@ def test_feddro_exchanges_among_the_actors_across_both_nodes_with_the_local_numb
 def test_a_share_no_node_fits_fails_at_once_saying_what_fits(two_nodes, tmp_path):
     started = time.monotonic()
     done = cli("run", "quickstart", *FAST, "--ray-address", two_nodes.address, "--set", "federation.cpus_per_actor=0.4",
-               "--set", f"run.out={tmp_path}", env={"RAY_TMPDIR": two_nodes.tmp})
+               "--set", "federation.server=actor", "--set", f"run.out={tmp_path}", env={"RAY_TMPDIR": two_nodes.tmp})
     assert done.returncode == 2 and time.monotonic() - started < 120  # not the 120 s actor deadline plus start-up
     assert done.stderr.strip().splitlines() == [
         "fedcomp: error: federation.cpus_per_actor = 0.4: 4 client actors and the server do not fit on 2 nodes with "
