@@ -160,7 +160,7 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="fedcomp", description="Federated nested stochastic optimisation on Ray.")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{run,list,sweep,report,bench}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{run,verify,list,sweep,report,bench}")
 
     run = sub.add_parser("run", help="run one experiment (default preset: quickstart)")
     run.add_argument("config", nargs="?", help="preset name or YAML file (see `fedcomp list`)")

@@ -302,8 +302,8 @@ CASES = [
     Case("address-scheme", run("federation.backend=ray", "federation.ray_address=grpc://h:1"),
          "federation.ray_address = 'grpc://h:1': allowed: auto, local, HOST:PORT or ray://HOST:PORT"),
     # -- command-line flags ------------------------------------------------------------------------------------
-    Case("no-command", (), "the following arguments are required: {{run,list,sweep,report,bench}}"),
-    Case("unknown-command", ("train",), "argument {{run,list,sweep,report,bench}}: invalid choice: 'train'"),
+    Case("no-command", (), "the following arguments are required: {{run,verify,list,sweep,report,bench}}"),
+    Case("unknown-command", ("train",), "argument {{run,verify,list,sweep,report,bench}}: invalid choice: 'train'"),
     Case("unknown-flag", ("run", "quickstart", "--fast"), "unrecognized arguments: --fast"),
     Case("sweep-verbose", ("sweep", "quick", "--verbose", "5"), "argument --verbose: invalid choice: 5 (choose from 0, 1, 2)"),
     Case("sweep-seeds-text", ("sweep", "quick", "--seeds", "x"), "argument --seeds: invalid int value: 'x'"),
