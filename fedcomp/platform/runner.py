@@ -17,7 +17,7 @@ import shutil
 import sys
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, cast
@@ -110,7 +110,7 @@ def drive(config: Config, server: ServerLike, checkpoint: dict[str, Any] | None 
     identity = run_checks.checkpoint_identity(config)
     t0 = time.perf_counter()
     if not rows:
-        rows.append({**asdict(Counters()), "train_loss": math.nan, "wall_time": 0.0, **server.evaluate()})
+        rows.append({**Counters().as_dict(), "train_loss": math.nan, "wall_time": 0.0, **server.evaluate()})
     if first >= config.run.rounds:  # nothing left to run: hand back what the checkpoint holds
         yield RoundDone(first, None, None, rows, wall_offset)
     r = first

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields
 from typing import Any, Protocol
 
 import torch
@@ -41,10 +41,17 @@ class Counters:
 
     def add(self, record: RoundRecord) -> None:
         self.round += 1
-        for f in fields(record):
-            if f.name != "train_loss":
-                setattr(self, f.name, getattr(self, f.name) + getattr(record, f.name))
+        for name in COUNTED:
+            setattr(self, name, getattr(self, name) + getattr(record, name))
 
+    def as_dict(self) -> dict[str, int]:
+        """The counters by name (a shallow copy: every field is an int; ``dataclasses.asdict`` recurses and deep-copies
+        each, a third of a round program's own time)."""
+        return dict(vars(self))
+
+
+COUNTED = tuple(f.name for f in fields(RoundRecord) if f.name != "train_loss")
+"""The :class:`RoundRecord` fields the counters sum."""
 
 RoundReply = tuple[dict[str, Any], dict[str, float] | None, float]
 """One round of :meth:`ServerLike.run_rounds`: its record (cumulative counters and the round's training loss),
@@ -120,7 +127,7 @@ class Server:
         self.round_s += time.perf_counter() - started
         self.counters.add(record)
         self.train_loss = record.train_loss
-        return {**asdict(self.counters), "train_loss": record.train_loss}
+        return {**self.counters.as_dict(), "train_loss": record.train_loss}
 
     def one_round(self, evaluate: bool) -> RoundReply:
         """:meth:`run_round`, then (``evaluate``) :meth:`evaluate`: the round's record, the evaluation and the
@@ -153,7 +160,7 @@ class Server:
     def checkpoint(self) -> dict[str, Any]:
         return {
             "state": {k: v.detach().cpu().clone() for k, v in self.tensors().items()},
-            "counters": asdict(self.counters),
+            "counters": self.counters.as_dict(),
             "train_loss": self.train_loss,
             "private": self.federation.private_states(),
             "buffers": None if self.buffers is None else self.buffers.value.detach().cpu().clone(),

@@ -33,8 +33,12 @@ class State:
 
     @classmethod
     def names(cls) -> tuple[str, ...]:
-        """The field names, in declaration order."""
-        return tuple(f.name for f in dataclasses.fields(cls))
+        """The field names, in declaration order (kept per class: read on every round and client step, where
+        ``dataclasses.fields`` would build them anew)."""
+        names = _NAMES.get(cls)
+        if names is None:
+            names = _NAMES[cls] = tuple(f.name for f in dataclasses.fields(cls))
+        return names
 
     @classmethod
     def of(cls: type[S], tensors: Mapping[str, Tensor]) -> S:
@@ -51,6 +55,9 @@ class State:
     def replace(self: S, **changes: Any) -> S:
         """A new record with some fields replaced."""
         return dataclasses.replace(self, **changes)
+
+
+_NAMES: dict[type, tuple[str, ...]] = {}
 
 
 @dataclasses.dataclass(frozen=True)
