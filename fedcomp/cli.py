@@ -247,6 +247,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except PlatformError as error:
         print(f"fedcomp: error: {one_line(error)}", file=sys.stderr)
         return error.exit_code
-    except KeyboardInterrupt:
-        print("fedcomp: interrupted", file=sys.stderr)
+    except KeyboardInterrupt as error:  # a run's Interrupted says what it kept and how to continue
+        print(f"fedcomp: interrupted{': ' + one_line(error) if str(error) else ''}", file=sys.stderr)
         return 130

@@ -14,6 +14,8 @@ import pytest
 
 import fedcomp
 from fedcomp.cli import main
+from fedcomp.platform.results import read_checkpoint
+from fedcomp.platform.server import Server
 
 FAST = ["--set", "federation.backend=local", "--set", "federation.clients=4", "--set", "algorithm.local_steps=5",
         "--set", "task.test_samples=2000", "--set", "run.rounds=3", "--set", "run.progress=none"]
@@ -109,6 +111,44 @@ def test_process_killed_between_rounds_resumes_to_the_same_numbers(tmp_path):
         fedcomp.load_results(reference.run_dir).drop(columns=["wall_time", "run_id"]),
         check_dtype=False,
     )
+
+
+@pytest.mark.slow
+def test_ctrl_c_mid_run_says_which_round_is_checkpointed_and_how_to_continue(tmp_path):
+    over = ["--set", "federation.backend=local", "--set", "run.rounds=20", "--set", "run.checkpoint_every=2",
+            "--set", "run.progress=none", "--set", "task.test_samples=2000", "--set", f"run.out={tmp_path}"]
+    proc = subprocess.Popen([sys.executable, "-m", "fedcomp", "run", "quickstart", *over],
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline and not list(tmp_path.glob("*/checkpoint.pt")):
+            time.sleep(0.05)
+        time.sleep(0.3)  # into the rounds after the first checkpoint
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    (run_dir,) = tmp_path.iterdir()
+    saved = read_checkpoint(run_dir / "checkpoint.pt")["server"]["counters"]["round"]
+    assert proc.returncode == 130, err
+    assert err.strip().splitlines() == [
+        f"fedcomp: interrupted: round {saved} is checkpointed; continue the run with: fedcomp run --resume {run_dir}"]
+    assert 0 < saved < 20 and json.loads((run_dir / "run.json").read_text())["status"] == "interrupted"
+    assert main(["run", "--resume", str(run_dir)]) == 0  # the command it printed
+    assert json.loads((run_dir / "run.json").read_text())["status"] == "completed"
+
+
+def test_ctrl_c_before_the_first_checkpoint_keeps_nothing_and_says_so(tmp_path, capsys, monkeypatch):
+    def interrupted(self):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Server, "run_round", interrupted)
+    assert main(["run", "quickstart", *FAST, "--set", f"run.out={tmp_path}"]) == 130
+    assert capsys.readouterr().err.strip().splitlines() == ["fedcomp: interrupted: nothing was kept (no checkpoint yet)"]
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(KeyboardInterrupt, match="nothing was kept"):  # the API raises it (an Interrupted)
+        fedcomp.run("quickstart", {**dict(s.split("=", 1) for s in FAST[1::2]), "run.out": str(tmp_path)})
 
 
 def test_gpu_request_on_the_local_backend_without_cuda(tmp_path, capsys):

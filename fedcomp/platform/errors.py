@@ -34,3 +34,8 @@ class Diverged(PlatformError):
     """The training loss or the model became non-finite; the run stopped and kept its finite rounds."""
 
     exit_code = 3
+
+
+class Interrupted(KeyboardInterrupt):
+    """The user interrupted a run (Ctrl-C); the message says what was kept and how to continue. A
+    ``KeyboardInterrupt`` still, so that code catching that keeps working."""

@@ -29,7 +29,7 @@ from fedcomp.platform import results, run_checks, tracking
 from fedcomp.platform.config import Config, load_config
 from fedcomp.platform.curves import CURVES, write_curves
 from fedcomp.platform.environment import environment
-from fedcomp.platform.errors import ConfigError, Diverged, StorageError
+from fedcomp.platform.errors import ConfigError, Diverged, Interrupted, StorageError
 from fedcomp.platform.progress import RunProgress, output_mode
 from fedcomp.platform.registry import TASKS
 from fedcomp.platform.server import Counters, ServerLike
@@ -180,6 +180,8 @@ def execute(
             StorageError mid-run (disk full) says how to continue.
         Diverged: the training loss or the model became non-finite (``run.on_divergence: stop``); the run
             folder keeps the rounds before it.
+        Interrupted: Ctrl-C (a ``KeyboardInterrupt``); the message says which round is checkpointed and how to
+            continue, or that nothing was kept.
     """
     headline = build_task_metrics(config)[0]
     checkpoint: dict[str, Any] | None = None
@@ -202,7 +204,7 @@ def execute(
     startup_s = time.perf_counter() - t_start
     log = _RunLog(config, run_id, run_dir, server.describe(), earlier)
     created = checkpoint is None
-    done = checkpoint["server"]["counters"]["round"] if checkpoint else 0
+    done = saved = checkpoint["server"]["counters"]["round"] if checkpoint else 0
     tracker: tracking.Tracker = tracking.Tracker()
     try:
         if created:
@@ -223,7 +225,7 @@ def execute(
                 logged = len(step.rows)
                 if step.checkpoint is not None:
                     results.write_checkpoint(run_dir / results.CHECKPOINT, step.checkpoint)
-                    created = False  # resumable from here on, whatever happens to the metrics file
+                    created, saved = False, step.round  # resumable from here on, whatever happens to the metrics file
                     results.write_metrics(run_dir / results.METRICS, step.rows)
                 rows, wall, done = step.rows, step.wall_time, step.round
         finally:
@@ -249,6 +251,10 @@ def execute(
             tail = ("nothing was kept" if created else
                     f"the run stopped after round {done}; make room and continue it with: fedcomp run --resume {run_dir}")
             raise StorageError(f"{error}; {tail}") from None
+        if isinstance(error, KeyboardInterrupt) and not isinstance(error, Interrupted):
+            raise Interrupted("nothing was kept (no checkpoint yet)" if created else
+                              f"round {saved} is checkpointed; continue the run with: fedcomp run --resume {run_dir}"
+                              ) from None
         raise
     finally:
         server.close()
