@@ -14,7 +14,9 @@ import functools
 import logging
 import os
 import secrets
+import signal
 import sys
+import threading
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -26,7 +28,7 @@ from pydantic import ValidationError
 
 from fedcomp.actors.cluster import fedcomp_env
 from fedcomp.platform import results, tracking
-from fedcomp.platform.errors import ConfigError, ResourceError, StorageError
+from fedcomp.platform.errors import ConfigError, Interrupted, ResourceError, StorageError
 from fedcomp.sweeps import extend as edges_extend, tune_state
 from fedcomp.sweeps.callbacks import TrialProgress, logger_callbacks, no_auto_loggers
 from fedcomp.sweeps.edges import EXTEND_JSON
@@ -209,6 +211,7 @@ def sweep(
 
     Raises:
         ConfigError, ResourceError: before anything is written, naming the field and what is allowed.
+        Interrupted: Ctrl-C stopped the sweep (Tune saved its state); :func:`resume_sweep` continues it.
     """
     from ray import tune
 
@@ -264,7 +267,34 @@ def _quiet_tune(verbose: int) -> Iterator[None]:
 def _fit(tuner: Any, spec: SweepSpec, path: Path, verbose: int) -> SweepResult:
     """Run (or continue) the sweep and collect its trials, with Tune's console output kept quiet."""
     with _quiet_tune(verbose), no_auto_loggers():
-        return _finish(tuner.fit(), spec, path)
+        return _finish(_fitted(tuner, path), spec, path)
+
+
+def _fitted(tuner: Any, sweep: Path) -> ResultGrid:
+    """``tuner.fit()``, or :class:`~fedcomp.platform.errors.Interrupted` where it stopped on Ctrl-C.
+
+    For a fit on the main thread Tune puts a SIGINT handler of its own in place of the process's; when it catches
+    one, it puts the previous handler back, stops, saves its state with the unfinished trials resumable and returns
+    as if the sweep had ended -- its result grid then counts a trial cut short as terminated and leaves out the ones
+    not yet started. So a fit that Tune could catch and that left the previous handler in place was interrupted.
+    Tune leaves its handler installed after a whole fit; the previous one is put back here.
+
+    Raises:
+        Interrupted: the message says how to continue the sweep (``sweep``: its folder).
+    """
+    before = signal.getsignal(signal.SIGINT)
+    catching = threading.current_thread() is threading.main_thread() and not int(
+        os.environ.get("TUNE_DISABLE_SIGINT_HANDLER", "0"))
+    try:
+        grid = tuner.fit()
+    finally:
+        after = signal.getsignal(signal.SIGINT)
+        if catching:
+            signal.signal(signal.SIGINT, before)
+    if catching and after is before:
+        raise Interrupted(f"finished trials and the others' checkpoints are kept; continue the sweep with: fedcomp "
+                          f"sweep --resume {sweep}")
+    return cast("ResultGrid", grid)
 
 
 def read_sweep_json(path: str | Path) -> dict[str, Any]:
@@ -337,7 +367,7 @@ def _extended(result: SweepResult, cluster: Mapping[str, float], has_gpus: bool,
             tuner = tune.Tuner(_trainable(step, has_gpus), param_space=_param_space(step),
                                tune_config=_tune_config(step), run_config=_run_config(step, folder, verbose))
         with _quiet_tune(verbose), no_auto_loggers():
-            return collect(tuner.fit(), step)
+            return collect(_fitted(tuner, result.path), step)
 
     trials = edges_extend.extend(result.path, result.spec, result.trials, run_step, TRIALS)
     return SweepResult(result.path, result.spec, trials)

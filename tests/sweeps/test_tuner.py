@@ -18,6 +18,7 @@ import pytest
 import yaml
 
 import fedcomp
+from fedcomp.cli import main
 from fedcomp.platform.errors import ResourceError
 from fedcomp.sweeps import tune_state
 from fedcomp.sweeps.report import best_configurations, sweep_report
@@ -173,6 +174,34 @@ def test_a_killed_sweep_resumes_without_redoing_finished_trials(ray_session, tmp
     pd.testing.assert_frame_equal(swept, alone, check_dtype=False)
     for name in finished_before:  # finished trials were not run again
         assert not list((sweep_dir / name).glob("checkpoint_000006"))
+
+
+def test_ctrl_c_stops_a_sweep_with_one_line_that_says_how_to_continue_it(ray_session, tmp_path):
+    spec = tiny(tmp_path, backend="local", grid={"algorithm.lr": [0.1, 0.05]}, max_concurrent=1,
+                set={"run.rounds": 30, "run.checkpoint_every": 5})
+    spec_file = tmp_path / "spec.yaml"
+    spec_file.write_text(yaml.safe_dump(spec))
+    address = ray_session.get_runtime_context().gcs_address
+    cmd = [sys.executable, "-m", "fedcomp", "sweep", str(spec_file), "--ray-address", address, "--verbose", "0"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.time() + 240
+        while time.time() < deadline and not list(tmp_path.glob("*/*/checkpoint_000000")):
+            time.sleep(0.02)
+        os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C sends the terminal's foreground processes
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    [sweep_dir] = [p for p in tmp_path.iterdir() if (p / "sweep.json").is_file()]
+    assert proc.returncode == 130, err[-3000:]
+    lines = err.strip().splitlines()
+    assert lines[-1] == (f"fedcomp: interrupted: finished trials and the others' checkpoints are kept; continue the "
+                         f"sweep with: fedcomp sweep --resume {sweep_dir}"), lines
+    assert not (sweep_dir / "trials.parquet").exists()  # no table of trials cut short, as if they had finished
+    assert main(["sweep", "--resume", str(sweep_dir)]) == 0  # the command it printed
+    trials = pd.read_parquet(sweep_dir / "trials.parquet")
+    assert trials["trial"].nunique() == 2 and set(trials["status"]) == {"completed"}
+    assert_rows_once(trials, 30)
 
 
 def test_a_sweep_whose_tune_state_was_cut_short_resumes_from_fedcomps_copy(ray_session, tmp_path, capfd):
