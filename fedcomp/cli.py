@@ -9,6 +9,7 @@ from typing import NoReturn
 
 from fedcomp.platform.config import parse_value
 from fedcomp.platform.errors import PlatformError
+from fedcomp.platform.signals import stop_on_sigterm
 
 
 def _overrides(pairs: Sequence[str]) -> dict[str, object]:
@@ -241,6 +242,8 @@ def one_line(error: BaseException) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if argv is None:  # the command line itself, not a caller's process
+        stop_on_sigterm()
     try:
         code: int = args.func(args)
         return code

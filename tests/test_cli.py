@@ -114,7 +114,9 @@ def test_process_killed_between_rounds_resumes_to_the_same_numbers(tmp_path):
 
 
 @pytest.mark.slow
-def test_ctrl_c_mid_run_says_which_round_is_checkpointed_and_how_to_continue(tmp_path):
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_ctrl_c_mid_run_says_which_round_is_checkpointed_and_how_to_continue(tmp_path, stop):
+    """Ctrl-C, and SIGTERM (a job scheduler's, ``ray job stop``'s) alike."""
     over = ["--set", "federation.backend=local", "--set", "run.rounds=20", "--set", "run.checkpoint_every=2",
             "--set", "run.progress=none", "--set", "task.test_samples=2000", "--set", f"run.out={tmp_path}"]
     proc = subprocess.Popen([sys.executable, "-m", "fedcomp", "run", "quickstart", *over],
@@ -125,7 +127,7 @@ def test_ctrl_c_mid_run_says_which_round_is_checkpointed_and_how_to_continue(tmp
         while time.time() < deadline and not list(tmp_path.glob("*/checkpoint.pt")):
             time.sleep(0.05)
         time.sleep(0.3)  # into the rounds after the first checkpoint
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(stop)
         _, err = proc.communicate(timeout=60)
     finally:
         proc.kill()

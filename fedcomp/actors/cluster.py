@@ -31,6 +31,7 @@ from fedcomp.platform.config import Config, FederationConfig
 from fedcomp.platform.errors import ResourceError
 from fedcomp.platform.gpu_probe import probe_footprint
 from fedcomp.platform.progress import announce
+from fedcomp.platform.signals import stop_on_sigterm
 
 GRANULARITY = 1e-4  # Ray's smallest fractional resource unit
 UNITS = 10_000  # resource amounts in units of GRANULARITY, so that fitting is integer arithmetic
@@ -73,6 +74,7 @@ def connect(address: str | None = None, worker_log_level: str | None = None) -> 
             # would join the latest one, and die with it).
             announce("starting local Ray ...")
             ray.init(address="local", **kwargs)
+        stop_on_sigterm()  # in place of Ray's own answers to it
         resources = ray.cluster_resources()
         announce(f"Ray ready in {time.perf_counter() - started:.1f} s: " + ", ".join(
             f"{resources.get(k, 0):g} {k}s" for k in ("CPU", "GPU") if k == "CPU" or resources.get(k)))

@@ -280,20 +280,25 @@ def _fitted(tuner: Any, sweep: Path) -> ResultGrid:
     Tune leaves its handler installed after a whole fit; the previous one is put back here.
 
     Raises:
-        Interrupted: the message says how to continue the sweep (``sweep``: its folder).
+        Interrupted: the message says how to continue the sweep (``sweep``: its folder); also for a
+            ``KeyboardInterrupt`` out of the fit (a second Ctrl-C, a SIGTERM), whose trials resume from fedcomp's
+            copy of Tune's state as after a kill.
     """
+    stopped = Interrupted(f"finished trials and the others' checkpoints are kept; continue the sweep with: fedcomp "
+                          f"sweep --resume {sweep}")
     before = signal.getsignal(signal.SIGINT)
     catching = threading.current_thread() is threading.main_thread() and not int(
         os.environ.get("TUNE_DISABLE_SIGINT_HANDLER", "0"))
     try:
         grid = tuner.fit()
+    except KeyboardInterrupt:  # a second Ctrl-C, or SIGTERM (fedcomp.platform.signals): fedcomp's copy of Tune's state
+        raise stopped from None
     finally:
         after = signal.getsignal(signal.SIGINT)
         if catching:
             signal.signal(signal.SIGINT, before)
     if catching and after is before:
-        raise Interrupted(f"finished trials and the others' checkpoints are kept; continue the sweep with: fedcomp "
-                          f"sweep --resume {sweep}")
+        raise stopped
     return cast("ResultGrid", grid)
 
 
