@@ -208,9 +208,8 @@ def plan_actors(
     One actor lives on one node, so shares are fitted per node: with ``auto``, the largest CPU share (at most
     1) such that every client actor and the server actor (``federation.server: actor``; with the server replicated
     on the client actors or in the driver there is none to place) find a node whichever node Ray puts the server
-    on, and the
-    largest GPU share per client (at most 1 and the cluster's GPUs over the clients) such that every client
-    actor finds a node's GPU.
+    on, and the largest GPU share per client (at most 1 and the cluster's GPUs over the clients) such that every
+    client actor finds a node's GPU.
 
     Raises:
         ResourceError: GPUs or CPUs are asked for that the nodes do not have; the message says what would fit.

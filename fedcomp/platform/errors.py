@@ -37,5 +37,5 @@ class Diverged(PlatformError):
 
 
 class Interrupted(KeyboardInterrupt):
-    """The user interrupted a run (Ctrl-C); the message says what was kept and how to continue. A
-    ``KeyboardInterrupt`` still, so that code catching that keeps working."""
+    """The user stopped a run or a sweep (Ctrl-C, or SIGTERM: :mod:`fedcomp.platform.signals`); the message says what
+    was kept and how to continue. A ``KeyboardInterrupt`` still, so that code catching that keeps working."""
