@@ -49,11 +49,13 @@ class Echo:
         pickle.loads(message)
         return 1.0, np.zeros(2)
 
+    def __init__(self) -> None:
+        self.group = Group()
+
     def address(self) -> str:
-        return Group.address()
+        return self.group.address()
 
     def join(self, address: str, rank: int, world: int) -> None:
-        self.group = Group()
         self.group.join(address, rank, world, timeout_s=60.0)
 
     def gathers(self, count: int) -> float:

@@ -142,7 +142,7 @@ class ClientActor:
 
     def group_address(self) -> str:
         """A rendezvous address for the process group, on this actor's node (asked of the group's rank 0)."""
-        return Group.address()
+        return self.group.address()
 
     def join_group(self, address: str, rank: int, world: int, timeout_s: float) -> None:
         self.group.join(address, rank, world, timeout_s)

@@ -89,6 +89,8 @@ class Group:
         """The fingerprints of the layouts this actor has sent the others since the group formed."""
         self.buffers: dict[int, np.ndarray] = {}
         """For each other actor, the buffer its share of large sums is read into (kept: no fresh pages per call)."""
+        self.rendezvous: socket.socket | None = None
+        """The listener :meth:`address` opened for the group this actor is to form as rank 0 (until it joins)."""
 
     def _scratch(self, rank: int, size: int) -> memoryview:
         """The buffer for ``size`` bytes of actor ``rank``'s sums (valid until the next exchange)."""
@@ -97,13 +99,27 @@ class Group:
             buffer = self.buffers[rank] = np.empty(size, np.uint8)
         return buffer.data[:size]
 
-    @staticmethod
-    def address() -> str:
-        """A rendezvous address on this actor's node (a port free now) for the group's rank 0."""
-        with socket.socket() as probe:
-            probe.bind(("", 0))
-            port = probe.getsockname()[1]
-        return f"tcp://{ray.util.get_node_ip_address()}:{port}"
+    def address(self) -> str:
+        """A rendezvous address on this actor's node, for the group's rank 0 (this actor) to :meth:`join` at. Its port
+        is held open from now on: a port only found free, then closed, was taken in between now and then by another
+        member's own listener (every other actor listens on a port the system picks) -- "address already in use"."""
+        self._close_rendezvous()
+        self.rendezvous = socket.create_server(("", 0))
+        return f"tcp://{ray.util.get_node_ip_address()}:{self.rendezvous.getsockname()[1]}"
+
+    def _close_rendezvous(self) -> None:
+        if self.rendezvous is not None:
+            self.rendezvous.close()
+            self.rendezvous = None
+
+    def _listener(self, port: int) -> socket.socket:
+        """Rank 0's rendezvous listener: the one :meth:`address` holds for ``port``, else a new one."""
+        held, self.rendezvous = self.rendezvous, None
+        if held is not None and held.getsockname()[1] == port:
+            return held
+        if held is not None:
+            held.close()
+        return socket.create_server(("", port))
 
     def join(self, address: str, rank: int, world: int, timeout_s: float) -> None:
         """Join the group of ``world`` actors as ``rank`` (leaving any group this process was in); returns once all
@@ -111,7 +127,7 @@ class Group:
         0 listens on a port of its own, tells actor 0 (at ``address``) where, learns the others' ports from it, and
         connects to the actors before it; the actors after it connect to it. An exchange waits at most ``timeout_s``
         for the others."""
-        self.leave()
+        self._disconnect()
         if os.environ.get(FAULT_JOIN):
             raise RuntimeError(f"{FAULT_JOIN} is set (fault injection)")
         host, port = address.removeprefix("tcp://").rsplit(":", 1)
@@ -119,7 +135,7 @@ class Group:
         peers: dict[int, socket.socket] = {}
         try:
             if rank == 0:
-                with socket.create_server(("", int(port))) as listener:
+                with self._listener(int(port)) as listener:
                     heard = _accept(listener, world - 1, deadline)
                 peers = {r: peer for r, (peer, _) in heard.items()}
                 ports = ";".join(heard[r][1] for r in range(1, world)).encode()
@@ -155,7 +171,11 @@ class Group:
         self.layouts, self.sent = {}, set()
 
     def leave(self) -> None:
-        """Leave the group (the other actors' next read then fails at once)."""
+        """Leave the group (the other actors' next read then fails at once), or give up forming one."""
+        self._close_rendezvous()
+        self._disconnect()
+
+    def _disconnect(self) -> None:
         for peer in self.peers:
             peer.close()
         self.peers, self.world, self.buffers = [], 0, {}

@@ -24,7 +24,7 @@ def _address() -> str:
 def _joined(world: int, timeout_s: float = 30.0) -> list[Group]:
     """``world`` groups joined from threads of this process (the transport is plain sockets)."""
     groups = [Group() for _ in range(world)]
-    address = _address()
+    address = groups[0].address()  # held open until member 0 joins: no other member's listener can take its port
     threads = [threading.Thread(target=g.join, args=(address, i, world, timeout_s)) for i, g in enumerate(groups)]
     for t in threads:
         t.start()
