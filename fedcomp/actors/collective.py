@@ -114,11 +114,10 @@ class Group:
 
     def _listener(self, port: int) -> socket.socket:
         """Rank 0's rendezvous listener: the one :meth:`address` holds for ``port``, else a new one."""
-        held, self.rendezvous = self.rendezvous, None
-        if held is not None and held.getsockname()[1] == port:
+        if self.rendezvous is not None and self.rendezvous.getsockname()[1] == port:
+            held, self.rendezvous = self.rendezvous, None
             return held
-        if held is not None:
-            held.close()
+        self._close_rendezvous()
         return socket.create_server(("", port))
 
     def join(self, address: str, rank: int, world: int, timeout_s: float) -> None:
