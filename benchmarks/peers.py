@@ -343,8 +343,10 @@ def runner_command(runner: str, workers: int, spec: Any, out: Any, flower_python
     if runner == "pfl":
         if workers == 1:
             return [sys.executable, str(peers / "pfl_runner.py"), *tail]
+        # torchrun's per-rank log folders go beside the output (its default is a new folder in /tmp, never removed)
+        logs = Path(out).with_suffix(".torchrun")
         return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={workers}",
-                str(peers / "pfl_runner.py"), *tail]
+                f"--log-dir={logs}", str(peers / "pfl_runner.py"), *tail]
     return [str(flower_python), str(peers / "flower_runner.py"), *tail]
 
 

@@ -191,13 +191,13 @@ def verify(
     if backend is not None:
         changes["federation.backend"] = backend
     target = Path(out) if out is not None else Path(tempfile.mkdtemp(prefix="fedcomp-verify-"))
-    config = load_config(meta["config"], {**changes, "run.out": str(target), "run.track": "none",
-                                          "run.progress": progress})
     from fedcomp.api import make_server
     from fedcomp.platform.runner import execute
 
     started = time.perf_counter()
     try:
+        config = load_config(meta["config"], {**changes, "run.out": str(target), "run.track": "none",
+                                              "run.progress": progress})
         result = execute(config, make_server)
         rerun_meta, rerun = read_run(result.run_dir)
     finally:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pandas as pd
@@ -107,15 +108,19 @@ def test_a_missing_row_is_reported(tmp_path):
     (["--set", "federation.clients_per_actor=0"], "federation.clients_per_actor = 0"),
     (["--backend", "gpu"], None),
 ])
-def test_bad_verify_input_is_one_line_exit_2(tmp_path, capsys, args, needle):
+def test_bad_verify_input_is_one_line_exit_2(tmp_path, capsys, monkeypatch, args, needle):
     run_dir = finished_run(tmp_path)
     before = sorted(p.name for p in (tmp_path / "runs").iterdir())
+    scratch = tmp_path / "scratch"  # where the re-run's temporary folder goes
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
     with pytest.raises(SystemExit) if needle is None else _no_raise():
         assert main(["verify", str(run_dir), *args]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     if needle is not None:
         assert len(err) == 1 and needle in err[0]
     assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == before
+    assert list(scratch.iterdir()) == []
 
 
 def test_a_folder_that_is_not_a_finished_run_is_one_line(tmp_path, capsys):
