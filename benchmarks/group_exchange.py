@@ -56,9 +56,14 @@ def _floor(group: Group, up: np.ndarray, down: np.ndarray) -> None:
         peer.sendall(down.data.cast("B"))
 
 
-def _member(rank: int, address: str, exchanges: int, sizes: list[int], out: Any) -> None:
+def _member(rank: int, rendezvous: Any, exchanges: int, sizes: list[int], out: Any) -> None:
     torch.set_num_threads(1)
     group = Group()
+    if rank == 0:  # names the address, holding its port open until it joins (as the actors' rank 0 does)
+        address = group.address()
+        rendezvous.put(address)
+    else:
+        address = rendezvous.get(timeout=120.0)
     group.join(address, rank, 2, timeout_s=120.0)
     rng = np.random.default_rng(rank)
     times: dict[str, list[float]] = {}
@@ -83,12 +88,9 @@ def _member(rank: int, address: str, exchanges: int, sizes: list[int], out: Any)
 
 def measure(exchanges: int, sizes: list[int]) -> dict[str, list[float]]:
     """Each timing's seconds, the slower member's per exchange (``"exchange SIZE"``, ``"floor SIZE"``)."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        address = f"tcp://127.0.0.1:{probe.getsockname()[1]}"
     context = multiprocessing.get_context("spawn")
-    out = context.Queue()
-    members = [context.Process(target=_member, args=(rank, address, exchanges, sizes, out)) for rank in (0, 1)]
+    out, rendezvous = context.Queue(), context.Queue()
+    members = [context.Process(target=_member, args=(rank, rendezvous, exchanges, sizes, out)) for rank in (0, 1)]
     for member in members:
         member.start()
     results: dict[int, dict[str, list[float]]] = {}
