@@ -18,7 +18,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field as dataclass_field
 from typing import Any
 from urllib.parse import urlsplit
@@ -31,7 +31,7 @@ from fedcomp.platform.config import Config, FederationConfig
 from fedcomp.platform.errors import ResourceError
 from fedcomp.platform.gpu_probe import probe_footprint
 from fedcomp.platform.progress import announce
-from fedcomp.platform.signals import stop_on_sigterm
+from fedcomp.platform.signals import depends_on, stop_on_sigterm
 
 GRANULARITY = 1e-4  # Ray's smallest fractional resource unit
 UNITS = 10_000  # resource amounts in units of GRANULARITY, so that fitting is integer arithmetic
@@ -75,10 +75,26 @@ def connect(address: str | None = None, worker_log_level: str | None = None) -> 
             announce("starting local Ray ...")
             ray.init(address="local", **kwargs)
         stop_on_sigterm()  # in place of Ray's own answers to it
+        depends_on(answering(ray.get_runtime_context().gcs_address))
         resources = ray.cluster_resources()
         announce(f"Ray ready in {time.perf_counter() - started:.1f} s: " + ", ".join(
             f"{resources.get(k, 0):g} {k}s" for k in ("CPU", "GPU") if k == "CPU" or resources.get(k)))
     return dict(ray.cluster_resources())
+
+
+def answering(address: str, timeout_s: float = 2.0) -> Callable[[], bool]:
+    """Whether the Ray head at ``HOST:PORT`` (its GCS) still takes connections: a SIGTERM to the whole process
+    group stops the daemons of a local Ray along with its driver."""
+    host, port = address.rsplit(":", 1)
+
+    def alive() -> bool:
+        try:
+            socket.create_connection((host, int(port)), timeout=timeout_s).close()
+        except OSError:
+            return False
+        return True
+
+    return alive
 
 
 def parse_address(address: str, field: str = "federation.ray_address") -> tuple[str, int] | None:

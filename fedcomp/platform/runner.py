@@ -33,6 +33,7 @@ from fedcomp.platform.errors import ConfigError, Diverged, Interrupted, StorageE
 from fedcomp.platform.progress import RunProgress, output_mode
 from fedcomp.platform.registry import TASKS
 from fedcomp.platform.server import Counters, ServerLike
+from fedcomp.platform.signals import farewell
 
 ServerFactory = Callable[[Config], ServerLike]
 
@@ -206,59 +207,71 @@ def execute(
     created = checkpoint is None
     done = saved = checkpoint["server"]["counters"]["round"] if checkpoint else 0
     tracker: tracking.Tracker = tracking.Tracker()
-    try:
+
+    def abruptly() -> str:  # the cluster went with a SIGTERM: what a kill leaves, less a folder with nothing in it
         if created:
-            results.make_folder(run_dir)
-            log.write("running")
-        tracker = tracking.open_tracker(config.run.track, run_dir, config.to_dict(), run_id, done)
-        progress = RunProgress(config.run.rounds, done, headline, config.run.progress, label=config.algorithm_name)
-        logged = len(checkpoint["rows"]) if checkpoint else 0  # rows the tracker already has
-        try:
-            for step in drive(config, server, checkpoint):
-                log.note_replacements(server)
-                reason = run_checks.divergence(step.loss, server) if step.loss is not None else None
-                if reason is not None:
-                    _diverged(config, log, step, reason)
-                progress.update(step.round, step.rows[-1])
-                for row in step.rows[logged:]:  # round 0's row arrives with round 1
-                    tracker.log_row(row)
-                logged = len(step.rows)
-                if step.checkpoint is not None:
-                    results.write_checkpoint(run_dir / results.CHECKPOINT, step.checkpoint)
-                    created, saved = False, step.round  # resumable from here on, whatever happens to the metrics file
-                    results.write_metrics(run_dir / results.METRICS, step.rows)
-                rows, wall, done = step.rows, step.wall_time, step.round
-        finally:
-            progress.close()
-        _draw_curves(run_dir, rows, headline, run_id)
-        log.write("completed", timings={"startup_s": startup_s, "train_s": wall})
-        tracker.finish("completed", log.meta, [run_dir / name for name in (results.RUN_JSON, results.METRICS, CURVES)])
-    except Diverged:
-        tracker.finish("diverged", log.meta, [run_dir / results.RUN_JSON, run_dir / results.METRICS])
-        raise  # its folder holds the finite rounds (written by _diverged)
-    except BaseException as error:
-        if created:
-            tracker.discard()
             shutil.rmtree(run_dir, ignore_errors=True)
-        elif (run_dir / results.RUN_JSON).is_file():
-            note = f"{type(error).__name__}: {error}"[:500]
+        return _kept(created, saved, run_dir)
+
+    with farewell(abruptly):
+        try:
+            if created:
+                results.make_folder(run_dir)
+                log.write("running")
+            tracker = tracking.open_tracker(config.run.track, run_dir, config.to_dict(), run_id, done)
+            progress = RunProgress(config.run.rounds, done, headline, config.run.progress, label=config.algorithm_name)
+            logged = len(checkpoint["rows"]) if checkpoint else 0  # rows the tracker already has
             try:
-                log.write("interrupted", error=note, resume=f"fedcomp run --resume {run_dir}")
-                tracker.finish("interrupted", log.meta, [run_dir / results.RUN_JSON, run_dir / results.METRICS])
-            except StorageError:
-                pass  # the disk that stopped the run may not take this either; the checkpoint is what counts
-        if isinstance(error, StorageError):
-            tail = ("nothing was kept" if created else
-                    f"the run stopped after round {done}; make room and continue it with: fedcomp run --resume {run_dir}")
-            raise StorageError(f"{error}; {tail}") from None
-        if isinstance(error, KeyboardInterrupt) and not isinstance(error, Interrupted):
-            raise Interrupted("nothing was kept (no checkpoint yet)" if created else
-                              f"round {saved} is checkpointed; continue the run with: fedcomp run --resume {run_dir}"
-                              ) from None
-        raise
-    finally:
-        server.close()
+                for step in drive(config, server, checkpoint):
+                    log.note_replacements(server)
+                    reason = run_checks.divergence(step.loss, server) if step.loss is not None else None
+                    if reason is not None:
+                        _diverged(config, log, step, reason)
+                    progress.update(step.round, step.rows[-1])
+                    for row in step.rows[logged:]:  # round 0's row arrives with round 1
+                        tracker.log_row(row)
+                    logged = len(step.rows)
+                    if step.checkpoint is not None:
+                        results.write_checkpoint(run_dir / results.CHECKPOINT, step.checkpoint)
+                        created, saved = False, step.round  # resumable from here on, whatever the metrics file's fate
+                        results.write_metrics(run_dir / results.METRICS, step.rows)
+                    rows, wall, done = step.rows, step.wall_time, step.round
+            finally:
+                progress.close()
+            _draw_curves(run_dir, rows, headline, run_id)
+            log.write("completed", timings={"startup_s": startup_s, "train_s": wall})
+            tracker.finish("completed", log.meta, [run_dir / name for name in (results.RUN_JSON, results.METRICS, CURVES)])
+        except Diverged:
+            tracker.finish("diverged", log.meta, [run_dir / results.RUN_JSON, run_dir / results.METRICS])
+            raise  # its folder holds the finite rounds (written by _diverged)
+        except BaseException as error:
+            if created:
+                tracker.discard()
+                shutil.rmtree(run_dir, ignore_errors=True)
+            elif (run_dir / results.RUN_JSON).is_file():
+                note = f"{type(error).__name__}: {error}"[:500]
+                try:
+                    log.write("interrupted", error=note, resume=f"fedcomp run --resume {run_dir}")
+                    tracker.finish("interrupted", log.meta, [run_dir / results.RUN_JSON, run_dir / results.METRICS])
+                except StorageError:
+                    pass  # the disk that stopped the run may not take this either; the checkpoint is what counts
+            if isinstance(error, StorageError):
+                tail = ("nothing was kept" if created else
+                        f"the run stopped after round {done}; make room and continue it with: fedcomp run --resume {run_dir}")
+                raise StorageError(f"{error}; {tail}") from None
+            if isinstance(error, KeyboardInterrupt) and not isinstance(error, Interrupted):
+                raise Interrupted(_kept(created, saved, run_dir)) from None
+            raise
+        finally:
+            server.close()
     return RunResult(run_dir, config, pd.DataFrame(rows))
+
+
+def _kept(created: bool, saved: int, run_dir: Path) -> str:
+    """What an interrupted run kept, and how to continue it."""
+    if created:
+        return "nothing was kept (no checkpoint yet)"
+    return f"round {saved} is checkpointed; continue the run with: fedcomp run --resume {run_dir}"
 
 
 def _diverged(config: Config, log: _RunLog, step: RoundDone, reason: str) -> None:

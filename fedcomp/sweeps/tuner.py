@@ -29,6 +29,7 @@ from pydantic import ValidationError
 from fedcomp.actors.cluster import fedcomp_env
 from fedcomp.platform import results, tracking
 from fedcomp.platform.errors import ConfigError, Interrupted, ResourceError, StorageError
+from fedcomp.platform.signals import farewell
 from fedcomp.sweeps import extend as edges_extend, tune_state
 from fedcomp.sweeps.callbacks import TrialProgress, logger_callbacks, no_auto_loggers
 from fedcomp.sweeps.edges import EXTEND_JSON
@@ -290,7 +291,8 @@ def _fitted(tuner: Any, sweep: Path) -> ResultGrid:
     catching = threading.current_thread() is threading.main_thread() and not int(
         os.environ.get("TUNE_DISABLE_SIGINT_HANDLER", "0"))
     try:
-        grid = tuner.fit()
+        with farewell(lambda: str(stopped)):  # the local Ray went with a SIGTERM: resumed as after a kill
+            grid = tuner.fit()
     except KeyboardInterrupt:  # a second Ctrl-C, or SIGTERM (fedcomp.platform.signals): fedcomp's copy of Tune's state
         raise stopped from None
     finally:

@@ -204,6 +204,38 @@ def test_ctrl_c_stops_a_sweep_with_one_line_that_says_how_to_continue_it(ray_ses
     assert_rows_once(trials, 30)
 
 
+def test_a_sigterm_to_the_process_group_that_stops_the_local_ray_ends_the_sweep_at_once_saying_how_to_resume(
+        tmp_path):
+    """`timeout`'s or a job scheduler's SIGTERM to the whole group also stops the daemons of the Ray the sweep
+    started: Tune's graceful stop then waited 60 s for them and Ray ended the driver with exit 1."""
+    spec = tiny(tmp_path, backend="local", grid={"algorithm.lr": [0.1]}, set={"run.rounds": 300, "run.checkpoint_every": 5})
+    spec_file = tmp_path / "spec.yaml"
+    spec_file.write_text(yaml.safe_dump(spec))
+    cmd = [sys.executable, "-m", "fedcomp", "sweep", str(spec_file), "--verbose", "0"]  # its own local Ray
+    env = {**os.environ, "RAY_ADDRESS": "local"}
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env,
+                            start_new_session=True)
+    try:
+        deadline = time.time() + 300
+        while time.time() < deadline and not list(tmp_path.glob("*/*/checkpoint_000000")) and proc.poll() is None:
+            time.sleep(0.05)
+        os.killpg(proc.pid, signal.SIGTERM)
+        _, err = proc.communicate(timeout=240)
+    finally:
+        proc.kill()
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # whatever of its Ray is left
+        except ProcessLookupError:
+            pass
+    [sweep_dir] = [p for p in tmp_path.iterdir() if (p / "sweep.json").is_file()]
+    assert proc.returncode == 130, err[-3000:]
+    assert err.strip().splitlines()[-1] == (
+        f"fedcomp: interrupted: finished trials and the others' checkpoints are kept; continue the sweep with: "
+        f"fedcomp sweep --resume {sweep_dir}")
+    assert "Failed to connect to GCS" not in err
+    assert list(sweep_dir.glob("*/checkpoint_000000/*")) and not (sweep_dir / "trials.parquet").exists()
+
+
 def test_a_sweep_whose_tune_state_was_cut_short_resumes_from_fedcomps_copy(ray_session, tmp_path, capfd):
     spec = tiny(tmp_path, backend="local", grid={"algorithm.lr": [0.1, 0.05]}, max_concurrent=1, set={"run.rounds": 2})
     before = fedcomp.sweep(spec).trials
