@@ -31,7 +31,7 @@ from fedcomp.platform import results, tracking
 from fedcomp.platform.errors import ConfigError, Interrupted, ResourceError, StorageError
 from fedcomp.platform.signals import farewell
 from fedcomp.sweeps import extend as edges_extend, tune_state
-from fedcomp.sweeps.callbacks import TrialProgress, logger_callbacks, no_auto_loggers
+from fedcomp.sweeps.callbacks import TrialProgress, logger_callbacks, no_auto_loggers, no_callback_census
 from fedcomp.sweeps.edges import EXTEND_JSON
 from fedcomp.sweeps.packs import make_packs, read_pack_rows, run_pack
 from fedcomp.sweeps.spec import SweepSpec, corners, load_spec
@@ -267,7 +267,7 @@ def _quiet_tune(verbose: int) -> Iterator[None]:
 
 def _fit(tuner: Any, spec: SweepSpec, path: Path, verbose: int) -> SweepResult:
     """Run (or continue) the sweep and collect its trials, with Tune's console output kept quiet."""
-    with _quiet_tune(verbose), no_auto_loggers():
+    with _quiet_tune(verbose), no_auto_loggers(), no_callback_census():
         return _finish(_fitted(tuner, path), spec, path)
 
 
@@ -373,7 +373,7 @@ def _extended(result: SweepResult, cluster: Mapping[str, float], has_gpus: bool,
         else:
             tuner = tune.Tuner(_trainable(step, has_gpus), param_space=_param_space(step),
                                tune_config=_tune_config(step), run_config=_run_config(step, folder, verbose))
-        with _quiet_tune(verbose), no_auto_loggers():
+        with _quiet_tune(verbose), no_auto_loggers(), no_callback_census():
             return collect(_fitted(tuner, result.path), step)
 
     trials = edges_extend.extend(result.path, result.spec, result.trials, run_step, TRIALS)

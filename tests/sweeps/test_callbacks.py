@@ -1,9 +1,10 @@
 """The sweep's progress callback (a line per finished trial, or a bar on a terminal with Tune's output off)
-and its trial labels, on stand-in trials: no Tune run needed."""
+and its trial labels, on stand-in trials: no Tune run needed; Tune's callback census skipped."""
 
 from __future__ import annotations
 
 import io
+import subprocess
 import sys
 from types import SimpleNamespace
 
@@ -61,3 +62,24 @@ def test_trial_labels_flatten_grid_points():
     assert trial_label({"point": {"algorithm.name": "fcsg", "algorithm.lr": 0.1}, "run.seed": 1}) == \
         "algorithm.name=fcsg algorithm.lr=0.1 run.seed=1"
     assert trial_label({"algorithm.lr": 0.02, "run.seed": 0}) == "algorithm.lr=0.02 run.seed=0"
+
+
+CENSUS = """
+import sys
+import ray.tune.tune as entry
+from ray.tune.logger import CSVLoggerCallback
+from fedcomp.platform.tracking import WandbTracker  # fedcomp's own tracking imports W&B only when it is used
+from fedcomp.sweeps.callbacks import no_callback_census
+import fedcomp.sweeps.tuner  # the sweep driver's own imports
+before = entry.air_usage.tag_callbacks
+with no_callback_census():
+    counted = entry.air_usage.tag_callbacks([CSVLoggerCallback()])  # what Tune's entry point calls as it sets up
+print(counted, entry.air_usage.tag_callbacks is before, "wandb" in sys.modules, "mlflow" in sys.modules)
+"""
+
+
+def test_tunes_callback_census_is_skipped_and_imports_neither_wandb_nor_mlflow():
+    """Counting the callbacks imported W&B and MLflow into every sweep's driver (2 s, 53 MiB there)."""
+    done = subprocess.run([sys.executable, "-c", CENSUS], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["False", "True", "False", "False"]
