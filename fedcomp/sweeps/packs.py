@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, cast
@@ -26,6 +25,7 @@ from fedcomp.platform import results
 from fedcomp.platform.config import Config
 from fedcomp.platform.runner import RoundDone, drive
 from fedcomp.sweeps.spec import SweepSpec
+from fedcomp.sweeps.staging import staging_folder
 from fedcomp.sweeps.trial import FAULT_EXIT, members, pinned_config, read_trial_rows, trial_process, write_run_files
 
 PACK_JSON = "pack.json"
@@ -161,8 +161,8 @@ def run_pack(trial: dict[str, Any], spec_json: str, cluster_has_gpus: bool, env:
         reports = reports or [latest[batch[-1][0]]]  # a checkpoint round without an evaluation
         for metrics in reports[:-1]:
             tune.report(metrics)
-        with tempfile.TemporaryDirectory() as folder:
-            tune.report(reports[-1], checkpoint=_save(Path(folder), saved, done))
+        with staging_folder() as folder:
+            tune.report(reports[-1], checkpoint=_save(folder, saved, done))
 
 
 def read_pack_rows(checkpoint: tune.Checkpoint | None, member: int) -> list[dict[str, Any]]:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +27,7 @@ from fedcomp.platform.config import Config
 from fedcomp.platform.errors import ResourceError
 from fedcomp.platform.runner import drive
 from fedcomp.sweeps.spec import SweepSpec
+from fedcomp.sweeps.staging import staging_folder
 
 FAULT_EXIT = "FEDCOMP_FAULT_TRIAL_EXIT"  # "ROUND": a fresh (not restored) trial process exits at that round
 
@@ -164,8 +164,8 @@ def run_trial(trial: dict[str, Any], spec_json: str, cluster_has_gpus: bool, env
                 if step.checkpoint is None or i < len(reports) - 1:
                     tune.report(metrics)
                     continue
-                with tempfile.TemporaryDirectory() as folder:
-                    tune.report(metrics, checkpoint=_save(Path(folder), step.checkpoint, placement))
+                with staging_folder() as folder:
+                    tune.report(metrics, checkpoint=_save(folder, step.checkpoint, placement))
     finally:
         server.close()
 
