@@ -83,11 +83,14 @@ def connect(address: str | None = None, worker_log_level: str | None = None) -> 
 
 
 def answering(address: str, timeout_s: float = 2.0) -> Callable[[], bool]:
-    """Whether the Ray head at ``HOST:PORT`` (its GCS) still takes connections: a SIGTERM to the whole process
-    group stops the daemons of a local Ray along with its driver."""
+    """Whether the Ray head at ``HOST:PORT`` (its GCS) still takes connections while this process is connected to
+    it (a SIGTERM to the whole process group stops the daemons of a local Ray along with its driver); after
+    ``ray.shutdown`` this process no longer needs it."""
     host, port = address.rsplit(":", 1)
 
     def alive() -> bool:
+        if not ray.is_initialized():
+            return True
         try:
             socket.create_connection((host, int(port)), timeout=timeout_s).close()
         except OSError:

@@ -19,7 +19,7 @@ import pandas as pd
 import pytest
 
 import fedcomp
-from fedcomp.actors.cluster import plan_actors
+from fedcomp.actors.cluster import answering, plan_actors
 from fedcomp.cli import main
 from fedcomp.platform.config import FederationConfig
 from fedcomp.platform.errors import ResourceError
@@ -147,6 +147,15 @@ def test_an_address_that_accepts_but_never_answers_fails_in_seconds(tmp_path):
 
 
 # -- a real two-node cluster on loopback ----------------------------------------------------------------------
+
+@pytest.mark.ray
+def test_a_head_answers_while_it_listens_and_not_once_it_is_gone(ray_session):
+    assert answering(ray_session.get_runtime_context().gcs_address)()
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        alive = answering(f"127.0.0.1:{listener.getsockname()[1]}")
+        assert alive()
+    assert not alive()  # what a SIGTERM to the process group leaves of a local Ray's GCS
+
 
 @pytest.fixture(scope="module")
 def two_nodes():
