@@ -45,12 +45,14 @@ def logger_callbacks(track: str, path: Path, spec_json: str) -> list[Callback]:
             tags={"fedcomp.sweep": path.name},
         ))
     elif track == "wandb":
-        from ray.air.integrations.wandb import WandbLoggerCallback
+        from fedcomp.sweeps.wandb_logger import SweepWandbLoggerCallback
 
         mode = os.environ.setdefault("WANDB_MODE", "offline")  # Tune's callback reads it in this process
-        callbacks.append(WandbLoggerCallback(
+        callbacks.append(SweepWandbLoggerCallback(
             project=os.environ.get("WANDB_PROJECT", "fedcomp"), group=path.name, mode=mode,
-            reinit="create_new",  # replaces Tune's deprecated reinit=True, which W&B warns about
+            # Tune's deprecated reinit=True, as W&B now spells it: Tune's actor logs through wandb.log, which only
+            # reaches a run made this way ("create_new" made runs that stayed empty)
+            reinit="finish_previous",
             settings={"console": "off", "silent": True, "save_code": False, "disable_git": True},
         ))
     return callbacks

@@ -1,13 +1,19 @@
 """Sweeps track through Tune's own logger callbacks: TensorBoard event files in every trial folder, one
-MLflow run per trial (with the trial's full config) in the store under the results root; and a fedcomp
-line per finished trial."""
+MLflow run per trial (with the trial's full config) in the store under the results root, one offline W&B run in
+every trial folder (and W&B's temporary folders removed by the actors that write them); and a fedcomp line per
+finished trial."""
 
 from __future__ import annotations
+
+import os
+import subprocess
+import sys
 
 import pytest
 
 import fedcomp
 from fedcomp.platform import tracking
+from tests.platform.wandb_log import read_offline_run
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
@@ -68,3 +74,37 @@ def test_tensorboard_event_files_in_every_trial_folder_and_none_without_tracking
     none = sweep(tmp_path / "none", "none")
     assert not list(none.path.rglob("events.out.tfevents.*"))
     assert len(list(none.path.rglob("progress.csv"))) == 2  # Tune's own result files stay
+
+
+def test_wandb_gets_one_offline_run_per_trial_in_its_folder(ray_session, tmp_path, monkeypatch):
+    """Tune's logging actors wrote them into Ray's session folder, copied to the sweep folder only before they
+    had finished: no trial folder held one."""
+    monkeypatch.delenv("WANDB_MODE", raising=False)  # offline is fedcomp's default
+    result = sweep(tmp_path, "wandb")
+    hint = tracking.where("wandb", result.path, sweep=True)  # `wandb sync <sweep>/*/wandb/offline-run-*`
+    offline = sorted(result.path.glob(hint.removeprefix("wandb sync ").removeprefix(str(result.path) + "/")))
+    assert len(offline) == 2 and sorted(p.parents[1].parent for p in offline) == [result.path] * 2
+    for run in offline:
+        logged = read_offline_run(run)
+        history = [h for h in logged["history"] if "test_accuracy" in h]
+        trial = result.trials[result.trials["trial"] == run.name.rsplit("-", 1)[-1]]
+        assert [h["round"] for h in history] == trial["round"].tolist() == [0, 1, 2, 3], logged["kinds"]
+        assert [h["test_accuracy"] for h in history] == trial["test_accuracy"].tolist()
+
+
+WANDB_TEMPORARY = """
+import os, tempfile
+from fedcomp.sweeps.wandb_logger import remove_wandb_temporary_folders  # imports W&B, as a logging actor does
+made = len(os.listdir(tempfile.gettempdir()))
+remove_wandb_temporary_folders()
+print(made, len(os.listdir(tempfile.gettempdir())))
+"""
+
+
+def test_wandb_temporary_folders_are_removed_as_its_exit_would(tmp_path):
+    """A logging actor ends by ray.kill, before any exit handler: W&B's import left two folders per trial."""
+    done = subprocess.run([sys.executable, "-c", WANDB_TEMPORARY], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "TMPDIR": str(tmp_path)})
+    assert done.returncode == 0, done.stderr[-2000:]
+    made, left = map(int, done.stdout.split())
+    assert made >= 1 and left == 0
