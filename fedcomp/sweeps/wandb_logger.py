@@ -9,7 +9,8 @@ folder of the sweep itself (the actor runs on the driver's node, where the sweep
 
 The actor imports W&B, whose import makes two folders in the temporary folder (for media and artifacts) that only
 the interpreter's exit removes; Tune ends the actor with ``ray.kill``, so no exit ran: two folders left in /tmp for
-every trial (4 after a 2-trial sweep, measured). Here the actor removes them once its run has finished.
+every trial (4 after a 2-trial sweep, measured). Here the actor stops W&B's service and removes them once its run
+has finished.
 
 In its own module because importing Tune's W&B integration imports wandb, which only ``run.track: wandb`` needs.
 """
@@ -41,6 +42,7 @@ class _TidyLoggingActor(_WandbLoggingActor):
         try:
             return super().run()  # type: ignore[no-untyped-call]  # Tune's, untyped
         finally:
+            self._wandb.teardown()  # its service, which no exit hook will stop either
             remove_wandb_temporary_folders()
 
 
