@@ -1,5 +1,12 @@
-"""Tune's ``MLflowLoggerCallback`` with two changes: each trial also gets its full fedcomp config as MLflow
-params, and a trial's result is written in one ``log_batch`` call.
+"""Tune's ``MLflowLoggerCallback`` with three changes: each trial also gets its full fedcomp config as MLflow
+params, a trial's result is written in one ``log_batch`` call, and a trial continued by ``fedcomp sweep --resume``
+continues its MLflow run.
+
+Tune starts an MLflow run for every trial it starts in this process, also one restored from the sweep's saved
+state: a sweep stopped with Ctrl-C and resumed left each cut trial two runs, the first still RUNNING with the
+rounds before the stop, the second with those after (reproduced). Here a trial whose run already exists in the
+sweep's experiment (Tune tags it with the trial's name) takes that run up again, as a resumed ``fedcomp run``
+does.
 
 Tune logs a trial's Tune config only (the swept axes) and writes every metric of every result with its own
 ``log_metric`` call -- one SQLite transaction each, about 0.6 s per result on a loaded 2-core machine, which
@@ -40,6 +47,13 @@ class FullConfigMLflowLoggerCallback(MLflowLoggerCallback):
         return self._client
 
     def log_trial_start(self, trial: Any) -> None:
+        if trial not in self._trial_runs:
+            earlier = self._batch_client().search_runs(
+                [self.mlflow_util.experiment_id], filter_string=f"tags.trial_name = '{trial}'", max_results=1)
+            if earlier:
+                run_id = earlier[0].info.run_id
+                self._batch_client().update_run(run_id, status="RUNNING")
+                self._trial_runs[trial] = run_id  # Tune's start: a run only for a trial without one
         super().log_trial_start(trial)
         from mlflow.entities import Param
 

@@ -1,13 +1,17 @@
 """Sweeps track through Tune's own logger callbacks: TensorBoard event files in every trial folder, one
-MLflow run per trial (with the trial's full config) in the store under the results root, one offline W&B run in
+MLflow run per trial (with the trial's full config) in the store under the results root, continued when the sweep
+is resumed, one offline W&B run in
 every trial folder (and W&B's temporary folders removed by the actors that write them); and a fedcomp line per
 finished trial."""
 
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import threading
+import time
 
 import pytest
 
@@ -58,6 +62,34 @@ def test_mlflow_gets_one_run_per_trial_with_its_full_config_and_rounds(ray_sessi
     assert sorted(line.split()[1] for line in lines) == ["1/2", "2/2"]
     assert all("completed  algorithm.lr=" in line and "run.seed=0  test_accuracy=0." in line for line in lines)
     assert not (tmp_path / "mlruns").exists() and not list(result.path.rglob("events.out.tfevents.*"))
+
+
+def test_a_stopped_and_resumed_mlflow_sweep_continues_each_trials_run(ray_session, tmp_path):
+    """Tune started a second MLflow run for a trial it restored: a cut trial had two, the first left RUNNING."""
+    spec = {"base": "quickstart", "set": {**TINY, "run.rounds": 30, "run.eval_every": 5, "run.checkpoint_every": 5,
+                                          "run.out": str(tmp_path), "run.track": "mlflow", "run.progress": "none"},
+            "grid": {"algorithm.lr": [0.1, 0.05]}, "cpus_per_trial": 1.0, "max_concurrent": 1}
+
+    def ctrl_c() -> None:  # once the first trial has two checkpoints: mid-fit, with a trial to cut
+        deadline = time.time() + 240
+        while time.time() < deadline and not list(tmp_path.glob("*/*/checkpoint_000001")):
+            time.sleep(0.02)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    stopper = threading.Thread(target=ctrl_c, daemon=True)
+    stopper.start()
+    with pytest.raises(fedcomp.Interrupted):
+        fedcomp.sweep(spec)
+    stopper.join()
+    [folder] = [p for p in tmp_path.iterdir() if (p / "sweep.json").is_file()]
+    resumed = fedcomp.resume_sweep(folder)
+    client = tracking.mlflow_client(tmp_path)
+    runs = client.search_runs([client.get_experiment_by_name(folder.name).experiment_id])
+    assert len(runs) == 2 and {r.info.status for r in runs} == {"FINISHED"}
+    for run in runs:
+        rounds = [m.value for m in client.get_metric_history(run.info.run_id, "round")]
+        trial = resumed.trials[resumed.trials["algorithm.lr"] == float(run.data.params["algorithm.lr"])]
+        assert sorted(set(rounds)) == trial["round"].tolist() == [0, 5, 10, 15, 20, 25, 30]
 
 
 def test_tensorboard_event_files_in_every_trial_folder_and_none_without_tracking(ray_session, tmp_path):
