@@ -45,12 +45,12 @@ IDLE_S = 3.0
 class Echo:
     """Unpickles the message and answers like a client actor's partial sum (a float and a small array)."""
 
+    def __init__(self) -> None:
+        self.group = Group()
+
     def step(self, message: bytes) -> tuple[float, np.ndarray]:
         pickle.loads(message)
         return 1.0, np.zeros(2)
-
-    def __init__(self) -> None:
-        self.group = Group()
 
     def address(self) -> str:
         return self.group.address()

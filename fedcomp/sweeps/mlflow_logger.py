@@ -39,7 +39,7 @@ class FullConfigMLflowLoggerCallback(MLflowLoggerCallback):
     def __getstate__(self) -> dict[str, Any]:  # Tune pickles its callbacks with the experiment state
         return {**self.__dict__, "_client": None}
 
-    def _batch_client(self) -> Any:
+    def _mlflow_client(self) -> Any:
         if self._client is None:
             from mlflow.tracking import MlflowClient
 
@@ -48,11 +48,11 @@ class FullConfigMLflowLoggerCallback(MLflowLoggerCallback):
 
     def log_trial_start(self, trial: Any) -> None:
         if trial not in self._trial_runs:
-            earlier = self._batch_client().search_runs(
+            earlier = self._mlflow_client().search_runs(
                 [self.mlflow_util.experiment_id], filter_string=f"tags.trial_name = '{trial}'", max_results=1)
             if earlier:
                 run_id = earlier[0].info.run_id
-                self._batch_client().update_run(run_id, status="RUNNING")
+                self._mlflow_client().update_run(run_id, status="RUNNING")
                 self._trial_runs[trial] = run_id  # Tune's start: a run only for a trial without one
         super().log_trial_start(trial)
         from mlflow.entities import Param
@@ -60,7 +60,7 @@ class FullConfigMLflowLoggerCallback(MLflowLoggerCallback):
         config = SweepSpec.model_validate_json(self.spec_json).trial_config(dict(trial.config)).to_dict()
         params = [Param(k, str(v)) for k, v in flat_config(config).items()]
         for i in range(0, len(params), 100):  # MLflow takes at most 100 params per batch
-            self._batch_client().log_batch(self._trial_runs[trial], params=params[i : i + 100])
+            self._mlflow_client().log_batch(self._trial_runs[trial], params=params[i : i + 100])
 
     def log_trial_result(self, iteration: int, trial: Any, result: dict[str, Any]) -> None:
         from mlflow.entities import Metric
@@ -68,4 +68,4 @@ class FullConfigMLflowLoggerCallback(MLflowLoggerCallback):
         step = result.get(TIMESTEPS_TOTAL) or result[TRAINING_ITERATION]
         now = int(time.time() * 1000)
         metrics = [Metric(k, v, now, step) for k, v in scalars(flatten_dict(result, delimiter="/")).items()]
-        self._batch_client().log_batch(self._trial_runs[trial], metrics=metrics)
+        self._mlflow_client().log_batch(self._trial_runs[trial], metrics=metrics)

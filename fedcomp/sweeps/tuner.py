@@ -267,7 +267,7 @@ def _quiet_tune(verbose: int) -> Iterator[None]:
 
 def _fit(tuner: Any, spec: SweepSpec, path: Path, verbose: int) -> SweepResult:
     """Run (or continue) the sweep and collect its trials, with Tune's console output kept quiet."""
-    with _quiet_tune(verbose), no_auto_loggers(), no_callback_census():
+    with _quiet_tune(verbose):
         return _finish(_fitted(tuner, path), spec, path)
 
 
@@ -291,7 +291,8 @@ def _fitted(tuner: Any, sweep: Path) -> ResultGrid:
     catching = threading.current_thread() is threading.main_thread() and not int(
         os.environ.get("TUNE_DISABLE_SIGINT_HANDLER", "0"))
     try:
-        with farewell(lambda: str(stopped)):  # the local Ray went with a SIGTERM: resumed as after a kill
+        # farewell: the local Ray went with a SIGTERM, so the sweep ends at once and resumes as after a kill
+        with no_auto_loggers(), no_callback_census(), farewell(lambda: str(stopped)):
             grid = tuner.fit()
     except KeyboardInterrupt:  # a second Ctrl-C, or SIGTERM (fedcomp.platform.signals): fedcomp's copy of Tune's state
         raise stopped from None
@@ -373,7 +374,7 @@ def _extended(result: SweepResult, cluster: Mapping[str, float], has_gpus: bool,
         else:
             tuner = tune.Tuner(_trainable(step, has_gpus), param_space=_param_space(step),
                                tune_config=_tune_config(step), run_config=_run_config(step, folder, verbose))
-        with _quiet_tune(verbose), no_auto_loggers(), no_callback_census():
+        with _quiet_tune(verbose):
             return collect(_fitted(tuner, result.path), step)
 
     trials = edges_extend.extend(result.path, result.spec, result.trials, run_step, TRIALS)
