@@ -22,6 +22,7 @@ from typing import Any, cast
 from ray import tune
 
 from fedcomp.actors.cluster import floor_share
+from fedcomp.actors.quiet_exit import drop_lost_exits
 from fedcomp.platform import results
 from fedcomp.platform.config import Config
 from fedcomp.platform.errors import ResourceError
@@ -123,6 +124,7 @@ def trial_process(spec_json: str, env: dict[str, str]) -> SweepSpec:
 
     from fedcomp.actors.kept import keep_between_runs
 
+    drop_lost_exits()  # Tune stops a trial's process with SIGTERM (all of them on Ctrl-C): no traceback then
     os.environ.update(env)  # the driver's FEDCOMP_* settings, passed on to the actors this trial starts
     torch.set_num_threads(1)
     logging.getLogger("ray.train").setLevel(logging.WARNING)  # one "checkpoint created" line per save is noise

@@ -24,6 +24,8 @@ from typing import Any
 
 from ray.air.integrations.wandb import WandbLoggerCallback, _WandbLoggingActor
 
+from fedcomp.actors.quiet_exit import drop_lost_exits
+
 
 def remove_wandb_temporary_folders() -> None:
     """Remove the temporary folders W&B's modules (and their classes) hold, as the interpreter's exit would."""
@@ -39,6 +41,7 @@ def remove_wandb_temporary_folders() -> None:
 
 class _TidyLoggingActor(_WandbLoggingActor):
     def run(self) -> Any:
+        drop_lost_exits()  # Tune stops this actor too, and its process may get a SIGTERM
         try:
             return super().run()  # type: ignore[no-untyped-call]  # Tune's, untyped
         finally:

@@ -49,3 +49,26 @@ def test_actor_processes_import_neither_pandas_nor_pyarrow():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split() == ["[]"]
+
+
+@pytest.mark.slow
+def test_the_server_and_client_actors_processes_drop_lost_exits(keeping):
+    """Their processes leave out the traceback of a SIGTERM that lands in a weakref callback
+    (:mod:`fedcomp.actors.quiet_exit`); the driver keeps Python's reports."""
+    import sys
+
+    import ray
+
+    config = load_config("quickstart", small(**{"federation.backend": "ray", "federation.clients_per_actor": 2,
+                                                "algorithm.name": "fcsg-m"}))
+    server = RayServer(config)
+    try:
+        def hook(actor: object) -> str:
+            return type(sys.unraisablehook).__name__
+
+        clients = ray.get(server.actor.__ray_call__.remote(lambda actor: actor.server.federation.actors))
+        hooks = ray.get([a.__ray_call__.remote(hook) for a in [server.actor, *clients]])
+        assert len(hooks) == 3 and set(hooks) == {"DropLostExits"}
+        assert type(sys.unraisablehook).__name__ != "DropLostExits"
+    finally:
+        server.close()

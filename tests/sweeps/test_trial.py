@@ -1,7 +1,11 @@
 """A trial's placement group: one bundle for the trainable, one for the server actor where there is one, one per
-client actor, GPU only where the cluster has GPUs; and the per-actor shares pinned into the trial's config."""
+client actor, GPU only where the cluster has GPUs; the per-actor shares pinned into the trial's config; and what a
+trial sets up in its process."""
 
 from __future__ import annotations
+
+import subprocess
+import sys
 
 import pytest
 
@@ -55,3 +59,14 @@ def test_too_many_actors_for_the_trial_budget_is_one_line():
     s = load_spec({**BASE, "set": {"federation.clients": 100000, "federation.clients_per_actor": 1}, "cpus_per_trial": 1.0})
     with pytest.raises(ResourceError, match="cpus_per_trial = 1 is too small for 100000 client actors"):
         trial_resources(s, s.base_config(), False)
+
+
+@pytest.mark.slow
+def test_a_trial_process_drops_lost_exits():
+    """Tune stops a trial's process with SIGTERM (all of them on Ctrl-C): its process leaves out the traceback of
+    one landing in a weakref callback (:mod:`fedcomp.actors.quiet_exit`)."""
+    code = ("import sys; from fedcomp.sweeps.spec import load_spec; from fedcomp.sweeps.trial import trial_process; "
+            "trial_process(load_spec(" + repr(BASE) + ").model_dump_json(), {}); print(type(sys.unraisablehook).__name__)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["DropLostExits"]
