@@ -227,8 +227,17 @@ class TreeMemory:
     def __init__(self, root: int, interval: float = MEMORY_INTERVAL_S) -> None:
         self.root, self.interval, self.peak, self.seen = root, interval, 0, {root}
         self.peak_detail: dict[int, tuple[str, int]] = {}
+        self.names: dict[int, str] = {}
+        """Each process's last name read: a process on its way out (an actor ending with its run) has no command
+        line left while its memory still counts, so at the peak it keeps the name read before (it showed as "?")."""
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def name(self, pid: int) -> str:
+        name = process_name(pid)
+        if name != "?":
+            self.names[pid] = name
+        return self.names.get(pid, name)
 
     def sample(self) -> int:
         kids = _children()
@@ -238,12 +247,13 @@ class TreeMemory:
             for child in kids.get(pid, ()):
                 if child not in self.seen:
                     self.seen.add(child)
+                    self.name(child)
                     stack.append(child)
         per = {pid: process_memory(pid) for pid in self.seen}
         total = sum(per.values())
         if total > self.peak:
             self.peak = total
-            self.peak_detail = {pid: (process_name(pid), size) for pid, size in per.items() if size}
+            self.peak_detail = {pid: (self.name(pid), size) for pid, size in per.items() if size}
         return total
 
     def _loop(self) -> None:

@@ -98,9 +98,13 @@ def test_tree_memory_counts_children(tmp_path):
             time.sleep(0.1)
         assert child.pid in memory.seen
         assert memory.peak >= peers.process_memory(os.getpid()) + (48 << 20)
+        named = memory.name(child.pid)
+        assert named.startswith("python")
     finally:
         child.kill()
         child.wait()
+    # a process on its way out has no command line left; it keeps the name read before
+    assert peers.process_name(child.pid) == "?" and memory.name(child.pid) == named
 
 
 @pytest.mark.parametrize("runner, says", [("pfl", "pfl 0.6 is not installed"), ("flower", "Flower 1.42 is not installed")])
