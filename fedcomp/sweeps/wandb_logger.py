@@ -58,3 +58,11 @@ class SweepWandbLoggerCallback(WandbLoggerCallback):
         folder = Path(trial.path)  # the trial's folder in the sweep's (local) storage
         folder.mkdir(parents=True, exist_ok=True)
         super()._start_logging_actor(trial, exclude_results, **{**wandb_init_kwargs, "dir": str(folder)})
+
+    def on_experiment_end(self, trials: list[Any], **info: Any) -> None:
+        """Finish the runs of trials that did not end (a sweep stopped by Ctrl-C), then wait for every run as Tune
+        does: Tune ends a trial's run only when the trial ends, so it waited on a cut trial's run for its
+        ``upload_timeout`` (30 min) before returning."""
+        for trial in list(self._trial_queues):
+            self._signal_logging_actor_stop(trial)
+        super().on_experiment_end(trials, **info)

@@ -1,8 +1,8 @@
 """Sweeps track through Tune's own logger callbacks: TensorBoard event files in every trial folder, one
 MLflow run per trial (with the trial's full config) in the store under the results root, continued when the sweep
-is resumed, one offline W&B run in
-every trial folder (and W&B's temporary folders removed by the actors that write them); and a fedcomp line per
-finished trial."""
+is resumed, one offline W&B run in every trial folder (a second one, of the same run id, for a trial a stopped
+sweep cut and its resume continued; W&B's temporary folders removed by the actors that write them); and a fedcomp
+line per finished trial."""
 
 from __future__ import annotations
 
@@ -64,10 +64,11 @@ def test_mlflow_gets_one_run_per_trial_with_its_full_config_and_rounds(ray_sessi
     assert not (tmp_path / "mlruns").exists() and not list(result.path.rglob("events.out.tfevents.*"))
 
 
-def test_a_stopped_and_resumed_mlflow_sweep_continues_each_trials_run(ray_session, tmp_path):
-    """Tune started a second MLflow run for a trial it restored: a cut trial had two, the first left RUNNING."""
+def stopped_and_resumed(tmp_path, track):
+    """A 2-trial sweep tracked by ``track``, stopped by Ctrl-C while its first trial runs, then resumed: (its
+    folder, the resumed sweep's result)."""
     spec = {"base": "quickstart", "set": {**TINY, "run.rounds": 30, "run.eval_every": 5, "run.checkpoint_every": 5,
-                                          "run.out": str(tmp_path), "run.track": "mlflow", "run.progress": "none"},
+                                          "run.out": str(tmp_path), "run.track": track, "run.progress": "none"},
             "grid": {"algorithm.lr": [0.1, 0.05]}, "cpus_per_trial": 1.0, "max_concurrent": 1}
 
     def ctrl_c() -> None:  # once the first trial has two checkpoints: mid-fit, with a trial to cut
@@ -82,7 +83,12 @@ def test_a_stopped_and_resumed_mlflow_sweep_continues_each_trials_run(ray_sessio
         fedcomp.sweep(spec)
     stopper.join()
     [folder] = [p for p in tmp_path.iterdir() if (p / "sweep.json").is_file()]
-    resumed = fedcomp.resume_sweep(folder)
+    return folder, fedcomp.resume_sweep(folder)
+
+
+def test_a_stopped_and_resumed_mlflow_sweep_continues_each_trials_run(ray_session, tmp_path):
+    """Tune started a second MLflow run for a trial it restored: a cut trial had two, the first left RUNNING."""
+    folder, resumed = stopped_and_resumed(tmp_path, "mlflow")
     client = tracking.mlflow_client(tmp_path)
     runs = client.search_runs([client.get_experiment_by_name(folder.name).experiment_id])
     assert len(runs) == 2 and {r.info.status for r in runs} == {"FINISHED"}
@@ -90,6 +96,26 @@ def test_a_stopped_and_resumed_mlflow_sweep_continues_each_trials_run(ray_sessio
         rounds = [m.value for m in client.get_metric_history(run.info.run_id, "round")]
         trial = resumed.trials[resumed.trials["algorithm.lr"] == float(run.data.params["algorithm.lr"])]
         assert sorted(set(rounds)) == trial["round"].tolist() == [0, 5, 10, 15, 20, 25, 30]
+
+
+@pytest.mark.timeout(300)  # a hang detector: Tune waited on the cut trial's W&B run for 30 minutes
+def test_a_stopped_and_resumed_wandb_sweep_logs_every_round_once(ray_session, tmp_path, monkeypatch):
+    """The cut trial's run is finished when the sweep stops (Tune ends a run only with its trial, and waited on
+    it for its upload timeout, 30 min); the resumed trial logs the rounds after the checkpoint it continues from
+    to a second offline run of the same W&B run id, which ``wandb sync`` uploads after the first, as one run."""
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    folder, resumed = stopped_and_resumed(tmp_path, "wandb")
+    offline = {trial: sorted(folder.glob(f"*/wandb/offline-run-*-{trial}")) for trial in resumed.trials["trial"].unique()}
+    assert sorted(len(runs) for runs in offline.values()) == [1, 2]  # the cut trial's second run
+    for trial, runs in offline.items():
+        logged = [read_offline_run(run) for run in runs]
+        assert all(log["kinds"][-1] == "exit" for log in logged)  # each one finished
+        points = [(h["round"], h["test_accuracy"]) for log in logged for h in log["history"] if "test_accuracy" in h]
+        rows = resumed.trials[resumed.trials["trial"] == trial]
+        assert rows["round"].tolist() == [0, 5, 10, 15, 20, 25, 30]
+        # every round, in order; a round after the checkpoint the trial resumed from is logged again, the same
+        assert sorted(set(points)) == list(zip(rows["round"], rows["test_accuracy"]))
+        assert [r for r, _ in points] == sorted(r for r, _ in points)
 
 
 def test_tensorboard_event_files_in_every_trial_folder_and_none_without_tracking(ray_session, tmp_path):
