@@ -12,7 +12,6 @@ versions, git revision, host, CPU, devices) are compared too, so a difference ca
 
 from __future__ import annotations
 
-import json
 import shutil
 import tempfile
 import time
@@ -152,7 +151,7 @@ def read_run(run_dir: str | Path) -> tuple[dict[str, Any], pd.DataFrame]:
     meta_path, metrics_path = run_dir / results.RUN_JSON, run_dir / results.METRICS
     if not meta_path.is_file():
         raise ConfigError(f"verify {str(run_dir)!r}: no {results.RUN_JSON} there; not a fedcomp run folder")
-    meta = json.loads(meta_path.read_text())
+    meta = results.read_json(meta_path)
     if meta.get("status") != "completed":
         raise ConfigError(
             f"verify {str(run_dir)!r}: the run's status is {meta.get('status')!r}, not 'completed'; "
@@ -160,7 +159,7 @@ def read_run(run_dir: str | Path) -> tuple[dict[str, Any], pd.DataFrame]:
         )
     if not metrics_path.is_file():
         raise ConfigError(f"verify {str(run_dir)!r}: no {results.METRICS} there")
-    return meta, pd.read_parquet(metrics_path)
+    return meta, results.read_parquet(metrics_path)
 
 
 def verify(

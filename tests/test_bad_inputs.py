@@ -165,6 +165,17 @@ def sweep_state_copy(content: bytes) -> Callable[[Path, dict], dict[str, str]]:
     return make
 
 
+def sweep_trials(content: bytes) -> Callable[[Path, dict], dict[str, str]]:
+    """Setup: a folder ``{sweep}`` with a valid ``sweep.json`` and a ``trials.parquet`` holding ``content``."""
+
+    def make(tmp: Path, runs: dict) -> dict[str, str]:
+        names = sweep_folder('{"spec": {"base": "quickstart", "grid": {"algorithm.lr": [0.1]}}, "cluster_has_gpus": false}')(tmp, runs)
+        (Path(names["sweep"]) / "trials.parquet").write_bytes(content)
+        return names
+
+    return make
+
+
 GOOD_YAML = "task: {name: invariant-logreg}\nalgorithm: {name: fcsg-m}\n"
 
 def omniglot_zips(first: bytes) -> Callable[[Path, dict], dict[str, str]]:
@@ -381,6 +392,12 @@ CASES = [
     Case("report-corrupt-run-json", ("report", "{results}"), "run.json cannot be read", results_with(truncate("run.json"))),
     Case("report-corrupt-metrics", ("report", "{results}"), "metrics.parquet cannot be read",
          results_with(truncate("metrics.parquet"))),
+    Case("report-sweep-corrupt-trials", ("report", "{sweep}"), "trials.parquet cannot be read (truncated or corrupt: ",
+         sweep_trials(b"PAR1 cut short")),
+    Case("verify-corrupt-metrics", ("verify", "{run}"), "metrics.parquet cannot be read (truncated or corrupt: ",
+         run_copy(truncate("metrics.parquet"))),
+    Case("verify-corrupt-run-json", ("verify", "{run}"), "run.json cannot be read (Unterminated string",
+         run_copy(cut_inside_a_string("run.json"))),
 ]
 
 

@@ -107,6 +107,20 @@ def write_parquet(path: Path, frame: pd.DataFrame) -> None:
     atomic_write(path, buf.getvalue())
 
 
+def read_parquet(path: Path) -> pd.DataFrame:
+    """The table stored at ``path`` (a run's metrics, a sweep's trials).
+
+    Raises:
+        StorageError: the file cannot be read (truncated, corrupt, not Parquet).
+    """
+    import pandas as pd
+
+    try:
+        return pd.read_parquet(path)
+    except Exception as error:  # pyarrow's ArrowInvalid, OSError, ... for a damaged file
+        raise StorageError(f"{path} cannot be read (truncated or corrupt: {first_line(error)})") from None
+
+
 def write_metrics(path: Path, rows: list[dict[str, Any]]) -> None:
     import pandas as pd
 
@@ -174,14 +188,12 @@ def load_results(path: str | Path) -> pd.DataFrame:
         meta = read_json(run / RUN_JSON)
         if not (run / METRICS).is_file():
             continue
+        df = read_parquet(run / METRICS)
         try:
-            df = pd.read_parquet(run / METRICS)
             config = meta["config"]
             seed, task, algorithm = config["run"]["seed"], config["task"]["name"], config["algorithm"]["name"]
         except (KeyError, TypeError) as error:
             raise StorageError(f"{run / RUN_JSON} lacks the run's config ({error})") from None
-        except Exception as error:  # pyarrow's errors for a damaged Parquet file
-            raise StorageError(f"{run / METRICS} cannot be read ({first_line(error)})") from None
         df.insert(0, "seed", seed)
         df.insert(0, "task", task)
         df.insert(0, "algorithm", algorithm)

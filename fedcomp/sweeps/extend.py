@@ -234,7 +234,7 @@ def extend(path: Path, spec: SweepSpec, grid_rows: pd.DataFrame, run_step: RunSt
     for k, step in enumerate(state["steps"], start=1):
         folder = path / f"extend-{k}"
         if step.get("done") and (folder / ROWS).is_file():
-            frames.append(pd.read_parquet(folder / ROWS))
+            frames.append(results.read_parquet(folder / ROWS))
         else:  # killed mid-step: its trials continue from their checkpoints
             frames.append(_run(spec, state, k, folder, run_step, restore=True, path=path, trials_file=trials_file, frames=frames))
     trials = _combine(frames)

@@ -181,9 +181,7 @@ def read_trial_rows(checkpoint: tune.Checkpoint | None, sub: str = "") -> list[d
         path = Path(folder) / sub / results.METRICS
         if not path.is_file():
             return []
-        import pandas as pd
-
-        return cast(list[dict[str, Any]], pd.read_parquet(path).to_dict("records"))
+        return cast(list[dict[str, Any]], results.read_parquet(path).to_dict("records"))
 
 
 def read_trial_placement(checkpoint: tune.Checkpoint | None) -> list[dict[str, Any]] | None:

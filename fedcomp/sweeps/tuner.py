@@ -442,4 +442,4 @@ def load_sweep(path: str | Path) -> SweepResult:
     meta = read_sweep_json(path)
     if not (path / TRIALS).is_file():
         raise FileNotFoundError(f"sweep folder {str(path)!r} has no {TRIALS} yet; finish it with --resume")
-    return SweepResult(path, stored_spec(meta, path), pd.read_parquet(path / TRIALS))
+    return SweepResult(path, stored_spec(meta, path), results.read_parquet(path / TRIALS))
