@@ -8,6 +8,7 @@ the few that can only fail inside the Ray backend are at the end, marked ``ray``
 
 from __future__ import annotations
 
+import io
 import json
 import pickle
 import shutil
@@ -15,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import torch
 
@@ -163,6 +165,13 @@ def sweep_state_copy(content: bytes) -> Callable[[Path, dict], dict[str, str]]:
         return names
 
     return make
+
+
+def a_table() -> bytes:
+    """A small valid Parquet file's bytes."""
+    buffer = io.BytesIO()
+    pd.DataFrame({"trial": ["t0"], "round": [0]}).to_parquet(buffer, index=False)
+    return buffer.getvalue()
 
 
 def sweep_trials(content: bytes) -> Callable[[Path, dict], dict[str, str]]:
@@ -394,6 +403,12 @@ CASES = [
          results_with(truncate("metrics.parquet"))),
     Case("report-sweep-corrupt-trials", ("report", "{sweep}"), "trials.parquet cannot be read (truncated or corrupt: ",
          sweep_trials(b"PAR1 cut short")),
+    Case("report-out-is-a-file", ("report", "{results}", "--out", "{results}/run/run.json"),
+         "--out '{results}/run/run.json': '{results}/run/run.json' is a file, not a folder", results_with(lambda target, runs: None)),
+    Case("report-out-under-a-file", ("report", "{results}", "--out", "{results}/run/run.json/plots"),
+         "is a file, not a folder", results_with(lambda target, runs: None)),
+    Case("report-sweep-out-is-a-file", ("report", "{sweep}", "--out", "{sweep}/sweep.json"),
+         "--out '{sweep}/sweep.json': '{sweep}/sweep.json' is a file, not a folder", sweep_trials(a_table())),
     Case("verify-corrupt-metrics", ("verify", "{run}"), "metrics.parquet cannot be read (truncated or corrupt: ",
          run_copy(truncate("metrics.parquet"))),
     Case("verify-corrupt-run-json", ("verify", "{run}"), "run.json cannot be read (Unterminated string",

@@ -3,12 +3,15 @@ line per run, and a markdown table of every run's final and best value."""
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import pandas as pd
 
+from fedcomp.platform import results
 from fedcomp.platform.catalog import load_builtins
+from fedcomp.platform.errors import StorageError
 from fedcomp.platform.registry import TASKS
 from fedcomp.platform.results import load_results
 
@@ -74,8 +77,7 @@ def report(path: str | Path, metric: str | None = None, x: str = "comm_rounds", 
         if column is not None and column not in df.columns:
             allowed = ", ".join(c for c in df.columns if c not in ("run_id", "algorithm", "task"))
             raise ValueError(f"column {column!r} is not in these results; allowed: {allowed}")
-    out_dir = Path(out) if out else Path(path)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    out_dir = report_folder(path, out)
 
     shown = _metric_per_run(df, metric)
     panels = list(dict.fromkeys(shown.values()))
@@ -91,9 +93,38 @@ def report(path: str | Path, metric: str | None = None, x: str = "comm_rounds", 
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     fig.tight_layout()
-    png, md = out_dir / "report.png", out_dir / "report.md"
-    fig.savefig(png, dpi=120)
-    plt.close(fig)
     title = " / ".join(panels)
-    md.write_text(f"# Results under `{path}`\n\n![{title}](report.png)\n\n" + summary_table(df, metric))
+    return write_report(out_dir, fig, f"# Results under `{path}`\n\n![{title}](report.png)\n\n" + summary_table(df, metric))
+
+
+def report_folder(path: str | Path, out: str | Path | None) -> Path:
+    """Where a report goes (``out``, else the results folder at ``path``), checked before any plotting.
+
+    Raises:
+        StorageError: naming ``--out`` and what is in the way (a file, a read-only folder).
+    """
+    folder = Path(out) if out else Path(path)
+    results.check_writable(folder, f"--out {str(folder)!r}" if out else None)
+    return folder
+
+
+def write_report(folder: Path, fig: Any, text: str) -> tuple[Path, Path]:
+    """``report.png`` (``fig``, then closed) and ``report.md`` (``text``) written atomically into ``folder``, made
+    if missing; returns their paths.
+
+    Raises:
+        StorageError: the folder cannot be made or the files cannot be written.
+    """
+    import matplotlib.pyplot as plt
+
+    image = io.BytesIO()
+    fig.savefig(image, format="png", dpi=120)
+    plt.close(fig)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise StorageError(f"cannot create the folder {folder}: {results.describe_os_error(error)}") from None
+    png, md = folder / "report.png", folder / "report.md"
+    results.atomic_write(png, image.getvalue())
+    results.atomic_write(md, text.encode())
     return png, md

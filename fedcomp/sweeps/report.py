@@ -11,6 +11,7 @@ from typing import Any
 import pandas as pd
 
 from fedcomp.platform import results
+from fedcomp.platform.report import report_folder, write_report
 from fedcomp.sweeps.edges import (
     EXTEND_JSON,
     Edge,
@@ -206,6 +207,7 @@ def sweep_report(result: Any, metric: str | None = None, x: str = "comm_rounds",
     import matplotlib.pyplot as plt
 
     trials, spec, path = result.trials, result.spec, result.path
+    out_dir = report_folder(path, out)
     metric = metric or spec.resolved_metric()[0]
     if x not in trials:
         raise ValueError(f"column {x!r} is not in this sweep's trials; allowed: comm_rounds, round, local_steps, samples, wall_time")
@@ -232,14 +234,8 @@ def sweep_report(result: Any, metric: str | None = None, x: str = "comm_rounds",
     for ax in list(axes.flat)[len(panels):]:
         ax.set_visible(False)
     fig.tight_layout()
-    out_dir = Path(out) if out else Path(path)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    png, md = out_dir / "report.png", out_dir / "report.md"
-    fig.savefig(png, dpi=120)
-    plt.close(fig)
     warned = "".join(f"- {line}\n" for line in edge_warnings(edges)) + ("\n" if edges else "")
     extended = extension_summary(path)
     if extended:
         warned += "## Edge extension (--extend-edges)\n\n" + "".join(f"- {line}\n" for line in extended) + "\n"
-    md.write_text(f"# Sweep `{Path(path).name}`\n\n{warned}![{metric}](report.png)\n\n{text}")
-    return png, md
+    return write_report(out_dir, fig, f"# Sweep `{Path(path).name}`\n\n{warned}![{metric}](report.png)\n\n{text}")
