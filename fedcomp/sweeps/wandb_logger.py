@@ -17,12 +17,15 @@ In its own module because importing Tune's W&B integration imports wandb, which 
 
 from __future__ import annotations
 
+import os
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
-from ray.air.integrations.wandb import WandbLoggerCallback, _WandbLoggingActor
+import ray
+from ray.air.integrations.wandb import WANDB_ENV_VAR, WandbLoggerCallback, _WandbLoggingActor
+from ray.air.util.node import _force_on_current_node
 
 from fedcomp.actors.quiet_exit import drop_lost_exits
 
@@ -57,6 +60,15 @@ class SweepWandbLoggerCallback(WandbLoggerCallback):
     def _start_logging_actor(self, trial: Any, exclude_results: list[str], **wandb_init_kwargs: Any) -> None:
         folder = Path(trial.path)  # the trial's folder in the sweep's (local) storage
         folder.mkdir(parents=True, exist_ok=True)
+        if not self._remote_logger_class:
+            # Tune's actor options but max_restarts=0: Tune asks Ray to restart a logging actor forever, which
+            # Ray answers with an error line on every sweep ("constructor arguments in the object store and
+            # max_restarts > 0": the trial's queue) -- rightly, as a restarted actor would start a fresh W&B run
+            # without the results it had taken from the queue.
+            key = {WANDB_ENV_VAR: os.environ[WANDB_ENV_VAR]} if WANDB_ENV_VAR in os.environ else {}
+            here: dict[str, Any] = _force_on_current_node()  # type: ignore[assignment]  # a dict given no task
+            self._remote_logger_class = ray.remote(num_cpus=0, **here, max_restarts=0,  # type: ignore[assignment]
+                                                   runtime_env={"env_vars": key})(self._logger_actor_cls)
         super()._start_logging_actor(trial, exclude_results, **{**wandb_init_kwargs, "dir": str(folder)})
 
     def on_experiment_end(self, trials: list[Any], **info: Any) -> None:

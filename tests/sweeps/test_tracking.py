@@ -134,11 +134,14 @@ def test_tensorboard_event_files_in_every_trial_folder_and_none_without_tracking
     assert len(list(none.path.rglob("progress.csv"))) == 2  # Tune's own result files stay
 
 
-def test_wandb_gets_one_offline_run_per_trial_in_its_folder(ray_session, tmp_path, monkeypatch):
+def test_wandb_gets_one_offline_run_per_trial_in_its_folder(ray_session, tmp_path, monkeypatch, capfd):
     """Tune's logging actors wrote them into Ray's session folder, copied to the sweep folder only before they
-    had finished: no trial folder held one."""
+    had finished: no trial folder held one. And Ray said nothing about restarting those actors (Tune asked for
+    restarts, which Ray answered with an error line: "constructor arguments in the object store and max_restarts >
+    0")."""
     monkeypatch.delenv("WANDB_MODE", raising=False)  # offline is fedcomp's default
     result = sweep(tmp_path, "wandb")
+    assert "max_restarts" not in capfd.readouterr().err
     hint = tracking.where("wandb", result.path, sweep=True)  # `wandb sync <sweep>/*/wandb/offline-run-*`
     offline = sorted(result.path.glob(hint.removeprefix("wandb sync ").removeprefix(str(result.path) + "/")))
     assert len(offline) == 2 and sorted(p.parents[1].parent for p in offline) == [result.path] * 2
