@@ -142,3 +142,11 @@ def test_offline_presets_keep_the_paper_protocol(shots):
     assert (config.federation.clients, algorithm.local_steps, algorithm.outer_batch, algorithm.inner_batch) == (16, 10, 5, 5 * shots)
     full = load_config(f"maml-omniglot-{shots}shot")
     assert full.task.source == "omniglot"  # the paper presets still read the full set from the data root
+
+
+def test_a_missing_data_root_names_the_source_not_an_unset_root(tmp_path, monkeypatch):
+    """With ``task.root`` unset the data root is ``$FEDCOMP_DATA``: the line named "task.root = None"."""
+    monkeypatch.setenv("FEDCOMP_DATA", str(tmp_path))
+    config = small_task(**{"task.source": "omniglot"})
+    with pytest.raises(ConfigError, match=rf"^task.source = 'omniglot': Omniglot not found: {tmp_path}/omniglot-py "):
+        build_task(config)

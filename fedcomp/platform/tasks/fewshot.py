@@ -206,7 +206,8 @@ class OmniglotFewShot(_FewShot):
         try:
             data = load(p.root, verify_md5=p.verify_md5)
         except (FileNotFoundError, ValueError) as error:
-            raise ConfigError(f"task.root = {p.root!r}: {error}") from None
+            field = f"task.root = {p.root!r}" if p.root else f"task.source = {p.source!r}"  # root unset: the data root
+            raise ConfigError(f"{field}: {error}") from None
         return data.images, split(data.characters, "train"), split(data.characters, p.eval_split)
 
 
