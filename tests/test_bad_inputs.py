@@ -156,12 +156,13 @@ def sweep_folder(content: str | None) -> Callable[[Path, dict], dict[str, str]]:
     return make
 
 
-def sweep_state_copy(content: bytes) -> Callable[[Path, dict], dict[str, str]]:
-    """Setup: a folder ``{sweep}`` with a valid ``sweep.json`` and fedcomp's copy of Tune's state holding ``content``."""
+def sweep_with(name: str, content: bytes) -> Callable[[Path, dict], dict[str, str]]:
+    """Setup: a folder ``{sweep}`` with a valid ``sweep.json`` and the file ``name`` holding ``content`` (fedcomp's
+    copy of Tune's state, ``tune_state.pkl``; the trials table, ``trials.parquet``)."""
 
     def make(tmp: Path, runs: dict) -> dict[str, str]:
         names = sweep_folder('{"spec": {"base": "quickstart", "grid": {"algorithm.lr": [0.1]}}, "cluster_has_gpus": false}')(tmp, runs)
-        (Path(names["sweep"]) / "tune_state.pkl").write_bytes(content)
+        (Path(names["sweep"]) / name).write_bytes(content)
         return names
 
     return make
@@ -172,17 +173,6 @@ def a_table() -> bytes:
     buffer = io.BytesIO()
     pd.DataFrame({"trial": ["t0"], "round": [0]}).to_parquet(buffer, index=False)
     return buffer.getvalue()
-
-
-def sweep_trials(content: bytes) -> Callable[[Path, dict], dict[str, str]]:
-    """Setup: a folder ``{sweep}`` with a valid ``sweep.json`` and a ``trials.parquet`` holding ``content``."""
-
-    def make(tmp: Path, runs: dict) -> dict[str, str]:
-        names = sweep_folder('{"spec": {"base": "quickstart", "grid": {"algorithm.lr": [0.1]}}, "cluster_has_gpus": false}')(tmp, runs)
-        (Path(names["sweep"]) / "trials.parquet").write_bytes(content)
-        return names
-
-    return make
 
 
 GOOD_YAML = "task: {name: invariant-logreg}\nalgorithm: {name: fcsg-m}\n"
@@ -392,23 +382,23 @@ CASES = [
     Case("report-unknown-metric", ("report", "{results}", "--metric", "auroc"),
          "column 'auroc' is not in these results; allowed:", results_with(lambda target, runs: None)),
     Case("sweep-resume-garbage-state-copy", ("sweep", "--resume", "{sweep}"),
-         "tune_state.pkl cannot be read (UnpicklingError", sweep_state_copy(b"\x00garbage")),
+         "tune_state.pkl cannot be read (UnpicklingError", sweep_with("tune_state.pkl", b"\x00garbage")),
     Case("sweep-resume-foreign-state-copy", ("sweep", "--resume", "{sweep}"),
          "tune_state.pkl cannot be read (not a copy of Tune's state files); it is fedcomp's copy of Tune's state: delete it",
-         sweep_state_copy(pickle.dumps([1, 2]))),
+         sweep_with("tune_state.pkl", pickle.dumps([1, 2]))),
     Case("report-unknown-x", ("report", "{results}", "--x", "epochs"),
          "column 'epochs' is not in these results; allowed:", results_with(lambda target, runs: None)),
     Case("report-corrupt-run-json", ("report", "{results}"), "run.json cannot be read", results_with(truncate("run.json"))),
     Case("report-corrupt-metrics", ("report", "{results}"), "metrics.parquet cannot be read",
          results_with(truncate("metrics.parquet"))),
     Case("report-sweep-corrupt-trials", ("report", "{sweep}"), "trials.parquet cannot be read (truncated or corrupt: ",
-         sweep_trials(b"PAR1 cut short")),
+         sweep_with("trials.parquet", b"PAR1 cut short")),
     Case("report-out-is-a-file", ("report", "{results}", "--out", "{results}/run/run.json"),
          "--out '{results}/run/run.json': '{results}/run/run.json' is a file, not a folder", results_with(lambda target, runs: None)),
     Case("report-out-under-a-file", ("report", "{results}", "--out", "{results}/run/run.json/plots"),
          "is a file, not a folder", results_with(lambda target, runs: None)),
     Case("report-sweep-out-is-a-file", ("report", "{sweep}", "--out", "{sweep}/sweep.json"),
-         "--out '{sweep}/sweep.json': '{sweep}/sweep.json' is a file, not a folder", sweep_trials(a_table())),
+         "--out '{sweep}/sweep.json': '{sweep}/sweep.json' is a file, not a folder", sweep_with("trials.parquet", a_table())),
     Case("verify-corrupt-metrics", ("verify", "{run}"), "metrics.parquet cannot be read (truncated or corrupt: ",
          run_copy(truncate("metrics.parquet"))),
     Case("verify-corrupt-run-json", ("verify", "{run}"), "run.json cannot be read (Unterminated string",
