@@ -62,6 +62,16 @@ class FullConfigMLflowLoggerCallback(MLflowLoggerCallback):
         for i in range(0, len(params), 100):  # MLflow takes at most 100 params per batch
             self._mlflow_client().log_batch(self._trial_runs[trial], params=params[i : i + 100])
 
+    def on_experiment_end(self, trials: list[Any], **info: Any) -> None:
+        """Runs of trials that did not end (a sweep stopped by Ctrl-C) are marked KILLED, as a stopped run's is
+        (Tune's stayed RUNNING); the resumed sweep sets them running again and finishes them."""
+        mine = set(self._trial_runs.values())
+        running = self._mlflow_client().search_runs(
+            [self.mlflow_util.experiment_id], filter_string="attributes.status = 'RUNNING'", max_results=50_000)
+        for run in running:
+            if run.info.run_id in mine:
+                self._mlflow_client().set_terminated(run.info.run_id, "KILLED")
+
     def log_trial_result(self, iteration: int, trial: Any, result: dict[str, Any]) -> None:
         from mlflow.entities import Metric
 

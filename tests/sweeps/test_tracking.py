@@ -64,9 +64,9 @@ def test_mlflow_gets_one_run_per_trial_with_its_full_config_and_rounds(ray_sessi
     assert not (tmp_path / "mlruns").exists() and not list(result.path.rglob("events.out.tfevents.*"))
 
 
-def stopped_and_resumed(tmp_path, track):
-    """A 2-trial sweep tracked by ``track``, stopped by Ctrl-C while its first trial runs, then resumed: (its
-    folder, the resumed sweep's result)."""
+def stopped_and_resumed(tmp_path, track, between=lambda folder: None):
+    """A 2-trial sweep tracked by ``track``, stopped by Ctrl-C while its first trial runs, then (after
+    ``between(folder)``) resumed: (its folder, the resumed sweep's result)."""
     spec = {"base": "quickstart", "set": {**TINY, "run.rounds": 30, "run.eval_every": 5, "run.checkpoint_every": 5,
                                           "run.out": str(tmp_path), "run.track": track, "run.progress": "none"},
             "grid": {"algorithm.lr": [0.1, 0.05]}, "cpus_per_trial": 1.0, "max_concurrent": 1}
@@ -83,13 +83,20 @@ def stopped_and_resumed(tmp_path, track):
         fedcomp.sweep(spec)
     stopper.join()
     [folder] = [p for p in tmp_path.iterdir() if (p / "sweep.json").is_file()]
+    between(folder)
     return folder, fedcomp.resume_sweep(folder)
 
 
 def test_a_stopped_and_resumed_mlflow_sweep_continues_each_trials_run(ray_session, tmp_path):
-    """Tune started a second MLflow run for a trial it restored: a cut trial had two, the first left RUNNING."""
-    folder, resumed = stopped_and_resumed(tmp_path, "mlflow")
+    """Tune started a second MLflow run for a trial it restored: a cut trial had two, the first left RUNNING.
+    Stopped, the cut trial's run is KILLED, as a stopped run's is (Tune left it RUNNING)."""
     client = tracking.mlflow_client(tmp_path)
+
+    def stopped(folder) -> None:
+        runs = client.search_runs([client.get_experiment_by_name(folder.name).experiment_id])
+        assert [r.info.status for r in runs] == ["KILLED"]  # the cut trial's; the other had not started
+
+    folder, resumed = stopped_and_resumed(tmp_path, "mlflow", between=stopped)
     runs = client.search_runs([client.get_experiment_by_name(folder.name).experiment_id])
     assert len(runs) == 2 and {r.info.status for r in runs} == {"FINISHED"}
     for run in runs:
