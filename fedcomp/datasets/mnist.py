@@ -53,8 +53,16 @@ _PREFIX = {"train": "train", "test": "t10k"}
 
 
 def data_root() -> Path:
-    """The local data root: ``$FEDCOMP_DATA`` if set, else ``~/.cache/fedcomp``."""
-    return Path(os.environ.get("FEDCOMP_DATA") or "~/.cache/fedcomp").expanduser()
+    """The local data root: ``$FEDCOMP_DATA`` if set, else ``~/.cache/fedcomp``.
+
+    Raises:
+        FileNotFoundError: ``$FEDCOMP_DATA`` names a file (every dataset would be "not found" under it).
+    """
+    root = Path(os.environ.get("FEDCOMP_DATA") or "~/.cache/fedcomp").expanduser()
+    if root.exists() and not root.is_dir():
+        raise FileNotFoundError(f"FEDCOMP_DATA = {str(root)!r} is a file, not a folder; point it at the folder that "
+                                f"holds the datasets")
+    return root
 
 
 def load_mnist(split: Split, root: str | os.PathLike[str] | None = None) -> tuple[Tensor, Tensor]:

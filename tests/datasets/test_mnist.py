@@ -78,6 +78,20 @@ def test_root_defaults_to_fedcomp_data(fake_root, monkeypatch, tmp_path_factory)
     assert data_root() == home / ".cache" / "fedcomp"
 
 
+def test_a_data_root_that_is_a_file_is_one_line_naming_fedcomp_data(tmp_path, monkeypatch, capsys):
+    """Every dataset was "not found" under it, each naming a folder inside a file."""
+    from fedcomp.cli import main
+
+    (tmp_path / "data").write_text("not a folder")
+    monkeypatch.setenv("FEDCOMP_DATA", str(tmp_path / "data"))
+    argv = ["run", "fednest-hr", "--set", "federation.backend=local", "--set", f"run.out={tmp_path / 'out'}"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"fedcomp: error: task.source = 'mnist': FEDCOMP_DATA = '{tmp_path / 'data'}' is a file, not a "
+                   f"folder; point it at the folder that holds the datasets"]
+    assert not (tmp_path / "out").exists()
+
+
 def test_missing_files_give_one_line_error(tmp_path):
     with pytest.raises(FileNotFoundError) as info:
         load_mnist("train", tmp_path)
