@@ -238,14 +238,23 @@ def sweep(
     return _extended(_fit(tuner, spec, path, verbose), cluster, has_gpus, verbose)
 
 
+class DropRestoreHint(logging.Filter):
+    """Drops Tune's "Experiment has been interrupted ... Resume experiment with: Tuner.restore(...)": fedcomp's own
+    line after it says how to continue the sweep, and Tune's restore alone would not."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Experiment has been interrupted")
+
+
 @contextlib.contextmanager
 def _quiet_tune(verbose: int) -> Iterator[None]:
     """Keep Tune's console output to what fedcomp does not say itself, for the duration of a fit.
 
     Always: Tune's warning that it could not read a trial's own metrics files (``result.json``, e.g. of a
     trial killed before its first report, on ``--resume``) -- fedcomp takes every trial's rows from its
-    checkpoints. At ``verbose=0`` also: Tune's newer console output (it prints its experiment box and
-    TensorBoard hint at every verbosity; its older reporter honours 0) and its driver-side warnings."""
+    checkpoints -- and its advice to resume an interrupted sweep with ``Tuner.restore`` (:class:`DropRestoreHint`).
+    At ``verbose=0`` also: Tune's newer console output (it prints its experiment box and TensorBoard hint at
+    every verbosity; its older reporter honours 0) and its driver-side warnings."""
     names = ["ray.tune.analysis.experiment_analysis"] + ([] if verbose else ["ray.tune", "ray.train"])
     loggers = [logging.getLogger(name) for name in names]
     levels = [logger.level for logger in loggers]
@@ -254,9 +263,12 @@ def _quiet_tune(verbose: int) -> Iterator[None]:
         os.environ["RAY_AIR_NEW_OUTPUT"] = "0"
     for logger in loggers:
         logger.setLevel(logging.ERROR)
+    hint, drop = logging.getLogger("ray.tune.tune"), DropRestoreHint()
+    hint.addFilter(drop)
     try:
         yield
     finally:
+        hint.removeFilter(drop)
         for logger, level in zip(loggers, levels):
             logger.setLevel(level)
         if before is None:

@@ -85,3 +85,19 @@ def test_a_sweep_at_verbose_0_prints_the_report_and_nothing_of_tunes(ray_session
         logging.getLogger("ray.tune.analysis.experiment_analysis").removeHandler(handler)
     assert [r.getMessage() for r in records if r.levelno >= logging.WARNING] == []
     pd.testing.assert_frame_equal(resumed.trials, before)
+
+
+def test_tunes_advice_to_restore_an_interrupted_sweep_is_left_out_at_every_verbosity(caplog):
+    """fedcomp's own line says how to continue (``fedcomp sweep --resume``); Tune's said ``Tuner.restore(...)``."""
+    from fedcomp.sweeps.tuner import _quiet_tune
+
+    tune_logger = logging.getLogger("ray.tune.tune")
+    for verbose in (0, 1, 2):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="ray.tune.tune"), _quiet_tune(verbose):
+            tune_logger.warning("Experiment has been interrupted, but the most recent state was saved.\nResume "
+                                "experiment with: Tuner.restore(path=..., trainable=...)")
+            tune_logger.error("Trials did not complete")
+        assert [r.getMessage() for r in caplog.records] == ["Trials did not complete"], verbose
+    tune_logger.warning("Experiment has been interrupted")  # outside a fit, Tune's loggers are as they were
+    assert caplog.records[-1].getMessage() == "Experiment has been interrupted"
