@@ -26,6 +26,14 @@ from fedcomp.platform import tracking
 from fedcomp.platform.progress import duration, resolve, write_line
 
 
+def tracking_environment(track: str) -> None:
+    """What Tune's tracking callback for ``track`` reads from this process's environment, set before every fit --
+    a new sweep's, and a resumed one's, whose callbacks Tune unpickles: W&B logs offline unless ``WANDB_MODE``
+    says otherwise (without it, Tune's W&B callback asks for an API key, and a resumed W&B sweep failed so)."""
+    if track == "wandb":
+        os.environ.setdefault("WANDB_MODE", "offline")
+
+
 def logger_callbacks(track: str, path: Path, spec_json: str) -> list[Callback]:
     """Tune's result files plus the tracking callback ``track`` names, for the sweep in ``path``
     (``spec_json``: the sweep's spec, from which MLflow gets every trial's full config)."""
@@ -47,7 +55,8 @@ def logger_callbacks(track: str, path: Path, spec_json: str) -> list[Callback]:
     elif track == "wandb":
         from fedcomp.sweeps.wandb_logger import SweepWandbLoggerCallback
 
-        mode = os.environ.setdefault("WANDB_MODE", "offline")  # Tune's callback reads it in this process
+        tracking_environment(track)
+        mode = os.environ["WANDB_MODE"]
         callbacks.append(SweepWandbLoggerCallback(
             project=os.environ.get("WANDB_PROJECT", "fedcomp"), group=path.name, mode=mode,
             # Tune's deprecated reinit=True, as W&B now spells it: Tune's actor logs through wandb.log, which only

@@ -31,7 +31,13 @@ from fedcomp.platform import results, tracking
 from fedcomp.platform.errors import ConfigError, Interrupted, ResourceError, StorageError
 from fedcomp.platform.signals import farewell
 from fedcomp.sweeps import extend as edges_extend, tune_state
-from fedcomp.sweeps.callbacks import TrialProgress, logger_callbacks, no_auto_loggers, no_callback_census
+from fedcomp.sweeps.callbacks import (
+    TrialProgress,
+    logger_callbacks,
+    no_auto_loggers,
+    no_callback_census,
+    tracking_environment,
+)
 from fedcomp.sweeps.edges import EXTEND_JSON
 from fedcomp.sweeps.packs import make_packs, read_pack_rows, run_pack
 from fedcomp.sweeps.spec import SweepSpec, corners, load_spec
@@ -352,6 +358,7 @@ def resume_sweep(path: str | Path, ray_address: str | None = None, verbose: int 
         raise ConfigError(f"--resume {str(path)!r}: Tune's experiment state is missing; the sweep never started")
     cluster, has_gpus = _connect(ray_address, verbose)
     _check_fits(spec, cluster, has_gpus)
+    tracking_environment(spec.base_config().run.track)  # for the tracking callback Tune restores with the sweep
     with _quiet_tune(verbose):  # restoring reads the trials' Tune results too
         tuner = tune.Tuner.restore(
             str(path), trainable=_trainable(spec, meta["cluster_has_gpus"]), resume_unfinished=True, resume_errored=True

@@ -17,6 +17,7 @@ import pytest
 
 import fedcomp
 from fedcomp.platform import tracking
+from fedcomp.sweeps.tuner import load_sweep
 from tests.platform.wandb_log import read_offline_run
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
@@ -64,9 +65,9 @@ def test_mlflow_gets_one_run_per_trial_with_its_full_config_and_rounds(ray_sessi
     assert not (tmp_path / "mlruns").exists() and not list(result.path.rglob("events.out.tfevents.*"))
 
 
-def stopped_and_resumed(tmp_path, track, between=lambda folder: None):
+def stopped_and_resumed(tmp_path, track, between=lambda folder: None, resume=fedcomp.resume_sweep):
     """A 2-trial sweep tracked by ``track``, stopped by Ctrl-C while its first trial runs, then (after
-    ``between(folder)``) resumed: (its folder, the resumed sweep's result)."""
+    ``between(folder)``) resumed by ``resume(folder)``: (its folder, the resumed sweep's result)."""
     spec = {"base": "quickstart", "set": {**TINY, "run.rounds": 30, "run.eval_every": 5, "run.checkpoint_every": 5,
                                           "run.out": str(tmp_path), "run.track": track, "run.progress": "none"},
             "grid": {"algorithm.lr": [0.1, 0.05]}, "cpus_per_trial": 1.0, "max_concurrent": 1}
@@ -84,7 +85,7 @@ def stopped_and_resumed(tmp_path, track, between=lambda folder: None):
     stopper.join()
     [folder] = [p for p in tmp_path.iterdir() if (p / "sweep.json").is_file()]
     between(folder)
-    return folder, fedcomp.resume_sweep(folder)
+    return folder, resume(folder)
 
 
 def test_a_stopped_and_resumed_mlflow_sweep_continues_each_trials_run(ray_session, tmp_path):
@@ -111,7 +112,16 @@ def test_a_stopped_and_resumed_wandb_sweep_logs_every_round_once(ray_session, tm
     it for its upload timeout, 30 min); the resumed trial logs the rounds after the checkpoint it continues from
     to a second offline run of the same W&B run id, which ``wandb sync`` uploads after the first, as one run."""
     monkeypatch.delenv("WANDB_MODE", raising=False)
-    folder, resumed = stopped_and_resumed(tmp_path, "wandb")
+
+    def from_the_command_line(folder):  # a process of its own, as a user resumes: Tune's callback there had no
+        env = {k: v for k, v in os.environ.items() if k != "WANDB_MODE"}  # WANDB_MODE and asked for an API key
+        address = ray_session.get_runtime_context().gcs_address
+        done = subprocess.run([sys.executable, "-m", "fedcomp", "sweep", "--resume", str(folder), "--ray-address", address,
+                               "--verbose", "0"], capture_output=True, text=True, timeout=300, env=env)
+        assert done.returncode == 0, done.stderr[-3000:]
+        return load_sweep(folder)
+
+    folder, resumed = stopped_and_resumed(tmp_path, "wandb", resume=from_the_command_line)
     offline = {trial: sorted(folder.glob(f"*/wandb/offline-run-*-{trial}")) for trial in resumed.trials["trial"].unique()}
     assert sorted(len(runs) for runs in offline.values()) == [1, 2]  # the cut trial's second run
     for trial, runs in offline.items():
