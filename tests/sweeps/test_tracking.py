@@ -113,8 +113,10 @@ def test_a_stopped_and_resumed_wandb_sweep_logs_every_round_once(ray_session, tm
     to a second offline run of the same W&B run id, which ``wandb sync`` uploads after the first, as one run."""
     monkeypatch.delenv("WANDB_MODE", raising=False)
 
-    def from_the_command_line(folder):  # a process of its own, as a user resumes: Tune's callback there had no
-        env = {k: v for k, v in os.environ.items() if k != "WANDB_MODE"}  # WANDB_MODE and asked for an API key
+    def from_the_command_line(folder):
+        """In a process of its own, as a user resumes: Tune's callback there had no WANDB_MODE, and asked for an
+        API key."""
+        env = {k: v for k, v in os.environ.items() if k != "WANDB_MODE"}
         address = ray_session.get_runtime_context().gcs_address
         done = subprocess.run([sys.executable, "-m", "fedcomp", "sweep", "--resume", str(folder), "--ray-address", address,
                                "--verbose", "0"], capture_output=True, text=True, timeout=300, env=env)
