@@ -73,8 +73,8 @@ class SweepWandbLoggerCallback(WandbLoggerCallback):
 
     def on_experiment_end(self, trials: list[Any], **info: Any) -> None:
         """Finish the runs of trials that did not end (a sweep stopped by Ctrl-C), then wait for every run as Tune
-        does: Tune ends a trial's run only when the trial ends, so it waited on a cut trial's run for its
-        ``upload_timeout`` (30 min) before returning."""
+        does: Tune ends a trial's run only when the trial ends, so it waited on a cut trial's run for up to its
+        ``upload_timeout`` (30 min; still waiting when killed after 15 here) before returning."""
         for trial in list(self._trial_queues):
             self._signal_logging_actor_stop(trial)
         super().on_experiment_end(trials, **info)

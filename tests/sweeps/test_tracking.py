@@ -106,10 +106,10 @@ def test_a_stopped_and_resumed_mlflow_sweep_continues_each_trials_run(ray_sessio
         assert sorted(set(rounds)) == trial["round"].tolist() == [0, 5, 10, 15, 20, 25, 30]
 
 
-@pytest.mark.timeout(300)  # a hang detector: Tune waited on the cut trial's W&B run for 30 minutes
+@pytest.mark.timeout(300)  # a hang detector: Tune waited on the cut trial's W&B run for up to 30 minutes
 def test_a_stopped_and_resumed_wandb_sweep_logs_every_round_once(ray_session, tmp_path, monkeypatch):
     """The cut trial's run is finished when the sweep stops (Tune ends a run only with its trial, and waited on
-    it for its upload timeout, 30 min); the resumed trial logs the rounds after the checkpoint it continues from
+    it for up to its upload timeout, 30 min); the resumed trial logs the rounds after the checkpoint it continues from
     to a second offline run of the same W&B run id, which ``wandb sync`` uploads after the first, as one run."""
     monkeypatch.delenv("WANDB_MODE", raising=False)
 
