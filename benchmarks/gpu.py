@@ -101,10 +101,12 @@ def write_data(root: Path, train: int, test: int, seed: int = 0) -> None:
 
 
 class GpuSampler:
-    """``nvidia-smi`` sampling utilisation and memory of GPU 0 every ``period_ms`` while running (None: no nvidia-smi)."""
+    """``nvidia-smi`` sampling utilisation and memory of GPU 0 every ``period_ms`` while running (None: no nvidia-smi,
+    or not ``active``: a run on the CPU of a machine that has a GPU samples nothing)."""
 
-    def __init__(self, period_ms: int = 200) -> None:
+    def __init__(self, period_ms: int = 200, active: bool = True) -> None:
         self.period_ms = period_ms
+        self.active = active
         self.samples: list[tuple[float, float]] = []
         self.process: subprocess.Popen[str] | None = None
         self.reader: threading.Thread | None = None
@@ -114,7 +116,7 @@ class GpuSampler:
         return shutil.which("nvidia-smi") is not None
 
     def __enter__(self) -> GpuSampler:
-        if self.available():
+        if self.active and self.available():
             self.process = subprocess.Popen(
                 ["nvidia-smi", "--id=0", "--query-gpu=utilization.gpu,memory.used", "--format=csv,noheader,nounits",
                  f"-lms={self.period_ms}"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
@@ -159,7 +161,7 @@ def measure(work: Workload, device: str, backend: str, rounds: int, actors_per_g
     server = make_server(config)
     try:
         server.run_round()
-        with GpuSampler() as sampler:
+        with GpuSampler(active=device == "cuda") as sampler:  # a CPU run's rows say no GPU was sampled
             started = time.perf_counter()
             for _ in range(rounds):
                 server.run_round()
