@@ -8,9 +8,12 @@ forward pass in training mode moves them (momentum rule), and evaluation normali
 ``FlatModel`` keeps them as one flat float32 vector, :attr:`FlatModel.running`, outside the module:
 
 * a forward pass in training mode normalises with the batch's statistics (so it is a pure function of the
-  parameters, which ``torch.func`` transforms and double backward need) and then moves ``running`` by
-  BatchNorm's rule ``r <- (1 - m) r + m s`` with the batch mean and unbiased variance -- what ``nn.BatchNorm``
-  does to its own buffers, computed outside the autograd graph;
+  parameters, which ``torch.func`` transforms and double backward need) and moves ``running`` by
+  BatchNorm's rule ``r <- (1 - m) r + m s`` with the batch mean and unbiased variance, outside the autograd
+  graph: under plain autograd the BatchNorm kernels move a new copy of ``running`` as ``nn.BatchNorm`` moves
+  its own buffers (the same kernel, so the same bits); inside a ``torch.func`` transform, where a kernel may not
+  write a plain tensor, forward pre-hooks record each layer's batch statistics and the rule is applied in one
+  go when ``running`` is next read;
 * a forward pass in evaluation mode normalises with ``running``.
 
 Whose statistics ``running`` holds is the caller's business: a client host swaps each client's in and out
@@ -42,6 +45,10 @@ class FlatModel:
     """Calls ``module`` with parameters taken from a flat vector (views, no copies) and running statistics from
     :attr:`running` (module docstring); the module's own buffers are never read or written."""
 
+    kernel_statistics = True
+    """Whether training forwards outside ``torch.func`` let the BatchNorm kernels move :attr:`running` (module
+    docstring); False takes the hooks' path everywhere, as before (``benchmarks/bn_step.py`` compares the two)."""
+
     def __init__(self, module: nn.Module) -> None:
         self.module = module
         self.names = [n for n, _ in module.named_parameters()]
@@ -61,6 +68,7 @@ class FlatModel:
         self._untracked: dict[str, Any] = {n: None for n, b in module.named_buffers()}
         self._running = self.initial_buffers()
         self._pending: list[list[Tensor]] = []
+        self._momenta_on: dict[torch.device, tuple[Tensor, Tensor]] = {}
         """Batch statistics of training forwards not yet folded into ``_running`` (folded when it is read)."""
         self._seen: list[Tensor] | None = None
         self._direct: _Direct | None = None
@@ -76,11 +84,14 @@ class FlatModel:
 
     @property
     def running(self) -> Tensor:
-        """The running statistics training forwards move and evaluation forwards read (module docstring)."""
-        momenta: list[Any] = [m.momentum for _, m in self.norms for _ in range(2)]  # floats: None is refused above
+        """The running statistics training forwards move and evaluation forwards read (module docstring).
+
+        Each pending batch folds in as ``(1 - m) r + m s`` over the whole flat vector at once (per-entry m):
+        three elementwise kernels and a concatenation, where one per BatchNorm buffer took 116 for ResNet20 --
+        each a kernel launch on a GPU -- with the same roundings, so the same bits."""
         for batch in self._pending:
-            old = self._running.to(batch[0].device).split(self.buffer_sizes)
-            self._running = torch.cat([(1 - m) * r + m * s for m, r, s in zip(momenta, old, batch)])
+            keep, rate = self._momenta(batch[0].device)
+            self._running = keep * self._running.to(batch[0].device) + rate * torch.cat(batch)
         self._pending = []
         return _plain(self._running)
 
@@ -89,6 +100,18 @@ class FlatModel:
         if value.shape != (self.buffer_dim,):
             raise ValueError(f"running statistics of shape {tuple(value.shape)}: the model needs ({self.buffer_dim},)")
         self._running, self._pending = value, []
+
+    def _momenta(self, device: torch.device) -> tuple[Tensor, Tensor]:
+        """(1 - m, m) per entry of :attr:`running` as float32 on ``device``: each BatchNorm's momentum m for its
+        mean and variance entries (1 - m taken in float64 then rounded, as a Python number is in a kernel)."""
+        if device not in self._momenta_on:
+            momenta: list[Any] = [m.momentum for _, m in self.norms for _ in range(2)]  # floats: None is refused above
+            sizes = torch.tensor(self.buffer_sizes)
+            per_entry = [torch.tensor([1 - m for m in momenta]).repeat_interleave(sizes),
+                         torch.tensor([float(m) for m in momenta]).repeat_interleave(sizes)]
+            keep, rate = (t.float().to(device) for t in per_entry)
+            self._momenta_on[device] = (keep, rate)
+        return self._momenta_on[device]
 
     def unflatten(self, x: Tensor) -> dict[str, Tensor]:
         return {n: v.view(s) for n, v, s in zip(self.names, x.split(self.sizes), self.shapes)}
@@ -127,6 +150,8 @@ class FlatModel:
         if not self.module.training:
             stats = dict(zip(self.buffer_names, self.running.to(x.device).split(self.buffer_sizes)))
             return self._forward({**params, **self._untracked, **stats}, inputs)
+        if self.kernel_statistics and torch._C._functorch.peek_interpreter_stack() is None:
+            return self._forward_moving_running(params, inputs, x.device)
         self._seen = []
         hooks = [mod.register_forward_pre_hook(self._record) for _, mod in self.norms]
         try:
@@ -142,6 +167,15 @@ class FlatModel:
         # arithmetic would give wrapped tensors
         self._pending.append(seen)
         return out
+
+    def _forward_moving_running(self, params: dict[str, Tensor], inputs: tuple[Tensor, ...], device: torch.device) -> Tensor:
+        """A training forward outside ``torch.func`` transforms: each BatchNorm kernel moves its share of a new
+        copy of :attr:`running` as ``nn.BatchNorm`` moves its own buffers (the same kernel, so the same bits),
+        where the recording hooks would add a mean and a variance per layer and the fold its arithmetic --
+        for ResNet20 about a fifth of a step's kernels, each a launch on a GPU."""
+        self._running = self.running.to(device, copy=True)  # a new tensor: one handed out earlier stays as it was
+        stats = dict(zip(self.buffer_names, self._running.split(self.buffer_sizes)))
+        return self._forward({**params, **self._untracked, **stats}, inputs)
 
     def _forward(self, tensors: dict[str, Any], inputs: tuple[Tensor, ...]) -> Tensor:
         """``functional_call(module, tensors, inputs)`` for a module without tied parameters or buffers: the same
@@ -179,7 +213,7 @@ class FlatModel:
             return None
         leaves = [v.detach().requires_grad_(True) for v in self.pieces(x.detach())]
         direct = self._direct = _Direct(x.detach().requires_grad_(True), leaves)
-        pending = len(self._pending)
+        pending, running = len(self._pending), self._running
         try:
             value = loss(direct.marker)
         finally:
@@ -191,6 +225,7 @@ class FlatModel:
                 return [torch.zeros_like(p) if g is None else g for p, g in zip(leaves, grads)], value.detach()
         self.direct_ok = False
         del self._pending[pending:]
+        self._running = running
         return None
 
     def _record(self, _module: nn.Module, inputs: tuple[Tensor, ...]) -> None:

@@ -3,9 +3,9 @@ stay empty without a GPU); on a GPU machine the same script writes ``benchmarks/
 
 from __future__ import annotations
 
-import gpu
 import numpy as np
 
+import gpu
 from fedcomp.datasets.cifar import load_cifar
 
 

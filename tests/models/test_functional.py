@@ -42,8 +42,36 @@ def test_training_forwards_move_the_running_statistics_as_batchnorm_moves_its_bu
         batch = torch.randn(5, 2, 6, 6) * scale + 1
         torch.testing.assert_close(flat(w, batch), reference(batch))
     expected = torch.cat([b.reshape(-1) for n, b in reference.named_buffers() if b.is_floating_point()])
-    torch.testing.assert_close(flat.running, expected, rtol=1e-6, atol=1e-7)
+    assert torch.equal(flat.running, expected)  # the kernel nn.BatchNorm moves its buffers with: the same bits
     assert all(torch.equal(untouched[n], b) for n, b in module.named_buffers())  # the module's own: never written
+
+
+def test_running_statistics_handed_out_stay_as_they_were():
+    """A host keeps each client's statistics as ``running`` gave them; later training forwards move a new copy."""
+    torch.manual_seed(6)
+    flat = FlatModel(small_bn_net())
+    w = flat.flatten()
+    kept = flat.running
+    snapshot = kept.clone()
+    flat(w, torch.randn(5, 2, 6, 6))
+    assert torch.equal(kept, snapshot) and not torch.equal(flat.running, snapshot)
+    flat.running = kept
+    flat(w, torch.randn(5, 2, 6, 6))
+    assert torch.equal(kept, snapshot)
+
+
+def test_inside_torch_func_the_recorded_statistics_follow_the_same_rule():
+    """Under ``torch.func`` the statistics come from hooks and the rule applied outside the kernel: the kernel's
+    numbers to float32 rounding (the kernel sums in its own order), in the same order of forwards."""
+    torch.manual_seed(7)
+    module = small_bn_net(momentum=0.3)
+    by_kernel, by_hooks = FlatModel(module), FlatModel(copy.deepcopy(module))
+    w, labels = by_kernel.flatten(), torch.randint(0, 2, (5,))
+    for scale in (1.0, 2.0):
+        batch = torch.randn(5, 2, 6, 6) * scale + 1
+        by_kernel(w, batch)
+        grad(lambda z, b=batch: F.cross_entropy(by_hooks(z, b), labels))(w)
+    torch.testing.assert_close(by_hooks.running, by_kernel.running, rtol=1e-6, atol=1e-7)
 
 
 def test_evaluation_normalises_with_the_running_statistics_and_leaves_them():
