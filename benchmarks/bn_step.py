@@ -1,7 +1,7 @@
 """A BatchNorm network's local step: fedcomp's local backend against an in-place torch.optim loop on ResNet20;
 writes ``benchmarks/BN_STEP.md``.
 
-    python benchmarks/bn_step.py [--rounds 10] [--repeats 3] [--batch 8] [--out benchmarks/BN_STEP.md]
+    python benchmarks/bn_step.py [--rounds 10] [--repeats 3] [--batch 8] [--device cpu] [--out benchmarks/BN_STEP.md]
 
 Why: on one H200 (``benchmarks/GPU.md``) a ResNet20 client step of 32 images took about 15 ms in one process
 with the GPU 26-28% busy -- bound by the host, which pays for every operator it dispatches (on a GPU about one
@@ -21,7 +21,9 @@ this process, alternating within each repeat:
   batches the task draws (the same loss, network and batch shapes; not the same draws, so no weight hashes).
 
 ms per local step = round time / 5 (median over rounds, then over repeats), so fedcomp's columns include the
-round's share of broadcasting and averaging the 269 k weights, which the optim loop does not do.
+round's share of broadcasting and averaging the 269 k weights, which the optim loop does not do. With ``--device
+cuda`` every runner computes on the GPU (data held there, ``run.deterministic`` as configured: on) and a round's
+time ends with ``torch.cuda.synchronize()``.
 """
 
 from __future__ import annotations
@@ -65,26 +67,26 @@ class OperatorCount(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def config(root: str, batch: int) -> Any:
+def config(root: str, batch: int, device: str) -> Any:
     work = gpu.resnet("fedavg", 2, 1, root, LOCAL_STEPS, batch)
     return load_config(work.base, {
         "federation.clients": 2, "federation.clients_per_round": 1, "federation.backend": "local",
-        "federation.gpus_per_client": 0, "run.progress": "none", "run.track": "none",
+        "federation.gpus_per_client": 1 if device == "cuda" else 0, "run.progress": "none", "run.track": "none",
         "run.rounds": 10**6, "run.eval_every": 10**6,
     })  # fmt: skip
 
 
-def fedcomp_round(root: str, batch: int, kernel_statistics: bool) -> tuple[Callable[[], None], Callable[[], None]]:
+def fedcomp_round(root: str, batch: int, device: str, kernel_statistics: bool) -> tuple[Callable[[], None], Callable[[], None]]:
     """(one round, close) of the local backend with ``FlatModel.kernel_statistics`` as given."""
     FlatModel.kernel_statistics = kernel_statistics
-    server = make_server(config(root, batch))
+    server = make_server(config(root, batch, device))
     return server.run_round, server.close
 
 
-def optim_round(root: str, batch: int) -> tuple[Callable[[], None], Callable[[], None]]:
+def optim_round(root: str, batch: int, device: str) -> tuple[Callable[[], None], Callable[[], None]]:
     """(one round of 5 in-place SGD steps on an nn.Module ResNet20, nothing to close)."""
-    task: Any = build_task(config(root, batch))
-    module = resnet20(1, running_stats=True).train()
+    task: Any = build_task(config(root, batch, device), device)
+    module = resnet20(1, running_stats=True).train().to(device)
     optimizer = torch.optim.SGD(module.parameters(), lr=0.1)
     gen = generator(0, "bn-step")
 
@@ -98,12 +100,18 @@ def optim_round(root: str, batch: int) -> tuple[Callable[[], None], Callable[[],
     return one_round, lambda: None
 
 
-def measure(runner: str, root: str, batch: int, rounds: int) -> tuple[float, float]:
+def measure(runner: str, root: str, batch: int, rounds: int, device: str) -> tuple[float, float]:
     """(median ms per local step, aten operators per local step) of one runner after a warm-up round."""
     if runner == "optim":
-        one_round, close = optim_round(root, batch)
+        run_round, close = optim_round(root, batch, device)
     else:
-        one_round, close = fedcomp_round(root, batch, kernel_statistics=runner == "after")
+        run_round, close = fedcomp_round(root, batch, device, kernel_statistics=runner == "after")
+
+    def one_round() -> None:
+        run_round()
+        if device == "cuda":
+            torch.cuda.synchronize()
+
     try:
         one_round()
         with OperatorCount() as ops:
@@ -124,8 +132,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--out", default=str(HERE / "BN_STEP.md"))
     args = parser.parse_args(argv)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("bn_step.py: error: --device cuda but torch sees no CUDA GPU", file=sys.stderr)
+        return 2
     torch.set_num_threads(1)
     load_before = load_average()
     ms: dict[str, list[float]] = {r: [] for r in RUNNERS}
@@ -135,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
         for repeat in range(args.repeats):
             for runner in RUNNERS:
                 print(f"bn_step: repeat {repeat + 1}/{args.repeats}, {runner}", file=sys.stderr, flush=True)
-                step_ms, ops[runner] = measure(runner, root, args.batch, args.rounds)
+                step_ms, ops[runner] = measure(runner, root, args.batch, args.rounds, args.device)
                 ms[runner].append(step_ms)
     median = {r: statistics.median(v) for r, v in ms.items()}
     paired = [a / o for a, o in zip(ms["after"], ms["optim"])]
@@ -145,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
         "work inflates every time alike, the runners alternate within each repeat; the operator counts do not move).",
         "",
         f"ResNet20 with BatchNorm running statistics, FedAvg, 1 client a round, {LOCAL_STEPS} local SGD steps of "
-        f"{args.batch} CIFAR-shaped images, {args.rounds} rounds, median over rounds then over {args.repeats} "
+        f"{args.batch} CIFAR-shaped images on the {args.device.upper()}, {args.rounds} rounds, median over rounds then over {args.repeats} "
         "repeats; one torch thread. See the script's docstring for the runners.", "",
         "| runner | ms per local step | aten operators per local step | ms / optim's | operators / optim's |",
         "|:---|---:|---:|---:|---:|",

@@ -17,3 +17,13 @@ def test_a_short_run_reports_each_runner_and_fewer_operators_after(tmp_path):
     assert all(float(cells[0]) > 0 for cells in rows.values())  # ms per step
     assert ops["after"] < ops["before"]  # the hooks' mean and variance per BatchNorm layer are gone
     assert ops["after"] <= ops["optim"] * 1.05  # about what nn.Module + torch.optim dispatch
+
+
+def test_asking_for_cuda_without_one_fails_in_one_line(tmp_path, capsys):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    assert bn_step.main(["--device", "cuda", "--out", str(tmp_path / "BN_STEP.md")]) == 2
+    assert capsys.readouterr().err.splitlines() == ["bn_step.py: error: --device cuda but torch sees no CUDA GPU"]
+    assert not (tmp_path / "BN_STEP.md").exists()
