@@ -113,6 +113,13 @@ def test_process_killed_between_rounds_resumes_to_the_same_numbers(tmp_path):
     )
 
 
+def _ctrl_c_as_in_a_terminal() -> None:
+    """In the child before it runs Python: SIGINT's default disposition, as a terminal's foreground job has it. A
+    suite started in the background by a non-interactive shell (``make test &``) hands its processes SIGINT
+    ignored, and Python then keeps ignoring it: the run would end all its rounds and exit 0."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
 def test_ctrl_c_mid_run_says_which_round_is_checkpointed_and_how_to_continue(tmp_path, stop):
@@ -121,7 +128,7 @@ def test_ctrl_c_mid_run_says_which_round_is_checkpointed_and_how_to_continue(tmp
             "--set", "run.progress=none", "--set", "task.test_samples=2000", "--set", f"run.out={tmp_path}"]
     proc = subprocess.Popen([sys.executable, "-m", "fedcomp", "run", "quickstart", *over],
                             env={**os.environ, "PYTHONUNBUFFERED": "1"}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            text=True)
+                            text=True, preexec_fn=_ctrl_c_as_in_a_terminal)
     try:
         deadline = time.time() + 120
         while time.time() < deadline and not list(tmp_path.glob("*/checkpoint.pt")):
