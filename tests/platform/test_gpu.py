@@ -310,7 +310,8 @@ CHAOTIC_CASES = {"maml-fcsg-m"}
 there. FCSG-M's MAML (conv4, BatchNorm on the statistics of 5 support images, adaptation lr 0.4) amplifies
 rounding: on one CPU, oneDNN's and PyTorch's own conv kernels end the case's 2 rounds 1.3% apart in train loss and
 7.6% in test loss at 16 filters (7% at the paper's 64), and an H200 ended them 8% from the CPU at 64 filters. Its
-device check is the first meta-gradient instead (:func:`test_cpu_and_cuda_maml_meta_gradients_agree`)."""
+device check is the first meta-gradient instead (:func:`test_cpu_and_cuda_maml_meta_gradients_agree`); the CPU
+numbers: ``benchmarks/maml_kernels.py``."""
 
 
 @CUDA
