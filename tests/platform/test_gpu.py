@@ -406,3 +406,13 @@ def test_cpu_and_cuda_maml_meta_gradients_agree(order: str) -> None:
     """The MAML path on CUDA (episodes cut on the device, adaptation, differentiating through it) computes the
     CPU's meta-gradient to float32 rounding."""
     assert _relative_gap(_maml_meta_gradient("cuda", order), _maml_meta_gradient("cpu", order)) < CPU_VS_CUDA_RTOL
+
+
+@CUDA
+def test_episodes_cut_on_cuda_are_the_cpus_bit_for_bit() -> None:
+    """Pixels scale to [0, 1] by a correct division on both devices (a Python-number divisor would make CUDA
+    multiply by its reciprocal: 126 of the 256 values one bit off), so MAML sees the same images everywhere."""
+    config = load_config("maml-fewshot-mnist", {"federation.clients": 4})
+    cpu, cuda = (build_task(config, device).episodes(1, 3, generator(0, "episodes")) for device in ("cpu", "cuda"))
+    assert all(torch.equal(getattr(cpu, f), getattr(cuda, f).cpu())
+               for f in ("support_x", "support_y", "query_x", "query_y"))

@@ -160,8 +160,12 @@ class _FewShot(MetaTask):
                 pics[chosen_r] = torch.rot90(pics[chosen_r], r, dims=(-2, -1))
         pics = pics.reshape(n, ways, per_task, *pics.shape[-2:])
 
+        full_scale = torch.full((), 255.0, device=self.device)
+
         def to_float(t: Tensor) -> Tensor:
-            return t.reshape(n, -1, *t.shape[-2:]).unsqueeze(2).float() / 255.0
+            """Pixels in [0, 1], each the correctly rounded p / 255 on every device (CUDA's kernel multiplies by the
+            reciprocal of a divisor given as a Python number: the last bit off for about half of the 256 values)."""
+            return t.reshape(n, -1, *t.shape[-2:]).unsqueeze(2).float() / full_scale
 
         labels = torch.arange(ways, device=self.device)
         return Episodes(
