@@ -10,6 +10,16 @@ import pytest
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
+TEST_DEVICE = os.environ.get("FEDCOMP_TEST_DEVICE", "cpu")
+"""``cpu`` (default): the suite checks the CPU path on every machine, a GPU workstation too -- ``auto`` GPU options
+would otherwise put the local backend on its GPU while the session's Ray has none, and tests that compare the
+two would compare devices. ``cuda``: the GPU checks, on a GPU machine (``FEDCOMP_TEST_DEVICE=cuda pytest
+tests/platform/test_gpu.py tests/benchmarks/test_gpu_bench.py``)."""
+if TEST_DEVICE not in ("cpu", "cuda"):
+    raise pytest.UsageError(f"FEDCOMP_TEST_DEVICE = {TEST_DEVICE!r}: must be 'cpu' or 'cuda'")
+if TEST_DEVICE == "cpu":
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""  # before torch looks: this process and every one it starts see no GPU
+
 _request: pytest.FixtureRequest | None = None
 
 

@@ -2,11 +2,13 @@
 
 Without CUDA the device-residency tests build tasks on PyTorch's ``meta`` device -- a real device other than
 the CPU, so a host->device copy made during a step shows up as a tensor changing device -- and the CUDA tests
-skip (they are for a GPU machine: ``pytest tests/platform/test_gpu.py``).
+skip (they are for a GPU machine: ``FEDCOMP_TEST_DEVICE=cuda pytest tests/platform/test_gpu.py``; without it the
+suite hides the GPU, ``tests/conftest.py``).
 """
 
 from __future__ import annotations
 
+import os
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -30,7 +32,7 @@ from fedcomp.platform.oracles import grad_and_loss
 from fedcomp.platform.rng import generator
 from fedcomp.platform.server import Server
 
-CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU and FEDCOMP_TEST_DEVICE=cuda")
 MOVES = (torch.Tensor.to, torch.Tensor.cuda, torch.Tensor.cpu, torch.Tensor.copy_)
 
 
@@ -263,7 +265,7 @@ def test_plan_uses_the_footprint_on_a_gpu_cluster_and_the_fixed_packing_without_
     assert [len(g) for g in on_cpus.groups] == [100] * 10 and on_cpus.packing == {}
 
 
-# -- numbers on the GPU (run on a CUDA machine: pytest tests/platform/test_gpu.py) -----------------------------------
+# -- numbers on the GPU (a CUDA machine, FEDCOMP_TEST_DEVICE=cuda) -----------------------------------
 
 CPU_VS_CUDA_RTOL = 1e-3
 """CPU and CUDA kernels sum in different orders (float32 rounding, about 1e-7 relative per operation): after a few
@@ -416,3 +418,12 @@ def test_episodes_cut_on_cuda_are_the_cpus_bit_for_bit() -> None:
     cpu, cuda = (build_task(config, device).episodes(1, 3, generator(0, "episodes")) for device in ("cpu", "cuda"))
     assert all(torch.equal(getattr(cpu, f), getattr(cuda, f).cpu())
                for f in ("support_x", "support_y", "query_x", "query_y"))
+
+
+def test_the_suite_hides_the_gpus_unless_asked_for_the_cuda_checks() -> None:
+    from tests.conftest import TEST_DEVICE
+
+    if TEST_DEVICE == "cpu":
+        assert os.environ["CUDA_VISIBLE_DEVICES"] == "" and not torch.cuda.is_available()
+    else:
+        assert TEST_DEVICE == "cuda"
