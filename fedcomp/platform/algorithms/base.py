@@ -71,6 +71,17 @@ class StepInfo:
     loss: float = 0.0
 
 
+def mean_loss(losses: list[Tensor] | list[float]) -> float:
+    """The mean of a client program's step losses, read after its last step: the same float64 sum of
+    ``float(loss) / q`` in step order as adding them up step by step, but one wait for a GPU per program instead
+    of one per step (reading a tensor on a GPU waits for every kernel queued before it, so a read per step keeps
+    the host from queueing the next step while the GPU runs this one)."""
+    q, total = len(losses), 0.0
+    for loss in losses:
+        total += float(loss) / q
+    return total
+
+
 @dataclass(frozen=True)
 class ClientContext:
     """Everything a client program may use besides the state: who it is, which (sub-)round, its random streams."""
@@ -296,12 +307,14 @@ class LocalSteps(Algorithm[C, S]):
         in_place = self.in_place() and not LOCKSTEP.get() and _floats(state, self.mutates) >= IN_PLACE_MIN_FLOATS
         if in_place:  # the state's tensors may be the broadcast other clients start from: step copies of them
             state = state.replace(**{n: getattr(state, n).clone(memory_format=torch.contiguous_format) for n in self.mutates})
+        losses = []
         for s in range(q):
             step = ctx.round * q + s
             batch, samples = self.draw(problem, ctx.client, step, ctx.rng(step))
             state, loss = (self.update_ if in_place else self.update)(problem, state, batch, step)
             total.samples += samples
-            total.loss += float(loss) / q
+            losses.append(torch.as_tensor(loss).detach())  # no autograd graph kept until the read
+        total.loss = mean_loss(losses)
         return state, {n: getattr(state, n) for n in self.averaged}, total
 
     def update_tensors(self, problem: Any, state: Tensors, batch: Any, step: int) -> tuple[Tensors, Tensor]:

@@ -29,7 +29,7 @@ import torch
 from pydantic import Field, model_validator
 from torch import Tensor
 
-from fedcomp.platform.algorithms.base import ClientContext, StepInfo, Tensors, batch_size
+from fedcomp.platform.algorithms.base import ClientContext, StepInfo, Tensors, batch_size, mean_loss
 from fedcomp.platform.algorithms.momentum_gda import MomentumGDA, MomentumGDAHParams
 from fedcomp.platform.oracles import grad_xy_and_value
 from fedcomp.platform.problems import MINIMAX, MinimaxProblem
@@ -126,11 +126,12 @@ class PrivateMomenta(LocalSGDAM):
     ) -> tuple[OwnMomenta, Tensors, StepInfo]:
         """``q`` local steps (global step index ``round * q + s``); a client without momenta estimates them first."""
         q, fresh = self.hp.local_steps, not bool(state.estimated)
-        total = StepInfo()
+        total, losses = StepInfo(), []
         for s in range(q):
             step = ctx.round * q + s
             batch, samples = self._draws(problem, ctx.client, 2 if s == 0 and fresh else 1, ctx.rng(step))
             state, loss = self.update(problem, state, batch, step)
             total.samples += samples
-            total.loss += float(loss) / q
+            losses.append(torch.as_tensor(loss).detach())  # no autograd graph kept until the read
+        total.loss = mean_loss(losses)
         return state.replace(estimated=torch.ones(1)), {"x": state.x, "y": state.y}, total

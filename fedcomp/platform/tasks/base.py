@@ -62,8 +62,11 @@ class Task(ABC):
     @staticmethod
     def gather(data: Tensor, positions: Tensor) -> Tensor:
         """``data[positions]`` for ``data`` held on the device (:meth:`resident`): only ``positions``, an index
-        vector drawn on the CPU, crosses to the device (a no-op on the CPU)."""
-        return data[positions.to(data.device)]
+        vector drawn on the CPU, crosses to the device (a no-op on the CPU) -- without waiting for the GPU: a
+        blocking copy to a GPU first waits for every kernel queued before it, so each step's draw would stop the
+        host from queueing the step while the GPU still runs the previous one (CUDA stages a pageable source
+        before the call returns, so the index vector may go at once)."""
+        return data[positions.to(data.device, non_blocking=True)]
 
     def problem(self, kind: str) -> Any:
         """The oracle object for ``kind`` (one of :attr:`kinds`); by default the task itself."""

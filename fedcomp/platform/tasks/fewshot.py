@@ -151,12 +151,12 @@ class _FewShot(MetaTask):
                 picks.append(owned[torch.randperm(owned.numel(), generator=gen)[:per_task]])
                 bases.append(base)
                 rotations.append(rotation)
-        where = torch.cat([torch.tensor(bases).unsqueeze(1), torch.stack(picks)], dim=1).to(self.device)
+        where = torch.cat([torch.tensor(bases).unsqueeze(1), torch.stack(picks)], dim=1).to(self.device, non_blocking=True)
         pics = self.pool_on_device[where[:, :1], where[:, 1:]]  # [n * ways, per_task, 28, 28]
         turns = torch.tensor(rotations)
         for r in turns.unique().tolist():
             if r:
-                chosen_r = (turns == r).nonzero().flatten().to(self.device)
+                chosen_r = (turns == r).nonzero().flatten().to(self.device, non_blocking=True)  # as Task.gather
                 pics[chosen_r] = torch.rot90(pics[chosen_r], r, dims=(-2, -1))
         pics = pics.reshape(n, ways, per_task, *pics.shape[-2:])
 

@@ -42,6 +42,7 @@ from fedcomp.platform.algorithms.base import (
     StepInfo,
     Tensors,
     batch_size,
+    mean_loss,
 )
 from fedcomp.platform.algorithms.coda.stages import StagePlan, class_sums, dual_restart_value, stage_plan
 from fedcomp.platform.oracles import grad_xy_and_value
@@ -243,15 +244,15 @@ class Stagewise(Algorithm[Any, Any]):
         self, problem: MinimaxProblem, x: Tensor, y: Tensor, v_ref: Tensor | None, plan: StagePlan, ctx: ClientContext
     ) -> tuple[Tensor, Tensor, Tensor, StepInfo]:
         """The round's I_s local steps: (x, y), the sum of the iterates x, and the oracle calls and mean loss."""
-        x_sum, samples, loss = torch.zeros_like(x), 0, 0.0
+        x_sum, samples, losses = torch.zeros_like(x), 0, []
         for i in range(plan.steps):
             batch = problem.sample(ctx.client, "inner", self.hp.outer_batch, ctx.rng(plan.first_step + i))
             gx, gy, value = grad_xy_and_value(lambda a, b: problem.loss(a, b, batch), x, y)  # noqa: B023 (called in this iteration)
             x, y = self.step(problem, x, y, gx, gy, v_ref, plan.lr)
             x_sum = x_sum + x
             samples += batch_size(batch)
-            loss += float(value) / plan.steps
-        return x, y, x_sum, StepInfo(samples, loss)
+            losses.append(value.detach())
+        return x, y, x_sum, StepInfo(samples, mean_loss(losses))
 
 
 def _add(restart: StepInfo, steps: StepInfo) -> StepInfo:
