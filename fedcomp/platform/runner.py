@@ -10,6 +10,7 @@ rounds; client actors the backend replaced are reported on stderr and in ``run.j
 
 from __future__ import annotations
 
+import contextlib
 import math
 import platform as _stdlib_platform
 import secrets
@@ -250,11 +251,13 @@ def execute(
                 shutil.rmtree(run_dir, ignore_errors=True)
             elif (run_dir / results.RUN_JSON).is_file():
                 note = f"{type(error).__name__}: {error}"[:500]
-                try:
+                # the disk that stopped the run may not take these either; the checkpoint is what counts. The
+                # tracker is finished even when run.json could not be written: else its writer's pending events
+                # meet the full disk at exit, a traceback after the one line
+                with contextlib.suppress(StorageError):
                     log.write("interrupted", error=note, resume=f"fedcomp run --resume {run_dir}")
+                with contextlib.suppress(StorageError):
                     tracker.finish("interrupted", log.meta, [run_dir / results.RUN_JSON, run_dir / results.METRICS])
-                except StorageError:
-                    pass  # the disk that stopped the run may not take this either; the checkpoint is what counts
             if isinstance(error, StorageError):
                 tail = ("nothing was kept" if created else
                         f"the run stopped after round {done}; make room and continue it with: fedcomp run --resume {run_dir}")
