@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,9 @@ two would compare devices. ``cuda``: the GPU checks, on a GPU machine (``FEDCOMP
 tests/platform/test_gpu.py tests/benchmarks/test_gpu_bench.py``)."""
 if TEST_DEVICE not in ("cpu", "cuda"):
     raise pytest.UsageError(f"FEDCOMP_TEST_DEVICE = {TEST_DEVICE!r}: must be 'cpu' or 'cuda'")
-if TEST_DEVICE == "cpu":
+GPU_PRESENT = os.path.exists("/dev/nvidiactl") or shutil.which("nvidia-smi") is not None
+"""An NVIDIA GPU on this machine, seen without initialising CUDA."""
+if TEST_DEVICE == "cpu" and GPU_PRESENT:  # only there: Ray refuses to declare GPUs with CUDA_VISIBLE_DEVICES empty
     os.environ["CUDA_VISIBLE_DEVICES"] = ""  # before torch looks: this process and every one it starts see no GPU
 
 _request: pytest.FixtureRequest | None = None

@@ -18,7 +18,7 @@ from fedcomp.actors.cluster import plan_actors
 from fedcomp.actors.server_actor import RayServer
 from fedcomp.platform.config import FederationConfig, load_config
 from fedcomp.platform.errors import ResourceError
-from tests.conftest import record_routing, small
+from tests.conftest import GPU_PRESENT, record_routing, small
 
 pytestmark = pytest.mark.ray
 
@@ -223,6 +223,7 @@ def test_plan_actors_names_the_shortfall(fed, cluster, needle):
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(GPU_PRESENT, reason="a CPU-only Ray declaring GPUs; on a GPU machine the real one is there")
 def test_actors_are_scheduled_on_declared_gpus(tmp_path):
     """A separate CPU-only Ray that declares 2 GPUs: actors get GPU ids and compute on the CPU; a shortfall is
     named; ``gpu_packing: auto`` schedules its probe on a GPU, finds no CUDA there and says so in one line."""
