@@ -11,6 +11,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from fedcomp.api import make_server
+from fedcomp.platform.algorithms import feddro
 from fedcomp.platform.config import load_config
 from fedcomp.platform.federation import build_algorithm
 
@@ -33,13 +34,16 @@ class Operators(TorchDispatchMode):
         return func(*args, **kwargs)
 
 
-@pytest.mark.parametrize(("preset", "overrides"), [
-    ("quickstart", {"algorithm.name": "fedavg", "task.test_samples": 200}),
-    ("quickstart", {"task.test_samples": 200}),  # FCSG-M
-    ("auc-table1-offline", {"algorithm.name": "local-sgdam"}),
+@pytest.mark.parametrize(("preset", "overrides", "step"), [
+    ("quickstart", {"algorithm.name": "fedavg", "task.test_samples": 200}, None),
+    ("quickstart", {"task.test_samples": 200}, None),  # FCSG-M
+    ("auc-table1-offline", {"algorithm.name": "local-sgdam"}, None),
+    ("feddro-negative-result", {"algorithm.name": "fedavg-co-1"}, (feddro, "plain_inner_vjp")),
 ])
-def test_no_host_read_between_a_programs_first_and_last_step(preset: str, overrides: dict[str, Any], monkeypatch) -> None:
-    operators, reads = program_operators(preset, overrides, monkeypatch)
+def test_no_host_read_between_a_programs_first_and_last_step(preset: str, overrides: dict[str, Any],
+                                                             step: tuple[Any, str] | None, monkeypatch) -> None:
+    """``step``: what each local step calls once, where the algorithm has no ``update`` per step."""
+    operators, reads = program_operators(preset, overrides, monkeypatch, step)
     assert reads  # the program's mean loss is read, once the steps are queued
     assert not [name for name in operators if name in READS], operators
 
@@ -53,25 +57,26 @@ def test_on_cuda_no_blocking_copy_to_the_gpu_between_a_programs_first_and_last_s
     assert "host-to-GPU copy, blocking" not in operators and not READS & set(operators)
 
 
-def program_operators(preset: str, overrides: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> tuple[list[str], list[int]]:
+def program_operators(preset: str, overrides: dict[str, Any], monkeypatch: pytest.MonkeyPatch,
+                      step: tuple[Any, str] | None = None) -> tuple[list[str], list[int]]:
     """(the operators dispatched from the start of a client program's first local step to the end of its last, the
     positions of host reads in the whole round) of the second round of a 4-step run on the local backend."""
     config = load_config(preset, {**overrides, "federation.backend": "local", "federation.clients": 2,
                                   "federation.clients_per_round": 1, "algorithm.local_steps": 4, "run.progress": "none"})
     operators, calls = Operators(), []
     cls = type(build_algorithm(config))
-    for name in ("update", "update_"):
-        step = getattr(cls, name, None)
-        if step is None:
+    for owner, name in [step] if step else [(cls, "update"), (cls, "update_")]:
+        original = getattr(owner, name, None)
+        if original is None:
             continue
 
-        def recorded(self: Any, *args: Any, _step: Any = step) -> Any:
+        def recorded(*args: Any, _original: Any = original) -> Any:
             start = len(operators.names)
-            out = _step(self, *args)
+            out = _original(*args)
             calls.append((start, len(operators.names)))
             return out
 
-        monkeypatch.setattr(cls, name, recorded)
+        monkeypatch.setattr(owner, name, recorded)
     server = make_server(config)
     try:
         server.run_round()

@@ -174,6 +174,15 @@ class Compositional(Algorithm[Any, Any]):
         return problem.sample(ctx.client, self.hp.outer_batch, ctx.rng(*ids))
 
 
+
+def _last_loss(last: tuple[Tensor, Tensor, Tensor] | None) -> float:
+    """The training loss a program reports: h + g . v of its last local step, read once the steps are queued (a
+    read per step would make the host wait for the GPU every step); 0.0 without steps."""
+    if last is None:
+        return 0.0
+    h, g, v = last
+    return float(h + g @ v)
+
 @register_algorithm("feddro")
 class FedDRO(Compositional):
     """FedDRO: hybrid estimator of g shared every local step, model averaged every I steps."""
@@ -202,7 +211,7 @@ class FedDRO(Compositional):
         """Algorithm 2 over the round's I local steps, from the averaged x and y_bar; x goes up at the end."""
         x, x_prev, y_bar = client.x, client.x_prev, client.y
         scaled = at_scale(problem, client.log_scale)  # g_k e^-s: every value below at the round's scale
-        lr, samples, loss = self.hp.lr_at(ctx.round), 0, 0.0
+        lr, samples, last = self.hp.lr_at(ctx.round), 0, None
         for t in range(ctx.round * self.hp.local_steps, (ctx.round + 1) * self.hp.local_steps):
             b = self.sample(problem, ctx, t)
             with torch.no_grad():
@@ -211,8 +220,8 @@ class FedDRO(Compositional):
             v, _ = outer_grad(problem, y_bar)
             grad, h, g = plain_inner_vjp(scaled, x, b, v)  # grad h_k(x; b) + grad g_k(x; b)^T grad f(y_bar)
             x_prev, x = x, x - lr * grad
-            samples, loss = samples + 3 * batch_size(b), float(h + g @ v)
-        return client.replace(x=x, x_prev=x_prev, y=y_bar), {"x": x}, StepInfo(samples, loss)
+            samples, last = samples + 3 * batch_size(b), (h, g, v)
+        return client.replace(x=x, x_prev=x_prev, y=y_bar), {"x": x}, StepInfo(samples, _last_loss(last))
 
     # -- server ------------------------------------------------------------------------------------------------
     def start(self, fed: Round, server: Model) -> ModelEstimate:
@@ -262,7 +271,7 @@ class _VanillaCO(Compositional):
 
     def descend(self, problem: GlobalCompositionalProblem, x: Tensor, y: Tensor, ctx: ClientContext) -> tuple[Tensor, StepInfo]:
         """I steps x <- x - eta grad g_k(x; b)^T grad f(y_k), then y_k <- g_k(x; b) at the new point (same b)."""
-        first, samples, loss = ctx.round * self.hp.local_steps, 0, 0.0
+        first, samples, last = ctx.round * self.hp.local_steps, 0, None
         for s in range(self.hp.local_steps):
             batch = self.sample(problem, ctx, first + s)
             v, _ = outer_grad(problem, y)
@@ -270,8 +279,8 @@ class _VanillaCO(Compositional):
             x = x - self.hp.lr_at(ctx.round) * grad
             with torch.no_grad():
                 y = problem.inner(x, batch)
-            samples, loss = samples + 2 * batch_size(batch), float(h + g @ v)
-        return x, StepInfo(samples, loss)
+            samples, last = samples + 2 * batch_size(batch), (h, g, v)
+        return x, StepInfo(samples, _last_loss(last))
 
 
 @register_algorithm("fedavg-co-1")

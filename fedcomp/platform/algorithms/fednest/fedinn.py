@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 from torch import Tensor
 
-from fedcomp.platform.algorithms.base import ClientContext, StepInfo, batch_size
+from fedcomp.platform.algorithms.base import ClientContext, StepInfo, batch_size, mean_loss
 from fedcomp.platform.algorithms.fednest.base import Counted, FedNestBase, Point, Reply, WithQ
 from fedcomp.platform.oracles import grad_y
 from fedcomp.platform.problems import BilevelProblem
@@ -39,15 +39,15 @@ class FedInn(FedNestBase):
         self, problem: BilevelProblem, view: Point, ctx: ClientContext, direction: Callable[..., Tensor], oracles: int
     ) -> Counted:
         """``inner_steps`` steps y <- y - beta direction(g_i(.; z), y), one batch z per step."""
-        y, samples, loss = view.y.clone(), 0, 0.0
+        y, samples, losses = view.y.clone(), 0, []
         for s in range(self.hp.inner_steps):
             batch = self._inner_batch(problem, ctx, s)
             g = lambda a, b: problem.inner_loss(a, b, batch)  # noqa: E731, B023 (used in this iteration)
             d = direction(g, y)
             samples += batch_size(batch) * oracles
-            loss += float(problem.inner_loss(view.x, y, batch)) / self.hp.inner_steps
+            losses.append(problem.inner_loss(view.x, y, batch).detach())
             y = y - self.hp.inner_lr * d
-        return y, StepInfo(samples, loss)
+        return y, StepInfo(samples, mean_loss(losses))
 
     def inner_anchor(self, problem: BilevelProblem, view: Point, ctx: ClientContext) -> Reply[Point]:
         """q_i = grad_y g_i(x, y)."""
