@@ -27,6 +27,7 @@ import torch
 
 import fedcomp
 from common import HERE, generated_by, publish
+from fedcomp.platform.accelerator import configure
 from fedcomp.platform.config import load_config
 from fedcomp.platform.federation import build_task
 from fedcomp.platform.oracles import grad_and_loss
@@ -43,17 +44,20 @@ def kernels(onednn: bool) -> Iterator[None]:
         yield
 
 
-def meta_gradient(channels: int, order: str, onednn: bool) -> tuple[torch.Tensor, float]:
-    """FCSG's meta-gradient (float64 copy) and loss at the initial point, as the tests draw them."""
+def meta_gradient(channels: int, order: str, onednn: bool = True, device: str = "cpu") -> tuple[torch.Tensor, float]:
+    """FCSG's meta-gradient at the initial point of client 1's first 5 episodes (a float64 copy on the CPU) and
+    its loss, computed on ``device`` (on the CPU with or without oneDNN's conv kernels); the CUDA tests compare
+    the two devices with it."""
     config = load_config("maml-fewshot-mnist", {"federation.clients": 4, "task.channels": channels, "task.maml": order})
+    configure(device, deterministic=True)
     with kernels(onednn):
-        task: Any = build_task(config)
+        task: Any = build_task(config, device)
         problem = task.problem("conditional")
-        x = task.init_params(generator(0, "init"))["x"]
+        x = task.init_params(generator(0, "init"))["x"].to(device)
         gen = generator(0, "draw")
         outer = problem.sample_outer(1, 5, gen)
         grad, loss = grad_and_loss(problem, x, outer, problem.sample_inner(1, outer, 5, gen))
-    return grad.detach().double(), float(loss)
+    return grad.detach().cpu().double(), float(loss)
 
 
 def run_metrics(channels: int, rounds: int, onednn: bool, out: str) -> np.ndarray:

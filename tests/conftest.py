@@ -15,7 +15,7 @@ TEST_DEVICE = os.environ.get("FEDCOMP_TEST_DEVICE", "cpu")
 """``cpu`` (default): the suite checks the CPU path on every machine, a GPU workstation too -- ``auto`` GPU options
 would otherwise put the local backend on its GPU while the session's Ray has none, and tests that compare the
 two would compare devices. ``cuda``: the GPU checks, on a GPU machine (``FEDCOMP_TEST_DEVICE=cuda pytest
-tests/platform/test_gpu.py tests/benchmarks/test_gpu_bench.py``)."""
+tests/platform/test_gpu.py tests/platform/test_host_reads.py tests/benchmarks/test_gpu_bench.py tests/benchmarks/test_maml_kernels.py``: the tests marked with ``tests.platform.test_gpu.CUDA`` and their neighbours)."""
 if TEST_DEVICE not in ("cpu", "cuda"):
     raise pytest.UsageError(f"FEDCOMP_TEST_DEVICE = {TEST_DEVICE!r}: must be 'cpu' or 'cuda'")
 GPU_PRESENT = os.path.exists("/dev/nvidiactl") or shutil.which("nvidia-smi") is not None

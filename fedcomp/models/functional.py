@@ -68,8 +68,12 @@ class FlatModel:
         self._untracked: dict[str, Any] = {n: None for n, b in module.named_buffers()}
         self._running = self.initial_buffers()
         self._pending: list[list[Tensor]] = []
-        self._momenta_on: dict[torch.device, tuple[Tensor, Tensor]] = {}
         """Batch statistics of training forwards not yet folded into ``_running`` (folded when it is read)."""
+        momenta: list[Any] = [m.momentum for _, m in self.norms for _ in range(2)]  # floats: None is refused above
+        sizes = torch.tensor(self.buffer_sizes, dtype=torch.long)
+        self._keep, self._rate = (torch.tensor(v).repeat_interleave(sizes) for v in ([1 - m for m in momenta], momenta))
+        """(1 - m, m) per entry of ``_running`` (float32; 1 - m taken in float64 then rounded, as a Python number is
+        in a kernel): the momentum rule over the whole flat vector at once."""
         self._seen: list[Tensor] | None = None
         self._direct: _Direct | None = None
         """While :meth:`grad_pieces` runs: the stand-in for the flat vector and the leaves to call the module with."""
@@ -90,8 +94,8 @@ class FlatModel:
         three elementwise kernels and a concatenation, where one per BatchNorm buffer took 116 for ResNet20 --
         each a kernel launch on a GPU -- with the same roundings, so the same bits."""
         for batch in self._pending:
-            keep, rate = self._momenta(batch[0].device)
-            self._running = keep * self._running.to(batch[0].device) + rate * torch.cat(batch)
+            device = batch[0].device
+            self._running = self._keep.to(device) * self._running.to(device) + self._rate.to(device) * torch.cat(batch)
         self._pending = []
         return _plain(self._running)
 
@@ -100,18 +104,6 @@ class FlatModel:
         if value.shape != (self.buffer_dim,):
             raise ValueError(f"running statistics of shape {tuple(value.shape)}: the model needs ({self.buffer_dim},)")
         self._running, self._pending = value, []
-
-    def _momenta(self, device: torch.device) -> tuple[Tensor, Tensor]:
-        """(1 - m, m) per entry of :attr:`running` as float32 on ``device``: each BatchNorm's momentum m for its
-        mean and variance entries (1 - m taken in float64 then rounded, as a Python number is in a kernel)."""
-        if device not in self._momenta_on:
-            momenta: list[Any] = [m.momentum for _, m in self.norms for _ in range(2)]  # floats: None is refused above
-            sizes = torch.tensor(self.buffer_sizes)
-            per_entry = [torch.tensor([1 - m for m in momenta]).repeat_interleave(sizes),
-                         torch.tensor([float(m) for m in momenta]).repeat_interleave(sizes)]
-            keep, rate = (t.float().to(device) for t in per_entry)
-            self._momenta_on[device] = (keep, rate)
-        return self._momenta_on[device]
 
     def unflatten(self, x: Tensor) -> dict[str, Tensor]:
         return {n: v.view(s) for n, v, s in zip(self.names, x.split(self.sizes), self.shapes)}

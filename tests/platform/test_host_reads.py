@@ -14,6 +14,7 @@ from fedcomp.api import make_server
 from fedcomp.platform.algorithms import feddro
 from fedcomp.platform.config import load_config
 from fedcomp.platform.federation import build_algorithm
+from tests.platform.test_gpu import CUDA
 
 READS = {"_local_scalar_dense"}  # what float(t), t.item() and t.tolist() of a one-element tensor dispatch
 
@@ -48,7 +49,7 @@ def test_no_host_read_between_a_programs_first_and_last_step(preset: str, overri
     assert not [name for name in operators if name in READS], operators
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU and FEDCOMP_TEST_DEVICE=cuda")
+@CUDA
 @pytest.mark.parametrize("preset", ["auc-table1-offline", "maml-fewshot-mnist"])
 def test_on_cuda_no_blocking_copy_to_the_gpu_between_a_programs_first_and_last_step(preset: str, monkeypatch) -> None:
     operators, _ = program_operators(preset, {"federation.gpus_per_client": 1, "task.eval_tasks": 5}

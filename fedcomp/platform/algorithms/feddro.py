@@ -174,7 +174,6 @@ class Compositional(Algorithm[Any, Any]):
         return problem.sample(ctx.client, self.hp.outer_batch, ctx.rng(*ids))
 
 
-
 def _last_loss(last: tuple[Tensor, Tensor, Tensor] | None) -> float:
     """The training loss a program reports: h + g . v of its last local step, read once the steps are queued (a
     read per step would make the host wait for the GPU every step); 0.0 without steps."""
@@ -182,6 +181,7 @@ def _last_loss(last: tuple[Tensor, Tensor, Tensor] | None) -> float:
         return 0.0
     h, g, v = last
     return float(h + g @ v)
+
 
 @register_algorithm("feddro")
 class FedDRO(Compositional):

@@ -97,6 +97,10 @@ class _FewShot(MetaTask):
         self.pool = pool
         (self.pool_on_device,) = self.resident(pool)
         """The uint8 image pool on the task's device: episodes are cut, rotated and scaled there."""
+        self.full_scale = torch.full((), 255.0, device=self.device)
+        """The pixels' divisor as a tensor on the device: each scaled pixel the correctly rounded p / 255 on every
+        device (CUDA's kernel multiplies by the reciprocal of a divisor given as a Python number: the last bit off
+        for about half of the 256 values)."""
         self.train_classes = [c * self.rot + r for c in train for r in range(self.rot)]
         self.eval_classes = [c * self.rot + r for c in held for r in range(self.rot)]
         self._shares = self._split(clients)
@@ -160,12 +164,8 @@ class _FewShot(MetaTask):
                 pics[chosen_r] = torch.rot90(pics[chosen_r], r, dims=(-2, -1))
         pics = pics.reshape(n, ways, per_task, *pics.shape[-2:])
 
-        full_scale = torch.full((), 255.0, device=self.device)
-
         def to_float(t: Tensor) -> Tensor:
-            """Pixels in [0, 1], each the correctly rounded p / 255 on every device (CUDA's kernel multiplies by the
-            reciprocal of a divisor given as a Python number: the last bit off for about half of the 256 values)."""
-            return t.reshape(n, -1, *t.shape[-2:]).unsqueeze(2).float() / full_scale
+            return t.reshape(n, -1, *t.shape[-2:]).unsqueeze(2).float() / self.full_scale
 
         labels = torch.arange(ways, device=self.device)
         return Episodes(
