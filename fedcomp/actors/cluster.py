@@ -20,6 +20,7 @@ import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field as dataclass_field
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -75,22 +76,28 @@ def connect(address: str | None = None, worker_log_level: str | None = None) -> 
             announce("starting local Ray ...")
             ray.init(address="local", **kwargs)
         stop_on_sigterm()  # in place of Ray's own answers to it
-        depends_on(answering(ray.get_runtime_context().gcs_address))
+        depends_on(answering(ray.get_runtime_context().gcs_address, () if address else started_daemons()))
         resources = ray.cluster_resources()
         announce(f"Ray ready in {time.perf_counter() - started:.1f} s: " + ", ".join(
             f"{resources.get(k, 0):g} {k}s" for k in ("CPU", "GPU") if k == "CPU" or resources.get(k)))
     return dict(ray.cluster_resources())
 
 
-def answering(address: str, timeout_s: float = 2.0) -> Callable[[], bool]:
-    """Whether the Ray head at ``HOST:PORT`` (its GCS) still takes connections while this process is connected to
-    it (a SIGTERM to the whole process group stops the daemons of a local Ray along with its driver); after
-    ``ray.shutdown`` this process no longer needs it."""
+def answering(address: str, daemons: Sequence[int] = (), timeout_s: float = 2.0) -> Callable[[], bool]:
+    """Whether the Ray head at ``HOST:PORT`` (its GCS) still takes connections, and the ``daemons`` (PIDs: the
+    raylet and GCS server of a local Ray this process started) still run, while this process is connected to it.
+
+    A SIGTERM to the whole process group stops the daemons of a local Ray along with its driver. The raylet goes
+    first, and tens of milliseconds later Ray's C++ ends the driver itself with exit code 1 (its object store is
+    gone); the GCS may take longer to close its port. After ``ray.shutdown`` this process no longer needs either.
+    """
     host, port = address.rsplit(":", 1)
 
     def alive() -> bool:
         if not ray.is_initialized():
             return True
+        if not all(map(_runs, daemons)):
+            return False
         try:
             socket.create_connection((host, int(port)), timeout=timeout_s).close()
         except OSError:
@@ -98,6 +105,34 @@ def answering(address: str, timeout_s: float = 2.0) -> Callable[[], bool]:
         return True
 
     return alive
+
+
+def started_daemons() -> tuple[int, ...]:
+    """PIDs of the raylet and GCS server that this process started (read from ``/proc``; none elsewhere)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            name, fields = _stat(stat)
+        except OSError:  # ended meanwhile
+            continue
+        if name in ("raylet", "gcs_server") and int(fields[1]) == os.getpid():
+            found.append(int(stat.parent.name))
+    return tuple(found)
+
+
+def _runs(pid: int) -> bool:
+    """Whether process ``pid`` runs: it exists and is not a zombie (a dead child not yet reaped)."""
+    try:
+        _, fields = _stat(Path(f"/proc/{pid}/stat"))
+    except OSError:
+        return False
+    return fields[0] != "Z"
+
+
+def _stat(path: Path) -> tuple[str, list[str]]:
+    """A ``/proc/PID/stat`` file's command name and the fields after it (state, parent PID, ...)."""
+    text = path.read_text()
+    return text[text.index("(") + 1: text.rindex(")")], text[text.rindex(")") + 2:].split()
 
 
 def parse_address(address: str, field: str = "federation.ray_address") -> tuple[str, int] | None:

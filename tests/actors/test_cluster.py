@@ -19,7 +19,7 @@ import pandas as pd
 import pytest
 
 import fedcomp
-from fedcomp.actors.cluster import answering, plan_actors
+from fedcomp.actors.cluster import answering, plan_actors, started_daemons
 from fedcomp.cli import main
 from fedcomp.platform.config import FederationConfig
 from fedcomp.platform.errors import ResourceError
@@ -156,6 +156,28 @@ def test_a_head_answers_while_it_listens_and_not_once_it_is_gone(ray_session):
         assert alive()
     assert not alive()  # what a SIGTERM to the process group leaves of a local Ray's GCS
 
+
+
+@pytest.mark.ray
+@pytest.mark.skipif(not Path("/proc/self/stat").is_file(), reason="reads /proc")
+def test_a_local_ray_answers_only_while_the_daemons_it_started_run(ray_session):
+    """The raylet ends first after a SIGTERM to the group; its driver is ended by Ray's C++ soon after, so the
+    watch must not wait for the GCS port to close (nor for the dead raylet to be reaped)."""
+    daemons = started_daemons()
+    names = sorted(Path(f"/proc/{pid}/comm").read_text().strip() for pid in daemons)
+    assert names == ["gcs_server", "raylet"]  # the session's own, started by this process
+    gcs = ray_session.get_runtime_context().gcs_address
+    assert answering(gcs, daemons)()
+    stand_in = subprocess.Popen(["sleep", "60"])  # a daemon that then ends
+    alive = answering(gcs, [*daemons, stand_in.pid])
+    assert alive()
+    stand_in.terminate()
+    deadline = time.time() + 10
+    while Path(f"/proc/{stand_in.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z" and time.time() < deadline:
+        time.sleep(0.01)
+    assert not alive()  # ended, not yet reaped
+    stand_in.wait()
+    assert not alive()
 
 @pytest.fixture(scope="module")
 def two_nodes():
