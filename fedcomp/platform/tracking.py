@@ -233,9 +233,13 @@ class MLflowTracker(Tracker):
         existing = self.client.search_runs(
             [experiment], filter_string=f"tags.`fedcomp.run_id` = '{run_id}'", max_results=1
         ) if start_round else []
+        self.logged_through = -1
+        """The last round already in the MLflow run: a resumed run does not log again the rounds the stopped one
+        logged after its checkpoint (the same numbers; MLflow would keep both)."""
         if existing:  # a resumed run continues its MLflow run
             self.run_id = existing[0].info.run_id
             self.client.update_run(self.run_id, status="RUNNING")
+            self.logged_through = mlflow_last_step(self.client, self.run_id)
             return
         tags = {"fedcomp.run_id": run_id, "fedcomp.run_dir": str(Path(run_dir).resolve()),
                 "algorithm": config["algorithm"]["name"], "task": config["task"]["name"]}
@@ -250,6 +254,8 @@ class MLflowTracker(Tracker):
         from mlflow.entities import Metric
 
         step, now = int(row["round"]), int(time.time() * 1000)
+        if step <= self.logged_through:
+            return
         metrics = [Metric(k, v, now, step) for k, v in scalars(row).items() if k != "round"]
         self.client.log_batch(self.run_id, metrics=metrics)
 
@@ -263,6 +269,12 @@ class MLflowTracker(Tracker):
 
     def discard(self) -> None:
         self.client.delete_run(self.run_id)
+
+
+def mlflow_last_step(client: Any, run_id: str) -> int:
+    """The highest step at which any metric of MLflow run ``run_id`` was logged (-1 for none)."""
+    keys = client.get_run(run_id).data.metrics
+    return max((m.step for key in keys for m in client.get_metric_history(run_id, key)), default=-1)
 
 
 def where(track: str, folder: str | Path, sweep: bool = False) -> str:

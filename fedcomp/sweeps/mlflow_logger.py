@@ -6,7 +6,8 @@ Tune starts an MLflow run for every trial it starts in this process, also one re
 state: a sweep stopped with Ctrl-C and resumed left each cut trial two runs, the first still RUNNING with the
 rounds before the stop, the second with those after (reproduced). Here a trial whose run already exists in the
 sweep's experiment (Tune tags it with the trial's name) takes that run up again, as a resumed ``fedcomp run``
-does.
+does, without logging again the rounds the cut trial logged after the checkpoint it continues from (MLflow keeps
+every value logged at a step: each of those rounds had two).
 
 Tune logs a trial's Tune config only (the swept axes) and writes every metric of every result with its own
 ``log_metric`` call -- one SQLite transaction each, about 0.6 s per result on a loaded 2-core machine, which
@@ -24,7 +25,7 @@ from ray.air.integrations.mlflow import MLflowLoggerCallback
 from ray.tune.result import TIMESTEPS_TOTAL
 from ray.tune.utils import flatten_dict
 
-from fedcomp.platform.tracking import flat_config, scalars
+from fedcomp.platform.tracking import flat_config, mlflow_last_step, scalars
 from fedcomp.sweeps.spec import SweepSpec
 
 
@@ -35,6 +36,8 @@ class FullConfigMLflowLoggerCallback(MLflowLoggerCallback):
         super().__init__(**kwargs)
         self.spec_json = spec_json
         self._client: Any = None
+        self._logged_through: dict[str, int] = {}
+        """Trial -> the last step its taken-up MLflow run already holds."""
 
     def __getstate__(self) -> dict[str, Any]:  # Tune pickles its callbacks with the experiment state
         return {**self.__dict__, "_client": None}
@@ -53,6 +56,7 @@ class FullConfigMLflowLoggerCallback(MLflowLoggerCallback):
             if earlier:
                 run_id = earlier[0].info.run_id
                 self._mlflow_client().update_run(run_id, status="RUNNING")
+                self._logged_through[str(trial)] = mlflow_last_step(self._mlflow_client(), run_id)
                 self._trial_runs[trial] = run_id  # Tune's start: a run only for a trial without one
         super().log_trial_start(trial)
         from mlflow.entities import Param
@@ -76,6 +80,8 @@ class FullConfigMLflowLoggerCallback(MLflowLoggerCallback):
         from mlflow.entities import Metric
 
         step = result.get(TIMESTEPS_TOTAL) or result[TRAINING_ITERATION]
+        if step <= self._logged_through.get(str(trial), -1):
+            return
         now = int(time.time() * 1000)
         metrics = [Metric(k, v, now, step) for k, v in scalars(flatten_dict(result, delimiter="/")).items()]
         self._mlflow_client().log_batch(self._trial_runs[trial], metrics=metrics)
