@@ -37,6 +37,8 @@ from fedcomp.platform.signals import depends_on, stop_on_sigterm
 GRANULARITY = 1e-4  # Ray's smallest fractional resource unit
 UNITS = 10_000  # resource amounts in units of GRANULARITY, so that fitting is integer arithmetic
 PROBE_TIMEOUT_S = 5.0
+GCS_EVERY_S = 0.1
+"""How often a watch of the cluster (:func:`answering`) connects to its GCS; its daemons' processes are read each time."""
 
 
 def connect(address: str | None = None, worker_log_level: str | None = None) -> dict[str, float]:
@@ -84,20 +86,25 @@ def connect(address: str | None = None, worker_log_level: str | None = None) -> 
 
 
 def answering(address: str, daemons: Sequence[int] = (), timeout_s: float = 2.0) -> Callable[[], bool]:
-    """Whether the Ray head at ``HOST:PORT`` (its GCS) still takes connections, and the ``daemons`` (PIDs: the
-    raylet and GCS server of a local Ray this process started) still run, while this process is connected to it.
+    """Whether the Ray head at ``HOST:PORT`` (its GCS) still takes connections (asked at most every
+    :data:`GCS_EVERY_S`), and the ``daemons`` (PIDs: the raylet and GCS server of a local Ray this process started)
+    still run, while this process is connected to it.
 
     A SIGTERM to the whole process group stops the daemons of a local Ray along with its driver. The raylet goes
     first, and tens of milliseconds later Ray's C++ ends the driver itself with exit code 1 (its object store is
     gone); the GCS may take longer to close its port. After ``ray.shutdown`` this process no longer needs either.
     """
     host, port = address.rsplit(":", 1)
+    asked = [-math.inf]  # when the GCS was last asked
 
     def alive() -> bool:
         if not ray.is_initialized():
             return True
         if not all(map(_runs, daemons)):
             return False
+        if time.monotonic() - asked[0] < GCS_EVERY_S:
+            return True
+        asked[0] = time.monotonic()
         try:
             socket.create_connection((host, int(port)), timeout=timeout_s).close()
         except OSError:

@@ -19,7 +19,7 @@ import pandas as pd
 import pytest
 
 import fedcomp
-from fedcomp.actors.cluster import answering, plan_actors, started_daemons
+from fedcomp.actors.cluster import GCS_EVERY_S, answering, plan_actors, started_daemons
 from fedcomp.cli import main
 from fedcomp.platform.config import FederationConfig
 from fedcomp.platform.errors import ResourceError
@@ -154,6 +154,7 @@ def test_a_head_answers_while_it_listens_and_not_once_it_is_gone(ray_session):
     with socket.create_server(("127.0.0.1", 0)) as listener:
         alive = answering(f"127.0.0.1:{listener.getsockname()[1]}")
         assert alive()
+    time.sleep(GCS_EVERY_S)  # asked again only after that
     assert not alive()  # what a SIGTERM to the process group leaves of a local Ray's GCS
 
 
