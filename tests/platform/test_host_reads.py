@@ -12,6 +12,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from fedcomp.api import make_server
 from fedcomp.platform.algorithms import feddro
+from fedcomp.platform.algorithms.base import mean_loss
 from fedcomp.platform.config import load_config
 from fedcomp.platform.federation import build_algorithm
 from tests.platform.test_gpu import CUDA
@@ -44,10 +45,25 @@ class Operators(TorchDispatchMode):
 def test_no_host_read_between_a_programs_first_and_last_step(preset: str, overrides: dict[str, Any],
                                                              step: tuple[Any, str] | None, monkeypatch) -> None:
     """``step``: what each local step calls once, where the algorithm has no ``update`` per step."""
-    operators, reads = program_operators(preset, overrides, monkeypatch, step)
-    assert reads  # the program's mean loss is read, once the steps are queued
+    operators, after = program_operators(preset, overrides, monkeypatch, step)
+    # the program's losses are read once the steps are queued: one by one, or stacked into one tensor and read at
+    # once (``tolist`` reads a CPU tensor's memory without dispatching an operator)
+    assert READS & set(after) or "stack" in after
     assert not [name for name in operators if name in READS], operators
 
+
+
+@pytest.mark.parametrize("dtypes", [(torch.float32,), (torch.float32, torch.float64), (torch.bfloat16,)])
+def test_a_programs_mean_loss_read_at_once_has_the_bits_of_one_read_a_step(dtypes: tuple[torch.dtype, ...]) -> None:
+    draws = torch.rand(37, generator=torch.Generator().manual_seed(0), dtype=torch.float64) * 10
+    losses = [draw.to(dtypes[i % len(dtypes)]) for i, draw in enumerate(draws)]
+    one_by_one = 0.0
+    for loss in losses:
+        one_by_one += float(loss) / len(losses)
+    with Operators() as operators:
+        assert mean_loss(losses) == one_by_one
+    assert "stack" in operators.names and not READS & set(operators.names)  # one tensor, read at once
+    assert mean_loss([float(loss) for loss in losses]) == one_by_one
 
 @CUDA
 @pytest.mark.parametrize("preset", ["auc-table1-offline", "maml-fewshot-mnist"])
@@ -59,9 +75,9 @@ def test_on_cuda_no_blocking_copy_to_the_gpu_between_a_programs_first_and_last_s
 
 
 def program_operators(preset: str, overrides: dict[str, Any], monkeypatch: pytest.MonkeyPatch,
-                      step: tuple[Any, str] | None = None) -> tuple[list[str], list[int]]:
-    """(the operators dispatched from the start of a client program's first local step to the end of its last, the
-    positions of host reads in the whole round) of the second round of a 4-step run on the local backend."""
+                      step: tuple[Any, str] | None = None) -> tuple[list[str], list[str]]:
+    """(the operators dispatched from the start of a client program's first local step to the end of its last, those
+    dispatched after it in the round) of the second round of a 4-step run on the local backend."""
     config = load_config(preset, {**overrides, "federation.backend": "local", "federation.clients": 2,
                                   "federation.clients_per_round": 1, "algorithm.local_steps": 4, "run.progress": "none"})
     operators, calls = Operators(), []
@@ -88,4 +104,4 @@ def program_operators(preset: str, overrides: dict[str, Any], monkeypatch: pytes
         server.close()
     assert len(calls) == 4
     first, last = calls[0][0], calls[-1][1]
-    return operators.names[first:last], [i for i, name in enumerate(operators.names) if name in READS]
+    return operators.names[first:last], operators.names[last:]

@@ -73,12 +73,17 @@ class StepInfo:
 
 def mean_loss(losses: list[Tensor] | list[float]) -> float:
     """The mean of a client program's step losses, read after its last step: the same float64 sum of
-    ``float(loss) / q`` in step order as adding them up step by step, but one wait for a GPU per program instead
+    ``float(loss) / q`` in step order as adding them up step by step, but one read for a GPU per program instead
     of one per step (reading a tensor on a GPU waits for every kernel queued before it, so a read per step keeps
-    the host from queueing the next step while the GPU runs this one)."""
+    the host from queueing the next step while the GPU runs this one); 0-dim tensors are stacked and read at once
+    (their values exact: stacking only widens a dtype)."""
     q, total = len(losses), 0.0
-    for loss in losses:
-        total += float(loss) / q
+    if q and all(isinstance(loss, Tensor) and loss.dim() == 0 for loss in losses):
+        values = torch.stack(typing.cast(list[Tensor], losses)).tolist()
+    else:
+        values = [float(loss) for loss in losses]
+    for value in values:
+        total += value / q
     return total
 
 
