@@ -30,15 +30,25 @@ SECTIONS = ("task", "algorithm", "federation", "run")
 T = TypeVar("T")
 
 
+NAME_MAX_BYTES = 200
+"""The longest run or sweep name (UTF-8 bytes): its id adds a 21-character stamp, and a folder name holds 255 bytes
+on common file systems."""
+
+
 def plain_name(value: str) -> str:
     """``value`` if it is a plain folder name. A run or sweep id becomes a folder under ``run.out``, so a name
-    holding a path (``../../escaped``) would write outside it.
+    holding a path (``../../escaped``) would write outside it, and one too long for a folder name failed only
+    when the run's folder was made.
 
     Raises:
-        ValueError: the name has a separator, a leading dot, surrounding spaces or is empty.
+        ValueError: the name has a separator, a leading dot, surrounding spaces, is empty or longer than
+            :data:`NAME_MAX_BYTES`.
     """
     if not value or value.startswith(".") or value != value.strip() or any(c in value for c in "/\\\0"):
         raise ValueError("must be a plain folder name (no '/', '\\', leading '.' or surrounding spaces)")
+    if len(value.encode()) > NAME_MAX_BYTES:
+        raise ValueError(f"is {len(value.encode())} bytes long; at most {NAME_MAX_BYTES} allowed (the id adds a "
+                         f"timestamp, and a folder name holds 255 bytes)")
     return value
 
 
