@@ -95,16 +95,17 @@ def answering(address: str, daemons: Sequence[int] = (), timeout_s: float = 2.0)
     gone); the GCS may take longer to close its port. After ``ray.shutdown`` this process no longer needs either.
     """
     host, port = address.rsplit(":", 1)
-    asked = [-math.inf]  # when the GCS was last asked
+    asked = -math.inf  # when the GCS was last asked
 
     def alive() -> bool:
+        nonlocal asked
         if not ray.is_initialized():
             return True
         if not all(map(_runs, daemons)):
             return False
-        if time.monotonic() - asked[0] < GCS_EVERY_S:
+        if time.monotonic() - asked < GCS_EVERY_S:
             return True
-        asked[0] = time.monotonic()
+        asked = time.monotonic()
         try:
             socket.create_connection((host, int(port)), timeout=timeout_s).close()
         except OSError:

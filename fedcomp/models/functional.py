@@ -95,7 +95,9 @@ class FlatModel:
         each a kernel launch on a GPU -- with the same roundings, so the same bits."""
         for batch in self._pending:
             device = batch[0].device
-            self._running = self._keep.to(device) * self._running.to(device) + self._rate.to(device) * torch.cat(batch)
+            if self._keep.device != device:  # moved once, not copied to a GPU at every fold
+                self._keep, self._rate = self._keep.to(device), self._rate.to(device)
+            self._running = self._keep * self._running.to(device) + self._rate * torch.cat(batch)
         self._pending = []
         return _plain(self._running)
 

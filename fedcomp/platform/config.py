@@ -46,8 +46,9 @@ def plain_name(value: str) -> str:
     """
     if not value or value.startswith(".") or value != value.strip() or any(c in value for c in "/\\\0"):
         raise ValueError("must be a plain folder name (no '/', '\\', leading '.' or surrounding spaces)")
-    if len(value.encode()) > NAME_MAX_BYTES:
-        raise ValueError(f"is {len(value.encode())} bytes long; at most {NAME_MAX_BYTES} allowed (the id adds a "
+    size = len(value.encode())
+    if size > NAME_MAX_BYTES:
+        raise ValueError(f"is {size} bytes long; at most {NAME_MAX_BYTES} allowed (the id adds a "
                          f"timestamp, and a folder name holds 255 bytes)")
     return value
 
