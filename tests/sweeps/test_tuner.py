@@ -217,7 +217,9 @@ def test_a_sigterm_to_the_process_group_that_stops_the_local_ray_ends_the_sweep_
                             start_new_session=True)
     try:
         deadline = time.time() + 300
-        while time.time() < deadline and not list(tmp_path.glob("*/*/checkpoint_000000")) and proc.poll() is None:
+        # until the first checkpoint holds its files: Tune copies them into the folder after making it, and the sweep
+        # now ends within milliseconds of the SIGTERM, as a kill would
+        while time.time() < deadline and not list(tmp_path.glob("*/*/checkpoint_000000/*")) and proc.poll() is None:
             time.sleep(0.05)
         os.killpg(proc.pid, signal.SIGTERM)
         _, err = proc.communicate(timeout=240)
