@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import shutil
 import signal
 import subprocess
 import sys
@@ -19,10 +20,12 @@ import yaml
 
 import fedcomp
 from fedcomp.cli import main
+from fedcomp.platform import results
 from fedcomp.platform.errors import ResourceError
 from fedcomp.sweeps import tune_state
 from fedcomp.sweeps.report import best_configurations, sweep_report
 from fedcomp.sweeps.trial import FAULT_EXIT
+from tests.sweeps.test_tune_state import recorded_checkpoints
 from tests.sweeps.tiny import TINY
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
@@ -174,6 +177,54 @@ def test_a_killed_sweep_resumes_without_redoing_finished_trials(ray_session, tmp
     pd.testing.assert_frame_equal(swept, alone, check_dtype=False)
     for name in finished_before:  # finished trials were not run again
         assert not list((sweep_dir / name).glob("checkpoint_000006"))
+
+
+def test_a_sweep_killed_while_tune_filled_a_checkpoint_folder_resumes_to_the_same_numbers(ray_session, tmp_path):
+    """A kill between Tune making a trial's next checkpoint folder and copying the files into it leaves that folder
+    empty or half-filled beside the checkpoint Tune's state names; the resumed trial starts from the one named, writes
+    its next checkpoint into the stale folder, and ends with the rows of a run alone."""
+    spec = tiny(tmp_path, backend="local", grid={"algorithm.lr": [0.1, 0.05]}, max_concurrent=2,
+                set={"run.rounds": 500, "run.checkpoint_every": 10, "run.eval_every": 10})
+    spec_file = tmp_path / "spec.yaml"
+    spec_file.write_text(yaml.safe_dump(spec))
+    address = ray_session.get_runtime_context().gcs_address
+    cmd = [sys.executable, "-m", "fedcomp", "sweep", str(spec_file), "--ray-address", address, "--verbose", "0"]
+    env = {**os.environ, "TUNE_GLOBAL_CHECKPOINT_S": "0.2"}  # Tune saves its state often (at least every 10 s else)
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, start_new_session=True)
+    named: dict[str, str] = {}
+    deadline = time.time() + 240
+    while len(named) < 2:  # until fedcomp's copy of Tune's state names a checkpoint of both trials
+        assert time.time() < deadline and proc.poll() is None
+        time.sleep(0.02)
+        for copy in tmp_path.glob(f"*/{tune_state.COPY}"):
+            named = recorded_checkpoints(copy.read_bytes())
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    [sweep_dir] = [p for p in tmp_path.iterdir() if (p / "sweep.json").is_file()]
+    named = recorded_checkpoints((sweep_dir / tune_state.COPY).read_bytes())  # the copy a resume starts from
+    assert len(named) == 2 and not (sweep_dir / "trials.parquet").exists()
+    assert all(Path(path).name < "checkpoint_000049" for path in named.values())  # neither trial had finished
+    planted = []
+    for path, fill in zip(sorted(named.values()), ("empty", "half")):
+        latest = Path(path)
+        folder = latest.parent / f"checkpoint_{int(latest.name.removeprefix('checkpoint_')) + 1:06d}"
+        for stale in latest.parent.glob("checkpoint_*"):  # what the kill itself left past the named one goes
+            if stale.name > latest.name:
+                shutil.rmtree(stale)
+        folder.mkdir()
+        if fill == "half":  # the checkpoint file cut short, the rows not yet copied
+            data = (latest / results.CHECKPOINT).read_bytes()
+            (folder / results.CHECKPOINT).write_bytes(data[: len(data) // 2])
+        planted.append(folder)
+    trials = fedcomp.resume_sweep(sweep_dir).trials
+    assert trials["trial"].nunique() == 2 and set(trials["status"]) == {"completed"}
+    for _, rows in trials.groupby("trial"):
+        assert rows["round"].tolist() == list(range(0, 501, 10))
+    for trial in sorted(trials["trial"].unique()):
+        swept, alone = reference(trials, trial)
+        pd.testing.assert_frame_equal(swept, alone, check_dtype=False)
+    for folder in planted:  # numbered on from the one named, through the stale folder; only the last one is kept
+        assert [p.name for p in folder.parent.glob("checkpoint_*")] == ["checkpoint_000049"]
 
 
 def test_ctrl_c_stops_a_sweep_with_one_line_that_says_how_to_continue_it(ray_session, tmp_path):
