@@ -182,7 +182,8 @@ def _axis_key(axis: str, where: str) -> None:
 def _check_distribution(axis: str, dist: Mapping[str, Any]) -> None:
     if len(dist) != 1 or next(iter(dist)) not in DISTRIBUTIONS:
         raise ConfigError(
-            f"space {axis} = {dict(dist)!r}: must be one of {', '.join(f'{{{d}: ...}}' for d in DISTRIBUTIONS)}"
+            f"space {axis} = {{{', '.join(f'{k}: {v!r}' for k, v in dist.items())}}}: must be one of "
+            f"{', '.join(f'{{{d}: ...}}' for d in DISTRIBUTIONS)}"
         )
     kind, args = next(iter(dist.items()))
     if kind == "choice":

@@ -80,7 +80,7 @@ def test_paper_grid_preset_is_the_papers_grid():
          "search = 'optuna' cannot take grid axes (algorithm.lr): Optuna proposes every value itself"),
         ({"search": "optuna"}, "search = 'optuna' needs a `space:` with at least one axis"),
         ({"space": {"algorithm.lr": {"uniform": [0.1, 0.2]}}}, "space: (algorithm.lr) gives distributions for --search optuna"),
-        ({"search": "optuna", "space": {"algorithm.lr": {"normal": [0, 1]}}}, "space algorithm.lr = {'normal': [0, 1]}: must be one of"),
+        ({"search": "optuna", "space": {"algorithm.lr": {"normal": [0, 1]}}}, "space algorithm.lr = {normal: [0, 1]}: must be one of"),
         ({"search": "optuna", "space": {"algorithm.lr": {"loguniform": [0, 1]}}}, "needs 0 < low < high"),
         ({"search": "optuna", "space": {"algorithm.lr": {"uniform": [1, 0.5]}}}, "needs low < high"),
         ({"search": "optuna", "space": {"algorithm.lr": {"uniform": [-1.0, 0.1]}}}, "sweep point {'algorithm.lr': -1.0}"),
