@@ -35,3 +35,13 @@ def drop_lost_exits() -> None:
     worker processes only: the driver keeps Python's reports."""
     if not isinstance(sys.unraisablehook, DropLostExits):
         sys.unraisablehook = DropLostExits(sys.unraisablehook)
+
+
+def drop_lost_exits_in_a_worker() -> None:
+    """:func:`drop_lost_exits` where this process is a Ray worker; nothing in a driver. For modules whose code Ray
+    loads into a worker before anything of it runs: Tune may start a trial process and stop it before it runs a
+    trial (once, at the end of a 12-run sweep in ``benchmarks/sweep_overhead.py``)."""
+    import ray
+
+    if ray.is_initialized() and ray.get_runtime_context().worker.mode == ray.WORKER_MODE:
+        drop_lost_exits()

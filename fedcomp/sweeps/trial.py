@@ -22,7 +22,7 @@ from typing import Any, cast
 from ray import tune
 
 from fedcomp.actors.cluster import floor_share
-from fedcomp.actors.quiet_exit import drop_lost_exits
+from fedcomp.actors.quiet_exit import drop_lost_exits, drop_lost_exits_in_a_worker
 from fedcomp.platform import results
 from fedcomp.platform.config import Config
 from fedcomp.platform.errors import ResourceError
@@ -31,6 +31,8 @@ from fedcomp.sweeps.spec import SweepSpec
 from fedcomp.sweeps.staging import staging_folder
 
 FAULT_EXIT = "FEDCOMP_FAULT_TRIAL_EXIT"  # "ROUND": a fresh (not restored) trial process exits at that round
+
+drop_lost_exits_in_a_worker()  # Tune stops trial processes with SIGTERM (all on Ctrl-C), some before they run a trial
 
 
 @dataclass(frozen=True)
@@ -124,7 +126,7 @@ def trial_process(spec_json: str, env: dict[str, str]) -> SweepSpec:
 
     from fedcomp.actors.kept import keep_between_runs
 
-    drop_lost_exits()  # Tune stops a trial's process with SIGTERM (all of them on Ctrl-C): no traceback then
+    drop_lost_exits()  # also where the module was loaded outside a Ray worker
     os.environ.update(env)  # the driver's FEDCOMP_* settings, passed on to the actors this trial starts
     torch.set_num_threads(1)
     logging.getLogger("ray.train").setLevel(logging.WARNING)  # one "checkpoint created" line per save is noise

@@ -70,3 +70,30 @@ def test_a_trial_process_drops_lost_exits():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split() == ["DropLostExits"]
+
+
+@pytest.mark.ray
+def test_a_trial_process_drops_lost_exits_from_loading_its_trainable_and_a_driver_does_not(ray_session):
+    """Tune may start a trial process and stop it with SIGTERM before it runs a trial: the lost ``SystemExit`` was
+    then reported as "Exception ignored ... SystemExit: 1" on the sweep's terminal (fedcomp.actors.quiet_exit)."""
+    import importlib
+
+    @ray_session.remote(num_cpus=0)
+    class Fresh:  # a worker process that has run nothing of fedcomp's
+        def hook(self, load: str = "") -> str:
+            if load:
+                importlib.import_module(load)
+            return type(sys.unraisablehook).__name__
+
+    fresh = Fresh.remote()
+    try:
+        assert ray_session.get(fresh.hook.remote()) != "DropLostExits"
+        assert ray_session.get(fresh.hook.remote("fedcomp.sweeps.trial")) == "DropLostExits"
+    finally:
+        ray_session.kill(fresh)
+    driver = subprocess.run(
+        [sys.executable, "-c", "import sys, ray; ray.init('local', num_cpus=1, include_dashboard=False, logging_level=40); "
+                               "import fedcomp.sweeps.trial; print(type(sys.unraisablehook).__name__)"],
+        capture_output=True, text=True, timeout=300)
+    assert driver.returncode == 0, driver.stderr[-2000:]
+    assert driver.stdout.split()[-1] != "DropLostExits"
