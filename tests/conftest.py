@@ -5,11 +5,25 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+
+RAY_TMP: str | None = None
+"""Where every Ray this test process and the processes it starts make their session folders (logs, sockets), removed
+when the process ends: Ray keeps each session's folder in /tmp/ray otherwise, and the suite starts a hundred or so
+(381 MB after a day of runs here). Short, under /tmp, for Ray's socket paths. Left alone where RAY_TMPDIR is set."""
+if "RAY_TMPDIR" not in os.environ:
+    RAY_TMP = tempfile.mkdtemp(prefix="fedcomp-ray-", dir="/tmp" if os.path.isdir("/tmp") else None)
+    os.environ["RAY_TMPDIR"] = RAY_TMP
+
+
+def pytest_unconfigure(config):
+    if RAY_TMP is not None:
+        shutil.rmtree(RAY_TMP, ignore_errors=True)
 
 TEST_DEVICE = os.environ.get("FEDCOMP_TEST_DEVICE", "cpu")
 """``cpu`` (default): the suite checks the CPU path on every machine, a GPU workstation too -- ``auto`` GPU options
