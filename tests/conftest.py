@@ -13,9 +13,10 @@ import pytest
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
 RAY_TMP: str | None = None
-"""Where every Ray this test process and the processes it starts make their session folders (logs, sockets), removed
-when the process ends: Ray keeps each session's folder in /tmp/ray otherwise, and the suite starts a hundred or so
-(381 MB after a day of runs here). Short, under /tmp, for Ray's socket paths. Left alone where RAY_TMPDIR is set."""
+"""Where every Ray of the test run makes its session folder (logs, sockets), removed when the run ends: Ray keeps each
+session's folder in /tmp/ray otherwise, and the suite starts a hundred or so (381 MB after a day of runs here). Made by
+the first pytest process; pytest-xdist's workers and every process a test starts inherit it, and the process that
+made it removes it. Short, under /tmp, for Ray's socket paths. Left alone where RAY_TMPDIR is set."""
 if "RAY_TMPDIR" not in os.environ:
     RAY_TMP = tempfile.mkdtemp(prefix="fedcomp-ray-", dir="/tmp" if os.path.isdir("/tmp") else None)
     os.environ["RAY_TMPDIR"] = RAY_TMP

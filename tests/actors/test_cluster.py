@@ -180,6 +180,7 @@ def test_a_local_ray_answers_only_while_the_daemons_it_started_run(ray_session):
     stand_in.wait()
     assert not alive()
 
+
 # A local Ray started as fedcomp starts it: its autoscaler monitor runs until end_monitor, which is harmless before
 # Ray starts and after it has ended; Ray's own shutdown then goes through.
 MONITOR_ENDED = """

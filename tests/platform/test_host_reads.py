@@ -52,7 +52,6 @@ def test_no_host_read_between_a_programs_first_and_last_step(preset: str, overri
     assert not [name for name in operators if name in READS], operators
 
 
-
 @pytest.mark.parametrize("dtypes", [(torch.float32,), (torch.float32, torch.float64), (torch.bfloat16,)])
 def test_a_programs_mean_loss_read_at_once_has_the_bits_of_one_read_a_step(dtypes: tuple[torch.dtype, ...]) -> None:
     draws = torch.rand(37, generator=torch.Generator().manual_seed(0), dtype=torch.float64) * 10
@@ -64,6 +63,7 @@ def test_a_programs_mean_loss_read_at_once_has_the_bits_of_one_read_a_step(dtype
         assert mean_loss(losses) == one_by_one
     assert "stack" in operators.names and not READS & set(operators.names)  # one tensor, read at once
     assert mean_loss([float(loss) for loss in losses]) == one_by_one
+
 
 @CUDA
 @pytest.mark.parametrize("preset", ["auc-table1-offline", "maml-fewshot-mnist"])
