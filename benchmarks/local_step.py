@@ -12,7 +12,9 @@ batch 16, lr 0.05, one torch thread) on the heavy MLP 32-1024-1024-10 with 100 c
   step differentiates a flat leaf and builds the new state out of place -- the code path of the previous
   revision, still the one ``vmap`` lockstep and algorithms without ``update_`` run;
 * ``after``: the local backend as it is (``update_``: the parameters' gradients applied in place);
-* ``optim``: :func:`fedcomp.bench.run_optim` (``zero_grad``, ``backward``, ``SGD.step`` on the module).
+* ``optim``: :func:`fedcomp.bench.run_optim` (``zero_grad``, ``backward``, ``SGD.step`` on the module);
+* ``fused``: the local backend with ``federation.fused_sgd`` (the linear layers' weights stepped by their
+  gradients' factors in one matrix product; equal to the others up to float32 rounding).
 
 The runners alternate within every repeat; a round's time is the median over rounds, then over repeats. ms
 per local step = round time / (clients per round x local steps), so it includes the round's share of
@@ -24,6 +26,7 @@ and best of the repeats over best: the ratio least disturbed by load that comes 
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import sys
 
@@ -39,9 +42,9 @@ COHORT, LOCAL_STEPS = 10, 5
 TARGET = 1.05
 
 
-def run(runner: str, hidden: list[int], clients: int, rounds: int) -> tuple[float, str, float]:
-    """Median round time (s), the final weights' hash and the minor page faults per round of one runner."""
-    config = bench_config(clients, COHORT, rounds, LOCAL_STEPS, hidden, "local")
+def run(runner: str, hidden: list[int], clients: int, rounds: int) -> tuple[float, torch.Tensor, float]:
+    """Median round time (s), the final weights and the minor page faults per round of one runner."""
+    config = bench_config(clients, COHORT, rounds, LOCAL_STEPS, hidden, "local", fused_sgd=runner == "fused")
     if runner == "optim":
         m = run_optim(config, 0)
     else:
@@ -52,7 +55,13 @@ def run(runner: str, hidden: list[int], clients: int, rounds: int) -> tuple[floa
             m = run_fedcomp(config, "local", 0)
         finally:
             LocalSteps.in_place = switched  # type: ignore[method-assign]
-    return m.median_round_s, weights_hash(m.final), m.faults_per_round
+    return m.median_round_s, m.final, m.faults_per_round
+
+
+def paired_ratio(times: dict[str, list[float]], a: str, b: str) -> str:
+    """Runner ``a``'s time over ``b``'s within each repeat: median (range) over the repeats."""
+    ratios = [x / y for x, y in zip(times[a], times[b])]
+    return f"{statistics.median(ratios):.2f} ({min(ratios):.2f}-{max(ratios):.2f})"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -65,25 +74,26 @@ def main(argv: list[str] | None = None) -> int:
     load_before = load_average()
     rows = []
     for label, (hidden, clients) in WORKLOADS.items():
-        times: dict[str, list[float]] = {"before": [], "after": [], "optim": []}
-        hashes: dict[str, str] = {}
+        times: dict[str, list[float]] = {"before": [], "after": [], "optim": [], "fused": []}
+        finals: dict[str, torch.Tensor] = {}
         faults: dict[str, list[float]] = {r: [] for r in times}
         for repeat in range(args.repeats):
             for runner in times:
                 print(f"local_step: {label}, repeat {repeat + 1}/{args.repeats}, {runner}", file=sys.stderr, flush=True)
-                seconds, hashes[runner], per_round = run(runner, hidden, clients, args.rounds)
+                seconds, finals[runner], per_round = run(runner, hidden, clients, args.rounds)
                 times[runner].append(seconds)
                 faults[runner].append(per_round)
         ms = {r: statistics.median(t) * 1e3 for r, t in times.items()}
-        paired = [a / o for a, o in zip(times["after"], times["optim"])]
-        best = min(times["after"]) / min(times["optim"])
         per_step = {r: v / (COHORT * LOCAL_STEPS) for r, v in ms.items()}
+        paired = functools.partial(paired_ratio, times)
+
         rows.append(
-            f"| {label} | {ms['before']:.1f} | {ms['after']:.1f} | {ms['optim']:.1f} | {per_step['before']:.2f} | "
-            f"{per_step['after']:.2f} | {per_step['optim']:.2f} | {ms['before'] / ms['after']:.2f}x | "
-            f"{ms['after'] / ms['optim']:.2f} | {statistics.median(paired):.2f} ({min(paired):.2f}-{max(paired):.2f}) | "
-            f"{best:.2f} | {' / '.join(f'{statistics.median(faults[r]):.0f}' for r in times)} | "
-            f"{hashes['before']} / {hashes['after']} / {hashes['optim']} |"
+            f"| {label} | {' | '.join(f'{ms[r]:.1f}' for r in times)} | {' | '.join(f'{per_step[r]:.2f}' for r in times)} "
+            f"| {ms['before'] / ms['after']:.2f}x | {paired('after', 'optim')} | "
+            f"{min(times['after']) / min(times['optim']):.2f} | {paired('fused', 'after')} | {paired('fused', 'optim')} | "
+            f"{' / '.join(f'{statistics.median(faults[r]):.0f}' for r in times)} | "
+            f"{' / '.join(weights_hash(finals[r]) for r in times)} | "
+            f"{(finals['fused'] - finals['after']).abs().max().item():.1e} |"
         )
     lines = [
         "# Local step: fedcomp's local backend vs an in-place torch.optim loop", "",
@@ -92,14 +102,17 @@ def main(argv: list[str] | None = None) -> int:
         f"FedAvg, {COHORT} clients per round, {LOCAL_STEPS} local SGD steps of batch 16, lr 0.05, {args.rounds} "
         f"rounds, median over rounds then over {args.repeats} repeats; one torch thread. `before` = in-place "
         "steps switched off (the pure, out-of-place step), `after` = as built, `optim` = `torch.optim.SGD` on "
-        "the module's parameters. Hashes: final weights (all three agree bit for bit: fedcomp's step is "
-        "torch.optim's fused `p += -lr g`, rounded once). Page faults: this process's minor page faults per "
-        "round (`getrusage`), median over repeats -- memory a round takes fresh from the system, which the "
-        "neighbours' load does not move.", "",
-        "| workload | before (ms/round) | after (ms/round) | optim (ms/round) | before (ms/step) | after (ms/step) "
-        "| optim (ms/step) | speed-up | after / optim | after / optim paired per repeat (range) | best / best "
-        "| page faults per round (before / after / optim) | final weights sha256 (before / after / optim) |",
-        "|:---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---|",
+        "the module's parameters, `fused` = as built with `federation.fused_sgd: true`. Hashes: final weights (the "
+        "first three agree bit for bit: fedcomp's step is torch.optim's fused `p += -lr g`, rounded once; `fused` "
+        "steps each linear layer's weight by `addmm_`, which rounds otherwise: its largest difference from `after` "
+        "is the last column). Paired: the ratio within each repeat, median (range) over repeats. Page faults: this "
+        "process's minor page faults per round (`getrusage`), median over repeats -- memory a round takes fresh from "
+        "the system, which the neighbours' load does not move.", "",
+        "| workload | before (ms/round) | after (ms/round) | optim (ms/round) | fused (ms/round) | before (ms/step) "
+        "| after (ms/step) | optim (ms/step) | fused (ms/step) | speed-up | after / optim paired | best / best "
+        "| fused / after paired | fused / optim paired | page faults per round (before / after / optim / fused) "
+        "| final weights sha256 (before / after / optim / fused) | fused vs after, max abs diff |",
+        "|:---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---|---:|",
         *rows, "",
         f"Target (issue #16): after / optim <= {TARGET} on the heavy MLP.",
     ]

@@ -3,8 +3,8 @@ same loop with ``torch.optim.SGD`` stepping an ``nn.Module`` in place, pfl 0.6 a
 each run in its own process; writes ``benchmarks/RESULTS.md``.
 
     python benchmarks/peers.py [--quick] [--repeats N]
-        [--runners ray ray-driver ray-home ray-graph ray-vmap ray-driver-vmap ray-replicated ray-replicated-vmap local
-                   local-vmap plain optim pfl flower] [--models small heavy]
+        [--runners ray ray-driver ray-home ray-graph ray-vmap ray-driver-vmap ray-replicated ray-replicated-vmap
+                   ray-replicated-fused local local-vmap local-fused plain optim pfl flower] [--models small heavy]
                                [--no-install] [--bench-dir DIR] [--results PATH|-]
 
 Every runner is a subprocess started from ``benchmarks/peers/`` (fedcomp's six in this virtualenv, pfl in
@@ -63,20 +63,21 @@ from fedcomp.platform.server import sample_cohort
 PEERS = HERE / "peers"
 """The runners' scripts."""
 FEDCOMP_RUNNERS = ("ray", "ray-driver", "ray-home", "ray-graph", "ray-vmap", "ray-driver-vmap", "ray-replicated",
-                   "ray-replicated-vmap", "local", "local-vmap", "plain", "optim")
+                   "ray-replicated-vmap", "ray-replicated-fused", "local", "local-vmap", "local-fused", "plain", "optim")
 """The runners of ``peers/fedcomp_runner.py``."""
 RAY_RUNNERS = ("ray", "ray-driver", "ray-home", "ray-graph", "ray-vmap", "ray-driver-vmap", "ray-replicated",
-               "ray-replicated-vmap")
+               "ray-replicated-vmap", "ray-replicated-fused")
 PEER_RUNNERS = (*FEDCOMP_RUNNERS, "pfl", "flower")
 RUNNER_LABELS = {"ray": "fedcomp ray", "ray-driver": "fedcomp ray, server in driver",
                  "ray-home": "fedcomp ray, clients at home", "ray-graph": "fedcomp ray, compiled graph",
                  "ray-vmap": "fedcomp ray, vectorised clients",
                  "ray-driver-vmap": "fedcomp ray, server in driver, vectorised clients",
                  "ray-replicated": "fedcomp ray, server replicated on the client actors",
-                 "ray-replicated-vmap": "fedcomp ray, server replicated, vectorised clients", "local": "fedcomp local",
-                 "local-vmap": "fedcomp local, vectorised clients",
+                 "ray-replicated-vmap": "fedcomp ray, server replicated, vectorised clients",
+                 "ray-replicated-fused": "fedcomp ray, server replicated, fused SGD steps", "local": "fedcomp local",
+                 "local-vmap": "fedcomp local, vectorised clients", "local-fused": "fedcomp local, fused SGD steps",
                  "plain": "plain PyTorch", "optim": "torch.optim loop", "pfl": "pfl", "flower": "Flower"}
-SINGLE_PROCESS = ("local", "local-vmap", "plain", "optim")
+SINGLE_PROCESS = ("local", "local-vmap", "local-fused", "plain", "optim")
 """Runners that are one process whatever the worker count: run once per workload, shown at 1 worker."""
 MODELS = {"small": (64,), "heavy": (1024, 1024)}
 PEER_COHORT, PEER_LOCAL_STEPS = 10, 5

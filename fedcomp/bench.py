@@ -62,13 +62,13 @@ TARGET_RATIO = 0.10
 def bench_config(
     clients: int, cohort: int, rounds: int, local_steps: int, hidden: Sequence[int], backend: str,
     actors: int = ACTORS, server: str = "replicated", routing: str = "balanced", transport: str = "calls",
-    vectorise: bool = False,
+    vectorise: bool = False, fused_sgd: bool = False,
 ) -> Config:
     """The benchmark workload as a validated fedcomp config (Ray: clients packed into ``actors`` actors, the
     round program ``server`` as ``federation.server`` -- replicated on the client actors, the default, in a server
     actor or in the driver's process; cohort members spread evenly over the actors or, ``routing="home"``, run by the
-    actor hosting them; ``transport`` as ``federation.transport`` (not with the server replicated); ``vectorise`` as
-    ``federation.vectorise``)."""
+    actor hosting them; ``transport`` as ``federation.transport`` (not with the server replicated); ``vectorise`` and
+    ``fused_sgd`` as ``federation.vectorise`` and ``federation.fused_sgd``)."""
     return load_config(
         {
             "task": {"name": "synthetic-classification", "features": FEATURES, "classes": CLASSES,
@@ -83,6 +83,7 @@ def bench_config(
                 "routing": routing,
                 **({} if server == "replicated" else {"transport": transport}),  # replicated: every call by the group
                 "vectorise": vectorise,
+                "fused_sgd": fused_sgd,
             },
             "run": {"seed": SEED, "rounds": rounds, "progress": "none"},
         }

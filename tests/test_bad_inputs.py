@@ -257,6 +257,8 @@ CASES = [
          "federation.transport = 'graph': applies to server: actor or driver; with server: replicated every call"),
     Case("transport", run("federation.transport=dag"), "federation.transport = 'dag': Input should be 'calls', 'graph' or 'collective'"),
     Case("vectorise-text", run("federation.vectorise=maybe"), "federation.vectorise = 'maybe': Input should be a valid boolean"),
+    Case("fused-sgd-text", run("federation.fused_sgd=sometimes"),
+         "federation.fused_sgd = 'sometimes': Input should be a valid boolean"),
     Case("rounds-0", run("run.rounds=0"), "run.rounds = 0: Input should be greater than or equal to 1"),
     Case("rounds-text", run("run.rounds=many"), "run.rounds = 'many': Input should be a valid integer"),
     Case("eval-every-0", run("run.eval_every=0"), "run.eval_every = 0: Input should be greater than or equal to 1"),

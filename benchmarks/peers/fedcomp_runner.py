@@ -3,8 +3,9 @@ process: ``ray-driver``; each cohort member run by the actor hosting it rather t
 ``ray-home``; the calls with small payloads through a compiled Ray graph: ``ray-graph``; each actor's cohort
 members stepped together under ``vmap``, ``federation.vectorise``: ``ray-vmap``; both the last and the server in
 the driver: ``ray-driver-vmap``; the round program replicated on the client actors, ``federation.server:
-replicated``: ``ray-replicated``, and vectorised: ``ray-replicated-vmap``), the local backend (and
-vectorised: ``local-vmap``), the plain loop and the same rounds with ``torch.optim.SGD``
+replicated``: ``ray-replicated``, and vectorised: ``ray-replicated-vmap``, or with fused SGD steps,
+``federation.fused_sgd``: ``ray-replicated-fused``), the local backend (and vectorised: ``local-vmap``; fused:
+``local-fused``), the plain loop and the same rounds with ``torch.optim.SGD``
 stepping an ``nn.Module`` in place (``optim``).
 
 Each runs in its own process like the peers, so start-up (imports, Ray's start, actors) and the memory
@@ -33,7 +34,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runner", required=True, choices=[
         "ray", "ray-driver", "ray-home", "ray-graph", "ray-vmap", "ray-driver-vmap", "ray-replicated",
-        "ray-replicated-vmap", "local", "local-vmap", "plain", "optim"])
+        "ray-replicated-vmap", "ray-replicated-fused", "local", "local-vmap", "local-fused", "plain", "optim"])
     parser.add_argument("--workload", required=True)
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
@@ -43,13 +44,14 @@ def main() -> None:
     from fedcomp.bench import bench_config, run_fedcomp, run_optim, run_plain
 
     spec = common.load_spec(args.workload)
-    backend = "local" if args.runner in ("local", "local-vmap", "plain", "optim") else "ray"
+    backend = "local" if args.runner in ("local", "local-vmap", "local-fused", "plain", "optim") else "ray"
+    base = args.runner.removesuffix("-vmap").removesuffix("-fused")
     config = bench_config(int(spec["clients"]), int(spec["cohort"]), int(spec["rounds"]), int(spec["local_steps"]),
                           list(spec["sizes"])[1:-1], backend, actors=int(spec["workers"]),
-                          server=SERVERS.get(args.runner.removesuffix("-vmap"), "actor"),
+                          server=SERVERS.get(base, "actor"),
                           routing="home" if args.runner == "ray-home" else "balanced",
                           transport="graph" if args.runner == "ray-graph" else "calls",
-                          vectorise=args.runner.endswith("-vmap"))
+                          vectorise=args.runner.endswith("-vmap"), fused_sgd=args.runner.endswith("-fused"))
     runs = {"plain": run_plain, "optim": run_optim}
     m = runs[args.runner](config, 0) if args.runner in runs else run_fedcomp(config, backend, 0)
 

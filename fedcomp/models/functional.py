@@ -27,6 +27,14 @@ instead differentiates per-parameter leaves that share the flat vector's storage
 gradients as they are -- the same kernels on the same operands, so the same bits, without the copy; a step
 applies them to the flat state cut the same way (:meth:`FlatModel.pieces`). It applies when the loss calls the model once on the flat vector and uses it nowhere else, and
 reports when it does not, so that the caller differentiates the flat leaf instead.
+
+Fused SGD steps (:meth:`FlatModel.sgd_step_`, ``federation.fused_sgd``): an ``nn.Linear`` layer's weight gradient
+is ``g^T a`` -- the gradients at its outputs times its inputs, summed over the batch -- and forming it writes a
+matrix the size of the weight that the step then reads back. ``sgd_step_`` runs the same forward and backward
+passes, keeps the two thin factors of each such gradient instead, and applies them as one matrix product into the
+weight, ``W <- W - lr g^T a`` (``addmm_``): the same step, computed with different roundings (the product's
+epilogue), so not the bits of the exact step (:meth:`grad_pieces` then ``x - lr grad``), but the same bits on every
+backend and packing. Every other parameter takes the exact step.
 """
 
 from __future__ import annotations
@@ -37,6 +45,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call
 
@@ -85,6 +94,12 @@ class FlatModel:
         self._slots = None if tied else {n: _slot(module, n) for n in [*self.names, *buffers]}
         """Name -> (the dict holding that parameter or buffer in its submodule, its key there), for :meth:`_forward`
         (None: tied parameters or buffers)."""
+        self._linears = [] if tied else [
+            (mod, self.names.index(f"{name}.weight")) for name, mod in module.named_modules()
+            if isinstance(mod, nn.Linear) and type(mod).forward is nn.Linear.forward and f"{name}.weight" in self.names
+        ]
+        """The plain ``nn.Linear`` layers with their weight's index among the parameters: the layers whose weight
+        :meth:`sgd_step_` steps by its gradient's factors (none in a model with tied parameters)."""
 
     @property
     def running(self) -> Tensor:
@@ -202,21 +217,59 @@ class FlatModel:
         ``None`` (the running statistics untouched) when ``loss`` did not call this model exactly once with the
         vector it was given or used that vector otherwise: the caller then differentiates the flat leaf. From
         then on this model declines at once (:attr:`direct_ok`)."""
+        done = self._differentiate(loss, x, None)
+        if done is None:
+            return None
+        grads, value = done
+        return [torch.zeros_like(p) if g is None else g for p, g in zip(self.pieces(x), grads)], value
+
+    def sgd_step_(self, loss: Callable[[Tensor], Tensor], x: Tensor, lr: float) -> Tensor | None:
+        """One SGD step in place, ``x <- x - lr d loss / dx``, with the plain ``nn.Linear`` layers' weights stepped by
+        their gradients' factors (module docstring); returns ``loss(x)`` before the step (detached).
+
+        ``None``, ``x`` and the running statistics untouched, where :meth:`grad_pieces` declines."""
+        factors: dict[int, list[tuple[Tensor, Tensor]]] = {}
+        done = self._differentiate(loss, x, factors)
+        if done is None:
+            return None
+        grads, value = done
+        with torch.no_grad():
+            pieces = self.pieces(x)
+            dense = [(p, g) for p, g in zip(pieces, grads) if g is not None]
+            if dense:
+                torch._foreach_add_([p for p, _ in dense], [g for _, g in dense], alpha=-lr)
+            for index, pairs in factors.items():
+                for rows, inputs in pairs:
+                    pieces[index].addmm_(rows.t(), inputs, alpha=-lr)
+        return value
+
+    def _differentiate(
+        self, loss: Callable[[Tensor], Tensor], x: Tensor, factors: dict[int, list[tuple[Tensor, Tensor]]] | None,
+    ) -> tuple[list[Tensor | None], Tensor] | None:
+        """:meth:`grad_pieces`' gradients (None for a parameter the loss does not use) and value; with ``factors``
+        (a dict to fill) the plain ``nn.Linear`` layers' weights get no gradient and their factors go to
+        ``factors[index of the weight]`` instead, as (gradients at the outputs, inputs) per call of the layer."""
         usable = x.shape == (self.dim,) and x.is_contiguous() and torch.is_grad_enabled()
         if not (self.direct_ok and usable) or torch._C._functorch.is_functorch_wrapped_tensor(x):
             return None
         leaves = [v.detach().requires_grad_(True) for v in self.pieces(x.detach())]
         direct = self._direct = _Direct(x.detach().requires_grad_(True), leaves)
         pending, running = len(self._pending), self._running
+        linears = self._linears if factors is not None else []
+        for mod, index in linears:
+            mod.forward = _FactoredForward(mod, factors.setdefault(index, []))  # type: ignore[union-attr, method-assign]
         try:
             value = loss(direct.marker)
         finally:
             self._direct = None
+            for mod, _ in linears:
+                del mod.forward
         if direct.calls == 1 and value.requires_grad:
             marker_grad, *grads = torch.autograd.grad(value, [direct.marker, *leaves], allow_unused=True)
-            if marker_grad is None:
-                # a parameter the loss does not use: autograd's flat gradient holds zeros there
-                return [torch.zeros_like(p) if g is None else g for p, g in zip(leaves, grads)], value.detach()
+            if marker_grad is None:  # a parameter the loss does not use: autograd's flat gradient holds zeros there
+                return grads, value.detach()
+        if factors is not None:
+            factors.clear()
         self.direct_ok = False
         del self._pending[pending:]
         self._running = running
@@ -237,6 +290,41 @@ def _slot(module: nn.Module, name: str) -> tuple[dict[str, Any], str]:
     owner_name, _, attr = name.rpartition(".")
     owner = module.get_submodule(owner_name)
     return (owner._parameters if attr in owner._parameters else owner._buffers), attr
+
+
+class _FactoredForward:
+    """An ``nn.Linear`` layer's forward during :meth:`FlatModel.sgd_step_`: ``F.linear`` as the layer computes it,
+    whose backward hands back no weight gradient and appends its factors to ``factors`` (:class:`_FactoredLinear`)."""
+
+    def __init__(self, layer: nn.Linear, factors: list[tuple[Tensor, Tensor]]) -> None:
+        self.layer, self.factors = layer, factors
+
+    def __call__(self, input: Tensor) -> Tensor:
+        out: Tensor = _FactoredLinear.apply(input, self.layer.weight, self.layer.bias, self.factors)
+        return out
+
+
+class _FactoredLinear(torch.autograd.Function):
+    """``F.linear(input, weight, bias)`` whose backward gives the input's and the bias's gradients as autograd
+    would and, for the weight, appends the factors of its gradient ``rows^T inputs`` to ``factors`` in place of
+    the gradient (which it leaves None)."""
+
+    @staticmethod
+    def forward(  # the classic signature (ctx first): apply then binds no arguments by inspection
+        ctx: Any, input: Tensor, weight: Tensor, bias: Tensor | None, factors: list[tuple[Tensor, Tensor]],
+    ) -> Tensor:
+        ctx.save_for_backward(input, weight)
+        ctx.factors = factors
+        return F.linear(input, weight, bias)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, None, Tensor | None, None]:
+        input, weight = ctx.saved_tensors
+        rows = grad.reshape(-1, grad.shape[-1])
+        ctx.factors.append((rows, input.reshape(-1, input.shape[-1])))
+        grad_input = grad.matmul(weight) if ctx.needs_input_grad[0] else None
+        grad_bias = rows.sum(0) if ctx.needs_input_grad[2] else None
+        return grad_input, None, grad_bias, None
 
 
 class _Direct:

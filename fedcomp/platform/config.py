@@ -104,6 +104,13 @@ class FederationConfig(Params):
         "task allow it (on a CPU host, client states up to 100,000 floats: larger ones are faster one at a time), equal "
         "to the one-at-a-time numbers up to float32 rounding (not bit for bit)",
     )
+    fused_sgd: bool = Field(
+        False,
+        description="plain SGD local steps taken in place (client states of 100,000 floats or more, not in lockstep) "
+        "step each torch.nn.Linear weight by the factors of its gradient in one matrix product, W <- W - lr g^T a, "
+        "without forming the gradient: faster on large linear layers; equal to the exact step up to float32 rounding "
+        "(not bit for bit), and bitwise the same on every backend and packing",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> FederationConfig:

@@ -31,6 +31,7 @@ from fedcomp.platform.algorithms.base import Algorithm, ClientContext, Exchanged
 from fedcomp.platform.catalog import load_builtins
 from fedcomp.platform.config import Config, FederationConfig
 from fedcomp.platform.errors import ResourceError
+from fedcomp.platform.oracles import FUSED_SGD
 from fedcomp.platform.registry import ALGORITHMS, TASKS
 from fedcomp.platform.rng import generator
 from fedcomp.platform.state import BUFFERS, Means
@@ -212,12 +213,17 @@ class Session:
 
 
 def _client_threads(method: Callable[Concatenate[ClientHost, P], T]) -> Callable[Concatenate[ClientHost, P], T]:
-    """A host's entry point run with one torch thread under ``run.deterministic`` (:func:`one_thread`)."""
+    """A host's entry point run with one torch thread under ``run.deterministic`` (:func:`one_thread`) and its
+    SGD steps fused under ``federation.fused_sgd`` (:data:`~fedcomp.platform.oracles.FUSED_SGD`)."""
 
     @functools.wraps(method)
     def wrapper(host: ClientHost, /, *args: P.args, **kwargs: P.kwargs) -> T:
-        with one_thread(host.config.run.deterministic):
-            return method(host, *args, **kwargs)
+        token = FUSED_SGD.set(host.config.federation.fused_sgd)
+        try:
+            with one_thread(host.config.run.deterministic):
+                return method(host, *args, **kwargs)
+        finally:
+            FUSED_SGD.reset(token)
 
     return wrapper
 

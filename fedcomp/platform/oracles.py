@@ -23,6 +23,10 @@ Loss2 = Callable[[Tensor, Tensor], Tensor]
 LOCKSTEP: ContextVar[bool] = ContextVar("lockstep", default=False)
 """True while a host runs clients in lockstep under ``vmap`` (set by :mod:`fedcomp.platform.vectorised`)."""
 
+FUSED_SGD: ContextVar[bool] = ContextVar("fused_sgd", default=False)
+"""True while a host runs client programs under ``federation.fused_sgd``: plain SGD steps taken in place step the
+model's linear layers by their gradients' factors (:meth:`fedcomp.models.functional.FlatModel.sgd_step_`)."""
+
 
 def grad_and_loss(problem: Any, x: Tensor, *batch: Any) -> tuple[Tensor, Tensor]:
     """Gradient and value of ``problem.loss(x, *batch)`` at ``x``.

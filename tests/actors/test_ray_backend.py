@@ -41,6 +41,21 @@ def test_same_numbers_on_local_and_ray_for_even_and_uneven_packings_and_either_s
         pd.testing.assert_frame_equal(metrics(ray_run), reference, check_exact=True)
 
 
+@pytest.mark.slow
+def test_fused_sgd_gives_the_local_numbers_on_ray_for_any_packing_and_server(keeping, tmp_path):
+    """``federation.fused_sgd`` on a network large enough to be stepped in place (110k weights): the same bits on
+    the local backend, with the server replicated on actors packed 3 + 1 and with the server actor, 2 + 2."""
+    raw = {"task": {"name": "synthetic-classification", "features": 32, "hidden": [320, 300], "test_samples": 200},
+           "algorithm": {"name": "fedavg", "lr": 0.05, "local_steps": 2, "outer_batch": 8},
+           "federation": {"clients": 4, "backend": "local", "fused_sgd": True},
+           "run": {"rounds": 2, "progress": "none", "out": str(tmp_path)}}
+    reference = metrics(fedcomp.run(raw))
+    for per_actor, server in ((3, "replicated"), (2, "actor")):
+        ray_run = fedcomp.run(raw, {"federation.backend": "ray", "federation.clients_per_actor": per_actor,
+                                    "federation.server": server})
+        pd.testing.assert_frame_equal(metrics(ray_run), reference, check_exact=True)
+
+
 @pytest.mark.smoke
 def test_partial_participation_same_on_ray(keeping, tmp_path):
     base = small(**{"federation.clients": 12, "federation.clients_per_round": 5, "run.out": str(tmp_path),

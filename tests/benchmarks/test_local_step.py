@@ -1,21 +1,27 @@
-"""``benchmarks/local_step.py``: its three runners end on the same weights and the report gives the paired and
-best-of ratios next to the medians, and each runner's page faults per round."""
+"""``benchmarks/local_step.py``: its exact runners end on the same weights, the fused one within float32 rounding of
+them, and the report gives the paired and best-of ratios next to the medians, and each runner's page faults per
+round."""
 
 from __future__ import annotations
 
 import local_step
 
+from fedcomp.platform.algorithms import base
 
-def test_the_report_has_the_paired_and_best_ratios_and_one_hash(monkeypatch, capsys):
+
+def test_the_report_has_the_paired_and_best_ratios_one_exact_hash_and_the_fused_difference(monkeypatch, capsys):
     monkeypatch.setattr(local_step, "WORKLOADS", {"tiny MLP 32-8-10, 20 clients": ([8], 20)})
+    monkeypatch.setattr(base, "IN_PLACE_MIN_FLOATS", 0)  # the tiny model stepped in place, so fused_sgd applies
     assert local_step.main(["--rounds", "2", "--repeats", "2", "--out", "-"]) == 0
     report = capsys.readouterr().out
     header = next(line for line in report.splitlines() if line.startswith("| workload"))
-    assert "after / optim paired per repeat (range)" in header and "best / best" in header
+    names = [c.strip() for c in header.strip("|").split("|")]
+    for name in ("after / optim paired", "best / best", "fused / after paired", "fused / optim paired"):
+        assert name in names
     row = next(line for line in report.splitlines() if line.startswith("| tiny MLP"))
-    cells = [c.strip() for c in row.strip("|").split("|")]
-    assert len(cells) == len(header.strip("|").split("|"))
-    before, after, optim = cells[-1].split(" / ")
-    assert before == after == optim  # the three runners' final weights, bit for bit
-    assert "page faults per round (before / after / optim)" in header
-    assert all(count.isdigit() for count in cells[-2].split(" / "))  # counted for each runner
+    cells = dict(zip(names, (c.strip() for c in row.strip("|").split("|")), strict=True))
+    before, after, optim, fused = cells["final weights sha256 (before / after / optim / fused)"].split(" / ")
+    assert before == after == optim  # the exact runners' final weights, bit for bit
+    assert float(cells["fused vs after, max abs diff"]) < 1e-6
+    faults = cells["page faults per round (before / after / optim / fused)"].split(" / ")
+    assert len(faults) == 4 and all(count.isdigit() for count in faults)  # counted for each runner

@@ -190,6 +190,127 @@ def test_grad_pieces_decline_a_loss_that_uses_the_vector_besides_one_model_call(
     assert under_vmap.direct_ok
 
 
+def exact_step(flat: FlatModel, loss, w: torch.Tensor, lr: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The exact in-place step (what ``federation.fused_sgd: false`` takes): parameters' gradients, then x - lr g."""
+    w = w.clone()
+    grads, value = flat.grad_pieces(loss, w)
+    torch._foreach_add_(flat.pieces(w), grads, alpha=-lr)
+    return w, value
+
+
+def assert_same_step(flat: FlatModel, fused: torch.Tensor, exact: torch.Tensor, linear_weights: set[str]) -> None:
+    """Every parameter bit for bit but the plain linear layers' weights, which agree up to float32 rounding."""
+    for name, a, b in zip(flat.names, flat.pieces(fused), flat.pieces(exact)):
+        if name in linear_weights:
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=name)
+        else:
+            assert torch.equal(a, b), name
+
+
+@pytest.mark.parametrize("widths", [[5, 16, 16, 3], [32, 256, 256, 10]])
+def test_fused_sgd_step_is_the_exact_step_up_to_rounding_in_the_linear_weights(widths):
+    from fedcomp.models.mlp import mlp
+
+    torch.manual_seed(6)
+    flat = FlatModel(mlp(widths))
+    w = flat.flatten()
+    inputs, labels = torch.randn(16, widths[0]), torch.randint(0, widths[-1], (16,))
+
+    def loss(z):
+        return F.cross_entropy(flat(z, inputs), labels)
+
+    fused = w.clone()
+    value = flat.sgd_step_(loss, fused, 0.1)
+    exact, expected = exact_step(flat, loss, w, 0.1)
+    assert value is not None and torch.equal(value, expected)  # the loss before the step: the same forward pass
+    assert_same_step(flat, fused, exact, {n for n in flat.names if n.endswith("weight")})
+    for _ in range(4):  # from the second step on, every parameter moves from slightly different weights
+        assert flat.sgd_step_(loss, fused, 0.1) is not None
+        exact, _ = exact_step(flat, loss, exact, 0.1)
+    torch.testing.assert_close(fused, exact, rtol=1e-5, atol=1e-6)
+    assert not torch.equal(fused, w) and flat.direct_ok
+
+
+def test_fused_sgd_step_of_one_linear_layer_is_the_hand_computed_step():
+    """W <- W - lr g^T a, b <- b - lr sum(g), with g the loss's gradient at the layer's outputs: for
+    0.5 * mean over rows of ||W a + b - t||^2, g = (W a + b - t) / rows."""
+    torch.manual_seed(7)
+    layer = nn.Linear(3, 2)
+    flat = FlatModel(layer)
+    w = flat.flatten()
+    a, t = torch.randn(5, 3), torch.randn(5, 2)
+    weight, bias = (v.double() for v in flat.pieces(w))
+    g = (a.double() @ weight.T + bias - t.double()) / 5
+    expected_weight, expected_bias = weight - 0.2 * g.T @ a.double(), bias - 0.2 * g.sum(0)
+    assert flat.sgd_step_(lambda z: 0.5 * (flat(z, a) - t).pow(2).sum(1).mean(), w, 0.2) is not None
+    got_weight, got_bias = flat.pieces(w)
+    torch.testing.assert_close(got_weight.double(), expected_weight, rtol=0, atol=1e-6)
+    torch.testing.assert_close(got_bias.double(), expected_bias, rtol=0, atol=1e-6)
+
+
+def test_fused_sgd_step_of_a_network_with_batchnorm_steps_the_rest_exactly_and_moves_the_same_statistics():
+    torch.manual_seed(8)
+    module = small_bn_net(momentum=0.2)
+    one, two = FlatModel(module), FlatModel(copy.deepcopy(module))
+    w, batch, labels = one.flatten(), torch.randn(5, 2, 6, 6), torch.randint(0, 2, (5,))
+    exact, _ = exact_step(one, lambda z: F.cross_entropy(one(z, batch), labels), w, 0.3)
+    fused = w.clone()
+    assert two.sgd_step_(lambda z: F.cross_entropy(two(z, batch), labels), fused, 0.3) is not None
+    assert_same_step(two, fused, exact, {"4.weight", "6.weight"})
+    assert torch.equal(one.running, two.running) and not torch.equal(two.running, two.initial_buffers())
+
+
+class _SameLayerTwice(nn.Module):
+    """One linear layer applied twice, on inputs with two leading dimensions."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layer(torch.tanh(self.layer(x)))
+
+
+def test_fused_sgd_step_of_a_layer_called_twice_on_batched_sequences_takes_both_calls_factors():
+    torch.manual_seed(9)
+    flat = FlatModel(_SameLayerTwice())
+    w, inputs = flat.flatten(), torch.randn(2, 3, 4)
+
+    def loss(z):
+        return flat(z, inputs).pow(2).mean()
+
+    exact, _ = exact_step(flat, loss, w, 0.5)
+    fused = w.clone()
+    assert flat.sgd_step_(loss, fused, 0.5) is not None
+    assert_same_step(flat, fused, exact, {"layer.weight"})
+    assert not torch.equal(fused, w)
+
+
+def test_fused_sgd_step_declines_as_grad_pieces_does_and_leaves_everything_as_it_was():
+    torch.manual_seed(10)
+    flat = FlatModel(small_bn_net())
+    w, batch = flat.flatten(), torch.randn(3, 2, 6, 6)
+    x, before = w.clone(), flat.running.clone()
+    assert flat.sgd_step_(lambda z: flat(z, batch).sum() + z.pow(2).sum(), x, 0.1) is None  # x used directly too
+    assert torch.equal(x, w) and torch.equal(flat.running, before) and not flat.direct_ok
+    assert all("forward" not in vars(m) for m in flat.module.modules())  # the layers have their own forward back
+
+
+def test_fused_sgd_step_of_a_model_with_tied_weights_is_the_exact_step():
+    torch.manual_seed(11)
+    module = nn.Sequential(nn.Linear(3, 3), nn.Tanh(), nn.Linear(3, 3))
+    module[2].weight = module[0].weight
+    flat = FlatModel(module)
+    w, inputs = flat.flatten(), torch.randn(4, 3)
+
+    def loss(z):
+        return flat(z, inputs).pow(2).mean()
+
+    exact, _ = exact_step(flat, loss, w, 0.5)
+    fused = w.clone()
+    assert flat.sgd_step_(loss, fused, 0.5) is not None and torch.equal(fused, exact)
+
+
 def _mlp() -> nn.Module:
     torch.manual_seed(0)
     return nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 3))

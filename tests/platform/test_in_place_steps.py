@@ -100,3 +100,45 @@ def test_small_models_step_purely_and_large_ones_in_place(monkeypatch):
         finally:
             server.close()
         assert len(calls) == expected, threshold
+
+
+
+def test_fused_sgd_steps_every_client_by_its_linear_layers_factors_close_to_the_exact_run(monkeypatch):
+    """``federation.fused_sgd``: every in-place step of FedAvg on a network is the model's fused step (none
+    declined), and the run ends within float32 rounding of the exact run's numbers."""
+    from fedcomp.models.functional import FlatModel
+
+    taken = []
+    fused_step = FlatModel.sgd_step_
+
+    def recorded(self, *args):  # type: ignore[no-untyped-def]
+        value = fused_step(self, *args)
+        taken.append(value is not None)
+        return value
+
+    monkeypatch.setattr(FlatModel, "sgd_step_", recorded)
+    algorithm = {"name": "fedavg", "lr": 0.1, "local_steps": 3, "outer_batch": 4}
+    exact = final(load_config({**MLP, "algorithm": algorithm}), True, monkeypatch)
+    assert taken == []
+    config = load_config({**MLP, "algorithm": algorithm, "federation": {**MLP["federation"], "fused_sgd": True}})
+    fused = final(config, True, monkeypatch)
+    assert len(taken) == config.run.rounds * config.federation.cohort_size * config.algorithm.local_steps and all(taken)
+    torch.testing.assert_close(fused[0]["x"], exact[0]["x"], rtol=1e-5, atol=1e-6)
+    assert fused[1] == pytest.approx(exact[1], rel=1e-5, abs=1e-6)
+
+
+def test_fused_sgd_leaves_small_states_to_the_pure_step():
+    """Below ``IN_PLACE_MIN_FLOATS`` the step is the pure one, fused_sgd or not: the same bits as without it."""
+
+    def run(fused_sgd: bool) -> tuple[dict[str, Any], dict[str, float]]:
+        config = load_config({**MLP, "algorithm": {"name": "fedavg", "lr": 0.1, "local_steps": 2, "outer_batch": 4},
+                              "federation": {**MLP["federation"], "fused_sgd": fused_sgd}})
+        server = make_server(config)
+        try:
+            for _ in range(config.run.rounds):
+                server.run_round()
+            return dict(server.checkpoint()["state"]), server.evaluate()
+        finally:
+            server.close()
+
+    same(run(True), run(False))
