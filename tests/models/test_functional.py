@@ -286,6 +286,32 @@ def test_fused_sgd_step_of_a_layer_called_twice_on_batched_sequences_takes_both_
     assert not torch.equal(fused, w)
 
 
+class _WeightAlsoPenalised(nn.Module):
+    """A layer without a bias, then one whose weight the forward pass also uses directly (a penalty on it)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first, self.second = nn.Linear(3, 4, bias=False), nn.Linear(4, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.second(torch.tanh(self.first(x))) + self.second.weight.pow(2).sum()
+
+
+def test_fused_sgd_step_adds_a_weights_own_gradient_to_its_factors_and_skips_a_missing_bias():
+    torch.manual_seed(12)
+    flat = FlatModel(_WeightAlsoPenalised())
+    w, inputs = flat.flatten(), torch.randn(5, 3)
+
+    def loss(z):
+        return flat(z, inputs).pow(2).mean()
+
+    exact, _ = exact_step(flat, loss, w, 0.5)
+    fused = w.clone()
+    assert flat.sgd_step_(loss, fused, 0.5) is not None
+    assert_same_step(flat, fused, exact, {"first.weight", "second.weight"})
+    assert not torch.equal(fused, w)
+
+
 def test_fused_sgd_step_declines_as_grad_pieces_does_and_leaves_everything_as_it_was():
     torch.manual_seed(10)
     flat = FlatModel(small_bn_net())
