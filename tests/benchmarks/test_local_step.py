@@ -25,3 +25,5 @@ def test_the_report_has_the_paired_and_best_ratios_one_exact_hash_and_the_fused_
     assert float(cells["fused vs after, max abs diff"]) < 1e-6
     faults = cells["page faults per round (before / after / optim / fused)"].split(" / ")
     assert len(faults) == 4 and all(count.isdigit() for count in faults)  # counted for each runner
+    kernels = [line for line in report.splitlines() if line.startswith(("| form", "| add it", "| fused:"))]
+    assert len(kernels) == 3 and all(float(line.strip("|").split("|")[1]) > 0 for line in kernels)
