@@ -212,8 +212,8 @@ class Session:
     """How many times the server has answered (0 after ``begin``)."""
 
 
-def _client_threads(method: Callable[Concatenate[ClientHost, P], T]) -> Callable[Concatenate[ClientHost, P], T]:
-    """A host's entry point run with one torch thread under ``run.deterministic`` (:func:`one_thread`) and its
+def _host_entry(method: Callable[Concatenate[ClientHost, P], T]) -> Callable[Concatenate[ClientHost, P], T]:
+    """A host's entry point, run with one torch thread under ``run.deterministic`` (:func:`one_thread`) and its
     SGD steps fused under ``federation.fused_sgd`` (:data:`~fedcomp.platform.oracles.FUSED_SGD`)."""
 
     @functools.wraps(method)
@@ -252,7 +252,7 @@ class ClientHost:
         ``states`` starts afresh (as it did then)."""
         self.private = {c: {k: v.to(self.device, copy=True) for k, v in s.items()} for c, s in states.items()}
 
-    @_client_threads
+    @_host_entry
     def run(
         self, program: str, round: int, cohort: Sequence[int], payload: np.ndarray | Tensors, layout: Layout, sub: int = 0
     ) -> Partial:
@@ -282,7 +282,7 @@ class ClientHost:
         for state, ctx in zip(starts, contexts):
             yield self._attach_running(*self._with_running(state, lambda: run_one(self.problem, state, ctx)), returned)  # noqa: B023 (called at once)
 
-    @_client_threads
+    @_host_entry
     def begin(
         self, program: str, round: int, cohort: Sequence[int], payload: np.ndarray | Tensors, layout: Layout,
         sub: int = 0, last: bool = False,
@@ -298,7 +298,7 @@ class ClientHost:
         self.session = Session(program, round, sub, broadcast, programs, running, returned)
         return self._advance(next, last, started)
 
-    @_client_threads
+    @_host_entry
     def resume(self, payload: np.ndarray | Tensors, layout: Layout, last: bool = False) -> Partial:
         """Send the server's answer (the means of the last yield) into every generator of the session and run
         each to its next yield (``last``: to its end)."""

@@ -365,6 +365,26 @@ def test_lockstep_on_cuda_matches_one_at_a_time_to_float32_rounding(tmp_path) ->
     np.testing.assert_allclose(batched[floats].to_numpy(float), one[floats].to_numpy(float), rtol=1e-4, atol=1e-6)
 
 
+FUSED_MLP = {"task": {"name": "synthetic-classification", "features": 32, "hidden": [320, 300], "test_samples": 500},
+             "algorithm": {"name": "fedavg", "lr": 0.05, "local_steps": 3, "outer_batch": 16},
+             "federation": {"clients": 4}, "run": {"rounds": 3, "checkpoint_every": 3}}
+"""FedAvg on an MLP of 110k weights: client states stepped in place, so ``federation.fused_sgd`` applies."""
+
+
+@CUDA
+def test_fused_sgd_on_cuda_matches_the_exact_step_to_float32_rounding_and_repeats_bit_for_bit(tmp_path) -> None:
+    from fedcomp.platform.results import CHECKPOINT, read_checkpoint
+
+    def final_weights(name: str, fused: bool) -> torch.Tensor:
+        _cuda_run(tmp_path, name, FUSED_MLP, {"federation.fused_sgd": fused}, "cuda")  # type: ignore[arg-type]
+        [run_dir] = (tmp_path / name).iterdir()
+        return read_checkpoint(run_dir / CHECKPOINT)["server"]["state"]["x"].cpu()
+
+    exact, fused, again = final_weights("exact", False), final_weights("fused", True), final_weights("again", True)
+    assert torch.equal(fused, again)
+    torch.testing.assert_close(fused, exact, rtol=1e-5, atol=1e-6)
+
+
 @CUDA
 def test_episodes_cut_on_cuda_are_the_cpus_bit_for_bit() -> None:
     """Pixels scale to [0, 1] by a correct division on both devices (a Python-number divisor would make CUDA
