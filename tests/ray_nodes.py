@@ -46,13 +46,23 @@ class Cluster:
         self.env.pop("RAY_ADDRESS", None)
         self.procs: list[subprocess.Popen] = []
         self.jobs = ""
-        self.port = self._start(head=True, dashboard=dashboard)
-        self._wait(self._answers, "the head's GCS port")
-        self._start(head=False)
+        self.port = 0
+        self._start_until_up(lambda: self._start(head=True, dashboard=dashboard), self._answers, "the head's GCS port")
         self.address = f"127.0.0.1:{self.port}"
-        self._wait(self._joined, "the second node")
+        self._start_until_up(lambda: self._start(head=False), self._joined, "the second node")
 
-    def _start(self, head: bool, dashboard: bool = False) -> int:
+    def _start_until_up(self, start, ready, what: str, attempts: int = 3) -> None:
+        """``start()`` a node and wait until ``ready()``; where its `ray start` exits first -- one of the ports it was
+        given taken meanwhile: they are free when picked, not reserved, and other tests start Rays beside this one
+        --, start it again on other ports, up to ``attempts`` times."""
+        for attempt in range(attempts):
+            start()
+            if self._wait(ready, what, fail=attempt == attempts - 1):
+                return
+            self.procs.pop().wait()  # exited: its group has nothing left to stop
+
+    def _start(self, head: bool, dashboard: bool = False) -> None:
+        """Start a node's `ray start` on fresh ports (the head's GCS port becomes :attr:`port`)."""
         ports = free_ports(10)
         while any(ports[2] <= port <= ports[2] + 60 for i, port in enumerate(ports) if i != 2):
             ports = free_ports(10)  # Ray refuses a component port inside the worker ports' range
@@ -63,6 +73,7 @@ class Cluster:
                 "--runtime-env-agent-port", str(ports[5]), "--metrics-export-port", str(ports[6]),
                 "--object-store-memory", str(100 * 1024**2), "--disable-usage-stats"]
         if head:
+            self.port = ports[7]
             args += ["--head", "--port", str(ports[7]), "--ray-client-server-port", str(ports[8]),
                      "--temp-dir", str(Path(self.tmp) / "ray")]  # RAY_TMPDIR's default
             if dashboard:
@@ -73,9 +84,8 @@ class Cluster:
                 args += ["--include-dashboard", "false"]
         else:
             args += ["--address", f"127.0.0.1:{self.port}"]
-        log = open(Path(self.tmp) / f"start-{len(self.procs)}.log", "w")  # noqa: SIM115 (the node's stdout for its life)
+        log = open(self._log(len(self.procs)), "w")  # noqa: SIM115 (the node's stdout for its life)
         self.procs.append(subprocess.Popen(args, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
-        return ports[7]
 
     def _answers(self) -> bool:
         try:
@@ -86,21 +96,31 @@ class Cluster:
 
     def _joined(self) -> bool:
         """Whether the worker's `ray start` reports that it joined the head."""
-        return "Ray runtime started" in (Path(self.tmp) / "start-1.log").read_text()
+        return "Ray runtime started" in self._log(len(self.procs) - 1).read_text()
+
+    def _log(self, index: int) -> Path:
+        return Path(self.tmp) / f"start-{index}.log"
 
     def running(self) -> bool:
         return all(p.poll() is None for p in self.procs)
 
-    def _wait(self, ready, what: str, timeout: float = 240) -> None:
+    def _wait(self, ready, what: str, timeout: float = 240, fail: bool = True) -> bool:
+        """Wait until ``ready()``: True; False where the last node's `ray start` exited first and not ``fail``;
+        else stop the cluster and fail the test, quoting the end of that node's output."""
         deadline = time.monotonic() + timeout
+        exited = False
         while time.monotonic() < deadline:
-            if any(p.poll() is not None for p in self.procs):
-                break
             if ready():
-                return
+                return True
+            if any(p.poll() is not None for p in self.procs):
+                exited = True
+                break
             time.sleep(1)
+        if exited and not fail and self.procs[-1].poll() is not None and all(p.poll() is None for p in self.procs[:-1]):
+            return False
+        tail = self._log(len(self.procs) - 1).read_text()[-1500:]
         self.close()
-        pytest.fail(f"the test cluster did not bring up {what}")
+        pytest.fail(f"the test cluster did not bring up {what}; the last node's `ray start` said:\n{tail}")
 
     def stop(self) -> None:
         """Stop the two `ray start` processes (and what they started, their process groups) by their PIDs: a
