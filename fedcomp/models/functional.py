@@ -248,7 +248,8 @@ class FlatModel:
     ) -> tuple[list[Tensor | None], Tensor] | None:
         """:meth:`grad_pieces`' gradients (None for a parameter the loss does not use) and value; with ``factors``
         (a dict to fill) the plain ``nn.Linear`` layers' weights get no gradient and their factors go to
-        ``factors[index of the weight]`` instead, as (gradients at the outputs, inputs) per call of the layer."""
+        ``factors[index of the weight]`` instead, as (gradients at the outputs, inputs) per call of the layer
+        (where it declines, ``factors`` holds whatever was recorded: the caller drops it)."""
         usable = x.shape == (self.dim,) and x.is_contiguous() and torch.is_grad_enabled()
         if not (self.direct_ok and usable) or torch._C._functorch.is_functorch_wrapped_tensor(x):
             return None
@@ -268,8 +269,6 @@ class FlatModel:
             marker_grad, *grads = torch.autograd.grad(value, [direct.marker, *leaves], allow_unused=True)
             if marker_grad is None:  # a parameter the loss does not use: autograd's flat gradient holds zeros there
                 return grads, value.detach()
-        if factors is not None:
-            factors.clear()
         self.direct_ok = False
         del self._pending[pending:]
         self._running = running

@@ -22,6 +22,17 @@ LOGREG = {"task.test_samples": 200, "federation.clients": 3, "federation.backend
           "algorithm.first_batch": 4, "run.progress": "none"}
 
 
+def run(config: Any) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
+    """The run's final state and metrics, as its code path chooses."""
+    server = make_server(config)
+    try:
+        for _ in range(config.run.rounds):
+            server.run_round()
+        return dict(server.checkpoint()["state"]), server.evaluate()
+    finally:
+        server.close()
+
+
 def final(config: Any, in_place: bool, monkeypatch: pytest.MonkeyPatch) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
     """The run's final state and metrics with the in-place path forced on (whatever the model's size) or off;
     forced on, it asserts that every local step ran ``update_``."""
@@ -34,13 +45,7 @@ def final(config: Any, in_place: bool, monkeypatch: pytest.MonkeyPatch) -> tuple
             patch.setattr(cls, "update_", lambda self, *a: calls.append(1) or step_in_place(self, *a))
         else:
             patch.setattr(LocalSteps, "in_place", lambda self: False)
-        server = make_server(config)
-        try:
-            for _ in range(config.run.rounds):
-                server.run_round()
-            result = dict(server.checkpoint()["state"]), server.evaluate()
-        finally:
-            server.close()
+        result = run(config)
     if in_place:
         assert len(calls) == config.run.rounds * config.federation.cohort_size * config.algorithm.local_steps
     return result
@@ -129,16 +134,6 @@ def test_fused_sgd_steps_every_client_by_its_linear_layers_factors_close_to_the_
 
 def test_fused_sgd_leaves_small_states_to_the_pure_step():
     """Below ``IN_PLACE_MIN_FLOATS`` the step is the pure one, fused_sgd or not: the same bits as without it."""
-
-    def run(fused_sgd: bool) -> tuple[dict[str, Any], dict[str, float]]:
-        config = load_config({**MLP, "algorithm": {"name": "fedavg", "lr": 0.1, "local_steps": 2, "outer_batch": 4},
-                              "federation": {**MLP["federation"], "fused_sgd": fused_sgd}})
-        server = make_server(config)
-        try:
-            for _ in range(config.run.rounds):
-                server.run_round()
-            return dict(server.checkpoint()["state"]), server.evaluate()
-        finally:
-            server.close()
-
-    same(run(True), run(False))
+    algorithm = {"name": "fedavg", "lr": 0.1, "local_steps": 2, "outer_batch": 4}
+    same(*(run(load_config({**MLP, "algorithm": algorithm, "federation": {**MLP["federation"], "fused_sgd": fused}}))
+           for fused in (True, False)))
