@@ -13,12 +13,18 @@ gone: Tune's for Ray's 60 s, after which Ray ends the process with exit 1 and a 
 replies. So after a SIGTERM, a process that :func:`depends_on` a cluster and is inside a :func:`farewell` watches
 the cluster, and when it stops answering, says the farewell and ends at once with exit code 130: what is on disk
 then is what a kill leaves, and fedcomp resumes from that.
+
+The watch starts as the signal arrives, not when Python next runs its handler: the main thread may sit in a long C
+call (a Ray wait, a matrix product) while Ray's own exit, tens of milliseconds after its raylet, wins the race. A
+thread reads the bytes that Python's C-level signal handler writes at once to the wakeup fd
+(``signal.set_wakeup_fd``) and starts the watch on a SIGTERM's.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import socket
 import sys
 import threading
 import time
@@ -26,20 +32,68 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import FrameType
 
-WATCH_EVERY_S = 0.01
+WATCH_EVERY_S = 0.002
 """How often the watch after a SIGTERM asks whether the cluster still answers: often, as it races Ray's own
-exit (code 1) tens of milliseconds after a local raylet is gone."""
+exit (code 1) tens of milliseconds after a local raylet is gone (a look at two ``/proc`` files; see
+:func:`fedcomp.actors.cluster.answering`)."""
 
 _lifeline: list[Callable[[], bool]] = []
 _farewells: list[Callable[[], str]] = []
 _saying = threading.Lock()  # a farewell is not left while the watch says it
+_watching = threading.Lock()  # held by the one watch a process starts
+_wakeup: list[socket.socket] = []  # the sending end of this process's wakeup fd, once installed
 
 
 def stop_on_sigterm() -> None:
     """Answer SIGTERM in this process as Ctrl-C (from the main thread only, as Python allows; again after
-    ``ray.init``, which puts its own handlers in place)."""
+    ``ray.init``, which puts its own handlers in place), and start the watch the moment one arrives."""
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _as_ctrl_c)
+        _listen()
+
+
+def _listen() -> None:
+    """Install the wakeup fd and its reader (once; again where something else took the fd meanwhile). The bytes of
+    other signals go on to the fd that was there before, if any."""
+    if _wakeup:
+        current = signal.set_wakeup_fd(_wakeup[0].fileno(), warn_on_full_buffer=False)
+        if current in (-1, _wakeup[0].fileno()):
+            return
+        signal.set_wakeup_fd(current)  # someone else's since (asyncio's): leave it theirs; the handler still watches
+        return
+    reader, sender = socket.socketpair()
+    sender.setblocking(False)
+    previous = signal.set_wakeup_fd(sender.fileno(), warn_on_full_buffer=False)
+    _wakeup.append(sender)
+    os.register_at_fork(after_in_child=_forget_wakeup)  # a forked child's signals are its own
+    threading.Thread(target=_read_wakeups, args=(reader, previous), name="fedcomp-signals", daemon=True).start()
+
+
+def _forget_wakeup() -> None:
+    try:
+        current = signal.set_wakeup_fd(-1)
+        if current != _wakeup[0].fileno():
+            signal.set_wakeup_fd(current)  # not ours: put back
+    except ValueError:  # forked from a thread that is not this child's main one
+        pass
+    _wakeup.clear()
+
+
+def _read_wakeups(reader: socket.socket, previous: int) -> None:
+    while data := reader.recv(64):
+        if signal.SIGTERM in data:
+            _start_watch()
+        if previous != -1:
+            try:
+                os.write(previous, data)
+            except OSError:
+                previous = -1
+
+
+def _start_watch() -> None:
+    """Start the watch, once per process, where there is a cluster to watch and a farewell to say."""
+    if _lifeline and _farewells and _watching.acquire(blocking=False):
+        threading.Thread(target=_watch, args=(_lifeline[0],), name="fedcomp-after-sigterm", daemon=True).start()
 
 
 def depends_on(alive: Callable[[], bool]) -> None:
@@ -62,8 +116,7 @@ def farewell(words: Callable[[], str]) -> Iterator[None]:
 
 
 def _as_ctrl_c(signum: int, frame: FrameType | None) -> None:
-    if _lifeline and _farewells:
-        threading.Thread(target=_watch, args=(_lifeline[0],), name="fedcomp-after-sigterm", daemon=True).start()
+    _start_watch()  # started already where the wakeup fd told of the signal
     handler = signal.getsignal(signal.SIGINT)
     if callable(handler):  # Python's default raises KeyboardInterrupt; Tune's stops its fit gracefully
         handler(signal.SIGINT, frame)
@@ -73,6 +126,13 @@ def _as_ctrl_c(signum: int, frame: FrameType | None) -> None:
 
 def _watch(alive: Callable[[], bool]) -> None:
     """Until the process leaves its farewells: when ``alive()`` turns false, say the innermost one and exit."""
+    try:
+        _watch_until_left(alive)
+    finally:
+        _watching.release()
+
+
+def _watch_until_left(alive: Callable[[], bool]) -> None:
     while _farewells:
         if not alive():
             with _saying:

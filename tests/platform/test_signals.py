@@ -76,3 +76,37 @@ def test_without_a_sigterm_a_lost_cluster_is_not_watched():
     code = WATCHED.format(alive_inside=False).replace("    os.kill(os.getpid(), signal.SIGTERM)\n", "")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and done.stdout.strip() == "ended normally", done.stderr
+
+
+IN_A_C_CALL = """
+import hashlib, os, signal, threading, time
+from fedcomp.platform import signals
+signals.depends_on(lambda: False)  # the cluster went with the signal
+signals.stop_on_sigterm()
+ITERATIONS = 2**31 - 1  # minutes
+with signals.farewell(lambda: "kept what a kill keeps"):
+    threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGTERM)).start()
+    started = time.perf_counter()
+    hashlib.pbkdf2_hmac("sha256", b"x", b"y", ITERATIONS)  # in C, the GIL released, no look at signals
+    print(f"the C call ended after {time.perf_counter() - started:.1f} s", flush=True)
+"""
+
+
+def test_the_watch_starts_as_the_sigterm_arrives_while_the_main_thread_sits_in_a_c_call():
+    """Python runs its handler only when the main thread is back in bytecode (here: after minutes); Ray's own exit
+    does not wait so long."""
+    done = subprocess.run([sys.executable, "-c", IN_A_C_CALL], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 130, done.stdout + done.stderr
+    assert done.stderr.strip().splitlines()[-1] == "fedcomp: interrupted: kept what a kill keeps"
+
+
+def test_a_forked_child_s_sigterm_is_its_own():
+    """The wakeup fd is inherited by a forked child; its signals must not start the parent's watch."""
+    code = IN_A_C_CALL.replace("threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGTERM)).start()", """pid = os.fork()
+    if pid == 0:
+        signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)
+    os.waitpid(pid, 0)""").replace("ITERATIONS = 2**31 - 1", "ITERATIONS = 3_000_000")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "the C call ended" in done.stdout and "interrupted" not in done.stderr, done.stderr
