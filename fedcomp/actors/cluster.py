@@ -103,7 +103,7 @@ def end_monitor() -> None:
 
 def answering(address: str, daemons: Sequence[int] = (), timeout_s: float = 2.0) -> Callable[[], bool]:
     """Whether the Ray head at ``HOST:PORT`` (its GCS) still takes connections (asked at most every
-    :data:`GCS_EVERY_S`), and the ``daemons`` (PIDs: the raylet and GCS server of a local Ray this process started)
+    :data:`GCS_EVERY_S`), and the ``daemons`` (PIDs: :func:`started_daemons` of a local Ray this process started)
     still run, while this process is connected to it.
 
     A SIGTERM to the whole process group stops the daemons of a local Ray along with its driver. The raylet goes
@@ -132,15 +132,21 @@ def answering(address: str, daemons: Sequence[int] = (), timeout_s: float = 2.0)
 
 
 def started_daemons() -> tuple[int, ...]:
-    """PIDs of the raylet and GCS server that this process started (read from ``/proc``; none elsewhere)."""
+    """PIDs of the raylet, GCS server and log monitor that this process started (read from ``/proc``; none
+    elsewhere).
+
+    The log monitor is watched for its speed: it has no SIGTERM handler, so a SIGTERM to the process group ends it
+    at once, where the raylet first runs its graceful shutdown -- at the end of which the driver's Ray exits."""
     found = []
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             name, fields = _stat(stat)
+            if int(fields[1]) != os.getpid():
+                continue
+            if name in ("raylet", "gcs_server") or b"log_monitor.py" in (stat.parent / "cmdline").read_bytes():
+                found.append(int(stat.parent.name))
         except OSError:  # ended meanwhile
             continue
-        if name in ("raylet", "gcs_server") and int(fields[1]) == os.getpid():
-            found.append(int(stat.parent.name))
     return tuple(found)
 
 

@@ -14,10 +14,11 @@ replies. So after a SIGTERM, a process that :func:`depends_on` a cluster and is 
 the cluster, and when it stops answering, says the farewell and ends at once with exit code 130: what is on disk
 then is what a kill leaves, and fedcomp resumes from that.
 
-The watch starts as the signal arrives, not when Python next runs its handler: the main thread may sit in a long C
-call (a Ray wait, a matrix product) while Ray's own exit, tens of milliseconds after its raylet, wins the race. A
-thread reads the bytes that Python's C-level signal handler writes at once to the wakeup fd
-(``signal.set_wakeup_fd``) and starts the watch on a SIGTERM's.
+It is a race: Ray's C++ ends the driver (exit code 1, no words) tens of milliseconds after its raylet. So the watch
+starts as the signal arrives, not when Python next runs its handler -- the main thread may sit in a long C call (a Ray
+wait, a matrix product): a thread reads the bytes that Python's C-level signal handler writes at once to the wakeup
+fd (``signal.set_wakeup_fd``) and starts the watch on a SIGTERM's; and it looks every 2 ms, also at the local Ray's
+log monitor, which ends at once where the raylet first shuts down (:func:`fedcomp.actors.cluster.started_daemons`).
 """
 
 from __future__ import annotations
