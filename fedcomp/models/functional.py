@@ -28,13 +28,14 @@ gradients as they are -- the same kernels on the same operands, so the same bits
 applies them to the flat state cut the same way (:meth:`FlatModel.pieces`). It applies when the loss calls the model once on the flat vector and uses it nowhere else, and
 reports when it does not, so that the caller differentiates the flat leaf instead.
 
-Fused SGD steps (:meth:`FlatModel.sgd_step_`, ``federation.fused_sgd``): an ``nn.Linear`` layer's weight gradient
-is ``g^T a`` -- the gradients at its outputs times its inputs, summed over the batch -- and forming it writes a
-matrix the size of the weight that the step then reads back. ``sgd_step_`` runs the same forward and backward
-passes, keeps the two thin factors of each such gradient instead, and applies them as one matrix product into the
-weight, ``W <- W - lr g^T a`` (``addmm_``): the same step, computed with different roundings (the product's
-epilogue), so not the bits of the exact step (:meth:`grad_pieces` then ``x - lr grad``), but the same bits on every
-backend and packing. Every other parameter takes the exact step.
+Fused SGD steps (:meth:`FlatModel.factored_grad_pieces`, ``federation.fused_sgd``): an ``nn.Linear`` layer's weight
+gradient is ``g^T a`` -- the gradients at its outputs times its inputs, summed over the batch -- and forming it writes
+a matrix the size of the weight that the step then reads back. ``factored_grad_pieces`` runs the same forward and
+backward passes and keeps the two thin factors of each such gradient instead; a step applies them as one matrix
+product into the weight (``W <- W - lr g^T a``) or into a momentum buffer (``b <- mu b + g^T a``), by ``addmm_``:
+the same step, computed with different roundings (the product's epilogue), so not the bits of the exact step
+(:meth:`grad_pieces` then ``x - lr grad``), but the same bits on every backend and packing. Every other parameter
+takes the exact step.
 """
 
 from __future__ import annotations
@@ -99,7 +100,7 @@ class FlatModel:
             if isinstance(mod, nn.Linear) and type(mod).forward is nn.Linear.forward and f"{name}.weight" in self.names
         ]
         """The plain ``nn.Linear`` layers with their weight's index among the parameters: the layers whose weight
-        :meth:`sgd_step_` steps by its gradient's factors (none in a model with tied parameters)."""
+        gradient :meth:`factored_grad_pieces` keeps as factors (none in a model with tied parameters)."""
 
     @property
     def running(self) -> Tensor:
@@ -223,25 +224,26 @@ class FlatModel:
         grads, value = done
         return [torch.zeros_like(p) if g is None else g for p, g in zip(self.pieces(x), grads)], value
 
-    def sgd_step_(self, loss: Callable[[Tensor], Tensor], x: Tensor, lr: float) -> Tensor | None:
-        """One SGD step in place, ``x <- x - lr d loss / dx``, with the plain ``nn.Linear`` layers' weights stepped by
-        their gradients' factors (module docstring); returns ``loss(x)`` before the step (detached).
+    def factored_grad_pieces(
+        self, loss: Callable[[Tensor], Tensor], x: Tensor,
+    ) -> tuple[list[Tensor | None], dict[int, list[tuple[Tensor, Tensor]]], Tensor] | None:
+        """:meth:`grad_pieces` with the plain ``nn.Linear`` layers' weight gradients kept as their factors (module
+        docstring): ``(grads, factors, loss(x))`` where ``factors[i]`` lists ``(rows, inputs)``, one pair per call
+        of the layer, so that parameter i's gradient is ``grads[i]`` (None where it has no other part) plus the sum
+        of ``rows^T inputs`` over its pairs. Every other parameter's gradient is :meth:`grad_pieces`' (zeros for one
+        the loss does not use).
 
-        ``None``, ``x`` and the running statistics untouched, where :meth:`grad_pieces` declines."""
+        ``None``, ``x`` and the running statistics untouched, where :meth:`grad_pieces` declines, and where every
+        parameter is such a weight (a step needs one gradient to apply as it is)."""
+        if len(self._linears) == len(self.shapes):
+            return None
         factors: dict[int, list[tuple[Tensor, Tensor]]] = {}
         done = self._differentiate(loss, x, factors)
         if done is None:
             return None
         grads, value = done
-        with torch.no_grad():
-            pieces = self.pieces(x)
-            dense = [(p, g) for p, g in zip(pieces, grads) if g is not None]
-            if dense:
-                torch._foreach_add_([p for p, _ in dense], [g for _, g in dense], alpha=-lr)
-            for index, pairs in factors.items():
-                for rows, inputs in pairs:
-                    pieces[index].addmm_(rows.t(), inputs, alpha=-lr)
-        return value
+        return [g if g is not None or i in factors else torch.zeros_like(p)
+                for i, (p, g) in enumerate(zip(self.pieces(x), grads))], factors, value
 
     def _differentiate(
         self, loss: Callable[[Tensor], Tensor], x: Tensor, factors: dict[int, list[tuple[Tensor, Tensor]]] | None,
@@ -292,7 +294,7 @@ def _slot(module: nn.Module, name: str) -> tuple[dict[str, Any], str]:
 
 
 class _FactoredForward:
-    """An ``nn.Linear`` layer's forward during :meth:`FlatModel.sgd_step_`: ``F.linear`` as the layer computes it,
+    """An ``nn.Linear`` layer's forward during :meth:`FlatModel.factored_grad_pieces`: ``F.linear`` as the layer computes it,
     whose backward hands back no weight gradient and appends its factors to ``factors`` (:class:`_FactoredLinear`)."""
 
     def __init__(self, layer: nn.Linear, factors: list[tuple[Tensor, Tensor]]) -> None:

@@ -24,8 +24,9 @@ LOCKSTEP: ContextVar[bool] = ContextVar("lockstep", default=False)
 """True while a host runs clients in lockstep under ``vmap`` (set by :mod:`fedcomp.platform.vectorised`)."""
 
 FUSED_SGD: ContextVar[bool] = ContextVar("fused_sgd", default=False)
-"""True while a host runs client programs under ``federation.fused_sgd``: plain SGD steps taken in place step the
-model's linear layers by their gradients' factors (:meth:`fedcomp.models.functional.FlatModel.sgd_step_`)."""
+"""True while a host runs client programs under ``federation.fused_sgd``: SGD steps taken in place (plain or with
+momentum; :func:`grad_and_loss_factors`) apply the model's linear layers' gradients by their factors
+(:meth:`fedcomp.models.functional.FlatModel.factored_grad_pieces`)."""
 
 
 def grad_and_loss(problem: Any, x: Tensor, *batch: Any) -> tuple[Tensor, Tensor]:
@@ -44,18 +45,48 @@ def grad_and_loss(problem: Any, x: Tensor, *batch: Any) -> tuple[Tensor, Tensor]
 class Pieces(list[Tensor]):
     """A flat gradient as pieces the caller owns (the model's parameter gradients, or the one flat gradient);
     :meth:`of` cuts a flat vector of the same layout the same way, so that ``torch._foreach_*`` ops apply
-    the gradient to the state in place."""
+    the gradient to the state in place.
 
-    def __init__(self, grads: list[Tensor], cut: Callable[[Tensor], list[Tensor]] | None = None) -> None:
+    From :func:`grad_and_loss_factors`, some of the model's linear weights' gradients may be held as factors
+    instead (``factors[i]``: ``(rows, inputs)`` pairs, parameter i's gradient being the sum of ``rows^T inputs``
+    plus its piece here, if it has one): the list then holds the other pieces, :meth:`of` cuts a flat vector into
+    those, and :meth:`add_factors_` adds the factored part where it goes."""
+
+    def __init__(self, grads: list[Tensor], cut: Callable[[Tensor], list[Tensor]] | None = None,
+                 factors: dict[int, list[tuple[Tensor, Tensor]]] | None = None, dense: list[int] | None = None) -> None:
         super().__init__(grads)
         self.cut = cut
+        self.factors = factors or {}
+        self.dense = dense  # the parameters the list holds, where some are factored only
+        assert dense is None or len(dense) == len(grads)
 
     def of(self, flat: Tensor) -> list[Tensor]:
         """``flat`` cut like this gradient (views: writing them writes ``flat``)."""
+        whole = self.whole(flat)
+        return whole if self.dense is None else [whole[i] for i in self.dense]
+
+    def whole(self, flat: Tensor) -> list[Tensor]:
+        """``flat`` cut into every piece, the factored ones included (as :meth:`of` where there are none)."""
         return [flat] if self.cut is None else self.cut(flat)
 
+    def add_factors_(self, flat: Tensor, alpha: float, beta: float = 1.0) -> None:
+        """``p <- beta p + alpha (rows^T inputs summed over the pairs)`` on each of ``flat``'s pieces with factors, by
+        ``addmm_``; ``beta`` (0 ignores p, as a copy does) only where the piece is factored only: the caller's
+        step has scaled the others with their dense parts. Nothing where there are no factors."""
+        if not self.factors:
+            return
+        scaled = set(self.dense or ())
+        with torch.no_grad():  # the pieces are views that autograd would otherwise refuse to write
+            whole = self.whole(flat)
+            for index, pairs in self.factors.items():
+                first = 1.0 if index in scaled else beta
+                for rows, inputs in pairs:
+                    whole[index].addmm_(rows.t(), inputs, beta=first, alpha=alpha)
+                    first = 1.0
+
     def flat(self) -> Pieces:
-        """The same gradient as one flat vector (the bits autograd gives for a flat leaf)."""
+        """The same gradient as one flat vector (the bits autograd gives for a flat leaf); not for factors."""
+        assert not self.factors
         return self if self.cut is None else Pieces([torch.cat([g.reshape(-1) for g in self])])
 
 
@@ -71,6 +102,22 @@ def grad_and_loss_pieces(problem: Any, x: Tensor, *batch: Any) -> tuple[Pieces, 
             return Pieces(done[0], model.pieces), done[1]  # type: ignore[union-attr]
     grad, value = grad_and_loss(problem, x, *batch)
     return Pieces([grad]), value
+
+
+def grad_and_loss_factors(problem: Any, x: Tensor, *batch: Any) -> tuple[Pieces, Tensor]:
+    """:func:`grad_and_loss_pieces`, except that under ``federation.fused_sgd`` (:data:`FUSED_SGD`, not in
+    lockstep) the model's plain linear weights' gradients come as factors where it can
+    (:meth:`fedcomp.models.functional.FlatModel.factored_grad_pieces`): the caller's step applies the pieces as
+    they are and then :meth:`Pieces.add_factors_`. The same step, other roundings in those weights."""
+    model = getattr(problem, "model", None)
+    factored = getattr(model, "factored_grad_pieces", None)
+    if factored is not None and FUSED_SGD.get() and not LOCKSTEP.get():
+        done = factored(lambda z: problem.loss(z, *batch), x)
+        if done is not None:
+            grads, factors, value = done
+            dense = [i for i, g in enumerate(grads) if g is not None]
+            return Pieces([grads[i] for i in dense], model.pieces, factors, dense), value  # type: ignore[union-attr]
+    return grad_and_loss_pieces(problem, x, *batch)
 
 
 def _leaves(x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -12,6 +13,8 @@ from torch.func import functional_call, grad
 
 from fedcomp.models.functional import FlatModel
 from fedcomp.models.resnet import init_flat, resnet20
+from fedcomp.platform.algorithms.steps import sgd_step_
+from fedcomp.platform.oracles import FUSED_SGD
 
 
 def small_bn_net(**bn: object) -> nn.Sequential:
@@ -198,6 +201,33 @@ def exact_step(flat: FlatModel, loss, w: torch.Tensor, lr: float) -> tuple[torch
     return w, value
 
 
+class _Recording:
+    """A model that counts whether each :meth:`FlatModel.factored_grad_pieces` call factored the gradient."""
+
+    def __init__(self, flat: FlatModel) -> None:
+        self.flat, self.taken = flat, []
+
+    def __getattr__(self, name: str):  # type: ignore[no-untyped-def]
+        return getattr(self.flat, name)
+
+    def factored_grad_pieces(self, loss, x):  # type: ignore[no-untyped-def]
+        done = self.flat.factored_grad_pieces(loss, x)
+        self.taken.append(done is not None)
+        return done
+
+
+def fused_sgd_(flat: FlatModel, loss, x: torch.Tensor, lr: float) -> torch.Tensor | None:
+    """``steps.sgd_step_`` under ``federation.fused_sgd`` in place on x, on a problem with this model and loss: the
+    loss before the step, or None where the model did not factor the gradient (the exact step was taken then)."""
+    recording = _Recording(flat)
+    token = FUSED_SGD.set(True)
+    try:
+        value = sgd_step_(SimpleNamespace(model=recording, loss=loss), x, (), lr)
+    finally:
+        FUSED_SGD.reset(token)
+    return value if recording.taken == [True] else None
+
+
 def assert_same_step(flat: FlatModel, fused: torch.Tensor, exact: torch.Tensor, linear_weights: set[str]) -> None:
     """Every parameter bit for bit but the plain linear layers' weights, which agree up to float32 rounding."""
     for name, a, b in zip(flat.names, flat.pieces(fused), flat.pieces(exact)):
@@ -220,12 +250,12 @@ def test_fused_sgd_step_is_the_exact_step_up_to_rounding_in_the_linear_weights(w
         return F.cross_entropy(flat(z, inputs), labels)
 
     fused = w.clone()
-    value = flat.sgd_step_(loss, fused, 0.1)
+    value = fused_sgd_(flat, loss, fused, 0.1)
     exact, expected = exact_step(flat, loss, w, 0.1)
     assert value is not None and torch.equal(value, expected)  # the loss before the step: the same forward pass
     assert_same_step(flat, fused, exact, {n for n in flat.names if n.endswith("weight")})
     for _ in range(4):  # from the second step on, every parameter moves from slightly different weights
-        assert flat.sgd_step_(loss, fused, 0.1) is not None
+        assert fused_sgd_(flat, loss, fused, 0.1) is not None
         exact, _ = exact_step(flat, loss, exact, 0.1)
     torch.testing.assert_close(fused, exact, rtol=1e-5, atol=1e-6)
     assert not torch.equal(fused, w) and flat.direct_ok
@@ -242,7 +272,7 @@ def test_fused_sgd_step_of_one_linear_layer_is_the_hand_computed_step():
     weight, bias = (v.double() for v in flat.pieces(w))
     g = (a.double() @ weight.T + bias - t.double()) / 5
     expected_weight, expected_bias = weight - 0.2 * g.T @ a.double(), bias - 0.2 * g.sum(0)
-    assert flat.sgd_step_(lambda z: 0.5 * (flat(z, a) - t).pow(2).sum(1).mean(), w, 0.2) is not None
+    assert fused_sgd_(flat, lambda z: 0.5 * (flat(z, a) - t).pow(2).sum(1).mean(), w, 0.2) is not None
     got_weight, got_bias = flat.pieces(w)
     torch.testing.assert_close(got_weight.double(), expected_weight, rtol=0, atol=1e-6)
     torch.testing.assert_close(got_bias.double(), expected_bias, rtol=0, atol=1e-6)
@@ -255,7 +285,7 @@ def test_fused_sgd_step_of_a_network_with_batchnorm_steps_the_rest_exactly_and_m
     w, batch, labels = one.flatten(), torch.randn(5, 2, 6, 6), torch.randint(0, 2, (5,))
     exact, _ = exact_step(one, lambda z: F.cross_entropy(one(z, batch), labels), w, 0.3)
     fused = w.clone()
-    assert two.sgd_step_(lambda z: F.cross_entropy(two(z, batch), labels), fused, 0.3) is not None
+    assert fused_sgd_(two, lambda z: F.cross_entropy(two(z, batch), labels), fused, 0.3) is not None
     assert_same_step(two, fused, exact, {"4.weight", "6.weight"})
     assert torch.equal(one.running, two.running) and not torch.equal(two.running, two.initial_buffers())
 
@@ -281,7 +311,7 @@ def test_fused_sgd_step_of_a_layer_called_twice_on_batched_sequences_takes_both_
 
     exact, _ = exact_step(flat, loss, w, 0.5)
     fused = w.clone()
-    assert flat.sgd_step_(loss, fused, 0.5) is not None
+    assert fused_sgd_(flat, loss, fused, 0.5) is not None
     assert_same_step(flat, fused, exact, {"layer.weight"})
     assert not torch.equal(fused, w)
 
@@ -307,7 +337,7 @@ def test_fused_sgd_step_adds_a_weights_own_gradient_to_its_factors_and_skips_a_m
 
     exact, _ = exact_step(flat, loss, w, 0.5)
     fused = w.clone()
-    assert flat.sgd_step_(loss, fused, 0.5) is not None
+    assert fused_sgd_(flat, loss, fused, 0.5) is not None
     assert_same_step(flat, fused, exact, {"first.weight", "second.weight"})
     assert not torch.equal(fused, w)
 
@@ -317,9 +347,25 @@ def test_fused_sgd_step_declines_as_grad_pieces_does_and_leaves_everything_as_it
     flat = FlatModel(small_bn_net())
     w, batch = flat.flatten(), torch.randn(3, 2, 6, 6)
     x, before = w.clone(), flat.running.clone()
-    assert flat.sgd_step_(lambda z: flat(z, batch).sum() + z.pow(2).sum(), x, 0.1) is None  # x used directly too
+    assert flat.factored_grad_pieces(lambda z: flat(z, batch).sum() + z.pow(2).sum(), x) is None  # x used directly too
     assert torch.equal(x, w) and torch.equal(flat.running, before) and not flat.direct_ok
     assert all("forward" not in vars(m) for m in flat.module.modules())  # the layers have their own forward back
+
+
+def test_a_model_of_linear_weights_only_is_not_factored_and_takes_the_exact_step():
+    """Every parameter a plain linear weight: nothing would be left to step as it is, so the model declines at once
+    (and keeps taking its pieces' path)."""
+    torch.manual_seed(13)
+    flat = FlatModel(nn.Sequential(nn.Linear(3, 4, bias=False), nn.Tanh(), nn.Linear(4, 2, bias=False)))
+    w, inputs = flat.flatten(), torch.randn(5, 3)
+
+    def loss(z):
+        return flat(z, inputs).pow(2).mean()
+
+    assert flat.factored_grad_pieces(loss, w.clone()) is None and flat.direct_ok
+    exact, _ = exact_step(flat, loss, w, 0.5)
+    fused = w.clone()
+    assert fused_sgd_(flat, loss, fused, 0.5) is None and torch.equal(fused, exact)
 
 
 def test_fused_sgd_step_of_a_model_with_tied_weights_is_the_exact_step():
@@ -334,7 +380,7 @@ def test_fused_sgd_step_of_a_model_with_tied_weights_is_the_exact_step():
 
     exact, _ = exact_step(flat, loss, w, 0.5)
     fused = w.clone()
-    assert flat.sgd_step_(loss, fused, 0.5) is not None and torch.equal(fused, exact)
+    assert fused_sgd_(flat, loss, fused, 0.5) is not None and torch.equal(fused, exact)
 
 
 def _mlp() -> nn.Module:

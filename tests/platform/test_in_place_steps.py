@@ -13,7 +13,7 @@ from fedcomp.api import make_server
 from fedcomp.platform.algorithms import base
 from fedcomp.platform.algorithms.base import LocalSteps
 from fedcomp.platform.config import load_config
-from fedcomp.platform.federation import build_algorithm
+from fedcomp.platform.federation import build_algorithm, build_task
 
 MLP = {"task": {"name": "synthetic-classification", "features": 6, "classes": 3, "hidden": [8, 5], "test_samples": 50},
        "federation": {"clients": 5, "clients_per_round": 3, "backend": "local"},
@@ -108,28 +108,71 @@ def test_small_models_step_purely_and_large_ones_in_place(monkeypatch):
 
 
 
-def test_fused_sgd_steps_every_client_by_its_linear_layers_factors_close_to_the_exact_run(monkeypatch):
-    """``federation.fused_sgd``: every in-place step of FedAvg on a network is the model's fused step (none
-    declined), and the run ends within float32 rounding of the exact run's numbers."""
+FUSED_ALGORITHMS = [
+    {"name": "fedavg"},
+    {"name": "local-sgdm", "momentum": 0.9},
+    {"name": "local-sgdm", "momentum": 0.5, "average": "model"},
+]
+
+
+def fused(config: Any) -> Any:
+    return load_config({**config.to_dict(), "federation": {**config.to_dict()["federation"], "fused_sgd": True}})
+
+
+def factoring(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """Whether each gradient the model was asked for came as factors (recorded as the run goes)."""
     from fedcomp.models.functional import FlatModel
 
-    taken = []
-    fused_step = FlatModel.sgd_step_
+    taken: list[bool] = []
+    factored = FlatModel.factored_grad_pieces
 
     def recorded(self, *args):  # type: ignore[no-untyped-def]
-        value = fused_step(self, *args)
-        taken.append(value is not None)
-        return value
+        done = factored(self, *args)
+        taken.append(done is not None and bool(done[1]))
+        return done
 
-    monkeypatch.setattr(FlatModel, "sgd_step_", recorded)
-    algorithm = {"name": "fedavg", "lr": 0.1, "local_steps": 3, "outer_batch": 4}
-    exact = final(load_config({**MLP, "algorithm": algorithm}), True, monkeypatch)
+    monkeypatch.setattr(FlatModel, "factored_grad_pieces", recorded)
+    return taken
+
+
+@pytest.mark.parametrize("algorithm", FUSED_ALGORITHMS, ids=lambda a: "-".join(str(v) for v in a.values()))
+def test_fused_sgd_steps_every_client_by_its_linear_layers_factors_close_to_the_exact_run(algorithm, monkeypatch):
+    """``federation.fused_sgd``: every in-place step on a network (plain SGD, or into the momentum buffer) takes the
+    linear weights' gradients as factors (none declined), and the run ends within float32 rounding of the exact
+    run's numbers."""
+    taken = factoring(monkeypatch)
+    config = load_config({**MLP, "algorithm": {**algorithm, "lr": 0.1, "local_steps": 3, "outer_batch": 4}})
+    exact = final(config, True, monkeypatch)
     assert taken == []
-    config = load_config({**MLP, "algorithm": algorithm, "federation": {**MLP["federation"], "fused_sgd": True}})
-    fused = final(config, True, monkeypatch)
+    got = final(fused(config), True, monkeypatch)
     assert len(taken) == config.run.rounds * config.federation.cohort_size * config.algorithm.local_steps and all(taken)
-    torch.testing.assert_close(fused[0]["x"], exact[0]["x"], rtol=1e-5, atol=1e-6)
-    assert fused[1] == pytest.approx(exact[1], rel=1e-5, abs=1e-6)
+    assert got[0].keys() == exact[0].keys()
+    for name, value in got[0].items():
+        torch.testing.assert_close(value, exact[0][name], rtol=1e-5, atol=1e-6, msg=name)
+    assert got[1] == pytest.approx(exact[1], rel=1e-5, abs=1e-6)
+
+
+@pytest.mark.parametrize("algorithm", FUSED_ALGORITHMS, ids=lambda a: "-".join(str(v) for v in a.values()))
+def test_after_one_fused_step_only_the_linear_weights_differ_from_the_exact_step(algorithm, monkeypatch):
+    """One round, up to the first step that rounds otherwise (SGD's first; with momentum the second, as a buffer of
+    zeros plus the product is the product's bits): the biases (and the buffer's) are bit for bit the exact step's;
+    the linear weights -- stepped by ``addmm_`` -- agree up to rounding and differ somewhere."""
+    steps = 1 if algorithm["name"] == "fedavg" else 2
+    config = load_config({**MLP, "run": {**MLP["run"], "rounds": 1},
+                          "algorithm": {**algorithm, "lr": 0.1, "local_steps": steps, "outer_batch": 4}})
+    exact, got = final(config, True, monkeypatch)[0], final(fused(config), True, monkeypatch)[0]
+    flat = build_task(config).model
+    weights = [i for i, n in enumerate(flat.names) if n.endswith("weight")]
+    moved = False
+    for key in exact:
+        pieces = zip(flat.pieces(got[key]), flat.pieces(exact[key]))
+        for i, (a, b) in enumerate(pieces):
+            if i in weights:
+                torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+                moved |= not torch.equal(a, b)
+            else:
+                assert torch.equal(a, b), (key, flat.names[i])
+    assert moved
 
 
 def test_fused_sgd_leaves_small_states_to_the_pure_step():

@@ -43,6 +43,7 @@ from fedcomp.platform.oracles import (
     LOCKSTEP as LOCKSTEP,
     Pieces as Pieces,
     grad_and_loss as grad_and_loss,
+    grad_and_loss_factors as grad_and_loss_factors,
     grad_and_loss_pieces as grad_and_loss_pieces,
 )
 from fedcomp.platform.params import Params

@@ -21,7 +21,7 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
-from fedcomp.platform.algorithms.base import CommonHParams, LocalSteps, Tensors, grad_and_loss, grad_and_loss_pieces
+from fedcomp.platform.algorithms.base import CommonHParams, LocalSteps, Tensors, grad_and_loss, grad_and_loss_factors
 from fedcomp.platform.algorithms.steps import descend, descend_
 from fedcomp.platform.params import Params
 from fedcomp.platform.problems import PLAIN, PlainProblem
@@ -82,11 +82,12 @@ class LocalSGDM(LocalSteps[ModelMomentum, State]):
         return state.replace(x=descend(state.x, buf, self.hp.lr), buf=buf), loss
 
     def update_(self, problem: PlainProblem, state: ModelMomentum, batch: tuple[Any, ...], step: int) -> tuple[ModelMomentum, Tensor]:
-        grad, loss = grad_and_loss_pieces(self._loss(problem, state), state.x, *batch)
+        grad, loss = grad_and_loss_factors(self._loss(problem, state), state.x, *batch)
         buf = grad.of(state.buf)
         torch._foreach_mul_(buf, self.hp.momentum)
         torch._foreach_add_(buf, grad)
-        descend_(grad.of(state.x), buf, self.hp.lr)
+        grad.add_factors_(state.buf, 1.0, self.hp.momentum)  # under federation.fused_sgd
+        descend_(grad.whole(state.x), grad.whole(state.buf), self.hp.lr)
         return state, loss
 
     def _loss(self, problem: Any, state: ModelMomentum) -> Any:

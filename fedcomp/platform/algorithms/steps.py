@@ -1,6 +1,6 @@
 """Descent steps: ``x - lr * d`` as torch.optim takes it (one fused multiply-add), and the plain SGD step of
 the local-steps family, out of place and in place with the same bits (in place under ``federation.fused_sgd``:
-the model's linear layers stepped by their gradients' factors, other roundings)."""
+the model's linear layers stepped by their gradients' factors, other roundings; :func:`grad_and_loss_factors`)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from fedcomp.platform.oracles import FUSED_SGD, grad_and_loss, grad_and_loss_pieces
+from fedcomp.platform.oracles import grad_and_loss, grad_and_loss_factors
 
 
 def descend(x: Tensor, direction: Tensor, lr: float | Tensor) -> Tensor:
@@ -34,14 +34,9 @@ def sgd_step(problem: Any, x: Tensor, batch: tuple[Any, ...], lr: float) -> tupl
 
 
 def sgd_step_(problem: Any, x: Tensor, batch: tuple[Any, ...], lr: float) -> Tensor:
-    """:func:`sgd_step` in place on x (the same bits); returns the loss. Under ``federation.fused_sgd``
-    (:data:`~fedcomp.platform.oracles.FUSED_SGD`) the problem's model takes the step itself where it can
-    (:meth:`fedcomp.models.functional.FlatModel.sgd_step_`: the same step, other roundings)."""
-    fused = getattr(getattr(problem, "model", None), "sgd_step_", None)
-    if fused is not None and FUSED_SGD.get():
-        value: Tensor | None = fused(lambda z: problem.loss(z, *batch), x, lr)
-        if value is not None:
-            return value
-    grad, loss = grad_and_loss_pieces(problem, x, *batch)
+    """:func:`sgd_step` in place on x (the same bits); returns the loss. Under ``federation.fused_sgd`` the
+    model's linear weights take their gradients' factors (:func:`grad_and_loss_factors`: other roundings there)."""
+    grad, loss = grad_and_loss_factors(problem, x, *batch)
     descend_(grad.of(x), grad, lr)
+    grad.add_factors_(x, -lr)
     return loss
