@@ -242,6 +242,7 @@ class FlatModel:
         if done is None:
             return None
         grads, value = done
+        factors = {i: pairs for i, pairs in factors.items() if pairs}  # a layer the loss did not call: zeros, below
         return [g if g is not None or i in factors else torch.zeros_like(p)
                 for i, (p, g) in enumerate(zip(self.pieces(x), grads))], factors, value
 

@@ -368,6 +368,26 @@ def test_a_model_of_linear_weights_only_is_not_factored_and_takes_the_exact_step
     assert fused_sgd_(flat, loss, fused, 0.5) is None and torch.equal(fused, exact)
 
 
+class _OneLayerUnused(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.used, self.unused = nn.Linear(3, 2), nn.Linear(3, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.used(x)
+
+
+def test_a_linear_layer_the_loss_does_not_call_gets_zeros_not_factors():
+    """As :meth:`FlatModel.grad_pieces` gives it (a momentum step then still scales that weight's buffer)."""
+    torch.manual_seed(14)
+    flat = FlatModel(_OneLayerUnused())
+    w, inputs = flat.flatten(), torch.randn(4, 3)
+    grads, factors, _ = flat.factored_grad_pieces(lambda z: flat(z, inputs).pow(2).mean(), w)
+    unused = flat.names.index("unused.weight")
+    assert list(factors) == [flat.names.index("used.weight")] and len(factors[flat.names.index("used.weight")]) == 1
+    assert torch.equal(grads[unused], torch.zeros(2, 3)) and grads[flat.names.index("used.weight")] is None
+
+
 def test_fused_sgd_step_of_a_model_with_tied_weights_is_the_exact_step():
     torch.manual_seed(11)
     module = nn.Sequential(nn.Linear(3, 3), nn.Tanh(), nn.Linear(3, 3))
