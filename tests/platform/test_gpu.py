@@ -372,11 +372,15 @@ FUSED_MLP = {"task": {"name": "synthetic-classification", "features": 32, "hidde
 
 
 @CUDA
-def test_fused_sgd_on_cuda_matches_the_exact_step_to_float32_rounding_and_repeats_bit_for_bit(tmp_path) -> None:
+@pytest.mark.parametrize("algorithm", [{"name": "fedavg"}, {"name": "local-sgdm", "momentum": 0.9}],
+                         ids=["fedavg", "local-sgdm"])
+def test_fused_sgd_on_cuda_matches_the_exact_step_to_float32_rounding_and_repeats_bit_for_bit(tmp_path, algorithm) -> None:
     from fedcomp.platform.results import CHECKPOINT, read_checkpoint
 
+    config = {**FUSED_MLP, "algorithm": {**FUSED_MLP["algorithm"], **algorithm}}
+
     def final_weights(name: str, fused: bool) -> torch.Tensor:
-        _cuda_run(tmp_path, name, FUSED_MLP, {"federation.fused_sgd": fused}, "cuda")  # type: ignore[arg-type]
+        _cuda_run(tmp_path, name, config, {"federation.fused_sgd": fused}, "cuda")  # type: ignore[arg-type]
         [run_dir] = (tmp_path / name).iterdir()
         return read_checkpoint(run_dir / CHECKPOINT)["server"]["state"]["x"].cpu()
 
