@@ -54,23 +54,23 @@ def stop_on_sigterm() -> None:
 
 
 def _listen() -> None:
-    """Install the wakeup fd and its reader (once; again where something else took the fd meanwhile). The bytes of
-    other signals go on to the fd that was there before, if any."""
-    if _wakeup:
-        current = signal.set_wakeup_fd(_wakeup[0].fileno(), warn_on_full_buffer=False)
-        if current in (-1, _wakeup[0].fileno()):
-            return
-        signal.set_wakeup_fd(current)  # someone else's since (asyncio's): leave it theirs; the handler still watches
-        return
-    reader, sender = socket.socketpair()
-    sender.setblocking(False)
-    previous = signal.set_wakeup_fd(sender.fileno(), warn_on_full_buffer=False)
-    _wakeup.append(sender)
-    os.register_at_fork(after_in_child=_forget_wakeup)  # a forked child's signals are its own
-    threading.Thread(target=_read_wakeups, args=(reader, previous), name="fedcomp-signals", daemon=True).start()
+    """Make this process's wakeup fd ours and read it on a thread (started once). Where something else holds the
+    wakeup fd (an asyncio loop's signal handlers), it stays theirs: the handler then starts the watch."""
+    if not _wakeup:
+        reader, sender = socket.socketpair()
+        sender.setblocking(False)
+        _wakeup.append(sender)
+        threading.Thread(target=_read_wakeups, args=(reader,), name="fedcomp-signals", daemon=True).start()
+    ours = _wakeup[0].fileno()
+    current = signal.set_wakeup_fd(ours, warn_on_full_buffer=False)
+    if current not in (-1, ours):
+        signal.set_wakeup_fd(current)
 
 
 def _forget_wakeup() -> None:
+    """In a forked child: its signals are its own, not a reason for the parent to watch."""
+    if not _wakeup:
+        return
     try:
         current = signal.set_wakeup_fd(-1)
         if current != _wakeup[0].fileno():
@@ -80,15 +80,13 @@ def _forget_wakeup() -> None:
     _wakeup.clear()
 
 
-def _read_wakeups(reader: socket.socket, previous: int) -> None:
+os.register_at_fork(after_in_child=_forget_wakeup)
+
+
+def _read_wakeups(reader: socket.socket) -> None:
     while data := reader.recv(64):
         if signal.SIGTERM in data:
             _start_watch()
-        if previous != -1:
-            try:
-                os.write(previous, data)
-            except OSError:
-                previous = -1
 
 
 def _start_watch() -> None:

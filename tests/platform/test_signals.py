@@ -110,3 +110,25 @@ def test_a_forked_child_s_sigterm_is_its_own():
     os.waitpid(pid, 0)""").replace("ITERATIONS = 2**31 - 1", "ITERATIONS = 3_000_000")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and "the C call ended" in done.stdout and "interrupted" not in done.stderr, done.stderr
+
+
+def test_a_wakeup_fd_held_by_an_asyncio_loop_stays_its_own_and_the_handler_still_watches():
+    code = """
+import asyncio, os, signal, time
+from fedcomp.platform import signals
+loop = asyncio.new_event_loop()
+loop.add_signal_handler(signal.SIGUSR1, lambda: None)  # asyncio takes the wakeup fd for its handlers
+theirs = signal.set_wakeup_fd(-1)
+signal.set_wakeup_fd(theirs)
+signals.depends_on(lambda: False)
+signal.signal(signal.SIGINT, lambda signum, frame: None)  # a graceful stop that carries on, as Tune's does
+signals.stop_on_sigterm()
+assert signal.set_wakeup_fd(theirs) == theirs, "fedcomp took the loop's wakeup fd"
+with signals.farewell(lambda: "kept what a kill keeps"):
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(5)
+print("not watched")
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 130, done.stdout + done.stderr
+    assert done.stderr.strip().splitlines()[-1] == "fedcomp: interrupted: kept what a kill keeps"
