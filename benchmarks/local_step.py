@@ -16,8 +16,9 @@ batch 16, lr 0.05, one torch thread) on the heavy MLP 32-1024-1024-10 with 100 c
 * ``fused``: the local backend with ``federation.fused_sgd`` (the linear layers' weights stepped by their
   gradients' factors in one matrix product; equal to the others up to float32 rounding).
 
-A second table runs the same heavy workload with LocalSGDM (momentum 0.9, x and the buffer averaged) in place,
-exact against ``federation.fused_sgd`` (the factors go into the momentum buffer, ``b <- 0.9 b + g^T a``).
+A second table runs the same heavy workload with LocalSGDM (momentum 0.9, x and the buffer averaged) and FedProx
+(mu 0.01) in place, exact against ``federation.fused_sgd`` (LocalSGDM's factors go into its momentum buffer,
+``b <- 0.9 b + g^T a``; FedProx's into the weights after the pull).
 
 The runners alternate within every repeat; a round's time is the median over rounds, then over repeats. ms
 per local step = round time / (clients per round x local steps), so it includes the round's share of
@@ -63,32 +64,40 @@ def run(runner: str, hidden: list[int], clients: int, rounds: int) -> tuple[floa
     return m.median_round_s, m.final, m.faults_per_round
 
 
-MOMENTUM = 0.9
+OTHERS = {"LocalSGDM, momentum 0.9": {"name": "local-sgdm", "momentum": 0.9},
+          "FedProx, mu 0.01": {"name": "fedprox", "mu": 0.01}}
+"""The second table's algorithms (x and LocalSGDM's buffer averaged), in place, exact against fused."""
 
 
-def run_momentum(fused: bool, hidden: list[int], clients: int, rounds: int) -> tuple[float, torch.Tensor]:
-    """Median round time (s) and final weights of LocalSGDM on the workload, exact or fused."""
+def run_other(algorithm: dict[str, object], fused: bool, hidden: list[int], clients: int,
+              rounds: int) -> tuple[float, torch.Tensor]:
+    """Median round time (s) and final weights of ``algorithm`` on the workload, exact or fused."""
     config = bench_config(clients, COHORT, rounds, LOCAL_STEPS, hidden, "local", fused_sgd=fused).to_dict()
-    config["algorithm"] = {**config["algorithm"], "name": "local-sgdm", "momentum": MOMENTUM}
+    config["algorithm"] = {**config["algorithm"], **algorithm}
     m = run_fedcomp(load_config(config), "local", 0)
     return m.median_round_s, m.final
 
 
-def momentum_rows(rounds: int, repeats: int) -> list[str]:
-    """The momentum table's row: LocalSGDM exact and fused alternating within each repeat, heavy MLP."""
-    label = next(iter(WORKLOADS))
-    hidden, clients = WORKLOADS[label]
-    times: dict[str, list[float]] = {"exact": [], "fused": []}
-    finals: dict[str, torch.Tensor] = {}
-    for repeat in range(repeats):
-        for runner in times:
-            print(f"local_step: LocalSGDM, {label}, repeat {repeat + 1}/{repeats}, {runner}", file=sys.stderr, flush=True)
-            seconds, finals[runner] = run_momentum(runner == "fused", hidden, clients, rounds)
-            times[runner].append(seconds)
-    ms = {r: statistics.median(t) * 1e3 for r, t in times.items()}
-    return [f"| {label} | {ms['exact']:.1f} | {ms['fused']:.1f} | {ms['exact'] / (COHORT * LOCAL_STEPS):.2f} | "
-            f"{ms['fused'] / (COHORT * LOCAL_STEPS):.2f} | {paired_ratio(times, 'fused', 'exact')} | "
-            f"{(finals['fused'] - finals['exact']).abs().max().item():.1e} |"]
+def other_rows(rounds: int, repeats: int) -> list[str]:
+    """The second table: each of :data:`OTHERS` exact and fused, alternating within each repeat, on the first
+    workload (the heavy MLP)."""
+    workload = next(iter(WORKLOADS))
+    hidden, clients = WORKLOADS[workload]
+    rows = []
+    for label, algorithm in OTHERS.items():
+        times: dict[str, list[float]] = {"exact": [], "fused": []}
+        finals: dict[str, torch.Tensor] = {}
+        for repeat in range(repeats):
+            for runner in times:
+                print(f"local_step: {label}, {workload}, repeat {repeat + 1}/{repeats}, {runner}", file=sys.stderr,
+                      flush=True)
+                seconds, finals[runner] = run_other(algorithm, runner == "fused", hidden, clients, rounds)
+                times[runner].append(seconds)
+        ms = {r: statistics.median(t) * 1e3 for r, t in times.items()}
+        rows.append(f"| {label} | {workload} | {ms['exact']:.1f} | {ms['fused']:.1f} | "
+                    f"{ms['exact'] / (COHORT * LOCAL_STEPS):.2f} | {ms['fused'] / (COHORT * LOCAL_STEPS):.2f} | "
+                    f"{paired_ratio(times, 'fused', 'exact')} | {(finals['fused'] - finals['exact']).abs().max().item():.1e} |")
+    return rows
 
 
 KERNEL_SHAPE = (16, 1024, 1024)
@@ -178,12 +187,13 @@ def main(argv: list[str] | None = None) -> int:
         "|:---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---|---:|",
         *rows, "",
         f"Target (issue #16): after / optim <= {TARGET} on the heavy MLP.", "",
-        f"LocalSGDM (momentum {MOMENTUM}, x and the buffer averaged), the same rounds in place: `exact` forms each "
-        "gradient and takes `b <- mu b + g`, `x <- x - lr b` as `_foreach_*` ops; `fused` (`federation.fused_sgd`) "
-        "adds each linear weight's gradient factors into the buffer in one `addmm_(beta=mu)`:", "",
-        "| workload | exact (ms/round) | fused (ms/round) | exact (ms/step) | fused (ms/step) | fused / exact paired "
-        "| fused vs exact, max abs diff |", "|:---|---:|---:|---:|---:|---:|---:|",
-        *momentum_rows(args.rounds, args.repeats), "",
+        "Other algorithms on the same rounds in place (lr 0.05), `exact` against `fused` (`federation.fused_sgd`): "
+        "LocalSGDM adds each linear weight's gradient factors into its momentum buffer in one `addmm_(beta=mu)` "
+        "(`b <- mu b + g^T a`), FedProx steps the weight by its pull `mu (x - x_g)` and then by the factors "
+        "(`addmm_(alpha=-lr)`):", "",
+        "| algorithm | workload | exact (ms/round) | fused (ms/round) | exact (ms/step) | fused (ms/step) "
+        "| fused / exact paired | fused vs exact, max abs diff |", "|:---|:---|---:|---:|---:|---:|---:|---:|",
+        *other_rows(args.rounds, args.repeats), "",
         f"The middle layer's weight update ({' x '.join(map(str, KERNEL_SHAPE))}: batch, inputs, outputs), each way in "
         "isolation, ms per call, best of 5 x 200 calls (the exact step's two kernels against the fused step's one):", "",
         "| kernel | ms per call |", "|:---|---:|",

@@ -24,8 +24,8 @@ LOCKSTEP: ContextVar[bool] = ContextVar("lockstep", default=False)
 """True while a host runs clients in lockstep under ``vmap`` (set by :mod:`fedcomp.platform.vectorised`)."""
 
 FUSED_SGD: ContextVar[bool] = ContextVar("fused_sgd", default=False)
-"""True while a host runs client programs under ``federation.fused_sgd``: SGD steps taken in place (plain or with
-momentum; :func:`grad_and_loss_factors`) apply the model's linear layers' gradients by their factors
+"""True while a host runs client programs under ``federation.fused_sgd``: SGD steps taken in place (plain, with
+momentum or FedProx's; :func:`grad_and_loss_factors`) apply the model's linear layers' gradients by their factors
 (:meth:`fedcomp.models.functional.FlatModel.factored_grad_pieces`)."""
 
 
@@ -62,7 +62,10 @@ class Pieces(list[Tensor]):
 
     def of(self, flat: Tensor) -> list[Tensor]:
         """``flat`` cut like this gradient (views: writing them writes ``flat``)."""
-        whole = self.whole(flat)
+        return self.select(self.whole(flat))
+
+    def select(self, whole: list[Tensor]) -> list[Tensor]:
+        """Of a list cut like :meth:`whole`, the pieces this list holds (all where there are no factors)."""
         return whole if self.dense is None else [whole[i] for i in self.dense]
 
     def whole(self, flat: Tensor) -> list[Tensor]:

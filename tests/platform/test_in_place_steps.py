@@ -112,6 +112,7 @@ FUSED_ALGORITHMS = [
     {"name": "fedavg"},
     {"name": "local-sgdm", "momentum": 0.9},
     {"name": "local-sgdm", "momentum": 0.5, "average": "model"},
+    {"name": "fedprox", "mu": 0.3},
 ]
 
 
@@ -154,10 +155,10 @@ def test_fused_sgd_steps_every_client_by_its_linear_layers_factors_close_to_the_
 
 @pytest.mark.parametrize("algorithm", FUSED_ALGORITHMS, ids=lambda a: "-".join(str(v) for v in a.values()))
 def test_after_one_fused_step_only_the_linear_weights_differ_from_the_exact_step(algorithm, monkeypatch):
-    """One round, up to the first step that rounds otherwise (SGD's first; with momentum the second, as a buffer of
-    zeros plus the product is the product's bits): the biases (and the buffer's) are bit for bit the exact step's;
+    """One round, up to the first step that rounds otherwise (SGD's and FedProx's first; with momentum the second, as
+    a buffer of zeros plus the product is the product's bits): the biases (and the buffer's) are bit for bit the exact step's;
     the linear weights -- stepped by ``addmm_`` -- agree up to rounding and differ somewhere."""
-    steps = 1 if algorithm["name"] == "fedavg" else 2
+    steps = 2 if algorithm["name"] == "local-sgdm" else 1
     config = load_config({**MLP, "run": {**MLP["run"], "rounds": 1},
                           "algorithm": {**algorithm, "lr": 0.1, "local_steps": steps, "outer_batch": 4}})
     exact, got = final(config, True, monkeypatch)[0], final(fused(config), True, monkeypatch)[0]

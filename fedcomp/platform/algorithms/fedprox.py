@@ -21,7 +21,7 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
-from fedcomp.platform.algorithms.base import CommonHParams, LocalSteps, Tensors, grad_and_loss, grad_and_loss_pieces
+from fedcomp.platform.algorithms.base import CommonHParams, LocalSteps, Tensors, grad_and_loss, grad_and_loss_factors
 from fedcomp.platform.algorithms.steps import descend, descend_
 from fedcomp.platform.params import Params
 from fedcomp.platform.problems import PLAIN, PlainProblem
@@ -68,10 +68,11 @@ class FedProx(LocalSteps[ProxClient, Model]):
         return state.replace(x=descend(state.x, grad + self.hp.mu * (state.x - state.anchor), self.hp.lr)), loss
 
     def update_(self, problem: PlainProblem, state: ProxClient, batch: tuple[Any, ...], step: int) -> tuple[ProxClient, Tensor]:
-        grad, loss = grad_and_loss_pieces(problem, state.x, *batch)
-        x = grad.of(state.x)
-        pull = torch._foreach_sub(x, grad.of(state.anchor))
-        torch._foreach_mul_(pull, self.hp.mu)
-        torch._foreach_add_(grad, pull)
-        descend_(x, grad, self.hp.lr)
+        grad, loss = grad_and_loss_factors(problem, state.x, *batch)
+        x = grad.whole(state.x)
+        direction = list(torch._foreach_sub(x, grad.whole(state.anchor)))
+        torch._foreach_mul_(direction, self.hp.mu)  # the pull mu (x - anchor), then the loss's gradient added
+        torch._foreach_add_(grad.select(direction), grad)
+        descend_(x, direction, self.hp.lr)
+        grad.add_factors_(state.x, -self.hp.lr)  # under federation.fused_sgd
         return state, loss
