@@ -58,20 +58,46 @@ def same(a: tuple[dict[str, Any], dict[str, float]], b: tuple[dict[str, Any], di
             assert torch.equal(value, b[0][name]), name
 
 
-@pytest.mark.parametrize("algorithm", [
+ON_A_NETWORK = [
     {"name": "fedavg"},
     {"name": "fedavgm"},
     {"name": "local-sgdm", "momentum": 0.9},
     {"name": "local-sgdm", "momentum": 0.5, "average": "model"},
     {"name": "fedprox", "mu": 0.3},
-], ids=lambda a: "-".join(str(v) for v in a.values()))
+    {"name": "fedadam"},
+    {"name": "scaffold"},
+    {"name": "scaffold", "control": "option1"},
+]
+WITHOUT_A_NETWORK = ["fcsg", "fcsg-m", "acc-fcsg-m"]
+ON_THEIR_OWN_TASK = {"local-sgdm-rl": {"task": {"name": "imbalanced-binary"}, "federation": {"clients": 4, "backend": "local"},
+                                       "run": {"rounds": 2, "progress": "none"}}}
+"""Algorithms that need a task of their own (the Ratio Loss's class-weighted loss), with it."""
+
+
+def test_every_algorithm_with_an_in_place_step_is_held_to_its_pure_numbers_below():
+    import fedcomp.platform.algorithms  # noqa: F401  (registers them all)
+    from fedcomp.platform.registry import ALGORITHMS
+
+    stepped = {name for name, cls in ALGORITHMS.items() if issubclass(cls, LocalSteps) and cls.mutates}
+    assert stepped == {a["name"] for a in ON_A_NETWORK} | set(WITHOUT_A_NETWORK) | set(ON_THEIR_OWN_TASK)
+
+
+@pytest.mark.parametrize("name", list(ON_THEIR_OWN_TASK))
+def test_in_place_steps_on_their_own_task_give_the_pure_updates_numbers(name, monkeypatch):
+    config = load_config({**ON_THEIR_OWN_TASK[name], "algorithm": {"name": name, "lr": 0.1, "local_steps": 3,
+                                                                   "outer_batch": 8}})
+    assert build_algorithm(config).in_place()
+    same(final(config, True, monkeypatch), final(config, False, monkeypatch))
+
+
+@pytest.mark.parametrize("algorithm", ON_A_NETWORK, ids=lambda a: "-".join(str(v) for v in a.values()))
 def test_in_place_steps_on_a_network_give_the_pure_updates_numbers(algorithm, monkeypatch):
     config = load_config({**MLP, "algorithm": {**algorithm, "lr": 0.1, "local_steps": 3, "outer_batch": 4}})
     assert build_algorithm(config).in_place()
     same(final(config, True, monkeypatch), final(config, False, monkeypatch))
 
 
-@pytest.mark.parametrize("name", ["fcsg", "fcsg-m", "acc-fcsg-m"])
+@pytest.mark.parametrize("name", WITHOUT_A_NETWORK)
 def test_in_place_steps_without_a_network_give_the_pure_updates_numbers(name, monkeypatch):
     config = load_config("quickstart", {**LOGREG, "algorithm.name": name})
     assert build_algorithm(config).in_place()
@@ -113,6 +139,7 @@ FUSED_ALGORITHMS = [
     {"name": "local-sgdm", "momentum": 0.9},
     {"name": "local-sgdm", "momentum": 0.5, "average": "model"},
     {"name": "fedprox", "mu": 0.3},
+    {"name": "scaffold"},
 ]
 
 

@@ -33,7 +33,7 @@ import torch
 from pydantic import Field, model_validator
 from torch import Tensor
 
-from fedcomp.platform.algorithms.base import CommonHParams, LocalSteps, Tensors, grad_and_loss
+from fedcomp.platform.algorithms.base import CommonHParams, LocalSteps, Tensors, grad_and_loss, grad_and_loss_factors
 from fedcomp.platform.params import Params
 from fedcomp.platform.problems import PLAIN, PlainProblem
 from fedcomp.platform.registry import register_algorithm
@@ -86,6 +86,7 @@ class Scaffold(LocalSteps[ScaffoldClient, ScaffoldServer]):
     HParams: ClassVar[type[Params]] = ScaffoldHParams
     Client, Server = ScaffoldClient, ScaffoldServer
     round_local = frozenset({"x_start", "control_next"})
+    mutates = frozenset({"x"})
     description = "SCAFFOLD (Karimireddy et al. 2020): control variates correct the client drift (A22)"
 
     def init(self, variables: Tensors) -> ScaffoldServer:
@@ -116,6 +117,29 @@ class Scaffold(LocalSteps[ScaffoldClient, ScaffoldServer]):
         new = state.replace(x=y, control_next=control_next)
         if step % q == q - 1:
             c_next = control_next if self.hp.control == "option1" else state.c_i - state.c + (state.x_start - y) / (q * lr)
+            new = new.replace(c=state.c + (c_next - state.c_i), c_i=c_next)
+        return new, loss
+
+    def update_(self, problem: PlainProblem, state: ScaffoldClient, batch: tuple[Any, ...], step: int) -> tuple[ScaffoldClient, Tensor]:
+        """:meth:`update` with y written into x in place: ``d = (grad - c_i) + c``, ``d *= lr``, ``x -= d`` piece by
+        piece (the same roundings); the control variates as there. Under ``federation.fused_sgd`` a linear weight
+        with no other gradient takes ``d = c - c_i`` (the same floats as ``(0 - c_i) + c``) and then its gradient's
+        factors."""
+        q, lr = self.hp.local_steps, self.hp.lr
+        control_next = state.control_next
+        if step % q == 0 and self.hp.control == "option1":
+            control_next, _ = grad_and_loss(problem, state.x, batch[1])
+        grad, loss = grad_and_loss_factors(problem, state.x, batch[0])
+        c, c_i = grad.whole(state.c), grad.whole(state.c_i)
+        torch._foreach_sub_(grad, grad.select(c_i))
+        torch._foreach_add_(grad, grad.select(c))
+        direction = grad.whole_of(grad, lambda i: c[i] - c_i[i])
+        torch._foreach_mul_(direction, lr)
+        torch._foreach_sub_(grad.whole(state.x), direction)
+        grad.add_factors_(state.x, -lr)
+        new = state.replace(control_next=control_next)
+        if step % q == q - 1:
+            c_next = control_next if self.hp.control == "option1" else state.c_i - state.c + (state.x_start - state.x) / (q * lr)
             new = new.replace(c=state.c + (c_next - state.c_i), c_i=c_next)
         return new, loss
 
