@@ -107,7 +107,7 @@ class FederationConfig(Params):
     fused_sgd: bool = Field(
         False,
         description="SGD local steps taken in place -- FedAvg's and its server-optimiser variants', FCSG's, "
-        "LocalSGDM's, FedProx's, SCAFFOLD's (client states of 100,000 floats or more, not in lockstep) -- apply each "
+        "LocalSGDM's, FedProx's (client states of 100,000 floats or more, not in lockstep) -- apply each "
         "torch.nn.Linear weight's gradient by its factors in one matrix product, W <- W - lr g^T a or "
         "b <- mu b + g^T a, without forming the gradient: faster on large linear layers; equal to the exact step up to "
         "float32 rounding (not bit for bit), and bitwise the same on every backend and packing",

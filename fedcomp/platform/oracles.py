@@ -25,7 +25,7 @@ LOCKSTEP: ContextVar[bool] = ContextVar("lockstep", default=False)
 
 FUSED_SGD: ContextVar[bool] = ContextVar("fused_sgd", default=False)
 """True while a host runs client programs under ``federation.fused_sgd``: SGD steps taken in place (plain, with
-momentum, FedProx's, SCAFFOLD's; :func:`grad_and_loss_factors`) apply the model's linear layers' gradients by their factors
+momentum or FedProx's; :func:`grad_and_loss_factors`) apply the model's linear layers' gradients by their factors
 (:meth:`fedcomp.models.functional.FlatModel.factored_grad_pieces`)."""
 
 
@@ -71,14 +71,6 @@ class Pieces(list[Tensor]):
     def whole(self, flat: Tensor) -> list[Tensor]:
         """``flat`` cut into every piece, the factored ones included (as :meth:`of` where there are none)."""
         return [flat] if self.cut is None else self.cut(flat)
-
-    def whole_of(self, pieces: list[Tensor], missing: Callable[[int], Tensor]) -> list[Tensor]:
-        """``pieces`` (as this list holds them) completed to every piece, :meth:`whole`'s order: ``missing(i)`` for
-        each factored-only piece i (none where there are no factors)."""
-        if self.dense is None:
-            return list(pieces)
-        at = dict(zip(self.dense, pieces))
-        return [at[i] if i in at else missing(i) for i in range(len(at.keys() | self.factors.keys()))]
 
     def add_factors_(self, flat: Tensor, alpha: float, beta: float = 1.0) -> None:
         """``p <- beta p + alpha (rows^T inputs summed over the pairs)`` on each of ``flat``'s pieces with factors, by

@@ -139,7 +139,6 @@ FUSED_ALGORITHMS = [
     {"name": "local-sgdm", "momentum": 0.9},
     {"name": "local-sgdm", "momentum": 0.5, "average": "model"},
     {"name": "fedprox", "mu": 0.3},
-    {"name": "scaffold"},
 ]
 
 

@@ -33,7 +33,7 @@ import torch
 from pydantic import Field, model_validator
 from torch import Tensor
 
-from fedcomp.platform.algorithms.base import CommonHParams, LocalSteps, Tensors, grad_and_loss, grad_and_loss_factors
+from fedcomp.platform.algorithms.base import CommonHParams, LocalSteps, Tensors, grad_and_loss, grad_and_loss_pieces
 from fedcomp.platform.params import Params
 from fedcomp.platform.problems import PLAIN, PlainProblem
 from fedcomp.platform.registry import register_algorithm
@@ -122,21 +122,17 @@ class Scaffold(LocalSteps[ScaffoldClient, ScaffoldServer]):
 
     def update_(self, problem: PlainProblem, state: ScaffoldClient, batch: tuple[Any, ...], step: int) -> tuple[ScaffoldClient, Tensor]:
         """:meth:`update` with y written into x in place: ``d = (grad - c_i) + c``, ``d *= lr``, ``x -= d`` piece by
-        piece (the same roundings); the control variates as there. Under ``federation.fused_sgd`` a linear weight
-        with no other gradient takes ``d = c - c_i`` (the same floats as ``(0 - c_i) + c``) and then its gradient's
-        factors."""
+        piece (the same roundings); the control variates as there. (Not fused under ``federation.fused_sgd``: a
+        linear weight would still need its correction ``c - c_i`` formed, weight-sized, which took the gain.)"""
         q, lr = self.hp.local_steps, self.hp.lr
         control_next = state.control_next
         if step % q == 0 and self.hp.control == "option1":
             control_next, _ = grad_and_loss(problem, state.x, batch[1])
-        grad, loss = grad_and_loss_factors(problem, state.x, batch[0])
-        c, c_i = grad.whole(state.c), grad.whole(state.c_i)
-        torch._foreach_sub_(grad, grad.select(c_i))
-        torch._foreach_add_(grad, grad.select(c))
-        direction = grad.whole_of(grad, lambda i: c[i] - c_i[i])
-        torch._foreach_mul_(direction, lr)
-        torch._foreach_sub_(grad.whole(state.x), direction)
-        grad.add_factors_(state.x, -lr)
+        grad, loss = grad_and_loss_pieces(problem, state.x, batch[0])
+        torch._foreach_sub_(grad, grad.of(state.c_i))
+        torch._foreach_add_(grad, grad.of(state.c))
+        torch._foreach_mul_(grad, lr)
+        torch._foreach_sub_(grad.of(state.x), grad)
         new = state.replace(control_next=control_next)
         if step % q == q - 1:
             c_next = control_next if self.hp.control == "option1" else state.c_i - state.c + (state.x_start - state.x) / (q * lr)
