@@ -13,19 +13,20 @@ import ray
 import torch
 
 from fedcomp.actors.collective import Group, History, run_exchange
-from fedcomp.actors.quiet_exit import drop_lost_exits
+from fedcomp.actors.quiet_exit import drop_lost_exits_in_a_worker
 from fedcomp.actors.replicas import Replica
 from fedcomp.platform.accelerator import configure
 from fedcomp.platform.algorithms.base import Tensors
 from fedcomp.platform.config import Config
 from fedcomp.platform.federation import ClientHost, Layout, Partial
 
+drop_lost_exits_in_a_worker()  # a client actor stopped with SIGTERM, even before its constructor ran, goes without a traceback
+
 
 class ClientActor:
     """Hosts ``clients`` on the GPU Ray assigned to it, if any, else on the CPU."""
 
     def __init__(self, config: Config, clients: Sequence[int], incarnation: int = 0) -> None:
-        drop_lost_exits()  # a client actor stopped with SIGTERM goes without a traceback
         self.setup(config, clients, incarnation)
 
     def setup(self, config: Config, clients: Sequence[int], incarnation: int = 0) -> None:

@@ -15,18 +15,18 @@ from ray.exceptions import RayTaskError
 from fedcomp.actors import kept
 from fedcomp.actors.cluster import actor_options, cluster_nodes, connect, plan_actors
 from fedcomp.actors.federation import RayFederation, unwrap, wait_ready
-from fedcomp.actors.quiet_exit import drop_lost_exits
+from fedcomp.actors.quiet_exit import drop_lost_exits_in_a_worker
 from fedcomp.platform.config import Config
 from fedcomp.platform.run_checks import state_finite
 from fedcomp.platform.server import RoundReply, Server
+
+drop_lost_exits_in_a_worker()  # a server actor stopped with SIGTERM, even before its constructor ran, goes without a traceback
 
 
 class ServerActor:
     """Holds the :class:`Server` (global state, evaluation data) and the client actors it starts."""
 
     def __init__(self, config: Config, in_actor: bool = True, keep: bool = False) -> None:
-        if in_actor:
-            drop_lost_exits()  # a server actor stopped with SIGTERM goes without a traceback
         self.setup(config, in_actor, keep)
 
     def setup(self, config: Config, in_actor: bool = True, keep: bool = False) -> None:
