@@ -5,8 +5,10 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -84,6 +86,25 @@ def ray_session():
         )
     yield ray
     ray.shutdown()
+
+
+def unraisable_hooks_in_a_fresh_worker(ray: Any, module: str) -> tuple[str, str]:
+    """The type name of ``sys.unraisablehook`` in a new Ray worker process that has run nothing of fedcomp's, before
+    and after it imports ``module`` (:mod:`fedcomp.actors.quiet_exit`)."""
+    import importlib
+
+    @ray.remote(num_cpus=0)
+    class Fresh:
+        def hook(self, load: str = "") -> str:
+            if load:
+                importlib.import_module(load)
+            return type(sys.unraisablehook).__name__
+
+    fresh = Fresh.remote()
+    try:
+        return ray.get(fresh.hook.remote()), ray.get(fresh.hook.remote(module))
+    finally:
+        ray.kill(fresh)
 
 
 @pytest.fixture

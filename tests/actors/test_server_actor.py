@@ -8,7 +8,7 @@ from fedcomp.actors.server_actor import RayServer
 from fedcomp.platform.config import load_config
 from fedcomp.platform.federation import LocalFederation
 from fedcomp.platform.server import Server
-from tests.conftest import small
+from tests.conftest import small, unraisable_hooks_in_a_fresh_worker
 
 pytestmark = pytest.mark.ray
 
@@ -76,20 +76,6 @@ def test_the_server_and_client_actors_processes_drop_lost_exits(keeping):
 
 def test_loading_the_actor_modules_in_a_worker_drops_lost_exits_before_any_constructor_runs(ray_session):
     """Ray may stop an actor's process with SIGTERM while it still builds the actor (a killed run's replacement)."""
-    import importlib
-    import sys
-
-    @ray_session.remote(num_cpus=0)
-    class Fresh:  # a worker process that has run nothing of fedcomp's
-        def hook(self, load: str = "") -> str:
-            if load:
-                importlib.import_module(load)
-            return type(sys.unraisablehook).__name__
-
     for module in ("fedcomp.actors.client_actor", "fedcomp.actors.server_actor"):
-        fresh = Fresh.remote()
-        try:
-            assert ray_session.get(fresh.hook.remote()) != "DropLostExits"
-            assert ray_session.get(fresh.hook.remote(module)) == "DropLostExits", module
-        finally:
-            ray_session.kill(fresh)
+        before, after = unraisable_hooks_in_a_fresh_worker(ray_session, module)
+        assert before != "DropLostExits" and after == "DropLostExits", module

@@ -13,6 +13,7 @@ from fedcomp.actors.quiet_exit import drop_lost_exits_in_a_worker
 from fedcomp.platform.errors import ResourceError
 from fedcomp.sweeps.spec import load_spec
 from fedcomp.sweeps.trial import pinned_config, placement_group_factory, trial_resources
+from tests.conftest import unraisable_hooks_in_a_fresh_worker
 
 BASE = {"base": "quickstart", "set": {"federation.clients": 4, "federation.clients_per_actor": 2,
                                       "federation.server": "actor"}}
@@ -77,21 +78,8 @@ def test_a_trial_process_drops_lost_exits():
 def test_a_trial_process_drops_lost_exits_from_loading_its_trainable_and_a_driver_keeps_pythons_reports(ray_session):
     """Tune may start a trial process and stop it with SIGTERM before it runs a trial: the lost ``SystemExit`` was
     then reported as "Exception ignored ... SystemExit: 1" on the sweep's terminal (fedcomp.actors.quiet_exit)."""
-    import importlib
-
-    @ray_session.remote(num_cpus=0)
-    class Fresh:  # a worker process that has run nothing of fedcomp's
-        def hook(self, load: str = "") -> str:
-            if load:
-                importlib.import_module(load)
-            return type(sys.unraisablehook).__name__
-
-    fresh = Fresh.remote()
-    try:
-        assert ray_session.get(fresh.hook.remote()) != "DropLostExits"
-        assert ray_session.get(fresh.hook.remote("fedcomp.sweeps.trial")) == "DropLostExits"
-    finally:
-        ray_session.kill(fresh)
+    before, after = unraisable_hooks_in_a_fresh_worker(ray_session, "fedcomp.sweeps.trial")
+    assert before != "DropLostExits" and after == "DropLostExits"
     before = sys.unraisablehook  # this process: a driver, with Ray up
     drop_lost_exits_in_a_worker()
     assert sys.unraisablehook is before
