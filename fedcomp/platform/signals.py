@@ -35,7 +35,7 @@ from types import FrameType
 
 WATCH_EVERY_S = 0.002
 """How often the watch after a SIGTERM asks whether the cluster still answers: often, as it races Ray's own
-exit (code 1) tens of milliseconds after a local raylet is gone (a look at two ``/proc`` files; see
+exit (code 1) tens of milliseconds after a local raylet is gone (a look at the daemons' ``/proc`` files; see
 :func:`fedcomp.actors.cluster.answering`)."""
 
 _lifeline: list[Callable[[], bool]] = []
