@@ -34,6 +34,7 @@ import functools
 import statistics
 import sys
 import time
+from collections.abc import Callable
 
 import torch
 
@@ -48,9 +49,14 @@ COHORT, LOCAL_STEPS = 10, 5
 TARGET = 1.05
 
 
-def run(runner: str, hidden: list[int], clients: int, rounds: int) -> tuple[float, torch.Tensor, float]:
-    """Median round time (s), the final weights and the minor page faults per round of one runner."""
+def run(runner: str, hidden: list[int], clients: int, rounds: int,
+        algorithm: dict[str, object] | None = None) -> tuple[float, torch.Tensor, float]:
+    """Median round time (s), the final weights and the minor page faults per round of one runner (FedAvg, or the
+    ``algorithm`` given: its name and hyperparameters over the workload's)."""
     config = bench_config(clients, COHORT, rounds, LOCAL_STEPS, hidden, "local", fused_sgd=runner == "fused")
+    if algorithm:
+        settings = config.to_dict()
+        config = load_config({**settings, "algorithm": {**settings["algorithm"], **algorithm}})
     if runner == "optim":
         m = run_optim(config, 0)
     else:
@@ -64,39 +70,39 @@ def run(runner: str, hidden: list[int], clients: int, rounds: int) -> tuple[floa
     return m.median_round_s, m.final, m.faults_per_round
 
 
+def alternate(runners: list[str], repeats: int, label: str,
+              run_one: Callable[[str], tuple[float, torch.Tensor, float]]) -> tuple[dict[str, list[float]], dict[str, torch.Tensor], dict[str, list[float]]]:
+    """Each runner once per repeat, in turn: its round times, its last final weights and its page faults per round."""
+    times: dict[str, list[float]] = {r: [] for r in runners}
+    finals: dict[str, torch.Tensor] = {}
+    faults: dict[str, list[float]] = {r: [] for r in runners}
+    for repeat in range(repeats):
+        for runner in runners:
+            print(f"local_step: {label}, repeat {repeat + 1}/{repeats}, {runner}", file=sys.stderr, flush=True)
+            seconds, finals[runner], per_round = run_one(runner)
+            times[runner].append(seconds)
+            faults[runner].append(per_round)
+    return times, finals, faults
+
+
 OTHERS = {"LocalSGDM, momentum 0.9": {"name": "local-sgdm", "momentum": 0.9},
           "FedProx, mu 0.01": {"name": "fedprox", "mu": 0.01}}
 """The second table's algorithms (x and LocalSGDM's buffer averaged), in place, exact against fused."""
 
 
-def run_other(algorithm: dict[str, object], fused: bool, hidden: list[int], clients: int,
-              rounds: int) -> tuple[float, torch.Tensor]:
-    """Median round time (s) and final weights of ``algorithm`` on the workload, exact or fused."""
-    config = bench_config(clients, COHORT, rounds, LOCAL_STEPS, hidden, "local", fused_sgd=fused).to_dict()
-    config["algorithm"] = {**config["algorithm"], **algorithm}
-    m = run_fedcomp(load_config(config), "local", 0)
-    return m.median_round_s, m.final
-
-
 def other_rows(rounds: int, repeats: int) -> list[str]:
-    """The second table: each of :data:`OTHERS` exact and fused, alternating within each repeat, on the first
-    workload (the heavy MLP)."""
+    """The second table: each of :data:`OTHERS` exact (``after``) and fused, alternating within each repeat, on the
+    first workload (the heavy MLP)."""
     workload = next(iter(WORKLOADS))
     hidden, clients = WORKLOADS[workload]
     rows = []
     for label, algorithm in OTHERS.items():
-        times: dict[str, list[float]] = {"exact": [], "fused": []}
-        finals: dict[str, torch.Tensor] = {}
-        for repeat in range(repeats):
-            for runner in times:
-                print(f"local_step: {label}, {workload}, repeat {repeat + 1}/{repeats}, {runner}", file=sys.stderr,
-                      flush=True)
-                seconds, finals[runner] = run_other(algorithm, runner == "fused", hidden, clients, rounds)
-                times[runner].append(seconds)
+        times, finals, _ = alternate(["after", "fused"], repeats, f"{label}, {workload}",
+                                     lambda r: run(r, hidden, clients, rounds, algorithm))  # noqa: B023 (called at once)
         ms = {r: statistics.median(t) * 1e3 for r, t in times.items()}
-        rows.append(f"| {label} | {workload} | {ms['exact']:.1f} | {ms['fused']:.1f} | "
-                    f"{ms['exact'] / (COHORT * LOCAL_STEPS):.2f} | {ms['fused'] / (COHORT * LOCAL_STEPS):.2f} | "
-                    f"{paired_ratio(times, 'fused', 'exact')} | {(finals['fused'] - finals['exact']).abs().max().item():.1e} |")
+        rows.append(f"| {label} | {workload} | {ms['after']:.1f} | {ms['fused']:.1f} | "
+                    f"{ms['after'] / (COHORT * LOCAL_STEPS):.2f} | {ms['fused'] / (COHORT * LOCAL_STEPS):.2f} | "
+                    f"{paired_ratio(times, 'fused', 'after')} | {(finals['fused'] - finals['after']).abs().max().item():.1e} |")
     return rows
 
 
@@ -146,15 +152,8 @@ def main(argv: list[str] | None = None) -> int:
     load_before = load_average()
     rows = []
     for label, (hidden, clients) in WORKLOADS.items():
-        times: dict[str, list[float]] = {"before": [], "after": [], "optim": [], "fused": []}
-        finals: dict[str, torch.Tensor] = {}
-        faults: dict[str, list[float]] = {r: [] for r in times}
-        for repeat in range(args.repeats):
-            for runner in times:
-                print(f"local_step: {label}, repeat {repeat + 1}/{args.repeats}, {runner}", file=sys.stderr, flush=True)
-                seconds, finals[runner], per_round = run(runner, hidden, clients, args.rounds)
-                times[runner].append(seconds)
-                faults[runner].append(per_round)
+        times, finals, faults = alternate(["before", "after", "optim", "fused"], args.repeats, label,
+                                          lambda r: run(r, hidden, clients, args.rounds))  # noqa: B023 (called at once)
         ms = {r: statistics.median(t) * 1e3 for r, t in times.items()}
         per_step = {r: v / (COHORT * LOCAL_STEPS) for r, v in ms.items()}
         paired = functools.partial(paired_ratio, times)

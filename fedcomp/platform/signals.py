@@ -126,19 +126,15 @@ def _as_ctrl_c(signum: int, frame: FrameType | None) -> None:
 def _watch(alive: Callable[[], bool]) -> None:
     """Until the process leaves its farewells: when ``alive()`` turns false, say the innermost one and exit."""
     try:
-        _watch_until_left(alive)
+        while _farewells:
+            if not alive():
+                with _saying:
+                    if _farewells:
+                        words = _farewells[-1]()
+                        sys.stdout.flush()
+                        print(f"fedcomp: interrupted: {words}", file=sys.stderr, flush=True)
+                        os._exit(130)
+                return
+            time.sleep(WATCH_EVERY_S)
     finally:
         _watching.release()
-
-
-def _watch_until_left(alive: Callable[[], bool]) -> None:
-    while _farewells:
-        if not alive():
-            with _saying:
-                if _farewells:
-                    words = _farewells[-1]()
-                    sys.stdout.flush()
-                    print(f"fedcomp: interrupted: {words}", file=sys.stderr, flush=True)
-                    os._exit(130)
-            return
-        time.sleep(WATCH_EVERY_S)

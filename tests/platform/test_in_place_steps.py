@@ -143,7 +143,7 @@ FUSED_ALGORITHMS = [
 
 
 def fused(config: Any) -> Any:
-    return load_config({**config.to_dict(), "federation": {**config.to_dict()["federation"], "fused_sgd": True}})
+    return config.replace(**{"federation.fused_sgd": True})
 
 
 def factoring(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
