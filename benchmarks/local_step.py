@@ -41,7 +41,6 @@ import torch
 from common import HERE, generated_by, publish
 from fedcomp.bench import bench_config, load_average, run_fedcomp, run_optim, weights_hash
 from fedcomp.platform.algorithms.base import LocalSteps
-from fedcomp.platform.config import load_config
 
 WORKLOADS = {"heavy MLP 32-1024-1024-10, 100 clients": ([1024, 1024], 100),
              "small MLP 32-64-10, 1,000 clients": ([64], 1000)}
@@ -55,8 +54,7 @@ def run(runner: str, hidden: list[int], clients: int, rounds: int,
     ``algorithm`` given: its name and hyperparameters over the workload's)."""
     config = bench_config(clients, COHORT, rounds, LOCAL_STEPS, hidden, "local", fused_sgd=runner == "fused")
     if algorithm:
-        settings = config.to_dict()
-        config = load_config({**settings, "algorithm": {**settings["algorithm"], **algorithm}})
+        config = config.replace(**{f"algorithm.{key}": value for key, value in algorithm.items()})
     if runner == "optim":
         m = run_optim(config, 0)
     else:

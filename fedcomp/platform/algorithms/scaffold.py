@@ -108,36 +108,40 @@ class Scaffold(LocalSteps[ScaffoldClient, ScaffoldServer]):
         return (batch,), b
 
     def update(self, problem: PlainProblem, state: ScaffoldClient, batch: tuple[Any, ...], step: int) -> tuple[ScaffoldClient, Tensor]:
-        q, lr = self.hp.local_steps, self.hp.lr
-        control_next = state.control_next
-        if step % q == 0 and self.hp.control == "option1":
-            control_next, _ = grad_and_loss(problem, state.x, batch[1])
+        control_next = self._control_next(problem, state, batch, step)
         grad, loss = grad_and_loss(problem, state.x, batch[0])
-        y = state.x - lr * (grad - state.c_i + state.c)
-        new = state.replace(x=y, control_next=control_next)
-        if step % q == q - 1:
-            c_next = control_next if self.hp.control == "option1" else state.c_i - state.c + (state.x_start - y) / (q * lr)
-            new = new.replace(c=state.c + (c_next - state.c_i), c_i=c_next)
-        return new, loss
+        y = state.x - self.hp.lr * (grad - state.c_i + state.c)
+        return self._controls(state.replace(x=y), control_next, step), loss
 
     def update_(self, problem: PlainProblem, state: ScaffoldClient, batch: tuple[Any, ...], step: int) -> tuple[ScaffoldClient, Tensor]:
         """:meth:`update` with y written into x in place: ``d = (grad - c_i) + c``, ``d *= lr``, ``x -= d`` piece by
         piece (the same roundings); the control variates as there. (Not fused under ``federation.fused_sgd``: a
         linear weight would still need its correction ``c - c_i`` formed, weight-sized, which took the gain.)"""
-        q, lr = self.hp.local_steps, self.hp.lr
-        control_next = state.control_next
-        if step % q == 0 and self.hp.control == "option1":
-            control_next, _ = grad_and_loss(problem, state.x, batch[1])
+        control_next = self._control_next(problem, state, batch, step)
         grad, loss = grad_and_loss_pieces(problem, state.x, batch[0])
         torch._foreach_sub_(grad, grad.of(state.c_i))
         torch._foreach_add_(grad, grad.of(state.c))
-        torch._foreach_mul_(grad, lr)
+        torch._foreach_mul_(grad, self.hp.lr)
         torch._foreach_sub_(grad.of(state.x), grad)
-        new = state.replace(control_next=control_next)
+        return self._controls(state, control_next, step), loss
+
+    def _control_next(self, problem: PlainProblem, state: ScaffoldClient, batch: tuple[Any, ...], step: int) -> Tensor:
+        """Option I's c_i+ (the gradient at the round's starting point, on the extra batch) at the round's first
+        step; else what the client holds."""
+        if step % self.hp.local_steps == 0 and self.hp.control == "option1":
+            return grad_and_loss(problem, state.x, batch[1])[0]
+        return state.control_next
+
+    def _controls(self, stepped: ScaffoldClient, control_next: Tensor, step: int) -> ScaffoldClient:
+        """The client after its step (``stepped.x`` is y): at the round's last step c_i <- c_i+ (option I's, or option
+        II's (x_start - y) / (q lr) - c + c_i) and c tracks it, c <- c + (c_i+ - c_i)."""
+        q = self.hp.local_steps
+        new = stepped.replace(control_next=control_next)
         if step % q == q - 1:
-            c_next = control_next if self.hp.control == "option1" else state.c_i - state.c + (state.x_start - state.x) / (q * lr)
-            new = new.replace(c=state.c + (c_next - state.c_i), c_i=c_next)
-        return new, loss
+            c_next = (control_next if self.hp.control == "option1"
+                      else new.c_i - new.c + (new.x_start - new.x) / (q * self.hp.lr))
+            new = new.replace(c=new.c + (c_next - new.c_i), c_i=c_next)
+        return new
 
     def round(self, fed: Round, server: ScaffoldServer) -> ScaffoldServer:
         """x <- x + eta_g (<y_i> - x);  c <- c + (|S| / N) (<c + c_i+ - c_i> - c)."""
