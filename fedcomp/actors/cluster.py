@@ -11,7 +11,6 @@ a message that names it and says what would fit.
 
 from __future__ import annotations
 
-import atexit
 import logging
 import math
 import os
@@ -78,7 +77,7 @@ def connect(address: str | None = None, worker_log_level: str | None = None) -> 
             # would join the latest one, and die with it).
             announce("starting local Ray ...")
             ray.init(address="local", **kwargs)
-            atexit.register(end_monitor)  # before Ray's own shutdown at exit, which Ray registered when imported
+            end_idle_daemons()
         stop_on_sigterm()  # in place of Ray's own answers to it
         depends_on(answering(ray.get_runtime_context().gcs_address, () if address else started_daemons()))
         resources = ray.cluster_resources()
@@ -87,18 +86,23 @@ def connect(address: str | None = None, worker_log_level: str | None = None) -> 
     return dict(ray.cluster_resources())
 
 
-def end_monitor() -> None:
-    """Stop the autoscaler monitor of the local Ray this process started (fedcomp does not use it), now.
+def end_idle_daemons() -> None:
+    """Stop two processes of the local Ray this process started that do nothing for it: the autoscaler monitor (a
+    local Ray has nothing to scale) and the API server, which with the dashboard off (fedcomp starts Ray with
+    ``include_dashboard=False``) loads only Ray's usage-statistics module, and ``ray.init`` turns usage statistics
+    off for the clusters it starts.
 
-    Ray's shutdown stops its GCS before the monitor, and the monitor answers SIGTERM by reporting its end to that GCS;
-    Ray then waits its 1 s grace and kills it: 1.0 s of the 1.36 s that ending a local Ray took, at the exit of every
-    run and sweep. Stopped before, it leaves Ray's shutdown nothing to wait for. Nothing happens where Ray has no such
-    process (joined a cluster, shut down already, another Ray version)."""
+    Together they held 127 MiB of memory for the whole run (the monitor 50, the API server 77:
+    benchmarks/MEMORY_REPLICATED.md). The monitor also cost time at the end: Ray's shutdown stops its GCS before the
+    monitor, which answers SIGTERM by reporting its end to that GCS; Ray then waited its 1 s grace and killed it
+    (1.0 s of the 1.36 s that ending a local Ray took). Nothing happens where Ray has no such process (joined a
+    cluster, shut down already, another Ray version)."""
     node = getattr(ray._private.worker, "_global_node", None)  # Ray's handle on the processes it started
-    try:
-        node.kill_monitor(check_alive=False)  # type: ignore[union-attr]
-    except Exception:
-        pass
+    for end in ("kill_monitor", "kill_dashboard"):
+        try:
+            getattr(node, end)(check_alive=False)
+        except Exception:
+            pass
 
 
 def answering(address: str, daemons: Sequence[int] = (), timeout_s: float = 2.0) -> Callable[[], bool]:

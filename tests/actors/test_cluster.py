@@ -183,28 +183,26 @@ def test_a_local_ray_answers_only_while_the_daemons_it_started_run(ray_session):
     assert not alive()
 
 
-# A local Ray started as fedcomp starts it: its autoscaler monitor runs until end_monitor, which is harmless before
-# Ray starts and after it has ended; Ray's own shutdown then goes through.
+# A local Ray started as fedcomp starts it runs neither the autoscaler monitor nor the API server (Ray starts both;
+# connect ends them at once) and still runs tasks; end_idle_daemons is harmless before Ray starts and after it has
+# ended, and Ray's own shutdown then goes through.
 MONITOR_ENDED = """
 import os, ray
 from pathlib import Path
-from fedcomp.actors.cluster import _runs, connect, end_monitor
-def monitors():
+from fedcomp.actors.cluster import _runs, connect, end_idle_daemons
+def idle():
     for folder in Path("/proc").glob("[0-9]*"):
         try:
             child = int((folder / "stat").read_text().rsplit(")", 1)[1].split()[1]) == os.getpid()
-            if child and b"autoscaler/_private/monitor.py" in (folder / "cmdline").read_bytes():
+            if child and any(s in (folder / "cmdline").read_bytes() for s in (b"/monitor.py", b"/dashboard.py")):
                 yield int(folder.name)
         except OSError:  # ended meanwhile
             pass
-end_monitor()
+end_idle_daemons()
 connect("local")
-[monitor] = monitors()
-before = _runs(monitor)
-end_monitor()
-print(before, _runs(monitor))
+print([pid for pid in idle() if _runs(pid)], ray.get(ray.remote(lambda: 41 + 1).remote()))
 ray.shutdown()
-end_monitor()
+end_idle_daemons()
 print("shut down")
 """
 
@@ -212,13 +210,13 @@ print("shut down")
 @pytest.mark.ray
 @pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/stat").is_file(), reason="reads /proc")
-def test_the_autoscaler_monitor_of_a_local_ray_ends_before_rays_shutdown_waits_on_it(tmp_path):
-    """Ray's shutdown stopped the GCS, then gave the monitor (reporting its end to that GCS) its 1 s grace before
-    killing it: most of the time ending fedcomp's local Ray took, at the exit of every run and sweep."""
+def test_a_local_ray_runs_without_its_autoscaler_monitor_and_api_server(tmp_path):
+    """They held 127 MiB for the whole run, and Ray's shutdown stopped the GCS, then gave the monitor (reporting its
+    end to that GCS) its 1 s grace before killing it: most of the time ending a local Ray took."""
     done = subprocess.run([sys.executable, "-c", MONITOR_ENDED], capture_output=True, text=True, timeout=300,
                           cwd=tmp_path, env={**os.environ, "RAY_ADDRESS": ""})
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.split("\n")[-3:] == ["True False", "shut down", ""]
+    assert done.stdout.split("\n")[-3:] == ["[] 42", "shut down", ""]
 
 
 @pytest.fixture(scope="module")
