@@ -9,7 +9,9 @@ each run in its own process; writes ``benchmarks/RESULTS.md``.
 
 Every runner is a subprocess started from ``benchmarks/peers/`` (fedcomp's six in this virtualenv, pfl in
 this virtualenv with its packages on PYTHONPATH, Flower in its own virtualenv), so start-up and the memory
-of the whole process tree are measured the same way for all eight. The peers are installed under
+of the whole process tree are measured the same way for all eight. Memory is measured in runs of its own, one
+per configuration after the timed repeats: sampling a process tree's memory takes CPU (54 ms per sample of a
+Ray run's ten processes), which the timed runs must not lose. The peers are installed under
 ``--bench-dir`` (default ``.bench/`` in the checkout) on first use; ``--no-install`` fails in one line
 (exit 2) instead. The workload, the machine description and the table come from :mod:`fedcomp.bench`
 (``fedcomp bench``), so both benchmarks measure the same thing and describe it the same way.
@@ -18,6 +20,7 @@ of the whole process tree are measured the same way for all eight. The peers are
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import os
@@ -340,6 +343,10 @@ class PeerRun:
     versions: dict[str, str]
     peak_detail: dict[int, tuple[str, int]] = field(default_factory=dict)
     """Process id -> (name, bytes) at the memory peak."""
+    sampled: bool = False
+    """A memory run: its tree's memory sampled (``peak_bytes``, ``peak_detail``), its times not used. A timed
+    run samples nothing (``peak_bytes`` 0)."""
+
     @property
     def median_round_s(self) -> float:
         return statistics.median(self.round_s)
@@ -375,9 +382,11 @@ def runner_env(runner: str, pfl_site: Any = None) -> dict[str, str]:
 
 
 def run_peer(runner: str, workload: Workload, workers: int, repeat: int, spec: Any, work: Any,
-             flower_python: Any = None, pfl_site: Any = None, timeout_s: float = 1800) -> PeerRun:
-    """Start one runner as a subprocess, sample its process tree's memory, read back its result."""
-    name = f"{runner}-{workload.key}-w{workers}-{repeat}"
+             flower_python: Any = None, pfl_site: Any = None, timeout_s: float = 1800,
+             sample_memory: bool = False) -> PeerRun:
+    """Start one runner as a subprocess, read back its result; with ``sample_memory``, sample its process tree's
+    memory meanwhile (a memory run)."""
+    name = f"{runner}-{workload.key}-w{workers}-{'memory' if sample_memory else repeat}"
     out, log = work / f"{name}.json", work / f"{name}.log"
     out.unlink(missing_ok=True)
     cmd = runner_command(runner, workers, spec, out, flower_python)
@@ -385,7 +394,8 @@ def run_peer(runner: str, workload: Workload, workers: int, repeat: int, spec: A
         launched = time.time()
         proc = subprocess.Popen(cmd, env=runner_env(runner, pfl_site), stdout=log_file, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True)
-        with TreeMemory(proc.pid) as memory:
+        memory = TreeMemory(proc.pid)
+        with memory if sample_memory else contextlib.nullcontext():
             try:
                 rc = proc.wait(timeout=timeout_s)
             except subprocess.TimeoutExpired:
@@ -408,7 +418,7 @@ def run_peer(runner: str, workload: Workload, workers: int, repeat: int, spec: A
     # server loop already waits in round 1, so "until round 1 began" would miss it
     startup = marks[1] - launched - statistics.median(rounds)
     return PeerRun(runner, workload, workers, repeat, startup, rounds, memory.peak, final,
-                   dict(result.get("runner_versions", {})), memory.peak_detail)
+                   dict(result.get("runner_versions", {})), memory.peak_detail, sample_memory)
 
 
 # peers: table --------------------------------------------------------------------------------------------
@@ -425,15 +435,21 @@ def _np_hash(x: Any) -> str:
 
 
 def summarise_peers(runs: list[PeerRun], accuracy: Any = None) -> tuple[list[Row], dict[tuple[str, str, int], float]]:
-    """Table rows (median over repeats) and the median round time (s) per (runner, workload key, workers).
+    """Table rows (median over the timed repeats) and the median round time (s) per (runner, workload key,
+    workers); the peak memory from the memory runs ("—" where there is none).
 
     ``accuracy(workload, weights) -> float`` gives the test accuracy column (left out when None).
     """
 
     by: dict[tuple[str, str, int], list[PeerRun]] = {}
+    peaks: dict[tuple[str, str, int], list[int]] = {}
     order: list[Workload] = []
     for run in runs:
-        by.setdefault((run.runner, run.workload.key, run.workers), []).append(run)
+        key = (run.runner, run.workload.key, run.workers)
+        if run.sampled:
+            peaks.setdefault(key, []).append(run.peak_bytes)
+            continue
+        by.setdefault(key, []).append(run)
         if run.workload not in order:
             order.append(run.workload)
     round_s = {key: median([r.median_round_s for r in rs]) for key, rs in by.items()}
@@ -463,7 +479,8 @@ def summarise_peers(runs: list[PeerRun], accuracy: Any = None) -> tuple[list[Row
                     "overhead vs plain (ms/round)": "—" if runner == "plain" or plain_round is None
                     else f"{(rt - plain_round) * 1e3:+.1f}",
                     "client updates/s": f"{min(w.cohort, w.clients) / rt:.0f}",
-                    "peak memory (MiB)": f"{median([r.peak_bytes for r in rs]) / 2**20:.0f}",
+                    "peak memory (MiB)": f"{median(peaks[key]) / 2**20:.0f}" if (key := (runner, w.key, workers)) in peaks
+                    else "—",
                     "final weights sha256": digest,
                     "max abs diff vs plain": diff,
                     "test acc": "—" if accuracy is None else f"{accuracy(w, rs[0].final):.3f}",
@@ -499,7 +516,7 @@ def peer_target_lines(runs: list[PeerRun], round_s: dict[tuple[str, str, int], f
                      f"heavy MLP): " + ", ".join(in_place))
     for runner, where in (("ray", "server actor"), ("ray-driver", "the server in the driver"),
                           ("ray-replicated", "the server replicated on the client actors")):
-        mem = [r for r in runs if r.runner == runner and r.workload.clients == 1000 and r.workers == 2]
+        mem = [r for r in runs if r.sampled and r.runner == runner and r.workload.clients == 1000 and r.workers == 2]
         if mem:
             peak = median([r.peak_bytes for r in mem]) / 2**30
             lines.append(f"- {RUNNER_LABELS[runner]}, 1000 clients in 2 client actors, whole process tree (driver, "
@@ -511,7 +528,7 @@ def memory_lines(runs: list[PeerRun]) -> list[str]:
     """Where the peak memory sits, per process kind, for the multi-process runners' largest workload."""
     lines = []
     for runner in ("ray", "ray-driver", "ray-replicated", "flower", "pfl"):
-        mine = [r for r in runs if r.runner == runner and r.peak_detail]
+        mine = [r for r in runs if r.sampled and r.runner == runner and r.peak_detail]
         if not mine:
             continue
         top = max(mine, key=lambda r: (r.workload.clients, r.workers, r.workload.rounds, -r.repeat))
@@ -558,17 +575,20 @@ def run_all(args: argparse.Namespace) -> int:
     work.mkdir(exist_ok=True)
     specs = {(w, n): write_workload(w, n, work) for w, workers in matrix for n in workers}
     runs: list[PeerRun] = []
-    for repeat in range(repeats):
-        for w, workers in matrix:
-            for runner in runners:
-                for n in ((1,) if runner in SINGLE_PROCESS else workers):
-                    spec = specs[(w, n)] if (w, n) in specs else write_workload(w, n, work)
-                    progress(f"repeat {repeat + 1}/{repeats}: {RUNNER_LABELS[runner]}, {w.key}, {n} worker(s)")
-                    try:
-                        runs.append(run_peer(runner, w, n, repeat, spec, work, flower_python, pfl_site))
-                    except PlatformError as error:  # one retry: a crash at exit must not cost the whole matrix
-                        progress(f"retrying once after: {error}")
-                        runs.append(run_peer(runner, w, n, repeat, spec, work, flower_python, pfl_site))
+    cells = [(w, runner, n) for w, workers in matrix for runner in runners
+             for n in ((1,) if runner in SINGLE_PROCESS else workers)]
+    passes = [(f"repeat {repeat + 1}/{repeats}", repeat, False) for repeat in range(repeats)]
+    for what, repeat, sample_memory in [*passes, ("memory run", repeats, True)]:
+        for w, runner, n in cells:
+            spec = specs[(w, n)] if (w, n) in specs else write_workload(w, n, work)
+            progress(f"{what}: {RUNNER_LABELS[runner]}, {w.key}, {n} worker(s)")
+            try:
+                runs.append(run_peer(runner, w, n, repeat, spec, work, flower_python, pfl_site,
+                                     sample_memory=sample_memory))
+            except PlatformError as error:  # one retry: a crash at exit must not cost the whole matrix
+                progress(f"retrying once after: {error}")
+                runs.append(run_peer(runner, w, n, repeat, spec, work, flower_python, pfl_site,
+                                     sample_memory=sample_memory))
 
     tasks: dict[str, Any] = {}
 
@@ -618,8 +638,9 @@ def render_peer_report(args: argparse.Namespace, runs: list[PeerRun], rows: list
         f"between two rounds' replies as its runner drives them, the next round queued before this one's reply "
         f"is taken; with the server replicated on the client actors, between two round ends in replica 0, whose "
         f"replies come in batches), median over the rounds, then median over {repeats} run(s); client updates/s = clients per round / round time; "
-        f"peak memory = peak of the summed PSS of the process and all its descendants (sampled every "
-        f"{MEMORY_INTERVAL_S:g} s)",
+        f"peak memory = peak of the summed PSS of the process and all its descendants, sampled every "
+        f"{MEMORY_INTERVAL_S:g} s in one more run of each configuration whose times are not used (the timed runs "
+        f"sample nothing: sampling takes CPU)",
         "weights: sha256 of the final float32 weights; fedcomp averages in float64 (bit-identical to the plain "
         "loop), pfl and Flower in float32, hence their tiny differences",
     ]
@@ -639,7 +660,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python benchmarks/peers.py", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="one small workload, 5 rounds, 1 repeat")
     parser.add_argument("--memory", action="store_true",
-                        help="the memory target's workload alone (small MLP, 1,000 clients, 2 workers), 1 repeat")
+                        help="the memory target's workload alone (small MLP, 1,000 clients, 2 workers), 1 repeat and its memory run")
     parser.add_argument("--repeats", type=int, help="runs per configuration (default: 3; 1 with --quick)")
     parser.add_argument("--runners", nargs="+", choices=PEER_RUNNERS, help="which runners to time (default: all)")
     parser.add_argument("--models", nargs="+", choices=list(MODELS),

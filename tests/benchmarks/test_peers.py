@@ -57,18 +57,20 @@ def test_workload_data_is_seeded_and_is_what_fedcomp_trains_on():
     assert bench.weights_hash(x) == bench.weights_hash(bench.run_plain(config, 0).final)
 
 
-def fake_run(runner, workload, workers, repeat, round_ms, final, startup=1.0, peak_mib=100):
+def fake_run(runner, workload, workers, repeat, round_ms, final, startup=1.0, peak_mib=0):
+    """A timed run, or with ``peak_mib`` a memory run."""
     return peers.PeerRun(runner, workload, workers, repeat, startup, [round_ms / 1e3] * workload.rounds,
                          peak_mib * 2**20, np.asarray(final, dtype=np.float32), {runner: "1.0"},
-                         {1: (f"{runner}-main", peak_mib * 2**20)})
+                         {1: (f"{runner}-main", peak_mib * 2**20)} if peak_mib else {}, sampled=bool(peak_mib))
 
 
 def test_peer_table_takes_medians_and_compares_with_the_plain_loop():
     w = peers.Workload("small", clients=100, rounds=4)
     ref = [0.5, -0.25]
     runs = [fake_run("plain", w, 1, i, ms, ref) for i, ms in enumerate((10, 12, 11))]
-    runs += [fake_run("ray", w, 2, i, ms, ref, startup=s, peak_mib=m)
-             for i, (ms, s, m) in enumerate(((30, 4.0, 900), (20, 5.0, 1100), (25, 6.0, 1000)))]
+    runs += [fake_run("ray", w, 2, i, ms, ref, startup=s) for i, (ms, s) in enumerate(((30, 4.0), (20, 5.0), (25, 6.0)))]
+    # the memory run's times stay out of the table; only its memory is in it
+    runs += [fake_run("ray", w, 2, 3, 1000, ref, startup=60.0, peak_mib=1000)]
     runs += [fake_run("flower", w, 2, i, 500, [0.5, -0.25 + 1e-7]) for i in range(3)]
     runs += [fake_run("pfl", w, 2, i, 20, [0.5, -0.25 + 1e-7]) for i in range(3)]
     rows, round_s = peers.summarise_peers(runs)
@@ -80,13 +82,15 @@ def test_peer_table_takes_medians_and_compares_with_the_plain_loop():
     assert ray["final weights sha256"] == cells[("plain PyTorch", "1")]["final weights sha256"]
     assert ray["max abs diff vs plain"] == "0.0e+00" and cells[("Flower", "2")]["max abs diff vs plain"] == "1.0e-07"
     assert cells[("plain PyTorch", "1")]["overhead vs plain (ms/round)"] == "—"
+    assert cells[("plain PyTorch", "1")]["peak memory (MiB)"] == "—"  # no memory run
 
     table = bench.render(peers.PEER_COLUMNS, rows, markdown=True)
     assert table[0].startswith("| model | clients | rounds | runner |") and len(table) == 2 + len(rows)
     targets = "\n".join(peers.peer_target_lines(runs, round_s))
     assert "+14.0 ms" in targets and "20.0x" in targets
     assert "fedcomp Ray's round time / pfl's at 2 workers <= 0.8x: ray small/100c/4r 1.25x" in targets
-    assert "fedcomp ray, small 100 clients, 2 worker(s), peak" in "\n".join(peers.memory_lines(runs))
+    assert peers.memory_lines(runs) == ["memory at the peak by process (MiB of PSS):",
+                                        "- fedcomp ray, small 100 clients, 2 worker(s), peak 1000 MiB: ray-main 1000"]
 
 
 def test_tree_memory_counts_children(tmp_path):
