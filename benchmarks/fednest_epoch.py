@@ -39,8 +39,8 @@ from torch import Tensor
 import common
 from fedcomp.platform.config import Config, load_config
 from fedcomp.platform.federation import LocalFederation, build_task
+from fedcomp.platform.kinds import BILEVEL
 from fedcomp.platform.oracles import grad_xy, grad_y
-from fedcomp.platform.problems import BILEVEL
 from fedcomp.platform.server import Server
 
 REPORT = common.HERE / "FEDNEST_EPOCH.md"

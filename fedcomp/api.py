@@ -4,13 +4,23 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from fedcomp.backends import make_server
 from fedcomp.platform.config import Config, load_config
-from fedcomp.platform.runner import RunResult, execute, resume_config
+
+if TYPE_CHECKING:  # the runner and the backends import torch: a config is checked before they load
+    from fedcomp.backends import make_server
+    from fedcomp.platform.runner import RunResult
 
 __all__ = ["make_server", "resume", "resume_sweep", "run", "sweep"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "make_server":
+        from fedcomp.backends import make_server
+
+        return make_server
+    raise AttributeError(f"module 'fedcomp.api' has no attribute {name!r}")
 
 
 def run(
@@ -36,11 +46,17 @@ def run(
         config = config.replace(**all_overrides) if all_overrides else config
     else:
         config = load_config(config, all_overrides)
+    from fedcomp.backends import make_server
+    from fedcomp.platform.runner import execute
+
     return execute(config, make_server)
 
 
 def resume(run_dir: str | Path) -> RunResult:
     """Continue the run in ``run_dir`` from its last checkpoint to its configured number of rounds."""
+    from fedcomp.backends import make_server
+    from fedcomp.platform.runner import execute, resume_config
+
     config = resume_config(run_dir)
     return execute(config, make_server, resume_dir=run_dir)
 

@@ -143,7 +143,8 @@ def run_fedcomp(config: Config, runner: str, repeat: int) -> Measurement:
 def run_plain(config: Config, repeat: int) -> Measurement:
     """The same FedAvg rounds as a plain single-process PyTorch loop on a flat parameter vector."""
     from fedcomp.platform.federation import build_task
-    from fedcomp.platform.problems import PLAIN, PlainProblem
+    from fedcomp.platform.kinds import PLAIN
+    from fedcomp.platform.problems import PlainProblem
     from fedcomp.platform.rng import generator
     from fedcomp.platform.server import sample_cohort
 

@@ -100,17 +100,15 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    from fedcomp.platform.catalog import load_builtins
+    from fedcomp.platform.catalog import algorithms, tasks
     from fedcomp.platform.config import preset_description, preset_names
-    from fedcomp.platform.problems import KIND_DESCRIPTIONS
-    from fedcomp.platform.registry import ALGORITHMS, TASKS
+    from fedcomp.platform.kinds import KIND_DESCRIPTIONS
 
-    load_builtins()
     print("algorithms:")
-    for name, cls in sorted(ALGORITHMS.items()):
-        print(f"  {name:<26} [{cls.kind}] {cls.description}")
+    for name, algorithm in sorted(algorithms().items()):
+        print(f"  {name:<26} [{algorithm.kind}] {algorithm.description}")
     print("tasks:")
-    for name, task in sorted(TASKS.items()):
+    for name, task in sorted(tasks().items()):
         print(f"  {name:<26} [{', '.join(sorted(task.kinds))}] {task.description}")
     print("presets:")
     for name in preset_names():

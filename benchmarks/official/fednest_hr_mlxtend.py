@@ -26,12 +26,11 @@ sys.modules["cv2"] = types.SimpleNamespace(log=None)  # `from cv2 import log` is
 OFFICIAL = os.environ.get("FEDNEST_OFFICIAL", "/tmp/fednest-official")  # an extracted ucr-optml/FedNest tree
 sys.path.insert(0, OFFICIAL)
 
-import fedcomp.platform.tasks  # noqa: E402,F401
-from fedcomp.platform.registry import TASKS  # noqa: E402
+from fedcomp.platform.catalog import task_class  # noqa: E402
 
 seed, epochs, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 frac = 1.0 if "--all" in sys.argv else 0.5
-task_cls = TASKS["hyper-representation"]
+task_cls = task_class("hyper-representation")
 task = task_cls(task_cls.Params(source="mnist5k", partition="iid", per_client=200, train_fraction=0.5, data_seed=0), 0, 20)
 MEAN, STD = 0.1307, 0.3081
 

@@ -19,10 +19,9 @@ from typing import Any, Literal, TypeVar
 import yaml
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
-from fedcomp.platform.catalog import load_builtins
+from fedcomp.platform import catalog
 from fedcomp.platform.errors import ConfigError
 from fedcomp.platform.params import Params
-from fedcomp.platform.registry import ALGORITHMS, TASKS
 from fedcomp.platform.yamlfile import parse_yaml, read_yaml_file
 
 SECTIONS = ("task", "algorithm", "federation", "run")
@@ -302,10 +301,10 @@ def load_config(
     Raises:
         ConfigError: one line naming the field, the bad value and what is allowed.
     """
-    load_builtins()
+    tasks, algorithms = catalog.tasks(), catalog.algorithms()
     raw = _read_source(source)
     overrides = {k.replace("__", "."): v for k, v in (overrides or {}).items()}
-    for section, table, attr in (("task", TASKS, "Params"), ("algorithm", ALGORITHMS, "HParams")):
+    for section, table, attr in (("task", tasks, "Params"), ("algorithm", algorithms, "HParams")):
         # Switching the task or algorithm by an override drops the base config's keys that only the old one
         # had (a preset's beta does not apply to fedavg); keys given as overrides are always validated.
         new_name = overrides.get(f"{section}.name")
@@ -321,17 +320,17 @@ def load_config(
         if not isinstance(raw.get(section, {}), Mapping):
             raise ConfigError(f"section {section!r} must be a mapping, got {raw[section]!r}")
 
-    task_name, task_cls, task_body = _named("task", raw.get("task", {}), TASKS)
-    algo_name, algo_cls, algo_body = _named("algorithm", raw.get("algorithm", {}), ALGORITHMS)
-    task = _validate("task", task_cls.Params, task_body)
-    algorithm = _validate("algorithm", algo_cls.HParams, algo_body)
+    task_name, task_declared, task_body = _named("task", raw.get("task", {}), tasks)
+    algo_name, algo_declared, algo_body = _named("algorithm", raw.get("algorithm", {}), algorithms)
+    task = _validate("task", task_declared.Params, task_body)
+    algorithm = _validate("algorithm", algo_declared.HParams, algo_body)
     federation = _validate("federation", FederationConfig, raw.get("federation", {}))
     run = _validate("run", RunConfig, raw.get("run", {}))
 
-    if algo_cls.kind not in task_cls.kinds:
+    if algo_declared.kind not in task_declared.kinds:
         raise ConfigError(
-            f"algorithm.name = {algo_name!r} needs a {algo_cls.kind!r} problem but task {task_name!r} offers "
-            f"{', '.join(sorted(task_cls.kinds))}; algorithms that run on it: "
-            f"{', '.join(sorted(n for n, c in ALGORITHMS.items() if c.kind in task_cls.kinds))}"
+            f"algorithm.name = {algo_name!r} needs a {algo_declared.kind!r} problem but task {task_name!r} offers "
+            f"{', '.join(sorted(task_declared.kinds))}; algorithms that run on it: "
+            f"{', '.join(sorted(n for n, a in algorithms.items() if a.kind in task_declared.kinds))}"
         )
     return Config(task_name, task, algo_name, algorithm, federation, run)

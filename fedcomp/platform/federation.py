@@ -28,11 +28,10 @@ from torch import Tensor
 
 from fedcomp.platform.accelerator import ExactSum, configure, exact_sums, one_thread
 from fedcomp.platform.algorithms.base import Algorithm, ClientContext, Exchanged, Outcome, StepInfo, Tensors
-from fedcomp.platform.catalog import load_builtins
+from fedcomp.platform.catalog import algorithm_class, task_class
 from fedcomp.platform.config import Config, FederationConfig
 from fedcomp.platform.errors import ResourceError
 from fedcomp.platform.oracles import FUSED_SGD
-from fedcomp.platform.registry import ALGORITHMS, TASKS
 from fedcomp.platform.rng import generator
 from fedcomp.platform.state import BUFFERS, Means
 from fedcomp.platform.tasks.base import Task
@@ -43,13 +42,11 @@ P = ParamSpec("P")
 
 
 def build_task(config: Config, device: str = "cpu") -> Task:
-    load_builtins()
-    return TASKS[config.task_name](config.task, config.run.seed, config.federation.clients, device)
+    return task_class(config.task_name)(config.task, config.run.seed, config.federation.clients, device)
 
 
 def build_algorithm(config: Config) -> Algorithm[Any, Any]:
-    load_builtins()
-    return ALGORITHMS[config.algorithm_name](config.algorithm)
+    return algorithm_class(config.algorithm_name)(config.algorithm)
 
 
 @dataclass(frozen=True)

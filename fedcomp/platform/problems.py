@@ -3,7 +3,7 @@
 Parameters are always a flat float32 tensor ``x`` passed in explicitly, so an algorithm can evaluate the
 same mini-batch at two points (Acc-FCSG-M, SVRG, SCAFFOLD, FedDRO) and differentiate through the oracles
 (Hessian-vector products for FedNest and MAML). A task implements one or more kinds; an algorithm declares
-the one kind it needs. Later kinds (compositional, compositional-minimax, bilevel, minimax) are further
+the one kind it needs (the kinds' names: :mod:`fedcomp.platform.kinds`). Later kinds (compositional, compositional-minimax, bilevel, minimax) are further
 protocols in this module with their own oracles; the federation and runner do not change.
 """
 
@@ -13,24 +13,6 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 import torch
 from torch import Tensor
-
-PLAIN = "plain"
-CONDITIONAL = "conditional"
-BILEVEL = "bilevel"
-MINIMAX = "minimax"
-COMPOSITIONAL_GLOBAL = "compositional-global"
-COMPOSITIONAL = "compositional"
-COMPOSITIONAL_MINIMAX = "compositional-minimax"
-
-KIND_DESCRIPTIONS = {
-    PLAIN: "(1/K) sum_k E l_k(x): stochastic gradients of a single-level loss",
-    CONDITIONAL: "(1/K) sum_k E_xi f_xi(E_{eta|xi} g_eta(x, xi)): outer sample, then inner samples given it",
-    BILEVEL: "min_x (1/K) sum_k f_k(x, y*(x)), y*(x) = argmin_y (1/K) sum_k g_k(x, y): gradients and Hessian products",
-    MINIMAX: "min_x max_y (1/K) sum_k f_k(x, y): the bilevel case g_k = -f_k",
-    COMPOSITIONAL_GLOBAL: "h(x) + f((1/K) sum_k g_k(x)): a low-dimensional inner value averaged across clients",
-    COMPOSITIONAL: "(1/K) sum_k f_k(g_k(x)), g_k = E_xi g_k(x; xi), f_k = E_zeta f_k(y; zeta): inner function local to each client",
-    COMPOSITIONAL_MINIMAX: "min_x max_y (1/K) sum_k f_k((1/K) sum_k' g_k'(x), y): an inner value averaged across clients",
-}
 
 Split = Literal["inner", "outer"]
 """Which of a client's data an oracle reads: the inner problem's (training) or the outer one's (validation)."""

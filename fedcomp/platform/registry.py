@@ -1,40 +1,137 @@
-"""Name -> class registries for algorithms and tasks (the names used in configs and on the CLI).
+"""Name -> algorithm and task, the names used in configs and on the CLI: what each one declares, and its class.
 
 A new algorithm or task is one file that defines a class and decorates it with
-``@register_algorithm("name")`` / ``@register_task("name")``; importing the file registers it.
+``@register_algorithm("name")`` / ``@register_task("name")``; importing the file registers it, its class
+attributes (``HParams``, ``kind``, ... / ``Params``, ``kinds``, ``metrics``, ...) making its declaration.
+
+The built-ins are declared apart from their implementations (:mod:`fedcomp.platform.algorithms.builtins`,
+:mod:`fedcomp.platform.tasks.builtins`: hyperparameter models and a few words each, no torch), so that the config,
+``fedcomp list`` and a Ray run's driver know them without importing torch; each implementation registers with its
+declaration (``@register_algorithm(FEDAVG)``), which gives the class those attributes.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 if TYPE_CHECKING:
-    from fedcomp.platform.algorithms.base import Algorithm
-    from fedcomp.platform.tasks.base import Task
+    from fedcomp.platform.params import Params
 
 T = TypeVar("T", bound=type)
 
-ALGORITHMS: dict[str, type[Algorithm[Any, Any]]] = {}
-TASKS: dict[str, type[Task]] = {}
+
+@dataclass(frozen=True)
+class AlgorithmDeclaration:
+    """What the config and the CLI know of an algorithm: its hyperparameters, the problem kind it needs, a line
+    for ``fedcomp list``, and the module whose import registers its class."""
+
+    name: str
+    HParams: type[Params]
+    kind: str
+    description: str
+    module: str
 
 
-def _register(table: dict[str, Any], kind: str, name: str) -> Callable[[T], T]:
+@dataclass(frozen=True)
+class TaskDeclaration:
+    """What the config, the CLI and the results know of a task: its parameters, the problem kinds it offers, the
+    metrics it reports (the first is its headline, better ``mode``), a line for ``fedcomp list``, and the module
+    whose import registers its class."""
+
+    name: str
+    Params: type[Params]
+    kinds: frozenset[str]
+    metrics: tuple[str, ...]
+    description: str
+    module: str
+    mode: Literal["max", "min"] = "max"
+
+
+ALGORITHMS: dict[str, type[Any]] = {}
+"""Name -> class (an :class:`~fedcomp.platform.algorithms.base.Algorithm`), for every algorithm whose module has
+been imported. This module imports neither the algorithms' base nor the tasks': they import it."""
+TASKS: dict[str, type[Any]] = {}
+"""Name -> class (a :class:`~fedcomp.platform.tasks.base.Task`), for every task whose module has been imported."""
+DECLARED_ALGORITHMS: dict[str, AlgorithmDeclaration] = {}
+"""Name -> declaration, for every built-in (declared on import of its declarations) and registered algorithm."""
+DECLARED_TASKS: dict[str, TaskDeclaration] = {}
+"""Name -> declaration, for every built-in (declared on import of its declarations) and registered task."""
+
+
+def _declare(table: dict[str, Any], kind: str, declaration: Any) -> Any:
+    known = table.get(declaration.name)
+    if known is not None and known != declaration:
+        raise ValueError(f"{kind} name {declaration.name!r} is already declared by {known.module}")
+    table[declaration.name] = declaration
+    return declaration
+
+
+def declare_algorithm(declaration: AlgorithmDeclaration) -> AlgorithmDeclaration:
+    """Make a built-in algorithm known by name before its implementation is imported."""
+    return _declare(DECLARED_ALGORITHMS, "algorithm", declaration)  # type: ignore[no-any-return]
+
+
+def declare_task(declaration: TaskDeclaration) -> TaskDeclaration:
+    """Make a built-in task known by name before its implementation is imported."""
+    return _declare(DECLARED_TASKS, "task", declaration)  # type: ignore[no-any-return]
+
+
+def register_algorithm(name: str | AlgorithmDeclaration) -> Callable[[T], T]:
+    """Class decorator: make an algorithm available as ``algorithm.name: <name>``.
+
+    With a name, the class's attributes ``HParams``, ``kind`` and ``description`` make its declaration; with a
+    declaration (a built-in's), the class takes those attributes from it."""
+
     def decorate(cls: T) -> T:
-        if name in table and table[name] is not cls:
-            raise ValueError(f"{kind} name {name!r} is already registered by {table[name].__qualname__}")
-        table[name] = cls
-        cls.name = name  # type: ignore[attr-defined]
+        if isinstance(name, AlgorithmDeclaration):
+            declared = name
+            _adopt(cls, declared, ("HParams", "kind", "description"))
+        else:
+            declared = AlgorithmDeclaration(name, cls.HParams, cls.kind,  # type: ignore[attr-defined]
+                                            getattr(cls, "description", ""), cls.__module__)
+        _enter(ALGORITHMS, DECLARED_ALGORITHMS, "algorithm", declared, cls)
         return cls
 
     return decorate
 
 
-def register_algorithm(name: str) -> Callable[[T], T]:
-    """Class decorator: make an algorithm available as ``algorithm.name: <name>``."""
-    return _register(ALGORITHMS, "algorithm", name)
+def register_task(name: str | TaskDeclaration) -> Callable[[T], T]:
+    """Class decorator: make a task available as ``task.name: <name>``.
+
+    With a name, the class's attributes ``Params``, ``kinds``, ``metrics``, ``description`` and ``mode`` make its
+    declaration; with a declaration (a built-in's), the class takes those attributes from it."""
+
+    def decorate(cls: T) -> T:
+        if isinstance(name, TaskDeclaration):
+            declared = name
+            _adopt(cls, declared, ("Params", "kinds", "metrics", "description", "mode"))
+        else:
+            declared = TaskDeclaration(name, cls.Params, frozenset(cls.kinds), tuple(cls.metrics),  # type: ignore[attr-defined]
+                                       getattr(cls, "description", ""), cls.__module__, getattr(cls, "mode", "max"))
+        _enter(TASKS, DECLARED_TASKS, "task", declared, cls)
+        return cls
+
+    return decorate
 
 
-def register_task(name: str) -> Callable[[T], T]:
-    """Class decorator: make a task available as ``task.name: <name>``."""
-    return _register(TASKS, "task", name)
+def _adopt(cls: type, declaration: Any, attributes: tuple[str, ...]) -> None:
+    """Set ``attributes`` of ``cls`` from its declaration (the class body must not set them: one place for each)."""
+    twice = [a for a in attributes if a in vars(cls)]
+    if twice:
+        raise TypeError(f"{cls.__qualname__} sets {', '.join(twice)}, which its declaration {declaration.name!r} sets")
+    if cls.__module__ != declaration.module:
+        raise TypeError(f"{cls.__qualname__} is in {cls.__module__}; its declaration {declaration.name!r} says "
+                        f"{declaration.module}")
+    for attribute in attributes:
+        setattr(cls, attribute, getattr(declaration, attribute))
+
+
+def _enter(classes: dict[str, Any], declared: dict[str, Any], kind: str, declaration: Any, cls: type) -> None:
+    name = declaration.name
+    if name in classes and classes[name] is not cls:
+        raise ValueError(f"{kind} name {name!r} is already registered by {classes[name].__qualname__}")
+    _declare(declared, kind, declaration)
+    classes[name] = cls
+    cls.name = name  # type: ignore[attr-defined]

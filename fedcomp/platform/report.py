@@ -9,10 +9,8 @@ from typing import Any, Literal
 
 import pandas as pd
 
-from fedcomp.platform import results
-from fedcomp.platform.catalog import load_builtins
+from fedcomp.platform import catalog, results
 from fedcomp.platform.errors import StorageError
-from fedcomp.platform.registry import TASKS
 from fedcomp.platform.results import load_results
 
 MINIMISED = ("loss", "dist", "grad_norm", "violation", "gap", "objective")
@@ -23,18 +21,16 @@ task declares)."""
 def metric_mode(task: str, metric: str) -> Literal["min", "max"]:
     """Whether ``metric`` of ``task`` is better lower or higher: the task's own direction for its headline
     metric, else ``min`` for losses, distances, gradient norms and violations and ``max`` otherwise."""
-    load_builtins()
-    cls = TASKS.get(task)
-    if cls is not None and metric == cls.metrics[0]:
-        return cls.mode
+    declared = catalog.tasks().get(task)
+    if declared is not None and metric == declared.metrics[0]:
+        return declared.mode
     return "min" if any(word in metric for word in MINIMISED) else "max"
 
 
 def headline(task: str) -> str:
     """The task's headline metric (the first it reports); ``test_accuracy`` for a task no longer registered."""
-    load_builtins()
-    cls = TASKS.get(task)
-    return cls.metrics[0] if cls is not None else "test_accuracy"
+    declared = catalog.tasks().get(task)
+    return declared.metrics[0] if declared is not None else "test_accuracy"
 
 
 def _metric_per_run(df: pd.DataFrame, metric: str | None) -> dict[str, str]:

@@ -14,11 +14,10 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-import torch
-
 from fedcomp.platform.errors import StorageError
 
-if TYPE_CHECKING:  # pandas (and pyarrow) load where frames are written or read, not in every actor process
+if TYPE_CHECKING:  # pandas (and pyarrow) load where frames are written or read, not in every actor process; torch
+    # where checkpoints are, not in `fedcomp list` or `report`
     import pandas as pd
 
 METRICS = "metrics.parquet"
@@ -128,6 +127,8 @@ def write_metrics(path: Path, rows: list[dict[str, Any]]) -> None:
 
 
 def write_checkpoint(path: Path, checkpoint: dict[str, Any]) -> None:
+    import torch
+
     buf = io.BytesIO()
     torch.save(checkpoint, buf)
     atomic_write(path, buf.getvalue())
@@ -139,6 +140,8 @@ def read_checkpoint(path: Path) -> dict[str, Any]:
     Raises:
         StorageError: the file is truncated, corrupt or not a fedcomp checkpoint.
     """
+    import torch
+
     try:
         checkpoint = torch.load(path, weights_only=False)
     except Exception as error:  # torch raises RuntimeError, EOFError, UnpicklingError, ... on a damaged file

@@ -26,13 +26,12 @@ from typing import Any, cast
 import pandas as pd
 import torch
 
-from fedcomp.platform import results, run_checks, tracking
+from fedcomp.platform import catalog, results, run_checks, tracking
 from fedcomp.platform.config import Config, load_config
 from fedcomp.platform.curves import CURVES, write_curves
 from fedcomp.platform.environment import environment
 from fedcomp.platform.errors import ConfigError, Diverged, Interrupted, StorageError
 from fedcomp.platform.progress import RunProgress, output_mode
-from fedcomp.platform.registry import TASKS
 from fedcomp.platform.server import Counters, ServerLike
 from fedcomp.platform.signals import farewell
 
@@ -308,7 +307,7 @@ def _draw_curves(run_dir: Path, rows: list[dict[str, Any]], headline: str, run_i
 
 def build_task_metrics(config: Config) -> tuple[str, ...]:
     """The metric columns of the config's task (its first is the headline shown in progress output)."""
-    return TASKS[config.task_name].metrics
+    return catalog.tasks()[config.task_name].metrics
 
 
 def resume_config(run_dir: str | Path) -> Config:

@@ -36,9 +36,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from fedcomp.platform import catalog
 from fedcomp.platform.config import SECTIONS, Config, load_config, plain_name
 from fedcomp.platform.errors import ConfigError
-from fedcomp.platform.registry import TASKS
 from fedcomp.platform.report import metric_mode
 from fedcomp.platform.yamlfile import parse_yaml, read_yaml_file
 
@@ -149,7 +149,7 @@ class SweepSpec(BaseModel):
     def resolved_metric(self) -> tuple[str, Literal["min", "max"]]:
         """The metric to rank trials by and its direction. Defaults: the task's headline metric in the
         task's own direction; for another metric, min for losses, distances and gradient norms, else max."""
-        task = TASKS[self.base_config().task_name]
+        task = catalog.tasks()[self.base_config().task_name]
         metric = self.metric or task.metrics[0]
         if self.mode:
             return metric, self.mode
@@ -282,7 +282,7 @@ def validate(spec: SweepSpec) -> None:
     _check_pack(spec, backends)
     metric, _ = spec.resolved_metric()
     task = spec.base_config().task_name
-    metrics = TASKS[task].metrics
+    metrics = catalog.tasks()[task].metrics
     for name, value in [("metric", metric), *(("table.metrics", m) for m in (spec.table.metrics if spec.table else []))]:
         if value not in metrics and value != "train_loss":
             raise ConfigError(f"{name} = {value!r} is not reported by task {task!r}; allowed: "

@@ -31,8 +31,8 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
+from fedcomp.platform.kinds import COMPOSITIONAL_MINIMAX, MINIMAX
 from fedcomp.platform.params import Params
-from fedcomp.platform.problems import COMPOSITIONAL_MINIMAX, MINIMAX
 from fedcomp.platform.registry import TASKS, register_task
 from fedcomp.platform.rng import generator
 from fedcomp.platform.tasks.base import Task

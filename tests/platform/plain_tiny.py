@@ -20,8 +20,8 @@ from pydantic import Field
 from torch import Tensor
 
 from fedcomp.platform.config import load_config
+from fedcomp.platform.kinds import PLAIN
 from fedcomp.platform.params import Params
-from fedcomp.platform.problems import PLAIN
 from fedcomp.platform.registry import TASKS, register_task
 from fedcomp.platform.rng import generator
 from fedcomp.platform.tasks.base import Task

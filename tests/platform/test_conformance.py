@@ -43,14 +43,15 @@ import pytest
 import torch
 
 import fedcomp
-import fedcomp.platform.algorithms
-import fedcomp.platform.tasks
 from fedcomp.api import make_server
+from fedcomp.platform.catalog import load_builtins
 from fedcomp.platform.config import Config, load_config
 from fedcomp.platform.errors import ConfigError
 from fedcomp.platform.registry import ALGORITHMS, TASKS
 from fedcomp.platform.runner import drive
 from tests.conftest import record_routing, router_of
+
+load_builtins()  # every built-in registers its class, so that every one is checked
 
 ROUNDS = 4
 """Rounds of every run."""

@@ -13,8 +13,8 @@ from torch import Tensor
 from fedcomp.platform.algorithms.base import Algorithm, ClientContext, Exchange, StepInfo, Tensors
 from fedcomp.platform.config import load_config
 from fedcomp.platform.federation import LocalFederation, build_task
+from fedcomp.platform.kinds import COMPOSITIONAL_GLOBAL
 from fedcomp.platform.params import Params
-from fedcomp.platform.problems import COMPOSITIONAL_GLOBAL
 from fedcomp.platform.registry import ALGORITHMS, register_algorithm
 from fedcomp.platform.rng import generator
 from fedcomp.platform.rounds import Round

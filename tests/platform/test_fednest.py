@@ -12,8 +12,8 @@ import fedcomp
 from fedcomp.platform.algorithms.fednest import fresh_cohorts
 from fedcomp.platform.config import load_config
 from fedcomp.platform.federation import LocalFederation
+from fedcomp.platform.kinds import BILEVEL
 from fedcomp.platform.params import Params
-from fedcomp.platform.problems import BILEVEL
 from fedcomp.platform.registry import TASKS, register_task
 from fedcomp.platform.rng import generator
 from fedcomp.platform.rounds import Round

@@ -13,14 +13,15 @@ from sklearn.metrics import average_precision_score, roc_auc_score
 
 import fedcomp
 from fedcomp.datasets import binary, partition
-from fedcomp.losses.auc import ap_surrogate_loss, auc_square_loss
+from fedcomp.losses.auc import AUCForm, ap_surrogate_loss, auc_square_loss
 from fedcomp.platform.catalog import load_builtins
 from fedcomp.platform.config import load_config
 from fedcomp.platform.federation import build_task
+from fedcomp.platform.kinds import COMPOSITIONAL_MINIMAX, CONDITIONAL, MINIMAX, PLAIN
 from fedcomp.platform.oracles import inner_value_vjp
-from fedcomp.platform.problems import COMPOSITIONAL_MINIMAX, CONDITIONAL, MINIMAX, PLAIN
 from fedcomp.platform.registry import ALGORITHMS
-from fedcomp.platform.tasks.imbalanced import Dataset, ImbalancedBinary
+from fedcomp.platform.tasks import builtins
+from fedcomp.platform.tasks.imbalanced import ImbalancedBinary
 from tests.conftest import results_root
 
 D = torch.float64
@@ -45,8 +46,9 @@ def point(task: ImbalancedBinary, seed: int = 0, dtype=torch.float32) -> tuple[t
     return torch.randn(task.dim + 2, generator=gen, dtype=dtype) * 0.3, torch.randn(1, generator=gen, dtype=dtype)
 
 
-def test_dataset_names_are_the_data_layers():
-    assert get_args(Dataset) == binary.DATASETS
+def test_dataset_names_and_auc_forms_are_the_data_layers_and_the_losses():
+    assert get_args(builtins.Dataset) == binary.DATASETS
+    assert get_args(builtins.AUCForm) == get_args(AUCForm)
 
 
 def test_variables_prior_and_client_split():

@@ -14,8 +14,9 @@ from fedcomp.platform.algorithms.local_scgdam import LocalSCGDAM
 from fedcomp.platform.algorithms.local_sgdam import LocalSGDAM
 from fedcomp.platform.errors import ConfigError
 from fedcomp.platform.federation import LocalFederation, build_algorithm, build_task
+from fedcomp.platform.kinds import COMPOSITIONAL_MINIMAX
 from fedcomp.platform.oracles import inner_value_vjp
-from fedcomp.platform.problems import COMPOSITIONAL_MINIMAX, CompositionalMinimaxProblem, MinimaxProblem
+from fedcomp.platform.problems import CompositionalMinimaxProblem, MinimaxProblem
 from fedcomp.platform.registry import TASKS
 from fedcomp.platform.rng import generator
 from fedcomp.platform.server import Server

@@ -13,8 +13,9 @@ from fedcomp.models.mlp import mlp
 from fedcomp.platform.config import load_config
 from fedcomp.platform.errors import ConfigError
 from fedcomp.platform.federation import LocalFederation, build_algorithm, build_task
+from fedcomp.platform.kinds import COMPOSITIONAL, CONDITIONAL
 from fedcomp.platform.oracles import inner_value_vjp, outer_grad
-from fedcomp.platform.problems import COMPOSITIONAL, CONDITIONAL, CompositionalProblem, ConditionalProblem
+from fedcomp.platform.problems import CompositionalProblem, ConditionalProblem
 from fedcomp.platform.rng import generator
 from fedcomp.platform.server import Server
 from fedcomp.platform.tasks.meta import Conv4, Episodes

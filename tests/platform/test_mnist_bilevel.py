@@ -13,8 +13,8 @@ import fedcomp
 from fedcomp.datasets.mnist import IDX_FILES, export_mnist5k
 from fedcomp.platform.config import load_config
 from fedcomp.platform.federation import build_algorithm, build_task
+from fedcomp.platform.kinds import BILEVEL
 from fedcomp.platform.oracles import grad_xy, hvp_yy
-from fedcomp.platform.problems import BILEVEL
 
 
 def make_task(name: str, clients: int = 20, **params):

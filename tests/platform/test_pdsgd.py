@@ -16,8 +16,8 @@ from fedcomp.platform.algorithms.dro_baselines import IndexedExampleProblem
 from fedcomp.platform.config import load_config
 from fedcomp.platform.errors import ConfigError
 from fedcomp.platform.federation import LocalFederation, build_task
+from fedcomp.platform.kinds import COMPOSITIONAL_GLOBAL
 from fedcomp.platform.params import Params
-from fedcomp.platform.problems import COMPOSITIONAL_GLOBAL
 from fedcomp.platform.registry import TASKS, register_task
 from fedcomp.platform.rng import generator
 from fedcomp.platform.server import Server, sample_cohort

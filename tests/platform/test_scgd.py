@@ -13,8 +13,8 @@ from torch import Tensor
 from fedcomp.platform.algorithms.base import ClientContext
 from fedcomp.platform.config import load_config
 from fedcomp.platform.federation import LocalFederation, build_algorithm, build_task
+from fedcomp.platform.kinds import COMPOSITIONAL
 from fedcomp.platform.params import Params
-from fedcomp.platform.problems import COMPOSITIONAL
 from fedcomp.platform.registry import TASKS, register_task
 from fedcomp.platform.rng import generator
 from fedcomp.platform.server import Server

@@ -35,10 +35,10 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 import torch
-from pydantic import Field
 from torch import Tensor
 
-# re-exported: algorithms import them from here
+# re-exported: algorithms import them from here (and a user's hyperparameters subclass CommonHParams)
+from fedcomp.platform.algorithms.builtins import CommonHParams as CommonHParams
 from fedcomp.platform.oracles import (
     LOCKSTEP as LOCKSTEP,
     Pieces as Pieces,
@@ -54,14 +54,6 @@ C = TypeVar("C", bound=State)
 S = TypeVar("S", bound=State)
 Tensors = dict[str, Tensor]
 """A state or message as it crosses the wire: named flat float32 tensors."""
-
-
-class CommonHParams(Params):
-    """Hyperparameters every local-steps algorithm has (the design card's grid axes)."""
-
-    lr: float = Field(0.01, gt=0, description="step size (alpha)")
-    local_steps: int = Field(50, ge=1, description="local steps per communication round (q / p / I)")
-    outer_batch: int = Field(1, ge=1, description="outer samples (or examples) per local step (b)")
 
 
 @dataclass

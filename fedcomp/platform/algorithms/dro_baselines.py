@@ -36,18 +36,17 @@ vectors as zero-padded K x b vectors (the federation returns means only), which 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import torch
-from pydantic import Field, model_validator
 from torch import Tensor
 
 from fedcomp.losses.dro import robust_loss, robust_weights
 from fedcomp.platform.algorithms.base import ClientContext, Exchange, StepInfo, Tensors, batch_size
-from fedcomp.platform.algorithms.feddro import Compositional, CompositionalHParams, unsent
+from fedcomp.platform.algorithms.builtins import PARALLEL_FASTDRO, PARALLEL_MBSGD, FastDROHParams, ParallelHParams
+from fedcomp.platform.algorithms.feddro import Compositional, unsent
 from fedcomp.platform.errors import ConfigError
 from fedcomp.platform.oracles import outer_grad, plain_inner_vjp
-from fedcomp.platform.params import Params
 from fedcomp.platform.problems import GlobalCompositionalProblem
 from fedcomp.platform.registry import register_algorithm
 from fedcomp.platform.rounds import Round
@@ -98,43 +97,6 @@ class IndexedExampleProblem(ExampleLossProblem, Protocol):
         ...
 
 
-# ------------------------------------------------------------------------------------------------ hyperparameters
-
-
-class ParallelHParams(CompositionalHParams):
-    """eta (``lr``, with FedDRO's schedule) and the batch per client; one step per round (I = 1)."""
-
-    local_steps: int = Field(1, ge=1, le=1, description="parallel baselines synchronise every step: I = 1 only")
-
-
-class FastDROHParams(ParallelHParams):
-    """The uncertainty set (``geometry``, ``size``) and penalty ``reg`` of FastDRO's batch robust loss."""
-
-    outer_batch: int = Field(16, ge=1, description="batch b per client and step (pooled: K x b losses)")
-    geometry: Literal["cvar", "chi2", "kl"] = Field("chi2", description="uncertainty set of the robust loss")
-    size: float | None = Field(
-        1.0, gt=0, description="cvar: alpha in (0, 1]; chi2: rho > 0, null = unconstrained (needs reg > 0); kl: null"
-    )
-    reg: float = Field(0.0, ge=0, description="penalty on the divergence from uniform (KL for cvar and kl, chi2 for chi2)")
-
-    @model_validator(mode="after")
-    def _check(self) -> FastDROHParams:
-        if self.geometry == "cvar" and (self.size is None or self.size > 1):
-            raise ValueError(f"size = {self.size!r}: for geometry 'cvar' it is alpha and must be in (0, 1]")
-        if self.geometry == "chi2" and self.size is None and self.reg == 0:
-            raise ValueError("size = None: an unconstrained chi2 set needs reg > 0")
-        if self.geometry == "kl" and self.size is not None:
-            raise ValueError(f"size = {self.size!r}: the 'kl' set is the whole simplex; set size to null")
-        if self.geometry == "kl" and self.reg == 0:
-            raise ValueError("reg = 0: the 'kl' geometry needs reg = lambda > 0")
-        return self
-
-    @property
-    def robust(self) -> dict[str, Any]:
-        """Keyword arguments of :func:`robust_weights` / :func:`robust_loss`."""
-        return {"geometry": self.geometry, "size": float("inf") if self.size is None else self.size, "reg": self.reg}
-
-
 # ------------------------------------------------------------------------------------------------ states
 
 
@@ -165,12 +127,10 @@ def count_step(fed: Round, d: int, up: int, down: int) -> None:
 # ------------------------------------------------------------------------------------------------ MBSGD
 
 
-@register_algorithm("parallel-mbsgd")
+@register_algorithm(PARALLEL_MBSGD)
 class ParallelMBSGD(Compositional):
     """Mini-batch SGD for compositional problems in parallel: y = <g_k(x; b)>, then a step on a fresh batch b'."""
 
-    HParams: ClassVar[type[Params]] = ParallelHParams
-    description = "MBSGD (Ghadimi & Lan) in parallel: <g_k(x; b)> exchanged, grad on fresh b', 1 round/step"
 
     def step(self, problem: GlobalCompositionalProblem, client: Model, ctx: ClientContext) -> Exchange[Model]:
         """g_k(x_t; b_k) exchanged for y = <g_k>, then grad h_k + grad g_k^T grad f(y) on an independent b'_k."""
@@ -194,13 +154,11 @@ class ParallelMBSGD(Compositional):
 # ------------------------------------------------------------------------------------------------ FastDRO
 
 
-@register_algorithm("parallel-fastdro")
+@register_algorithm(PARALLEL_FASTDRO)
 class ParallelFastDRO(Compositional):
     """FastDRO's batch robust loss in parallel: best-response weights over the pooled K x b losses."""
 
-    HParams: ClassVar[type[Params]] = FastDROHParams
     Client = CohortWeights
-    description = "FastDRO (Levy et al. 2020) in parallel: robust weights over pooled K x b losses, 1 round/step"
     hp: FastDROHParams
 
     def example_losses(self, problem: ExampleLossProblem, client: CohortWeights, ctx: ClientContext) -> tuple[CohortWeights, Tensors, StepInfo]:

@@ -21,27 +21,16 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from pydantic import Field
 from torch import Tensor
 
-from fedcomp.platform.algorithms.base import CommonHParams, LocalSteps, Tensors, grad_and_loss, grad_and_loss_pieces
+from fedcomp.platform.algorithms import builtins
+from fedcomp.platform.algorithms.base import LocalSteps, Tensors, grad_and_loss, grad_and_loss_pieces
+from fedcomp.platform.algorithms.builtins import FCSGHParams, FCSGMHParams
 from fedcomp.platform.algorithms.steps import descend, descend_, sgd_step, sgd_step_
-from fedcomp.platform.problems import CONDITIONAL, ConditionalProblem
+from fedcomp.platform.kinds import CONDITIONAL
+from fedcomp.platform.problems import ConditionalProblem
 from fedcomp.platform.registry import register_algorithm
 from fedcomp.platform.state import Model, State
-
-
-class FCSGHParams(CommonHParams):
-    """Step size alpha (``lr``), q (``local_steps``), m (``inner_batch``), b (``outer_batch``), B (``first_batch``)."""
-
-    inner_batch: int = Field(10, ge=1, description="inner samples per outer sample (m)")
-    first_batch: int = Field(32, ge=1, description="outer samples of the first estimate (B)")
-
-
-class FCSGMHParams(FCSGHParams):
-    """FCSG's hyperparameters plus the momentum weight beta in (0, 1] (beta = 1 is FCSG)."""
-
-    beta: float = Field(0.1, gt=0, le=1, description="momentum weight, in (0, 1]")
 
 
 @dataclass(frozen=True)
@@ -66,13 +55,11 @@ class _FCSGBase(LocalSteps[Any, Any]):
         return (outer, problem.sample_inner(client, outer, self.hp.inner_batch, gen)), n * self.hp.inner_batch
 
 
-@register_algorithm("fcsg")
+@register_algorithm(builtins.FCSG)
 class FCSG(_FCSGBase):
     """u_t = G(x_t); x_{t+1} = x_t - alpha u_t; x averaged every q steps."""
 
-    HParams = FCSGHParams
     Client = Server = Model
-    description = "FCSG: federated conditional stochastic gradient (Wu et al. 2023, Alg. 1)"
     mutates = frozenset({"x"})
 
     def init(self, variables: Tensors) -> Model:
@@ -86,13 +73,11 @@ class FCSG(_FCSGBase):
         return state, sgd_step_(problem, state.x, batch, self.hp.lr)
 
 
-@register_algorithm("fcsg-m")
+@register_algorithm(builtins.FCSG_M)
 class FCSGM(_FCSGBase):
     """u_t = (1 - beta) u_{t-1} + beta G(x_t); x_{t+1} = x_t - alpha u_t; x and u averaged every q steps."""
 
-    HParams = FCSGMHParams
     Client = Server = ModelMomentum
-    description = "FCSG-M: FCSG with momentum; x and u averaged (Wu et al. 2023, Alg. 1)"
     hp: FCSGMHParams
     mutates = frozenset({"x", "u"})
 
@@ -118,13 +103,11 @@ class FCSGM(_FCSGBase):
         return state, loss
 
 
-@register_algorithm("acc-fcsg-m")
+@register_algorithm(builtins.ACC_FCSG_M)
 class AccFCSGM(_FCSGBase):
     """u_t = G(x_t) + (1 - beta)(u_{t-1} - G(x_{t-1})) on one batch; x, u averaged; x_prev stays local."""
 
-    HParams = FCSGMHParams
     Client, Server = AccClient, ModelMomentum
-    description = "Acc-FCSG-M: STORM-type variance-reduced FCSG-M (Wu et al. 2023, Alg. 2)"
     hp: FCSGMHParams
     mutates = frozenset({"x", "u", "x_prev"})
 

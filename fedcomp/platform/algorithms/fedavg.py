@@ -14,47 +14,26 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 import torch
-from pydantic import Field
 from torch import Tensor
 
-from fedcomp.platform.algorithms.base import CommonHParams, LocalSteps, Tensors
+from fedcomp.platform.algorithms.base import LocalSteps, Tensors
+from fedcomp.platform.algorithms.builtins import FEDADAM, FEDAVG, FEDAVGM, FedAdamHParams, FedAvgHParams, FedAvgMHParams
 from fedcomp.platform.algorithms.steps import sgd_step, sgd_step_
-from fedcomp.platform.problems import PLAIN, PlainProblem
+from fedcomp.platform.problems import PlainProblem
 from fedcomp.platform.registry import register_algorithm
 from fedcomp.platform.rounds import Round
 from fedcomp.platform.server_optimizers import Adam, AdamServer, Momentum, MomentumServer, ServerOptimizer
 from fedcomp.platform.state import Model, State
 
-
-class FedAvgHParams(CommonHParams):
-    """lr, q (``local_steps``) and the batch size (``outer_batch``)."""
+__all__ = ["FedAdam", "FedAdamHParams", "FedAvg", "FedAvgHParams", "FedAvgM", "FedAvgMHParams"]
 
 
-class FedAvgMHParams(FedAvgHParams):
-    """FedAvg's plus the server step eta and the server momentum beta."""
-
-    server_lr: float = Field(1.0, gt=0, description="server step eta on the momentum")
-    server_momentum: float = Field(0.9, ge=0, lt=1, description="server momentum beta in [0, 1) (0 = FedAvg)")
-
-
-class FedAdamHParams(FedAvgHParams):
-    """FedAvg's plus the server Adam's step eta, decay rates and adaptivity tau (Reddi et al.'s defaults)."""
-
-    server_lr: float = Field(0.01, gt=0, description="server step eta")
-    server_beta1: float = Field(0.9, ge=0, lt=1, description="first-moment decay beta1")
-    server_beta2: float = Field(0.99, ge=0, lt=1, description="second-moment decay beta2")
-    server_tau: float = Field(1e-3, gt=0, description="adaptivity tau (added to sqrt(v))")
-
-
-@register_algorithm("fedavg")
+@register_algorithm(FEDAVG)
 class FedAvg(LocalSteps[Model, State]):
     """x <- x - lr * grad l(x; batch) for q steps on each client; then x <- mean over the cohort."""
 
-    kind = PLAIN
-    HParams = FedAvgHParams
     Client = Model
     Server: ClassVar[type[State]] = Model
-    description = "FedAvg: local SGD, model averaged every q steps (plain problems)"
     mutates = frozenset({"x"})
 
     def init(self, variables: Tensors) -> State:
@@ -84,26 +63,22 @@ class _ServerOptimized(FedAvg):
         return self.optimizer.step(server, server.x - mean.x)
 
 
-@register_algorithm("fedavgm")
+@register_algorithm(FEDAVGM)
 class FedAvgM(_ServerOptimized):
     """FedAvg whose server takes a momentum step: m <- beta m + (x - <x_i>), x <- x - eta m."""
 
-    HParams = FedAvgMHParams
     Server = MomentumServer
-    description = "FedAvgM (Hsu et al. 2019): FedAvg with server momentum on the averaged update"
 
     @property
     def optimizer(self) -> Momentum:  # type: ignore[override]
         return Momentum(self.hp.server_lr, self.hp.server_momentum)
 
 
-@register_algorithm("fedadam")
+@register_algorithm(FEDADAM)
 class FedAdam(_ServerOptimized):
     """FedAvg whose server takes an Adam step (no bias correction) on the pseudo-gradient x - <x_i>."""
 
-    HParams = FedAdamHParams
     Server = AdamServer
-    description = "FedAdam (Reddi et al. 2021): FedAvg with a server Adam step on the averaged update"
 
     @property
     def optimizer(self) -> Adam:  # type: ignore[override]

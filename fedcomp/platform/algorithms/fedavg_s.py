@@ -10,41 +10,25 @@ Fig. 4): the ascent step on y first, then the descent step on x at the new y.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 import torch
-from pydantic import Field
 from torch import Tensor
 
 from fedcomp.platform.algorithms.base import LocalSteps, Tensors, batch_size
+from fedcomp.platform.algorithms.builtins import FEDAVG_S, FedAvgSHParams
 from fedcomp.platform.oracles import grad_x, grad_xy, grad_y
-from fedcomp.platform.params import Params
-from fedcomp.platform.problems import MINIMAX, MinimaxProblem
+from fedcomp.platform.problems import MinimaxProblem
 from fedcomp.platform.registry import register_algorithm
 from fedcomp.platform.state import MinimaxModel as Point
 
 
-class FedAvgSHParams(Params):
-    """alpha (``lr``), beta (``inner_lr``), the period (``local_steps``) and the batch."""
-
-    lr: float = Field(0.01, gt=0, description="descent step on x")
-    inner_lr: float = Field(0.01, gt=0, description="ascent step on y")
-    local_steps: int = Field(1, ge=1, description="simultaneous local steps per round")
-    outer_batch: int | None = Field(None, ge=1, description="batch per step; null = all local data")
-    update: Literal["simultaneous", "alternating"] = Field(
-        "simultaneous", description="simultaneous (Hou et al.), or y first and x at the new y (the FedNest notebook)"
-    )
-
-
-@register_algorithm("fedavg-s")
+@register_algorithm(FEDAVG_S)
 class FedAvgS(LocalSteps[Point, Point]):
     """FedAvg-S (Hou et al. 2021): local simultaneous SGDA x <- x - alpha grad_x f, y <- y + beta grad_y f;
     x and y averaged every ``local_steps`` steps."""
 
-    kind = MINIMAX
-    HParams = FedAvgSHParams
     Client = Server = Point
-    description = "FedAvg-S: local simultaneous gradient descent-ascent, x and y averaged (minimax)"
     vectorisable = False  # grad_xy is plain autograd, which torch.func.vmap cannot batch
     hp: FedAvgSHParams
 

@@ -38,49 +38,31 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import torch
-from pydantic import Field
 from torch import Tensor
 
 from fedcomp.platform.algorithms.base import Algorithm, ClientContext, Exchange, StepInfo, Tensors, batch_size
+from fedcomp.platform.algorithms.builtins import (
+    FEDAVG_CO_1,
+    FEDAVG_CO_2,
+    FEDAVG_CO_SHARED_Y,
+    FEDDRO,
+    CompositionalHParams,
+    FedDROHParams,
+    SharedEstimateHParams as SharedEstimateHParams,
+)
+from fedcomp.platform.kinds import COMPOSITIONAL_GLOBAL
 from fedcomp.platform.oracles import outer_grad, plain_inner_vjp
 from fedcomp.platform.params import Params
-from fedcomp.platform.problems import COMPOSITIONAL_GLOBAL, GlobalCompositionalProblem
+from fedcomp.platform.problems import GlobalCompositionalProblem
 from fedcomp.platform.registry import register_algorithm
 from fedcomp.platform.rounds import Round
 from fedcomp.platform.state import Model, State
 
-
-class CompositionalHParams(Params):
-    """eta (``lr``) with an optional step schedule, I (``local_steps``) and the batch |b| per client."""
-
-    lr: float = Field(0.01, gt=0, description="step size eta")
-    local_steps: int = Field(1, ge=1, description="local steps I between model rounds")
-    outer_batch: int | None = Field(16, ge=1, description="batch |b| per client and step; null = all local data")
-    lr_milestones: list[int] = Field(default_factory=list, description="rounds after which lr is multiplied by lr_factor")
-    lr_factor: float = Field(0.1, gt=0, description="lr multiplier at each milestone (the paper: 0.1 after 90 rounds)")
-
-    def lr_at(self, round: int) -> float:
-        """The step size of round ``round`` (a schedule of the round index, not a mutable state)."""
-        return self.lr * self.lr_factor ** sum(round >= m for m in self.lr_milestones)
-
-
 RESCALE_AT = 16.0
 """The running shift moves when |log y_bar| exceeds this (y_bar > e^16 ~ 9e6 leaves e^72 of float32's range)."""
-
-
-class SharedEstimateHParams(CompositionalHParams):
-    kl: Literal["shifted", "plain"] = Field(
-        "shifted",
-        description="shifted: a running shift keeps a log-scalable inner value (KL-DRO) in float range, identical "
-        "to plain while |log y_bar| <= 16; plain: the task's constant shift only",
-    )
-
-
-class FedDROHParams(SharedEstimateHParams):
-    beta: float = Field(0.1, gt=0, le=1, description="momentum weight of the y estimator, in (0, 1]")
 
 
 @runtime_checkable
@@ -183,14 +165,12 @@ def _last_loss(last: tuple[Tensor, Tensor, Tensor] | None) -> float:
     return float(h + g @ v)
 
 
-@register_algorithm("feddro")
+@register_algorithm(FEDDRO)
 class FedDRO(Compositional):
     """FedDRO: hybrid estimator of g shared every local step, model averaged every I steps."""
 
-    HParams: ClassVar[type[Params]] = FedDROHParams
     Client, Server = DROClient, ModelEstimate
     hp: FedDROHParams
-    description = "FedDRO: y (d_g floats) averaged every local step, x every I steps (FedDRO Alg. 2)"
 
     @property
     def beta(self) -> float:
@@ -245,16 +225,10 @@ class FedDRO(Compositional):
         return (y, log_scale) if self.hp.kl == "plain" else renormalise(fed.problem, y, log_scale)
 
 
-class _NoMomentumHParams(SharedEstimateHParams):
-    """Modified FedAvg has no beta: its estimate is the plain batch value g_k(x_k; b)."""
-
-
-@register_algorithm("fedavg-co-shared-y")
+@register_algorithm(FEDAVG_CO_SHARED_Y)
 class FedAvgSharedY(FedDRO):
     """Modified FedAvg (FedDRO paper, Theorem 4.2): y_bar = <g_k(x_k; b)> every step (FedDRO with beta = 1)."""
 
-    HParams = _NoMomentumHParams
-    description = "Modified FedAvg for compositional problems: g_k values averaged every step (FedDRO Thm 4.2)"
 
     @property
     def beta(self) -> float:
@@ -283,11 +257,10 @@ class _VanillaCO(Compositional):
         return x, StepInfo(samples, _last_loss(last))
 
 
-@register_algorithm("fedavg-co-1")
+@register_algorithm(FEDAVG_CO_1)
 class FedAvgCO1(_VanillaCO):
     """Vanilla FedAvg for compositional problems, case I: y_k = g_k(x_bar) reset locally at each model round."""
 
-    description = "Vanilla FedAvg for CO, case I: only x shared (FedDRO Alg. 1; stalls for I > 1)"
 
     def local_steps(self, problem: GlobalCompositionalProblem, client: Model, ctx: ClientContext) -> tuple[Model, Tensors, StepInfo]:
         """The client's own reset y_k = g_k(x_bar; b), then I local steps."""
@@ -299,11 +272,10 @@ class FedAvgCO1(_VanillaCO):
         return Model(x=fed.local_steps(server, self.hp.local_steps).x)
 
 
-@register_algorithm("fedavg-co-2")
+@register_algorithm(FEDAVG_CO_2)
 class FedAvgCO2(_VanillaCO):
     """Vanilla FedAvg for compositional problems, case II: y_k = <g_k(x_bar)> at each model round."""
 
-    description = "Vanilla FedAvg for CO, case II: x and <g_k(x_bar)> shared at model rounds (FedDRO Alg. 1)"
 
     def local_round(self, problem: GlobalCompositionalProblem, client: Model, ctx: ClientContext) -> Exchange[Model]:
         """The averaged reset y = <g_k(x_bar; b)> (one exchange), then I local steps."""

@@ -15,26 +15,19 @@ the client's program starts, not kept afterwards), so clients keep no private st
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
-from pydantic import Field
 from torch import Tensor
 
-from fedcomp.platform.algorithms.base import CommonHParams, LocalSteps, Tensors, grad_and_loss, grad_and_loss_factors
+from fedcomp.platform.algorithms.base import LocalSteps, Tensors, grad_and_loss, grad_and_loss_factors
+from fedcomp.platform.algorithms.builtins import FEDPROX, FedProxHParams
 from fedcomp.platform.algorithms.steps import descend, descend_
-from fedcomp.platform.params import Params
-from fedcomp.platform.problems import PLAIN, PlainProblem
+from fedcomp.platform.problems import PlainProblem
 from fedcomp.platform.registry import register_algorithm
 from fedcomp.platform.state import Model
 
 __all__ = ["FedProx", "FedProxHParams"]
-
-
-class FedProxHParams(CommonHParams):
-    """lr, p (``local_steps``), batch (``outer_batch``) and the proximal weight mu."""
-
-    mu: float = Field(0.01, ge=0, description="proximal weight mu >= 0 (unknown in the paper; 0 = FedAvg)")
 
 
 @dataclass(frozen=True)
@@ -43,16 +36,13 @@ class ProxClient(Model):
     """w_g, the global model the round started from (round-local: set when the client's program starts)."""
 
 
-@register_algorithm("fedprox")
+@register_algorithm(FEDPROX)
 class FedProx(LocalSteps[ProxClient, Model]):
     """p SGD steps on f_i(w) + (mu/2)||w - w_g||^2 from the broadcast w_g; then w averaged."""
 
-    kind = PLAIN
-    HParams: ClassVar[type[Params]] = FedProxHParams
     Client, Server = ProxClient, Model
     round_local = frozenset({"anchor"})
     mutates = frozenset({"x"})
-    description = "FedProx (Li et al. 2020): local SGD with a proximal term to the global model; x averaged (A23)"
 
     def init(self, variables: Tensors) -> Model:
         return Model(x=variables["x"].clone())

@@ -33,39 +33,20 @@ schedule, so that learning-rate grids mean the same thing across the comparison.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar, Literal
 
 import torch
-from pydantic import Field
 from torch import Tensor
 
+from fedcomp.platform.algorithms import builtins
 from fedcomp.platform.algorithms.base import ClientContext, StepInfo, Tensors, batch_size
-from fedcomp.platform.algorithms.dro_baselines import ParallelHParams
+from fedcomp.platform.algorithms.builtins import GCIVRHParams
 from fedcomp.platform.algorithms.feddro import Compositional
 from fedcomp.platform.errors import ConfigError
 from fedcomp.platform.oracles import inner_and_jacobian, outer_grad, plain_grad
-from fedcomp.platform.params import Params
 from fedcomp.platform.problems import GlobalCompositionalProblem
 from fedcomp.platform.registry import register_algorithm
 from fedcomp.platform.rounds import Round
 from fedcomp.platform.state import Model
-
-
-class GCIVRHParams(ParallelHParams):
-    """GCIVR's options: step rule, periodic refresh and initial estimates (code vs paper, see module doc)."""
-
-    outer_batch: int | None = Field(16, ge=1, description="batch b per client and step; null = all local data (the code)")
-    optimizer: Literal["sgd", "adagrad"] = Field("sgd", description="'adagrad' as in the code (with lr 0.01)")
-    adagrad_eps: float = Field(1e-10, gt=0, description="Adagrad's epsilon (torch.optim.Adagrad's default)")
-    refresh_every: int | None = Field(
-        None, ge=1, description="fresh estimates of G and J every this many steps (the paper); null = never (the code)"
-    )
-    refresh_batch: int | None = Field(
-        None, ge=1, description="batch per client for fresh estimates (initial and refresh); null = all local data"
-    )
-    init: Literal["estimate", "code"] = Field(
-        "estimate", description="'estimate': G, J fresh at x_0; 'code': G ~ U(0, 1), J = 0 (mlscientist/GCIVR)"
-    )
 
 
 @dataclass(frozen=True)
@@ -89,13 +70,11 @@ class SeenModel(Model):
     """The step x_seen was received at ([1] float; -1: none yet, so x_{-1} = x_0)."""
 
 
-@register_algorithm("gcivr")
+@register_algorithm(builtins.GCIVR)
 class GCIVR(Compositional):
     """GCIVR as a synchronous parallel method: SARAH recursion on g and its Jacobian, one model round per step."""
 
-    HParams: ClassVar[type[Params]] = GCIVRHParams
     Client, Server = SeenModel, Estimates
-    description = "GCIVR (Haddadpour et al. 2022) in parallel: SARAH estimates of g and its Jacobian, 1 round/step"
     hp: GCIVRHParams
 
     def join(self, broadcast: Tensors) -> SeenModel:

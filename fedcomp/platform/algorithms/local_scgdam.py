@@ -39,17 +39,17 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import torch
-from pydantic import Field, model_validator
 from torch import Tensor
 
 from fedcomp.platform.algorithms.base import Tensors
-from fedcomp.platform.algorithms.momentum_gda import MomentumGDA, MomentumGDAHParams
+from fedcomp.platform.algorithms.builtins import LOCAL_SCGDAM, LocalSCGDAMHParams
+from fedcomp.platform.algorithms.momentum_gda import MomentumGDA
 from fedcomp.platform.errors import ConfigError
 from fedcomp.platform.oracles import grad_xy_and_value, inner_value_vjp
-from fedcomp.platform.problems import COMPOSITIONAL_MINIMAX, CompositionalMinimaxProblem
+from fedcomp.platform.problems import CompositionalMinimaxProblem
 from fedcomp.platform.registry import register_algorithm
 from fedcomp.platform.state import MinimaxModel
 
@@ -65,32 +65,11 @@ class SCGDAMState(MinimaxModel):
     v: Tensor
 
 
-class LocalSCGDAMHParams(MomentumGDAHParams):
-    """LocalSCGDAM's hyperparameters (Algorithm 1): eta, gamma_x, gamma_y, beta_x, beta_y, alpha, p, batches."""
-
-    alpha: float = Field(9.0, gt=0, description="inner-estimate weight multiplier: alpha * eta in (0, 1]")
-    inner_batch: int = Field(32, ge=1, description="examples in the batch xi of g and its Jacobian, per step")
-    jacobian: Literal["exact", "identity"] = Field(
-        "exact", description="J_g^T by a vector-Jacobian (Hessian-vector) product, or the identity (S3)"
-    )
-    batches: Literal["independent", "shared"] = Field(
-        "independent", description="independent draws xi and zeta per step, or one draw for both (S5)"
-    )
-
-    @model_validator(mode="after")
-    def _check(self) -> LocalSCGDAMHParams:
-        self._check_weights(("alpha", "beta_x", "beta_y"))
-        return self
-
-
-@register_algorithm("local-scgdam")
+@register_algorithm(LOCAL_SCGDAM)
 class LocalSCGDAM(MomentumGDA):
     """Local stochastic compositional gradient descent-ascent with momentum; x, y, h, u, v averaged every p steps."""
 
-    kind = COMPOSITIONAL_MINIMAX
-    HParams = LocalSCGDAMHParams
     Client = Server = SCGDAMState
-    description = "LocalSCGDAM: compositional minimax GDA with momentum; x, y, h, u, v averaged (Zhang et al. 2023)"
 
     def init(self, variables: Tensors) -> SCGDAMState:
         x, y = variables["x"], variables["y"]

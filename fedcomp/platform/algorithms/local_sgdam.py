@@ -23,16 +23,16 @@ step 0. The batch is the task's ``sample(client, "inner", outer_batch, gen)``.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import torch
-from pydantic import Field, model_validator
 from torch import Tensor
 
 from fedcomp.platform.algorithms.base import ClientContext, StepInfo, Tensors, batch_size, mean_loss
-from fedcomp.platform.algorithms.momentum_gda import MomentumGDA, MomentumGDAHParams
+from fedcomp.platform.algorithms.builtins import LOCAL_SGDAM, LocalSGDAMHParams
+from fedcomp.platform.algorithms.momentum_gda import MomentumGDA
 from fedcomp.platform.oracles import grad_xy_and_value
-from fedcomp.platform.problems import MINIMAX, MinimaxProblem
+from fedcomp.platform.problems import MinimaxProblem
 from fedcomp.platform.registry import register_algorithm
 from fedcomp.platform.state import MinimaxModel, State
 
@@ -58,28 +58,12 @@ class OwnMomenta(Momenta):
     """[1.0] once the client estimated its momenta (its first step), [0.0] before."""
 
 
-class LocalSGDAMHParams(MomentumGDAHParams):
-    """LocalSGDAM's hyperparameters: eta, gamma_x, gamma_y, beta_x, beta_y, p, the batch and what is averaged."""
-
-    average: Literal["all", "model"] = Field(
-        "all", description="'all': x, y, u, v averaged (inferred default); 'model': x and y only (S10)"
-    )
-
-    @model_validator(mode="after")
-    def _check(self) -> LocalSGDAMHParams:
-        self._check_weights(("beta_x", "beta_y"))
-        return self
-
-
-@register_algorithm("local-sgdam")
+@register_algorithm(LOCAL_SGDAM)
 class LocalSGDAM(MomentumGDA):
     """Local stochastic gradient descent-ascent with momentum; x, y (and by default u, v) averaged every p steps."""
 
-    kind = MINIMAX
-    HParams = LocalSGDAMHParams
     Client: ClassVar[type[State]] = Momenta
     Server: ClassVar[type[State]] = Momenta
-    description = "LocalSGDAM: local minimax GDA with momentum; x, y, u, v averaged [inferred] (Sharma et al. 2022)"
 
     def __new__(cls, hparams: Any = None) -> LocalSGDAM:
         """``average: model`` builds :class:`PrivateMomenta` (another server state and a client's first step)."""

@@ -15,29 +15,20 @@ usual default and only that. With mu = 0 the update is FedAvg's, bit for bit.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar
 
 import torch
-from pydantic import Field
 from torch import Tensor
 
-from fedcomp.platform.algorithms.base import CommonHParams, LocalSteps, Tensors, grad_and_loss, grad_and_loss_factors
+from fedcomp.platform.algorithms.base import LocalSteps, Tensors, grad_and_loss, grad_and_loss_factors
+from fedcomp.platform.algorithms.builtins import LOCAL_SGDM, LocalSGDMHParams
 from fedcomp.platform.algorithms.steps import descend, descend_
 from fedcomp.platform.params import Params
-from fedcomp.platform.problems import PLAIN, PlainProblem
+from fedcomp.platform.problems import PlainProblem
 from fedcomp.platform.registry import register_algorithm
 from fedcomp.platform.state import Model, State
 
 __all__ = ["LocalSGDM", "LocalSGDMHParams", "ModelMomentum"]
-
-
-class LocalSGDMHParams(CommonHParams):
-    """lr, period p (``local_steps``), batch (``outer_batch``), momentum mu and what is averaged."""
-
-    momentum: float = Field(0.9, ge=0, lt=1, description="mu in [0, 1) (the paper's value is unknown; 0 = FedAvg)")
-    average: Literal["all", "model"] = Field(
-        "all", description="'all': x and the momentum buffer averaged (Yu et al.); 'model': x only (S10)"
-    )
 
 
 @dataclass(frozen=True)
@@ -46,15 +37,12 @@ class ModelMomentum(Model):
     """The heavy-ball buffer."""
 
 
-@register_algorithm("local-sgdm")
+@register_algorithm(LOCAL_SGDM)
 class LocalSGDM(LocalSteps[ModelMomentum, State]):
     """buf = mu buf + grad l(x); x = x - lr buf for p steps; then x (and buf, ``average: all``) averaged."""
 
-    kind = PLAIN
-    HParams: ClassVar[type[Params]] = LocalSGDMHParams
     Client: ClassVar[type[State]] = ModelMomentum
     Server: ClassVar[type[State]] = ModelMomentum
-    description = "LocalSGDM (Yu et al. 2019): local SGD with momentum; x and the momentum averaged (A20)"
     hp: LocalSGDMHParams
     mutates = frozenset({"x", "buf"})
 

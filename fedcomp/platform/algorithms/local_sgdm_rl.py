@@ -42,16 +42,15 @@ server-side monitor's auxiliary batches are not counted in ``samples`` (they are
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 import torch
-from pydantic import Field
 from torch import Tensor
 
 from fedcomp.platform.algorithms.base import grad_and_loss
-from fedcomp.platform.algorithms.local_sgdm import LocalSGDM, LocalSGDMHParams, ModelMomentum
+from fedcomp.platform.algorithms.builtins import LOCAL_SGDM_RL, LocalSGDMRLHParams
+from fedcomp.platform.algorithms.local_sgdm import LocalSGDM, ModelMomentum
 from fedcomp.platform.errors import ConfigError
-from fedcomp.platform.params import Params
 from fedcomp.platform.registry import register_algorithm
 from fedcomp.platform.rounds import Round
 from fedcomp.platform.state import State
@@ -93,19 +92,6 @@ class ClassPriorProblem(Protocol):
     def class_weighted_loss(self, x: Tensor, batch: Any, weights: Tensor) -> Tensor:
         """The loss of the batch with example i weighted by ``weights[label_i]``."""
         ...
-
-
-class LocalSGDMRLHParams(LocalSGDMHParams):
-    """LocalSGDM's hyperparameters plus the Ratio Loss weights w_c = alpha_rl + beta_rl * Ra_c."""
-
-    alpha_rl: float = Field(1.0, ge=0, description="alpha of the Ratio Loss weights (inferred default)")
-    beta_rl: float = Field(0.1, ge=0, description="beta of the Ratio Loss weights (inferred default)")
-    weights: Literal["monitor", "prior"] = Field(
-        "monitor", description="'monitor': Ra from auxiliary gradients each round; 'prior': Ra from the class prior"
-    )
-    ratio: Literal["magnitude", "entry-mean"] = Field(
-        "magnitude", description="monitor's Ra: ratio of gradient magnitudes, or the re-implementations' mean of entry ratios"
-    )
 
 
 # ------------------------------------------------------------------------------------------------ the monitor
@@ -188,14 +174,12 @@ class WeightedClient(ModelMomentum):
     """The round's class weights (broadcast with the model)."""
 
 
-@register_algorithm("local-sgdm-rl")
+@register_algorithm(LOCAL_SGDM_RL)
 class LocalSGDMRL(LocalSGDM):
     """LocalSGDM on the Ratio Loss: CE weighted per class by w = alpha_rl + beta_rl Ra, Ra set by the server
     each round (a reconstruction; see the module doc)."""
 
-    HParams: ClassVar[type[Params]] = LocalSGDMRLHParams
     Client = WeightedClient
-    description = "LocalSGDM_RL (Wang et al. 2021, reconstruction): LocalSGDM on a monitor-weighted CE (A21)"
     hp: LocalSGDMRLHParams
 
     def _loss(self, problem: Any, state: WeightedClient) -> Any:  # type: ignore[override]

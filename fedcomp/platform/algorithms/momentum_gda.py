@@ -27,41 +27,18 @@ beta_x eta = beta_y eta = 0.9.
 from __future__ import annotations
 
 from abc import abstractmethod
-from typing import Any, Literal
+from typing import Any
 
 import torch
-from pydantic import Field
 from torch import Tensor
 
-from fedcomp.platform.algorithms.base import CommonHParams, LocalSteps
+from fedcomp.platform.algorithms.base import LocalSteps
+from fedcomp.platform.algorithms.builtins import MomentumGDAHParams
 
 __all__ = ["DUAL_CLAMP", "MomentumGDA", "MomentumGDAHParams"]
 
 DUAL_CLAMP = (0.0, 999.0)
 """LibAUC's range for the dual variable of its margin AUC loss (``torch.clamp(alpha, 0, 999)``)."""
-
-
-class MomentumGDAHParams(CommonHParams):
-    """eta (``lr``), the multipliers gamma_x, gamma_y, beta_x, beta_y, p (``local_steps``) and the batch."""
-
-    lr: float = Field(0.1, gt=0, description="eta, the global step: x moves by gamma_x * eta, y by gamma_y * eta")
-    local_steps: int = Field(4, ge=1, description="p, local steps per communication round (the paper: 4, 8, 16)")
-    outer_batch: int = Field(32, ge=1, description="examples in the batch zeta of f's gradients, per step")
-    gamma_x: float = Field(1.0, gt=0, description="x step multiplier (x step = gamma_x * eta)")
-    gamma_y: float = Field(1.0, gt=0, description="y step multiplier (y step = gamma_y * eta)")
-    beta_x: float = Field(9.0, gt=0, description="x-momentum weight multiplier: beta_x * eta in (0, 1]")
-    beta_y: float = Field(9.0, gt=0, description="y-momentum weight multiplier: beta_y * eta in (0, 1]")
-    dual: Literal["unconstrained", "clamp"] = Field(
-        "unconstrained", description="'clamp': y kept in [0, 999] after each ascent step (LibAUC margin form, S7)"
-    )
-
-    def _check_weights(self, names: tuple[str, ...]) -> None:
-        for name in names:
-            value = getattr(self, name)
-            if not 0 < value * self.lr <= 1:
-                raise ValueError(
-                    f"{name} = {value!r}: {name} * lr = {value * self.lr:g} must be in (0, 1] (lr = {self.lr!r})"
-                )
 
 
 class MomentumGDA(LocalSteps[Any, Any]):

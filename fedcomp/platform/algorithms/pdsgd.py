@@ -16,48 +16,25 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
+from typing import Any
 
 import torch
-from pydantic import Field, model_validator
 from torch import Tensor
 
 from fedcomp.losses.dro import DualPenalty, project_simplex
 from fedcomp.platform.algorithms.base import ClientContext, StepInfo, Tensors
+from fedcomp.platform.algorithms.builtins import PARALLEL_PDSGD, PDSGDHParams
 from fedcomp.platform.algorithms.dro_baselines import (
     CohortWeights,
     IndexedExampleProblem,
-    ParallelHParams,
     count_step,
     slot,
 )
 from fedcomp.platform.algorithms.feddro import Compositional, unsent
 from fedcomp.platform.errors import ConfigError
-from fedcomp.platform.params import Params
 from fedcomp.platform.registry import register_algorithm
 from fedcomp.platform.rounds import Round
 from fedcomp.platform.state import Model
-
-
-class PDSGDHParams(ParallelHParams):
-    """The DRO game (``divergence``, ``lam``; by default the task's) and the relative dual step tau."""
-
-    outer_batch: int = Field(16, ge=1, description="batch b per client and step (pooled: K x b examples)")
-    divergence: Literal["task", "kl", "chi2"] = Field(
-        "task", description="D(p, uniform) of the game; 'task' = the task's objective (its dual_penalty)"
-    )
-    lam: float | None = Field(None, gt=0, description="lambda of the game; null = the task's (needs divergence 'task')")
-    dual_step: float = Field(
-        0.05, gt=0, le=1, description="tau in (0, 1]: the dual step as a fraction of the way to the best response"
-    )
-
-    @model_validator(mode="after")
-    def _check(self) -> PDSGDHParams:
-        if self.divergence == "task" and self.lam is not None:
-            raise ValueError(f"lam = {self.lam!r}: give it together with divergence 'kl' or 'chi2' ('task' uses the task's lambda)")
-        if self.divergence != "task" and self.lam is None:
-            raise ValueError(f"lam = None: divergence {self.divergence!r} needs lam > 0 (or divergence 'task')")
-        return self
 
 
 @dataclass(frozen=True)
@@ -118,7 +95,7 @@ class Chi2Game(Game):
 GAMES: dict[str, type[KLGame] | type[Chi2Game]] = {"kl": KLGame, "chi2": Chi2Game}
 
 
-@register_algorithm("parallel-pdsgd")
+@register_algorithm(PARALLEL_PDSGD)
 class ParallelPDSGD(Compositional):
     """Stochastic primal-dual SGD on the DRO game, in parallel, with the per-example weights p on the server.
 
@@ -150,10 +127,7 @@ class ParallelPDSGD(Compositional):
     as float32, exact below 2^24 examples per client.
     """
 
-
-    HParams: ClassVar[type[Params]] = PDSGDHParams
     Client, Server = CohortWeights, Game
-    description = "Primal-dual SGD (reconstruction of the paper's PDSGD) in parallel: x SGD, p on the server, 1 round/step"
     hp: PDSGDHParams
 
     # -- client programs -------------------------------------------------------------------------------------

@@ -27,38 +27,19 @@ round-local client fields, so c_i is the only private state.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
+from typing import Any
 
 import torch
-from pydantic import Field, model_validator
 from torch import Tensor
 
-from fedcomp.platform.algorithms.base import CommonHParams, LocalSteps, Tensors, grad_and_loss, grad_and_loss_pieces
-from fedcomp.platform.params import Params
-from fedcomp.platform.problems import PLAIN, PlainProblem
+from fedcomp.platform.algorithms.base import LocalSteps, Tensors, grad_and_loss, grad_and_loss_pieces
+from fedcomp.platform.algorithms.builtins import SCAFFOLD, ScaffoldHParams
+from fedcomp.platform.problems import PlainProblem
 from fedcomp.platform.registry import register_algorithm
 from fedcomp.platform.rounds import Round
 from fedcomp.platform.state import State
 
 __all__ = ["Scaffold", "ScaffoldHParams"]
-
-
-class ScaffoldHParams(CommonHParams):
-    """Local step lr (eta_l), p (``local_steps``), batch, the server step eta_g and the control update."""
-
-    server_lr: float = Field(1.0, gt=0, description="eta_g, the server step on the averaged model change")
-    control: Literal["option2", "option1"] = Field(
-        "option2", description="c_i+ from the local progress (option II, the paper's default) or grad f_i(x) (option I)"
-    )
-    control_batch: int | None = Field(
-        None, ge=1, description="option I: examples of the extra batch at x; null = outer_batch"
-    )
-
-    @model_validator(mode="after")
-    def _check(self) -> ScaffoldHParams:
-        if self.control_batch is not None and self.control != "option1":
-            raise ValueError(f"control_batch = {self.control_batch}: only option1 draws a control batch (control = {self.control!r})")
-        return self
 
 
 @dataclass(frozen=True)
@@ -78,16 +59,13 @@ class ScaffoldClient(ScaffoldServer):
     """Option I's c_i+ = grad f_i(x; B_i), drawn at the round's first step (round-local)."""
 
 
-@register_algorithm("scaffold")
+@register_algorithm(SCAFFOLD)
 class Scaffold(LocalSteps[ScaffoldClient, ScaffoldServer]):
     """Local steps corrected by c - c_i; x and c move by the cohort's mean changes (c scaled by |S|/N)."""
 
-    kind = PLAIN
-    HParams: ClassVar[type[Params]] = ScaffoldHParams
     Client, Server = ScaffoldClient, ScaffoldServer
     round_local = frozenset({"x_start", "control_next"})
     mutates = frozenset({"x"})
-    description = "SCAFFOLD (Karimireddy et al. 2020): control variates correct the client drift (A22)"
 
     def init(self, variables: Tensors) -> ScaffoldServer:
         x = variables["x"]

@@ -31,36 +31,21 @@ is the slides' single moving-average point (``moving-average``).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import torch
-from pydantic import Field
 from torch import Tensor
 
-from fedcomp.platform.algorithms.base import CommonHParams, LocalSteps, Tensors
+from fedcomp.platform.algorithms.base import LocalSteps, Tensors
+from fedcomp.platform.algorithms.builtins import LOCAL_SCGD, LOCAL_SCGDM, LocalSCGDHParams, LocalSCGDMHParams
 from fedcomp.platform.algorithms.steps import descend
 from fedcomp.platform.errors import ConfigError
+from fedcomp.platform.kinds import COMPOSITIONAL
 from fedcomp.platform.oracles import inner_value_vjp, outer_grad
 from fedcomp.platform.params import Params
-from fedcomp.platform.problems import COMPOSITIONAL, CompositionalProblem
+from fedcomp.platform.problems import CompositionalProblem
 from fedcomp.platform.registry import register_algorithm
 from fedcomp.platform.state import Model, State
-
-
-class LocalSCGDHParams(CommonHParams):
-    """Step size ``lr``, period p (``local_steps``), draws per step b (``outer_batch``), inner-state weight gamma."""
-
-    gamma: float = Field(0.5, gt=0, le=1, description="inner-state weight (moving average of g), in (0, 1]")
-    inner_state: Literal["moving-average", "per-task-mix"] = Field(
-        "moving-average", description="slides' single inner estimate, or the FCSG code's per-task mixture"
-    )
-    sync_inner: bool = Field(True, description="u averaged at each communication (the slides), or kept on each client")
-
-
-class LocalSCGDMHParams(LocalSCGDHParams):
-    """Local-SCGD's hyperparameters plus the momentum weight beta in (0, 1] (beta = 1 is Local-SCGD)."""
-
-    beta: float = Field(0.1, gt=0, le=1, description="momentum weight, in (0, 1]")
 
 
 @dataclass(frozen=True)
@@ -149,14 +134,12 @@ class _SCGDBase(LocalSteps[Any, Any]):
         return z, points, loss
 
 
-@register_algorithm("local-scgd")
+@register_algorithm(LOCAL_SCGD)
 class LocalSCGD(_SCGDBase):
     """u = (1 - gamma) u + gamma g(x; xi); x = x - lr (dg/dx)^T grad f(u; zeta); x and u averaged every p steps."""
 
-    HParams = LocalSCGDHParams
     Client: ClassVar[type[State]] = SCGDState
     Server: ClassVar[type[State]] = SCGDState
-    description = "Local-SCGD: local stochastic compositional gradient descent; x and u averaged (A4)"
 
     def __new__(cls, hparams: Any = None) -> LocalSCGD:
         """``sync_inner: false`` builds :class:`LocalSCGDOwnInner` (another client and server state)."""
@@ -186,14 +169,12 @@ class LocalSCGDOwnInner(LocalSCGD):
         return OwnInner(x=x, u=torch.zeros_like(x), known=torch.zeros(1))
 
 
-@register_algorithm("local-scgdm")
+@register_algorithm(LOCAL_SCGDM)
 class LocalSCGDM(_SCGDBase):
     """Local-SCGD plus momentum m = (1 - beta) m + beta z, x = x - lr m; x, u and m averaged every p steps."""
 
-    HParams = LocalSCGDMHParams
     Client: ClassVar[type[State]] = SCGDMState
     Server: ClassVar[type[State]] = SCGDMState
-    description = "Local-SCGDM: Local-SCGD with momentum; x, u and m averaged (Gao et al. 2022, Alg. 1; A5)"
     hp: LocalSCGDMHParams
 
     def __new__(cls, hparams: Any = None) -> LocalSCGDM:

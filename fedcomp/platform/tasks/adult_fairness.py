@@ -20,34 +20,18 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-from pydantic import Field
 from torch import Tensor
 
 from fedcomp.datasets import adult, partition
 from fedcomp.losses import dro as dro_losses
 from fedcomp.platform.errors import ConfigError
-from fedcomp.platform.params import Params
-from fedcomp.platform.problems import COMPOSITIONAL_GLOBAL
 from fedcomp.platform.registry import register_task
 from fedcomp.platform.tasks.base import Task
+from fedcomp.platform.tasks.builtins import ADULT_FAIRNESS, AdultFairnessParams
 
 
-class AdultFairnessParams(Params):
-    epsilon: float = Field(0.01, ge=0, description="constraint slack eps")
-    alpha: float = Field(0.1, gt=0)
-    gamma: float = Field(0.1, gt=0, description="GCIVR's dual_scale")
-    constrained: bool = Field(True, description="false: the unconstrained baseline (h only)")
-    noise_level: float = Field(0.3, ge=0, lt=1, description="share of rows with a wrong proxy group")
-    data_seed: int = Field(0, ge=0, description="seed of the proxy noise and the client split")
-
-
-@register_task("adult-fairness")
+@register_task(ADULT_FAIRNESS)
 class AdultFairness(Task):
-    Params = AdultFairnessParams
-    kinds = frozenset({COMPOSITIONAL_GLOBAL})
-    metrics = ("test_accuracy", "test_violation", "train_accuracy", "train_violation", "objective")
-    description = "FedDRO sec. 6: logistic regression on UCI Adult with GCIVR's equal-opportunity penalty"
-
     def __init__(self, params: AdultFairnessParams, seed: int, clients: int, device: str = "cpu") -> None:
         super().__init__(params, seed, clients, device)
         try:

@@ -11,16 +11,7 @@ from torch import Tensor
 
 from fedcomp.models.functional import FlatModel
 from fedcomp.platform.params import Params
-
-BatchNorm = Literal["averaged", "local", "batch"]
-"""What happens to a network's BatchNorm running statistics (:mod:`fedcomp.models.functional`):
-
-* ``averaged`` -- each client's statistics move with its training forward passes and go up with every model
-  message; the server averages them with the model, evaluates with the average and sends it down with the
-  model (what FedAvg implementations do with a model's ``state_dict``);
-* ``local`` -- each client keeps its own statistics (nothing comes down); they go up so that the server can
-  evaluate with their mean;
-* ``batch`` -- no running statistics: every forward pass, evaluation included, normalises with its batch."""
+from fedcomp.platform.tasks.builtins import BatchNorm
 
 
 class Task(ABC):

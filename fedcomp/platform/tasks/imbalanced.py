@@ -51,12 +51,11 @@ that lacks one class has no AUROC (nan).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
-from pydantic import Field
 from torch import Tensor, nn
 
 from fedcomp.datasets import imbalance, partition
@@ -65,18 +64,11 @@ from fedcomp.models import convnets
 from fedcomp.models.functional import FlatModel
 from fedcomp.models.mlp import mlp
 from fedcomp.platform.errors import ConfigError
-from fedcomp.platform.params import Params
-from fedcomp.platform.problems import COMPOSITIONAL_MINIMAX, CONDITIONAL, MINIMAX, PLAIN
+from fedcomp.platform.kinds import COMPOSITIONAL_MINIMAX, CONDITIONAL, MINIMAX
 from fedcomp.platform.registry import register_task
 from fedcomp.platform.rng import generator
-from fedcomp.platform.tasks.base import BatchNorm, Task
-
-Dataset = Literal[
-    "breast-cancer", "digits", "mnist5k", "mnist", "fashionmnist", "cifar10", "cifar100", "stl10", "catvsdog",
-    "melanoma",
-]  # fmt: skip
-"""The names :data:`fedcomp.datasets.binary.DATASETS` accepts (a test keeps the two lists equal)."""
-ModelName = Literal["auto", "linear", "mlp", "mnist-conv", "cifar-conv", "fashion-conv", "resnet20", "densenet121"]
+from fedcomp.platform.tasks.base import Task
+from fedcomp.platform.tasks.builtins import IMBALANCED_BINARY, ImbalancedBinaryParams
 
 AUTO_MODEL: dict[str, str] = {
     "breast-cancer": "linear",
@@ -95,64 +87,15 @@ FashionMNIST (the paper's is unknown), ResNet20 on CIFAR10/100, STL10, CATvsDOG 
 (E10). Table 2's CIFAR-10 runs use ``model: cifar-conv`` (D-AUPRC's CIFARModel) explicitly."""
 
 
-class ImbalancedBinaryParams(Params):
-    dataset: Dataset = Field("breast-cancer", description="binary dataset (fedcomp.datasets.binary)")
-    construction: Literal["ratio", "drop"] = Field(
-        "ratio",
-        description="ratio: keep floor(r/(1-r) n_neg) positives (E10); drop: keep_fraction of each positive class (E3)",
-    )
-    ratio: float = Field(0.1, gt=0, le=0.5, description="construction ratio: training positive share r")
-    keep_fraction: float = Field(0.2, gt=0, le=1, description="construction drop: share of each positive class kept")
-    positive_rule: Literal["first-half", "second-half"] = Field(
-        "first-half", description="which half of the classes is positive (first: LocalSCGDAM paper; second: LibAUC, E3)"
-    )
-    partition: Literal["stratified", "stride"] = Field(
-        "stratified", description="client split of the training part: equal class shares, or D-AUPRC's stride split"
-    )
-    model: ModelName = Field("auto", description="network with one logit; auto: see AUTO_MODEL")
-    hidden: int = Field(64, ge=1, description="hidden width of model: mlp")
-    init: Literal["xavier", "kaiming"] = Field("xavier", description="weight initialisation (xavier: D-AUPRC, LibAUC)")
-    positives_per_batch: int | None = Field(
-        None, ge=1, description="positives first in every batch (D-AUPRC's sampler); null = uniform draws"
-    )
-    score: Literal["sigmoid", "logit"] = Field("sigmoid", description="score h of the AUC/AP losses (S6)")
-    prior: float | None = Field(
-        None, gt=0, lt=1, description="class prior p of the AUC loss; null = the real training positive ratio"
-    )
-    auc_form: auc_losses.AUCForm = Field(
-        "paper", description="AUC square loss: the paper's (1+alpha) form or LibAUC's margin form"
-    )
-    margin: float = Field(1.0, ge=0, description="m of auc_form: margin")
-    ap_margin: float = Field(0.1, gt=0, description="squared-hinge margin s of the AP surrogate (D-AUPRC --thrd)")
-    ap_inner: Literal["positives-first", "iid"] = Field(
-        "positives-first",
-        description="conditional kind's inner batch: the outer positives then negatives, or iid draws",
-    )
-    rho: float = Field(0.1, ge=0, description="rho of the compositional inner step g(x) = x - rho grad CE")
-    monitor_per_class: int = Field(32, ge=1, description="examples per class of the Ratio Loss monitor's batches")
-    eval_batch: int = Field(1000, ge=1, description="test examples per forward pass in evaluation")
-    data_seed: int = Field(0, ge=0, description="seed of the construction, client split and monitor batches")
-    root: str | None = Field(None, description="data root (default FEDCOMP_DATA or ~/.cache/fedcomp)")
-    verify_md5: bool = Field(True, description="torchvision's md5 check of CIFAR/STL10 files")
-    image_size: int | None = Field(None, ge=8, description="resize images to this side; null = the dataset's own")
-    batchnorm: BatchNorm = Field(
-        "averaged", description="BatchNorm running statistics (resnet20, densenet121): averaged, local or batch"
-    )
-
-
 Batch = tuple[Tensor, Tensor]
 
 
-@register_task("imbalanced-binary")
+@register_task(IMBALANCED_BINARY)
 class ImbalancedBinary(Task):
     """The task object is the ``plain`` problem; :meth:`problem` gives the other kinds' views."""
 
-    Params = ImbalancedBinaryParams
     params: ImbalancedBinaryParams
     model: FlatModel
-    kinds = frozenset({PLAIN, MINIMAX, COMPOSITIONAL_MINIMAX, CONDITIONAL})
-    metrics = ("test_auroc", "test_ap", "client_auroc_mean", "client_auroc_var", "test_accuracy")
-    description = "imbalanced binary AUROC/AUPRC (LocalSCGDAM Table 1, FCSG Table 2): CE, AUC, compositional AUC, AP"
 
     def __init__(self, params: ImbalancedBinaryParams, seed: int, clients: int, device: str = "cpu") -> None:
         super().__init__(params, seed, clients, device)

@@ -19,41 +19,22 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Literal
 
 import torch
 import torch.nn.functional as F
-from pydantic import Field
 from torch import Tensor
 
 from fedcomp.datasets.synthetic import gaussian_inner, gaussian_outer
-from fedcomp.platform.params import Params
-from fedcomp.platform.problems import CONDITIONAL, PLAIN
 from fedcomp.platform.registry import register_task
 from fedcomp.platform.rng import generator
 from fedcomp.platform.tasks.base import Task
+from fedcomp.platform.tasks.builtins import INVARIANT_LOGREG, InvariantLogRegParams
 
 
-class InvariantLogRegParams(Params):
-    dim: int = Field(10, ge=1, description="feature dimension d")
-    noise_ratio: float = Field(1.0, gt=0, description="sigma2 / sigma1")
-    sigma1: float = Field(1.0, gt=0, description="std of the outer features")
-    objective: Literal["paper", "official-code"] = "paper"
-    test_samples: int = Field(50_000, ge=1, description="fresh outer samples in the test set")
-    reg_lambda: float = Field(0.001, ge=0, description="regulariser weight lambda")
-    reg_gamma: float = Field(10.0, gt=0, description="regulariser shape gamma (the paper's alpha)")
-    teacher_seed: int = Field(0, ge=0, description="seed of the teacher and the test set")
-    identical_client_streams: bool = Field(False, description="official-code variant: every client sees the same data")
-
-
-@register_task("invariant-logreg")
+@register_task(INVARIANT_LOGREG)
 class InvariantLogReg(Task):
-    Params = InvariantLogRegParams
     params: InvariantLogRegParams
-    kinds = frozenset({CONDITIONAL, PLAIN})
-    metrics = ("test_accuracy", "test_loss")
     vmappable = True
-    description = "FCSG paper sec. 5.1: logistic regression on noisy features, d=10, 16 clients"
 
     def __init__(self, params: InvariantLogRegParams, seed: int, clients: int, device: str = "cpu") -> None:
         super().__init__(params, seed, clients, device)

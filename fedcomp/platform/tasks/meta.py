@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -39,7 +39,7 @@ from torch import Tensor, nn
 from torch.utils._pytree import register_dataclass
 
 from fedcomp.models.functional import FlatModel
-from fedcomp.platform.problems import COMPOSITIONAL, CONDITIONAL
+from fedcomp.platform.kinds import CONDITIONAL
 from fedcomp.platform.tasks.base import Task
 
 
@@ -176,7 +176,6 @@ class MetaTask(Task):
     episodes of a client) and :meth:`eval_episodes` (the held-out episodes, drawn once).
     """
 
-    kinds = frozenset({CONDITIONAL, COMPOSITIONAL})
     model: FlatModel
     loss_fn: Callable[[Tensor, Tensor], Tensor]
 
@@ -237,9 +236,6 @@ class MetaTask(Task):
 
     def metrics_of(self, x: Tensor, episodes: Episodes, steps: int) -> dict[str, float]:
         raise NotImplementedError
-
-
-MamlOrder = Literal["second-order", "first-order"]
 
 
 def cross_entropy(logits: Tensor, labels: Tensor) -> Tensor:

@@ -16,34 +16,19 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from pydantic import Field
 from torch import Tensor
 
-from fedcomp.platform.params import Params
-from fedcomp.platform.problems import BILEVEL, MINIMAX, MinimaxAsBilevel
+from fedcomp.platform.kinds import BILEVEL
+from fedcomp.platform.problems import MinimaxAsBilevel
 from fedcomp.platform.registry import register_task
 from fedcomp.platform.rng import generator
 from fedcomp.platform.tasks.base import Task
+from fedcomp.platform.tasks.builtins import MINIMAX_QUADRATIC, MinimaxQuadraticParams
 
 
-class MinimaxQuadraticParams(Params):
-    dim: int = Field(10, ge=1, description="dimension d of x and y")
-    lam: float = Field(10.0, gt=0, description="lambda, the strong convexity in x")
-    noise_scale: float = Field(1.0, ge=0, description="s: b'_i ~ N(0, s^2 I)")
-    t_max: float = Field(0.1, gt=0, description="t_i ~ U(0, t_max)")
-    centre: bool = Field(True, description="subtract the mean of b'_i (the paper's b_bar = 0)")
-    init: float = Field(10.0, description="x and y start at init * 1")
-    data_seed: int = Field(0, ge=0)
-
-
-@register_task("minimax-quadratic")
+@register_task(MINIMAX_QUADRATIC)
 class MinimaxQuadratic(Task):
-    Params = MinimaxQuadraticParams
     params: MinimaxQuadraticParams
-    kinds = frozenset({MINIMAX, BILEVEL})
-    metrics = ("x_dist_sq", "y_dist_sq")
-    mode = "min"
-    description = "FedNest paper sec. 4.3: heterogeneous quadratic minimax with a closed-form saddle point"
 
     def __init__(self, params: MinimaxQuadraticParams, seed: int, clients: int, device: str = "cpu") -> None:
         super().__init__(params, seed, clients, device)

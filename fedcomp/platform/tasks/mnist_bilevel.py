@@ -25,51 +25,25 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any
 
 import torch
 import torch.nn.functional as F
-from pydantic import Field
 from torch import Tensor
 
 from fedcomp.datasets import mnist, partition
 from fedcomp.platform.errors import ConfigError
-from fedcomp.platform.params import Params
-from fedcomp.platform.problems import BILEVEL
 from fedcomp.platform.registry import register_task
 from fedcomp.platform.tasks.base import Task
+from fedcomp.platform.tasks.builtins import (
+    HYPER_REPRESENTATION,
+    LOSS_TUNING,
+    HyperRepresentationParams,
+    LossTuningParams,
+    MnistClientsParams,
+)
 
 MEAN, STD = 0.1307, 0.3081
-
-
-class MnistClientsParams(Params):
-    source: Literal["mnist5k", "mnist"] = Field("mnist5k", description="offline 5k subset or MNIST from the data root")
-    partition: Literal["iid", "shards"] = Field("iid", description="iid or McMahan label shards (2 per client)")
-    per_client: int | None = Field(None, ge=2, description="images per client; null = all training images split equally")
-    train_fraction: float = Field(0.5, gt=0, lt=1, description="local training share (rest: validation)")
-    data_seed: int = Field(0, ge=0, description="seed of the partition")
-
-
-class HyperRepresentationParams(MnistClientsParams):
-    hidden: int = Field(200, ge=1)
-    dropout: float = Field(0.5, ge=0, lt=1)
-    head_reg: float = Field(0.1, ge=0, description="weight of the head's (unsquared) norm penalty in g")
-    dropout_masks: Literal["batch", "evaluation"] = Field(
-        "batch",
-        description="batch: one mask drawn with the batch, shared by every evaluation of it (pitfall N8); "
-        "evaluation: a fresh mask at every evaluation (the authors' code, nn.Dropout in training mode)",
-    )
-    init: Literal["keyed", "torch"] = Field(
-        "keyed",
-        description="initial (x, y): nn.Linear's distribution drawn from the run's keyed stream, or torch's own "
-        "draw after torch.manual_seed(run seed) -- the authors' code's initial point when seeded with the run seed",
-    )
-
-
-class LossTuningParams(MnistClientsParams):
-    train_fraction: float = Field(0.8, gt=0, lt=1, description="local training share (paper 80/20)")
-    n_max: int = Field(500, ge=1, description="images kept of class 0 (6000 for full MNIST)")
-    layers: Literal[2, 3] = Field(3, description="3: 784-200-100-10 (paper); 2: 784-200-10 (code)")
 
 
 def _load(params: MnistClientsParams) -> tuple[tuple[Tensor, Tensor], tuple[Tensor, Tensor]]:
@@ -88,7 +62,6 @@ def _features(images: Tensor) -> Tensor:
 class _MnistBilevel(Task):
     """Clients holding (training, validation) parts of an MNIST source; the model split into x and y."""
 
-    kinds = frozenset({BILEVEL})
     minimax = False
 
     def __init__(self, params: Any, seed: int, clients: int, device: str = "cpu") -> None:
@@ -173,12 +146,9 @@ class FreshMasks:
         return dropout_mask(shape, self.p, self.gen)
 
 
-@register_task("hyper-representation")
+@register_task(HYPER_REPRESENTATION)
 class HyperRepresentation(_MnistBilevel):
-    Params = HyperRepresentationParams
     params: HyperRepresentationParams
-    metrics = ("test_accuracy", "test_loss", "balanced_accuracy")
-    description = "FedNest Fig. 2: MLP 784-200-10 on MNIST, first layer outer (x), head inner (y)"
 
     def __init__(self, params: HyperRepresentationParams, seed: int, clients: int, device: str = "cpu") -> None:
         super().__init__(params, seed, clients, device)
@@ -240,12 +210,9 @@ class HyperRepresentation(_MnistBilevel):
         return evaluate
 
 
-@register_task("loss-tuning")
+@register_task(LOSS_TUNING)
 class LossTuning(_MnistBilevel):
-    Params = LossTuningParams
     params: LossTuningParams
-    metrics = ("test_accuracy", "balanced_accuracy", "test_loss")
-    description = "FedNest Fig. 3: tune per-class logit scale/shift (x) on long-tail MNIST; network inner (y)"
 
     def __init__(self, params: LossTuningParams, seed: int, clients: int, device: str = "cpu") -> None:
         super().__init__(params, seed, clients, device)

@@ -22,39 +22,20 @@ same tasks' query MSE of the meta-parameters themselves.
 from __future__ import annotations
 
 import math
-from typing import Literal
 
 import torch
-from pydantic import Field
 from torch import Tensor
 
 from fedcomp.models.functional import FlatModel
 from fedcomp.models.mlp import mlp
-from fedcomp.platform.params import Params
 from fedcomp.platform.registry import register_task
 from fedcomp.platform.rng import generator
-from fedcomp.platform.tasks.meta import Episodes, MamlOrder, MetaTask, mse
+from fedcomp.platform.tasks.builtins import SINEWAVE, SinewaveParams
+from fedcomp.platform.tasks.meta import Episodes, MetaTask, mse
 
 AMPLITUDE = (0.1, 5.0)
 PHASE = (0.0, math.pi)
 INPUT = (-5.0, 5.0)
-
-
-class SinewaveParams(Params):
-    heterogeneity: Literal["amplitude-bands", "iid", "fcsg-repo"] = Field(
-        "amplitude-bands", description="how task distributions differ across clients"
-    )
-    tasks_per_client: int = Field(5, ge=1, description="fcsg-repo: discrete tasks (phases) per client")
-    shots: int = Field(10, ge=1, description="support points per task (K)")
-    queries: int = Field(10, ge=1, description="query points per task")
-    hidden: int = Field(40, ge=1, description="width of the two hidden layers")
-    adapt_lr: float = Field(0.01, gt=0, description="adaptation step size lambda")
-    adapt_steps: int = Field(1, ge=1, description="adaptation steps in training")
-    eval_steps: int = Field(10, ge=0, description="adaptation steps at evaluation")
-    maml: MamlOrder = Field("second-order", description="differentiate through adaptation, or first-order MAML")
-    eval_tasks: int = Field(100, ge=1, description="held-out tasks in every evaluation")
-    eval_queries: int = Field(100, ge=1, description="query points per held-out task")
-    data_seed: int = Field(0, ge=0, description="seed of the held-out tasks")
 
 
 def _uniform(n: int, bounds: tuple[float, float], gen: torch.Generator) -> Tensor:
@@ -62,13 +43,9 @@ def _uniform(n: int, bounds: tuple[float, float], gen: torch.Generator) -> Tenso
     return low + (high - low) * torch.rand(n, generator=gen)
 
 
-@register_task("sinewave")
+@register_task(SINEWAVE)
 class Sinewave(MetaTask):
-    Params = SinewaveParams
-    metrics = ("test_loss", "test_loss_unadapted")
-    mode = "min"
     vmappable = True  # an MLP without BatchNorm; adaptation is a fixed number of torch.func.grad steps
-    description = "Local-SCGDM slides: MAML sinewave regression, device-dependent amplitudes, MLP 1-40-40-1"
 
     def __init__(self, params: SinewaveParams, seed: int, clients: int, device: str = "cpu") -> None:
         super().__init__(params, seed, clients, device)

@@ -12,37 +12,21 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
-from pydantic import Field
 from torch import Tensor
 
 from fedcomp.datasets.synthetic import GaussianMixtureStream
 from fedcomp.models.functional import FlatModel
 from fedcomp.models.mlp import mlp
-from fedcomp.platform.params import Params
-from fedcomp.platform.problems import PLAIN
 from fedcomp.platform.registry import register_task
 from fedcomp.platform.rng import generator
 from fedcomp.platform.tasks.base import Task
+from fedcomp.platform.tasks.builtins import SYNTHETIC_CLASSIFICATION, SyntheticClassificationParams
 
 
-class SyntheticClassificationParams(Params):
-    features: int = Field(32, ge=1)
-    classes: int = Field(10, ge=2)
-    hidden: list[int] = Field(default_factory=lambda: [64], description="hidden layer widths")
-    dirichlet_alpha: float = Field(0.5, ge=0, description="label-skew concentration; 0 = no skew")
-    separation: float = Field(3.0, gt=0, description="scale of the class means")
-    test_samples: int = Field(2000, ge=1)
-    data_seed: int = Field(0, ge=0, description="seed of the class means, client priors and test set")
-
-
-@register_task("synthetic-classification")
+@register_task(SYNTHETIC_CLASSIFICATION)
 class SyntheticClassification(Task):
-    Params = SyntheticClassificationParams
     model: FlatModel
-    kinds = frozenset({PLAIN})
-    metrics = ("test_accuracy", "test_loss")
     vmappable = True  # an MLP without BatchNorm and cross-entropy: pure tensor functions
-    description = "Gaussian-mixture classification with Dirichlet label skew and an MLP (benchmarks)"
 
     def __init__(self, params: SyntheticClassificationParams, seed: int, clients: int, device: str = "cpu") -> None:
         super().__init__(params, seed, clients, device)

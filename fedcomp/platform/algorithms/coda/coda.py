@@ -23,16 +23,15 @@ local SGDA with a constant step, no stages, no proximal term, no dual restart (:
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Literal
+from typing import Any
 
-from pydantic import Field
 from torch import Tensor
 
 from fedcomp.platform.algorithms.base import ClientContext, StepInfo, Tensors
+from fedcomp.platform.algorithms.builtins import CODA, CoDAHParams
 from fedcomp.platform.algorithms.coda.stages import ScoredProblem, StagePlan
-from fedcomp.platform.algorithms.coda.stagewise import Stagewise, StagewiseHParams
+from fedcomp.platform.algorithms.coda.stagewise import Stagewise
 from fedcomp.platform.errors import ConfigError
-from fedcomp.platform.params import Params
 from fedcomp.platform.problems import MinimaxProblem
 from fedcomp.platform.registry import register_algorithm
 from fedcomp.platform.rounds import Round
@@ -41,24 +40,10 @@ from fedcomp.platform.state import MinimaxModel
 __all__ = ["CoDA", "CoDAHParams", "PlainLocalSGDA"]
 
 
-class CoDAHParams(StagewiseHParams):
-    """CoDA: eta_0 (``lr``), I (``local_steps``), T0 (``stage_steps``), gamma and the restart's options."""
-
-    local_steps: int = Field(2, ge=1, description="I, local steps between averages (the reference code: 2)")
-    coda_mode: Literal["stagewise", "plain_local_sgda"] = Field(
-        "stagewise", description="the stagewise algorithm with dual restarts, or plain local SGDA"
-    )
-    restart_batches: int | None = Field(
-        None, ge=1, description="batches each client scores at a dual restart; null = 3^s at stage s (the code)"
-    )
-
-
-@register_algorithm("coda")
+@register_algorithm(CODA)
 class CoDA(Stagewise):
     """CoDA: stagewise proximal local SGDA with dual restarts; v = (w, a, b) and alpha averaged every I steps."""
 
-    HParams: ClassVar[type[Params]] = CoDAHParams
-    description = "CoDA: stagewise proximal local SGDA with dual restarts; x, y averaged (Guo et al. 2020; A19)"
     hp: CoDAHParams
     restarts_dual = True
 

@@ -18,44 +18,24 @@ is the reference code's constant period.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Literal
+from typing import Any
 
-from pydantic import Field
 from torch import Tensor
 
+from fedcomp.platform.algorithms.builtins import CODA_PLUS, CODAPlusHParams
 from fedcomp.platform.algorithms.coda.stages import MarginAUCProblem
-from fedcomp.platform.algorithms.coda.stagewise import Stagewise, StagewiseHParams
+from fedcomp.platform.algorithms.coda.stagewise import Stagewise
 from fedcomp.platform.algorithms.momentum_gda import DUAL_CLAMP
 from fedcomp.platform.errors import ConfigError
-from fedcomp.platform.params import Params
 from fedcomp.platform.registry import register_algorithm
 
 __all__ = ["CODAPlus", "CODAPlusHParams"]
 
 
-class CODAPlusHParams(StagewiseHParams):
-    """CODA+: eta_0 (``lr``), I (``local_steps``), T0 (``stage_steps``), gamma, clip, weight decay, dual step."""
-
-    local_steps: int = Field(8, ge=1, description="I, local steps between averages (the reference code: 8)")
-    gamma: float = Field(500.0, gt=0, description="proximal weight: the term is (1/gamma)(v - v_ref)")
-    stage_steps: int = Field(4000, ge=1, description="T0: local steps per stage (rounded up to whole rounds)")
-    clip: float | None = Field(1.0, gt=0, description="elementwise clip of the primal gradient; null = none")
-    weight_decay: float = Field(1e-4, ge=0, description="wd: the primal direction gains wd * v")
-    dual_step: Literal["gradient", "closed-form"] = Field(
-        "gradient", description="alpha ascends the batch gradient, or LibAUC's 2(m + b - a) - 2 alpha"
-    )
-    restart_from: Literal["average", "last"] = Field(
-        "last", description="a stage continues from the last iterate (LibAUC) or restarts from the time average"
-    )
-    period_growth: int = Field(1, ge=1, description="g: the period of stage s is min(I g^(s-1), T0); 1 = constant")
-
-
-@register_algorithm("coda-plus")
+@register_algorithm(CODA_PLUS)
 class CODAPlus(Stagewise):
     """CODA+: stagewise proximal local primal-dual SGD with clipping, weight decay and alpha >= 0."""
 
-    HParams: ClassVar[type[Params]] = CODAPlusHParams
-    description = "CODA+: stagewise proximal local primal-dual SGD, alpha >= 0; x, y averaged (Yuan et al. 2021; A7)"
     hp: CODAPlusHParams
 
     def lengths(self, stage: int) -> tuple[int, int]:

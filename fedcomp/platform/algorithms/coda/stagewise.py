@@ -28,25 +28,25 @@ from __future__ import annotations
 from abc import abstractmethod
 from collections.abc import Generator, Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar
 
 import torch
-from pydantic import Field
 from torch import Tensor
 
 from fedcomp.platform.algorithms.base import (
     Algorithm,
     ClientContext,
-    CommonHParams,
     Exchange,
     StepInfo,
     Tensors,
     batch_size,
     mean_loss,
 )
+from fedcomp.platform.algorithms.builtins import StagewiseHParams
 from fedcomp.platform.algorithms.coda.stages import StagePlan, class_sums, dual_restart_value, stage_plan
+from fedcomp.platform.kinds import MINIMAX
 from fedcomp.platform.oracles import grad_xy_and_value
-from fedcomp.platform.problems import MINIMAX, MinimaxProblem
+from fedcomp.platform.problems import MinimaxProblem
 from fedcomp.platform.rounds import Round
 from fedcomp.platform.state import Means, MinimaxModel, State
 
@@ -85,27 +85,12 @@ class StageClientRef(StageClient):
     v_ref: Tensor
 
 
-StageAverage = Literal["global", "local", "per-round"]
 RECORDS: dict[str, tuple[type[State], type[State]]] = {
     "global": (Proximal, StageClient), "local": (MinimaxModel, StageClient), "per-round": (StageServer, MinimaxModel),
 }
 """stage_average -> (server record, client record)."""
 Restart = Generator[Mapping[str, Tensor], Means, tuple[Tensor, StepInfo]]
 """The dual restart inside a client program: yields the class-wise sums, returns (y, its oracle calls)."""
-
-
-class StagewiseHParams(CommonHParams):
-    lr: float = Field(0.1, gt=0, description="eta_0, the first stage's step size (divided by 3 at each new stage)")
-    outer_batch: int = Field(32, ge=1, description="examples per local step")
-    gamma: float = Field(2000.0, gt=0, description="proximal weight: the term is (1/gamma)(v - v_ref)")
-    stage_steps: int = Field(5000, ge=1, description="T0: local steps of the first stage (rounded up to whole rounds)")
-    stage_average: StageAverage = Field(
-        "global", description="a new stage's v_ref: every client's time average, averaged at the stage's end (the "
-        "papers), each client's own (the reference code), or the per-round cohort means' (2d + 1 floats a round)",
-    )
-    restart_from: Literal["average", "last"] = Field(
-        "average", description="a stage starts from the previous stage's time average (the code) or its last iterate"
-    )
 
 
 class Stagewise(Algorithm[Any, Any]):

@@ -9,6 +9,7 @@ import torch
 from torch import Tensor
 
 from fedcomp.platform.algorithms.base import Tensors
+from fedcomp.platform.algorithms.builtins import FEDNEST, FEDNEST_SGD, LFEDNEST, LFEDNEST_SVRG
 from fedcomp.platform.algorithms.fednest.base import Cohorts, Counter, Point, WithP, fresh_cohorts
 from fedcomp.platform.algorithms.fednest.fedihgp import FEDIHGP, FedIHGP
 from fedcomp.platform.algorithms.fednest.fedinn import FedInn, fedinn_sgd, fedinn_svrg
@@ -22,11 +23,10 @@ class _FedNestFamily(FedInn, FedIHGP, FedOut):
     """Every FedNest client program; each algorithm below writes its round from the sub-rounds."""
 
 
-@register_algorithm("fednest")
+@register_algorithm(FEDNEST)
 class FedNest(_FedNestFamily):
     """FedNest: T x FedInn (SVRG), FedIHGP, FedOut (SVRG); 2T + N' + 3 rounds per epoch."""
 
-    description = "FedNest: federated bilevel/minimax with SVRG FedInn, FedIHGP, FedOut (Tarzanagh et al. 2022)"
     fedinn = staticmethod(fedinn_svrg)
 
     def __init__(self, hparams: Params) -> None:
@@ -63,19 +63,17 @@ class FedNest(_FedNestFamily):
         return Point(x, y)
 
 
-@register_algorithm("fednest-sgd")
+@register_algorithm(FEDNEST_SGD)
 class FedNestSGD(FedNest):
     """FedNest with FedInn by local SGD (1 round per call); T + N' + 3 rounds per epoch."""
 
-    description = "FedNest_SGD: FedNest with local SGD in FedInn (ablation)"
     fedinn = staticmethod(fedinn_sgd)
 
 
-@register_algorithm("lfednest")
+@register_algorithm(LFEDNEST)
 class LFedNest(_FedNestFamily):
     """Light FedNest: local SGD on y, then local hypergradient steps on x; T + 1 rounds per epoch."""
 
-    description = "LFedNest: local FedInn and local hypergradients, T+1 rounds (reconstructed from the code)"
 
     def round(self, fed: Round, server: Point) -> Point:
         hp, (x, y), cohorts = self.hp, (server.x, server.y), fresh_cohorts(fed)
@@ -86,11 +84,10 @@ class LFedNest(_FedNestFamily):
         return Point(x, y)
 
 
-@register_algorithm("lfednest-svrg")
+@register_algorithm(LFEDNEST_SVRG)
 class LFedNestSVRG(_FedNestFamily):
     """LFedNest with SVRG FedInn, averaged local hypergradients and SVRG outer steps; 2T + 2 rounds."""
 
-    description = "LFedNest_SVRG: SVRG FedInn, averaged local hypergradients (code only; inferred)"
 
     def round(self, fed: Round, server: Point) -> Point:
         hp, (x, y), cohorts = self.hp, (server.x, server.y), fresh_cohorts(fed)

@@ -10,13 +10,13 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Literal, TypeVar
 
 import torch
-from pydantic import Field
 from torch import Tensor
 
 from fedcomp.platform.algorithms.base import Algorithm, ClientContext, StepInfo, Tensors
+from fedcomp.platform.algorithms.builtins import FedNestHParams
 from fedcomp.platform.errors import ConfigError
-from fedcomp.platform.params import Params
-from fedcomp.platform.problems import BILEVEL, BilevelProblem
+from fedcomp.platform.kinds import BILEVEL
+from fedcomp.platform.problems import BilevelProblem
 from fedcomp.platform.rounds import Round
 from fedcomp.platform.state import MinimaxModel, State
 
@@ -24,30 +24,6 @@ __all__ = [
     "Cohorts", "Counted", "Counter", "CounterStep", "FedNestBase", "FedNestHParams", "Point", "Reply", "WithH",
     "WithP", "WithQ", "epoch_batch", "fresh_cohorts",
 ]
-
-
-class FedNestHParams(Params):
-    """alpha (``lr``), beta (``inner_lr``), tau (``local_steps``), T (``inner_rounds``), N, 1/l and batches."""
-
-    lr: float = Field(0.01, gt=0, description="outer step size alpha")
-    inner_lr: float = Field(0.01, gt=0, description="inner step size beta")
-    local_steps: int = Field(1, ge=1, description="local outer steps tau in FedOut")
-    inner_rounds: int = Field(1, ge=1, description="FedInn calls per epoch (T)")
-    inner_steps: int = Field(5, ge=1, description="local steps per FedInn call")
-    neumann_terms: int = Field(5, ge=1, description="Neumann terms N")
-    neumann_lr: float = Field(0.01, gt=0, description="Neumann step 1/l (l bounds the Hessian of g in y)")
-    ihgp: Literal["paper", "deterministic", "code"] = Field("paper", description="FedIHGP variant")
-    cohorts: Literal["fresh", "shared"] = Field(
-        "fresh", description="FedNest: a cohort per sub-round (the paper), or one for FedIHGP, hypergradient and FedOut (the code)"
-    )
-    inner_batch: int | None = Field(64, ge=1, description="batch of local inner steps; null = all local data")
-    inner_sampling: Literal["replacement", "epochs"] = Field(
-        "replacement",
-        description="FedInn's local batches: drawn with replacement (the paper), or shuffled passes over the local "
-        "training part cut into inner_batch-sized batches and a smaller rest (the code's DataLoader: 64 + 36 of 100)",
-    )
-    outer_batch: int | None = Field(None, ge=1, description="batch of local outer steps; null = all local data")
-    oracle_batch: int | None = Field(None, ge=1, description="batch of anchors, HVPs, hypergradients; null = all")
 
 
 Point = MinimaxModel

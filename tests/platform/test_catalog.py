@@ -1,0 +1,113 @@
+"""The catalog: every algorithm and task declared without torch, each implementation registered with its
+declaration, and a user's one-file algorithm declared by its class attributes."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from pydantic import Field
+
+from fedcomp.platform import catalog
+from fedcomp.platform.algorithms.base import CommonHParams
+from fedcomp.platform.algorithms.fedavg import FedAvg
+from fedcomp.platform.config import load_config
+from fedcomp.platform.errors import ConfigError
+from fedcomp.platform.kinds import PLAIN
+from fedcomp.platform.registry import (
+    ALGORITHMS,
+    DECLARED_ALGORITHMS,
+    DECLARED_TASKS,
+    TASKS,
+    AlgorithmDeclaration,
+    register_algorithm,
+)
+
+WITHOUT_TORCH = """
+import sys
+from fedcomp.platform import catalog
+from fedcomp.platform.config import load_config
+algorithms, tasks = catalog.algorithms(), catalog.tasks()
+config = load_config("quickstart", {"algorithm.name": "scaffold", "algorithm.lr": 0.5})
+print(len(algorithms), len(tasks), config.algorithm.lr, sorted(m for m in sys.modules if m.split(".")[0] == "torch"))
+"""
+
+
+def test_declarations_and_a_validated_config_import_no_torch():
+    """A Ray run's driver and ``fedcomp list`` need only declarations: importing torch (its CUDA build) holds
+    about 330 MiB of a process's memory and takes seconds."""
+    done = subprocess.run([sys.executable, "-c", WITHOUT_TORCH], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    algorithms, tasks, lr, torch_modules = done.stdout.split(maxsplit=3)
+    assert int(algorithms) >= 29 and int(tasks) >= 12 and float(lr) == 0.5 and torch_modules.strip() == "[]"
+
+
+def builtins_only(declared):
+    """The built-ins' declarations (other tests register their own algorithms and tasks in this process)."""
+    return [(name, d) for name, d in declared.items() if d.module.startswith("fedcomp.platform.")]
+
+
+def test_every_declaration_names_the_module_that_registers_its_class_with_its_attributes():
+    catalog.load_builtins()
+    assert set(ALGORITHMS) == set(DECLARED_ALGORITHMS) and set(TASKS) == set(DECLARED_TASKS)
+    for name, declared in builtins_only(DECLARED_ALGORITHMS):
+        cls = catalog.algorithm_class(name)
+        assert (cls.name, cls.__module__, cls.HParams, cls.kind, cls.description) == (
+            name, declared.module, declared.HParams, declared.kind, declared.description)
+        assert declared.description and declared.kind
+    for name, declared in builtins_only(DECLARED_TASKS):
+        cls = catalog.task_class(name)
+        assert (cls.name, cls.__module__, cls.Params, cls.kinds, cls.metrics, cls.mode, cls.description) == (
+            name, declared.module, declared.Params, declared.kinds, declared.metrics, declared.mode,
+            declared.description)
+        assert declared.metrics and declared.kinds and declared.mode in ("max", "min")
+
+
+class _TwiceHParams(CommonHParams):
+    """lr, q, batch and a knob (a user's algorithm in this test)."""
+
+    knob: float = Field(1.0, gt=0)
+
+
+def test_a_users_algorithm_is_declared_by_its_class_attributes_and_validated_by_the_config():
+    @register_algorithm("test-catalog-user")
+    class UserAlgorithm(FedAvg):
+        HParams = _TwiceHParams
+        kind = PLAIN
+        description = "a user's FedAvg with a knob"
+
+    declared = catalog.algorithms()["test-catalog-user"]
+    assert declared == AlgorithmDeclaration("test-catalog-user", _TwiceHParams, PLAIN, "a user's FedAvg with a knob",
+                                            __name__)
+    assert catalog.algorithm_class("test-catalog-user") is UserAlgorithm
+    assert load_config("quickstart", {"algorithm.name": "test-catalog-user", "algorithm.knob": 2}).algorithm.knob == 2
+    with pytest.raises(ConfigError, match="knob"):
+        load_config("quickstart", {"algorithm.name": "test-catalog-user", "algorithm.knob": -1})
+
+
+def test_a_class_registered_with_a_declaration_takes_its_attributes_from_it_alone():
+    declared = AlgorithmDeclaration("test-catalog-declared", _TwiceHParams, PLAIN, "declared", __name__)
+    with pytest.raises(TypeError, match=r"sets kind, which its declaration 'test-catalog-declared' sets"):
+        @register_algorithm(declared)
+        class SetsKindToo(FedAvg):
+            kind = PLAIN
+
+    elsewhere = AlgorithmDeclaration("test-catalog-elsewhere", _TwiceHParams, PLAIN, "declared", "somewhere.else")
+    with pytest.raises(TypeError, match=r"its declaration 'test-catalog-elsewhere' says somewhere\.else"):
+        @register_algorithm(elsewhere)
+        class InAnotherModule(FedAvg):
+            pass
+
+    @register_algorithm(declared)
+    class Declared(FedAvg):
+        pass
+
+    assert (Declared.name, Declared.HParams, Declared.kind, Declared.description) == (
+        "test-catalog-declared", _TwiceHParams, PLAIN, "declared")
+    assert FedAvg.HParams is not _TwiceHParams  # the parent keeps its own
+
+
+def test_an_unknown_name_lists_the_declared_ones():
+    with pytest.raises(ConfigError, match=r"algorithm\.name = 'nope' is unknown; allowed: .*fedavg.*scaffold"):
+        load_config("quickstart", {"algorithm.name": "nope"})
