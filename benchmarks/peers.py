@@ -39,6 +39,7 @@ from typing import Any
 
 import numpy as np
 import torch
+import yaml
 
 from common import HERE, REPO, revision, write_report
 from fedcomp.bench import (
@@ -352,12 +353,15 @@ class PeerRun:
         return statistics.median(self.round_s)
 
 
-def runner_command(runner: str, workers: int, spec: Any, out: Any, flower_python: Any = None) -> list[str]:
-    """The command line that starts ``runner`` with ``workers`` workers on the workload ``spec``."""
+def runner_command(runner: str, workers: int, spec: Any, out: Any, flower_python: Any = None,
+                   memory_run: bool = False) -> list[str]:
+    """The command line that starts ``runner`` with ``workers`` workers on the workload ``spec`` (``memory_run``:
+    fedcomp's runners leave the final model unread, which would make a Ray run's driver import torch)."""
     peers = PEERS
     tail = ["--workload", str(spec), "--out", str(out)]
     if runner in FEDCOMP_RUNNERS:
-        return [sys.executable, str(peers / "fedcomp_runner.py"), "--runner", runner, *tail]
+        return [sys.executable, str(peers / "fedcomp_runner.py"), "--runner", runner, *tail,
+                *(["--memory-run"] if memory_run else [])]
     if runner == "pfl":
         if workers == 1:
             return [sys.executable, str(peers / "pfl_runner.py"), *tail]
@@ -389,7 +393,7 @@ def run_peer(runner: str, workload: Workload, workers: int, repeat: int, spec: A
     name = f"{runner}-{workload.key}-w{workers}-{'memory' if sample_memory else repeat}"
     out, log = work / f"{name}.json", work / f"{name}.log"
     out.unlink(missing_ok=True)
-    cmd = runner_command(runner, workers, spec, out, flower_python)
+    cmd = runner_command(runner, workers, spec, out, flower_python, memory_run=sample_memory)
     with open(log, "w") as log_file:
         launched = time.time()
         proc = subprocess.Popen(cmd, env=runner_env(runner, pfl_site), stdout=log_file, stderr=subprocess.STDOUT,
@@ -524,6 +528,41 @@ def peer_target_lines(runs: list[PeerRun], round_s: dict[tuple[str, str, int], f
     return lines
 
 
+def cli_memory(workload: Workload, work: Path, timeout_s: float = 1800) -> TreeMemory:
+    """``fedcomp run`` of the workload on Ray as a user runs it (2 client actors, the server replicated on them:
+    the defaults; its metrics, TensorBoard events and checkpoints written), its process tree's memory sampled.
+    What the benchmark's runner measures leaves out what the run writes; this is the product's whole tree."""
+    config = workload.config("ray")
+    spec = work / f"cli-{workload.key}.yaml"
+    spec.write_text(yaml.safe_dump(config.to_dict(), sort_keys=False))
+    cmd = [sys.executable, "-m", "fedcomp", "run", str(spec), "--set", f"run.out={work / 'cli-runs'}"]
+    log = work / f"cli-{workload.key}.log"
+    with open(log, "w") as log_file:
+        proc = subprocess.Popen(cmd, env=runner_env("ray"), stdout=log_file, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+        with TreeMemory(proc.pid) as memory:
+            try:
+                rc = proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+                rc = -1
+    if rc != 0:
+        raise PlatformError(f"fedcomp run of {workload.key} failed (exit {rc}); log: {log}")
+    return memory
+
+
+def cli_memory_lines(workload: Workload, memory: TreeMemory) -> list[str]:
+    """Where the peak of :func:`cli_memory` sits, per process kind."""
+    kinds: dict[str, list[int]] = {}
+    for name, size in memory.peak_detail.values():
+        kinds.setdefault(name, []).append(size)
+    parts = sorted(kinds.items(), key=lambda kv: -sum(kv[1]))
+    text = ", ".join(f"{name} {sum(v) / 2**20:.0f}" + (f" ({len(v)} processes)" if len(v) > 1 else "") for name, v in parts)
+    return [f"- `fedcomp run` (the CLI, writing its results), server replicated on the client actors, {workload.model} "
+            f"{workload.clients} clients, 2 worker(s), peak {memory.peak / 2**20:.0f} MiB: {text}"]
+
+
 def memory_lines(runs: list[PeerRun]) -> list[str]:
     """Where the peak memory sits, per process kind, for the multi-process runners' largest workload."""
     lines = []
@@ -590,6 +629,12 @@ def run_all(args: argparse.Namespace) -> int:
                 runs.append(run_peer(runner, w, n, repeat, spec, work, flower_python, pfl_site,
                                      sample_memory=sample_memory))
 
+    cli: list[str] = []
+    if args.memory:  # the product's own tree on the memory target's workload, beside the runners'
+        for w, _ in matrix:
+            progress(f"memory run: fedcomp run (the CLI), {w.key}, 2 worker(s)")
+            cli += cli_memory_lines(w, cli_memory(w, work))
+
     tasks: dict[str, Any] = {}
 
     def accuracy(w: Workload, final: Any) -> float:
@@ -598,7 +643,7 @@ def run_all(args: argparse.Namespace) -> int:
         return float(tasks[w.key]({"x": torch.from_numpy(final)})["test_accuracy"])
 
     rows, round_s = summarise_peers(runs, accuracy)
-    text = render_peer_report(args, runs, rows, round_s, load_before, matrix, repeats)
+    text = render_peer_report(args, runs, rows, round_s, load_before, matrix, repeats, cli)
     print(text)
     if results.name != "-":
         results.parent.mkdir(parents=True, exist_ok=True)
@@ -609,8 +654,9 @@ def run_all(args: argparse.Namespace) -> int:
 
 def render_peer_report(args: argparse.Namespace, runs: list[PeerRun], rows: list[Row],
                        round_s: dict[tuple[str, str, int], float], load_before: str,
-                       matrix: Any, repeats: int) -> str:
-    """The report: how it was run (machine, runners, workload, definitions), the table, the targets, memory."""
+                       matrix: Any, repeats: int, cli: Sequence[str] = ()) -> str:
+    """The report: how it was run (machine, runners, workload, definitions), the table, the targets, memory (and
+    ``cli``: :func:`cli_memory_lines` of ``--memory``)."""
     versions: dict[str, str] = {}
     for run in runs:
         for name, version in run.versions.items():
@@ -640,7 +686,8 @@ def render_peer_report(args: argparse.Namespace, runs: list[PeerRun], rows: list
         f"replies come in batches), median over the rounds, then median over {repeats} run(s); client updates/s = clients per round / round time; "
         f"peak memory = peak of the summed PSS of the process and all its descendants, sampled every "
         f"{MEMORY_INTERVAL_S:g} s in one more run of each configuration whose times are not used (the timed runs "
-        f"sample nothing: sampling takes CPU)",
+        f"sample nothing: sampling takes CPU; fedcomp's runners leave the final model unread in that run, as reading "
+        f"it would make a Ray run's driver import torch)",
         "weights: sha256 of the final float32 weights; fedcomp averages in float64 (bit-identical to the plain "
         "loop), pfl and Flower in float32, hence their tiny differences",
     ]
@@ -651,8 +698,8 @@ def render_peer_report(args: argparse.Namespace, runs: list[PeerRun], rows: list
     lines += render(PEER_COLUMNS, rows, markdown=True)
     lines += ["", *peer_target_lines(runs, round_s)]
     breakdown = memory_lines(runs)
-    if breakdown:
-        lines += ["", *breakdown]
+    if breakdown or cli:
+        lines += ["", *(breakdown or ["memory at the peak by process (MiB of PSS):"]), *cli]
     return "\n".join(lines)
 
 
@@ -660,7 +707,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python benchmarks/peers.py", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="one small workload, 5 rounds, 1 repeat")
     parser.add_argument("--memory", action="store_true",
-                        help="the memory target's workload alone (small MLP, 1,000 clients, 2 workers), 1 repeat and its memory run")
+                        help="the memory target's workload alone (small MLP, 1,000 clients, 2 workers), 1 repeat and its memory run, and `fedcomp run` of it")
     parser.add_argument("--repeats", type=int, help="runs per configuration (default: 3; 1 with --quick)")
     parser.add_argument("--runners", nargs="+", choices=PEER_RUNNERS, help="which runners to time (default: all)")
     parser.add_argument("--models", nargs="+", choices=list(MODELS),

@@ -5,14 +5,18 @@ from __future__ import annotations
 import sys
 
 from fedcomp.platform.config import Config
-from fedcomp.platform.federation import LocalFederation
-from fedcomp.platform.server import Server, ServerLike
+from fedcomp.platform.server_like import ServerLike
 
 
 def make_server(config: Config) -> ServerLike:
     """An in-process server for ``federation.backend: local``; else a Ray server actor (or the server in this
-    process, ``federation.server: driver``), or replicas of the server on the client actors (``replicated``)."""
+    process, ``federation.server: driver``), or replicas of the server on the client actors (``replicated``).
+    Each is imported here, when chosen: a Ray run's driver with the server replicated or in an actor imports no
+    torch."""
     if config.federation.backend == "local":
+        from fedcomp.platform.federation import LocalFederation
+        from fedcomp.platform.server import Server
+
         return Server(config, LocalFederation)
     if config.federation.server == "replicated":
         from fedcomp.actors.replicated_server import GroupUnavailable, ReplicatedServer

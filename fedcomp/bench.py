@@ -40,11 +40,13 @@ import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-
-import torch
+from typing import TYPE_CHECKING
 
 from fedcomp.platform.config import Config, load_config
 from fedcomp.platform.errors import PlatformError
+
+if TYPE_CHECKING:  # imported where a runner computes: a Ray run's driver measured for memory imports none
+    import torch
 
 RUNNERS = ("ray", "local", "plain", "optim")
 DEFAULT_RUNNERS = ("ray", "local", "plain")
@@ -99,7 +101,8 @@ class Measurement:
     repeat: int
     startup_s: float
     round_s: list[float]
-    final: torch.Tensor
+    final: torch.Tensor | None
+    """The final model (None where the run was measured for its memory only, not to read it)."""
     test_accuracy: float
     rounds_started_at: float = 0.0
     """Wall-clock time (``time.time()``) when the first round began (start-up seen from outside)."""
@@ -111,11 +114,19 @@ class Measurement:
     def median_round_s(self) -> float:
         return statistics.median(self.round_s)
 
+    @property
+    def model(self) -> torch.Tensor:
+        """The final model (``ValueError`` for a run that did not read it)."""
+        if self.final is None:
+            raise ValueError(f"the {self.runner} run was measured for its memory: its final model was not read")
+        return self.final
 
-def run_fedcomp(config: Config, runner: str, repeat: int) -> Measurement:
+
+def run_fedcomp(config: Config, runner: str, repeat: int, final_model: bool = True) -> Measurement:
     """Drive a fedcomp server (local or Ray) directly: construct it, run the rounds as the runner does (each round's
     time is the time between two replies; with the server replicated on the client actors, whose replies come in
-    batches, the time between two round ends in replica 0), read the final model."""
+    batches, the time between two round ends in replica 0), read the final model (unless ``final_model`` is false:
+    reading it makes a Ray run's driver import torch, which a run measured for its memory does not)."""
     from fedcomp.api import make_server
 
     t0 = time.perf_counter()
@@ -133,7 +144,7 @@ def run_fedcomp(config: Config, runner: str, repeat: int) -> Measurement:
         in_replica = getattr(server, "round_seconds", None)
         if in_replica is not None:  # the server replicated on the client actors: its replies come in batches
             times = in_replica[-config.run.rounds:]
-        final = server.checkpoint()["state"]["x"].detach().cpu()
+        final = server.checkpoint()["state"]["x"].detach().cpu() if final_model else None
         accuracy = float(server.evaluate()["test_accuracy"])
     finally:
         server.close()
@@ -142,6 +153,8 @@ def run_fedcomp(config: Config, runner: str, repeat: int) -> Measurement:
 
 def run_plain(config: Config, repeat: int) -> Measurement:
     """The same FedAvg rounds as a plain single-process PyTorch loop on a flat parameter vector."""
+    import torch
+
     from fedcomp.platform.federation import build_task
     from fedcomp.platform.kinds import PLAIN
     from fedcomp.platform.problems import PlainProblem
@@ -183,6 +196,8 @@ def run_plain(config: Config, repeat: int) -> Measurement:
 
 def run_optim(config: Config, repeat: int) -> Measurement:
     """The same FedAvg rounds with ``torch.optim.SGD`` stepping an ``nn.Module``'s parameters in place."""
+    import torch
+
     from fedcomp.platform.federation import build_task
     from fedcomp.platform.rng import generator
     from fedcomp.platform.server import sample_cohort
@@ -290,7 +305,9 @@ def machine() -> str:
 
 def versions() -> str:
     """Python's, torch's and (when it is loaded) Ray's versions."""
-    names = [f"python {sys.version.split()[0]}", f"torch {torch.__version__}"]
+    from fedcomp.platform.environment import torch_build
+
+    names = [f"python {sys.version.split()[0]}", f"torch {torch_build()}"]
     if "ray" in sys.modules:
         names.append(f"ray {sys.modules['ray'].__version__}")
     return ", ".join(names)
@@ -298,6 +315,8 @@ def versions() -> str:
 
 def machine_lines(ray_cpus: float | None, ray_start_s: float | None, load_before: str) -> list[str]:
     """The machine, the versions and the load around a measurement (what its numbers depend on)."""
+    import torch
+
     lines = [
         f"machine: {machine()}",
         f"versions: {versions()}; driver torch threads: {torch.get_num_threads()}",
@@ -335,7 +354,7 @@ def summarise(
     for m in measurements:
         by.setdefault((m.runner, m.clients), []).append(m)
     round_s = {key: median([m.median_round_s for m in ms]) for key, ms in by.items()}
-    plain_final = {m.clients: m.final for m in measurements if m.runner == "plain" and m.repeat == 0}
+    plain_final = {m.clients: m.model for m in measurements if m.runner == "plain" and m.repeat == 0}
 
     ratio_col = f"round time / round time at {base} clients"
     columns = ["runner", "clients", "actors", "start-up (s)", "round (ms, median)", "overhead vs plain (ms/round)",
@@ -344,15 +363,15 @@ def summarise(
     for runner in runners:
         for n in clients:
             ms = by[(runner, n)]
-            hashes = {weights_hash(m.final) for m in ms}
-            digest = weights_hash(ms[0].final) + ("" if len(hashes) == 1 else f" (+{len(hashes) - 1} other across repeats)")
+            hashes = {weights_hash(m.model) for m in ms}
+            digest = weights_hash(ms[0].model) + ("" if len(hashes) == 1 else f" (+{len(hashes) - 1} other across repeats)")
             plain = round_s.get(("plain", n))
             overhead = "—" if runner == "plain" or plain is None else f"{(round_s[(runner, n)] - plain) * 1e3:+.1f}"
             ratio = "—" if n == base else f"{round_s[(runner, n)] / round_s[(runner, base)]:.2f}"
             if runner == "plain" or n not in plain_final:
                 diff = "—"
             else:
-                diff = f"{max(float((m.final - plain_final[n]).abs().max()) for m in ms):.1e}"
+                diff = f"{max(float((m.model - plain_final[n]).abs().max()) for m in ms):.1e}"
             actors = str(math.ceil(n / math.ceil(n / ACTORS))) if runner == "ray" else "—"
             cells = {
                 "runner": runner,
@@ -445,6 +464,8 @@ def progress(text: str) -> None:
 
 def main(args: argparse.Namespace) -> int:
     """``fedcomp bench``: every runner on every client count, ``--repeats`` times; print the table."""
+    import torch
+
     clients, runners, hidden = _check(args)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)

@@ -14,28 +14,34 @@ A runner writes ``RESULT.json`` (``rounds_started_at``: wall-clock time when rou
 float32 weights, in ``torch.nn.Sequential.named_parameters`` order).
 
 This module imports only NumPy and PyTorch: Flower's runner imports it from its own virtualenv, where
-fedcomp is not installed.
+fedcomp is not installed. PyTorch is imported where it is used: fedcomp's Ray runner measured for its memory
+imports none in its driver.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from collections.abc import Sequence
 from itertools import pairwise
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
-from torch import nn
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
 
 
 def one_thread() -> None:
-    """One torch thread per process, as the benchmark prescribes for every runner."""
-    torch.set_num_threads(1)
+    """One torch thread per process, as the benchmark prescribes for every runner (torch is imported here only if
+    the process has imported it already; one that imports it later reads ``OMP_NUM_THREADS``)."""
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    if "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(1)
 
 
 def load_spec(path: str | os.PathLike[str]) -> dict[str, Any]:
@@ -56,6 +62,8 @@ def load_data(path: str) -> Any:
 
 def mlp(sizes: Sequence[int]) -> nn.Sequential:
     """A ReLU MLP with these layer widths (the same layers, in the same order, as fedcomp's task)."""
+    from torch import nn
+
     layers: list[nn.Module] = []
     for i, (fan_in, fan_out) in enumerate(pairwise(sizes)):
         layers.append(nn.Linear(fan_in, fan_out))
@@ -66,6 +74,8 @@ def mlp(sizes: Sequence[int]) -> nn.Sequential:
 
 def set_flat(module: nn.Module, flat: np.ndarray) -> None:
     """Copy a flat float32 vector into the module's parameters (named_parameters order)."""
+    import torch
+
     offset = 0
     with torch.no_grad():
         for p in module.parameters():
@@ -77,11 +87,15 @@ def set_flat(module: nn.Module, flat: np.ndarray) -> None:
 
 
 def get_flat(module: nn.Module) -> np.ndarray:
+    import torch
+
     return torch.cat([p.detach().reshape(-1) for p in module.parameters()]).float().numpy().copy()
 
 
 def batches(data: Any, round_index: int, slot: int, batch: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """The local-step batches of cohort slot ``slot`` in round ``round_index`` (0-based), in order."""
+    import torch
+
     x = torch.from_numpy(data["features"][round_index, slot])
     y = torch.from_numpy(data["labels"][round_index, slot])
     return [(x[i:i + batch], y[i:i + batch]) for i in range(0, x.shape[0], batch)]

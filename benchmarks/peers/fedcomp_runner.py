@@ -15,7 +15,9 @@ the peers read -- so every runner trains on the same data; the plain loop's fina
 reference. ``workers`` is the number of Ray client actors (the local backend and the plain loop are
 one process).
 
-Usage (the harness does this): ``python fedcomp_runner.py --runner ray --workload SPEC.json --out RESULT.json``.
+Usage (the harness does this): ``python fedcomp_runner.py --runner ray --workload SPEC.json --out RESULT.json``;
+``--memory-run`` leaves the final model unread (an empty array), as a run measured for its memory: reading it would
+make a Ray run's driver import torch, which fedcomp's driver does not otherwise.
 """
 
 from __future__ import annotations
@@ -37,11 +39,13 @@ def main() -> None:
         "ray-replicated-vmap", "ray-replicated-fused", "local", "local-vmap", "local-fused", "plain", "optim"])
     parser.add_argument("--workload", required=True)
     parser.add_argument("--out", required=True)
+    parser.add_argument("--memory-run", action="store_true")
     args = parser.parse_args()
 
-    import torch
+    import numpy as np
 
     from fedcomp.bench import bench_config, run_fedcomp, run_optim, run_plain
+    from fedcomp.platform.environment import torch_build
 
     spec = common.load_spec(args.workload)
     backend = "local" if args.runner in ("local", "local-vmap", "local-fused", "plain", "optim") else "ray"
@@ -53,7 +57,10 @@ def main() -> None:
                           transport="graph" if args.runner == "ray-graph" else "calls",
                           vectorise=args.runner.endswith("-vmap"), fused_sgd=args.runner.endswith("-fused"))
     runs = {"plain": run_plain, "optim": run_optim}
-    m = runs[args.runner](config, 0) if args.runner in runs else run_fedcomp(config, backend, 0)
+    if args.runner in runs:
+        m = runs[args.runner](config, 0)
+    else:
+        m = run_fedcomp(config, backend, 0, final_model=not args.memory_run)
 
     clock = common.Clock()
     clock.rounds_started_at = m.rounds_started_at
@@ -61,12 +68,13 @@ def main() -> None:
     for dt in m.round_s:
         t += dt
         clock.round_ends.append(t)
-    versions = {"torch": torch.__version__}
+    versions = {"torch": torch_build()}
     if backend == "ray":
         import ray
 
         versions["ray"] = ray.__version__
-    common.write_result(args.out, clock, m.final.numpy(), versions)
+    final = m.final.numpy() if m.final is not None else np.zeros(0, dtype=np.float32)
+    common.write_result(args.out, clock, final, versions)
 
 
 if __name__ == "__main__":

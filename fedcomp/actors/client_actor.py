@@ -1,4 +1,8 @@
-"""The client actor: a thin Ray shell around :class:`ClientHost` (the clients' data, task and private state)."""
+"""The client actor: a thin Ray shell around :class:`ClientHost` (the clients' data, task and private state).
+
+What the clients compute with (torch, the task, the group's exchanges, the server's replica) is imported where
+it is built, in the actor: the driver defines the actor class (``ray.remote``) without importing torch.
+"""
 
 from __future__ import annotations
 
@@ -6,19 +10,20 @@ import contextlib
 import os
 import pickle
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import ray
-import torch
 
-from fedcomp.actors.collective import Group, History, run_exchange
 from fedcomp.actors.quiet_exit import drop_lost_exits_in_a_worker
-from fedcomp.actors.replicas import Replica
-from fedcomp.platform.accelerator import configure
-from fedcomp.platform.algorithms.base import Tensors
 from fedcomp.platform.config import Config
-from fedcomp.platform.federation import ClientHost, Layout, Partial
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from fedcomp.actors.collective import History
+    from fedcomp.actors.replicas import Replica
+    from fedcomp.platform.algorithms.base import Tensors
+    from fedcomp.platform.federation import Layout, Partial
 
 drop_lost_exits_in_a_worker()  # a client actor stopped with SIGTERM, even before its constructor ran, goes without a traceback
 
@@ -32,6 +37,12 @@ class ClientActor:
     def setup(self, config: Config, clients: Sequence[int], incarnation: int = 0) -> None:
         """Build the clients of a run (the constructor, and a kept actor's rebuild for the next run:
         :mod:`fedcomp.actors.kept`)."""
+        import torch
+
+        from fedcomp.actors.collective import Group
+        from fedcomp.platform.accelerator import configure
+        from fedcomp.platform.federation import ClientHost
+
         torch.set_num_threads(1)
         self.error: Exception | None = None
         """An error building the clients (e.g. a missing data root), raised by :meth:`ready`: an exception
@@ -164,6 +175,8 @@ class ClientActor:
         method, args = self._unpack(message, payload)
         if method != "exchange":
             raise ValueError(f"ClientActor.collective: unknown method {method!r} (allowed: exchange)")
+        from fedcomp.actors.collective import run_exchange
+
         round, sub = args["round"], args["sub"]
         with self._in_group():
             partial, history = run_exchange(
@@ -201,6 +214,8 @@ class ClientActor:
 
     def replica_setup(self, groups: Sequence[Sequence[int]], rank: int) -> None:
         """Build this actor's copy of the server, as replica ``rank`` of the group it has joined."""
+        from fedcomp.actors.replicas import Replica
+
         self.replica = Replica(self.host.config, self.host, self.group, rank, groups, self._die_at)
 
     def _replica(self) -> Replica:
@@ -224,6 +239,21 @@ class ClientActor:
 
     def replica_checkpoint(self, with_state: bool) -> dict[str, Any]:
         return self._replica().checkpoint(with_state)
+
+    @ray.method(num_returns=2)
+    def replica_merge(self, *parts: dict[str, Any]) -> tuple[dict[str, Any], int]:
+        """Replica 0: the server's checkpoint with every actor's clients' private states (``parts``: each actor's
+        :meth:`replica_checkpoint`, in actor order) and its round, as two objects: the driver keeps the checkpoint in
+        the object store as its restore point and reads the round alone (never a tensor)."""
+        checkpoint = self._replica().merged(parts)
+        return checkpoint, int(checkpoint["counters"]["round"])
+
+    def replica_save(self, checkpoint: dict[str, Any], extra: dict[str, Any]) -> bytes:
+        """A run checkpoint's file content: ``checkpoint`` (what :meth:`replica_merge` made) with ``extra`` (the
+        rows, ...), saved here so that the driver handles bytes."""
+        from fedcomp.platform.results import checkpoint_bytes
+
+        return checkpoint_bytes({"server": checkpoint, **extra})
 
     def replica_restore(self, checkpoint: dict[str, Any]) -> None:
         self._replica().server.restore(checkpoint)

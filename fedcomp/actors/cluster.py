@@ -27,10 +27,9 @@ from urllib.parse import urlsplit
 import ray
 
 from fedcomp.actors.quiet import quiet_ray_start
-from fedcomp.platform.accelerator import Footprint, pick_clients_per_actor
 from fedcomp.platform.config import Config, FederationConfig
 from fedcomp.platform.errors import ResourceError
-from fedcomp.platform.gpu_probe import probe_footprint
+from fedcomp.platform.gpu_packing import Footprint, pick_clients_per_actor
 from fedcomp.platform.progress import announce
 from fedcomp.platform.signals import depends_on, stop_on_sigterm
 
@@ -290,7 +289,7 @@ def plan_actors(
 
     With ``gpu_packing: auto`` on a cluster with GPUs, the clients spread evenly over ``actors_per_gpu`` actors a
     GPU, checked against ``footprint`` (one client's measured GPU memory, :func:`probe_footprint_on_cluster`) by
-    :func:`~fedcomp.platform.accelerator.pick_clients_per_actor` when given; without GPUs ``clients_per_actor``
+    :func:`~fedcomp.platform.gpu_packing.pick_clients_per_actor` when given; without GPUs ``clients_per_actor``
     holds.
 
     One actor lives on one node, so shares are fitted per node: with ``auto``, the largest CPU share (at most
@@ -377,6 +376,8 @@ def probe_footprint_on_cluster(config: Config, timeout: float) -> Footprint:
 
     Raises:
         ResourceError: the probe did not finish within ``timeout`` seconds, or failed (its first line)."""
+    from fedcomp.platform.gpu_probe import probe_footprint  # a server's imports (torch): only where GPUs are packed
+
     options: dict[str, Any] = {"num_gpus": 1, "num_cpus": 0, "max_retries": 0}
     if fedcomp_env():
         options["runtime_env"] = {"env_vars": fedcomp_env()}

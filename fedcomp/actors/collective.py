@@ -33,12 +33,10 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import ray
 
+from fedcomp.actors.group_terms import JOIN_TIMEOUT_S, GroupBroken
 from fedcomp.platform.algorithms.base import Outcome
 from fedcomp.platform.federation import Averages, ClientHost, Layout, Partial, mean_of
 
-JOIN_TIMEOUT_S = 20.0
-"""How long the actors wait for each other at the group's rendezvous and for their connections (e.g. a cluster
-whose firewall blocks the ports): the federation then makes its exchanges by calls."""
 FAULT_JOIN = "FEDCOMP_FAULT_GROUP_JOIN"
 """Fault injection for the tests: when set in a client actor's environment, joining the group fails."""
 HEADER = 7
@@ -59,10 +57,6 @@ are split among the actors) and extra (a pickled layout, the first time the acto
 NOT_KEPT = np.zeros(0, np.float64)
 History = list[tuple[Layout, np.ndarray]]
 """Each step's cohort means as one actor formed them: their layout and the float32 values."""
-
-
-class GroupBroken(RuntimeError):
-    """A gather of the exchange failed: another actor of the group died or left it (after an error of its own)."""
 
 
 class Group:

@@ -19,6 +19,10 @@ over the actors instead (:mod:`fedcomp.actors.graph`); their replies carry the c
 federation puts in the object store itself; a retry after an actor died always goes by calls. With
 ``transport: collective`` an exchange goes to every actor in one call and the actors answer its steps among
 themselves (:mod:`fedcomp.actors.collective`); what an actor's death leaves unfinished runs again by calls.
+
+The calls' tensor code is imported where the calls are made (a server actor, or a driver holding the server):
+the driver of a replicated server uses this class to start, place and replace the client actors only, and
+imports no torch.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ import pickle
 import sys
 import time
 from collections.abc import Callable, Iterator
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import ray
 from ray.exceptions import RayActorError, RayChannelError, RayChannelTimeoutError, RayTaskError
@@ -43,13 +47,16 @@ from fedcomp.actors.cluster import (
     plan_actors,
     probe_footprint_on_cluster,
 )
-from fedcomp.actors.collective import JOIN_TIMEOUT_S, GroupBroken, History
 from fedcomp.actors.graph import ActorGraph
+from fedcomp.actors.group_terms import JOIN_TIMEOUT_S, GroupBroken
 from fedcomp.actors.routing import Router
-from fedcomp.platform.algorithms.base import Exchanged, Outcome, Tensors
 from fedcomp.platform.config import Config
 from fedcomp.platform.errors import ClientFailure, PlatformError, ResourceError
-from fedcomp.platform.federation import Layout, Partial, combine, exchange_by_steps
+
+if TYPE_CHECKING:
+    from fedcomp.actors.collective import History
+    from fedcomp.platform.algorithms.base import Exchanged, Outcome, Tensors
+    from fedcomp.platform.federation import Layout, Partial
 
 RemoteClient = ray.remote(ClientActor)
 Submit = Callable[[Any, list[int]], Any]
@@ -182,6 +189,8 @@ class RayFederation:
         (None otherwise). Ray serialises each argument of each actor call on its own; one bytes argument took
         0.25-0.4 ms less per call to two actors to submit than the six arguments it replaced
         (``benchmarks/ray_transport.py``)."""
+        from fedcomp.platform.federation import Layout
+
         started = time.perf_counter()
         layout = Layout.of(payload)
         flat = layout.pack(payload)
@@ -214,6 +223,9 @@ class RayFederation:
         Collectively, when an actor dies, it is replaced, and what did not finish runs again by calls, with the same
         numbers: if an actor finished, every step's means are known, and the others' members replay the exchange
         with them (``begin``, then ``resume`` with each step's means); else the whole exchange runs again."""
+        from fedcomp.platform.algorithms.base import Exchanged, Outcome
+        from fedcomp.platform.federation import combine, exchange_by_steps
+
         if self.transport != "collective" or steps == 0 or not self._join_group():
             return exchange_by_steps(self, program, round, cohort, payload, sub, steps)
         message, ref, layout = self._message("exchange", payload, program=program, round=round, sub=sub, steps=steps)
@@ -335,6 +347,8 @@ class RayFederation:
         and the payload travels inline, else by one actor call each -- replacing dead actors (up to
         ``max_retries`` times; a retry always goes by calls); log the step for replay unless it saves the clients'
         state (then tell the router where private state is now); combine the partials in actor order."""
+        from fedcomp.platform.federation import combine
+
         submit = self._submit(message, ref)
         partials = self._run_step(message, ref, submit, members, round)
         self._book(program, members, partials, saving, submit)

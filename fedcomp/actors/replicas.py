@@ -170,6 +170,15 @@ class Replica:
                 yield batch
                 batch, sent = [], time.perf_counter()
 
+    @staticmethod
+    def merged(parts: Sequence[dict[str, Any]]) -> dict[str, Any]:
+        """The server's checkpoint (``parts[0]``, replica 0's :meth:`checkpoint`) with every actor's clients' private
+        states (``parts``, in actor order)."""
+        checkpoint = dict(parts[0])
+        private = {c: state for part in parts for c, state in part["private"].items()}
+        checkpoint["private"] = dict(sorted(private.items()))
+        return checkpoint
+
     def checkpoint(self, with_state: bool) -> dict[str, Any]:
         """The server's checkpoint with this actor's private states (``with_state`` false: those alone)."""
         if with_state:

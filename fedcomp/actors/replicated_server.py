@@ -22,12 +22,11 @@ import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 
 from fedcomp.actors.cluster import connect
-from fedcomp.actors.collective import GroupBroken
 from fedcomp.actors.federation import RayFederation, _cause, _death, first_line, unwrap
-from fedcomp.actors.replicas import SLOWEST_COMPUTE
+from fedcomp.actors.group_terms import GroupBroken
 from fedcomp.platform.config import Config
 from fedcomp.platform.errors import ClientFailure
-from fedcomp.platform.server import RoundReply
+from fedcomp.platform.server_like import RoundReply
 
 
 class GroupUnavailable(ClientFailure):
@@ -60,10 +59,12 @@ class ReplicatedServer:
         self.ahead = False
         """Whether the replicas may have run past :attr:`round`: a caller stopped taking a run's replies early, or the
         run failed. The next use brings them back (:meth:`_catch_up`)."""
+        self.restore_point: Any = None
+        """The object holding the checkpoint the replicas go back to after a failure (never fetched here)."""
+        self.restore_round = 0
         try:
             self._form(range(len(self.actors.actors)))
-            self.restore_point = ray.put(self.checkpoint())
-            self.restore_round = 0
+            self._gather()
         except BaseException:
             self.actors.close()
             raise
@@ -225,15 +226,22 @@ class ReplicatedServer:
         self._catch_up()
         return self._get([self.actors.actors[0].replica_evaluate.remote()])[0]
 
+    def _gather(self) -> Any:
+        """Replica 0's checkpoint with every actor's clients' private states, gathered on actor 0 and kept in the
+        object store as the restore point; the driver reads its round only (a Ray run's driver imports no torch)."""
+        self._catch_up()
+        parts = [actor.replica_checkpoint.remote(i == 0) for i, actor in enumerate(self.actors.actors)]
+        checkpoint, round = self.actors.actors[0].replica_merge.remote(*parts)
+        [self.restore_round] = self._get([round])
+        self.restore_point = checkpoint
+        return checkpoint
+
     def checkpoint(self) -> dict[str, Any]:
         """Replica 0's checkpoint with every actor's clients' private states; kept as the restore point."""
-        self._catch_up()
-        parts = self._get([actor.replica_checkpoint.remote(i == 0) for i, actor in enumerate(self.actors.actors)])
-        checkpoint = parts[0]
-        private = {c: state for part in parts for c, state in part["private"].items()}
-        checkpoint["private"] = dict(sorted(private.items()))
-        self.restore_point, self.restore_round = ray.put(checkpoint), int(checkpoint["counters"]["round"])
-        return checkpoint
+        return self._get([self._gather()])[0]
+
+    def checkpoint_file(self, extra: dict[str, Any]) -> bytes:
+        return self._get([self.actors.actors[0].replica_save.remote(self._gather(), extra)])[0]
 
     def restore(self, checkpoint: dict[str, Any]) -> None:
         point = ray.put(checkpoint)
@@ -248,6 +256,8 @@ class ReplicatedServer:
     def profile(self) -> dict[str, float]:
         """Replica 0's phases (:meth:`~fedcomp.actors.replicas.Replica.profile`, the slowest actor's compute each call
         beside them) and the driver's wait beyond them."""
+        from fedcomp.actors.replicas import SLOWEST_COMPUTE  # the actors' imports: profiling is a benchmark's
+
         phases = self._get([self.actors.actors[0].replica_profile.remote()])[0]
         spent = sum(seconds for phase, seconds in phases.items() if phase != SLOWEST_COMPUTE)
         phases["driver waiting for replica 0"] = self.driver_s - spent

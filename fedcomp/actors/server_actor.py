@@ -1,5 +1,9 @@
 """The server actor (runs the round program next to the client actors) and the driver's proxy to it, which
-can also hold the server in the driver's own process (``federation.server: driver``)."""
+can also hold the server in the driver's own process (``federation.server: driver``).
+
+The server itself (torch, the task) is imported where it is built: a driver that runs it in an actor never
+imports torch.
+"""
 
 from __future__ import annotations
 
@@ -9,16 +13,14 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import ray
-import torch
 from ray.exceptions import RayTaskError
 
 from fedcomp.actors import kept
 from fedcomp.actors.cluster import actor_options, cluster_nodes, connect, plan_actors
-from fedcomp.actors.federation import RayFederation, unwrap, wait_ready
+from fedcomp.actors.federation import unwrap, wait_ready
 from fedcomp.actors.quiet_exit import drop_lost_exits_in_a_worker
 from fedcomp.platform.config import Config
-from fedcomp.platform.run_checks import state_finite
-from fedcomp.platform.server import RoundReply, Server
+from fedcomp.platform.server_like import RoundReply
 
 drop_lost_exits_in_a_worker()  # a server actor stopped with SIGTERM, even before its constructor ran, goes without a traceback
 
@@ -32,6 +34,11 @@ class ServerActor:
     def setup(self, config: Config, in_actor: bool = True, keep: bool = False) -> None:
         """Build the server and start (or, ``keep``, take kept) client actors: the constructor, and a kept
         server actor's rebuild for the next run (:mod:`fedcomp.actors.kept`)."""
+        import torch
+
+        from fedcomp.actors.federation import RayFederation
+        from fedcomp.platform.server import Server
+
         if keep:
             kept.keep_between_runs()
         if in_actor:  # in the driver (federation.server: driver) the user's torch settings stay as they are
@@ -56,6 +63,8 @@ class ServerActor:
         """The round's record, with what the driver checks after every round in the same reply: whether the
         global state is finite, and the client actors replaced during the round; with ``evaluate``, also the
         evaluation after the round and the seconds it took (one driver -> server actor hop, not two)."""
+        from fedcomp.platform.run_checks import state_finite
+
         record, evaluation, evaluate_s = self.server.one_round(evaluate)
         return {
             "record": record,
@@ -70,6 +79,9 @@ class ServerActor:
 
     def checkpoint(self) -> dict[str, Any]:
         return self.server.checkpoint()
+
+    def checkpoint_file(self, extra: dict[str, Any]) -> bytes:
+        return self.server.checkpoint_file(extra)
 
     def restore(self, checkpoint: dict[str, Any]) -> None:
         self.server.restore(checkpoint)
@@ -187,6 +199,9 @@ class RayServer:
 
     def checkpoint(self) -> dict[str, Any]:
         return self._call("checkpoint")
+
+    def checkpoint_file(self, extra: dict[str, Any]) -> bytes:
+        return self._call("checkpoint_file", extra)  # saved in the server actor: the driver gets bytes
 
     def restore(self, checkpoint: dict[str, Any]) -> None:
         self._call("restore", checkpoint)

@@ -1,5 +1,5 @@
-"""Clients on an accelerator: the determinism flags of a client process, exact sums on the device, and how
-many clients one GPU actor can hold.
+"""Clients on an accelerator: the determinism flags of a client process and exact sums on the device (how many
+clients one GPU actor can hold is :mod:`fedcomp.platform.gpu_packing`).
 
 * :func:`configure` -- what ``run.deterministic`` means on CUDA: deterministic kernels (``torch.
   use_deterministic_algorithms``, cuDNN's deterministic algorithms, no cuDNN autotuning), cuBLAS's fixed
@@ -13,25 +13,18 @@ many clients one GPU actor can hold.
   outputs' device as each client finishes and copied to the host once (one device->host copy per call instead
   of one per client). Float64 addition is correctly rounded on every IEEE device, so the sums equal the
   host's bit for bit.
-* :func:`pick_clients_per_actor` -- a pure function from measured byte counts (:class:`Footprint`) to the
-  number of clients an actor can host on its share of a GPU (:func:`fedcomp.platform.gpu_probe.probe_footprint`
-  measures those bytes with one short round on a CUDA device).
 """
 
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor
-
-from fedcomp.platform.errors import ResourceError
 
 CUBLAS_WORKSPACE = ":4096:8"
 """cuBLAS's deterministic workspace setting (https://docs.nvidia.com/cuda/cublas/#results-reproducibility)."""
@@ -145,50 +138,3 @@ def exact_sums(outputs: Sequence[Mapping[str, Tensor]], keys: Sequence[str]) -> 
     for out in outputs:
         total.add(out)
     return total.value()
-
-
-@dataclass(frozen=True)
-class Footprint:
-    """What one GPU actor's memory holds, in bytes (measured by :func:`fedcomp.platform.gpu_probe.probe_footprint`)."""
-
-    fixed: int
-    """Whatever the actor's clients: its task's data and model on the device."""
-    state: int
-    """Per hosted client: its private state between rounds (parameters and optimiser state kept per client)."""
-    step: int
-    """Per client stepping at once: the peak memory of one client's local steps above the fixed and state bytes
-    (activations, gradients, the broadcast); lockstep (``vectorise``) steps a host's cohort members together."""
-    device: int = 0
-    """The total memory of the GPU the probe ran on."""
-
-    def as_dict(self) -> dict[str, int]:
-        return asdict(self)
-
-
-def pick_clients_per_actor(
-    footprint: Footprint, gpu_bytes: int, actors_per_gpu: int, clients: int, cohort: int, gpus: int,
-    headroom: float = 0.9,
-) -> int:
-    """How many clients each actor hosts when ``actors_per_gpu`` actors share each of ``gpus`` GPUs of
-    ``gpu_bytes``: the clients spread evenly over the actors, provided one actor's share of the memory
-    (``headroom`` of the GPU over ``actors_per_gpu``) holds its fixed bytes, each hosted client's state and the
-    step memory of the cohort members it may run at once (all of its clients, at most ``cohort``).
-
-    Raises:
-        ResourceError: the clients do not fit; the message gives the bytes of each part.
-    """
-    if min(gpu_bytes, actors_per_gpu, clients, cohort, gpus) < 1 or not 0 < headroom <= 1:
-        raise ValueError("pick_clients_per_actor needs positive sizes and 0 < headroom <= 1")
-    per = math.ceil(clients / (gpus * actors_per_gpu))
-    budget = int(gpu_bytes * headroom) // actors_per_gpu
-    need = footprint.fixed + per * footprint.state + min(per, cohort) * footprint.step
-    if need > budget:
-        mib = 2**20
-        raise ResourceError(
-            f"federation.gpu_packing = 'auto': {clients} clients over {gpus * actors_per_gpu} actors ({actors_per_gpu} "
-            f"per GPU) put {per} clients in an actor needing {need / mib:.0f} MiB (data and model "
-            f"{footprint.fixed / mib:.0f} MiB, {footprint.state / mib:.1f} MiB state per client, "
-            f"{footprint.step / mib:.1f} MiB per client stepping) but an actor's share of a GPU is "
-            f"{budget / mib:.0f} MiB; use more GPUs or fewer clients"
-        )
-    return per

@@ -5,7 +5,9 @@ torch threads of the process that evaluated the model."""
 
 from __future__ import annotations
 
+import importlib.util
 import platform
+import re
 import subprocess
 from collections.abc import Mapping
 from importlib import metadata
@@ -25,6 +27,20 @@ def package_versions() -> dict[str, str]:
         except metadata.PackageNotFoundError:
             versions[name] = "not installed"
     return versions
+
+
+def torch_build() -> str:
+    """torch's version with its build tag (``2.14.1+cu130``, which package metadata leaves out), read from its
+    ``version.py`` without importing torch; the metadata's version where that file cannot be read."""
+    spec = importlib.util.find_spec("torch")
+    if spec is not None and spec.origin is not None:
+        try:
+            found = re.search(r"^__version__ = ['\"]([^'\"]+)['\"]", (Path(spec.origin).parent / "version.py").read_text(), re.M)
+        except OSError:
+            found = None
+        if found:
+            return found.group(1)
+    return metadata.version("torch")
 
 
 def git_revision(path: Path | None = None) -> dict[str, Any] | None:

@@ -1,5 +1,5 @@
 """One short round on a CUDA device that measures a client's GPU memory (``torch.cuda.max_memory_allocated``),
-for ``federation.gpu_packing: auto`` (:func:`fedcomp.platform.accelerator.pick_clients_per_actor`)."""
+for ``federation.gpu_packing: auto`` (:func:`fedcomp.platform.gpu_packing.pick_clients_per_actor`)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from typing import Any
 
 import torch
 
-from fedcomp.platform.accelerator import Footprint
 from fedcomp.platform.errors import ResourceError
 from fedcomp.platform.federation import LocalFederation
+from fedcomp.platform.gpu_packing import Footprint
 from fedcomp.platform.server import Server
 
 

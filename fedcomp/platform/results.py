@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any, cast
 
 from fedcomp.platform.errors import StorageError
 
-if TYPE_CHECKING:  # pandas (and pyarrow) load where frames are written or read, not in every actor process; torch
-    # where checkpoints are, not in `fedcomp list` or `report`
+if TYPE_CHECKING:  # pandas (and pyarrow) load where frames are written or read, not in every actor process, and
+    # torch where checkpoints are saved or read: a Ray run's driver writes the bytes its server saved
     import pandas as pd
 
 METRICS = "metrics.parquet"
@@ -126,32 +126,51 @@ def write_metrics(path: Path, rows: list[dict[str, Any]]) -> None:
     write_parquet(path, pd.DataFrame(rows))
 
 
-def write_checkpoint(path: Path, checkpoint: dict[str, Any]) -> None:
+def checkpoint_bytes(checkpoint: dict[str, Any]) -> bytes:
+    """A run checkpoint (``{"server": ..., "rows": ..., ...}``) as the content of its file (``torch.save``)."""
     import torch
 
     buf = io.BytesIO()
     torch.save(checkpoint, buf)
-    atomic_write(path, buf.getvalue())
+    return buf.getvalue()
+
+
+def write_checkpoint(path: Path, content: bytes) -> None:
+    """A checkpoint's file content (:func:`checkpoint_bytes`) at ``path``, written atomically."""
+    atomic_write(path, content)
 
 
 def read_checkpoint(path: Path) -> dict[str, Any]:
     """The checkpoint saved at ``path``.
 
     Raises:
-        StorageError: the file is truncated, corrupt or not a fedcomp checkpoint.
+        StorageError: the file cannot be read, is truncated, corrupt or not a fedcomp checkpoint.
+    """
+    try:
+        content = path.read_bytes()
+    except OSError as error:
+        raise StorageError(f"{path} cannot be read: {first_line(error)}") from None
+    return checkpoint_from_bytes(content, str(path))
+
+
+def checkpoint_from_bytes(content: bytes, where: str = "the checkpoint") -> dict[str, Any]:
+    """A run checkpoint from its file content (:func:`checkpoint_bytes`); ``where`` names it in errors.
+
+    Raises:
+        StorageError: the content is truncated, corrupt or not a fedcomp checkpoint.
     """
     import torch
 
     try:
-        checkpoint = torch.load(path, weights_only=False)
+        checkpoint = torch.load(io.BytesIO(content), weights_only=False)
     except Exception as error:  # torch raises RuntimeError, EOFError, UnpicklingError, ... on a damaged file
-        raise StorageError(f"{path} cannot be read (truncated or corrupt: {first_line(error)})") from None
+        raise StorageError(f"{where} cannot be read (truncated or corrupt: {first_line(error)})") from None
     valid = (
         isinstance(checkpoint, dict) and {"rows", "wall_time"} <= checkpoint.keys()
         and isinstance(checkpoint.get("server"), dict) and {"state", "counters"} <= checkpoint["server"].keys()
     )
     if not valid:
-        raise StorageError(f"{path} is not a fedcomp run checkpoint")
+        raise StorageError(f"{where} is not a fedcomp run checkpoint")
     return cast(dict[str, Any], checkpoint)
 
 

@@ -29,26 +29,8 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
+from fedcomp.platform.counters import RoundRecord
 from fedcomp.platform.state import BUFFERS, Means, State
-
-
-@dataclass
-class RoundRecord:
-    """What one round adds to the counters (floats: per participating client), and its training loss.
-
-    ``comm_rounds`` and ``floats_*`` count model-sized messages; ``embedding_*`` count the low-dimensional
-    exchanges some algorithms make between them (FedDRO's inner value, every local step).
-    """
-
-    comm_rounds: int
-    local_steps: int
-    samples: int
-    floats_up: int
-    floats_down: int
-    train_loss: float
-    embedding_exchanges: int = 0
-    embedding_floats_up: int = 0
-    embedding_floats_down: int = 0
 
 
 @dataclass

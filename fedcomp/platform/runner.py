@@ -24,15 +24,15 @@ from pathlib import Path
 from typing import Any, cast
 
 import pandas as pd
-import torch
 
 from fedcomp.platform import catalog, results, run_checks, tracking
 from fedcomp.platform.config import Config, load_config
+from fedcomp.platform.counters import Counters
 from fedcomp.platform.curves import CURVES, write_curves
-from fedcomp.platform.environment import environment
+from fedcomp.platform.environment import environment, torch_build
 from fedcomp.platform.errors import ConfigError, Diverged, Interrupted, StorageError
 from fedcomp.platform.progress import RunProgress, output_mode
-from fedcomp.platform.server import Counters, ServerLike
+from fedcomp.platform.server_like import ServerLike
 from fedcomp.platform.signals import farewell
 
 ServerFactory = Callable[[Config], ServerLike]
@@ -61,7 +61,7 @@ def new_run_id(config: Config) -> str:
 def _versions() -> dict[str, str]:
     import fedcomp
 
-    versions = {"fedcomp": fedcomp.__version__, "python": sys.version.split()[0], "torch": torch.__version__}
+    versions = {"fedcomp": fedcomp.__version__, "python": sys.version.split()[0], "torch": torch_build()}
     if "ray" in sys.modules:
         versions["ray"] = sys.modules["ray"].__version__
     return versions
@@ -83,12 +83,13 @@ def _meta(config: Config, run_id: str, backend_info: dict[str, Any], status: str
 @dataclass
 class RoundDone:
     """One finished round as :func:`drive` yields it: the evaluation row if the round was evaluated and the
-    checkpoint if one is due (``rows`` is every evaluation row so far, also stored in the checkpoint);
-    ``loss`` is the round's training loss (None when no round was run: a resumed run that had finished)."""
+    checkpoint's file content if one is due (``rows`` is every evaluation row so far, also stored in the
+    checkpoint); ``loss`` is the round's training loss (None when no round was run: a resumed run that had
+    finished)."""
 
     round: int
     row: dict[str, Any] | None
-    checkpoint: dict[str, Any] | None
+    checkpoint: bytes | None
     rows: list[dict[str, Any]]
     wall_time: float
     loss: float | None = None
@@ -98,9 +99,11 @@ def drive(config: Config, server: ServerLike, checkpoint: dict[str, Any] | None 
     """Run ``server`` from round 0 (or from ``checkpoint``) to ``run.rounds``, yielding every round.
 
     Evaluates every ``run.eval_every`` rounds and hands out a checkpoint every ``run.checkpoint_every``
-    rounds and at the last round; what to do with them (files, Tune reports) is the caller's business.
-    A checkpoint carries the run's identity (:func:`~fedcomp.platform.run_checks.checkpoint_identity`), so a
-    resume can tell a checkpoint of another run.
+    rounds and at the last round, as the file's bytes the server saved (:meth:`ServerLike.checkpoint_file`);
+    what to do with them (files, Tune reports) is the caller's business. A checkpoint carries the run's
+    identity (:func:`~fedcomp.platform.run_checks.checkpoint_identity`), so a resume can tell a checkpoint of
+    another run. ``checkpoint`` (to continue from) is a checkpoint as read back
+    (:func:`~fedcomp.platform.results.read_checkpoint`).
     """
     if checkpoint is not None:
         server.restore(checkpoint["server"])
@@ -128,7 +131,7 @@ def drive(config: Config, server: ServerLike, checkpoint: dict[str, Any] | None 
             wall = wall_offset + time.perf_counter() - t0
             ckpt = None
             if r == last:
-                ckpt = {"server": server.checkpoint(), "rows": rows, "wall_time": wall, "identity": identity}
+                ckpt = server.checkpoint_file({"rows": rows, "wall_time": wall, "identity": identity})
             yield RoundDone(r, row, ckpt, rows, wall, float(record["train_loss"]))
 
 

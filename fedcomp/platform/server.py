@@ -9,72 +9,21 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, fields
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 
 from fedcomp.platform.algorithms.base import Federation, Tensors
 from fedcomp.platform.config import Config
+from fedcomp.platform.counters import Counters
 from fedcomp.platform.errors import ConfigError
 from fedcomp.platform.federation import build_algorithm, build_task
+from fedcomp.platform.results import checkpoint_bytes
 from fedcomp.platform.rng import generator
-from fedcomp.platform.rounds import GlobalBuffers, Round, RoundRecord
+from fedcomp.platform.rounds import GlobalBuffers, Round
+from fedcomp.platform.server_like import RoundReply
 from fedcomp.platform.state import State
 from fedcomp.platform.tasks.base import Task
-
-
-@dataclass
-class Counters:
-    """Cumulative counters (the :class:`RoundRecord` fields summed over rounds); ``floats_*`` are per
-    participating client, ``samples`` over all clients."""
-
-    round: int = 0
-    comm_rounds: int = 0
-    local_steps: int = 0
-    samples: int = 0
-    floats_up: int = 0
-    floats_down: int = 0
-    embedding_exchanges: int = 0
-    embedding_floats_up: int = 0
-    embedding_floats_down: int = 0
-
-    def add(self, record: RoundRecord) -> None:
-        self.round += 1
-        for name in COUNTED:
-            setattr(self, name, getattr(self, name) + getattr(record, name))
-
-    def as_dict(self) -> dict[str, int]:
-        """The counters by name (a shallow copy: every field is an int; ``dataclasses.asdict`` recurses and deep-copies
-        each, a third of a round program's own time)."""
-        return dict(vars(self))
-
-
-COUNTED = tuple(f.name for f in fields(RoundRecord) if f.name != "train_loss")
-"""The :class:`RoundRecord` fields the counters sum."""
-
-RoundReply = tuple[dict[str, Any], dict[str, float] | None, float]
-"""One round of :meth:`ServerLike.run_rounds`: its record (cumulative counters and the round's training loss),
-the evaluation after it (None where the round is not evaluated) and the seconds that evaluation took."""
-
-
-class ServerLike(Protocol):
-    """What the runner drives: the in-process :class:`Server` or a proxy to the Ray server actor."""
-
-    def run_round(self) -> dict[str, Any]: ...
-    def evaluate(self) -> dict[str, float]: ...
-    def run_rounds(self, evaluated: Sequence[bool]) -> Iterator[RoundReply]:
-        """``len(evaluated)`` rounds, round ``i`` followed by an evaluation where ``evaluated[i]``, each reply
-        yielded as its round ends. A server behind a hop may start the next round of ``evaluated`` before the
-        caller has taken this one's reply (so that the hop's latency overlaps a round): a caller that stops early
-        may leave it one round further on (the server actor; a server whose replicas run further ahead goes back to
-        the last reply taken before its next use); after the last reply nothing more runs, so that is where to
-        checkpoint."""
-        ...
-    def checkpoint(self) -> dict[str, Any]: ...
-    def restore(self, checkpoint: dict[str, Any]) -> None: ...
-    def close(self) -> None: ...
-    def describe(self) -> dict[str, Any]: ...
 
 
 def sample_cohort(seed: int, round: int, clients: int, size: int, sub: int = 0) -> list[int]:
@@ -165,6 +114,9 @@ class Server:
             "private": self.federation.private_states(),
             "buffers": None if self.buffers is None else self.buffers.value.detach().cpu().clone(),
         }
+
+    def checkpoint_file(self, extra: dict[str, Any]) -> bytes:
+        return checkpoint_bytes({"server": self.checkpoint(), **extra})
 
     def restore(self, checkpoint: dict[str, Any]) -> None:
         state = {k: v.clone() for k, v in checkpoint["state"].items()}

@@ -73,7 +73,7 @@ def scalars(row: Mapping[str, Any]) -> dict[str, float]:
 
 
 def _counter_names() -> frozenset[str]:
-    from fedcomp.platform.server import Counters
+    from fedcomp.platform.counters import Counters
 
     return frozenset(f.name for f in fields(Counters))
 
@@ -157,7 +157,7 @@ class TensorBoardTracker(Tracker):
     name = "tensorboard"
 
     def __init__(self, run_dir: Path, config: Mapping[str, Any], run_id: str, start_round: int) -> None:
-        from tensorboardX import SummaryWriter
+        SummaryWriter = _tensorboardx().SummaryWriter
 
         self.logdir = Path(run_dir) / TENSORBOARD_DIR
         self.config, self.counters = config, _counter_names()
@@ -208,6 +208,25 @@ class TensorBoardTracker(Tracker):
             for summary in hparams(hp, metrics):
                 self.writer.file_writer.add_summary(summary, step)
         self.writer.close()
+
+
+def _tensorboardx() -> Any:
+    """tensorboardX, imported without torch where this process has not imported torch.
+
+    tensorboardX imports torch whenever it is installed, only to take tensors as values (fedcomp gives it floats): a
+    Ray run's driver, which needs no torch otherwise, would hold torch's ~330 MiB for its event files. ``None`` in
+    ``sys.modules["torch"]`` fails that one ``import torch`` (tensorboardX then takes NumPy arrays), and goes at once,
+    so that torch imports as usual afterwards (the driver's other threads import nothing meanwhile)."""
+    if "tensorboardX" in sys.modules or "torch" in sys.modules:
+        import tensorboardX
+
+        return tensorboardX
+    sys.modules["torch"] = None  # type: ignore[assignment]
+    try:
+        import tensorboardX
+    finally:
+        del sys.modules["torch"]
+    return tensorboardX
 
 
 class _NoEvents:

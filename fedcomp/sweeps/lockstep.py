@@ -280,9 +280,7 @@ def _check_shape(configs: Sequence[Config], swept: Sequence[str]) -> None:
 
 def _snapshot(step: RoundDone) -> RoundDone:
     """``step`` with its own copy of the rows (``drive`` keeps appending to its list as the thread runs on)."""
-    rows = list(step.rows)
-    ckpt = None if step.checkpoint is None else {**step.checkpoint, "rows": list(step.checkpoint["rows"])}
-    return dataclasses.replace(step, rows=rows, checkpoint=ckpt)
+    return dataclasses.replace(step, rows=list(step.rows))
 
 
 def run_together(

@@ -79,26 +79,34 @@ def make_packs(spec: SweepSpec) -> list[list[dict[str, Any]]]:
 # ---- the packed trainable --------------------------------------------------------------------------------
 
 
-def _save(folder: Path, checkpoints: Mapping[int, dict[str, Any]], done: set[int]) -> tune.Checkpoint:
-    for k, checkpoint in checkpoints.items():
+Saved = tuple[bytes, list[dict[str, Any]]]
+"""A configuration's latest checkpoint: the file's content and the evaluation rows it holds."""
+
+
+def _save(folder: Path, saved: Mapping[int, Saved], done: set[int]) -> tune.Checkpoint:
+    for k, (checkpoint, rows) in saved.items():
         sub = folder / f"member-{k}"
         sub.mkdir()
-        write_run_files(sub, checkpoint)
+        write_run_files(sub, checkpoint, rows)
     results.write_json(folder / PACK_JSON, {"done": sorted(done)})
     return cast(tune.Checkpoint, tune.Checkpoint.from_directory(str(folder)))
 
 
-def _restore(checkpoint: tune.Checkpoint | None) -> tuple[dict[int, dict[str, Any]], set[int]]:
+def _restore(checkpoint: tune.Checkpoint | None) -> tuple[dict[int, dict[str, Any]], dict[int, Saved], set[int]]:
+    """The configurations' checkpoints as read back (to continue from), as saved (to save again until they are
+    replaced) and which configurations had finished."""
     if checkpoint is None:
-        return {}, set()
+        return {}, {}, set()
     with checkpoint.as_directory() as folder:
         root = Path(folder)
         done = set(results.read_json(root / PACK_JSON)["done"]) if (root / PACK_JSON).is_file() else set()
-        saved = {
-            int(sub.name.removeprefix("member-")): results.read_checkpoint(sub / results.CHECKPOINT)
+        paths = {
+            int(sub.name.removeprefix("member-")): sub / results.CHECKPOINT
             for sub in root.glob("member-*") if (sub / results.CHECKPOINT).is_file()
         }
-    return saved, done
+        restored = {k: results.read_checkpoint(path) for k, path in paths.items()}
+        saved = {k: (path.read_bytes(), list(restored[k]["rows"])) for k, path in paths.items()}
+    return restored, saved, done
 
 
 def _one_at_a_time(
@@ -130,13 +138,13 @@ def run_pack(trial: dict[str, Any], spec_json: str, cluster_has_gpus: bool, env:
     spec = trial_process(spec_json, env)
     configs = [pinned_config(spec, m, cluster_has_gpus) for m in members(trial)]
     restored = tune.get_checkpoint()
-    saved, done = _restore(restored)
+    resumed, saved, done = _restore(restored)
     exit_round = int(env.get(FAULT_EXIT, 0)) if restored is None else 0
     todo = [k for k in range(len(configs)) if k not in done]
-    reported = {k: max((r["round"] for r in c["rows"]), default=-1) for k, c in saved.items()}
+    reported = {k: max((r["round"] for r in rows), default=-1) for k, (_, rows) in saved.items()}
     steps = (
-        _together(configs, todo, saved, swept_floats(spec)) if spec.pack == "lockstep"
-        else _one_at_a_time(configs, todo, saved)
+        _together(configs, todo, resumed, swept_floats(spec)) if spec.pack == "lockstep"
+        else _one_at_a_time(configs, todo, resumed)
     )
     latest: dict[int, dict[str, Any]] = {}
     for batch in steps:
@@ -150,7 +158,7 @@ def run_pack(trial: dict[str, Any], spec_json: str, cluster_has_gpus: bool, env:
             reported[k] = max(reported.get(k, -1), step.rows[-1]["round"])
             latest[k] = {**step.rows[-1], "member": k, "trial_round": step.round}
             if step.checkpoint is not None:
-                saved[k] = step.checkpoint
+                saved[k] = (step.checkpoint, list(step.rows))
                 save = True
             if step.round >= configs[k].run.rounds:
                 done.add(k)

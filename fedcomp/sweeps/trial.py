@@ -35,6 +35,20 @@ FAULT_EXIT = "FEDCOMP_FAULT_TRIAL_EXIT"  # "ROUND": a fresh (not restored) trial
 drop_lost_exits_in_a_worker()  # Tune stops trial processes with SIGTERM (all on Ctrl-C), some before they run a trial
 
 
+def _torch_before_tunes_streams() -> None:
+    """In a trial's process, import torch as Ray loads this module: before Tune points ``sys.stdout`` and
+    ``sys.stderr`` at the trial's log files. torch's loggers take the streams they find at import and flush them at
+    exit, when Tune has closed those files: a warning per stream, forwarded to the driver's terminal after a
+    Ctrl-C'd sweep's last line. A sweep's driver, which loads this module too, imports no torch here."""
+    import ray
+
+    if ray.is_initialized() and ray.get_runtime_context().worker.mode == ray.WORKER_MODE:
+        import torch  # noqa: F401
+
+
+_torch_before_tunes_streams()
+
+
 @dataclass(frozen=True)
 class TrialResources:
     """What one trial asks for: its bundles and the per-actor shares pinned into its config."""
@@ -106,14 +120,16 @@ def pinned_config(spec: SweepSpec, trial: Mapping[str, Any], cluster_has_gpus: b
     })
 
 
-def write_run_files(directory: Path, checkpoint: dict[str, Any]) -> None:
-    """A run's checkpoint and its evaluation rows (what :func:`read_trial_rows` reads back) in ``directory``."""
+def write_run_files(directory: Path, checkpoint: bytes, rows: list[dict[str, Any]]) -> None:
+    """A run's checkpoint (its file's content) and its evaluation rows (what :func:`read_trial_rows` reads back)
+    in ``directory``."""
     results.write_checkpoint(directory / results.CHECKPOINT, checkpoint)
-    results.write_metrics(directory / results.METRICS, checkpoint["rows"])
+    results.write_metrics(directory / results.METRICS, rows)
 
 
-def _save(directory: Path, checkpoint: dict[str, Any], placement: list[dict[str, Any]] | None) -> tune.Checkpoint:
-    write_run_files(directory, checkpoint)
+def _save(directory: Path, checkpoint: bytes, rows: list[dict[str, Any]],
+          placement: list[dict[str, Any]] | None) -> tune.Checkpoint:
+    write_run_files(directory, checkpoint, rows)
     if placement is not None:
         results.write_json(directory / "placement.json", placement)
     # from_directory builds the class it is called on; ray annotates it with the base class
@@ -169,7 +185,7 @@ def run_trial(trial: dict[str, Any], spec_json: str, cluster_has_gpus: bool, env
                     tune.report(metrics)
                     continue
                 with staging_folder() as folder:
-                    tune.report(metrics, checkpoint=_save(folder, step.checkpoint, placement))
+                    tune.report(metrics, checkpoint=_save(folder, step.checkpoint, step.rows, placement))
     finally:
         server.close()
 

@@ -169,3 +169,15 @@ def test_peers_quick_with_fedcomp_runners_only(tmp_path, capsys):
         assert float(cells["round (ms)"]) > 0 and float(cells["peak memory (MiB)"]) > 10
         assert float(cells["start-up (s)"]) > 0 and float(cells["test acc"]) > 0
     assert "machine:" in text and "load average" in text and "python benchmarks/peers.py --quick" in text
+
+
+@pytest.mark.slow
+@pytest.mark.ray
+def test_cli_memory_samples_a_users_fedcomp_run_and_names_its_processes(tmp_path):
+    """``--memory`` also measures the product's own tree: ``fedcomp run`` of the workload, writing its results."""
+    workload = peers.Workload("small", clients=20, rounds=2)
+    memory = peers.cli_memory(workload, tmp_path)
+    [line] = peers.cli_memory_lines(workload, memory)
+    assert memory.peak > 100 << 20 and "ray::ClientActor" in line and "python fedcomp" in line, line
+    (run_dir,) = (tmp_path / "cli-runs").iterdir()
+    assert (run_dir / "metrics.parquet").is_file() and (run_dir / "checkpoint.pt").is_file()

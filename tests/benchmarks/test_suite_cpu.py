@@ -24,9 +24,10 @@ def test_the_report_counts_every_test_of_the_selection_and_the_processes_they_st
     modules = {line.split("|")[1].strip(" `"): line.split("|")[2:4] for line in lines if line.startswith("| `tests/")
                and line.count("|") == 4 and "::" not in line}
     assert int(modules["tests/actors/test_routing.py"][0]) == 10 and int(modules["tests/test_cli.py"][0]) == 1
-    # `python -m fedcomp` in subprocesses (torch imported in each) costs far more than the routing bookkeeping
-    slowest = next(line for line in lines if line.startswith("| `tests/") and "::" in line)
-    assert "test_python_dash_m_and_list" in slowest and float(slowest.split("|")[2]) > 1.0
+    # `python -m fedcomp` in subprocesses (a new interpreter each, importing pydantic, PyYAML, pandas) costs more than
+    # any routing test's bookkeeping
+    slowest, runner_up = [line for line in lines if line.startswith("| `tests/") and "::" in line][:2]
+    assert "test_python_dash_m_and_list" in slowest and float(slowest.split("|")[2]) > float(runner_up.split("|")[2])
 
 
 @pytest.mark.slow

@@ -48,6 +48,7 @@ from fedcomp.platform.catalog import load_builtins
 from fedcomp.platform.config import Config, load_config
 from fedcomp.platform.errors import ConfigError
 from fedcomp.platform.registry import ALGORITHMS, TASKS
+from fedcomp.platform.results import checkpoint_from_bytes
 from fedcomp.platform.runner import drive
 from tests.conftest import record_routing, router_of
 
@@ -189,7 +190,7 @@ def run(cfg: Config, server: Any, start: dict[str, Any] | None = None) -> Run:
     rows: list[dict[str, Any]] = []
     for step in drive(cfg, server, start):
         if step.checkpoint is not None:
-            checkpoints[step.round] = copy.deepcopy(step.checkpoint)
+            checkpoints[step.round] = checkpoint_from_bytes(step.checkpoint)
         rows = [dict(row) for row in step.rows]
     return Run(rows, checkpoints)
 

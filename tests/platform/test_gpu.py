@@ -17,16 +17,11 @@ import pytest
 import torch
 from torch.overrides import TorchFunctionMode
 
-from fedcomp.platform.accelerator import (
-    ExactSum,
-    Footprint,
-    configure,
-    exact_sums,
-    pick_clients_per_actor,
-)
+from fedcomp.platform.accelerator import ExactSum, configure, exact_sums
 from fedcomp.platform.config import FederationConfig, load_config
 from fedcomp.platform.errors import ResourceError
 from fedcomp.platform.federation import Layout, LocalFederation, build_task
+from fedcomp.platform.gpu_packing import Footprint, pick_clients_per_actor
 from fedcomp.platform.rng import generator
 from fedcomp.platform.server import Server
 

@@ -136,4 +136,4 @@ def test_drive_asks_for_the_rounds_up_to_each_checkpoint_at_once_with_the_ones_i
     rows = steps[-1].rows
     assert [row["round"] for row in rows] == [0, 2, 4, 5]
     assert all(a["wall_time"] <= b["wall_time"] for a, b in itertools.pairwise(rows))
-    assert steps[2].checkpoint["server"]["counters"]["round"] == 3
+    assert results.checkpoint_from_bytes(steps[2].checkpoint)["server"]["counters"]["round"] == 3
