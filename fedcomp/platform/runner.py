@@ -21,9 +21,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, cast
-
-import pandas as pd
+from typing import TYPE_CHECKING, Any, cast
 
 from fedcomp.platform import catalog, results, run_checks, tracking
 from fedcomp.platform.config import Config, load_config
@@ -34,6 +32,9 @@ from fedcomp.platform.errors import ConfigError, Diverged, Interrupted, StorageE
 from fedcomp.platform.progress import RunProgress, output_mode
 from fedcomp.platform.server_like import ServerLike
 from fedcomp.platform.signals import farewell
+
+if TYPE_CHECKING:  # pandas loads for the result's frame and the curves, once a run's actors are gone
+    import pandas as pd
 
 ServerFactory = Callable[[Config], ServerLike]
 
@@ -216,6 +217,7 @@ def execute(
             shutil.rmtree(run_dir, ignore_errors=True)
         return _kept(created, saved, run_dir)
 
+    closed = False
     with farewell(abruptly):
         try:
             if created:
@@ -241,6 +243,8 @@ def execute(
                     rows, wall, done = step.rows, step.wall_time, step.round
             finally:
                 progress.close()
+            server.close()  # its actors' memory goes before the curves' imports come
+            closed = True
             _draw_curves(run_dir, rows, headline, run_id)
             log.write("completed", timings={"startup_s": startup_s, "train_s": wall})
             tracker.finish("completed", log.meta, [run_dir / name for name in (results.RUN_JSON, results.METRICS, CURVES)])
@@ -268,7 +272,10 @@ def execute(
                 raise Interrupted(_kept(created, saved, run_dir)) from None
             raise
         finally:
-            server.close()
+            if not closed:
+                server.close()
+    import pandas as pd
+
     return RunResult(run_dir, config, pd.DataFrame(rows))
 
 
@@ -302,6 +309,8 @@ def _diverged(config: Config, log: _RunLog, step: RoundDone, reason: str) -> Non
 
 def _draw_curves(run_dir: Path, rows: list[dict[str, Any]], headline: str, run_id: str) -> None:
     """``curves.png``; a plotting failure is reported, not allowed to fail a finished run."""
+    import pandas as pd
+
     try:
         write_curves(run_dir, pd.DataFrame(rows), headline, title=run_id)
     except Exception as error:
