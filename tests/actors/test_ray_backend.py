@@ -4,6 +4,7 @@ and retry, and GPU/CPU request planning."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -345,3 +346,25 @@ def test_actor_killed_between_per_step_exchanges_catches_up_by_replay(ray_sessio
         server.close()
     assert final["grad_norm_sq"] == pytest.approx(reference["grad_norm_sq"].iloc[-1], rel=1e-6, abs=1e-12)
     assert rows[-1]["embedding_exchanges"] == reference["embedding_exchanges"].iloc[-1]
+
+
+DRIVER_WITHOUT_TORCH = """
+import sys
+import fedcomp
+server = sys.argv[2]
+result = fedcomp.run("quickstart", {"federation.backend": "ray", "federation.server": server, "run.rounds": 3,
+                                    "run.checkpoint_every": 2, "run.progress": "none", "run.out": sys.argv[1]})
+print(int(result.final["round"]), (result.run_dir / "checkpoint.pt").is_file(), "torch" in sys.modules)
+"""
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+@pytest.mark.parametrize("server", ["replicated", "actor"])
+def test_a_ray_runs_driver_imports_no_torch(tmp_path, server):
+    """Its checkpoints saved where the server's state lives, the driver handles numbers and bytes: torch's CUDA
+    build would hold ~330 MiB of it (the memory target, benchmarks/MEMORY_REPLICATED.md)."""
+    done = subprocess.run([sys.executable, "-c", DRIVER_WITHOUT_TORCH, str(tmp_path), server], capture_output=True,
+                          text=True, timeout=300, env={**os.environ, "RAY_ADDRESS": ""})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split() == ["3", "True", "False"]

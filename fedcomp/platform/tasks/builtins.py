@@ -48,7 +48,8 @@ AUCForm = Literal["paper", "margin"]
 """The AUC square loss's forms (:data:`fedcomp.losses.auc.AUCForm`; a test keeps the two equal)."""
 
 
-# synthetic classification --------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------- synthetic classification
+
 
 class SyntheticClassificationParams(Params):
     features: int = Field(32, ge=1)
@@ -60,7 +61,8 @@ class SyntheticClassificationParams(Params):
     data_seed: int = Field(0, ge=0, description="seed of the class means, client priors and test set")
 
 
-# invariant logreg ----------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------- invariant logreg
+
 
 class InvariantLogRegParams(Params):
     dim: int = Field(10, ge=1, description="feature dimension d")
@@ -74,7 +76,8 @@ class InvariantLogRegParams(Params):
     identical_client_streams: bool = Field(False, description="official-code variant: every client sees the same data")
 
 
-# sinewave ------------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------------------------------- sinewave
+
 
 class SinewaveParams(Params):
     heterogeneity: Literal["amplitude-bands", "iid", "fcsg-repo"] = Field(
@@ -93,7 +96,8 @@ class SinewaveParams(Params):
     data_seed: int = Field(0, ge=0, description="seed of the held-out tasks")
 
 
-# fewshot -------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------------------ fewshot
+
 
 class FewShotParams(Params):
     ways: int = Field(5, ge=2, description="classes per task (N)")
@@ -136,7 +140,8 @@ class FewShotMnistParams(FewShotParams):
         return value
 
 
-# imbalanced ----------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------------- imbalanced
+
 
 class ImbalancedBinaryParams(Params):
     dataset: Dataset = Field("breast-cancer", description="binary dataset (fedcomp.datasets.binary)")
@@ -183,7 +188,8 @@ class ImbalancedBinaryParams(Params):
     )
 
 
-# minimax quadratic ---------------------------------------------------------------------------------------------
+# -------------------------------------------------------------------------------------------------- minimax quadratic
+
 
 class MinimaxQuadraticParams(Params):
     dim: int = Field(10, ge=1, description="dimension d of x and y")
@@ -195,7 +201,8 @@ class MinimaxQuadraticParams(Params):
     data_seed: int = Field(0, ge=0)
 
 
-# mnist bilevel -------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------------ mnist bilevel
+
 
 class MnistClientsParams(Params):
     source: Literal["mnist5k", "mnist"] = Field("mnist5k", description="offline 5k subset or MNIST from the data root")
@@ -227,7 +234,8 @@ class LossTuningParams(MnistClientsParams):
     layers: Literal[2, 3] = Field(3, description="3: 784-200-100-10 (paper); 2: 784-200-10 (code)")
 
 
-# heterogeneous composition -------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------ heterogeneous composition
+
 
 class HeterogeneousCompositionParams(Params):
     dim: int = Field(10, ge=2, description="dimension d of x")
@@ -239,7 +247,8 @@ class HeterogeneousCompositionParams(Params):
     data_seed: int = Field(0, ge=0)
 
 
-# adult fairness ------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------------------------- adult fairness
+
 
 class AdultFairnessParams(Params):
     epsilon: float = Field(0.01, ge=0, description="constraint slack eps")
@@ -250,7 +259,8 @@ class AdultFairnessParams(Params):
     data_seed: int = Field(0, ge=0, description="seed of the proxy noise and the client split")
 
 
-# dro -----------------------------------------------------------------------------------------------------------
+# ---------------------------------------------------------------------------------------------------------------- dro
+
 
 class DROClassificationParams(Params):
     dataset: Literal["digits-st", "breast-cancer", "cifar10-st", "cifar100-st"] = "digits-st"
@@ -272,7 +282,8 @@ class DROClassificationParams(Params):
     )
 
 
-# declarations ----------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------------- declarations
+
 
 _TASKS = "fedcomp.platform.tasks."
 
