@@ -11,10 +11,11 @@ import io
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import pandas as pd
+
 from fedcomp.platform.results import atomic_write
 
-if TYPE_CHECKING:  # both load where a figure is drawn: a run's driver draws once its actors are gone
-    import pandas as pd
+if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 CURVES = "curves.png"
@@ -23,8 +24,6 @@ FLOAT_COLUMNS = ("floats_up", "floats_down", "embedding_floats_up", "embedding_f
 
 def floats_communicated(df: pd.DataFrame) -> pd.Series:
     """Floats one participating client sent and received so far (every message kind)."""
-    import pandas as pd
-
     present = [c for c in FLOAT_COLUMNS if c in df.columns]
     return df[present].sum(axis=1) if present else pd.Series(0.0, index=df.index)
 
@@ -35,7 +34,6 @@ def build_figure(df: pd.DataFrame, headline: str, title: str = "") -> Figure:
     Uses matplotlib's object API on a bare :class:`~matplotlib.figure.Figure` (no pyplot, no global
     state), so it is safe in any thread and never opens a window.
     """
-    import pandas as pd
     from matplotlib.figure import Figure
 
     x_axes = {"round": df["round"], "floats communicated per client (up + down)": floats_communicated(df)}

@@ -121,17 +121,9 @@ def read_parquet(path: Path) -> pd.DataFrame:
 
 
 def write_metrics(path: Path, rows: list[dict[str, Any]]) -> None:
-    """A run's evaluation rows as ``metrics.parquet``, written atomically: one column per key (in order of first
-    appearance; a row without the key holds null), as a DataFrame of the rows would have it. Written with pyarrow
-    alone: a Ray run's driver writes it every checkpoint and imports pandas only once its actors are gone."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+    import pandas as pd
 
-    names = list(dict.fromkeys(key for row in rows for key in row))
-    table = pa.table({name: pa.array([row.get(name) for row in rows], from_pandas=True) for name in names})
-    buf = io.BytesIO()
-    pq.write_table(table, buf)
-    atomic_write(path, buf.getvalue())
+    write_parquet(path, pd.DataFrame(rows))
 
 
 def checkpoint_bytes(checkpoint: dict[str, Any]) -> bytes:

@@ -21,9 +21,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
-import pyarrow.parquet  # noqa: F401  (metrics.parquet follows each checkpoint at once, not after a 0.4 s import)
+import pandas as pd
 
 from fedcomp.platform import catalog, results, run_checks, tracking
 from fedcomp.platform.config import Config, load_config
@@ -34,9 +34,6 @@ from fedcomp.platform.errors import ConfigError, Diverged, Interrupted, StorageE
 from fedcomp.platform.progress import RunProgress, output_mode
 from fedcomp.platform.server_like import ServerLike
 from fedcomp.platform.signals import farewell
-
-if TYPE_CHECKING:  # pandas loads for the result's frame and the curves, once a run's actors are gone
-    import pandas as pd
 
 ServerFactory = Callable[[Config], ServerLike]
 
@@ -276,8 +273,6 @@ def execute(
         finally:
             if not closed:
                 server.close()
-    import pandas as pd
-
     return RunResult(run_dir, config, pd.DataFrame(rows))
 
 
@@ -311,8 +306,6 @@ def _diverged(config: Config, log: _RunLog, step: RoundDone, reason: str) -> Non
 
 def _draw_curves(run_dir: Path, rows: list[dict[str, Any]], headline: str, run_id: str) -> None:
     """``curves.png``; a plotting failure is reported, not allowed to fail a finished run."""
-    import pandas as pd
-
     try:
         write_curves(run_dir, pd.DataFrame(rows), headline, title=run_id)
     except Exception as error:
