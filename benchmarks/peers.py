@@ -385,6 +385,23 @@ def runner_env(runner: str, pfl_site: Any = None) -> dict[str, str]:
     return env
 
 
+def watch(cmd: list[str], env: dict[str, str], log: Path, timeout_s: float,
+          sample_memory: bool) -> tuple[int | None, TreeMemory]:
+    """Run ``cmd`` in a session of its own, its output to ``log``; with ``sample_memory``, sample its process tree's
+    memory meanwhile. Its exit code (None when it ran past ``timeout_s`` and was killed) and the samples."""
+    with open(log, "w") as log_file:
+        proc = subprocess.Popen(cmd, env=env, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True)
+        memory = TreeMemory(proc.pid)
+        with memory if sample_memory else contextlib.nullcontext():
+            try:
+                return proc.wait(timeout=timeout_s), memory
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+                return None, memory
+
+
 def run_peer(runner: str, workload: Workload, workers: int, repeat: int, spec: Any, work: Any,
              flower_python: Any = None, pfl_site: Any = None, timeout_s: float = 1800,
              sample_memory: bool = False) -> PeerRun:
@@ -394,18 +411,10 @@ def run_peer(runner: str, workload: Workload, workers: int, repeat: int, spec: A
     out, log = work / f"{name}.json", work / f"{name}.log"
     out.unlink(missing_ok=True)
     cmd = runner_command(runner, workers, spec, out, flower_python, memory_run=sample_memory)
-    with open(log, "w") as log_file:
-        launched = time.time()
-        proc = subprocess.Popen(cmd, env=runner_env(runner, pfl_site), stdout=log_file, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
-        memory = TreeMemory(proc.pid)
-        with memory if sample_memory else contextlib.nullcontext():
-            try:
-                rc = proc.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-                raise PlatformError(f"{RUNNER_LABELS[runner]} on {workload.key} ran past {timeout_s:g} s; log: {log}") from None
+    launched = time.time()
+    rc, memory = watch(cmd, runner_env(runner, pfl_site), log, timeout_s, sample_memory)
+    if rc is None:
+        raise PlatformError(f"{RUNNER_LABELS[runner]} on {workload.key} ran past {timeout_s:g} s; log: {log}")
     if rc != 0 or not out.exists():
         lines = log.read_text(errors="replace").strip().splitlines()
         errors = [ln.strip() for ln in lines if re.match(r"\s*[\w.]*(Error|Exception|Exit)\b", ln)]
@@ -537,16 +546,7 @@ def cli_memory(workload: Workload, work: Path, timeout_s: float = 1800) -> TreeM
     spec.write_text(yaml.safe_dump(config.to_dict(), sort_keys=False))
     cmd = [sys.executable, "-m", "fedcomp", "run", str(spec), "--set", f"run.out={work / 'cli-runs'}"]
     log = work / f"cli-{workload.key}.log"
-    with open(log, "w") as log_file:
-        proc = subprocess.Popen(cmd, env=runner_env("ray"), stdout=log_file, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
-        with TreeMemory(proc.pid) as memory:
-            try:
-                rc = proc.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-                rc = -1
+    rc, memory = watch(cmd, runner_env("ray"), log, timeout_s, sample_memory=True)
     if rc != 0:
         raise PlatformError(f"fedcomp run of {workload.key} failed (exit {rc}); log: {log}")
     return memory
@@ -554,13 +554,17 @@ def cli_memory(workload: Workload, work: Path, timeout_s: float = 1800) -> TreeM
 
 def cli_memory_lines(workload: Workload, memory: TreeMemory) -> list[str]:
     """Where the peak of :func:`cli_memory` sits, per process kind."""
+    return [f"- `fedcomp run` (the CLI, writing its results), server replicated on the client actors, {workload.model} "
+            f"{workload.clients} clients, 2 worker(s), peak {memory.peak / 2**20:.0f} MiB: {by_kind(memory.peak_detail)}"]
+
+
+def by_kind(peak_detail: dict[int, tuple[str, int]]) -> str:
+    """The processes at a memory peak summed by name, largest first: ``"name MiB (n processes), ..."``."""
     kinds: dict[str, list[int]] = {}
-    for name, size in memory.peak_detail.values():
+    for name, size in peak_detail.values():
         kinds.setdefault(name, []).append(size)
     parts = sorted(kinds.items(), key=lambda kv: -sum(kv[1]))
-    text = ", ".join(f"{name} {sum(v) / 2**20:.0f}" + (f" ({len(v)} processes)" if len(v) > 1 else "") for name, v in parts)
-    return [f"- `fedcomp run` (the CLI, writing its results), server replicated on the client actors, {workload.model} "
-            f"{workload.clients} clients, 2 worker(s), peak {memory.peak / 2**20:.0f} MiB: {text}"]
+    return ", ".join(f"{name} {sum(v) / 2**20:.0f}" + (f" ({len(v)} processes)" if len(v) > 1 else "") for name, v in parts)
 
 
 def memory_lines(runs: list[PeerRun]) -> list[str]:
@@ -571,14 +575,8 @@ def memory_lines(runs: list[PeerRun]) -> list[str]:
         if not mine:
             continue
         top = max(mine, key=lambda r: (r.workload.clients, r.workers, r.workload.rounds, -r.repeat))
-        kinds: dict[str, list[int]] = {}
-        for name, size in top.peak_detail.values():
-            kinds.setdefault(name, []).append(size)
-        parts = sorted(kinds.items(), key=lambda kv: -sum(kv[1]))
-        text = ", ".join(f"{name} {sum(v) / 2**20:.0f}" + (f" ({len(v)} processes)" if len(v) > 1 else "")
-                         for name, v in parts)
         lines.append(f"- {RUNNER_LABELS[runner]}, {top.workload.model} {top.workload.clients} clients, {top.workers} "
-                     f"worker(s), peak {top.peak_bytes / 2**20:.0f} MiB: {text}")
+                     f"worker(s), peak {top.peak_bytes / 2**20:.0f} MiB: {by_kind(top.peak_detail)}")
     return ["memory at the peak by process (MiB of PSS):", *lines] if lines else []
 
 

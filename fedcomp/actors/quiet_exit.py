@@ -41,7 +41,12 @@ def drop_lost_exits_in_a_worker() -> None:
     """:func:`drop_lost_exits` where this process is a Ray worker; nothing in a driver. For modules whose code Ray
     loads into a worker before anything of it runs: Tune may start a trial process and stop it before it runs a
     trial (once, at the end of a 12-run sweep in ``benchmarks/sweep_overhead.py``)."""
+    if in_a_ray_worker():
+        drop_lost_exits()
+
+
+def in_a_ray_worker() -> bool:
+    """Whether this process is a Ray worker (an actor's or a task's process), not a driver."""
     import ray
 
-    if ray.is_initialized() and ray.get_runtime_context().worker.mode == ray.WORKER_MODE:
-        drop_lost_exits()
+    return ray.is_initialized() and ray.get_runtime_context().worker.mode == ray.WORKER_MODE

@@ -13,7 +13,7 @@ declaration (``@register_algorithm(FEDAVG)``), which gives the class those attri
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 if TYPE_CHECKING:
@@ -87,7 +87,7 @@ def register_algorithm(name: str | AlgorithmDeclaration) -> Callable[[T], T]:
     def decorate(cls: T) -> T:
         if isinstance(name, AlgorithmDeclaration):
             declared = name
-            _adopt(cls, declared, ("HParams", "kind", "description"))
+            _adopt(cls, declared)
         else:
             declared = AlgorithmDeclaration(name, cls.HParams, cls.kind,  # type: ignore[attr-defined]
                                             getattr(cls, "description", ""), cls.__module__)
@@ -106,7 +106,7 @@ def register_task(name: str | TaskDeclaration) -> Callable[[T], T]:
     def decorate(cls: T) -> T:
         if isinstance(name, TaskDeclaration):
             declared = name
-            _adopt(cls, declared, ("Params", "kinds", "metrics", "description", "mode"))
+            _adopt(cls, declared)
         else:
             declared = TaskDeclaration(name, cls.Params, frozenset(cls.kinds), tuple(cls.metrics),  # type: ignore[attr-defined]
                                        getattr(cls, "description", ""), cls.__module__, getattr(cls, "mode", "max"))
@@ -116,8 +116,10 @@ def register_task(name: str | TaskDeclaration) -> Callable[[T], T]:
     return decorate
 
 
-def _adopt(cls: type, declaration: Any, attributes: tuple[str, ...]) -> None:
-    """Set ``attributes`` of ``cls`` from its declaration (the class body must not set them: one place for each)."""
+def _adopt(cls: type, declaration: Any) -> None:
+    """Set the attributes of ``cls`` that its declaration holds (every field but its name and module; the class body
+    must not set them: one place for each)."""
+    attributes = [f.name for f in fields(declaration) if f.name not in ("name", "module")]
     twice = [a for a in attributes if a in vars(cls)]
     if twice:
         raise TypeError(f"{cls.__qualname__} sets {', '.join(twice)}, which its declaration {declaration.name!r} sets")

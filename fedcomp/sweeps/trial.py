@@ -22,7 +22,7 @@ from typing import Any, cast
 from ray import tune
 
 from fedcomp.actors.cluster import floor_share
-from fedcomp.actors.quiet_exit import drop_lost_exits, drop_lost_exits_in_a_worker
+from fedcomp.actors.quiet_exit import drop_lost_exits, drop_lost_exits_in_a_worker, in_a_ray_worker
 from fedcomp.platform import results
 from fedcomp.platform.config import Config
 from fedcomp.platform.errors import ResourceError
@@ -40,9 +40,7 @@ def _torch_before_tunes_streams() -> None:
     ``sys.stderr`` at the trial's log files. torch's loggers take the streams they find at import and flush them at
     exit, when Tune has closed those files: a warning per stream, forwarded to the driver's terminal after a
     Ctrl-C'd sweep's last line. A sweep's driver, which loads this module too, imports no torch here."""
-    import ray
-
-    if ray.is_initialized() and ray.get_runtime_context().worker.mode == ray.WORKER_MODE:
+    if in_a_ray_worker():
         import torch  # noqa: F401
 
 
