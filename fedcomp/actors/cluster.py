@@ -91,8 +91,8 @@ def end_idle_daemons() -> None:
     ``include_dashboard=False``) loads only Ray's usage-statistics module, and ``ray.init`` turns usage statistics
     off for the clusters it starts.
 
-    Together they held 127 MiB of memory for the whole run (the monitor 50, the API server 77:
-    benchmarks/MEMORY_REPLICATED.md). The monitor also cost time at the end: Ray's shutdown stops its GCS before the
+    Together they held 127 MiB of memory for the whole run (the monitor 50, the API server 77, at 08a8103:
+    benchmarks/PERFORMANCE.md). The monitor also cost time at the end: Ray's shutdown stops its GCS before the
     monitor, which answers SIGTERM by reporting its end to that GCS; Ray then waited its 1 s grace and killed it
     (1.0 s of the 1.36 s that ending a local Ray took). Nothing happens where Ray has no such process (joined a
     cluster, shut down already, another Ray version)."""
