@@ -26,6 +26,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from fedcomp.platform import compiled
 from fedcomp.platform.accelerator import ExactSum, configure, exact_sums, one_thread
 from fedcomp.platform.algorithms.base import Algorithm, ClientContext, Exchanged, Outcome, StepInfo, Tensors
 from fedcomp.platform.catalog import algorithm_class, task_class
@@ -211,13 +212,15 @@ class Session:
 
 def _host_entry(method: Callable[Concatenate[ClientHost, P], T]) -> Callable[Concatenate[ClientHost, P], T]:
     """A host's entry point, run with one torch thread under ``run.deterministic`` (:func:`one_thread`) and its
-    SGD steps fused under ``federation.fused_sgd`` (:data:`~fedcomp.platform.oracles.FUSED_SGD`)."""
+    SGD steps fused under ``federation.fused_sgd`` (:data:`~fedcomp.platform.oracles.FUSED_SGD`) and its gradients
+    compiled under ``federation.torch_compile`` (:func:`fedcomp.platform.compiled.enabled`)."""
 
     @functools.wraps(method)
     def wrapper(host: ClientHost, /, *args: P.args, **kwargs: P.kwargs) -> T:
-        token = FUSED_SGD.set(host.config.federation.fused_sgd)
+        fed = host.config.federation
+        token = FUSED_SGD.set(fed.fused_sgd)
         try:
-            with one_thread(host.config.run.deterministic):
+            with one_thread(host.config.run.deterministic), compiled.enabled(fed.torch_compile):
                 return method(host, *args, **kwargs)
         finally:
             FUSED_SGD.reset(token)

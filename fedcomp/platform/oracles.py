@@ -18,6 +18,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from fedcomp.platform import compiled
+
 Loss2 = Callable[[Tensor, Tensor], Tensor]
 
 LOCKSTEP: ContextVar[bool] = ContextVar("lockstep", default=False)
@@ -32,10 +34,15 @@ momentum or FedProx's; :func:`grad_and_loss_factors`) apply the model's linear l
 def grad_and_loss(problem: Any, x: Tensor, *batch: Any) -> tuple[Tensor, Tensor]:
     """Gradient and value of ``problem.loss(x, *batch)`` at ``x``.
 
-    Under ``vmap`` (lockstep clients) by ``torch.func.grad_and_value``; otherwise by plain autograd, which
-    gives the same bits and costs less than half as much per call for small models."""
+    Under ``vmap`` (lockstep clients) by ``torch.func.grad_and_value``; under ``federation.torch_compile``
+    (:data:`fedcomp.platform.compiled.ENABLED`) by its compiled graph where the loss compiles; otherwise by plain autograd, which
+    gives the same bits as ``grad_and_value`` and costs less than half as much per call for small models."""
     if LOCKSTEP.get():
         return torch.func.grad_and_value(lambda z: problem.loss(z, *batch))(x)
+    if compiled.ENABLED.get():
+        done = compiled.grad_and_loss(problem, x, *batch)
+        if done is not None:
+            return done
     x = x.detach().requires_grad_(True)
     value = problem.loss(x, *batch)
     (grad,) = torch.autograd.grad(value, x)
@@ -96,10 +103,11 @@ class Pieces(list[Tensor]):
 def grad_and_loss_pieces(problem: Any, x: Tensor, *batch: Any) -> tuple[Pieces, Tensor]:
     """:func:`grad_and_loss` for in-place steps, the same bits: the parameters' gradients as autograd makes
     them where the problem's model can (:meth:`fedcomp.models.functional.FlatModel.grad_pieces`: no flat
-    vector assembled per call), otherwise the one flat gradient. The caller may overwrite them."""
+    vector assembled per call), otherwise (and under ``federation.torch_compile``) the one flat gradient. The caller
+    may overwrite them."""
     model = getattr(problem, "model", None)
     pieces = getattr(model, "grad_pieces", None)
-    if pieces is not None and not LOCKSTEP.get():
+    if pieces is not None and not LOCKSTEP.get() and not compiled.ENABLED.get():
         done = pieces(lambda z: problem.loss(z, *batch), x)
         if done is not None:
             return Pieces(done[0], model.pieces), done[1]  # type: ignore[union-attr]

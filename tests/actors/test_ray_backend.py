@@ -69,6 +69,34 @@ def test_fused_sgd_gives_the_local_numbers_on_ray_for_any_packing_and_server(kee
         pd.testing.assert_frame_equal(metrics(ray_run), metrics(reference), check_exact=True)
 
 
+@pytest.mark.slow
+def test_torch_compile_gives_the_local_numbers_on_ray_for_any_packing_and_server(keeping, tmp_path):
+    """``federation.torch_compile``: every client process compiles the same graph, so the final weights are the
+    local backend's bit for bit with the server replicated on actors packed 3 + 1 and with the server actor, 2 + 2 --
+    and not the eager run's (the compiled oracle ran)."""
+    from fedcomp.platform.results import CHECKPOINT, read_checkpoint
+
+    raw = {"task": {"name": "synthetic-classification", "features": 8, "classes": 3, "hidden": [16],
+                    "test_samples": 100},
+           "algorithm": {"name": "fedavg", "local_steps": 2, "outer_batch": 8},
+           "federation": {"clients": 4, "backend": "local", "torch_compile": True},
+           "run": {"rounds": 2, "checkpoint_every": 2, "progress": "none", "out": str(tmp_path)}}
+
+    def final_weights(result) -> torch.Tensor:
+        return read_checkpoint(result.run_dir / CHECKPOINT)["server"]["state"]["x"]
+
+    reference = fedcomp.run(raw)
+    weights = final_weights(reference)
+    eager = fedcomp.run(raw, {"federation.torch_compile": False})
+    assert not torch.equal(final_weights(eager), weights)
+    torch.testing.assert_close(final_weights(eager), weights, rtol=1e-5, atol=1e-6)
+    for per_actor, server in ((3, "replicated"), (2, "actor")):
+        ray_run = fedcomp.run(raw, {"federation.backend": "ray", "federation.clients_per_actor": per_actor,
+                                    "federation.server": server})
+        assert torch.equal(final_weights(ray_run), weights), (per_actor, server)
+        pd.testing.assert_frame_equal(metrics(ray_run), metrics(reference), check_exact=True)
+
+
 @pytest.mark.smoke
 def test_partial_participation_same_on_ray(keeping, tmp_path):
     base = small(**{"federation.clients": 12, "federation.clients_per_round": 5, "run.out": str(tmp_path),

@@ -1,0 +1,142 @@
+"""``federation.torch_compile``: the loss gradient by ``torch.compile`` (:mod:`fedcomp.platform.compiled`).
+
+Properties: the compiled oracle gives autograd's gradient and value up to float32 rounding and repeats bit for bit;
+every algorithm whose local steps take it runs compiled, close to its eager run, and repeats its numbers; a loss that
+does not compile -- and a process that would need more graphs than it keeps -- runs eagerly with autograd's very
+bits, after one warning. (The Ray backend's equality with the local one: ``tests/actors/test_ray_backend.py``.)
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pandas as pd
+import pytest
+import torch
+
+import fedcomp
+from fedcomp.platform import compiled
+from fedcomp.platform.catalog import algorithms, load_builtins
+from fedcomp.platform.config import load_config
+from fedcomp.platform.federation import build_task
+from fedcomp.platform.oracles import grad_and_loss
+from fedcomp.platform.rng import generator
+
+MLP_TASK = {"name": "synthetic-classification", "features": 8, "classes": 3, "hidden": [16], "test_samples": 100}
+TASK_FOR_KIND = {
+    "plain": {"name": "imbalanced-binary", "dataset": "breast-cancer"},
+    "conditional": {"name": "invariant-logreg", "dim": 5, "test_samples": 200},
+}
+"""The problem kinds whose algorithms take SGD-type steps by :func:`~fedcomp.platform.oracles.grad_and_loss`, each
+with a tiny task (the conformance suite's)."""
+
+
+def mlp_problem_and_batch():
+    config = load_config({"task": MLP_TASK, "algorithm": {"name": "fedavg"}, "federation": {"clients": 2}})
+    task = build_task(config)
+    problem = task.problem("plain")
+    x = task.init_params(generator(0, "init"))["x"]
+    return problem, x, problem.sample_batch(0, 8, generator(0, "batch"))
+
+
+def test_the_compiled_gradient_is_autograds_up_to_float32_rounding_and_repeats_bit_for_bit():
+    problem, x, batch = mlp_problem_and_batch()
+    grad, value = grad_and_loss(problem, x, batch)
+    with compiled.enabled(True):
+        first = compiled.grad_and_loss(problem, x, batch)
+        again = grad_and_loss(problem, x, batch)
+    assert first is not None and problem.model not in compiled._eager
+    torch.testing.assert_close(first[0], grad, rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(first[1], value, rtol=1e-6, atol=0)
+    assert torch.equal(again[0], first[0]) and torch.equal(again[1], first[1])
+    assert not first[0].requires_grad and not first[1].requires_grad
+
+
+class _BrokenLoss:
+    """A loss dynamo cannot capture in one graph."""
+
+    def loss(self, x: torch.Tensor, batch: torch.Tensor) -> torch.Tensor:
+        squares = (batch @ x) ** 2
+        torch._dynamo.graph_break()
+        return squares.mean()
+
+
+def test_a_loss_that_does_not_compile_runs_eagerly_with_autograds_bits_after_one_warning():
+    problem, x, batch = _BrokenLoss(), torch.randn(3), torch.randn(6, 3)
+    eager = grad_and_loss(problem, x, batch)
+    with warnings.catch_warnings(record=True) as caught, compiled.enabled(True):
+        warnings.simplefilter("always")
+        runs = [grad_and_loss(problem, x, batch) for _ in range(3)]
+    said = [str(w.message) for w in caught if "torch_compile" in str(w.message)]
+    assert len(said) == 1 and said[0].startswith("federation.torch_compile: the loss of _BrokenLoss does not compile"), said
+    for grad, value in runs:
+        assert torch.equal(grad, eager[0]) and torch.equal(value, eager[1])
+
+
+def test_a_process_needing_more_graphs_than_it_keeps_says_so_and_runs_those_steps_eagerly(monkeypatch):
+    class Quadratic:
+        def loss(self, x: torch.Tensor, batch: torch.Tensor) -> torch.Tensor:
+            return ((batch @ x) ** 2).mean()
+
+    torch._dynamo.reset()  # no graphs of earlier tests in this process
+    monkeypatch.setattr(compiled, "RECOMPILE_LIMIT", 1)
+    problem, x = Quadratic(), torch.randn(3)
+    batches = [torch.randn(rows, 3) for rows in (4, 5, 6)]  # a graph for each shape
+    with warnings.catch_warnings(record=True) as caught, compiled.enabled(True):
+        warnings.simplefilter("always")
+        assert compiled.grad_and_loss(problem, x, batches[0]) is not None  # the first shape compiles
+        later = [grad_and_loss(problem, x, b) for b in batches[1:]]
+    said = [str(w.message) for w in caught if "torch_compile" in str(w.message)]
+    assert said == ["federation.torch_compile: the loss of Quadratic does not compile into one graph (this process "
+                    "would hold more than 1 of its graphs); its steps run eagerly"]
+    for batch, (grad, value) in zip(batches[1:], later):
+        eager = grad_and_loss(problem, x, batch)
+        assert torch.equal(grad, eager[0]) and torch.equal(value, eager[1])
+
+
+SGD_ALGORITHMS = sorted(name for name, d in algorithms().items() if d.kind in TASK_FOR_KIND)
+
+
+@pytest.mark.slow
+def test_every_sgd_type_algorithm_runs_compiled_close_to_eager_and_repeats_its_numbers(tmp_path, monkeypatch):
+    """Every registered algorithm of the plain and conditional kinds (the local backend runs its clients in this
+    process, so the compiled oracle's answers are counted here): compiled where its steps take the loss gradient,
+    its metrics within float32 rounding of the eager run's, and a second compiled run equal to the first."""
+    load_builtins()
+    answered = 0
+    real = compiled.grad_and_loss
+
+    def counted(*args, **kwargs):
+        nonlocal answered
+        done = real(*args, **kwargs)
+        answered += done is not None
+        return done
+
+    monkeypatch.setattr(compiled, "grad_and_loss", counted)
+    used = []
+    for name in SGD_ALGORITHMS:
+        raw = {"task": TASK_FOR_KIND[algorithms()[name].kind], "algorithm": {"name": name},
+               "federation": {"backend": "local", "clients": 3},
+               "run": {"rounds": 2, "progress": "none", "track": "none", "out": str(tmp_path)}}
+        eager = fedcomp.run(raw).metrics.drop(columns="wall_time")
+        before = answered
+        runs = [fedcomp.run(raw, {"federation.torch_compile": True}).metrics.drop(columns="wall_time") for _ in range(2)]
+        if answered > before:
+            used.append(name)
+        pd.testing.assert_frame_equal(runs[1], runs[0], check_exact=True)
+        pd.testing.assert_frame_equal(runs[0], eager, rtol=1e-5, atol=1e-6)
+    assert {"fedavg", "fedprox", "local-sgdm", "scaffold", "fcsg", "fcsg-m"} <= set(used), used
+
+
+@pytest.mark.slow
+def test_a_network_with_batchnorm_statistics_runs_eagerly_with_the_eager_numbers(tmp_path):
+    """ResNet20's training forward moves its running statistics (an attribute set on the model, which dynamo does not
+    capture): the run warns and its numbers are the eager run's, bit for bit."""
+    raw = {"task": {"name": "imbalanced-binary", "dataset": "digits", "model": "resnet20"},
+           "algorithm": {"name": "fedavg", "local_steps": 1},
+           "federation": {"backend": "local", "clients": 2},
+           "run": {"rounds": 1, "progress": "none", "track": "none", "out": str(tmp_path)}}
+    eager = fedcomp.run(raw).metrics.drop(columns="wall_time")
+    with pytest.warns(RuntimeWarning, match="the loss of ImbalancedBinary's FlatModel does not compile"):
+        compiled_run = fedcomp.run(raw, {"federation.torch_compile": True}).metrics.drop(columns="wall_time")
+    pd.testing.assert_frame_equal(compiled_run, eager, check_exact=True)
