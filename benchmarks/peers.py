@@ -4,7 +4,8 @@ each run in its own process; writes ``benchmarks/RESULTS.md``.
 
     python benchmarks/peers.py [--quick] [--repeats N]
         [--runners ray ray-driver ray-home ray-graph ray-vmap ray-driver-vmap ray-replicated ray-replicated-vmap
-                   ray-replicated-fused local local-vmap local-fused plain optim pfl flower] [--models small heavy]
+                   ray-replicated-fused ray-replicated-compiled local local-vmap local-fused local-compiled plain optim
+                   pfl flower] [--models small heavy]
                                [--no-install] [--bench-dir DIR] [--results PATH|-]
 
 Every runner is a subprocess started from ``benchmarks/peers/`` (fedcomp's six in this virtualenv, pfl in
@@ -67,10 +68,11 @@ from fedcomp.platform.server import sample_cohort
 PEERS = HERE / "peers"
 """The runners' scripts."""
 FEDCOMP_RUNNERS = ("ray", "ray-driver", "ray-home", "ray-graph", "ray-vmap", "ray-driver-vmap", "ray-replicated",
-                   "ray-replicated-vmap", "ray-replicated-fused", "local", "local-vmap", "local-fused", "plain", "optim")
+                   "ray-replicated-vmap", "ray-replicated-fused", "ray-replicated-compiled", "local", "local-vmap",
+                   "local-fused", "local-compiled", "plain", "optim")
 """The runners of ``peers/fedcomp_runner.py``."""
 RAY_RUNNERS = ("ray", "ray-driver", "ray-home", "ray-graph", "ray-vmap", "ray-driver-vmap", "ray-replicated",
-               "ray-replicated-vmap", "ray-replicated-fused")
+               "ray-replicated-vmap", "ray-replicated-fused", "ray-replicated-compiled")
 PEER_RUNNERS = (*FEDCOMP_RUNNERS, "pfl", "flower")
 RUNNER_LABELS = {"ray": "fedcomp ray", "ray-driver": "fedcomp ray, server in driver",
                  "ray-home": "fedcomp ray, clients at home", "ray-graph": "fedcomp ray, compiled graph",
@@ -78,10 +80,13 @@ RUNNER_LABELS = {"ray": "fedcomp ray", "ray-driver": "fedcomp ray, server in dri
                  "ray-driver-vmap": "fedcomp ray, server in driver, vectorised clients",
                  "ray-replicated": "fedcomp ray, server replicated on the client actors",
                  "ray-replicated-vmap": "fedcomp ray, server replicated, vectorised clients",
-                 "ray-replicated-fused": "fedcomp ray, server replicated, fused SGD steps", "local": "fedcomp local",
+                 "ray-replicated-fused": "fedcomp ray, server replicated, fused SGD steps",
+                 "ray-replicated-compiled": "fedcomp ray, server replicated, gradients compiled (torch.compile)",
+                 "local": "fedcomp local",
                  "local-vmap": "fedcomp local, vectorised clients", "local-fused": "fedcomp local, fused SGD steps",
+                 "local-compiled": "fedcomp local, gradients compiled (torch.compile)",
                  "plain": "plain PyTorch", "optim": "torch.optim loop", "pfl": "pfl", "flower": "Flower"}
-SINGLE_PROCESS = ("local", "local-vmap", "local-fused", "plain", "optim")
+SINGLE_PROCESS = ("local", "local-vmap", "local-fused", "local-compiled", "plain", "optim")
 """Runners that are one process whatever the worker count: run once per workload, shown at 1 worker."""
 MODELS = {"small": (64,), "heavy": (1024, 1024)}
 PEER_COHORT, PEER_LOCAL_STEPS = 10, 5
@@ -517,7 +522,8 @@ def peer_target_lines(runs: list[PeerRun], round_s: dict[tuple[str, str, int], f
         lines.append(f"- fedcomp Ray's round time / pfl's at 2 workers <= {TARGET_PFL_RATIO:g}x: " + ", ".join(against_pfl))
     speedup = [f"{runner} {w.clients}c/{w.rounds}r/{n}w {round_s[('flower', w.key, n)] / round_s[(runner, w.key, n)]:.1f}x"
                for w, n in keys if w.model == "small"
-               for runner in ("ray", "ray-vmap", "ray-driver-vmap", "ray-replicated", "ray-replicated-vmap")
+               for runner in ("ray", "ray-vmap", "ray-driver-vmap", "ray-replicated", "ray-replicated-vmap",
+                              "ray-replicated-compiled")
                if ("flower", w.key, n) in round_s and (runner, w.key, n) in round_s]
     if speedup:
         lines.append(f"- Flower's round time / fedcomp Ray's on the small workload >= {TARGET_FLOWER_SPEEDUP:g}x: "

@@ -64,13 +64,14 @@ TARGET_RATIO = 0.10
 def bench_config(
     clients: int, cohort: int, rounds: int, local_steps: int, hidden: Sequence[int], backend: str,
     actors: int = ACTORS, server: str = "replicated", routing: str = "balanced", transport: str = "calls",
-    vectorise: bool = False, fused_sgd: bool = False,
+    vectorise: bool = False, fused_sgd: bool = False, torch_compile: bool = False,
 ) -> Config:
     """The benchmark workload as a validated fedcomp config (Ray: clients packed into ``actors`` actors, the
     round program ``server`` as ``federation.server`` -- replicated on the client actors, the default, in a server
     actor or in the driver's process; cohort members spread evenly over the actors or, ``routing="home"``, run by the
     actor hosting them; ``transport`` as ``federation.transport`` (not with the server replicated); ``vectorise`` and
-    ``fused_sgd`` as ``federation.vectorise`` and ``federation.fused_sgd``)."""
+    ``fused_sgd`` and ``torch_compile`` as ``federation.vectorise``, ``federation.fused_sgd`` and
+    ``federation.torch_compile``)."""
     return load_config(
         {
             "task": {"name": "synthetic-classification", "features": FEATURES, "classes": CLASSES,
@@ -86,6 +87,7 @@ def bench_config(
                 **({} if server == "replicated" else {"transport": transport}),  # replicated: every call by the group
                 "vectorise": vectorise,
                 "fused_sgd": fused_sgd,
+                "torch_compile": torch_compile,
             },
             "run": {"seed": SEED, "rounds": rounds, "progress": "none"},
         }

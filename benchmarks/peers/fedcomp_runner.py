@@ -4,8 +4,9 @@ process: ``ray-driver``; each cohort member run by the actor hosting it rather t
 members stepped together under ``vmap``, ``federation.vectorise``: ``ray-vmap``; both the last and the server in
 the driver: ``ray-driver-vmap``; the round program replicated on the client actors, ``federation.server:
 replicated``: ``ray-replicated``, and vectorised: ``ray-replicated-vmap``, or with fused SGD steps,
-``federation.fused_sgd``: ``ray-replicated-fused``), the local backend (and vectorised: ``local-vmap``; fused:
-``local-fused``), the plain loop and the same rounds with ``torch.optim.SGD``
+``federation.fused_sgd``: ``ray-replicated-fused``, or with the loss gradient compiled, ``federation.torch_compile``:
+``ray-replicated-compiled``), the local backend (and vectorised: ``local-vmap``; fused: ``local-fused``; compiled:
+``local-compiled``), the plain loop and the same rounds with ``torch.optim.SGD``
 stepping an ``nn.Module`` in place (``optim``).
 
 Each runs in its own process like the peers, so start-up (imports, Ray's start, actors) and the memory
@@ -36,7 +37,8 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runner", required=True, choices=[
         "ray", "ray-driver", "ray-home", "ray-graph", "ray-vmap", "ray-driver-vmap", "ray-replicated",
-        "ray-replicated-vmap", "ray-replicated-fused", "local", "local-vmap", "local-fused", "plain", "optim"])
+        "ray-replicated-vmap", "ray-replicated-fused", "ray-replicated-compiled", "local", "local-vmap", "local-fused",
+        "local-compiled", "plain", "optim"])
     parser.add_argument("--workload", required=True)
     parser.add_argument("--out", required=True)
     parser.add_argument("--memory-run", action="store_true")
@@ -48,14 +50,15 @@ def main() -> None:
     from fedcomp.platform.environment import torch_build
 
     spec = common.load_spec(args.workload)
-    backend = "local" if args.runner in ("local", "local-vmap", "local-fused", "plain", "optim") else "ray"
-    base = args.runner.removesuffix("-vmap").removesuffix("-fused")
+    backend = "local" if args.runner in ("local", "local-vmap", "local-fused", "local-compiled", "plain", "optim") else "ray"
+    base = args.runner.removesuffix("-vmap").removesuffix("-fused").removesuffix("-compiled")
     config = bench_config(int(spec["clients"]), int(spec["cohort"]), int(spec["rounds"]), int(spec["local_steps"]),
                           list(spec["sizes"])[1:-1], backend, actors=int(spec["workers"]),
                           server=SERVERS.get(base, "actor"),
                           routing="home" if args.runner == "ray-home" else "balanced",
                           transport="graph" if args.runner == "ray-graph" else "calls",
-                          vectorise=args.runner.endswith("-vmap"), fused_sgd=args.runner.endswith("-fused"))
+                          vectorise=args.runner.endswith("-vmap"), fused_sgd=args.runner.endswith("-fused"),
+                          torch_compile=args.runner.endswith("-compiled"))
     runs = {"plain": run_plain, "optim": run_optim}
     if args.runner in runs:
         m = runs[args.runner](config, 0)
