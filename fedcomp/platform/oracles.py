@@ -35,8 +35,9 @@ def grad_and_loss(problem: Any, x: Tensor, *batch: Any) -> tuple[Tensor, Tensor]
     """Gradient and value of ``problem.loss(x, *batch)`` at ``x``.
 
     Under ``vmap`` (lockstep clients) by ``torch.func.grad_and_value``; under ``federation.torch_compile``
-    (:data:`fedcomp.platform.compiled.ENABLED`) by its compiled graph where the loss compiles; otherwise by plain autograd, which
-    gives the same bits as ``grad_and_value`` and costs less than half as much per call for small models."""
+    (:data:`fedcomp.platform.compiled.ENABLED`) by its compiled graph where the loss compiles; otherwise by plain
+    autograd, which gives the same bits as ``grad_and_value`` and costs less than half as much per call for small
+    models."""
     if LOCKSTEP.get():
         return torch.func.grad_and_value(lambda z: problem.loss(z, *batch))(x)
     if compiled.ENABLED.get():

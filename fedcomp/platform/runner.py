@@ -31,7 +31,7 @@ from fedcomp.platform.counters import Counters
 from fedcomp.platform.curves import CURVES, write_curves
 from fedcomp.platform.environment import environment, torch_build
 from fedcomp.platform.errors import ConfigError, Diverged, Interrupted, StorageError
-from fedcomp.platform.progress import RunProgress, output_mode
+from fedcomp.platform.progress import RunProgress, announce, output_mode
 from fedcomp.platform.server_like import ServerLike
 from fedcomp.platform.signals import farewell
 
@@ -204,6 +204,9 @@ def execute(
     tracking.require(config.run.track)
     t_start = time.perf_counter()
     with output_mode(config.run.progress):  # "starting local Ray ..." follows run.progress
+        if config.federation.torch_compile:
+            announce("federation.torch_compile: every client process compiles the loss gradient at its first step "
+                     "(seconds; about 20 s on a 2-core CPU before inductor's cache holds the graph)")
         server = make_server(config)
     startup_s = time.perf_counter() - t_start
     log = _RunLog(config, run_id, run_dir, server.describe(), earlier)

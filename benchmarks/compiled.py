@@ -1,0 +1,141 @@
+"""What ``federation.torch_compile`` buys: the loss gradient eagerly and compiled, per call and per round, what the
+first call costs, and how far the numbers move; writes ``benchmarks/COMPILED.md``.
+
+    python benchmarks/compiled.py [--rounds 20] [--repeats 3] [--out benchmarks/COMPILED.md]
+
+Workloads: ``fedcomp bench``'s FedAvg (synthetic-classification, 10 clients per round, 5 local SGD steps of batch 16,
+lr 0.05, one torch thread) on the small MLP 32-64-10 and the heavy MLP 32-1024-1024-10, 100 clients.
+
+* The oracle alone: :func:`fedcomp.platform.oracles.grad_and_loss` at the initial weights on one batch, eagerly (the
+  exact step's autograd) and by the compiled graph, microseconds per call, best of ``repeats`` x 200 calls.
+* The first compiled call in a fresh process (each in a subprocess of its own, ``--first-call``): with an empty
+  inductor cache (``TORCHINDUCTOR_CACHE_DIR`` a new folder: tracing, inductor's code generation and the C++
+  compiler) and again with that folder filled (tracing, the compiled code from the cache).
+* Rounds: the local backend's round time each way (median over rounds, the first round -- where the compiled run
+  compiles -- left out), the two runs alternating within each repeat; and the final weights' largest difference.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import torch
+
+from common import HERE, generated_by, publish
+from fedcomp.bench import bench_config, load_average, run_fedcomp
+from fedcomp.platform import compiled
+from fedcomp.platform.catalog import load_builtins
+from fedcomp.platform.federation import build_task
+from fedcomp.platform.oracles import grad_and_loss
+from fedcomp.platform.rng import generator
+
+MODELS = {"small MLP 32-64-10": [64], "heavy MLP 32-1024-1024-10": [1024, 1024]}
+CLIENTS, COHORT, LOCAL_STEPS, BATCH = 100, 10, 5, 16
+
+
+def oracle_inputs(hidden: list[int]):
+    config = bench_config(CLIENTS, COHORT, 1, LOCAL_STEPS, hidden, "local")
+    task = build_task(config)
+    problem = task.problem("plain")
+    return problem, task.init_params(generator(0, "init"))["x"], problem.sample_batch(0, BATCH, generator(0, "batch"))
+
+
+def oracle_us(hidden: list[int], repeats: int, calls: int = 200) -> tuple[float, float, float]:
+    """Microseconds per call eagerly and compiled (best of ``repeats``), and the gradients' largest difference."""
+    problem, x, batch = oracle_inputs(hidden)
+    eager = grad_and_loss(problem, x, batch)[0]
+    with compiled.enabled(True):
+        done = grad_and_loss(problem, x, batch)[0]  # compiles
+    best = {}
+    for on in (False, True):
+        with compiled.enabled(on):
+            for _ in range(20):
+                grad_and_loss(problem, x, batch)
+            runs = []
+            for _ in range(repeats):
+                started = time.perf_counter()
+                for _ in range(calls):
+                    grad_and_loss(problem, x, batch)
+                runs.append((time.perf_counter() - started) / calls * 1e6)
+        best[on] = min(runs)
+    return best[False], best[True], (done - eager).abs().max().item()
+
+
+def first_call(hidden: list[int], cache: str) -> float:
+    """Seconds of the first compiled call in a fresh process whose inductor cache is ``cache``."""
+    script = [sys.executable, __file__, "--first-call", json.dumps(hidden)]
+    out = subprocess.run(script, env={**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache}, capture_output=True,
+                         text=True, check=True, cwd=HERE)
+    return float(out.stdout.strip().splitlines()[-1])
+
+
+def rounds_ms(hidden: list[int], rounds: int, repeats: int) -> tuple[dict[bool, list[float]], float]:
+    """Each repeat's median round time (ms) eagerly and compiled, alternating; the final weights' largest difference."""
+    times: dict[bool, list[float]] = {False: [], True: []}
+    finals = {}
+    for repeat in range(repeats):
+        for on in (False, True):
+            print(f"compiled: {hidden}, repeat {repeat + 1}/{repeats}, torch_compile={on}", file=sys.stderr, flush=True)
+            config = bench_config(CLIENTS, COHORT, rounds + 1, LOCAL_STEPS, hidden, "local", torch_compile=on)
+            m = run_fedcomp(config, "local", 0)
+            times[on].append(statistics.median(m.round_s[1:]) * 1e3)
+            finals[on] = m.final
+    return times, (finals[True] - finals[False]).abs().max().item()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--out", default=str(HERE / "COMPILED.md"))
+    parser.add_argument("--first-call", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    load_builtins()
+    if args.first_call:
+        problem, x, batch = oracle_inputs(json.loads(args.first_call))
+        started = time.perf_counter()
+        with compiled.enabled(True):
+            assert compiled.grad_and_loss(problem, x, batch) is not None
+        print(time.perf_counter() - started)
+        return 0
+    load_before = load_average()
+    rows = []
+    for label, hidden in MODELS.items():
+        eager_us, compiled_us, grad_diff = oracle_us(hidden, args.repeats)
+        with tempfile.TemporaryDirectory() as cache:
+            cold, warm = first_call(hidden, cache), first_call(hidden, cache)
+        times, weights_diff = rounds_ms(hidden, args.rounds, args.repeats)
+        ms = {on: statistics.median(t) for on, t in times.items()}
+        ratios = [c / e for e, c in zip(times[False], times[True])]
+        rows.append(f"| {label} | {eager_us:.0f} | {compiled_us:.0f} | {compiled_us / eager_us:.2f}x | {grad_diff:.1e} "
+                    f"| {cold:.1f} | {warm:.1f} | {ms[False]:.2f} | {ms[True]:.2f} | {statistics.median(ratios):.2f}x "
+                    f"({min(ratios):.2f}-{max(ratios):.2f}) | {weights_diff:.1e} |")
+    lines = [
+        "# The loss gradient compiled (`federation.torch_compile`)", "",
+        generated_by() + f"; load average before: {load_before}, after: {load_average()}.", "",
+        f"Oracle: `grad_and_loss` at the initial weights on one batch of {BATCH}, best of {args.repeats} x 200 calls. "
+        "First call: a fresh process's first compiled call, with an empty inductor cache (cold) and with the cache "
+        f"that call filled (warm). Rounds: FedAvg on the local backend, {CLIENTS} clients, {COHORT} per round, "
+        f"{LOCAL_STEPS} local steps, {args.rounds} rounds after the first, median over rounds and then over "
+        f"{args.repeats} repeats (eager and compiled alternating; paired: compiled / eager within each repeat, median "
+        "(range)). Differences: the largest absolute difference from the eager numbers (gradient at the initial "
+        "weights; final weights).", "",
+        "| model | oracle eager (us) | oracle compiled (us) | compiled / eager | gradient diff | first call, cold (s) "
+        "| first call, warm (s) | round eager (ms) | round compiled (ms) | compiled / eager paired | final weights diff |",
+        "|:---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        *rows,
+    ]
+    publish("\n".join(lines), args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
