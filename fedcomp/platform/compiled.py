@@ -1,8 +1,9 @@
 """The first-order oracle compiled by ``torch.compile`` (``federation.torch_compile``).
 
 A small model's SGD step is mostly the framework's own work per operator -- autograd's graph, the Python of the
-forward, one kernel launch per operation -- rather than arithmetic: the MLP 32-64-10 at batch 16 takes about 0.2 ms
-per gradient eagerly on one CPU thread and 0.06 ms compiled (``benchmarks/COMPILED.md``). Under
+forward, one kernel launch per operation -- rather than arithmetic: the MLP 32-64-10 at batch 16 took 0.30 ms per
+gradient eagerly on one CPU thread and 0.08 ms compiled (``benchmarks/COMPILED.md``; the heavy MLP 32-1024-1024-10's
+3.2 and 2.4 ms, and its in-place exact steps no slower than the compiled ones). Under
 ``federation.torch_compile`` the gradient and value of a problem's loss (:func:`fedcomp.platform.oracles.grad_and_loss`,
 the oracle of every SGD-type local step) come from one graph per problem type and shape, traced through
 ``torch.func.grad_and_value`` and compiled by inductor, in every process that runs clients.
@@ -17,6 +18,7 @@ where a client runs.
 
 from __future__ import annotations
 
+import logging
 import warnings
 import weakref
 from collections.abc import Callable, Iterator
@@ -50,6 +52,7 @@ def enabled(on: bool) -> Iterator[None]:
     from torch._dynamo import config as dynamo
     from torch._inductor import config as inductor
 
+    _quiet_cuda_home()
     token = ENABLED.set(True)
     try:
         with ExitStack() as settings:
@@ -58,6 +61,18 @@ def enabled(on: bool) -> Iterator[None]:
             yield
     finally:
         ENABLED.reset(token)
+
+
+def _no_cuda_runtime(record: logging.LogRecord) -> bool:
+    return not record.getMessage().startswith("No CUDA runtime is found")
+
+
+def _quiet_cuda_home() -> None:
+    """Keep inductor's C++ toolchain from saying, in every client process of a CPU run, that it found no CUDA runtime
+    (``torch.utils.cpp_extension`` logs it as it is imported: where CUDA_HOME points, which a CPU graph never uses)."""
+    log = logging.getLogger("torch.utils.cpp_extension")
+    if _no_cuda_runtime not in log.filters:
+        log.addFilter(_no_cuda_runtime)
 
 
 def _grad_and_value(problem: Any, x: Tensor, *batch: Any) -> tuple[Tensor, Tensor]:

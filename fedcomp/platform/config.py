@@ -116,7 +116,7 @@ class FederationConfig(Params):
         description="compute the clients' loss gradients -- the oracle of SGD-type local steps: FedAvg and its "
         "server-optimiser variants, FedProx, LocalSGDM(-RL), SCAFFOLD, FCSG, FCSG-M, Acc-FCSG-M -- by torch.compile "
         "(inductor; one graph per problem and batch shape): faster per step where the model is small; each client "
-        "process compiles at its first step (seconds, and about 20 s on a 2-core CPU before inductor's cache in the "
+        "process compiles at its first step (seconds; 15-20 s on a 2-core CPU before inductor's cache in the "
         "temporary directory holds the graph); equal to the eager numbers up to float32 rounding (not bit for bit), "
         "bitwise the same on every backend and packing on machines of one kind; a loss that does not compile runs "
         "eagerly, with a warning. Not with vectorise or fused_sgd",
