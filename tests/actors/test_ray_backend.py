@@ -42,16 +42,28 @@ def test_same_numbers_on_local_and_ray_for_even_and_uneven_packings_and_either_s
         pd.testing.assert_frame_equal(metrics(ray_run), reference, check_exact=True)
 
 
+ROUNDED_OPTIONS = {
+    "fused_sgd": {"name": "synthetic-classification", "features": 32, "hidden": [320, 300], "test_samples": 200},
+    "torch_compile": {"name": "synthetic-classification", "features": 8, "classes": 3, "hidden": [16],
+                      "test_samples": 100},
+}
+"""The options equal to the exact run up to float32 rounding, each with a task it changes: ``fused_sgd`` on a network
+large enough to be stepped in place (110k weights), ``torch_compile`` on a small MLP."""
+
+
 @pytest.mark.slow
-def test_fused_sgd_gives_the_local_numbers_on_ray_for_any_packing_and_server(keeping, tmp_path):
-    """``federation.fused_sgd`` on a network large enough to be stepped in place (110k weights): the same final
-    weights, bit for bit, on the local backend, with the server replicated on actors packed 3 + 1 and with the server
-    actor, 2 + 2 -- and not the exact step's (the metrics alone would not tell: they agree to their last digit)."""
+@pytest.mark.parametrize("option", list(ROUNDED_OPTIONS))
+def test_an_option_that_rounds_otherwise_gives_the_local_numbers_on_ray_for_any_packing_and_server(
+    keeping, tmp_path, option
+):
+    """``federation.fused_sgd`` and ``federation.torch_compile``: the same final weights, bit for bit, on the local
+    backend, with the server replicated on actors packed 3 + 1 and with the server actor, 2 + 2 -- and not the exact
+    run's (the option ran; the metrics alone would not tell: they agree to their last digit)."""
     from fedcomp.platform.results import CHECKPOINT, read_checkpoint
 
-    raw = {"task": {"name": "synthetic-classification", "features": 32, "hidden": [320, 300], "test_samples": 200},
+    raw = {"task": ROUNDED_OPTIONS[option],
            "algorithm": {"name": "fedavg", "lr": 0.05, "local_steps": 2, "outer_batch": 8},
-           "federation": {"clients": 4, "backend": "local", "fused_sgd": True},
+           "federation": {"clients": 4, "backend": "local", option: True},
            "run": {"rounds": 2, "checkpoint_every": 2, "progress": "none", "out": str(tmp_path)}}
 
     def final_weights(result) -> torch.Tensor:
@@ -59,37 +71,9 @@ def test_fused_sgd_gives_the_local_numbers_on_ray_for_any_packing_and_server(kee
 
     reference = fedcomp.run(raw)
     weights = final_weights(reference)
-    exact = fedcomp.run(raw, {"federation.fused_sgd": False})
-    assert not torch.equal(final_weights(exact), weights)  # the fused steps ran: other roundings
+    exact = fedcomp.run(raw, {f"federation.{option}": False})
+    assert not torch.equal(final_weights(exact), weights)  # the option ran: other roundings
     torch.testing.assert_close(final_weights(exact), weights, rtol=1e-5, atol=1e-6)
-    for per_actor, server in ((3, "replicated"), (2, "actor")):
-        ray_run = fedcomp.run(raw, {"federation.backend": "ray", "federation.clients_per_actor": per_actor,
-                                    "federation.server": server})
-        assert torch.equal(final_weights(ray_run), weights), (per_actor, server)
-        pd.testing.assert_frame_equal(metrics(ray_run), metrics(reference), check_exact=True)
-
-
-@pytest.mark.slow
-def test_torch_compile_gives_the_local_numbers_on_ray_for_any_packing_and_server(keeping, tmp_path):
-    """``federation.torch_compile``: every client process compiles the same graph, so the final weights are the
-    local backend's bit for bit with the server replicated on actors packed 3 + 1 and with the server actor, 2 + 2 --
-    and not the eager run's (the compiled oracle ran)."""
-    from fedcomp.platform.results import CHECKPOINT, read_checkpoint
-
-    raw = {"task": {"name": "synthetic-classification", "features": 8, "classes": 3, "hidden": [16],
-                    "test_samples": 100},
-           "algorithm": {"name": "fedavg", "local_steps": 2, "outer_batch": 8},
-           "federation": {"clients": 4, "backend": "local", "torch_compile": True},
-           "run": {"rounds": 2, "checkpoint_every": 2, "progress": "none", "out": str(tmp_path)}}
-
-    def final_weights(result) -> torch.Tensor:
-        return read_checkpoint(result.run_dir / CHECKPOINT)["server"]["state"]["x"]
-
-    reference = fedcomp.run(raw)
-    weights = final_weights(reference)
-    eager = fedcomp.run(raw, {"federation.torch_compile": False})
-    assert not torch.equal(final_weights(eager), weights)
-    torch.testing.assert_close(final_weights(eager), weights, rtol=1e-5, atol=1e-6)
     for per_actor, server in ((3, "replicated"), (2, "actor")):
         ray_run = fedcomp.run(raw, {"federation.backend": "ray", "federation.clients_per_actor": per_actor,
                                     "federation.server": server})
