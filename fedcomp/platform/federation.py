@@ -220,7 +220,8 @@ def _host_entry(method: Callable[Concatenate[ClientHost, P], T]) -> Callable[Con
         fed = host.config.federation
         token = FUSED_SGD.set(fed.fused_sgd)
         try:
-            with one_thread(host.config.run.deterministic), compiled.enabled(fed.torch_compile):
+            eager = host.not_compiled if fed.torch_compile else None
+            with one_thread(host.config.run.deterministic), compiled.enabled(eager):
                 return method(host, *args, **kwargs)
         finally:
             FUSED_SGD.reset(token)
@@ -245,6 +246,9 @@ class ClientHost:
         """Every call's float64 sums, each client's outputs added as the client finishes."""
         self.session: Session | None = None
         """The generator program in progress (between ``begin`` and its last ``resume``)."""
+        self.not_compiled: set[object] = set()
+        """Under ``federation.torch_compile``: the losses found not to compile, which run eagerly from then on
+        (:mod:`fedcomp.platform.compiled`)."""
 
     def load_private(self, states: dict[int, Tensors]) -> None:
         """Restore private states (after a checkpoint or when this host replaces a dead one), copied into memory of

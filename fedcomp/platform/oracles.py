@@ -40,7 +40,7 @@ def grad_and_loss(problem: Any, x: Tensor, *batch: Any) -> tuple[Tensor, Tensor]
     models."""
     if LOCKSTEP.get():
         return torch.func.grad_and_value(lambda z: problem.loss(z, *batch))(x)
-    if compiled.ENABLED.get():
+    if compiled.ENABLED.get() is not None:
         done = compiled.grad_and_loss(problem, x, *batch)
         if done is not None:
             return done
@@ -108,7 +108,7 @@ def grad_and_loss_pieces(problem: Any, x: Tensor, *batch: Any) -> tuple[Pieces, 
     may overwrite them."""
     model = getattr(problem, "model", None)
     pieces = getattr(model, "grad_pieces", None)
-    if pieces is not None and not LOCKSTEP.get() and not compiled.ENABLED.get():
+    if pieces is not None and not LOCKSTEP.get() and compiled.ENABLED.get() is None:
         done = pieces(lambda z: problem.loss(z, *batch), x)
         if done is not None:
             return Pieces(done[0], model.pieces), done[1]  # type: ignore[union-attr]
@@ -155,10 +155,15 @@ def grad_xy(loss: Loss2, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
 
 def grad_xy_and_value(loss: Loss2, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """(d loss / dx, d loss / dy, loss) at (x, y) from one forward and one backward pass; a variable the loss
-    does not use gets a zero gradient. Under lockstep clients by ``torch.func.grad_and_value``."""
+    does not use gets a zero gradient. Under lockstep clients by ``torch.func.grad_and_value``; under
+    ``federation.torch_compile`` by its compiled graph where the loss compiles."""
     if LOCKSTEP.get():
         (gx, gy), value = torch.func.grad_and_value(loss, argnums=(0, 1))(x, y)
         return gx, gy, value
+    if compiled.ENABLED.get() is not None:
+        done = compiled.grad_xy_and_value(loss, x, y)
+        if done is not None:
+            return done
     x, y = _leaves(x, y)
     value = loss(x, y)
     gx, gy = torch.autograd.grad(value, (x, y), allow_unused=True)

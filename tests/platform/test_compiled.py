@@ -1,9 +1,9 @@
 """``federation.torch_compile``: the loss gradient by ``torch.compile`` (:mod:`fedcomp.platform.compiled`).
 
-Properties: the compiled oracle gives autograd's gradient and value up to float32 rounding and repeats bit for bit;
-every algorithm whose local steps take it runs compiled, close to its eager run, and repeats its numbers; a loss that
-does not compile -- and a process that would need more graphs than it keeps -- runs eagerly with autograd's very
-bits, after one warning. (The Ray backend's equality with the local one: ``tests/actors/test_ray_backend.py``.)
+Properties: the compiled oracles give autograd's gradients and value up to float32 rounding and repeat bit for bit;
+every algorithm whose local steps take them runs compiled, close to its eager run, and repeats its numbers; a loss
+that does not compile -- and a process that would need more graphs than it keeps -- runs eagerly with autograd's very
+bits for the rest of the run, after one warning. (The Ray backend's equality with the local one: ``tests/actors/test_ray_backend.py``.)
 """
 
 from __future__ import annotations
@@ -19,16 +19,20 @@ from fedcomp.platform import compiled
 from fedcomp.platform.catalog import algorithms, load_builtins
 from fedcomp.platform.config import load_config
 from fedcomp.platform.federation import build_task
-from fedcomp.platform.oracles import grad_and_loss
+from fedcomp.platform.oracles import grad_and_loss, grad_xy_and_value
 from fedcomp.platform.rng import generator
 
 MLP_TASK = {"name": "synthetic-classification", "features": 8, "classes": 3, "hidden": [16], "test_samples": 100}
+BREAST_CANCER = {"name": "imbalanced-binary", "dataset": "breast-cancer"}
 TASK_FOR_KIND = {
-    "plain": {"name": "imbalanced-binary", "dataset": "breast-cancer"},
+    "plain": BREAST_CANCER,
     "conditional": {"name": "invariant-logreg", "dim": 5, "test_samples": 200},
+    "minimax": BREAST_CANCER,
+    "compositional-minimax": BREAST_CANCER,
 }
-"""The problem kinds whose algorithms take SGD-type steps by :func:`~fedcomp.platform.oracles.grad_and_loss`, each
-with a tiny task (the conformance suite's)."""
+"""The problem kinds whose algorithms' steps take :func:`~fedcomp.platform.oracles.grad_and_loss` (SGD-type) or
+:func:`~fedcomp.platform.oracles.grad_xy_and_value` (gradient descent-ascent), each with a tiny task (the conformance
+suite's)."""
 
 
 def mlp_problem_and_batch():
@@ -42,14 +46,32 @@ def mlp_problem_and_batch():
 def test_the_compiled_gradient_is_autograds_up_to_float32_rounding_and_repeats_bit_for_bit():
     problem, x, batch = mlp_problem_and_batch()
     grad, value = grad_and_loss(problem, x, batch)
-    with compiled.enabled(True):
+    eager_losses: set[object] = set()
+    with compiled.enabled(eager_losses):
         first = compiled.grad_and_loss(problem, x, batch)
         again = grad_and_loss(problem, x, batch)
-    assert first is not None and problem.model not in compiled._eager
+    assert first is not None and not eager_losses
     torch.testing.assert_close(first[0], grad, rtol=1e-5, atol=1e-7)
     torch.testing.assert_close(first[1], value, rtol=1e-6, atol=0)
     assert torch.equal(again[0], first[0]) and torch.equal(again[1], first[1])
     assert not first[0].requires_grad and not first[1].requires_grad
+
+
+def test_both_compiled_partial_gradients_are_autograds_up_to_float32_rounding_with_zeros_for_an_unused_variable():
+    gen = torch.Generator().manual_seed(0)
+    a, x, y = torch.randn(8, 5, generator=gen), torch.randn(5, generator=gen), torch.randn(3, generator=gen)
+    saddle = lambda u, v: torch.tanh(a @ u).mean() * v.sum() - 0.5 * (v**2).sum()  # noqa: E731
+    x_only = lambda u, v: torch.tanh(a @ u).pow(2).mean()  # noqa: E731
+    for loss in (saddle, x_only):
+        eager = grad_xy_and_value(loss, x, y)
+        with compiled.enabled(set()):
+            done = compiled.grad_xy_and_value(loss, x, y)
+            again = grad_xy_and_value(loss, x, y)
+        assert done is not None
+        for got, want, repeat in zip(done, eager, again):
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-7)
+            assert torch.equal(repeat, got) and not got.requires_grad
+    assert torch.equal(done[1], torch.zeros(3))  # y unused by x_only
 
 
 class _BrokenLoss:
@@ -64,7 +86,7 @@ class _BrokenLoss:
 def test_a_loss_that_does_not_compile_runs_eagerly_with_autograds_bits_after_one_warning():
     problem, x, batch = _BrokenLoss(), torch.randn(3), torch.randn(6, 3)
     eager = grad_and_loss(problem, x, batch)
-    with warnings.catch_warnings(record=True) as caught, compiled.enabled(True):
+    with warnings.catch_warnings(record=True) as caught, compiled.enabled(set()):
         warnings.simplefilter("always")
         runs = [grad_and_loss(problem, x, batch) for _ in range(3)]
     said = [str(w.message) for w in caught if "torch_compile" in str(w.message)]
@@ -82,7 +104,7 @@ def test_a_process_needing_more_graphs_than_it_keeps_says_so_and_runs_those_step
     monkeypatch.setattr(compiled, "RECOMPILE_LIMIT", 1)
     problem, x = Quadratic(), torch.randn(3)
     batches = [torch.randn(rows, 3) for rows in (4, 5, 6)]  # a graph for each shape
-    with warnings.catch_warnings(record=True) as caught, compiled.enabled(True):
+    with warnings.catch_warnings(record=True) as caught, compiled.enabled(set()):
         warnings.simplefilter("always")
         assert compiled.grad_and_loss(problem, x, batches[0]) is not None  # the first shape compiles
         later = [grad_and_loss(problem, x, b) for b in batches[1:]]
@@ -94,27 +116,30 @@ def test_a_process_needing_more_graphs_than_it_keeps_says_so_and_runs_those_step
         assert torch.equal(grad, eager[0]) and torch.equal(value, eager[1])
 
 
-SGD_ALGORITHMS = sorted(name for name, d in algorithms().items() if d.kind in TASK_FOR_KIND)
+GRADIENT_ALGORITHMS = sorted(name for name, d in algorithms().items() if d.kind in TASK_FOR_KIND)
 
 
 @pytest.mark.slow
-def test_every_sgd_type_algorithm_runs_compiled_close_to_eager_and_repeats_its_numbers(tmp_path, monkeypatch):
-    """Every registered algorithm of the plain and conditional kinds takes its steps' gradients compiled (the local
-    backend runs its clients in this process, so the compiled oracle's answers are counted here), its metrics within
-    float32 rounding of the eager run's, and a second compiled run repeats the first bit for bit."""
+def test_every_gradient_step_algorithm_runs_compiled_close_to_eager_and_repeats_its_numbers(tmp_path, monkeypatch):
+    """Every registered algorithm of the plain, conditional, minimax and compositional-minimax kinds takes its steps'
+    gradients compiled (the local backend runs its clients in this process, so the compiled oracles' answers are
+    counted here), its metrics within float32 rounding of the eager run's, and a second compiled run repeats the first
+    bit for bit."""
     load_builtins()
     answered = 0
-    real = compiled.grad_and_loss
 
-    def counted(*args, **kwargs):
-        nonlocal answered
-        done = real(*args, **kwargs)
-        answered += done is not None
-        return done
+    def counting(oracle):
+        def counted(*args, **kwargs):
+            nonlocal answered
+            done = oracle(*args, **kwargs)
+            answered += done is not None
+            return done
+        return counted
 
-    monkeypatch.setattr(compiled, "grad_and_loss", counted)
+    for oracle in ("grad_and_loss", "grad_xy_and_value"):
+        monkeypatch.setattr(compiled, oracle, counting(getattr(compiled, oracle)))
     used = []
-    for name in SGD_ALGORITHMS:
+    for name in GRADIENT_ALGORITHMS:
         raw = {"task": TASK_FOR_KIND[algorithms()[name].kind], "algorithm": {"name": name},
                "federation": {"backend": "local", "clients": 3},
                "run": {"rounds": 2, "progress": "none", "track": "none", "out": str(tmp_path)}}
@@ -125,7 +150,7 @@ def test_every_sgd_type_algorithm_runs_compiled_close_to_eager_and_repeats_its_n
             used.append(name)
         pd.testing.assert_frame_equal(runs[1], runs[0], check_exact=True)
         pd.testing.assert_frame_equal(runs[0], eager, rtol=1e-5, atol=1e-6)
-    assert used == SGD_ALGORITHMS and {"fedavg", "scaffold", "fcsg-m", "acc-fcsg-m"} <= set(used), used
+    assert used == GRADIENT_ALGORITHMS and {"fedavg", "scaffold", "acc-fcsg-m", "coda-plus", "local-scgdam"} <= set(used), used
 
 
 @pytest.mark.slow
@@ -137,7 +162,7 @@ def test_a_network_with_batchnorm_statistics_runs_eagerly_with_the_eager_numbers
            "federation": {"backend": "local", "clients": 2},
            "run": {"rounds": 1, "progress": "none", "track": "none", "out": str(tmp_path)}}
     eager = fedcomp.run(raw).metrics.drop(columns="wall_time")
-    with pytest.warns(RuntimeWarning, match="the loss of ImbalancedBinary's FlatModel does not compile"):
+    with pytest.warns(RuntimeWarning, match="the loss of ImbalancedBinary does not compile"):
         compiled_run = fedcomp.run(raw, {"federation.torch_compile": True}).metrics.drop(columns="wall_time")
     pd.testing.assert_frame_equal(compiled_run, eager, check_exact=True)
 
