@@ -1,9 +1,9 @@
 """The first-order oracles compiled by ``torch.compile`` (``federation.torch_compile``).
 
 A small model's step is mostly the framework's own work per operator -- autograd's graph, the Python of the
-forward, one kernel launch per operation -- rather than arithmetic: the MLP 32-64-10 at batch 16 took 0.30 ms per
-gradient eagerly on one CPU thread and 0.08 ms compiled (``benchmarks/COMPILED.md``; the heavy MLP 32-1024-1024-10's
-3.2 and 2.4 ms, and its in-place exact steps no slower than the compiled ones). Under ``federation.torch_compile``
+forward, one kernel launch per operation -- rather than arithmetic: the MLP 32-64-10 at batch 16 took 0.20 ms per
+gradient eagerly on one CPU thread and 0.07 ms compiled (``benchmarks/COMPILED.md``; the heavy MLP 32-1024-1024-10's
+2.8 and 2.1 ms, and its in-place exact steps no slower than the compiled ones). Under ``federation.torch_compile``
 the gradient and value of a problem's loss (:func:`fedcomp.platform.oracles.grad_and_loss`, the oracle of every
 SGD-type local step) and both partial gradients of a two-variable loss (:func:`~fedcomp.platform.oracles.grad_xy`
 and its kin, the minimax steps') come from one graph per loss and shape, ``torch.func.grad_and_value`` traced by

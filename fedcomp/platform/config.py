@@ -113,13 +113,14 @@ class FederationConfig(Params):
     )
     torch_compile: bool = Field(
         False,
-        description="compute the clients' loss gradients -- the oracle of SGD-type local steps: FedAvg and its "
-        "server-optimiser variants, FedProx, LocalSGDM(-RL), SCAFFOLD, FCSG, FCSG-M, Acc-FCSG-M -- by torch.compile "
-        "(inductor; one graph per problem and batch shape): faster per step where the model is small; each client "
-        "process compiles at its first step (seconds; 15-20 s on a 2-core CPU before inductor's cache in the "
-        "temporary directory holds the graph); equal to the eager numbers up to float32 rounding (not bit for bit), "
-        "bitwise the same on every backend and packing on machines of one kind; a loss that does not compile runs "
-        "eagerly, with a warning. Not with vectorise or fused_sgd",
+        description="compute the clients' loss gradients by torch.compile (inductor; one graph per loss and batch "
+        "shape): the gradient of SGD-type local steps (FedAvg and its server-optimiser variants, FedProx, "
+        "LocalSGDM(-RL), SCAFFOLD, FCSG, FCSG-M, Acc-FCSG-M) and both partial gradients of descent-ascent steps "
+        "(CoDA, CODA+, FedAvg-S, LocalSGDAM, LocalSCGDAM's outer step); faster per step where the model is small; "
+        "each client process compiles at its first step (seconds; 14-19 s on a 2-core CPU before inductor's cache in "
+        "the temporary directory holds the graph); equal to the eager numbers up to float32 rounding (not bit for "
+        "bit), bitwise the same on every backend and packing on machines of one kind; a loss that does not compile "
+        "runs eagerly for the rest of the run, with a warning. Not with vectorise or fused_sgd",
     )
 
     @model_validator(mode="after")
