@@ -6,7 +6,7 @@ gradient eagerly on one CPU thread and 0.07 ms compiled (``benchmarks/COMPILED.m
 2.8 and 2.1 ms, and its in-place exact steps no slower than the compiled ones). Under ``federation.torch_compile``
 the gradient and value of a problem's loss (:func:`fedcomp.platform.oracles.grad_and_loss`, the oracle of every
 SGD-type local step) and both partial gradients of a two-variable loss (:func:`~fedcomp.platform.oracles.grad_xy`
-and its kin, the minimax steps') come from one graph per loss and shape, ``torch.func.grad_and_value`` traced by
+and its kin: the minimax steps', FedNest's outer steps') come from one graph per loss and shape, ``torch.func.grad_and_value`` traced by
 dynamo and compiled by inductor, in every process that runs clients.
 
 Numbers: the compiled kernels add and fuse in other orders than the eager ones, so a compiled run equals the eager
@@ -119,5 +119,6 @@ def grad_and_loss(problem: Any, x: Tensor, *batch: Any) -> tuple[Tensor, Tensor]
 def grad_xy_and_value(loss: Callable[[Tensor, Tensor], Tensor], x: Tensor, y: Tensor) -> tuple[Tensor, Tensor, Tensor] | None:
     """(d loss / dx, d loss / dy, loss) at (x, y) by the compiled graph for the loss's code and the shapes (zeros for
     a variable the loss does not use, as the eager oracle gives); None where the loss does not compile."""
-    done = _compiled(_both_grads, loss.__code__, loss.__qualname__, loss, x.detach(), y.detach())
+    key = getattr(loss, "__code__", type(loss))  # a function's code: the same for each step's new lambda
+    done = _compiled(_both_grads, key, getattr(loss, "__qualname__", type(loss).__name__), loss, x.detach(), y.detach())
     return None if done is None else (done[0][0], done[0][1], done[1].detach())

@@ -29,10 +29,11 @@ TASK_FOR_KIND = {
     "conditional": {"name": "invariant-logreg", "dim": 5, "test_samples": 200},
     "minimax": BREAST_CANCER,
     "compositional-minimax": BREAST_CANCER,
+    "bilevel": {"name": "hyper-representation", "hidden": 3, "per_client": 20},
 }
 """The problem kinds whose algorithms' steps take :func:`~fedcomp.platform.oracles.grad_and_loss` (SGD-type) or
-:func:`~fedcomp.platform.oracles.grad_xy_and_value` (gradient descent-ascent), each with a tiny task (the conformance
-suite's)."""
+:func:`~fedcomp.platform.oracles.grad_xy_and_value` (gradient descent-ascent; FedNest's outer gradients), each with a
+tiny task (the conformance suite's)."""
 
 
 def mlp_problem_and_batch():
@@ -121,8 +122,8 @@ GRADIENT_ALGORITHMS = sorted(name for name, d in algorithms().items() if d.kind 
 
 @pytest.mark.slow
 def test_every_gradient_step_algorithm_runs_compiled_close_to_eager_and_repeats_its_numbers(tmp_path, monkeypatch):
-    """Every registered algorithm of the plain, conditional, minimax and compositional-minimax kinds takes its steps'
-    gradients compiled (the local backend runs its clients in this process, so the compiled oracles' answers are
+    """Every registered algorithm of the plain, conditional, minimax, compositional-minimax and bilevel kinds takes its
+    steps' gradients compiled (the local backend runs its clients in this process, so the compiled oracles' answers are
     counted here), its metrics within float32 rounding of the eager run's, and a second compiled run repeats the first
     bit for bit."""
     load_builtins()
