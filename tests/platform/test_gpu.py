@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 from torch.overrides import TorchFunctionMode
@@ -382,6 +383,20 @@ def test_fused_sgd_on_cuda_matches_the_exact_step_to_float32_rounding_and_repeat
     exact, fused, again = final_weights("exact", False), final_weights("fused", True), final_weights("again", True)
     assert torch.equal(fused, again)
     torch.testing.assert_close(fused, exact, rtol=1e-5, atol=1e-6)
+
+
+@CUDA
+def test_torch_compile_on_cuda_matches_eager_to_float32_rounding_and_repeats_bit_for_bit(tmp_path) -> None:
+    """``federation.torch_compile`` on the GPU (inductor's Triton kernels, under ``run.deterministic``): a second
+    compiled run repeats the first, and both are the eager run's up to float32 rounding (not yet run: written for
+    the first GPU session)."""
+    preset, overrides = GPU_CASES["auc-mlp-fedavg"]
+    eager = _cuda_run(tmp_path, "eager", preset, overrides, "cuda")
+    compiled = [_cuda_run(tmp_path, f"compiled-{i}", preset, {**overrides, "federation.torch_compile": True}, "cuda")
+                for i in range(2)]
+    pd.testing.assert_frame_equal(compiled[1], compiled[0], check_exact=True)
+    floats = [c for c in eager.columns if np.issubdtype(eager[c].dtype, np.floating)]
+    np.testing.assert_allclose(compiled[0][floats].to_numpy(float), eager[floats].to_numpy(float), rtol=1e-4, atol=1e-6)
 
 
 @CUDA
