@@ -427,6 +427,9 @@ def target_lines(runners: Sequence[str], clients: Sequence[int], round_s: dict[t
 # -- entry point -------------------------------------------------------------------------------------------
 
 
+FIXED_BY_FLAGS = ("federation.backend", "federation.clients", "federation.clients_per_round")
+"""Federation options ``--set`` may not change: the runner (``--runners``) and the workload's (``--clients``,
+``--cohort``) set them."""
 BENCH_DEFAULTS = {"clients": [100, 1000], "cohort": 10, "rounds": 20, "local_steps": 5, "repeats": 3,
                   "hidden": list(DEFAULT_HIDDEN)}
 """Defaults of the workload flags (the parser leaves them None: they live here, next to the workload)."""
@@ -456,7 +459,22 @@ def _check(args: argparse.Namespace) -> tuple[list[int], list[str], list[int]]:
     hidden = list(args.hidden)
     if any(h < 1 for h in hidden):
         raise PlatformError(f"--hidden {hidden}: widths must be >= 1")
+    overrides = getattr(args, "overrides", None) or {}
+    for key in overrides:
+        if not key.startswith("federation.") or key in FIXED_BY_FLAGS:
+            raise PlatformError(f"--set {key}: the workload is the benchmark's; allowed: federation options other than "
+                                f"{', '.join(sorted(FIXED_BY_FLAGS))}")
+    if overrides:  # a bad value: one line naming it, before any run
+        bench_config(clients[0], args.cohort, 1, 1, hidden, "local").replace(**overrides)
+    args.overrides = overrides
     return clients, runners, hidden
+
+
+def _server_text(overrides: dict[str, object]) -> str:
+    """Where the Ray runner's server runs (``federation.server``: the benchmark's default, or as ``--set``)."""
+    server = overrides.get("federation.server", "replicated")
+    return {"replicated": "the server replicated on them", "actor": "+ 1 server actor"}.get(str(server),
+                                                                                           "the server in the driver")
 
 
 def progress(text: str) -> None:
@@ -495,6 +513,8 @@ def _bench(args: argparse.Namespace, clients: list[int], runners: list[str], hid
                 progress(f"repeat {repeat + 1}/{args.repeats}, {n} clients, {runner}")
                 backend = "local" if runner in ("plain", "optim") else runner
                 config = bench_config(n, args.cohort, args.rounds, args.local_steps, hidden, backend)
+                if args.overrides and runner not in ("plain", "optim"):
+                    config = config.replace(**args.overrides)
                 if runner == "plain":
                     measurements.append(run_plain(config, repeat))
                 elif runner == "optim":
@@ -508,7 +528,9 @@ def _bench(args: argparse.Namespace, clients: list[int], runners: list[str], hid
         f"workload: FedAvg, synthetic-classification MLP {FEATURES}-{'-'.join(map(str, hidden))}-{CLASSES}, "
         f"clients per round {cohort}, {args.rounds} rounds, {args.local_steps} local steps of batch {BATCH}, "
         f"lr {LR:g}, seed {SEED}"
-    ) + (f"; Ray: clients packed into {ACTORS} client actors + 1 server actor" if "ray" in runners else "")
+    ) + (f"; Ray: clients packed into {ACTORS} client actors, {_server_text(args.overrides)}" if "ray" in runners else "")
+    if args.overrides:
+        workload += "; fedcomp's runners with " + ", ".join(f"{k}={v}" for k, v in args.overrides.items())
     timing = (
         f"timing: start-up = server construction (Ray: incl. actor start); round = time between two rounds' replies "
         f"as the runner drives them (Ray: the next round's call queued before this one's reply is taken), median over {args.rounds} rounds, then median over {args.repeats} repeat(s)"

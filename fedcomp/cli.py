@@ -146,6 +146,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 def cmd_bench(args: argparse.Namespace) -> int:
     from fedcomp.bench import main as bench_main
 
+    args.overrides = _overrides(args.set)
     return bench_main(args)
 
 
@@ -224,6 +225,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--repeats", type=int, help="runs per configuration (default: 3)")
     bench.add_argument("--markdown", action="store_true", help="print the table as markdown")
     bench.add_argument("--hidden", type=int, nargs="+", help="MLP hidden layer widths (default: 64)")
+    bench.add_argument("--set", action="append", default=[], metavar="federation.KEY=VALUE",
+                       help="a federation option for fedcomp's runners, e.g. federation.torch_compile=true or "
+                            "federation.server=actor (the plain loop and torch.optim, the references, stay as they are)")
     bench.add_argument("--runners", nargs="+", choices=["ray", "local", "plain", "optim"],
                        help="which runners to time (default: ray local plain; optim: torch.optim.SGD in place)")
     # moved to benchmarks/peers.py: `--peers [FLAGS]` names the command to run instead (exit 2)

@@ -80,6 +80,10 @@ def exit_code(argv: list[str]) -> int:
     (["--results", "x.md"], "unrecognized arguments: --results x.md"),
     (["--runners", "flower"], "argument --runners: invalid choice: 'flower'"),
     (["--repeats", "0"], "--repeats = 0: must be >= 1"),
+    (["--set", "task.hidden=3"], "--set task.hidden: the workload is the benchmark's; allowed: federation options"),
+    (["--set", "federation.clients=5"], "--set federation.clients: the workload is the benchmark's"),
+    (["--set", "federation.torch_compile=fast"], "federation.torch_compile = 'fast': Input should be a valid boolean"),
+    (["--set", "torch_compile"], "--set 'torch_compile': expected section.key=value"),
 ])
 def test_bench_bad_flags(capsys, argv, says):
     assert exit_code(["bench", *argv]) == 2
@@ -94,3 +98,16 @@ def test_bench_peers_says_where_the_peers_benchmark_went(capsys, argv, command):
     assert main(["bench", "--peers", *argv]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("fedcomp: error: --peers:") and err[0].endswith(f"`{command}`")
+
+
+@pytest.mark.slow
+def test_bench_sets_a_federation_option_for_fedcomps_runners_only(capsys):
+    """``--set federation.torch_compile=true``: the local backend's weights move by float32 rounding from the plain
+    loop's (the compiled gradient ran), the plain loop stays the reference, and the table says what was set."""
+    assert main([*TINY, "--runners", "local", "plain", "--set", "federation.torch_compile=true"]) == 0
+    out = capsys.readouterr().out
+    rows = table(out)
+    for n in (20, 40):
+        assert rows[("local", n)]["final weights sha256"] != rows[("plain", n)]["final weights sha256"]
+        assert 0 < float(rows[("local", n)]["max abs diff vs plain"]) < 1e-6
+    assert "fedcomp's runners with federation.torch_compile=True" in out
