@@ -113,14 +113,14 @@ class FederationConfig(Params):
     )
     torch_compile: bool = Field(
         False,
-        description="compute the clients' loss gradients by torch.compile (inductor; one graph per loss and batch "
-        "shape): the gradient of SGD-type local steps (FedAvg and its server-optimiser variants, FedProx, "
-        "LocalSGDM(-RL), SCAFFOLD, FCSG, FCSG-M, Acc-FCSG-M) and both partial gradients of descent-ascent steps "
-        "(CoDA, CODA+, FedAvg-S, LocalSGDAM, LocalSCGDAM's outer step) and FedNest's outer steps; faster per step "
-        "where the model is small; "
-        "each client process compiles at its first step (seconds; 14-19 s on a 2-core CPU before inductor's cache in "
-        "the temporary directory holds the graph); equal to the eager numbers up to float32 rounding (not bit for "
-        "bit), bitwise the same on every backend and packing on machines of one kind; a loss that does not compile "
+        description="compute the clients' gradients by torch.compile (inductor; one graph per oracle, function and "
+        "batch shape): every oracle -- the loss gradient of SGD-type local steps, both partial gradients of "
+        "descent-ascent steps, FedNest's y-gradients and Hessian-vector products, the compositional kinds' grad f, "
+        "grad h and g's vector-Jacobian products (Local-SCGD(M), LocalSCGDAM, FedDRO and its baselines) -- so every "
+        "registered algorithm; faster per step where the model is small; "
+        "each client process compiles at its first steps (seconds to a minute on a 2-core CPU, an MLP's loss gradient "
+        "14-19 s, before inductor's cache in the temporary directory holds the graphs); equal to the eager numbers up to float32 rounding (not bit for "
+        "bit), bitwise the same on every backend and packing on machines of one kind; a function that does not compile "
         "runs eagerly for the rest of the run, with a warning. Not with vectorise or fused_sgd",
     )
 

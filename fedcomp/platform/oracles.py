@@ -11,9 +11,10 @@ Second-order products use double backpropagation: H_yy v = d/dy <d/dy l, v> and 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from contextvars import ContextVar
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
 import torch
 from torch import Tensor
@@ -31,19 +32,37 @@ momentum or FedProx's; :func:`grad_and_loss_factors`) apply the model's linear l
 (:meth:`fedcomp.models.functional.FlatModel.factored_grad_pieces`)."""
 
 
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def _compiled_first(fast: Callable[P, R | None]) -> Callable[[Callable[P, R]], Callable[P, R]]:
+    """The oracle answers by ``fast``, its twin in :mod:`fedcomp.platform.compiled`, while a host runs client programs
+    under ``federation.torch_compile`` (:data:`fedcomp.platform.compiled.ENABLED`; not in lockstep) and the function it
+    differentiates compiles; by its own (eager) code otherwise."""
+
+    def wrap(eager: Callable[P, R]) -> Callable[P, R]:
+        @functools.wraps(eager)
+        def oracle(*args: P.args, **kwargs: P.kwargs) -> R:
+            if compiled.ENABLED.get() is not None and not LOCKSTEP.get():
+                done = fast(*args, **kwargs)
+                if done is not None:
+                    return done
+            return eager(*args, **kwargs)
+
+        return oracle
+
+    return wrap
+
+
+@_compiled_first(compiled.grad_and_loss)
 def grad_and_loss(problem: Any, x: Tensor, *batch: Any) -> tuple[Tensor, Tensor]:
     """Gradient and value of ``problem.loss(x, *batch)`` at ``x``.
 
-    Under ``vmap`` (lockstep clients) by ``torch.func.grad_and_value``; under ``federation.torch_compile``
-    (:data:`fedcomp.platform.compiled.ENABLED`) by its compiled graph where the loss compiles; otherwise by plain
-    autograd, which gives the same bits as ``grad_and_value`` and costs less than half as much per call for small
-    models."""
+    Under ``vmap`` (lockstep clients) by ``torch.func.grad_and_value``; otherwise by plain autograd, which gives the
+    same bits as ``grad_and_value`` and costs less than half as much per call for small models."""
     if LOCKSTEP.get():
         return torch.func.grad_and_value(lambda z: problem.loss(z, *batch))(x)
-    if compiled.ENABLED.get() is not None:
-        done = compiled.grad_and_loss(problem, x, *batch)
-        if done is not None:
-            return done
     x = x.detach().requires_grad_(True)
     value = problem.loss(x, *batch)
     (grad,) = torch.autograd.grad(value, x)
@@ -141,6 +160,7 @@ def grad_x(loss: Loss2, x: Tensor, y: Tensor) -> Tensor:
     return grad_xy(loss, x, y)[0]
 
 
+@_compiled_first(compiled.grad_y)
 def grad_y(loss: Loss2, x: Tensor, y: Tensor) -> Tensor:
     """d loss / dy at (x, y)."""
     x, y = _leaves(x, y)
@@ -153,23 +173,20 @@ def grad_xy(loss: Loss2, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
     return gx, gy
 
 
+@_compiled_first(compiled.grad_xy_and_value)
 def grad_xy_and_value(loss: Loss2, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """(d loss / dx, d loss / dy, loss) at (x, y) from one forward and one backward pass; a variable the loss
-    does not use gets a zero gradient. Under lockstep clients by ``torch.func.grad_and_value``; under
-    ``federation.torch_compile`` by its compiled graph where the loss compiles."""
+    does not use gets a zero gradient. Under lockstep clients by ``torch.func.grad_and_value``."""
     if LOCKSTEP.get():
         (gx, gy), value = torch.func.grad_and_value(loss, argnums=(0, 1))(x, y)
         return gx, gy, value
-    if compiled.ENABLED.get() is not None:
-        done = compiled.grad_xy_and_value(loss, x, y)
-        if done is not None:
-            return done
     x, y = _leaves(x, y)
     value = loss(x, y)
     gx, gy = torch.autograd.grad(value, (x, y), allow_unused=True)
     return (torch.zeros_like(x) if gx is None else gx), (torch.zeros_like(y) if gy is None else gy), value.detach()
 
 
+@_compiled_first(compiled.hvp_yy)
 def hvp_yy(loss: Loss2, x: Tensor, y: Tensor, v: Tensor) -> Tensor:
     """The Hessian-vector product (d^2 loss / dy^2) v."""
     x, y = _leaves(x, y)
@@ -177,6 +194,7 @@ def hvp_yy(loss: Loss2, x: Tensor, y: Tensor, v: Tensor) -> Tensor:
     return torch.autograd.grad(gy @ v, y)[0]
 
 
+@_compiled_first(compiled.jvp_xy)
 def jvp_xy(loss: Loss2, x: Tensor, y: Tensor, v: Tensor) -> Tensor:
     """The mixed product (d^2 loss / dx dy) v: d/dx of <d loss/dy, v>, a vector in x-space."""
     x, y = _leaves(x, y)
@@ -186,16 +204,20 @@ def jvp_xy(loss: Loss2, x: Tensor, y: Tensor, v: Tensor) -> Tensor:
 
 
 # -- the compositional problem kinds' oracles (g's value with its vector-Jacobian product on the same draw;
-# grad f) -- under lockstep clients by torch.func transforms, otherwise plain autograd (fewer operations).
+# grad f) -- under lockstep clients by torch.func transforms, otherwise plain autograd (fewer operations); each
+# compiled under federation.torch_compile.
 
 
 def inner_value_vjp(problem: Any, x: Tensor, xi: Any) -> tuple[Tensor, Callable[[Tensor], Tensor]]:
-    """(g_k(x; xi), v -> (dg_k(x; xi)/dx)^T v); the product may be taken once."""
+    """(g_k(x; xi), v -> (dg_k(x; xi)/dx)^T v); the product may be taken once. Under ``federation.torch_compile``
+    g's forward is compiled with its backward, where it compiles."""
     if LOCKSTEP.get():
         value, pullback = torch.func.vjp(lambda z: problem.inner(z, xi), x)  # type: ignore[misc]  # (a 3-tuple only with has_aux)
         return value, lambda v: pullback(v)[0]
     x = x.detach().requires_grad_(True)
-    value = problem.inner(x, xi)
+    value = compiled.inner_value(problem, x, xi) if compiled.ENABLED.get() is not None else None
+    if value is None:
+        value = problem.inner(x, xi)
 
     def vjp(v: Tensor) -> Tensor:
         if not value.requires_grad:  # g does not depend on x
@@ -206,6 +228,7 @@ def inner_value_vjp(problem: Any, x: Tensor, xi: Any) -> tuple[Tensor, Callable[
     return value.detach(), vjp
 
 
+@_compiled_first(compiled.outer_grad)
 def outer_grad(problem: Any, y: Tensor, *zeta: Any) -> tuple[Tensor, Tensor]:
     """(grad f_k(y; zeta), f_k(y; zeta)) at the point ``y``; without ``zeta``, grad f(y) of a deterministic f
     (FedDRO's ``problem.outer(z)``)."""
@@ -217,6 +240,7 @@ def outer_grad(problem: Any, y: Tensor, *zeta: Any) -> tuple[Tensor, Tensor]:
     return grad.detach(), value.detach()
 
 
+@_compiled_first(compiled.plain_inner_vjp)
 def plain_inner_vjp(problem: Any, x: Tensor, batch: Any, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """grad h_k(x; b) + (dg_k(x; b)/dx)^T v -- the gradient of h_k(x; b) + g_k(x; b).v, one backward pass --
     with h_k(x; b) and g_k(x; b) (detached). With v = grad f(y) it is the compositional direction at x."""
@@ -226,6 +250,7 @@ def plain_inner_vjp(problem: Any, x: Tensor, batch: Any, v: Tensor) -> tuple[Ten
     return grad, plain.detach(), inner.detach()
 
 
+@_compiled_first(compiled.plain_grad)
 def plain_grad(problem: Any, x: Tensor, batch: Any) -> tuple[Tensor, Tensor]:
     """(grad h_k(x; b), h_k(x; b)); a zero gradient for a problem without a plain part."""
     x = x.detach().requires_grad_(True)
@@ -234,6 +259,16 @@ def plain_grad(problem: Any, x: Tensor, batch: Any) -> tuple[Tensor, Tensor]:
     return grad, value.detach()
 
 
+@_compiled_first(compiled.weighted_example_grad)
+def weighted_example_grad(problem: Any, x: Tensor, batch: Any, weights: Tensor) -> Tensor:
+    """grad_x sum_i w_i l_i(x) over the batch's per-example losses (``problem.example_losses``), the weights
+    constants: the robust DRO baselines' gradient."""
+    x = x.detach().requires_grad_(True)
+    (grad,) = torch.autograd.grad(weights.detach() @ problem.example_losses(x, batch).reshape(-1), x)
+    return grad
+
+
+@_compiled_first(compiled.inner_and_jacobian)
 def inner_and_jacobian(problem: Any, x: Tensor, batch: Any) -> tuple[Tensor, Tensor]:
     """g_k(x; b) [d_g] and its Jacobian [d_g, d] (one backward pass per row; d_g is small)."""
     x = x.detach().requires_grad_(True)

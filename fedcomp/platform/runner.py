@@ -205,8 +205,8 @@ def execute(
     t_start = time.perf_counter()
     with output_mode(config.run.progress):  # "starting local Ray ..." follows run.progress
         if config.federation.torch_compile:
-            announce("federation.torch_compile: every client process compiles the loss gradient at its first step "
-                     "(seconds; 14-19 s on a 2-core CPU before inductor's cache holds the graph)")
+            announce("federation.torch_compile: every client process compiles the gradients at its first steps "
+                     "(seconds to a minute on a 2-core CPU before inductor's cache holds the graphs)")
         server = make_server(config)
     startup_s = time.perf_counter() - t_start
     log = _RunLog(config, run_id, run_dir, server.describe(), earlier)

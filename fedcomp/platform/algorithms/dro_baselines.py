@@ -46,7 +46,7 @@ from fedcomp.platform.algorithms.base import ClientContext, Exchange, StepInfo, 
 from fedcomp.platform.algorithms.builtins import PARALLEL_FASTDRO, PARALLEL_MBSGD, FastDROHParams, ParallelHParams
 from fedcomp.platform.algorithms.feddro import Compositional, unsent
 from fedcomp.platform.errors import ConfigError
-from fedcomp.platform.oracles import outer_grad, plain_inner_vjp
+from fedcomp.platform.oracles import outer_grad, plain_inner_vjp, weighted_example_grad
 from fedcomp.platform.problems import GlobalCompositionalProblem
 from fedcomp.platform.registry import register_algorithm
 from fedcomp.platform.rounds import Round
@@ -177,9 +177,7 @@ class ParallelFastDRO(Compositional):
         b = self.hp.outer_batch
         weights = client.w.view(-1, b)[slot(client.cohort, ctx.client)].detach()
         batch = problem.sample(ctx.client, b, ctx.rng(ctx.round))  # the same batch as the losses: keyed by the step
-        x = client.x.detach().requires_grad_(True)
-        (grad,) = torch.autograd.grad(weights @ problem.example_losses(x, batch).reshape(-1), x)
-        return client, {"grad": grad}, StepInfo(b)
+        return client, {"grad": weighted_example_grad(problem, client.x, batch, weights)}, StepInfo(b)
 
     def round(self, fed: Round, server: Model) -> Model:
         if not isinstance(fed.problem, ExampleLossProblem):

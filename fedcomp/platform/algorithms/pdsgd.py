@@ -32,6 +32,7 @@ from fedcomp.platform.algorithms.dro_baselines import (
 )
 from fedcomp.platform.algorithms.feddro import Compositional, unsent
 from fedcomp.platform.errors import ConfigError
+from fedcomp.platform.oracles import weighted_example_grad
 from fedcomp.platform.registry import register_algorithm
 from fedcomp.platform.rounds import Round
 from fedcomp.platform.state import Model
@@ -150,8 +151,7 @@ class ParallelPDSGD(Compositional):
         b = self.hp.outer_batch
         weights = client.w.view(-1, b)[slot(client.cohort, ctx.client)].detach()
         positions = problem.sample_positions(ctx.client, b, ctx.rng(ctx.round))  # the same batch: keyed by the step
-        x = client.x.detach().requires_grad_(True)
-        (grad,) = torch.autograd.grad(weights @ problem.example_losses(x, problem.batch_at(ctx.client, positions)).reshape(-1), x)
+        grad = weighted_example_grad(problem, client.x, problem.batch_at(ctx.client, positions), weights)
         return client, {"grad": grad}, StepInfo(b)
 
     # -- server ------------------------------------------------------------------------------------------------
