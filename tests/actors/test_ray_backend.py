@@ -42,27 +42,35 @@ def test_same_numbers_on_local_and_ray_for_even_and_uneven_packings_and_either_s
         pd.testing.assert_frame_equal(metrics(ray_run), reference, check_exact=True)
 
 
+FEDAVG = {"name": "fedavg", "lr": 0.05, "local_steps": 2, "outer_batch": 8}
 ROUNDED_OPTIONS = {
-    "fused_sgd": {"name": "synthetic-classification", "features": 32, "hidden": [320, 300], "test_samples": 200},
-    "torch_compile": {"name": "synthetic-classification", "features": 8, "classes": 3, "hidden": [16],
-                      "test_samples": 100},
+    "fused_sgd": ({"name": "synthetic-classification", "features": 32, "hidden": [320, 300], "test_samples": 200},
+                  FEDAVG),
+    "torch_compile": ({"name": "synthetic-classification", "features": 8, "classes": 3, "hidden": [16],
+                       "test_samples": 100}, FEDAVG),
+    "torch_compile, compositional": (
+        {"name": "sinewave", "hidden": 8, "shots": 3, "queries": 3, "eval_tasks": 3, "eval_queries": 5, "eval_steps": 1},
+        {"name": "local-scgdm", "local_steps": 2},
+    ),
 }
-"""The options equal to the exact run up to float32 rounding, each with a task it changes: ``fused_sgd`` on a network
-large enough to be stepped in place (110k weights), ``torch_compile`` on a small MLP."""
+"""The options equal to the exact run up to float32 rounding, each with a task and algorithm it changes: ``fused_sgd``
+on a network large enough to be stepped in place (110k weights), ``torch_compile`` on a small MLP and on MAML's
+sinewave with Local-SCGDM (g's compiled forward and backward, grad f)."""
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("option", list(ROUNDED_OPTIONS))
+@pytest.mark.parametrize("case", list(ROUNDED_OPTIONS))
 def test_an_option_that_rounds_otherwise_gives_the_local_numbers_on_ray_for_any_packing_and_server(
-    keeping, tmp_path, option
+    keeping, tmp_path, case
 ):
     """``federation.fused_sgd`` and ``federation.torch_compile``: the same final weights, bit for bit, on the local
     backend, with the server replicated on actors packed 3 + 1 and with the server actor, 2 + 2 -- and not the exact
     run's (the option ran; the metrics alone would not tell: they agree to their last digit)."""
     from fedcomp.platform.results import CHECKPOINT, read_checkpoint
 
-    raw = {"task": ROUNDED_OPTIONS[option],
-           "algorithm": {"name": "fedavg", "lr": 0.05, "local_steps": 2, "outer_batch": 8},
+    option = case.split(",")[0]
+    task, algorithm = ROUNDED_OPTIONS[case]
+    raw = {"task": task, "algorithm": algorithm,
            "federation": {"clients": 4, "backend": "local", option: True},
            "run": {"rounds": 2, "checkpoint_every": 2, "progress": "none", "out": str(tmp_path)}}
 

@@ -15,11 +15,10 @@ import pytest
 import torch
 
 import fedcomp
-from fedcomp.platform import compiled
+from fedcomp.platform import compiled, oracles
 from fedcomp.platform.catalog import algorithms, load_builtins
 from fedcomp.platform.config import load_config
 from fedcomp.platform.federation import build_task
-from fedcomp.platform import oracles
 from fedcomp.platform.oracles import grad_and_loss, grad_xy_and_value
 from fedcomp.platform.rng import generator
 
