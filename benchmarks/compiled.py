@@ -155,14 +155,16 @@ def other_rounds(rounds: int, repeats: int) -> list[str]:
 
 def perturbed_run(config, rounds: int):
     """The eager run's final global state when its state after the first round is moved by float32 rounding's size
-    (6e-8 times standard normal noise, seeded): how far the run itself carries such a difference."""
+    (each element by 6e-8 of its magnitude times standard normal noise, seeded): how far the run itself carries such
+    a difference."""
     from fedcomp.platform.federation import LocalFederation
     from fedcomp.platform.server import Server
 
     server = Server(config, LocalFederation)
     server.run_round()
     checkpoint, noise = server.checkpoint(), torch.Generator().manual_seed(0)
-    checkpoint["state"] = {k: v + 6e-8 * torch.randn(v.shape, generator=noise) for k, v in checkpoint["state"].items()}
+    checkpoint["state"] = {k: v + 6e-8 * v.abs() * torch.randn(v.shape, generator=noise)
+                           for k, v in checkpoint["state"].items()}
     server.restore(checkpoint)
     for _ in range(rounds):
         server.run_round()
@@ -220,8 +222,9 @@ def report(args: argparse.Namespace) -> int:
         f"Other algorithms and the papers' offline presets, default hyperparameters, local backend: the first "
         "compiled round in the first and in the last repeat (seconds: it compiles, with inductor's cache empty, then "
         f"with the graphs already in the process), then {args.rounds} rounds after the first, no evaluation. The last "
-        "column: the eager run's own sensitivity, its final state's largest difference when its state after the first "
-        "round is moved by 6e-8 x standard normal noise (float32 rounding's size):", "",
+        "column: the eager run's own sensitivity, its final state's largest difference when each element of its state "
+        "after the first round is moved by 6e-8 of its magnitude times standard normal noise (float32 rounding's "
+        "size):", "",
         "| workload | problem kind | clients | first round compiled (s) | round eager (ms) | round compiled (ms) "
         "| compiled / eager paired | final state diff | eager, nudged after round 1: diff |",
         "|:---|:---|---:|---:|---:|---:|---:|---:|---:|",
