@@ -16,7 +16,6 @@ from fedcomp.platform.algorithms.coda import MarginAUCProblem, ScoredProblem, St
 from fedcomp.platform.config import load_config
 from fedcomp.platform.errors import ConfigError
 from fedcomp.platform.federation import LocalFederation, build_algorithm, build_task
-from fedcomp.platform.registry import TASKS
 from fedcomp.platform.rng import generator
 from fedcomp.platform.server import Server
 from fedcomp.platform.state import Means
@@ -440,7 +439,6 @@ def test_the_dual_restart_needs_scores_and_the_closed_form_dual_step_needs_a_mar
     assert server.evaluate()["x_dist_sq"] < before["x_dist_sq"]
 
 
-@pytest.mark.skipif("imbalanced-binary" not in TASKS, reason="the imbalanced-binary task is not registered")
 @pytest.mark.parametrize(
     "name, extra",
     [
@@ -455,7 +453,6 @@ def test_runs_end_to_end_on_breast_cancer(tmp_path, name, extra):
 
 
 @pytest.mark.ray
-@pytest.mark.skipif("imbalanced-binary" not in TASKS, reason="the imbalanced-binary task is not registered")
 @pytest.mark.slow
 def test_stages_and_dual_restarts_give_the_same_numbers_on_ray(keeping, tmp_path):
     """Partial participation across two stage boundaries (three dual restarts, whose broadcast is the model alone,

@@ -267,3 +267,20 @@ def test_a_compiled_run_restored_from_its_checkpoint_finishes_with_the_uninterru
     for _ in range(4):
         eager.run_round()
     torch.testing.assert_close(eager.tensors()["x"], whole.tensors()["x"], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("task, algorithm", [("minimax-quadratic", "fednest"), ("heterogeneous-composition", "feddro")])
+def test_a_task_whose_batch_is_a_clients_function_compiles_the_same_graphs_for_every_client(
+    tmp_path, monkeypatch, task, algorithm
+):
+    """The exact-oracle tasks hand each client's function over as tensors, not as the client's index (a constant
+    of a graph): 8 clients compile no more graphs per oracle than a process keeps here (4), so nothing falls back."""
+    torch._dynamo.reset()  # no graphs of earlier tests in this process
+    monkeypatch.setattr(compiled, "RECOMPILE_LIMIT", 4)
+    raw = {"task": {"name": task}, "algorithm": {"name": algorithm},
+           "federation": {"backend": "local", "clients": 8, "torch_compile": True},
+           "run": {"rounds": 2, "progress": "none", "track": "none", "out": str(tmp_path)}}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        fedcomp.run(raw)

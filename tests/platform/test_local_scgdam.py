@@ -17,7 +17,6 @@ from fedcomp.platform.federation import LocalFederation, build_algorithm, build_
 from fedcomp.platform.kinds import COMPOSITIONAL_MINIMAX
 from fedcomp.platform.oracles import inner_value_vjp
 from fedcomp.platform.problems import CompositionalMinimaxProblem, MinimaxProblem
-from fedcomp.platform.registry import TASKS
 from fedcomp.platform.rng import generator
 from fedcomp.platform.server import Server
 from fedcomp.platform.vectorised import can_lockstep
@@ -263,7 +262,6 @@ def test_algorithms_need_their_problem_kind():
     assert LocalSCGDAM.kind == COMPOSITIONAL_MINIMAX and LocalSGDAM.kind == "minimax"
 
 
-@pytest.mark.skipif("imbalanced-binary" not in TASKS, reason="the imbalanced-binary task is not registered")
 @pytest.mark.parametrize("name, extra", [("local-scgdam", {}), ("local-scgdam", {"jacobian": "identity"}),
                                          ("local-sgdam", {})])
 def test_runs_end_to_end_on_breast_cancer(tmp_path, name, extra):
@@ -277,7 +275,6 @@ def breast_cancer(name: str, out, **algo) -> dict:
             "run": {"rounds": 2, "progress": "none", "out": str(out)}}
 
 
-@pytest.mark.skipif("imbalanced-binary" not in TASKS, reason="the imbalanced-binary task is not registered")
 @pytest.mark.parametrize("name, algo", [
     ("local-scgdam", {}),
     ("local-scgdam", {"jacobian": "identity"}),
@@ -303,7 +300,6 @@ def test_model_only_averaging_does_not_run_in_lockstep():
 
 
 @pytest.mark.ray
-@pytest.mark.skipif("imbalanced-binary" not in TASKS, reason="the imbalanced-binary task is not registered")
 @pytest.mark.slow
 def test_private_momenta_and_late_joiners_give_the_same_numbers_on_ray(keeping, tmp_path):
     """``average: model`` with 2 of 4 clients per round: clients that join late estimate their momenta on

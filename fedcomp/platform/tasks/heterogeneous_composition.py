@@ -26,6 +26,7 @@ descent on Phi and converges -- the heterogeneity term of Theorem 5.1, which the
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -34,6 +35,18 @@ from fedcomp.platform.registry import register_task
 from fedcomp.platform.rng import generator
 from fedcomp.platform.tasks.base import Task
 from fedcomp.platform.tasks.builtins import HETEROGENEOUS_COMPOSITION, HeterogeneousCompositionParams
+
+
+@dataclass(frozen=True)
+class ClientFunctions:
+    """Client k's g_k and h_k, as their tensors: a "batch" of one example (not a tuple, which would count its rows)
+    that holds no Python number, so that a compiled oracle (``federation.torch_compile``) has one graph for every
+    client rather than one each (dynamo takes a Python number as a constant)."""
+
+    A: Tensor
+    c: Tensor
+    curvature: Tensor
+    centre: Tensor
 
 
 @register_task(HETEROGENEOUS_COMPOSITION)
@@ -55,20 +68,21 @@ class HeterogeneousComposition(Task):
     def init_params(self, gen: torch.Generator) -> dict[str, Tensor]:
         return {"x": torch.zeros(self.params.dim)}
 
-    def sample(self, client: int, size: int | None, gen: torch.Generator) -> int:
-        return client
+    def sample(self, client: int, size: int | None, gen: torch.Generator) -> ClientFunctions:
+        """Exact oracles: the "batch" is the client's functions."""
+        return ClientFunctions(self.A[client], self.c[client], self.curvature[client], self.centre[client])
 
-    def inner(self, x: Tensor, client: int) -> Tensor:
-        value: Tensor = self.A[client] @ x + self.c[client]
+    def inner(self, x: Tensor, batch: ClientFunctions) -> Tensor:
+        value: Tensor = batch.A @ x + batch.c
         return value
 
     def outer(self, z: Tensor) -> Tensor:
         return torch.sqrt(1 + z @ z) - 1
 
-    def plain(self, x: Tensor, client: int) -> Tensor:
+    def plain(self, x: Tensor, batch: ClientFunctions) -> Tensor:
         if self.params.plain_weight == 0:
             return x.new_zeros(())
-        return 0.5 * (self.curvature[client] * (x - self.centre[client]) ** 2).sum()
+        return 0.5 * (batch.curvature * (x - batch.centre) ** 2).sum()
 
     def evaluator(self) -> Callable[[dict[str, Tensor]], dict[str, float]]:
         a_bar, c_bar = self.A.mean(0).double(), self.c.mean(0).double()

@@ -13,6 +13,7 @@ authors' notebook **[code]**; the paper's lambda = 10 is the default (the notebo
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -26,6 +27,16 @@ from fedcomp.platform.tasks.base import Task
 from fedcomp.platform.tasks.builtins import MINIMAX_QUADRATIC, MinimaxQuadraticParams
 
 
+@dataclass(frozen=True)
+class ClientQuadratic:
+    """Client k's function, its t_k and b_k: a "batch" of one example (not a tuple, which would count its rows) that
+    holds tensors, not the client's index, so that a compiled oracle (``federation.torch_compile``) has one graph for
+    every client rather than one each (dynamo takes a Python number as a constant)."""
+
+    t: Tensor
+    b: Tensor
+
+
 @register_task(MINIMAX_QUADRATIC)
 class MinimaxQuadratic(Task):
     params: MinimaxQuadraticParams
@@ -36,7 +47,7 @@ class MinimaxQuadratic(Task):
         self.t = params.t_max * torch.rand(clients, generator=gen)
         b = params.noise_scale * torch.randn(clients, params.dim, generator=gen)
         self.b = b - b.mean(0) if params.centre else b
-        (self.b_on_device,) = self.resident(self.b)
+        self.t_on_device, self.b_on_device = self.resident(self.t, self.b)
         t_bar, b_bar = float(self.t.mean()), self.b.mean(0)
         self.x_star = t_bar * b_bar / (t_bar**2 + params.lam)
         self.y_star = params.lam * b_bar / (t_bar**2 + params.lam)
@@ -48,11 +59,12 @@ class MinimaxQuadratic(Task):
         start = torch.full((self.params.dim,), float(self.params.init))
         return {"x": start.clone(), "y": start.clone()}
 
-    def sample(self, client: int, split: str, size: int | None, gen: torch.Generator) -> int:
-        return client  # exact oracles: the "batch" is just which client's function
+    def sample(self, client: int, split: str, size: int | None, gen: torch.Generator) -> ClientQuadratic:
+        """Exact oracles: the "batch" is the client's function."""
+        return ClientQuadratic(self.t_on_device[client], self.b_on_device[client])
 
-    def loss(self, x: Tensor, y: Tensor, client: int) -> Tensor:
-        t, b = float(self.t[client]), self.b_on_device[client]
+    def loss(self, x: Tensor, y: Tensor, batch: ClientQuadratic) -> Tensor:
+        t, b = batch.t, batch.b
         return -(0.5 * y @ y - b @ y + t * (y @ x)) + 0.5 * self.params.lam * (x @ x)
 
     def evaluator(self) -> Callable[[dict[str, Tensor]], dict[str, float]]:
