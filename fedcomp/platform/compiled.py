@@ -17,8 +17,8 @@ shape, no dynamic shapes, inductor's code for the machine's CPU), so a run gives
 packing, on machines of one kind. A function that dynamo cannot capture in one graph (a network that keeps BatchNorm
 running statistics, say) runs eagerly under that oracle for the rest of the run in every process alike, with a
 warning, so the numbers still do not depend on where a client runs. Python numbers a function reads are constants
-of its graph: a task whose "batch" is the client's index (the quadratic minimax, the heterogeneous composition)
-compiles a graph per client, until :data:`RECOMPILE_LIMIT`.
+of its graph: a task whose "batch" were the client's index would compile a graph per client, until
+:data:`RECOMPILE_LIMIT` (the exact-oracle tasks pass each client's function as tensors instead).
 """
 
 from __future__ import annotations
