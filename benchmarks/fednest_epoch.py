@@ -64,7 +64,8 @@ class TorchLoop:
         task = build_task(config)
         self.problem = task.problem(BILEVEL)
         self.hp = config.algorithm
-        self.clients = list(range(config.federation.clients))
+        self.clients = [self.problem.sample(c, "train", None, torch.Generator()) for c in range(config.federation.clients)]
+        """Each client's function (the task's exact-oracle "batch")."""
         start = task.init_params(torch.Generator())
         self.x, self.y = start["x"].clone(), start["y"].clone()
 

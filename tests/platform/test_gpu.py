@@ -60,7 +60,7 @@ CASES: dict[str, tuple[str, dict[str, Any], Draw]] = {
                     lambda t, g: t.sample(1, "outer", 8, g)),
     "fednest-minimax": ("fednest-minimax", {"federation.clients_per_round": 4},
                         lambda t, g: t.loss(torch.zeros(t.params.dim, device="meta"),
-                                            torch.zeros(t.params.dim, device="meta"), 1)),
+                                            torch.zeros(t.params.dim, device="meta"), t.sample(1, "train", None, g))),
 }
 
 
