@@ -34,17 +34,17 @@ import torch
 from torch import Tensor
 
 ENABLED: ContextVar[set[object] | None] = ContextVar("torch_compile", default=None)
-"""While a host runs client programs under ``federation.torch_compile`` (:func:`enabled`): its run's losses that did
-not compile (they run eagerly); None otherwise."""
+"""While a host runs client programs under ``federation.torch_compile`` (:func:`enabled`): its run's (oracle, function)
+pairs that did not compile (they run eagerly); None otherwise."""
 RECOMPILE_LIMIT = 64
-"""Graphs one process keeps for each oracle (a loss and shape each; dynamo's default is 8): runs that follow one
+"""Graphs one process keeps for each oracle (a function and shape each; dynamo's default is 8): runs that follow one
 another in a kept actor or a notebook each may add theirs."""
 
 
 @contextmanager
 def enabled(eager: set[object] | None) -> Iterator[None]:
     """Client programs run inside take their gradients by the compiled oracles, unless ``eager`` is None: the set
-    (kept by the run's host) of the losses found not to compile. Dynamo and inductor are set for it: graphs compiled
+    (kept by the run's host) of the (oracle, function) pairs found not to compile. Dynamo and inductor are set for it: graphs compiled
     in this process (no pool of compiler processes left behind an actor), and a process that would need more graphs
     than :data:`RECOMPILE_LIMIT` told so rather than running some steps eagerly unseen."""
     if eager is None:
@@ -231,5 +231,5 @@ def inner_value(problem: Any, x: Tensor, xi: Any) -> Tensor | None:
 
 
 def inner_and_jacobian(problem: Any, x: Tensor, batch: Any) -> tuple[Tensor, Tensor] | None:
-    done = _of_problem(_inner_jacobian, "inner function's Jacobian", problem, x.detach(), batch)
+    done = _of_problem(_inner_jacobian, "Jacobian of the inner function", problem, x.detach(), batch)
     return None if done is None else (done[1].detach(), done[0])

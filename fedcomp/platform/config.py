@@ -119,9 +119,10 @@ class FederationConfig(Params):
         "grad h and g's vector-Jacobian products (Local-SCGD(M), LocalSCGDAM, FedDRO and its baselines) -- so every "
         "registered algorithm; faster per step where the model is small; "
         "each client process compiles at its first steps (seconds to a minute on a 2-core CPU, an MLP's loss gradient "
-        "14-19 s, before inductor's cache in the temporary directory holds the graphs); equal to the eager numbers up to float32 rounding (not bit for "
-        "bit), bitwise the same on every backend and packing on machines of one kind; a function that does not compile "
-        "runs eagerly for the rest of the run, with a warning. Not with vectorise or fused_sgd",
+        "14-19 s, before inductor's cache in the temporary directory holds the graphs); equal to the eager numbers up "
+        "to float32 rounding (not bit for bit), bitwise the same on every backend and packing on machines of one kind; "
+        "a function that does not compile runs eagerly for the rest of the run, with a warning. Not with vectorise or "
+        "fused_sgd",
     )
 
     @model_validator(mode="after")

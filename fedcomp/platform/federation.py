@@ -247,8 +247,8 @@ class ClientHost:
         self.session: Session | None = None
         """The generator program in progress (between ``begin`` and its last ``resume``)."""
         self.not_compiled: set[object] = set()
-        """Under ``federation.torch_compile``: the losses found not to compile, which run eagerly from then on
-        (:mod:`fedcomp.platform.compiled`)."""
+        """Under ``federation.torch_compile``: the (oracle, function) pairs found not to compile, which run eagerly
+        from then on (:mod:`fedcomp.platform.compiled`)."""
 
     def load_private(self, states: dict[int, Tensors]) -> None:
         """Restore private states (after a checkpoint or when this host replaces a dead one), copied into memory of
