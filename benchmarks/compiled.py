@@ -114,6 +114,14 @@ def rounds_ms(hidden: list[int], rounds: int, repeats: int) -> tuple[dict[bool, 
     return times, (finals[True] - finals[False]).abs().max().item()
 
 
+def paired(times: dict[bool, list[float]]) -> str:
+    """Table cells for each repeat's round times eagerly (False) and compiled (True): the two medians, and the median
+    (range) of the compiled / eager ratio within each repeat."""
+    ratios = [c / e for e, c in zip(times[False], times[True])]
+    return (f"{statistics.median(times[False]):.2f} | {statistics.median(times[True]):.2f} | "
+            f"{statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f})")
+
+
 def other_rounds(rounds: int, repeats: int) -> list[str]:
     """The second table's rows: each workload's first round (compiled: the seconds it compiles in), its round time
     eagerly and compiled (median over rounds, then over repeats, alternating), paired ratio, and the final global
@@ -141,15 +149,12 @@ def other_rounds(rounds: int, repeats: int) -> list[str]:
                 first[on].append(seconds[0])
                 times[on].append(statistics.median(seconds[1:]) * 1e3)
                 finals[on] = server.tensors()
-        ms = {on: statistics.median(t) for on, t in times.items()}
-        ratios = [c / e for e, c in zip(times[False], times[True])]
         diff = max((finals[True][k] - finals[False][k]).abs().max().item() for k in finals[False])
         nudged = perturbed_run(load_config(workload, {"algorithm.name": name, "federation.backend": "local"}), rounds)
         sensitivity = max((nudged[k] - finals[False][k]).abs().max().item() for k in finals[False])
         kind = algorithms()[name].kind
         rows.append(f"| {label} | {kind} | {config.federation.clients} | {first[True][0]:.1f} / {first[True][-1]:.1f} "
-                    f"| {ms[False]:.2f} | {ms[True]:.2f} | {statistics.median(ratios):.2f}x "
-                    f"({min(ratios):.2f}-{max(ratios):.2f}) | {diff:.1e} | {sensitivity:.1e} |")
+                    f"| {paired(times)} | {diff:.1e} | {sensitivity:.1e} |")
     return rows
 
 
@@ -200,11 +205,8 @@ def report(args: argparse.Namespace) -> int:
         with tempfile.TemporaryDirectory() as cache:
             cold, warm = first_call(hidden, cache), first_call(hidden, cache)
         times, weights_diff = rounds_ms(hidden, args.rounds, args.repeats)
-        ms = {on: statistics.median(t) for on, t in times.items()}
-        ratios = [c / e for e, c in zip(times[False], times[True])]
         rows.append(f"| {label} | {eager_us:.0f} | {compiled_us:.0f} | {compiled_us / eager_us:.2f}x | {grad_diff:.1e} "
-                    f"| {cold:.1f} | {warm:.1f} | {ms[False]:.2f} | {ms[True]:.2f} | {statistics.median(ratios):.2f}x "
-                    f"({min(ratios):.2f}-{max(ratios):.2f}) | {weights_diff:.1e} |")
+                    f"| {cold:.1f} | {warm:.1f} | {paired(times)} | {weights_diff:.1e} |")
     lines = [
         "# The gradients compiled (`federation.torch_compile`)", "",
         generated_by() + f"; load average before: {load_before}, after: {load_average()}.", "",
