@@ -75,15 +75,18 @@ def ray_session():
     """A real local Ray (2 CPUs, no dashboard, small object store), started once per session."""
     import ray
 
+    from fedcomp.actors.cluster import idle_daemons_not_started
+
     if not ray.is_initialized():
-        ray.init(
-            address="local",  # always a fresh instance, never a cluster someone started with `ray start`
-            num_cpus=2,
-            num_gpus=0,
-            include_dashboard=False,
-            object_store_memory=150 * 1024**2,
-            logging_level=logging.WARNING,
-        )
+        with idle_daemons_not_started():  # as fedcomp starts a local Ray
+            ray.init(
+                address="local",  # always a fresh instance, never a cluster someone started with `ray start`
+                num_cpus=2,
+                num_gpus=0,
+                include_dashboard=False,
+                object_store_memory=150 * 1024**2,
+                logging_level=logging.WARNING,
+            )
     yield ray
     ray.shutdown()
 

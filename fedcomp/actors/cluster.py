@@ -11,6 +11,7 @@ a message that names it and says what would fit.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
@@ -18,7 +19,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field as dataclass_field
 from pathlib import Path
 from typing import Any
@@ -75,14 +76,41 @@ def connect(address: str | None = None, worker_log_level: str | None = None) -> 
             # "local": a new instance even when `ray start` left a cluster on this machine (a bare ray.init()
             # would join the latest one, and die with it).
             announce("starting local Ray ...")
-            ray.init(address="local", **kwargs)
-            end_idle_daemons()
+            with idle_daemons_not_started():
+                ray.init(address="local", **kwargs)
+            end_idle_daemons()  # where this Ray started them after all
         stop_on_sigterm()  # in place of Ray's own answers to it
         depends_on(answering(ray.get_runtime_context().gcs_address, () if address else started_daemons()))
         resources = ray.cluster_resources()
         announce(f"Ray ready in {time.perf_counter() - started:.1f} s: " + ", ".join(
             f"{resources.get(k, 0):g} {k}s" for k in ("CPU", "GPU") if k == "CPU" or resources.get(k)))
     return dict(ray.cluster_resources())
+
+
+IDLE_DAEMONS = ("start_monitor", "start_api_server")
+"""The methods of Ray's ``Node`` that start the two processes a local Ray runs for nothing here (:func:`end_idle_daemons`)."""
+
+
+@contextlib.contextmanager
+def idle_daemons_not_started() -> Iterator[None]:
+    """While it lasts, a local Ray that this process starts starts neither its autoscaler monitor nor its API server
+    (:func:`end_idle_daemons` says why neither serves a run). Started, then ended, they cost time: ``ray.init`` waits
+    for the API server to publish its address (``Ray ready in`` 2.5 -> 1.9 s on a 2-core machine), and both import
+    Ray's modules while the raylet starts. Where this Ray has no such methods (another version), nothing changes,
+    and :func:`end_idle_daemons` ends whatever it started."""
+    node = getattr(getattr(ray._private, "node", None), "Node", None)  # the class ``ray.init`` starts a node with
+    kept = {name: vars(node)[name] for name in IDLE_DAEMONS if node is not None and name in vars(node)}
+    for name in kept:
+        setattr(node, name, _not_started)
+    try:
+        yield
+    finally:
+        for name, method in kept.items():
+            setattr(node, name, method)
+
+
+def _not_started(_node: Any, *_args: Any, **_kwargs: Any) -> None:
+    """In place of a ``Node`` method that starts an idle daemon (:func:`idle_daemons_not_started`)."""
 
 
 def end_idle_daemons() -> None:
@@ -95,7 +123,7 @@ def end_idle_daemons() -> None:
     benchmarks/PERFORMANCE.md). The monitor also cost time at the end: Ray's shutdown stops its GCS before the
     monitor, which answers SIGTERM by reporting its end to that GCS; Ray then waited its 1 s grace and killed it
     (1.0 s of the 1.36 s that ending a local Ray took). Nothing happens where Ray has no such process (joined a
-    cluster, shut down already, another Ray version)."""
+    cluster, shut down already, not started: :func:`idle_daemons_not_started`)."""
     node = getattr(ray._private.worker, "_global_node", None)  # Ray's handle on the processes it started
     for end in ("kill_monitor", "kill_dashboard"):
         try:

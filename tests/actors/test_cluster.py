@@ -17,9 +17,17 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from ray._private import node as ray_node
 
 import fedcomp
-from fedcomp.actors.cluster import GCS_EVERY_S, answering, plan_actors, started_daemons
+from fedcomp.actors.cluster import (
+    GCS_EVERY_S,
+    IDLE_DAEMONS,
+    answering,
+    idle_daemons_not_started,
+    plan_actors,
+    started_daemons,
+)
 from fedcomp.cli import main
 from fedcomp.platform.config import FederationConfig
 from fedcomp.platform.errors import ResourceError
@@ -183,8 +191,8 @@ def test_a_local_ray_answers_only_while_the_daemons_it_started_run(ray_session):
     assert not alive()
 
 
-# A local Ray started as fedcomp starts it runs neither the autoscaler monitor nor the API server (Ray starts both;
-# connect ends them at once) and still runs tasks; end_idle_daemons is harmless before Ray starts and after it has
+# A local Ray started as fedcomp starts it never starts the autoscaler monitor or the API server (no log of either in
+# its session), runs neither, and still runs tasks; end_idle_daemons is harmless before Ray starts and after it has
 # ended, and Ray's own shutdown then goes through.
 MONITOR_ENDED = """
 import os, ray
@@ -200,6 +208,8 @@ def idle():
             pass
 end_idle_daemons()
 connect("local")
+logs = Path(ray._private.worker._global_node.get_logs_dir_path())
+print(sorted(f.name for f in logs.iterdir() if f.name.startswith(("monitor.", "dashboard."))))
 print([pid for pid in idle() if _runs(pid)], ray.get(ray.remote(lambda: 41 + 1).remote()))
 ray.shutdown()
 end_idle_daemons()
@@ -216,7 +226,17 @@ def test_a_local_ray_runs_without_its_autoscaler_monitor_and_api_server(tmp_path
     done = subprocess.run([sys.executable, "-c", MONITOR_ENDED], capture_output=True, text=True, timeout=300,
                           cwd=tmp_path, env={**os.environ, "RAY_ADDRESS": ""})
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.split("\n")[-3:] == ["[] 42", "shut down", ""]
+    assert done.stdout.split("\n")[-4:] == ["[]", "[] 42", "shut down", ""]
+
+
+def test_idle_daemons_not_started_puts_rays_own_methods_back_when_it_ends_or_fails():
+    node = ray_node.Node
+    own = {name: vars(node)[name] for name in IDLE_DAEMONS}
+    with pytest.raises(RuntimeError, match="the start failed"), idle_daemons_not_started():
+        assert all(vars(node)[name] is not own[name] for name in IDLE_DAEMONS)
+        assert node.start_api_server(None, include_dashboard=False, raise_on_failure=False) is None
+        raise RuntimeError("the start failed")
+    assert {name: vars(node)[name] for name in IDLE_DAEMONS} == own
 
 
 @pytest.fixture(scope="module")
