@@ -48,8 +48,9 @@ class RunResult:
 
     @property
     def final(self) -> dict[str, Any]:
-        """The last evaluation row."""
-        return cast(dict[str, Any], self.metrics.iloc[-1].to_dict())
+        """The last evaluation row, each value of its column's type (``round`` an int; a row taken as one Series
+        would make every number of an all-numeric table a float)."""
+        return cast(dict[str, Any], self.metrics.iloc[[-1]].to_dict("records")[0])
 
 
 def new_run_id(config: Config) -> str:

@@ -26,6 +26,9 @@ def test_run_writes_parquet_and_run_json(tmp_path):
                    "train_loss", "test_accuracy", "test_loss"):
         assert column in df.columns
     assert df["local_steps"].tolist() == [0, 10, 20, 25]
+    final = result.final  # the last row, each value of its column's type (the CLI prints round and comm_rounds)
+    assert final == df.iloc[-1].to_dict() and type(final["round"]) is int and type(final["comm_rounds"]) is int
+    assert type(final["test_accuracy"]) is float
     meta = json.loads((run_dir / "run.json").read_text())
     assert meta["status"] == "completed" and meta["config"]["algorithm"]["name"] == "fcsg-m"
     assert set(meta["versions"]) >= {"fedcomp", "python", "torch"}
