@@ -8,7 +8,7 @@ fcsg-invariant-lr``, 486 runs in lockstep packs) end to end.
     python benchmarks/sweep_overhead.py --figure1  # the Figure 1 grid (and one of its runs alone): its own section
 
 Per backend and variant: the sweep's wall time, the same 12 runs' wall time in sequence (``fedcomp.run`` in this
-process, the same Ray instance for the Ray backend), their ratio, and the per-run overhead: the trial slots the
+process, the same Ray instance for the Ray backend; and again inside ``fedcomp.keep_actors()``), their ratio, and the per-run overhead: the trial slots the
 sweep used (concurrent trials x its wall time) less the runs' own training time, per run -- Tune's trial
 process and bookkeeping, building the task, and for the Ray backend starting the server and client actors.
 Numbers are measured, never asserted: the machine is shared and noisy, so the Figure 1 section also gives the
@@ -19,6 +19,7 @@ they run) and the wall time those would take on 2 otherwise idle cores.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import os
 import resource
@@ -117,13 +118,16 @@ class TreeCPU:
         return sum(self.seen.values()) - self.before
 
 
-def sequential(backend: str, root: Path) -> float:
+def sequential(backend: str, root: Path, keep: bool = False) -> float:
+    """The sweep's runs one after another in this process by ``fedcomp.run``; ``keep``: inside
+    ``fedcomp.keep_actors()``, each Ray-backend run taking the actors of the one before."""
     overrides = {**WORKLOAD, "federation.backend": backend, "run.out": str(root / f"{backend}-alone")}
     points = [dict(zip(GRID, values)) for values in itertools.product(*GRID.values())]
     started = time.perf_counter()
-    for seed in range(SEEDS):
-        for point in points:
-            fedcomp.run("quickstart", {**overrides, **point, "run.seed": seed})
+    with fedcomp.keep_actors() if keep else contextlib.nullcontext():
+        for seed in range(SEEDS):
+            for point in points:
+                fedcomp.run("quickstart", {**overrides, **point, "run.seed": seed})
     return time.perf_counter() - started
 
 
@@ -149,14 +153,16 @@ def measure(backend: str, variant: dict[str, Any], root: Path, seeds: int = SEED
 def overhead_table(backends: list[str]) -> tuple[str, list[str]]:
     cpus = connect()["CPU"]
     lines = [
-        "| trial backend | variant | runs | Tune trials | sweep wall (s) | same runs in sequence (s) | sequence / sweep | "
+        "| trial backend | variant | runs | Tune trials | sweep wall (s) | same runs in sequence (s) | in sequence, "
+        "actors kept (s) | sequence / sweep | "
         f"per-run overhead (s) | wall with {2 * SEEDS} seeds (s) | marginal overhead per run (s) | CPU of every "
         "process, 12 runs (s) |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     with tempfile.TemporaryDirectory() as tmp:
         for backend in backends:
             alone = sequential(backend, Path(tmp))
+            alone_kept = sequential(backend, Path(tmp), keep=True)
             for name, variant in VARIANTS.items():
                 r = measure(backend, variant, Path(tmp) / name.split()[0])
                 double = measure(backend, variant, Path(tmp) / name.split()[0], 2 * SEEDS)
@@ -165,6 +171,7 @@ def overhead_table(backends: list[str]) -> tuple[str, list[str]]:
                     double["runs"] - r["runs"])
                 lines.append(
                     f"| {backend} | {name} | {r['runs']} | {r['tune_trials']} | {r['sweep_s']:.1f} | {alone:.1f} | "
+                    f"{alone_kept:.1f} | "
                     f"{alone / r['sweep_s']:.2f} | {r['startup_s']:.2f} | {double['sweep_s']:.1f} | {marginal:.2f} | "
                     f"{r['cpu_s']:.1f} |"
                 )
@@ -173,7 +180,10 @@ def overhead_table(backends: list[str]) -> tuple[str, list[str]]:
         f"{common.generated_by()}, Ray with {cpus:g} CPUs, cpus_per_trial = 1 (two trials at a time unless the "
         f"variant says otherwise); the variants ran side by side in this one run. Workload: invariant-logreg "
         f"FCSG-M, 4 clients (2 client actors), q = 10, 10 rounds; grid lr {GRID['algorithm.lr']} x beta "
-        f"{GRID['algorithm.beta']} x {SEEDS} seeds, and again with {2 * SEEDS} seeds. Per-run overhead: (trials at "
+        f"{GRID['algorithm.beta']} x {SEEDS} seeds, and again with {2 * SEEDS} seeds. In sequence: the 12 runs by "
+        f"`fedcomp.run` one after another in this process, on fresh actors each, then inside `fedcomp.keep_actors()` "
+        f"(each Ray-backend run takes the actors of the one before; nothing changes on the local backend). Per-run "
+        f"overhead: (trials at "
         f"a time x sweep wall - the runs' own run time) / runs, which spreads a sweep's fixed costs (starting Tune, "
         f"its first trial processes, writing the results) over the runs; marginal overhead per run: the same "
         f"difference between the two sweep sizes, per added run, where the fixed costs cancel. CPU: the seconds "

@@ -6,6 +6,7 @@ Public API::
     fedcomp.resume(run_dir) -> RunResult
     fedcomp.sweep(preset_or_file, search=, seeds=, overrides=, ...) -> SweepResult
     fedcomp.resume_sweep(sweep_dir) -> SweepResult
+    with fedcomp.keep_actors(): ...  (Ray-backend runs in the block reuse each other's actors)
     fedcomp.load_results(path) -> pandas.DataFrame
     fedcomp.load_config(source, overrides) -> Config
     fedcomp.verify(run_dir, backend=, overrides=) -> Verification (is every metric bit-identical?)
@@ -19,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
-    from fedcomp.api import resume, resume_sweep, run, sweep
+    from fedcomp.api import keep_actors, resume, resume_sweep, run, sweep
     from fedcomp.platform.config import Config, load_config, preset_names
     from fedcomp.platform.errors import (
         ClientFailure,
@@ -36,7 +37,8 @@ if TYPE_CHECKING:
     from fedcomp.verification import Verification, verify
 
 _HOME = {
-    "resume": "fedcomp.api", "resume_sweep": "fedcomp.api", "run": "fedcomp.api", "sweep": "fedcomp.api",
+    "keep_actors": "fedcomp.api", "resume": "fedcomp.api", "resume_sweep": "fedcomp.api", "run": "fedcomp.api",
+    "sweep": "fedcomp.api",
     "Config": "fedcomp.platform.config", "load_config": "fedcomp.platform.config",
     "preset_names": "fedcomp.platform.config",
     "ClientFailure": "fedcomp.platform.errors", "ConfigError": "fedcomp.platform.errors",
@@ -78,6 +80,7 @@ __all__ = [
     "ResourceError",
     "RunResult",
     "Verification",
+    "keep_actors",
     "load_config",
     "load_results",
     "preset_names",

@@ -1,8 +1,9 @@
-"""The Python API: ``fedcomp.run(...)``, ``fedcomp.resume(...)``, ``fedcomp.sweep(...)``."""
+"""The Python API: ``fedcomp.run(...)``, ``fedcomp.resume(...)``, ``fedcomp.sweep(...)``, ``fedcomp.keep_actors()``."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import contextlib
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -12,7 +13,7 @@ if TYPE_CHECKING:  # the runner and the backends import torch: a config is check
     from fedcomp.backends import make_server
     from fedcomp.platform.runner import RunResult
 
-__all__ = ["make_server", "resume", "resume_sweep", "run", "sweep"]
+__all__ = ["keep_actors", "make_server", "resume", "resume_sweep", "run", "sweep"]
 
 
 def __getattr__(name: str) -> Any:
@@ -50,6 +51,30 @@ def run(
     from fedcomp.platform.runner import execute
 
     return execute(config, make_server)
+
+
+@contextlib.contextmanager
+def keep_actors() -> Iterator[None]:
+    """Within this block, a Ray-backend run hands its actors to the next run of this process instead of killing
+    them; when the block ends, the ones still kept are killed.
+
+    The next run takes the actors started with the same resources and rebuilds them from its own config, as
+    their constructor would, so its numbers are a fresh run's. It skips starting those processes and importing
+    torch into each: seconds a run on a small machine (``benchmarks/SWEEP.md``, "in sequence, actors kept"). A
+    sweep does the same in each trial process (``keep_actors`` in a sweep spec). Local-backend runs are unaffected.
+
+    Example:
+        >>> with fedcomp.keep_actors():  # doctest: +SKIP
+        ...     results = [fedcomp.run("quickstart", algorithm__lr=lr) for lr in (0.1, 0.03, 0.01)]
+    """
+    from fedcomp.actors import kept  # no Ray import until actors are kept or killed
+
+    before = kept.keeping()
+    kept.keep_between_runs(True)
+    try:
+        yield
+    finally:
+        kept.keep_between_runs(before)  # off again: the actors still kept are killed
 
 
 def resume(run_dir: str | Path) -> RunResult:

@@ -79,3 +79,25 @@ def _running(pid: int) -> bool:
         return True
     except ProcessLookupError:
         return False
+
+
+@pytest.mark.slow
+def test_runs_in_a_keep_actors_block_take_each_others_actors_and_the_block_kills_them_at_its_end(ray_session, tmp_path):
+    """``fedcomp.keep_actors()``: the Python API's way to what a sweep's trial process does between its runs."""
+    import fedcomp
+    from fedcomp.actors import kept
+
+    kept.keep_between_runs(False)  # from here, only what this test keeps
+    over = small(**{"federation.backend": "ray", "federation.clients_per_actor": 2, "run.out": str(tmp_path)})
+    with fedcomp.keep_actors():
+        fedcomp.run("quickstart", over)
+        first = [actor for idle in kept._kept.values() for actor in idle]
+        second = fedcomp.run("quickstart", {**over, "run.seed": 1})
+        again = [actor for idle in kept._kept.values() for actor in idle]
+    assert len(first) == 2 and {a._actor_id for a in again} == {a._actor_id for a in first}
+    assert not kept.keeping() and not kept._kept
+    for actor in first:  # killed when the block ended
+        with pytest.raises(ray_session.exceptions.RayActorError):
+            ray_session.get(actor.__ray_ready__.remote(), timeout=30)
+    local = fedcomp.run("quickstart", {**over, "run.seed": 1, "federation.backend": "local"})
+    assert second.metrics.drop(columns="wall_time").equals(local.metrics.drop(columns="wall_time"))
