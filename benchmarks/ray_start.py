@@ -67,13 +67,14 @@ def main() -> None:
             runs[start].append(measure(start))
             clock.log(f"repeat {repeat + 1}/{args.repeats}, {start}: {runs[start][-1]}")
     rows = ["| start | monitor and API server launched (their logs in the session) | "
-            + " | ".join(f"{label}, median (range)" for label in COLUMNS.values()) + " |", "|---|---|" + "---:|" * len(COLUMNS)]
+            + " | ".join(f"{label}, median (range)" for label in COLUMNS.values()) + " |",
+            "|---|---|" + "---:|" * len(COLUMNS)]
     for start, label in STARTS.items():
         cells = [f"{statistics.median(r[c] for r in runs[start]):.2f} "
                  f"({min(r[c] for r in runs[start]):.2f}-{max(r[c] for r in runs[start]):.2f})" for c in COLUMNS]
         launched = {r["launched"] for r in runs[start]}
-        rows.append(f"| {label} | {'in some runs' if len(launched) > 1 else 'yes' if launched.pop() else 'no'} | "
-                    + " | ".join(cells) + " |")
+        seen = "yes" if launched == {True} else "no" if launched == {False} else "in some runs"
+        rows.append(f"| {label} | {seen} | " + " | ".join(cells) + " |")
     paired = [f"{statistics.median(f[c] / r[c] for f, r in zip(runs['fedcomp'], runs['ray'])):.2f}" for c in COLUMNS]
     rows.append("| fedcomp / Ray, paired within repeats (median) | — | " + " | ".join(paired) + " |")
     intro = (f"{common.generated_by()}, {clock.started_at}; load average before: {load_before}, after: "

@@ -8,9 +8,10 @@ fcsg-invariant-lr``, 486 runs in lockstep packs) end to end.
     python benchmarks/sweep_overhead.py --figure1  # the Figure 1 grid (and one of its runs alone): its own section
 
 Per backend and variant: the sweep's wall time, the same 12 runs' wall time in sequence (``fedcomp.run`` in this
-process, the same Ray instance for the Ray backend; and again inside ``fedcomp.keep_actors()``), their ratio, and the per-run overhead: the trial slots the
-sweep used (concurrent trials x its wall time) less the runs' own training time, per run -- Tune's trial
-process and bookkeeping, building the task, and for the Ray backend starting the server and client actors.
+process, the same Ray instance for the Ray backend; and again inside ``fedcomp.keep_actors()``), their ratio, and
+the per-run overhead: the trial slots the sweep used (concurrent trials x its wall time) less the runs' own training
+time, per run -- Tune's trial process and bookkeeping, building the task, and for the Ray backend starting the
+server and client actors.
 Numbers are measured, never asserted: the machine is shared and noisy, so the Figure 1 section also gives the
 CPU seconds every process of the sweep used (this process, and its Ray's processes read from ``/proc`` while
 they run) and the wall time those would take on 2 otherwise idle cores.

@@ -95,7 +95,7 @@ IDLE_DAEMONS = ("start_monitor", "start_api_server")
 def idle_daemons_not_started() -> Iterator[None]:
     """While it lasts, a local Ray that this process starts starts neither its autoscaler monitor nor its API server
     (:func:`end_idle_daemons` says why neither serves a run). Started, then ended, they cost time: ``ray.init`` waits
-    for the API server to publish its address (``Ray ready in`` 2.5 -> 1.9 s on a 2-core machine), and both import
+    for the API server to publish its address (Ray ready 3.09 -> 1.77 s: benchmarks/RAY_START.md), and both import
     Ray's modules while the raylet starts. Where this Ray has no such methods (another version), nothing changes,
     and :func:`end_idle_daemons` ends whatever it started."""
     node = getattr(getattr(ray._private, "node", None), "Node", None)  # the class ``ray.init`` starts a node with
