@@ -36,6 +36,8 @@ import pandas as pd
 import common
 import fedcomp
 from fedcomp.actors.cluster import connect
+from fedcomp.sweeps.spec import SweepSpec, load_spec
+from fedcomp.sweeps.trial import default_max_concurrent
 
 WORKLOAD = {
     "task.test_samples": 5000,
@@ -48,16 +50,16 @@ WORKLOAD = {
 }
 GRID = {"algorithm.lr": [0.01, 0.005, 0.001], "algorithm.beta": [0.1, 0.9]}
 SEEDS = 2
-CONCURRENT = 2
 VARIANTS = {
     "fresh process per trial": {"reuse_actors": False, "keep_actors": False},
     "reused trial processes, fresh actors per run": {"reuse_actors": True, "keep_actors": False},
     "reused trial processes and actors (default)": {"reuse_actors": True, "keep_actors": True},
     "packed, 6 runs per trial, one at a time": {"reuse_actors": True, "pack": "sequential", "pack_size": 6},
-    "one trial process at a time (max_concurrent 1), reused, kept actors": {"reuse_actors": True, "keep_actors": True,
-                                                                          "max_concurrent": 1},
+    "the other concurrency (max_concurrent: 1 local, 2 Ray), reused, kept actors": {
+        "reuse_actors": True, "keep_actors": True, "max_concurrent": {"local": 1, "ray": 2}},
 }
-"""The sweep's trial machinery per row; every variant runs CONCURRENT trials at a time unless it says otherwise."""
+"""The sweep's trial machinery per row; every variant runs the default number of trials at a time (local: two, as
+many as fit; Ray: one, a CPU for each of a trial's three processes) unless it says otherwise."""
 
 
 def cpu_seconds() -> float:
@@ -132,19 +134,28 @@ def sequential(backend: str, root: Path, keep: bool = False) -> float:
     return time.perf_counter() - started
 
 
+def trials_at_once(spec: SweepSpec, cpus: float) -> int:
+    """The trials the sweep ran at a time: its ``max_concurrent``, else fedcomp's default, else Tune's fit."""
+    if spec.max_concurrent is not None:
+        return spec.max_concurrent
+    configs = [spec.base_config(**point) for point in spec.points()]
+    return default_max_concurrent(spec, configs, cpus, False) or int(cpus // spec.cpus_per_trial)
+
+
 def measure(backend: str, variant: dict[str, Any], root: Path, seeds: int = SEEDS) -> dict[str, float]:
     overrides = {**WORKLOAD, "federation.backend": backend, "run.out": str(root / backend)}
+    settings = {k: v[backend] if isinstance(v, dict) else v for k, v in variant.items()}
+    spec = load_spec({"base": "quickstart", "set": overrides, "grid": GRID, "seeds": seeds, "cpus_per_trial": 1.0,
+                      **settings})
     cpu0, tree = cpu_seconds(), TreeCPU()
     with tree:
         started = time.perf_counter()
-        result = fedcomp.sweep({"base": "quickstart", "set": overrides, "grid": GRID, "seeds": seeds,
-                                "cpus_per_trial": 1.0, **variant})
+        result = fedcomp.sweep(spec)
         sweep_s = time.perf_counter() - started
     n = result.trials["trial"].nunique()
-    # Two trials run at a time (cpus_per_trial = 1 on 2 CPUs) unless the variant says fewer: the sweep had that
-    # many times its wall time of trial slots. A packed trial's runs follow one another: each run's own time is
-    # its last wall_time.
-    slots = int(variant.get("max_concurrent", CONCURRENT))
+    # The sweep had its trials at a time x its wall time of trial slots. A packed trial's runs follow one another:
+    # each run's own time is its last wall_time.
+    slots = trials_at_once(spec, connect()["CPU"])
     own = common.trials_seconds(result.trials)
     tune_trials = len([p for p in result.path.iterdir() if p.is_dir()])
     return {"runs": n, "tune_trials": tune_trials, "sweep_s": sweep_s, "own_s": own, "slots": slots,
@@ -178,8 +189,9 @@ def overhead_table(backends: list[str]) -> tuple[str, list[str]]:
                 )
                 print(lines[-1], flush=True)
     intro = (
-        f"{common.generated_by()}, Ray with {cpus:g} CPUs, cpus_per_trial = 1 (two trials at a time unless the "
-        f"variant says otherwise); the variants ran side by side in this one run. Workload: invariant-logreg "
+        f"{common.generated_by()}, Ray with {cpus:g} CPUs, cpus_per_trial = 1; trials at a time: the default "
+        f"(local backend: two, as many as fit; Ray backend: one, a CPU for each of a trial's three processes) "
+        f"unless the variant says otherwise; the variants ran side by side in this one run. Workload: invariant-logreg "
         f"FCSG-M, 4 clients (2 client actors), q = 10, 10 rounds; grid lr {GRID['algorithm.lr']} x beta "
         f"{GRID['algorithm.beta']} x {SEEDS} seeds, and again with {2 * SEEDS} seeds. In sequence: the 12 runs by "
         f"`fedcomp.run` one after another in this process, on fresh actors each, then inside `fedcomp.keep_actors()` "
@@ -207,7 +219,7 @@ def figure1(root: Path) -> list[str]:
     alone_wall, alone_cpu = time.perf_counter() - wall0, cpu_seconds() - cpu0
     with TreeCPU() as tree:
         cpu0, wall0 = cpu_seconds(), time.perf_counter()
-        connect()
+        cpus = connect()["CPU"]
         result = fedcomp.sweep("fcsg-invariant-lr", overrides={"run.out": str(root / "fig1")})
         wall = time.perf_counter() - wall0
         tree._sample()  # before the shutdown ends Ray's processes
@@ -218,7 +230,7 @@ def figure1(root: Path) -> list[str]:
     tune_trials = len([p for p in result.path.iterdir() if p.is_dir()])
     # a lockstep trial's configurations share its clock: its own time is its longest configuration's
     trial_time = result.trials.groupby(result.trials["trial"].str.rsplit("-", n=1).str[0])["wall_time"].max().sum()
-    cores = os.cpu_count() or 1
+    cores, slots = os.cpu_count() or 1, trials_at_once(result.spec, cpus)
     gap = lockstep_gap(result.trials, root / "check")
     return [
         "## The FCSG Figure 1 grid end to end",
@@ -235,8 +247,8 @@ def figure1(root: Path) -> list[str]:
         f"| sweep wall time, end to end (min) | {wall / 60:.1f} |",
         f"| CPU time of every process of the sweep, summed (min) | {cpu / 60:.1f} |",
         f"| Tune trials' own run time (drive loops), summed (min) | {trial_time / 60:.1f} |",
-        f"| per-run overhead: ({CONCURRENT} x sweep wall - trials' own run time) / runs (s) | "
-        f"{(CONCURRENT * wall - trial_time) / runs:.2f} |",
+        f"| per-run overhead: ({slots} x sweep wall - trials' own run time) / runs (s) | "
+        f"{(slots * wall - trial_time) / runs:.2f} |",
         f"| CPU time per run (s) | {cpu / runs:.2f} |",
         f"| estimate on {cores} otherwise idle cores: summed CPU / {cores} (min) | {cpu / cores / 60:.1f} |",
         f"| lockstep vs alone: largest difference in test_accuracy, test_loss, train_loss over every row of "

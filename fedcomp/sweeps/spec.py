@@ -78,9 +78,9 @@ class SweepSpec(BaseModel):
     table: TableSpec | None = Field(None, description="tabulate the report in a paper's layout")
     scheduler: Literal["none", "asha"] = "none"
     grace_rounds: int = Field(5, ge=1, description="ASHA: rounds every trial gets before it can be stopped")
-    max_concurrent: int | None = Field(None, ge=1, description="trials running at once (default: as many as fit; "
-                                       "for tiny runs on few cores 1 spends less CPU for no more wall time: "
-                                       "benchmarks/SWEEP.md)")
+    max_concurrent: int | None = Field(None, ge=1, description="trials running at once (default: as many as fit, "
+                                       "and for Ray-backend trials whose actors share the trial's CPUs, as many "
+                                       "as give each of their processes a whole CPU: benchmarks/SWEEP.md)")
     cpus_per_trial: float = Field(1.0, gt=0, description="CPUs one trial's server and client actors share")
     gpus_per_trial: float = Field(1.0, ge=0, description="GPUs one trial's clients share, where the cluster has GPUs")
     placement: Literal["pack", "spread"] = Field("pack", description="placement-group strategy of a trial")

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -92,6 +92,18 @@ def trial_resources(spec: SweepSpec, config: Config, cluster_has_gpus: bool) -> 
             bundle["GPU"] = floor_share(gpc * hosted)
         bundles.append(bundle)
     return TrialResources(tuple(bundles), share, gpc)
+
+
+def default_max_concurrent(spec: SweepSpec, configs: Iterable[Config], cluster_cpus: float, cluster_has_gpus: bool) -> int | None:
+    """Trials at once where the spec leaves ``max_concurrent`` unset: as many as give every process of a Ray-backend
+    trial whose actors share its CPUs (``cpus_per_actor: auto``, the default) a whole CPU, at least one; None (Tune's
+    own fit, as many as the bundles allow) where no trial is such. By the bundles alone, two 2-actor trials share the
+    2 CPUs of a laptop as six processes, which is slower for every run (``benchmarks/SWEEP.md``: the wall time and the
+    CPU of a 12-run sweep of tiny runs fall by about a quarter and a half with one at a time). ``configs``: every
+    configuration the sweep may run (the grid's points, the Optuna axes' corners)."""
+    processes = [len(trial_resources(spec, config, cluster_has_gpus).bundles) for config in configs
+                 if config.federation.backend == "ray" and config.federation.cpus_per_actor == "auto"]
+    return max(1, int(cluster_cpus // max(processes))) if processes else None
 
 
 def members(trial: Mapping[str, Any]) -> list[dict[str, Any]]:

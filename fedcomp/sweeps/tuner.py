@@ -41,7 +41,14 @@ from fedcomp.sweeps.callbacks import (
 from fedcomp.sweeps.edges import EXTEND_JSON
 from fedcomp.sweeps.packs import make_packs, read_pack_rows, run_pack
 from fedcomp.sweeps.spec import SweepSpec, corners, load_spec
-from fedcomp.sweeps.trial import members, placement_group_factory, read_trial_rows, run_trial, trial_resources
+from fedcomp.sweeps.trial import (
+    default_max_concurrent,
+    members,
+    placement_group_factory,
+    read_trial_rows,
+    run_trial,
+    trial_resources,
+)
 
 if TYPE_CHECKING:
     from ray import tune
@@ -72,13 +79,25 @@ def _flatten(config: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
     return {f"{section}.{key}": value for section, block in config.items() for key, value in block.items()}
 
 
+def _checked_points(spec: SweepSpec) -> list[dict[str, Any]]:
+    """The configurations checked before a sweep: the grid's points, or the Optuna axes' corners."""
+    return spec.points() if spec.search == "grid" else corners(spec)
+
+
+def _max_concurrent(spec: SweepSpec, cluster: Mapping[str, float], has_gpus: bool) -> int | None:
+    """The spec's ``max_concurrent``, else :func:`~fedcomp.sweeps.trial.default_max_concurrent` on this cluster."""
+    if spec.max_concurrent is not None:
+        return spec.max_concurrent
+    configs = [spec.base_config(**point) for point in _checked_points(spec)]
+    return default_max_concurrent(spec, configs, float(cluster.get("CPU", 0.0)), has_gpus)
+
+
 def _check_fits(spec: SweepSpec, cluster: Mapping[str, float], has_gpus: bool) -> None:
     """Fail at once when a single trial cannot be placed on this cluster (Tune would wait forever)."""
     import ray
 
     nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
-    points = spec.points() if spec.search == "grid" else corners(spec)
-    for point in points:
+    for point in _checked_points(spec):
         config = spec.base_config(**point)
         res = trial_resources(spec, config, has_gpus)
         what = f"trial {point}" if point else "a trial"
@@ -121,7 +140,7 @@ def _param_space(spec: SweepSpec) -> dict[str, Any]:
     return space
 
 
-def _tune_config(spec: SweepSpec) -> tune.TuneConfig:
+def _tune_config(spec: SweepSpec, max_concurrent: int | None) -> tune.TuneConfig:
     from ray import tune
 
     metric, mode = spec.resolved_metric()
@@ -145,7 +164,7 @@ def _tune_config(spec: SweepSpec) -> tune.TuneConfig:
         )
     return tune.TuneConfig(
         metric=metric, mode=mode, search_alg=search_alg, scheduler=scheduler, num_samples=num_samples,
-        max_concurrent_trials=spec.max_concurrent,
+        max_concurrent_trials=max_concurrent,
         reuse_actors=spec.reuse_actors,
     )
 
@@ -238,7 +257,7 @@ def sweep(
     tuner = tune.Tuner(
         _trainable(spec, has_gpus),
         param_space=_param_space(spec),
-        tune_config=_tune_config(spec),
+        tune_config=_tune_config(spec, _max_concurrent(spec, cluster, has_gpus)),
         run_config=_run_config(spec, path, verbose),
     )
     return _extended(_fit(tuner, spec, path, verbose), cluster, has_gpus, verbose)
@@ -392,7 +411,8 @@ def _extended(result: SweepResult, cluster: Mapping[str, float], has_gpus: bool,
                                            resume_errored=True)
         else:
             tuner = tune.Tuner(_trainable(step, has_gpus), param_space=_param_space(step),
-                               tune_config=_tune_config(step), run_config=_run_config(step, folder, verbose))
+                               tune_config=_tune_config(step, _max_concurrent(step, cluster, has_gpus)),
+                               run_config=_run_config(step, folder, verbose))
         with _quiet_tune(verbose):
             return collect(_fitted(tuner, result.path), step)
 

@@ -12,7 +12,7 @@ import pytest
 from fedcomp.actors.quiet_exit import drop_lost_exits_in_a_worker
 from fedcomp.platform.errors import ResourceError
 from fedcomp.sweeps.spec import load_spec
-from fedcomp.sweeps.trial import pinned_config, placement_group_factory, trial_resources
+from fedcomp.sweeps.trial import default_max_concurrent, pinned_config, placement_group_factory, trial_resources
 from tests.conftest import unraisable_hooks_in_a_fresh_worker
 
 BASE = {"base": "quickstart", "set": {"federation.clients": 4, "federation.clients_per_actor": 2,
@@ -61,6 +61,30 @@ def test_too_many_actors_for_the_trial_budget_is_one_line():
     s = load_spec({**BASE, "set": {"federation.clients": 100000, "federation.clients_per_actor": 1}, "cpus_per_trial": 1.0})
     with pytest.raises(ResourceError, match="cpus_per_trial = 1 is too small for 100000 client actors"):
         trial_resources(s, s.base_config(), False)
+
+
+def _configs(spec):
+    return [spec.base_config(**point) for point in spec.points()]
+
+
+@pytest.mark.parametrize(("cpus", "expected"), [(2, 1), (3, 1), (4, 1), (8, 2), (16, 4), (64, 16)])
+def test_by_default_ray_trials_run_as_many_at_once_as_give_each_process_a_cpu(cpus, expected):
+    # BASE: the trainable, the server actor and two client actors: four processes a trial
+    s = load_spec(BASE)
+    assert default_max_concurrent(s, _configs(s), cpus, False) == expected
+
+
+def test_the_default_concurrency_counts_a_grids_largest_trial():
+    s = load_spec({**BASE, "grid": {"federation.clients": [2, 10]}})  # 3 and 7 processes
+    assert default_max_concurrent(s, _configs(s), 16, False) == 2
+    replicated = load_spec({**BASE, "set": {**BASE["set"], "federation.server": "replicated"}})
+    assert default_max_concurrent(replicated, _configs(replicated), 16, False) == 5
+
+
+@pytest.mark.parametrize("override", [{"federation.backend": "local"}, {"federation.cpus_per_actor": 0.25}])
+def test_local_trials_and_pinned_actor_shares_leave_concurrency_to_tunes_fit(override):
+    s = load_spec({**BASE, "set": {**BASE["set"], **override}})
+    assert default_max_concurrent(s, _configs(s), 2, False) is None
 
 
 @pytest.mark.slow

@@ -66,9 +66,10 @@ def client_pids(result) -> dict[str, tuple[int, ...]]:
 
 
 def test_grid_sweep_with_more_trials_than_cpus_matches_single_runs(ray_session, tmp_path):
-    # One CPU per trial: two trials (each a server actor and two client actors) share the 2 CPUs at once; the
-    # last two run in finished trials' processes, on their kept actors.
-    result = fedcomp.sweep(tiny(tmp_path, grid={"algorithm.lr": [0.1, 0.05]}, seeds=2, cpus_per_trial=1))
+    # One CPU per trial, two at once (not the default on 2 CPUs): two trials (each a server actor and two client
+    # actors) share the 2 CPUs; the last two run in finished trials' processes, on their kept actors.
+    result = fedcomp.sweep(tiny(tmp_path, grid={"algorithm.lr": [0.1, 0.05]}, seeds=2, cpus_per_trial=1,
+                                max_concurrent=2))
     trials = result.trials
     assert result.path.parent == tmp_path and (result.path / "trials.parquet").is_file()
     assert trials["trial"].nunique() == 4 > ray_session.cluster_resources()["CPU"]
@@ -93,11 +94,15 @@ def test_grid_sweep_with_more_trials_than_cpus_matches_single_runs(ray_session, 
 
 def test_a_sweep_with_the_server_replicated_on_the_client_actors_matches_single_runs(ray_session, tmp_path):
     """Three trials whose runs replicate the server on their two client actors (no server actor, no bundle for
-    one), the later ones on kept actors: each trial's rows are ``fedcomp.run``'s on the local backend, exactly."""
+    one), the later ones on kept actors: each trial's rows are ``fedcomp.run``'s on the local backend, exactly.
+    By default a trial's three processes get a CPU each, so on 2 CPUs the trials run one at a time, all three in
+    one trial process on the same two client actors."""
     result = fedcomp.sweep(tiny(tmp_path, set={"federation.server": "replicated"}, grid={"algorithm.lr": [0.1, 0.05, 0.02]},
                                 cpus_per_trial=1))
     trials = result.trials
     assert set(trials["status"]) == {"completed"} and trials["trial"].nunique() == 3
+    pids = client_pids(result)
+    assert len(pids) == 3 and len(set(pids.values())) == 1 and len(next(iter(pids.values()))) == 2
     assert_rows_once(trials, 4)
     for trial in sorted(trials["trial"].unique()):
         swept, alone = reference(trials, trial)
