@@ -6,6 +6,7 @@ fcsg-invariant-lr``, 486 runs in lockstep packs) end to end.
 
     python benchmarks/sweep_overhead.py            # the 12-run table -> benchmarks/SWEEP.md
     python benchmarks/sweep_overhead.py --figure1  # the Figure 1 grid (and one of its runs alone): its own section
+    python benchmarks/sweep_overhead.py --longer   # longer Ray-backend runs, one trial at a time and two
 
 Per backend and variant: the sweep's wall time, the same 12 runs' wall time in sequence (``fedcomp.run`` in this
 process, the same Ray instance for the Ray backend; and again inside ``fedcomp.keep_actors()``), their ratio, and
@@ -284,13 +285,65 @@ def lockstep_gap(trials: pd.DataFrame, out: Path) -> float:
     return worst
 
 
+LONGER_ROUNDS = 200
+LONGER_GRID = {"algorithm.lr": [0.01, 0.005]}
+
+
+def longer(root: Path, repeats: int = 2) -> list[str]:
+    """Ray-backend sweeps of runs that compute for longer than they take to start (the 12-run workload with
+    :data:`LONGER_ROUNDS` rounds, 4 runs), at the default number of trials at a time and two at a time,
+    alternating (ABBA) over ``repeats`` pairs: does one trial at a time on 2 CPUs cost such sweeps time?"""
+    cpus = connect()["CPU"]
+    overrides = {**WORKLOAD, "federation.backend": "ray", "run.rounds": LONGER_ROUNDS,
+                 "run.eval_every": LONGER_ROUNDS // 4}
+    order = [None, 2, 2, None] * ((repeats + 1) // 2)
+    measured: dict[int | None, list[tuple[float, float, float]]] = {None: [], 2: []}
+    for i, at_once in enumerate(order[: 2 * repeats]):
+        spec = load_spec({"base": "quickstart", "set": {**overrides, "run.out": str(root / f"longer{i}")},
+                          "grid": LONGER_GRID, "seeds": 2, "cpus_per_trial": 1.0, "max_concurrent": at_once})
+        with TreeCPU() as tree:
+            started = time.perf_counter()
+            result = fedcomp.sweep(spec)
+            wall = time.perf_counter() - started
+        runs = result.trials["trial"].nunique()
+        measured[at_once].append((wall, common.trials_seconds(result.trials) / runs, tree.seconds))
+        print(f"longer, max_concurrent {at_once}: {wall:.1f} s", flush=True)
+    default = load_spec({"base": "quickstart", "set": overrides, "grid": LONGER_GRID, "cpus_per_trial": 1.0})
+    labels = {None: f"default ({trials_at_once(default, cpus)} at a time here)", 2: "two at a time (max_concurrent 2)"}
+    lines = [
+        "## Longer runs on the Ray backend: one trial at a time or two",
+        "",
+        f"The 12-run table's workload with {LONGER_ROUNDS} rounds (evaluated every {LONGER_ROUNDS // 4}), grid lr "
+        f"{LONGER_GRID['algorithm.lr']} x 2 seeds (4 runs, 2 client actors each), Ray backend, cpus_per_trial = 1 on "
+        f"{cpus:g} CPUs; the two settings alternated (ABBA), {repeats} sweeps each, every value listed in the order "
+        f"run. Load average at the end: {os.getloadavg()[0]:.1f}.",
+        "",
+        "| trials at a time | sweep wall (s) | a run's own time, mean (s) | CPU of every process (s) |",
+        "|---|---:|---:|---:|",
+    ]
+    for at_once, label in labels.items():
+        walls, owns, cpu = zip(*measured[at_once])
+        lines.append(f"| {label} | {' / '.join(f'{w:.1f}' for w in walls)} | {' / '.join(f'{o:.2f}' for o in owns)} "
+                     f"| {' / '.join(f'{c:.1f}' for c in cpu)} |")
+    return [*lines, ""]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--backends", nargs="+", default=["local", "ray"], choices=["local", "ray"])
     parser.add_argument("--figure1", action="store_true", help="run the Figure 1 grid end to end (its own section)")
+    parser.add_argument("--longer", action="store_true",
+                        help="Ray-backend sweeps of longer runs, one trial at a time and two (their own section)")
     args = parser.parse_args()
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     report = common.HERE / "SWEEP.md"
+    if args.longer:
+        with tempfile.TemporaryDirectory() as tmp:
+            lines = longer(Path(tmp))
+        text = "\n".join([*lines[:2], f"{common.generated_by()}.", "", *lines[2:]])
+        print(text)
+        common.put_section(report, "sweep_overhead.py --longer", text)
+        return
     if args.figure1:
         with tempfile.TemporaryDirectory() as tmp:
             lines = figure1(Path(tmp))
