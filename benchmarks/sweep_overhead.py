@@ -285,7 +285,7 @@ def lockstep_gap(trials: pd.DataFrame, out: Path) -> float:
     return worst
 
 
-LONGER_ROUNDS = 200
+LONGER_ROUNDS = 1000
 LONGER_GRID = {"algorithm.lr": [0.01, 0.005]}
 
 
