@@ -157,7 +157,7 @@ class TensorBoardTracker(Tracker):
     name = "tensorboard"
 
     def __init__(self, run_dir: Path, config: Mapping[str, Any], run_id: str, start_round: int) -> None:
-        SummaryWriter = _tensorboardx().SummaryWriter
+        SummaryWriter = tensorboardx().SummaryWriter
 
         self.logdir = Path(run_dir) / TENSORBOARD_DIR
         self.config, self.counters = config, _counter_names()
@@ -210,7 +210,7 @@ class TensorBoardTracker(Tracker):
         self.writer.close()
 
 
-def _tensorboardx() -> Any:
+def tensorboardx() -> Any:
     """tensorboardX, imported without torch where this process has not imported torch.
 
     tensorboardX imports torch whenever it is installed, only to take tensors as values (fedcomp gives it floats): a

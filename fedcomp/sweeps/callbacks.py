@@ -27,11 +27,15 @@ from fedcomp.platform.progress import duration, resolve, write_line
 
 
 def tracking_environment(track: str) -> None:
-    """What Tune's tracking callback for ``track`` reads from this process's environment, set before every fit --
-    a new sweep's, and a resumed one's, whose callbacks Tune unpickles: W&B logs offline unless ``WANDB_MODE``
-    says otherwise (without it, Tune's W&B callback asks for an API key, and a resumed W&B sweep failed so)."""
+    """What Tune's tracking callback for ``track`` finds in this process, set before every fit -- a new sweep's, and
+    a resumed one's, whose callbacks Tune unpickles: W&B logs offline unless ``WANDB_MODE`` says otherwise (without
+    it, Tune's W&B callback asks for an API key, and a resumed W&B sweep failed so); tensorboardX is imported without
+    torch (:func:`fedcomp.platform.tracking.tensorboardx`), so that the sweep's driver, which runs Tune's callbacks
+    and no trial, never imports torch (about 400 MiB and a second of start-up)."""
     if track == "wandb":
         os.environ.setdefault("WANDB_MODE", "offline")
+    elif track == "tensorboard":
+        tracking.tensorboardx()
 
 
 def logger_callbacks(track: str, path: Path, spec_json: str) -> list[Callback]:
@@ -39,6 +43,7 @@ def logger_callbacks(track: str, path: Path, spec_json: str) -> list[Callback]:
     (``spec_json``: the sweep's spec, from which MLflow gets every trial's full config)."""
     from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback, TBXLoggerCallback
 
+    tracking_environment(track)
     callbacks: list[Callback] = [CSVLoggerCallback(), JsonLoggerCallback()]
     if track == "tensorboard":
         callbacks.append(TBXLoggerCallback())
@@ -55,7 +60,6 @@ def logger_callbacks(track: str, path: Path, spec_json: str) -> list[Callback]:
     elif track == "wandb":
         from fedcomp.sweeps.wandb_logger import SweepWandbLoggerCallback
 
-        tracking_environment(track)
         mode = os.environ["WANDB_MODE"]
         callbacks.append(SweepWandbLoggerCallback(
             project=os.environ.get("WANDB_PROJECT", "fedcomp"), group=path.name, mode=mode,

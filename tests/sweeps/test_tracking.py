@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -151,6 +152,42 @@ def test_tensorboard_event_files_in_every_trial_folder_and_none_without_tracking
     none = sweep(tmp_path / "none", "none")
     assert not list(none.path.rglob("events.out.tfevents.*"))
     assert len(list(none.path.rglob("progress.csv"))) == 2  # Tune's own result files stay
+
+
+DRIVER = """
+import sys
+import fedcomp
+if sys.argv[1] == "new":
+    result = fedcomp.sweep({"base": "quickstart", "set": {**eval(sys.argv[2]), "run.track": "tensorboard"}},
+                           ray_address=sys.argv[3])
+else:
+    result = fedcomp.resume_sweep(sys.argv[2], ray_address=sys.argv[3])
+print(result.path, result.trials["round"].max(), "torch" in sys.modules)
+"""
+
+
+def test_a_tensorboard_sweeps_driver_imports_no_torch_new_or_resumed(ray_session, tmp_path):
+    """tensorboardX imports torch when it can, which put torch's CUDA build (~400 MiB, a second to import) into a
+    sweep's driver, where Tune's TensorBoard logger runs; fedcomp imports it first, without torch, also before
+    Tune unpickles the logger of a sweep it resumes. The events are written all the same."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    address = ray_session.get_runtime_context().gcs_address
+    env = {**os.environ, "RAY_ADDRESS": ""}
+
+    def driver(*args: str) -> list[str]:
+        done = subprocess.run([sys.executable, "-c", DRIVER, *args, address], capture_output=True, text=True,
+                              timeout=300, env=env)
+        assert done.returncode == 0, done.stderr[-3000:]
+        return done.stdout.split()
+
+    folder, rounds, torch = driver("new", repr({**TINY, "run.out": str(tmp_path), "run.progress": "none"}))
+    assert (rounds, torch) == ("3", "False")
+    [events] = Path(folder).rglob("events.out.tfevents.*")
+    accumulator = EventAccumulator(str(events.parent))
+    accumulator.Reload()
+    assert [e.value for e in accumulator.Scalars("ray/tune/round")] == [0, 1, 2, 3]
+    assert driver("resume", folder) == [folder, "3", "False"]
 
 
 def test_wandb_gets_one_offline_run_per_trial_in_its_folder(ray_session, tmp_path, monkeypatch, capfd):
