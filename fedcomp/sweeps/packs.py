@@ -26,7 +26,15 @@ from fedcomp.platform.config import Config
 from fedcomp.platform.runner import RoundDone, drive
 from fedcomp.sweeps.spec import SweepSpec
 from fedcomp.sweeps.staging import staging_folder
-from fedcomp.sweeps.trial import FAULT_EXIT, members, pinned_config, read_trial_rows, trial_process, write_run_files
+from fedcomp.sweeps.trial import (
+    FAULT_EXIT,
+    members,
+    pinned_config,
+    read_trial_rows,
+    torch_for,
+    trial_process,
+    write_run_files,
+)
 
 PACK_JSON = "pack.json"
 SEQUENTIAL_PACK = 8
@@ -137,6 +145,7 @@ def run_pack(trial: dict[str, Any], spec_json: str, cluster_has_gpus: bool, env:
     every configuration's evaluation rows tagged with its index, and checkpoint them all together."""
     spec = trial_process(spec_json, env)
     configs = [pinned_config(spec, m, cluster_has_gpus) for m in members(trial)]
+    torch_for(configs)
     restored = tune.get_checkpoint()
     resumed, saved, done = _restore(restored)
     exit_round = int(env.get(FAULT_EXIT, 0)) if restored is None else 0

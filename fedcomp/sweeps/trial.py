@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +23,7 @@ from typing import Any, cast
 from ray import tune
 
 from fedcomp.actors.cluster import floor_share
-from fedcomp.actors.quiet_exit import drop_lost_exits, drop_lost_exits_in_a_worker, in_a_ray_worker
+from fedcomp.actors.quiet_exit import drop_lost_exits, drop_lost_exits_in_a_worker
 from fedcomp.platform import results
 from fedcomp.platform.config import Config
 from fedcomp.platform.errors import ResourceError
@@ -33,18 +34,6 @@ from fedcomp.sweeps.staging import staging_folder
 FAULT_EXIT = "FEDCOMP_FAULT_TRIAL_EXIT"  # "ROUND": a fresh (not restored) trial process exits at that round
 
 drop_lost_exits_in_a_worker()  # Tune stops trial processes with SIGTERM (all on Ctrl-C), some before they run a trial
-
-
-def _torch_before_tunes_streams() -> None:
-    """In a trial's process, import torch as Ray loads this module: before Tune points ``sys.stdout`` and
-    ``sys.stderr`` at the trial's log files. torch's loggers take the streams they find at import and flush them at
-    exit, when Tune has closed those files: a warning per stream, forwarded to the driver's terminal after a
-    Ctrl-C'd sweep's last line. A sweep's driver, which loads this module too, imports no torch here."""
-    if in_a_ray_worker():
-        import torch  # noqa: F401
-
-
-_torch_before_tunes_streams()
 
 
 @dataclass(frozen=True)
@@ -146,15 +135,42 @@ def _save(directory: Path, checkpoint: bytes, rows: list[dict[str, Any]],
     return cast(tune.Checkpoint, tune.Checkpoint.from_directory(str(directory)))
 
 
-def trial_process(spec_json: str, env: dict[str, str]) -> SweepSpec:
-    """What every trainable (a trial, a packed trial) sets up in its process first; returns the sweep's spec."""
+def computes_here(config: Config) -> bool:
+    """Whether a run of ``config`` computes in the process that drives it: on the local backend, or with the server
+    in the driver. Otherwise its driver handles numbers and bytes, and imports no torch."""
+    return config.federation.backend == "local" or config.federation.server == "driver"
+
+
+def torch_for(configs: Iterable[Config]) -> None:
+    """Import torch into this trial process, with one thread, where a run of ``configs`` computes here
+    (:func:`computes_here`); leave it out otherwise: a Ray-backend trial's process then holds no torch (its CUDA
+    build: about 400 MiB, and a second to import).
+
+    Imported with ``sys.stdout`` and ``sys.stderr`` back at the process's own streams: Tune points them at the
+    trial's log files, and torch's loggers keep the streams they find at import and flush them at exit, when Tune has
+    closed those files -- a warning per stream, forwarded to the driver's terminal after a Ctrl-C'd sweep's last
+    line."""
+    if not any(computes_here(config) for config in configs):
+        return
+    if "torch" not in sys.modules:
+        trial_streams = sys.stdout, sys.stderr
+        sys.stdout, sys.stderr = sys.__stdout__ or sys.stdout, sys.__stderr__ or sys.stderr
+        try:
+            import torch
+        finally:
+            sys.stdout, sys.stderr = trial_streams
     import torch
 
+    torch.set_num_threads(1)
+
+
+def trial_process(spec_json: str, env: dict[str, str]) -> SweepSpec:
+    """What every trainable (a trial, a packed trial) sets up in its process first; returns the sweep's spec. The
+    trainable then calls :func:`torch_for` with its runs' configs."""
     from fedcomp.actors.kept import keep_between_runs
 
     drop_lost_exits()  # also where the module was loaded outside a Ray worker
     os.environ.update(env)  # the driver's FEDCOMP_* settings, passed on to the actors this trial starts
-    torch.set_num_threads(1)
     logging.getLogger("ray.train").setLevel(logging.WARNING)  # one "checkpoint created" line per save is noise
     logging.getLogger("ray.tune").setLevel(logging.WARNING)
     spec = SweepSpec.model_validate_json(spec_json)
@@ -170,6 +186,7 @@ def run_trial(trial: dict[str, Any], spec_json: str, cluster_has_gpus: bool, env
 
     spec = trial_process(spec_json, env)
     config = pinned_config(spec, trial, cluster_has_gpus)
+    torch_for([config])
     restored = tune.get_checkpoint()
     checkpoint = None
     if restored is not None:

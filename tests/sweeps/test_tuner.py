@@ -11,8 +11,10 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import pytest
@@ -107,6 +109,48 @@ def test_a_sweep_with_the_server_replicated_on_the_client_actors_matches_single_
     for trial in sorted(trials["trial"].unique()):
         swept, alone = reference(trials, trial)
         pd.testing.assert_frame_equal(swept, alone, check_dtype=False, check_exact=True)
+
+
+def test_a_ray_backend_trials_process_holds_no_torch_and_its_client_actors_do(ray_session, tmp_path):
+    """The trial's process drives the run and handles numbers and bytes, as a Ray run's driver: no torch (its CUDA
+    build ~400 MiB); its client actors compute. Read from the live processes' memory maps while the sweep runs."""
+    maps: dict[str, list[str]] = {"trial": [], "actors": []}
+
+    def read(pid: int) -> str:
+        try:
+            return Path(f"/proc/{pid}/maps").read_text()
+        except OSError:  # ended meanwhile
+            return ""
+
+    def parsed(text: str) -> Any:
+        try:
+            return json.loads(text)
+        except ValueError:  # Tune is still writing it
+            return None
+
+    def watch() -> None:
+        deadline = time.time() + 240
+        while time.time() < deadline and not (maps["trial"] and maps["actors"]):
+            for report in tmp_path.glob("*/*/result.json"):
+                first = parsed(report.read_text().split("\n", 1)[0])
+                if first is not None and not maps["trial"]:
+                    maps["trial"] = [read(first["pid"])]
+            for placement in tmp_path.glob("*/*/checkpoint_*/placement.json"):
+                actors = parsed(placement.read_text())
+                if actors is not None and not maps["actors"]:
+                    maps["actors"] = [read(actor["pid"]) for actor in actors]
+            time.sleep(0.02)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    result = fedcomp.sweep(tiny(tmp_path, grid={"algorithm.lr": [0.1, 0.05]}, max_concurrent=1,
+                                set={"run.rounds": 40, "run.checkpoint_every": 2}))
+    watcher.join()
+    assert set(result.trials["status"]) == {"completed"}
+    [trial] = maps["trial"]
+    assert "libpython" in trial or "/python" in trial  # a live process's maps were read
+    assert "libtorch_cpu" not in trial
+    assert len(maps["actors"]) == 2 and all("libtorch_cpu" in actor for actor in maps["actors"])
 
 
 def test_optuna_search_is_seeded_and_repeats_each_configuration_over_seeds(ray_session, tmp_path):
