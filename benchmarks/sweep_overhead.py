@@ -7,6 +7,7 @@ fcsg-invariant-lr``, 486 runs in lockstep packs) end to end.
     python benchmarks/sweep_overhead.py            # the 12-run table -> benchmarks/SWEEP.md
     python benchmarks/sweep_overhead.py --figure1  # the Figure 1 grid (and one of its runs alone): its own section
     python benchmarks/sweep_overhead.py --longer   # longer Ray-backend runs, one trial at a time and two
+    python benchmarks/sweep_overhead.py --quick [--against OTHER_CHECKOUT]  # the CLI's wall time and peak memory
 
 Per backend and variant: the sweep's wall time, the same 12 runs' wall time in sequence (``fedcomp.run`` in this
 process, the same Ray instance for the Ray backend; and again inside ``fedcomp.keep_actors()``), their ratio, and
@@ -328,15 +329,78 @@ def longer(root: Path, repeats: int = 2) -> list[str]:
     return [*lines, ""]
 
 
+def quick(against: Path | None, repeats: int) -> list[str]:
+    """``fedcomp sweep quick`` from the command line, a fresh local Ray each time: its wall time from the command to
+    its exit and the peak summed PSS of its process tree (the driver, Ray's daemons, trial processes, actors),
+    ``repeats`` times, alternating with another checkout's fedcomp where ``against`` names one (run with the same
+    interpreter, ``PYTHONPATH`` at that checkout)."""
+    import subprocess
+    import sys
+
+    from peers import TreeMemory
+
+    checkouts: list[tuple[str, Path | None]] = [(f"this tree ({common.revision()})", None)]
+    if against is not None:
+        rev = subprocess.run(["git", "-C", str(against), "rev-parse", "--short", "HEAD"], capture_output=True,
+                             text=True, check=True).stdout.strip()
+        checkouts.append((f"{against.name} ({rev})", against))
+    runs: dict[str, list[tuple[float, float, dict[int, tuple[str, int]]]]] = {label: [] for label, _ in checkouts}
+    for repeat in range(repeats):
+        for label, path in checkouts if repeat % 2 == 0 else checkouts[::-1]:
+            env = {**os.environ, "RAY_ADDRESS": ""}
+            if path is not None:
+                env["PYTHONPATH"] = str(path)
+            with tempfile.TemporaryDirectory() as out:
+                started = time.perf_counter()
+                proc = subprocess.Popen([sys.executable, "-m", "fedcomp", "sweep", "quick", "--set", f"run.out={out}"],
+                                        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+                with TreeMemory(proc.pid) as memory:
+                    _, err = proc.communicate()
+                wall = time.perf_counter() - started
+            if proc.returncode != 0:
+                raise RuntimeError(f"fedcomp sweep quick ({label}) exited {proc.returncode}: {err[-2000:]}")
+            runs[label].append((wall, memory.peak / 2**20, memory.peak_detail))
+            print(f"{label}: {wall:.1f} s, peak {memory.peak / 2**20:.0f} MiB", flush=True)
+    lines = [
+        "## `fedcomp sweep quick` from the command line",
+        "",
+        f"`fedcomp sweep quick` (12 Ray-backend trials of 15 rounds, 2 client actors each, 2 CPUs) as a user runs it, "
+        f"a fresh local Ray each time, {repeats} runs"
+        + (" alternating with another checkout's fedcomp (the same interpreter, `PYTHONPATH` at it)" if against else "")
+        + f"; wall time from the command to its exit; peak of the summed PSS of its process tree, sampled every 0.2 s. "
+        f"Load average at the end: {os.getloadavg()[0]:.1f}.",
+        "",
+        "| fedcomp | wall (s), each run | peak memory (MiB), each run | at the peak of its last run, by process (MiB of PSS) |",
+        "|---|---:|---:|---|",
+    ]
+    for label, measured in runs.items():
+        walls = " / ".join(f"{w:.1f}" for w, _, _ in measured)
+        peaks = " / ".join(f"{m:,.0f}" for _, m, _ in measured)
+        detail = sorted(measured[-1][2].values(), key=lambda item: -item[1])
+        by_process = ", ".join(f"{name} {size / 2**20:.0f}" for name, size in detail)
+        lines.append(f"| {label} | {walls} | {peaks} | {by_process} |")
+    return [*lines, ""]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--backends", nargs="+", default=["local", "ray"], choices=["local", "ray"])
     parser.add_argument("--figure1", action="store_true", help="run the Figure 1 grid end to end (its own section)")
     parser.add_argument("--longer", action="store_true",
                         help="Ray-backend sweeps of longer runs, one trial at a time and two (their own section)")
+    parser.add_argument("--quick", action="store_true",
+                        help="`fedcomp sweep quick` from the command line: wall time and peak memory (its own section)")
+    parser.add_argument("--against", type=Path, help="--quick: alternate with the fedcomp of this other checkout")
+    parser.add_argument("--repeats", type=int, default=3, help="--quick: runs of each")
     args = parser.parse_args()
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     report = common.HERE / "SWEEP.md"
+    if args.quick:
+        lines = quick(args.against.resolve() if args.against else None, args.repeats)
+        text = "\n".join([*lines[:2], f"{common.generated_by()}.", "", *lines[2:]])
+        print(text)
+        common.put_section(report, "sweep_overhead.py --quick", text)
+        return
     if args.longer:
         with tempfile.TemporaryDirectory() as tmp:
             lines = longer(Path(tmp))
