@@ -352,8 +352,9 @@ def quick(against: Path | None, repeats: int) -> list[str]:
                 env["PYTHONPATH"] = str(path)
             with tempfile.TemporaryDirectory() as out:
                 started = time.perf_counter()
+                # in the results folder: `python -m` puts the working directory first on sys.path
                 proc = subprocess.Popen([sys.executable, "-m", "fedcomp", "sweep", "quick", "--set", f"run.out={out}"],
-                                        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+                                        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env, cwd=out)
                 with TreeMemory(proc.pid) as memory:
                     _, err = proc.communicate()
                 wall = time.perf_counter() - started
