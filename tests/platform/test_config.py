@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from fedcomp.platform.config import load_config, parse_value, preset_names
+from fedcomp.platform.config import _preset, load_config, parse_value, preset_names
 from fedcomp.platform.errors import ConfigError
 
 
@@ -23,6 +23,14 @@ def test_overrides_are_typed_and_round_trip():
     again = load_config(config.to_dict())
     assert again == config
     assert config.replace(**{"algorithm.inner_batch": 100}).algorithm.inner_batch == 100
+
+
+def test_a_preset_is_read_once_and_no_run_changes_it_for_the_next():
+    first = load_config("quickstart", {"algorithm.lr": 0.5, "federation.clients": 8, "run.rounds": 3})
+    assert (first.algorithm.lr, first.federation.clients, first.run.rounds) == (0.5, 8, 3)
+    again = load_config("quickstart")
+    assert (again.algorithm.lr, again.federation.clients, again.run.rounds) == (0.01, 16, 40)
+    assert _preset.cache_info().hits >= 1
 
 
 def test_parse_value_types():
