@@ -396,26 +396,19 @@ def main() -> None:
     args = parser.parse_args()
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     report = common.HERE / "SWEEP.md"
-    if args.quick:
-        lines = quick(args.against.resolve() if args.against else None, args.repeats)
-        text = "\n".join([*lines[:2], f"{common.generated_by()}.", "", *lines[2:]])
-        print(text)
-        common.put_section(report, "sweep_overhead.py --quick", text)
-        return
-    if args.longer:
-        with tempfile.TemporaryDirectory() as tmp:
-            lines = longer(Path(tmp))
-        text = "\n".join([*lines[:2], f"{common.generated_by()}.", "", *lines[2:]])
-        print(text)
-        common.put_section(report, "sweep_overhead.py --longer", text)
-        return
-    if args.figure1:
-        with tempfile.TemporaryDirectory() as tmp:
-            lines = figure1(Path(tmp))
-        text = "\n".join([*lines[:2], f"{common.generated_by()}.", "", *lines[2:]])
-        print(text)
-        common.put_section(report, "sweep_overhead.py --figure1", text)
-        return
+    sections = {
+        "--quick": lambda tmp: quick(args.against.resolve() if args.against else None, args.repeats),
+        "--longer": longer,
+        "--figure1": figure1,
+    }
+    for flag, measure_section in sections.items():
+        if getattr(args, flag.removeprefix("--")):
+            with tempfile.TemporaryDirectory() as tmp:
+                lines = measure_section(Path(tmp))
+            text = "\n".join([*lines[:2], f"{common.generated_by()}.", "", *lines[2:]])
+            print(text)
+            common.put_section(report, f"sweep_overhead.py {flag}", text)
+            return
     intro, lines = overhead_table(args.backends)
     title = "# Sweeps of tiny runs: per-run overhead and the Figure 1 grid"
     common.write_report(report, "\n".join([title, "", intro, "", *lines]) + "\n")
