@@ -29,6 +29,7 @@ from pydantic import ValidationError
 from fedcomp.actors.cluster import fedcomp_env
 from fedcomp.platform import results, tracking
 from fedcomp.platform.errors import ConfigError, Interrupted, ResourceError, StorageError
+from fedcomp.platform.progress import announce
 from fedcomp.platform.signals import farewell
 from fedcomp.sweeps import extend as edges_extend, tune_state
 from fedcomp.sweeps.callbacks import (
@@ -254,10 +255,14 @@ def sweep(
     results.write_json(path / SWEEP_JSON, {"spec": spec.model_dump(mode="json"), "cluster_has_gpus": has_gpus})
     if cap is not None:
         edges_extend.start(path, cap)
+    at_once = _max_concurrent(spec, cluster, has_gpus)
+    if spec.max_concurrent is None and at_once is not None and at_once < cluster.get("CPU", 0.0) // spec.cpus_per_trial:
+        announce(f"{at_once} trial{'s' if at_once > 1 else ''} at a time, a CPU for each process of a Ray-backend trial "
+                 f"(max_concurrent sets it)")
     tuner = tune.Tuner(
         _trainable(spec, has_gpus),
         param_space=_param_space(spec),
-        tune_config=_tune_config(spec, _max_concurrent(spec, cluster, has_gpus)),
+        tune_config=_tune_config(spec, at_once),
         run_config=_run_config(spec, path, verbose),
     )
     return _extended(_fit(tuner, spec, path, verbose), cluster, has_gpus, verbose)

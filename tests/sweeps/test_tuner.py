@@ -94,7 +94,7 @@ def test_grid_sweep_with_more_trials_than_cpus_matches_single_runs(ray_session, 
     assert png.stat().st_size > 1000 and "| fcsg | lr=" in md.read_text()
 
 
-def test_a_sweep_with_the_server_replicated_on_the_client_actors_matches_single_runs(ray_session, tmp_path):
+def test_a_sweep_with_the_server_replicated_on_the_client_actors_matches_single_runs(ray_session, tmp_path, capsys):
     """Three trials whose runs replicate the server on their two client actors (no server actor, no bundle for
     one), the later ones on kept actors: each trial's rows are ``fedcomp.run``'s on the local backend, exactly.
     By default a trial's three processes get a CPU each, so on 2 CPUs the trials run one at a time, all three in
@@ -105,6 +105,8 @@ def test_a_sweep_with_the_server_replicated_on_the_client_actors_matches_single_
     assert set(trials["status"]) == {"completed"} and trials["trial"].nunique() == 3
     pids = client_pids(result)
     assert len(pids) == 3 and len(set(pids.values())) == 1 and len(next(iter(pids.values()))) == 2
+    assert ("fedcomp: 1 trial at a time, a CPU for each process of a Ray-backend trial (max_concurrent sets it)"
+            in capsys.readouterr().err.splitlines())
     assert_rows_once(trials, 4)
     for trial in sorted(trials["trial"].unique()):
         swept, alone = reference(trials, trial)
