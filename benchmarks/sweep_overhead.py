@@ -26,6 +26,8 @@ import contextlib
 import itertools
 import os
 import resource
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -334,10 +336,7 @@ def quick(against: Path | None, repeats: int) -> list[str]:
     its exit and the peak summed PSS of its process tree (the driver, Ray's daemons, trial processes, actors),
     ``repeats`` times, alternating with another checkout's fedcomp where ``against`` names one (run with the same
     interpreter, ``PYTHONPATH`` at that checkout)."""
-    import subprocess
-    import sys
-
-    from peers import TreeMemory
+    from peers import TreeMemory  # imports torch: only for this section
 
     checkouts: list[tuple[str, Path | None]] = [(f"this tree ({common.revision()})", None)]
     if against is not None:
