@@ -224,9 +224,13 @@ def preset_names() -> list[str]:
     return sorted(p.name[:-5] for p in folder.iterdir() if p.name.endswith(".yaml"))
 
 
+def _preset_text(name: str) -> str:
+    return (resources.files("fedcomp.platform") / "presets" / f"{name}.yaml").read_text()
+
+
 def preset_description(name: str) -> str:
     """The first comment line of a preset file (its one-line description)."""
-    text = (resources.files("fedcomp.platform") / "presets" / f"{name}.yaml").read_text()
+    text = _preset_text(name)
     first = text.splitlines()[0] if text else ""
     return first.lstrip("# ").strip()
 
@@ -235,7 +239,7 @@ def preset_description(name: str) -> str:
 def _preset(name: str) -> Any:
     """A preset's parsed content, read once per process: presets are the package's data (a sweep builds a config
     per grid point from one, and parsing it took 4 ms)."""
-    return parse_yaml((resources.files("fedcomp.platform") / "presets" / f"{name}.yaml").read_text(), f"preset {name!r}")
+    return parse_yaml(_preset_text(name), f"preset {name!r}")
 
 
 def _read_source(source: str | Path | Mapping[str, Any] | None) -> dict[str, Any]:

@@ -152,15 +152,12 @@ def torch_for(configs: Iterable[Config]) -> None:
     line."""
     if not any(computes_here(config) for config in configs):
         return
-    if "torch" not in sys.modules:
-        trial_streams = sys.stdout, sys.stderr
-        sys.stdout, sys.stderr = sys.__stdout__ or sys.stdout, sys.__stderr__ or sys.stderr
-        try:
-            import torch
-        finally:
-            sys.stdout, sys.stderr = trial_streams
-    import torch
-
+    trial_streams = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = sys.__stdout__ or sys.stdout, sys.__stderr__ or sys.stderr
+    try:
+        import torch
+    finally:
+        sys.stdout, sys.stderr = trial_streams
     torch.set_num_threads(1)
 
 

@@ -28,6 +28,7 @@ from pydantic import ValidationError
 
 from fedcomp.actors.cluster import fedcomp_env
 from fedcomp.platform import results, tracking
+from fedcomp.platform.config import Config
 from fedcomp.platform.errors import ConfigError, Interrupted, ResourceError, StorageError
 from fedcomp.platform.progress import announce
 from fedcomp.platform.signals import farewell
@@ -80,26 +81,24 @@ def _flatten(config: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
     return {f"{section}.{key}": value for section, block in config.items() for key, value in block.items()}
 
 
-def _checked_points(spec: SweepSpec) -> list[dict[str, Any]]:
-    """The configurations checked before a sweep: the grid's points, or the Optuna axes' corners."""
-    return spec.points() if spec.search == "grid" else corners(spec)
-
-
-def _max_concurrent(spec: SweepSpec, cluster: Mapping[str, float], has_gpus: bool) -> int | None:
-    """The spec's ``max_concurrent``, else :func:`~fedcomp.sweeps.trial.default_max_concurrent` on this cluster."""
+def _max_concurrent(spec: SweepSpec, configs: list[Config], cluster: Mapping[str, float], has_gpus: bool) -> int | None:
+    """The spec's ``max_concurrent``, else :func:`~fedcomp.sweeps.trial.default_max_concurrent` on this cluster for
+    ``configs`` (what :func:`_check_fits` checked)."""
     if spec.max_concurrent is not None:
         return spec.max_concurrent
-    configs = [spec.base_config(**point) for point in _checked_points(spec)]
     return default_max_concurrent(spec, configs, float(cluster.get("CPU", 0.0)), has_gpus)
 
 
-def _check_fits(spec: SweepSpec, cluster: Mapping[str, float], has_gpus: bool) -> None:
-    """Fail at once when a single trial cannot be placed on this cluster (Tune would wait forever)."""
+def _check_fits(spec: SweepSpec, cluster: Mapping[str, float], has_gpus: bool) -> list[Config]:
+    """Fail at once when a single trial cannot be placed on this cluster (Tune would wait forever); returns the
+    configurations checked: the grid's points, or the Optuna axes' corners."""
     import ray
 
     nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
-    for point in _checked_points(spec):
+    configs = []
+    for point in spec.points() if spec.search == "grid" else corners(spec):
         config = spec.base_config(**point)
+        configs.append(config)
         res = trial_resources(spec, config, has_gpus)
         what = f"trial {point}" if point else "a trial"
         for key, need in res.total.items():
@@ -114,6 +113,7 @@ def _check_fits(spec: SweepSpec, cluster: Mapping[str, float], has_gpus: bool) -
         for bundle in res.bundles:
             if not any(all(node.get(k, 0.0) + 1e-9 >= v for k, v in bundle.items()) for node in nodes):
                 raise ResourceError(f"{what}: no node can hold the bundle {bundle}; nodes have {nodes}")
+    return configs
 
 
 def _trainable(spec: SweepSpec, has_gpus: bool) -> Any:
@@ -249,13 +249,13 @@ def sweep(
     cap = edges_extend.check_options(spec, extend_edges, edge_cap)
     tracking.require(spec.base_config().run.track)
     cluster, has_gpus = _connect(ray_address, verbose)
-    _check_fits(spec, cluster, has_gpus)
+    configs = _check_fits(spec, cluster, has_gpus)
     path = Path(spec.base_config().run.out).resolve() / new_sweep_id(spec)
     path.mkdir(parents=True)
     results.write_json(path / SWEEP_JSON, {"spec": spec.model_dump(mode="json"), "cluster_has_gpus": has_gpus})
     if cap is not None:
         edges_extend.start(path, cap)
-    at_once = _max_concurrent(spec, cluster, has_gpus)
+    at_once = _max_concurrent(spec, configs, cluster, has_gpus)
     if spec.max_concurrent is None and at_once is not None and at_once < cluster.get("CPU", 0.0) // spec.cpus_per_trial:
         announce(f"{at_once} trial{'s' if at_once > 1 else ''} at a time, a CPU for each process of a Ray-backend trial "
                  f"(max_concurrent sets it)")
@@ -407,7 +407,7 @@ def _extended(result: SweepResult, cluster: Mapping[str, float], has_gpus: bool,
     def run_step(step: SweepSpec, folder: Path, restore: bool) -> pd.DataFrame:
         from ray import tune
 
-        _check_fits(step, cluster, has_gpus)
+        configs = _check_fits(step, cluster, has_gpus)
         if restore:
             _repair(folder)
         if restore and tune.Tuner.can_restore(str(folder)):
@@ -416,7 +416,7 @@ def _extended(result: SweepResult, cluster: Mapping[str, float], has_gpus: bool,
                                            resume_errored=True)
         else:
             tuner = tune.Tuner(_trainable(step, has_gpus), param_space=_param_space(step),
-                               tune_config=_tune_config(step, _max_concurrent(step, cluster, has_gpus)),
+                               tune_config=_tune_config(step, _max_concurrent(step, configs, cluster, has_gpus)),
                                run_config=_run_config(step, folder, verbose))
         with _quiet_tune(verbose):
             return collect(_fitted(tuner, result.path), step)
