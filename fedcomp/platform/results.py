@@ -10,7 +10,9 @@ from __future__ import annotations
 import io
 import json
 import os
+import secrets
 import tempfile
+from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -60,6 +62,17 @@ def first_line(error: BaseException, limit: int = 160) -> str:
     """The first line of an exception's message (its type name if it has none), cut to ``limit`` characters."""
     lines = str(error).strip().splitlines()
     return (lines[0] if lines else type(error).__name__)[:limit]
+
+
+def new_folder_name(parent: Path, prefix: str) -> str:
+    """``<prefix>_<YYYYmmdd-HHMMSS>_<4 hex digits>``, naming no folder in ``parent`` yet: runs (and sweeps) started in
+    the same second differ only by the random tail, and a tiny run's loop starts several a second (two of one test's
+    three runs drew the same tail once, and the second failed with "it exists already")."""
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    while True:
+        name = f"{prefix}_{stamp}_{secrets.token_hex(2)}"
+        if not (parent / name).exists():
+            return name
 
 
 def make_folder(path: Path) -> None:

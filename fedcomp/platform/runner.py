@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import math
 import platform as _stdlib_platform
-import secrets
 import shutil
 import sys
 import time
@@ -54,9 +53,7 @@ class RunResult:
 
 
 def new_run_id(config: Config) -> str:
-    prefix = config.run.name or f"{config.algorithm_name}_{config.task_name}"
-    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-    return f"{prefix}_{stamp}_{secrets.token_hex(2)}"
+    return results.new_folder_name(Path(config.run.out), config.run.name or f"{config.algorithm_name}_{config.task_name}")
 
 
 def _versions() -> dict[str, str]:

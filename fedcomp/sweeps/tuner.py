@@ -13,13 +13,11 @@ import contextlib
 import functools
 import logging
 import os
-import secrets
 import signal
 import sys
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -204,9 +202,8 @@ def _connect(ray_address: str | None, verbose: int = 1) -> tuple[dict[str, float
     return cluster, float(cluster.get("GPU", 0.0)) > 0
 
 
-def new_sweep_id(spec: SweepSpec) -> str:
-    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-    return f"{spec.name or 'sweep'}_{stamp}_{secrets.token_hex(2)}"
+def new_sweep_id(spec: SweepSpec, out: Path) -> str:
+    return results.new_folder_name(out, spec.name or "sweep")
 
 
 def sweep(
@@ -250,7 +247,8 @@ def sweep(
     tracking.require(spec.base_config().run.track)
     cluster, has_gpus = _connect(ray_address, verbose)
     configs = _check_fits(spec, cluster, has_gpus)
-    path = Path(spec.base_config().run.out).resolve() / new_sweep_id(spec)
+    out = Path(spec.base_config().run.out).resolve()
+    path = out / new_sweep_id(spec, out)
     path.mkdir(parents=True)
     results.write_json(path / SWEEP_JSON, {"spec": spec.model_dump(mode="json"), "cluster_has_gpus": has_gpus})
     if cap is not None:

@@ -78,6 +78,24 @@ def test_failure_before_first_checkpoint_leaves_no_folder(tmp_path, monkeypatch)
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_new_run_folder_name_never_names_a_folder_that_exists(tmp_path, monkeypatch):
+    """Runs started in the same second differ by a random tail only: a tail drawn again is drawn anew."""
+    second = results.datetime(2026, 12, 6, 1, 2, 3)
+
+    class Now:
+        @staticmethod
+        def now():
+            return second
+
+    tails = iter(["aaaa", "aaaa", "bbbb"])
+    monkeypatch.setattr(results, "datetime", Now)
+    monkeypatch.setattr(results.secrets, "token_hex", lambda n: next(tails))
+    first = results.new_folder_name(tmp_path, "fedavg_task")
+    assert first == "fedavg_task_20261206-010203_aaaa"
+    (tmp_path / first).mkdir()
+    assert results.new_folder_name(tmp_path, "fedavg_task") == "fedavg_task_20261206-010203_bbbb"
+
+
 def test_atomic_write_replaces_whole_file(tmp_path):
     path = tmp_path / "x.json"
     results.write_json(path, {"a": 1})
