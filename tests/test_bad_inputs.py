@@ -242,7 +242,10 @@ CASES = [
          "algorithm.name = 'fcsg-m' needs a 'conditional' problem but task 'synthetic-classification' offers plain"),
     Case("clients-0", run("federation.clients=0"), "federation.clients = 0: Input should be greater than or equal to 1"),
     Case("clients-per-actor-0", run("federation.clients_per_actor=0"),
-         "federation.clients_per_actor = 0: Input should be greater than or equal to 1"),
+         "federation.clients_per_actor = 0: Input should be greater than or equal to 1 (or 'auto')"),
+    Case("clients-per-actor-word", run("federation.clients_per_actor=many"),
+         "federation.clients_per_actor = 'many': Input should be a valid integer, unable to parse string as an "
+         "integer (or 'auto')"),
     Case("clients-text", run("federation.clients=many"), "federation.clients = 'many': Input should be a valid integer"),
     Case("cohort-too-big", run("federation.clients_per_round=20"), "federation.clients_per_round = 20: must be <= federation.clients (4)"),
     Case("backend", run("federation.backend=gpu"), "federation.backend = 'gpu': Input should be 'ray' or 'local'"),

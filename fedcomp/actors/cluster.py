@@ -308,6 +308,18 @@ def floor_share(value: float) -> float:
     return math.floor(value / GRANULARITY + 1e-9) * GRANULARITY
 
 
+def auto_clients_per_actor(clients: int, cpus: float, gpus: float, actors_per_gpu: int, server_actor: bool) -> int:
+    """``federation.clients_per_actor: auto``: the clients spread evenly over as many actors as run at once --
+    ``actors_per_gpu`` a GPU where the clients use ``gpus`` GPUs (``gpu_packing: auto``'s packing before its
+    probe), else one a CPU of ``cpus``, less the server actor's -- and at most one actor a client.
+
+    Every packing gives the same numbers, and each actor is a process that starts and imports torch (about 0.4
+    GiB): on 2 CPUs, quickstart's 16 clients run faster in 2 actors than in 4 (``benchmarks/PACKING.md``)."""
+    slots = gpus * actors_per_gpu if gpus > 0 else cpus - server_actor
+    actors = min(clients, max(1, math.floor(slots + 1e-9)))
+    return -(-clients // actors)
+
+
 def plan_actors(
     fed: FederationConfig, cluster: Mapping[str, float], nodes: Sequence[Mapping[str, float]] | None = None,
     footprint: Footprint | None = None,
@@ -318,7 +330,7 @@ def plan_actors(
     With ``gpu_packing: auto`` on a cluster with GPUs, the clients spread evenly over ``actors_per_gpu`` actors a
     GPU, checked against ``footprint`` (one client's measured GPU memory, :func:`probe_footprint_on_cluster`) by
     :func:`~fedcomp.platform.gpu_packing.pick_clients_per_actor` when given; without GPUs ``clients_per_actor``
-    holds.
+    holds (``auto``: :func:`auto_clients_per_actor`).
 
     One actor lives on one node, so shares are fitted per node: with ``auto``, the largest CPU share (at most
     1) such that every client actor and the server actor (``federation.server: actor``; with the server replicated
@@ -329,7 +341,13 @@ def plan_actors(
     Raises:
         ResourceError: GPUs or CPUs are asked for that the nodes do not have; the message says what would fit.
     """
-    k, per = fed.clients, fed.clients_per_actor
+    k = fed.clients
+    total_gpus, total_cpus = float(cluster.get("GPU", 0.0)), float(cluster.get("CPU", 0.0))
+    if fed.clients_per_actor == "auto":
+        gpus = total_gpus if fed.gpus_per_client != 0 else 0.0
+        per = auto_clients_per_actor(k, total_cpus, gpus, fed.actors_per_gpu, fed.server == "actor")
+    else:
+        per = fed.clients_per_actor
     packing: dict[str, Any] = {}
     if fed.gpu_packing == "auto" and cluster.get("GPU", 0.0) > 0:
         gpus = max(1, int(cluster["GPU"]))
@@ -342,7 +360,6 @@ def plan_actors(
     groups = tuple(tuple(range(i, min(i + per, k))) for i in range(0, k, per))
     n = len(groups)
     nodes = [dict(node) for node in nodes] if nodes else [dict(cluster)]
-    total_gpus, total_cpus = float(cluster.get("GPU", 0.0)), float(cluster.get("CPU", 0.0))
     units = [(_units(node.get("CPU", 0.0)), _units(node.get("GPU", 0.0))) for node in nodes]
     server = fed.server == "actor"
     actors = f"{n} client actors and the server" if server else f"{n} client actors"
@@ -377,7 +394,7 @@ def plan_actors(
         if cpu_units is None:
             raise ResourceError(
                 f"federation.clients = {k} with clients_per_actor = {per} makes {n} actors, too many for "
-                f"{total_cpus:g} CPUs; raise federation.clients_per_actor ({_describe(nodes, 'CPU')})"
+                f"{total_cpus:g} CPUs; raise federation.clients_per_actor or use 'auto' ({_describe(nodes, 'CPU')})"
             )
         cpus = cpu_units / UNITS
     else:
@@ -390,7 +407,7 @@ def plan_actors(
             )
         if not _fits(units, n, _units(cpus), gpu_units, server):
             best = _auto_cpus(units, n, gpu_units, server)
-            advice = f"use cpus_per_actor <= {best / UNITS:g} or 'auto'" if best else "raise federation.clients_per_actor"
+            advice = f"use cpus_per_actor <= {best / UNITS:g} or 'auto'" if best else "raise federation.clients_per_actor or use 'auto'"
             raise ResourceError(
                 f"federation.cpus_per_actor = {cpus:g}: {actors} do not fit on {_describe(nodes, 'CPU')} (an actor "
                 f"lives on one node); {advice}"

@@ -115,7 +115,8 @@ def wait_ready(actors: list[Any], what: list[str], timeout: float) -> list[Any]:
 
 
 class RayFederation:
-    """Clients packed ``clients_per_actor`` to a Ray actor (one per actor by default)."""
+    """Clients packed ``clients_per_actor`` to a Ray actor (``auto``, the default: one actor a CPU or a GPU share;
+    :func:`~fedcomp.actors.cluster.auto_clients_per_actor`)."""
 
     def __init__(self, config: Config) -> None:
         self.config = config
@@ -539,7 +540,7 @@ class RayFederation:
             "routing": self.config.federation.routing,
             "transport": self.transport,
             "client_actors": len(self.actors),
-            "clients_per_actor": self.plan.packing.get("clients_per_actor", self.config.federation.clients_per_actor),
+            "clients_per_actor": len(self.plan.groups[0]),
             **({"gpu_packing": self.plan.packing} if self.plan.packing else {}),
             "cpus_per_actor": self.plan.cpus,
             "gpus_per_client": self.plan.gpus_per_client,

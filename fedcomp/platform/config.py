@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 import yaml
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
@@ -59,7 +59,13 @@ class FederationConfig(Params):
     clients: int = Field(16, ge=1, description="number of registered clients K")
     clients_per_round: int | None = Field(None, ge=1, description="cohort size; null = all clients")
     backend: Literal["ray", "local"] = "ray"
-    clients_per_actor: int = Field(1, ge=1, description="clients hosted by one Ray actor")
+    clients_per_actor: Annotated[int, Field(ge=1)] | Literal["auto"] = Field(
+        "auto",
+        description="clients hosted by one Ray actor; 'auto' = spread the clients evenly over as many actors as the "
+        "cluster runs at once: one a CPU (less the server actor's), or actors_per_gpu a GPU where the clients use "
+        "GPUs; at most one actor a client. Every packing gives the same numbers; fewer actors start faster and hold "
+        "less memory (each imports torch)",
+    )
     gpus_per_client: float | Literal["auto"] = Field(
         "auto", description="GPU share per client; 'auto' = use GPUs only when the cluster has them"
     )
@@ -295,6 +301,9 @@ def _describe(error: ValidationError, section: str, model: type[BaseModel], raw:
         )
         return f"{where}: unknown key; allowed keys: {allowed}"
     msg = first["msg"]
+    others = [e for e in error.errors()[1:] if e["loc"][:1] == first["loc"][:1] and e["type"] == "literal_error"]
+    if others:  # a number-or-word field (``int | Literal["auto"]``): say both what the number lacks and the word
+        msg = f"{msg} (or {others[0]['ctx']['expected']})"
     if msg.startswith("Value error, "):
         msg = msg[len("Value error, ") :]
     if not field and msg.split(" = ")[0] in model.model_fields:

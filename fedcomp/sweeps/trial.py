@@ -5,8 +5,9 @@ The trial's placement group has one bundle for the trainable itself, one for the
 one: not with ``federation.server: driver`` or ``replicated``) and one per client actor (``federation.backend:
 ray``), or a single bundle when the trial runs the local backend in
 its own process. Tune captures child actors into the trial's group, and the trial's config pins
-``federation.cpus_per_actor`` / ``gpus_per_client`` to the bundles' sizes, so every actor the run starts
-lands in its own trial's bundles and trials never wait on each other's actors.
+``federation.cpus_per_actor`` / ``gpus_per_client`` to the bundles' sizes (and ``clients_per_actor: auto`` to the
+actors they hold: sized to the trial's ``cpus_per_trial`` or ``gpus_per_trial``, not to the whole cluster), so
+every actor the run starts lands in its own trial's bundles and trials never wait on each other's actors.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from typing import Any, cast
 
 from ray import tune
 
-from fedcomp.actors.cluster import floor_share
+from fedcomp.actors.cluster import auto_clients_per_actor, floor_share
 from fedcomp.actors.quiet_exit import drop_lost_exits, drop_lost_exits_in_a_worker
 from fedcomp.platform import results
 from fedcomp.platform.config import Config
@@ -43,6 +44,8 @@ class TrialResources:
     bundles: tuple[dict[str, float], ...]
     cpus_per_actor: float
     gpus_per_client: float
+    clients_per_actor: int | None = None
+    """Ray backend: the clients each actor hosts (``auto`` sized to the trial's own CPUs or GPUs)."""
 
     @property
     def total(self) -> dict[str, float]:
@@ -56,7 +59,6 @@ class TrialResources:
 def trial_resources(spec: SweepSpec, config: Config, cluster_has_gpus: bool) -> TrialResources:
     """The placement-group bundles of the trial running ``config``."""
     fed = config.federation
-    actors = -(-fed.clients // fed.clients_per_actor)
     if fed.gpus_per_client == "auto":
         gpc = floor_share(spec.gpus_per_trial / fed.clients) if cluster_has_gpus else 0.0
     else:
@@ -66,6 +68,11 @@ def trial_resources(spec: SweepSpec, config: Config, cluster_has_gpus: bool) -> 
         if gpc:
             bundle["GPU"] = floor_share(gpc * fed.clients)
         return TrialResources((bundle,), spec.cpus_per_trial, gpc)
+    per = fed.clients_per_actor
+    if per == "auto":
+        gpus = spec.gpus_per_trial if cluster_has_gpus and fed.gpus_per_client != 0 else 0.0
+        per = auto_clients_per_actor(fed.clients, spec.cpus_per_trial, gpus, fed.actors_per_gpu, fed.server == "actor")
+    actors = -(-fed.clients // per)
     processes = actors + 1 + (fed.server == "actor")  # the server runs in the trainable or on the client actors
     share = float(fed.cpus_per_actor) if fed.cpus_per_actor != "auto" else floor_share(spec.cpus_per_trial / processes)
     if share <= 0:
@@ -74,13 +81,13 @@ def trial_resources(spec: SweepSpec, config: Config, cluster_has_gpus: bool) -> 
             f"trial; raise cpus_per_trial or federation.clients_per_actor"
         )
     bundles = [{"CPU": share}] * (processes - actors)  # the trainable (and the server actor)
-    for start in range(0, fed.clients, fed.clients_per_actor):
+    for start in range(0, fed.clients, per):
         bundle = {"CPU": share}
-        hosted = min(fed.clients_per_actor, fed.clients - start)
+        hosted = min(per, fed.clients - start)
         if gpc:
             bundle["GPU"] = floor_share(gpc * hosted)
         bundles.append(bundle)
-    return TrialResources(tuple(bundles), share, gpc)
+    return TrialResources(tuple(bundles), share, gpc, per)
 
 
 def default_max_concurrent(spec: SweepSpec, configs: Iterable[Config], cluster_cpus: float, cluster_has_gpus: bool) -> int | None:
@@ -115,6 +122,7 @@ def pinned_config(spec: SweepSpec, trial: Mapping[str, Any], cluster_has_gpus: b
     return config.replace(**{
         "federation.cpus_per_actor": res.cpus_per_actor,
         "federation.gpus_per_client": res.gpus_per_client,
+        **({"federation.clients_per_actor": res.clients_per_actor} if res.clients_per_actor else {}),
         "run.progress": "none",
     })
 

@@ -24,6 +24,7 @@ from fedcomp.actors.cluster import (
     GCS_EVERY_S,
     IDLE_DAEMONS,
     answering,
+    auto_clients_per_actor,
     idle_daemons_not_started,
     plan_actors,
     started_daemons,
@@ -93,18 +94,45 @@ def test_without_a_server_actor_only_the_client_actors_are_placed(server):
 
 def test_gpu_shares_fit_the_gpu_nodes():
     nodes = [{"CPU": 1.0, "GPU": 2.0}, {"CPU": 1.0}]
-    plan = plan_actors(FederationConfig(clients=6, server="actor"), {"CPU": 2.0, "GPU": 2.0}, nodes)
+    plan = plan_actors(FederationConfig(clients=6, clients_per_actor=1, server="actor"), {"CPU": 2.0, "GPU": 2.0}, nodes)
     # Every client actor needs the GPU node: six of them and maybe the server share its one CPU.
     assert plan.gpus_per_client == pytest.approx(0.3333) and plan.cpus == pytest.approx(1 / 7, abs=1e-4)
     with pytest.raises(ResourceError, match=r"gpus_per_client = 0.75 asks 0.75 GPU per client actor; 2 nodes with GPU 1, 2 "
                                             r"hold 3 such actors, the run has 4; use gpus_per_client <= 0.6666"):
-        plan_actors(FederationConfig(clients=4, gpus_per_client=0.75), {"CPU": 4.0, "GPU": 3.0},
+        plan_actors(FederationConfig(clients=4, clients_per_actor=1, gpus_per_client=0.75), {"CPU": 4.0, "GPU": 3.0},
                     [{"CPU": 2.0, "GPU": 1.0}, {"CPU": 2.0, "GPU": 2.0}])
+
+
+@pytest.mark.parametrize(("clients", "cpus", "server", "expected"), [
+    (16, 2.0, "replicated", [8, 8]),  # quickstart on a 2-core laptop: one actor a CPU
+    (16, 3.0, "replicated", [6, 6, 4]),
+    (16, 4.0, "actor", [6, 6, 4]),  # the server actor takes a CPU of its own
+    (3, 8.0, "replicated", [1, 1, 1]),  # at most one actor a client
+    (16, 1.0, "actor", [16]),  # at least one actor
+    (16, 2.5, "replicated", [8, 8]),  # whole CPUs
+])
+def test_auto_packing_gives_each_actor_a_cpu(clients, cpus, server, expected):
+    plan = plan_actors(FederationConfig(clients=clients, server=server), {"CPU": cpus})
+    assert [len(g) for g in plan.groups] == expected
+    assert sorted(c for g in plan.groups for c in g) == list(range(clients))
+    assert plan.cpus >= 1.0 or cpus < len(expected) + (server == "actor") + 1
+
+
+def test_auto_packing_puts_actors_per_gpu_actors_on_each_gpu():
+    plan = plan_actors(FederationConfig(clients=16, actors_per_gpu=2), {"CPU": 16.0, "GPU": 2.0})
+    assert [len(g) for g in plan.groups] == [4] * 4 and plan.gpus(0) == pytest.approx(0.5)
+    fixed = plan_actors(FederationConfig(clients=10, actors_per_gpu=1, gpus_per_client=0.25), {"CPU": 16.0, "GPU": 3.0})
+    assert [len(g) for g in fixed.groups] == [4, 4, 2] and fixed.gpus(0) == 1.0
+    # GPUs the clients do not use leave the CPU rule
+    cpu_only = plan_actors(FederationConfig(clients=16, gpus_per_client=0), {"CPU": 4.0, "GPU": 2.0})
+    assert len(cpu_only.groups) == 4 and cpu_only.gpus(0) == 0.0
+    assert auto_clients_per_actor(16, cpus=4.0, gpus=0.5, actors_per_gpu=2, server_actor=False) == 16
 
 
 def test_planning_many_actors_on_many_nodes_is_quick():
     started = time.perf_counter()
-    plan = plan_actors(FederationConfig(clients=1000, server="actor"), {"CPU": 200.0}, [{"CPU": 2.0}] * 100)
+    plan = plan_actors(FederationConfig(clients=1000, clients_per_actor=1, server="actor"), {"CPU": 200.0},
+                       [{"CPU": 2.0}] * 100)
     assert time.perf_counter() - started < 2.0
     assert 100 * int(2.0 / plan.cpus + 1e-9) >= 1001
 

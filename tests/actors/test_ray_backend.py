@@ -229,8 +229,8 @@ def test_gpu_request_on_a_cluster_without_gpus_fails_at_once(ray_session, tmp_pa
 @pytest.mark.parametrize(
     "fed, cluster, expected",
     [
-        (dict(clients=16, server="actor"), {"CPU": 2.0}, dict(groups=16, cpus=0.1176, gpus_per_client=0.0)),
-        (dict(clients=16), {"CPU": 2.0}, dict(groups=16, cpus=0.125, gpus_per_client=0.0)),  # no server actor
+        (dict(clients=16, clients_per_actor=1, server="actor"), {"CPU": 2.0}, dict(groups=16, cpus=0.1176, gpus_per_client=0.0)),
+        (dict(clients=16, clients_per_actor=1), {"CPU": 2.0}, dict(groups=16, cpus=0.125, gpus_per_client=0.0)),  # no server actor
         (dict(clients=16, clients_per_actor=8, server="actor"), {"CPU": 2.0, "GPU": 2.0},
          dict(groups=2, cpus=0.6666, gpus_per_client=0.125)),
         (dict(clients=16, clients_per_actor=8, server="driver"), {"CPU": 2.0, "GPU": 2.0},
@@ -238,7 +238,7 @@ def test_gpu_request_on_a_cluster_without_gpus_fails_at_once(ray_session, tmp_pa
         (dict(clients=4), {"CPU": 16.0, "GPU": 8.0}, dict(groups=4, cpus=1.0, gpus_per_client=1.0)),
         (dict(clients=10, clients_per_actor=4, gpus_per_client=0.25), {"CPU": 4.0, "GPU": 4.0},
          dict(groups=3, cpus=1.0, gpus_per_client=0.25)),
-        (dict(clients=8, gpus_per_client=0, server="actor"), {"CPU": 8.0, "GPU": 1.0},
+        (dict(clients=8, clients_per_actor=1, gpus_per_client=0, server="actor"), {"CPU": 8.0, "GPU": 1.0},
          dict(groups=8, cpus=0.8888, gpus_per_client=0.0)),
     ],
 )
@@ -259,10 +259,10 @@ def test_plan_actors(fed, cluster, expected):
     [
         (dict(clients=16, gpus_per_client=1), {"CPU": 8.0, "GPU": 2.0}, "needs 16 GPUs for 16 clients but the cluster has 2"),
         (dict(clients=4, gpus_per_client=0.75, clients_per_actor=2), {"CPU": 8.0, "GPU": 4.0}, "asks one actor for 1.5 GPUs"),
-        (dict(clients=16, cpus_per_actor=1, server="actor"), {"CPU": 4.0},
+        (dict(clients=16, clients_per_actor=1, cpus_per_actor=1, server="actor"), {"CPU": 4.0},
          "cpus_per_actor = 1 needs 17 CPUs for 16 client actors and the server but the cluster has 4"),
-        (dict(clients=16, cpus_per_actor=1), {"CPU": 4.0}, "cpus_per_actor = 1 needs 16 CPUs for 16 client actors but"),
-        (dict(clients=100_000), {"CPU": 2.0}, "too many for 2 CPUs; raise federation.clients_per_actor"),
+        (dict(clients=16, clients_per_actor=1, cpus_per_actor=1), {"CPU": 4.0}, "cpus_per_actor = 1 needs 16 CPUs for 16 client actors but"),
+        (dict(clients=100_000, clients_per_actor=1), {"CPU": 2.0}, "too many for 2 CPUs; raise federation.clients_per_actor"),
     ],
 )
 def test_plan_actors_names_the_shortfall(fed, cluster, needle):
@@ -317,7 +317,7 @@ def test_cli_joins_an_existing_cluster(ray_session, tmp_path):
     assert out.returncode == 0, out.stderr[-2000:]
     (run_dir,) = tmp_path.iterdir()
     backend = json.loads((run_dir / "run.json").read_text())["backend"]
-    assert backend["name"] == "ray" and backend["gcs_address"] == address and backend["client_actors"] == 1
+    assert backend["name"] == "ray" and backend["gcs_address"] == address and backend["client_actors"] == 2  # auto: one a CPU of the 2
     assert fedcomp.load_results(run_dir)["round"].max() == 2
 
 

@@ -57,6 +57,16 @@ def test_local_backend_trial_is_one_bundle_and_shares_are_pinned():
     assert config.run.progress == "none"
 
 
+@pytest.mark.parametrize(("cpus", "gpus", "actors"), [(1.0, 0.0, 1), (2.0, 0.0, 2), (3.0, 0.0, 3), (1.0, 1.0, 2)])
+def test_auto_packing_sizes_a_trials_actors_to_the_trial_not_the_cluster(cpus, gpus, actors):
+    s = load_spec({"base": "quickstart", "set": {"federation.clients": 6, "federation.clients_per_actor": "auto"},
+                   "cpus_per_trial": cpus, "gpus_per_trial": gpus or 1.0})
+    res = trial_resources(s, s.base_config(), cluster_has_gpus=bool(gpus))
+    assert len(res.bundles) == actors + 1 and res.clients_per_actor == 6 // actors  # the trainable and the actors
+    pinned = pinned_config(s, {}, bool(gpus))
+    assert pinned.federation.clients_per_actor == 6 // actors  # the run inside never re-sizes against the cluster
+
+
 def test_too_many_actors_for_the_trial_budget_is_one_line():
     s = load_spec({**BASE, "set": {"federation.clients": 100000, "federation.clients_per_actor": 1}, "cpus_per_trial": 1.0})
     with pytest.raises(ResourceError, match="cpus_per_trial = 1 is too small for 100000 client actors"):
