@@ -145,7 +145,7 @@ def workloads(rounds: int) -> dict[str, Callable[[str], Config]]:
         "FedAvg MLP 32-64-10, 10 of 100 clients, 5 local steps, 2 actors": lambda transport: bench_config(
             100, 10, rounds, 5, (64,), "ray", transport=_transport(transport), server=_server(transport)),
         "invariant-LR FCSG-M, 16 clients, q = 50, 4 actors": lambda transport: load_config(
-            "quickstart", {"task.test_samples": 2000, "run.progress": "none",
+            "quickstart", {"task.test_samples": 2000, "run.progress": "none", "federation.clients_per_actor": 4,
                            "federation.transport": _transport(transport), "federation.server": _server(transport)}),
     }
 
