@@ -179,8 +179,9 @@ class RunConfig(Params):
         True,
         description="on CUDA: deterministic kernels, cuBLAS's fixed workspace and no TF32 in every client process "
         "(same seed, same numbers; slower); false: cuDNN autotuning and TF32. On the CPU: the local backend's clients "
-        "compute with one torch thread, as Ray's client actors do (the same numbers on both); false: with the "
-        "process's threads (faster for large models; the last bits may differ from Ray's)",
+        "and its server (the evaluation included) compute with one torch thread, as Ray's client actors do (the same "
+        "numbers on both); false: with the process's threads (faster for large models; the last bits may differ "
+        "from Ray's)",
     )
     on_divergence: Literal["stop", "continue"] = Field(
         "stop", description="a non-finite training loss or model: stop the run (keeping the finite rounds) or go on"

@@ -86,8 +86,9 @@ def _torch_threads() -> int:
     return torch.get_num_threads()
 
 
-def environment(backend: Mapping[str, Any]) -> dict[str, Any]:
-    """Everything :mod:`fedcomp.verification` compares between an original run and its re-run."""
+def environment(backend: Mapping[str, Any], deterministic: bool) -> dict[str, Any]:
+    """Everything :mod:`fedcomp.verification` compares between an original run and its re-run (``deterministic``:
+    ``run.deterministic``)."""
     env: dict[str, Any] = {
         "packages": package_versions(),
         "git": git_revision(),
@@ -95,10 +96,12 @@ def environment(backend: Mapping[str, Any]) -> dict[str, Any]:
         "cpu": cpu_model(),
         "os": platform.platform(),
         "devices": devices(backend),
-        # Threads of the process that evaluates the model: float32 reductions over large tensors are split
-        # across threads, so the thread count can change the last bits of a metric. The local backend (and the
-        # Ray backend's server in the driver) evaluates in this process; the Ray server actor pins one thread.
-        "server_threads": _torch_threads() if backend.get("name") == "local" or backend.get("server") == "driver" else 1,
+        # Threads the server computes and evaluates with: float32 reductions over large tensors are split across
+        # threads, so the thread count can change the last bits of a metric. Under run.deterministic it is one
+        # everywhere; otherwise the local backend (and the Ray backend's server in the driver) uses this
+        # process's threads, and the server actor and the client actors one.
+        "server_threads": _torch_threads() if not deterministic and (
+            backend.get("name") == "local" or backend.get("server") == "driver") else 1,
     }
     if any(d.startswith("cuda") for d in env["devices"]):
         import torch

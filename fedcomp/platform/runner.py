@@ -138,7 +138,7 @@ class _RunLog:
 
     def __init__(self, config: Config, run_id: str, run_dir: Path, backend: dict[str, Any], earlier: dict[str, Any]):
         self.config, self.run_id, self.run_dir, self.backend = config, run_id, run_dir, backend
-        self.environment = environment(backend)
+        self.environment = environment(backend, config.run.deterministic)
         self.meta: dict[str, Any] = {}
         """What :meth:`write` wrote last (the tracker's copy of ``run.json``)."""
         self.replacements: list[dict[str, Any]] = list(earlier.get("actor_replacements", []))

@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from fedcomp.platform.accelerator import one_thread
 from fedcomp.platform.algorithms.base import Federation, Tensors
 from fedcomp.platform.config import Config
 from fedcomp.platform.counters import Counters
@@ -64,6 +65,10 @@ class Server:
 
     def run_round(self) -> dict[str, Any]:
         """One communication round; returns the cumulative counters and the round's training loss."""
+        with one_thread(self.config.run.deterministic):
+            return self._run_round()
+
+    def _run_round(self) -> dict[str, Any]:
         fed, run = self.config.federation, self.config.run
         r = self.counters.round
         cohort = lambda sub=0: sample_cohort(run.seed, r, fed.clients, fed.cohort_size, sub)  # noqa: E731
@@ -99,9 +104,14 @@ class Server:
         return self.state.tensors()
 
     def evaluate(self) -> dict[str, float]:
+        """The task's metrics of the global model, computed with one torch thread under ``run.deterministic`` as
+        on a client actor (:func:`~fedcomp.platform.accelerator.one_thread`): a mean over 50,000 test samples is
+        split across threads, and the driver's 2 threads ended quickstart's test loss in other last bits than the
+        replicated server's one."""
         if self._stats_model is not None and self.buffers is not None:
             self._stats_model.running = self.buffers.value
-        return self._evaluate(self.tensors())
+        with one_thread(self.config.run.deterministic):
+            return self._evaluate(self.tensors())
 
     def model(self) -> torch.Tensor:
         return self.tensors()["x"].detach().clone()
