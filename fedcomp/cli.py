@@ -255,3 +255,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt as error:  # a run's Interrupted says what it kept and how to continue
         print(f"fedcomp: interrupted{': ' + one_line(error) if str(error) else ''}", file=sys.stderr)
         return 130
+    finally:
+        if argv is None:
+            leave_ray()
+
+
+def leave_ray() -> None:
+    """End this process's Ray session (stop the local Ray it started, or leave the cluster it joined) where the
+    command used one. Ray's own exit hook does the same but first sleeps half a second for late worker output, and
+    a command's workers have all ended by then."""
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        ray.shutdown()

@@ -82,6 +82,22 @@ def test_python_dash_m_and_list():
         assert f"  {name} " in out.stdout
 
 
+@pytest.mark.ray
+def test_the_command_line_ends_the_ray_session_it_started_itself(tmp_path):
+    """Not Ray's exit hook, which first sleeps half a second for late worker output: the run's actors have ended."""
+    code = ("import sys, ray; from fedcomp.cli import main; sys.argv = ['fedcomp', *sys.argv[1:]]; code = main(); "
+            "print('ray still up:', ray.is_initialized(), 'exit code:', code)")
+    args = [a.replace("backend=local", "backend=ray") for a in FAST] + ["--set", f"run.out={tmp_path}"]
+    env = {**os.environ, "RAY_ADDRESS": ""}
+    out = subprocess.run([sys.executable, "-c", code, "run", "quickstart", *args], capture_output=True, text=True,
+                         timeout=300, env=env, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.splitlines()[-1] == "ray still up: False exit code: 0"
+    (run_dir,) = [p for p in tmp_path.iterdir() if p.is_dir()]
+    assert json.loads((run_dir / "run.json").read_text())["backend"]["name"] == "ray"
+    assert fedcomp.load_results(run_dir)["round"].max() == 3
+
+
 @pytest.mark.slow
 def test_process_killed_between_rounds_resumes_to_the_same_numbers(tmp_path):
     over = ["--set", "federation.backend=local", "--set", "run.rounds=12", "--set", "run.checkpoint_every=3",
