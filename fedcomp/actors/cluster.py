@@ -35,6 +35,10 @@ from fedcomp.platform.progress import announce
 from fedcomp.platform.signals import depends_on, stop_on_sigterm
 
 GRANULARITY = 1e-4  # Ray's smallest fractional resource unit
+ACTOR_MEMORY_FLOOR = 100 * 2**20
+"""Bytes of its own that any client actor holds at the least: a Ray worker that has imported torch (about 290 MiB
+private with the CUDA build, 16 actors of quickstart here; about 210 MiB of PSS with the CPU build,
+benchmarks/MEMORY_CPU_TORCH.md). A plan of more actors than the cluster's memory holds at this floor cannot start."""
 UNITS = 10_000  # resource amounts in units of GRANULARITY, so that fitting is integer arithmetic
 PROBE_TIMEOUT_S = 5.0
 GCS_EVERY_S = 0.1
@@ -339,15 +343,14 @@ def plan_actors(
     client actor finds a node's GPU.
 
     Raises:
-        ResourceError: GPUs or CPUs are asked for that the nodes do not have; the message says what would fit.
+        ResourceError: GPUs or CPUs are asked for that the nodes do not have, or more actors than the cluster's
+            memory holds (:data:`ACTOR_MEMORY_FLOOR` each); the message says what would fit.
     """
     k = fed.clients
     total_gpus, total_cpus = float(cluster.get("GPU", 0.0)), float(cluster.get("CPU", 0.0))
-    if fed.clients_per_actor == "auto":
-        gpus = total_gpus if fed.gpus_per_client != 0 else 0.0
-        per = auto_clients_per_actor(k, total_cpus, gpus, fed.actors_per_gpu, fed.server == "actor")
-    else:
-        per = fed.clients_per_actor
+    auto_per = auto_clients_per_actor(k, total_cpus, total_gpus if fed.gpus_per_client != 0 else 0.0,
+                                      fed.actors_per_gpu, fed.server == "actor")
+    per = auto_per if fed.clients_per_actor == "auto" else fed.clients_per_actor
     packing: dict[str, Any] = {}
     if fed.gpu_packing == "auto" and cluster.get("GPU", 0.0) > 0:
         gpus = max(1, int(cluster["GPU"]))
@@ -388,6 +391,16 @@ def plan_actors(
                 f"hold {held} such actors, the run has {n}; use gpus_per_client <= {fits:g} or 'auto'"
             )
     gpu_units = _units(floor_share(gpc * per))
+    memory = float(cluster.get("memory", 0.0))
+    if memory and (n + server) * ACTOR_MEMORY_FLOOR > memory:
+        auto = -(-k // auto_per)
+        raise ResourceError(
+            f"federation.clients = {k} with clients_per_actor = {per} makes {n} client actors, each a process that "
+            f"imports torch (at least {ACTOR_MEMORY_FLOOR / 2**20:.0f} MiB of its own: "
+            f"{(n + server) * ACTOR_MEMORY_FLOOR / 2**30:.1f} GiB in all), more than the cluster's "
+            f"{memory / 2**30:.1f} GiB of memory for actors; use clients_per_actor: auto ({auto} "
+            f"actor{'s' if auto > 1 else ''} here) or a larger number"
+        )
 
     if fed.cpus_per_actor == "auto":
         cpu_units = _auto_cpus(units, n, gpu_units, server)

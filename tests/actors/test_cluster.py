@@ -129,6 +129,21 @@ def test_auto_packing_puts_actors_per_gpu_actors_on_each_gpu():
     assert auto_clients_per_actor(16, cpus=4.0, gpus=0.5, actors_per_gpu=2, server_actor=False) == 16
 
 
+def test_more_actors_than_the_memory_holds_fail_at_once_pointing_to_auto():
+    """1,000 clients 4 an actor on 2 CPUs: 250 processes importing torch, which Ray's memory monitor killed after the
+    actors' 120 s deadline (16 GiB for actors here); auto packs them into 2."""
+    cluster = {"CPU": 2.0, "memory": 16.4 * 2**30}
+    with pytest.raises(ResourceError, match=r"^federation.clients = 1000 with clients_per_actor = 4 makes 250 client "
+                                            r"actors, each a process that imports torch \(at least 100 MiB of its own: "
+                                            r"24.4 GiB in all\), more than the cluster's 16.4 GiB of memory for actors; "
+                                            r"use clients_per_actor: auto \(2 actors here\) or a larger number$"):
+        plan_actors(FederationConfig(clients=1000, clients_per_actor=4), cluster)
+    assert len(plan_actors(FederationConfig(clients=1000), cluster).groups) == 2
+    assert len(plan_actors(FederationConfig(clients=1000, clients_per_actor=7), cluster).groups) == 143  # 14 GiB
+    with pytest.raises(ResourceError, match=r"makes 143 client actors.*14.1 GiB in all.*13.0 GiB"):
+        plan_actors(FederationConfig(clients=1000, clients_per_actor=7, server="actor"), {"CPU": 2.0, "memory": 13 * 2**30})
+
+
 def test_planning_many_actors_on_many_nodes_is_quick():
     started = time.perf_counter()
     plan = plan_actors(FederationConfig(clients=1000, clients_per_actor=1, server="actor"), {"CPU": 200.0},

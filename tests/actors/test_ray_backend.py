@@ -226,6 +226,19 @@ def test_gpu_request_on_a_cluster_without_gpus_fails_at_once(ray_session, tmp_pa
     assert list(tmp_path.iterdir()) == []
 
 
+def test_more_client_actors_than_the_memory_holds_fail_at_once(ray_session, tmp_path, capsys):
+    from fedcomp.cli import main
+
+    code = main(["run", "quickstart", "--set", f"run.out={tmp_path}", "--set", "federation.clients=10000",
+                 "--set", "federation.clients_per_actor=1"])
+    (err,) = capsys.readouterr().err.strip().splitlines()
+    assert code == 2
+    assert err.startswith("fedcomp: error: federation.clients = 10000 with clients_per_actor = 1 makes 10000 client "
+                          "actors, each a process that imports torch (at least 100 MiB of its own: 976.6 GiB in all)")
+    assert err.endswith("use clients_per_actor: auto (2 actors here) or a larger number")
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.parametrize(
     "fed, cluster, expected",
     [
