@@ -41,7 +41,7 @@ import common
 import fedcomp
 from fedcomp.actors.cluster import connect
 from fedcomp.sweeps.spec import SweepSpec, load_spec
-from fedcomp.sweeps.trial import default_max_concurrent
+from fedcomp.sweeps.trial import concurrent_trials
 
 WORKLOAD = {
     "task.test_samples": 5000,
@@ -139,11 +139,9 @@ def sequential(backend: str, root: Path, keep: bool = False) -> float:
 
 
 def trials_at_once(spec: SweepSpec, cpus: float) -> int:
-    """The trials the sweep ran at a time: its ``max_concurrent``, else fedcomp's default, else Tune's fit."""
-    if spec.max_concurrent is not None:
-        return spec.max_concurrent
+    """The trials the sweep ran at a time: fedcomp's choice, else Tune's fit."""
     configs = [spec.base_config(**point) for point in spec.points()]
-    return default_max_concurrent(spec, configs, cpus, False) or int(cpus // spec.cpus_per_trial)
+    return concurrent_trials(spec, configs, cpus, False) or int(cpus // spec.cpus_per_trial)
 
 
 def measure(backend: str, variant: dict[str, Any], root: Path, seeds: int = SEEDS) -> dict[str, float]:

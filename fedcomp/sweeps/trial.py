@@ -90,13 +90,15 @@ def trial_resources(spec: SweepSpec, config: Config, cluster_has_gpus: bool) -> 
     return TrialResources(tuple(bundles), share, gpc, per)
 
 
-def default_max_concurrent(spec: SweepSpec, configs: Iterable[Config], cluster_cpus: float, cluster_has_gpus: bool) -> int | None:
-    """Trials at once where the spec leaves ``max_concurrent`` unset: as many as give every process of a Ray-backend
+def concurrent_trials(spec: SweepSpec, configs: Iterable[Config], cluster_cpus: float, cluster_has_gpus: bool) -> int | None:
+    """Trials at once: the spec's ``max_concurrent``; where it is unset, as many as give every process of a Ray-backend
     trial whose actors share its CPUs (``cpus_per_actor: auto``, the default) a whole CPU, at least one; None (Tune's
     own fit, as many as the bundles allow) where no trial is such. By the bundles alone, two 2-actor trials share the
     2 CPUs of a laptop as six processes, which is slower for every run (``benchmarks/SWEEP.md``: the wall time and the
     CPU of a 12-run sweep of tiny runs fall by about a quarter and a half with one at a time). ``configs``: every
     configuration the sweep may run (the grid's points, the Optuna axes' corners)."""
+    if spec.max_concurrent is not None:
+        return spec.max_concurrent
     processes = [len(trial_resources(spec, config, cluster_has_gpus).bundles) for config in configs
                  if config.federation.backend == "ray" and config.federation.cpus_per_actor == "auto"]
     return max(1, int(cluster_cpus // max(processes))) if processes else None

@@ -42,7 +42,7 @@ from fedcomp.sweeps.edges import EXTEND_JSON
 from fedcomp.sweeps.packs import make_packs, read_pack_rows, run_pack
 from fedcomp.sweeps.spec import SweepSpec, corners, load_spec
 from fedcomp.sweeps.trial import (
-    default_max_concurrent,
+    concurrent_trials,
     members,
     placement_group_factory,
     read_trial_rows,
@@ -77,14 +77,6 @@ class SweepResult:
 
 def _flatten(config: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
     return {f"{section}.{key}": value for section, block in config.items() for key, value in block.items()}
-
-
-def _max_concurrent(spec: SweepSpec, configs: list[Config], cluster: Mapping[str, float], has_gpus: bool) -> int | None:
-    """The spec's ``max_concurrent``, else :func:`~fedcomp.sweeps.trial.default_max_concurrent` on this cluster for
-    ``configs`` (what :func:`_check_fits` checked)."""
-    if spec.max_concurrent is not None:
-        return spec.max_concurrent
-    return default_max_concurrent(spec, configs, float(cluster.get("CPU", 0.0)), has_gpus)
 
 
 def _check_fits(spec: SweepSpec, cluster: Mapping[str, float], has_gpus: bool) -> list[Config]:
@@ -253,7 +245,7 @@ def sweep(
     results.write_json(path / SWEEP_JSON, {"spec": spec.model_dump(mode="json"), "cluster_has_gpus": has_gpus})
     if cap is not None:
         edges_extend.start(path, cap)
-    at_once = _max_concurrent(spec, configs, cluster, has_gpus)
+    at_once = concurrent_trials(spec, configs, float(cluster.get("CPU", 0.0)), has_gpus)
     if spec.max_concurrent is None and at_once is not None and at_once < cluster.get("CPU", 0.0) // spec.cpus_per_trial:
         announce(f"{at_once} trial{'s' if at_once > 1 else ''} at a time, a CPU for each process of a Ray-backend trial "
                  f"(max_concurrent sets it)")
@@ -413,9 +405,9 @@ def _extended(result: SweepResult, cluster: Mapping[str, float], has_gpus: bool,
                 tuner = tune.Tuner.restore(str(folder), trainable=_trainable(step, has_gpus), resume_unfinished=True,
                                            resume_errored=True)
         else:
+            at_once = concurrent_trials(step, configs, float(cluster.get("CPU", 0.0)), has_gpus)
             tuner = tune.Tuner(_trainable(step, has_gpus), param_space=_param_space(step),
-                               tune_config=_tune_config(step, _max_concurrent(step, configs, cluster, has_gpus)),
-                               run_config=_run_config(step, folder, verbose))
+                               tune_config=_tune_config(step, at_once), run_config=_run_config(step, folder, verbose))
         with _quiet_tune(verbose):
             return collect(_fitted(tuner, result.path), step)
 

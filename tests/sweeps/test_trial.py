@@ -12,7 +12,7 @@ import pytest
 from fedcomp.actors.quiet_exit import drop_lost_exits_in_a_worker
 from fedcomp.platform.errors import ResourceError
 from fedcomp.sweeps.spec import load_spec
-from fedcomp.sweeps.trial import default_max_concurrent, pinned_config, placement_group_factory, trial_resources
+from fedcomp.sweeps.trial import concurrent_trials, pinned_config, placement_group_factory, trial_resources
 from tests.conftest import unraisable_hooks_in_a_fresh_worker
 
 BASE = {"base": "quickstart", "set": {"federation.clients": 4, "federation.clients_per_actor": 2,
@@ -81,20 +81,25 @@ def _configs(spec):
 def test_by_default_ray_trials_run_as_many_at_once_as_give_each_process_a_cpu(cpus, expected):
     # BASE: the trainable, the server actor and two client actors: four processes a trial
     s = load_spec(BASE)
-    assert default_max_concurrent(s, _configs(s), cpus, False) == expected
+    assert concurrent_trials(s, _configs(s), cpus, False) == expected
 
 
 def test_the_default_concurrency_counts_a_grids_largest_trial():
     s = load_spec({**BASE, "grid": {"federation.clients": [2, 10]}})  # 3 and 7 processes
-    assert default_max_concurrent(s, _configs(s), 16, False) == 2
+    assert concurrent_trials(s, _configs(s), 16, False) == 2
     replicated = load_spec({**BASE, "set": {**BASE["set"], "federation.server": "replicated"}})
-    assert default_max_concurrent(replicated, _configs(replicated), 16, False) == 5
+    assert concurrent_trials(replicated, _configs(replicated), 16, False) == 5
+
+
+def test_a_specs_max_concurrent_is_the_concurrency():
+    s = load_spec({**BASE, "max_concurrent": 3})
+    assert concurrent_trials(s, _configs(s), 2, False) == 3
 
 
 @pytest.mark.parametrize("override", [{"federation.backend": "local"}, {"federation.cpus_per_actor": 0.25}])
 def test_local_trials_and_pinned_actor_shares_leave_concurrency_to_tunes_fit(override):
     s = load_spec({**BASE, "set": {**BASE["set"], **override}})
-    assert default_max_concurrent(s, _configs(s), 2, False) is None
+    assert concurrent_trials(s, _configs(s), 2, False) is None
 
 
 @pytest.mark.slow
