@@ -312,14 +312,16 @@ def floor_share(value: float) -> float:
     return math.floor(value / GRANULARITY + 1e-9) * GRANULARITY
 
 
-def auto_clients_per_actor(clients: int, cpus: float, gpus: float, actors_per_gpu: int, server_actor: bool) -> int:
+def auto_clients_per_actor(clients: int, cpus: float, gpus: float, actors_per_gpu: int) -> int:
     """``federation.clients_per_actor: auto``: the clients spread evenly over as many actors as run at once --
     ``actors_per_gpu`` a GPU where the clients use ``gpus`` GPUs (``gpu_packing: auto``'s packing before its
-    probe), else one a CPU of ``cpus``, less the server actor's -- and at most one actor a client.
+    probe), else one a CPU of ``cpus`` -- and at most one actor a client.
 
     Every packing gives the same numbers, and each actor is a process that starts and imports torch (about 0.4
-    GiB): on 2 CPUs, quickstart's 16 clients run faster in 2 actors than in 4 (``benchmarks/PACKING.md``)."""
-    slots = gpus * actors_per_gpu if gpus > 0 else cpus - server_actor
+    GiB): on 2 CPUs, quickstart's 16 clients run faster in 2 actors than in 4 (``benchmarks/PACKING.md``). A server
+    actor (``server: actor``) mostly waits on the client actors and takes no CPU from this count: with it, quickstart
+    took 12.4-13.6 s in 2 client actors on 2 CPUs against 17.0-17.3 s in one (scratch, alternating)."""
+    slots = gpus * actors_per_gpu if gpus > 0 else cpus
     actors = min(clients, max(1, math.floor(slots + 1e-9)))
     return -(-clients // actors)
 
@@ -348,8 +350,7 @@ def plan_actors(
     """
     k = fed.clients
     total_gpus, total_cpus = float(cluster.get("GPU", 0.0)), float(cluster.get("CPU", 0.0))
-    auto_per = auto_clients_per_actor(k, total_cpus, total_gpus if fed.gpus_per_client != 0 else 0.0,
-                                      fed.actors_per_gpu, fed.server == "actor")
+    auto_per = auto_clients_per_actor(k, total_cpus, total_gpus if fed.gpus_per_client != 0 else 0.0, fed.actors_per_gpu)
     per = auto_per if fed.clients_per_actor == "auto" else fed.clients_per_actor
     packing: dict[str, Any] = {}
     if fed.gpu_packing == "auto" and cluster.get("GPU", 0.0) > 0:

@@ -62,7 +62,7 @@ class FederationConfig(Params):
     clients_per_actor: Annotated[int, Field(ge=1)] | Literal["auto"] = Field(
         "auto",
         description="clients hosted by one Ray actor; 'auto' = spread the clients evenly over as many actors as the "
-        "cluster runs at once: one a CPU (less the server actor's), or actors_per_gpu a GPU where the clients use "
+        "cluster runs at once: one a CPU, or actors_per_gpu a GPU where the clients use "
         "GPUs; at most one actor a client. Every packing gives the same numbers; fewer actors start faster and hold "
         "less memory (each imports torch)",
     )
