@@ -312,18 +312,18 @@ def floor_share(value: float) -> float:
     return math.floor(value / GRANULARITY + 1e-9) * GRANULARITY
 
 
-def auto_clients_per_actor(clients: int, cpus: float, gpus: float, actors_per_gpu: int) -> int:
+def auto_clients_per_actor(fed: FederationConfig, cpus: float, gpus: float) -> int:
     """``federation.clients_per_actor: auto``: the clients spread evenly over as many actors as run at once --
-    ``actors_per_gpu`` a GPU where the clients use ``gpus`` GPUs (``gpu_packing: auto``'s packing before its
+    ``fed.actors_per_gpu`` a GPU of ``gpus`` where the clients use GPUs (``gpu_packing: auto``'s packing before its
     probe), else one a CPU of ``cpus`` -- and at most one actor a client.
 
     Every packing gives the same numbers, and each actor is a process that starts and imports torch (about 0.4
     GiB): on 2 CPUs, quickstart's 16 clients run faster in 2 actors than in 4 (``benchmarks/PACKING.md``). A server
     actor (``server: actor``) mostly waits on the client actors and takes no CPU from this count: with it, quickstart
-    took 12.4-13.6 s in 2 client actors on 2 CPUs against 17.0-17.3 s in one (scratch, alternating)."""
-    slots = gpus * actors_per_gpu if gpus > 0 else cpus
-    actors = min(clients, max(1, math.floor(slots + 1e-9)))
-    return -(-clients // actors)
+    is faster in 2 client actors on 2 CPUs than in one (``benchmarks/PACKING.md``)."""
+    slots = gpus * fed.actors_per_gpu if gpus > 0 and fed.gpus_per_client != 0 else cpus
+    actors = min(fed.clients, max(1, math.floor(slots + 1e-9)))
+    return -(-fed.clients // actors)
 
 
 def plan_actors(
@@ -350,7 +350,7 @@ def plan_actors(
     """
     k = fed.clients
     total_gpus, total_cpus = float(cluster.get("GPU", 0.0)), float(cluster.get("CPU", 0.0))
-    auto_per = auto_clients_per_actor(k, total_cpus, total_gpus if fed.gpus_per_client != 0 else 0.0, fed.actors_per_gpu)
+    auto_per = auto_clients_per_actor(fed, total_cpus, total_gpus)
     per = auto_per if fed.clients_per_actor == "auto" else fed.clients_per_actor
     packing: dict[str, Any] = {}
     if fed.gpu_packing == "auto" and cluster.get("GPU", 0.0) > 0:

@@ -70,8 +70,7 @@ def trial_resources(spec: SweepSpec, config: Config, cluster_has_gpus: bool) -> 
         return TrialResources((bundle,), spec.cpus_per_trial, gpc)
     per = fed.clients_per_actor
     if per == "auto":
-        gpus = spec.gpus_per_trial if cluster_has_gpus and fed.gpus_per_client != 0 else 0.0
-        per = auto_clients_per_actor(fed.clients, spec.cpus_per_trial, gpus, fed.actors_per_gpu)
+        per = auto_clients_per_actor(fed, spec.cpus_per_trial, spec.gpus_per_trial if cluster_has_gpus else 0.0)
     actors = -(-fed.clients // per)
     processes = actors + 1 + (fed.server == "actor")  # the server runs in the trainable or on the client actors
     share = float(fed.cpus_per_actor) if fed.cpus_per_actor != "auto" else floor_share(spec.cpus_per_trial / processes)

@@ -126,7 +126,7 @@ def test_auto_packing_puts_actors_per_gpu_actors_on_each_gpu():
     # GPUs the clients do not use leave the CPU rule
     cpu_only = plan_actors(FederationConfig(clients=16, gpus_per_client=0), {"CPU": 4.0, "GPU": 2.0})
     assert len(cpu_only.groups) == 4 and cpu_only.gpus(0) == 0.0
-    assert auto_clients_per_actor(16, cpus=4.0, gpus=0.5, actors_per_gpu=2) == 16
+    assert auto_clients_per_actor(FederationConfig(clients=16, actors_per_gpu=2), cpus=4.0, gpus=0.5) == 16
 
 
 def test_more_actors_than_the_memory_holds_fail_at_once_pointing_to_auto():
