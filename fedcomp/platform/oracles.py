@@ -59,14 +59,26 @@ def _compiled_first(fast: Callable[P, R | None]) -> Callable[[Callable[P, R]], C
 def grad_and_loss(problem: Any, x: Tensor, *batch: Any) -> tuple[Tensor, Tensor]:
     """Gradient and value of ``problem.loss(x, *batch)`` at ``x``.
 
-    Under ``vmap`` (lockstep clients) by ``torch.func.grad_and_value``; otherwise by plain autograd, which gives the
-    same bits as ``grad_and_value`` and costs less than half as much per call for small models."""
+    Under ``vmap`` (lockstep clients) by ``torch.func.grad_and_value``; otherwise by the problem's own untaped
+    gradient where it has one (:func:`_untaped`), else by plain autograd, which gives the same bits as
+    ``grad_and_value`` and costs less than half as much per call for small models."""
     if LOCKSTEP.get():
         return torch.func.grad_and_value(lambda z: problem.loss(z, *batch))(x)
+    untaped = _untaped(problem, x, batch)
+    if untaped is not None:
+        grads, value = untaped
+        return torch.cat([g.reshape(-1) for g in grads]), value
     x = x.detach().requires_grad_(True)
     value = problem.loss(x, *batch)
     (grad,) = torch.autograd.grad(value, x)
     return grad, value.detach()
+
+
+def _untaped(problem: Any, x: Tensor, batch: tuple[Any, ...]) -> tuple[list[Tensor], Tensor] | None:
+    """The problem's own gradient of its loss, as its model's parameter gradients, where it computes one without
+    autograd's tape (``problem.loss_grad_pieces``: autograd's bits, faster); None where it does not."""
+    untaped = getattr(problem, "loss_grad_pieces", None)
+    return None if untaped is None else untaped(x, *batch)
 
 
 class Pieces(list[Tensor]):
@@ -126,6 +138,10 @@ def grad_and_loss_pieces(problem: Any, x: Tensor, *batch: Any) -> tuple[Pieces, 
     vector assembled per call), otherwise (and under ``federation.torch_compile``) the one flat gradient. The caller
     may overwrite them."""
     model = getattr(problem, "model", None)
+    if not LOCKSTEP.get() and compiled.ENABLED.get() is None:
+        untaped = _untaped(problem, x, batch)
+        if untaped is not None:
+            return Pieces(untaped[0], model.pieces), untaped[1]  # type: ignore[union-attr]
     pieces = getattr(model, "grad_pieces", None)
     if pieces is not None and not LOCKSTEP.get() and compiled.ENABLED.get() is None:
         done = pieces(lambda z: problem.loss(z, *batch), x)

@@ -1,0 +1,156 @@
+"""A perceptron's cross-entropy gradient without autograd's tape: autograd's bits, on every shape it covers."""
+
+from __future__ import annotations
+
+from itertools import pairwise
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fedcomp.models.functional import FlatModel
+from fedcomp.models.mlp_gradient import plan_of
+from fedcomp.platform import oracles
+from fedcomp.platform.tasks.builtins import SyntheticClassificationParams
+from fedcomp.platform.tasks.synthetic_classification import SyntheticClassification
+
+
+def perceptron(widths: list[int], activation: type[nn.Module] = nn.ReLU, bias: bool = True) -> nn.Sequential:
+    layers: list[nn.Module] = []
+    for i, (fan_in, fan_out) in enumerate(pairwise(widths)):
+        layers.append(nn.Linear(fan_in, fan_out, bias=bias))
+        if i < len(widths) - 2:
+            layers.append(activation())
+    return nn.Sequential(*layers)
+
+
+def autograd_answer(module: nn.Module, features: torch.Tensor, labels: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor]:
+    loss = F.cross_entropy(module(features), labels)
+    return list(torch.autograd.grad(loss, list(module.parameters()))), loss.detach()
+
+
+def assert_same_bits(module: nn.Module, features: torch.Tensor, labels: torch.Tensor) -> None:
+    plan = plan_of(module)
+    assert plan is not None
+    expected, expected_loss = autograd_answer(module, features, labels)
+    done = plan.cross_entropy([p.detach() for p in module.parameters()], features, labels)
+    assert done is not None
+    grads, loss = done
+    assert torch.equal(loss, expected_loss)
+    assert len(grads) == len(expected)
+    for got, want in zip(grads, expected):
+        assert got.shape == want.shape and torch.equal(got, want)
+
+
+@pytest.mark.parametrize("widths", [[32, 64, 10], [1, 1, 2], [3, 1, 2], [5, 2], [2, 3, 4, 5, 6], [784, 200, 200, 10]])
+@pytest.mark.parametrize("batch", [1, 3, 16])
+@pytest.mark.parametrize("activation", [nn.ReLU, nn.Tanh, nn.Sigmoid])
+@pytest.mark.parametrize("bias", [True, False])
+def test_the_gradient_and_loss_are_autogradss_bit_for_bit(widths, batch, activation, bias):
+    torch.manual_seed(len(widths) * 100 + batch)
+    module = perceptron(widths, activation, bias)
+    features = torch.randn(batch, widths[0]) * 3  # large logits too: the softmax's saturation rounds
+    labels = torch.randint(0, widths[-1], (batch,))
+    assert_same_bits(module, features, labels)
+
+
+def test_a_leading_flatten_nested_sequentials_identities_and_an_in_place_relu():
+    torch.manual_seed(1)
+    module = nn.Sequential(
+        nn.Flatten(), nn.Sequential(nn.Linear(12, 8), nn.ReLU(inplace=True)), nn.Identity(), nn.Linear(8, 3),
+    )
+    assert_same_bits(module, torch.randn(5, 3, 2, 2), torch.randint(0, 3, (5,)))
+
+
+def test_a_weight_stored_transposed_takes_autogradss_other_product():
+    torch.manual_seed(2)
+    module = perceptron([6, 5, 3])
+    module[0].weight = nn.Parameter(torch.randn(6, 5).t())  # not contiguous: autograd multiplies the other way
+    assert_same_bits(module, torch.randn(4, 6), torch.randint(0, 3, (4,)))
+
+
+@pytest.mark.parametrize(
+    "module",
+    [
+        nn.Sequential(nn.Linear(4, 3), nn.BatchNorm1d(3), nn.Linear(3, 2)),
+        nn.Sequential(nn.Linear(4, 3), nn.Dropout(0.5), nn.Linear(3, 2)),
+        nn.Sequential(nn.Linear(4, 3), nn.GELU(), nn.Linear(3, 2)),
+        nn.Sequential(nn.Linear(4, 3), nn.Flatten(), nn.Linear(3, 2)),  # a flatten not first
+        nn.Sequential(nn.ReLU(), nn.Identity()),  # no linear layer
+        nn.Linear(4, 2),  # not a sequential
+    ],
+    ids=["batchnorm", "dropout", "gelu", "flatten-inside", "no-linear", "bare-linear"],
+)
+def test_modules_it_does_not_cover_get_no_plan(module):
+    assert plan_of(module) is None
+
+
+def test_a_subclassed_layer_or_tied_weights_get_no_plan():
+    class Scaled(nn.Linear):
+        def forward(self, input: torch.Tensor) -> torch.Tensor:
+            return 2 * super().forward(input)
+
+    assert plan_of(nn.Sequential(Scaled(4, 3), nn.ReLU(), nn.Linear(3, 2))) is None
+    tied = nn.Sequential(nn.Linear(3, 3), nn.ReLU(), nn.Linear(3, 3))
+    tied[2].weight = tied[0].weight
+    assert plan_of(tied) is None
+
+
+def test_inputs_it_does_not_cover_are_left_to_autograd():
+    plan = plan_of(perceptron([4, 3, 2]))
+    assert plan is not None
+    params = [p.detach() for p in perceptron([4, 3, 2]).parameters()]
+    features = torch.randn(5, 4)
+    assert plan.cross_entropy(params, features, torch.rand(5, 2)) is None  # probabilities, not class indices
+    assert plan.cross_entropy(params, features.unsqueeze(0), torch.zeros(5, dtype=torch.long)) is None  # 3-D batch
+
+
+def test_the_flat_model_differentiates_its_flat_vector_with_autogradss_bits():
+    torch.manual_seed(3)
+    flat = FlatModel(perceptron([6, 7, 3]))
+    x = torch.randn(flat.dim)
+    features, labels = torch.randn(9, 6), torch.randint(0, 3, (9,))
+    done = flat.cross_entropy_grad(x, features, labels)
+    assert done is not None
+    grads, loss = done
+    leaf = x.clone().requires_grad_(True)
+    value = F.cross_entropy(flat(leaf, features), labels)
+    (expected,) = torch.autograd.grad(value, leaf)
+    assert torch.equal(torch.cat([g.reshape(-1) for g in grads]), expected) and torch.equal(loss, value.detach())
+    assert [g.shape for g in grads] == [p.shape for p in flat.pieces(x)]
+
+
+def test_the_flat_model_declines_inside_torch_func_transforms_and_without_a_plan():
+    torch.manual_seed(4)
+    flat = FlatModel(perceptron([6, 7, 3]))
+    features, labels = torch.randn(9, 6), torch.randint(0, 3, (9,))
+    seen = []
+
+    def loss(z: torch.Tensor) -> torch.Tensor:
+        seen.append(flat.cross_entropy_grad(z, features, labels))
+        return F.cross_entropy(flat(z, features), labels)
+
+    torch.func.vmap(torch.func.grad(loss))(torch.randn(2, flat.dim))  # lockstep clients' path
+    assert seen == [None]
+    with_batchnorm = FlatModel(nn.Sequential(nn.Linear(6, 2), nn.BatchNorm1d(2)))
+    assert with_batchnorm.cross_entropy_grad(torch.zeros(with_batchnorm.dim), features, labels) is None
+
+
+def test_the_oracles_take_the_task_s_untaped_gradient_with_autogradss_bits(monkeypatch):
+    task = SyntheticClassification(SyntheticClassificationParams(hidden=[16]), seed=0, clients=4)
+    x = task.init_params(torch.Generator().manual_seed(0))["x"]
+    batch = task.sample_batch(1, 16, torch.Generator().manual_seed(1))
+    leaf = x.clone().requires_grad_(True)
+    value = task.loss(leaf, batch)
+    (expected,) = torch.autograd.grad(value, leaf)
+
+    def no_autograd(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the untaped gradient should have answered")
+
+    monkeypatch.setattr(torch.autograd, "grad", no_autograd)
+    grad, loss = oracles.grad_and_loss(task, x, batch)
+    pieces, loss_pieces = oracles.grad_and_loss_pieces(task, x, batch)
+    assert torch.equal(grad, expected) and torch.equal(loss, value.detach()) and torch.equal(loss_pieces, loss)
+    assert torch.equal(torch.cat([p.reshape(-1) for p in pieces]), expected)
+    assert [p.shape for p in pieces.of(x)] == [p.shape for p in pieces]  # cut as the state is, for in-place steps
