@@ -217,12 +217,23 @@ class FlatModel:
     def cross_entropy_grad(self, x: Tensor, inputs: Tensor, labels: Tensor) -> tuple[list[Tensor], Tensor] | None:
         """The gradient at ``x`` of ``F.cross_entropy(self(x, inputs), labels)`` as the parameters' gradients (cut as
         :meth:`pieces` cuts ``x``) and the loss, computed without autograd's tape where the module is a perceptron
-        (:mod:`fedcomp.models.mlp_gradient`): autograd's bits in about a third of the time for a small model.
+        (:mod:`fedcomp.models.mlp_gradient`): autograd's bits in a fraction of the time for a small model.
         ``None`` where it is not, or inside a ``torch.func`` transform: the caller differentiates by autograd."""
-        plan = self._mlp
-        if plan is None or x.shape != (self.dim,) or torch._C._functorch.is_functorch_wrapped_tensor(x):
+        plan = self._untaped_plan(x)
+        return None if plan is None else plan.cross_entropy(self.pieces(x.detach()), inputs, labels)
+
+    def cross_entropy_factors(
+        self, x: Tensor, inputs: Tensor, labels: Tensor,
+    ) -> tuple[list[Tensor | None], dict[int, list[tuple[Tensor, Tensor]]], Tensor] | None:
+        """:meth:`factored_grad_pieces` of that cross-entropy without autograd's tape, the same bits (fused SGD
+        steps); ``None`` where :meth:`cross_entropy_grad` declines or every parameter is a weight."""
+        plan = self._untaped_plan(x)
+        return None if plan is None else plan.cross_entropy_factors(self.pieces(x.detach()), inputs, labels)
+
+    def _untaped_plan(self, x: Tensor) -> mlp_gradient.MlpPlan | None:
+        if self._mlp is None or x.shape != (self.dim,) or torch._C._functorch.is_functorch_wrapped_tensor(x):
             return None
-        return plan.cross_entropy(self.pieces(x.detach()), inputs, labels)
+        return self._mlp
 
     def grad_pieces(self, loss: Callable[[Tensor], Tensor], x: Tensor) -> tuple[list[Tensor], Tensor] | None:
         """d loss / dx at ``x`` as the parameters' gradients (one new tensor per parameter, cut as

@@ -65,6 +65,32 @@ class MlpPlan:
         model's, in ``named_parameters`` order): one new tensor per parameter, and the loss (a 0-d tensor); the
         bits of ``torch.autograd.grad``. ``None`` for inputs this plan does not cover (labels not class indices,
         features not a 2-D float batch once flattened), where the caller uses autograd."""
+        done = self._backward(params, features, labels, factored=False)
+        if done is None:
+            return None
+        grads, _, loss = done
+        return [grads[i] for i in range(self.parameters)], loss
+
+    def cross_entropy_factors(
+        self, params: list[Tensor], features: Tensor, labels: Tensor,
+    ) -> tuple[list[Tensor | None], dict[int, list[tuple[Tensor, Tensor]]], Tensor] | None:
+        """:meth:`cross_entropy` with each weight's gradient ``g^T a`` left as its factors ``[(g, a)]`` (None in the
+        list in its place): what :meth:`fedcomp.models.functional.FlatModel.factored_grad_pieces` gives, the same
+        bits, for fused SGD steps. ``None`` where :meth:`cross_entropy` declines and where every parameter is a
+        weight (a step needs one gradient to apply as it is)."""
+        if all(layer.bias is None for layer in self.layers if layer.kind == LINEAR):
+            return None
+        done = self._backward(params, features, labels, factored=True)
+        if done is None:
+            return None
+        grads, factors, loss = done
+        return [grads.get(i) for i in range(self.parameters)], factors, loss
+
+    def _backward(
+        self, params: list[Tensor], features: Tensor, labels: Tensor, factored: bool,
+    ) -> tuple[dict[int, Tensor], dict[int, list[tuple[Tensor, Tensor]]], Tensor] | None:
+        """The forward and backward passes: the gradients by parameter index, the weights' factors (``factored``:
+        in place of their gradients) and the loss; None for inputs not covered."""
         if self.flatten_input and features.dim() > 2:
             features = features.flatten(1)
         if features.dim() != 2 or labels.dim() != 1 or labels.dtype != torch.long or not features.is_floating_point():
@@ -84,18 +110,22 @@ class MlpPlan:
             g = torch.ops.aten.nll_loss_backward(torch.ones_like(loss), logp, labels, None, 1, -100, total)  # seed 1
             g = torch.ops.aten._log_softmax_backward_data(g, logp, 1, logp.dtype)
             grads: dict[int, Tensor] = {}
+            factors: dict[int, list[tuple[Tensor, Tensor]]] = {}
             for i in range(len(self.layers) - 1, self.first_linear - 1, -1):
-                layer, out = self.layers[i], outputs[i + 1]
+                layer = self.layers[i]
                 if layer.kind == LINEAR:
                     w = params[layer.weight]
-                    grads[layer.weight] = _weight_grad(g, outputs[i], w)
+                    if factored:
+                        factors[layer.weight] = [(g, outputs[i])]
+                    else:
+                        grads[layer.weight] = _weight_grad(g, outputs[i], w)
                     if layer.bias is not None:
                         grads[layer.bias] = g.sum(0)
                     if i > self.first_linear:
                         g = g.mm(w)
                 else:
-                    g = _BACKWARD[layer.kind](g, out)
-        return [grads[i] for i in range(self.parameters)], loss
+                    g = _BACKWARD[layer.kind](g, outputs[i + 1])
+        return grads, factors, loss
 
 
 def _weight_grad(g: Tensor, inputs: Tensor, weight: Tensor) -> Tensor:

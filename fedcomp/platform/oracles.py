@@ -12,6 +12,7 @@ Second-order products use double backpropagation: H_yy v = d/dy <d/dy l, v> and 
 from __future__ import annotations
 
 import functools
+import weakref
 from collections.abc import Callable
 from contextvars import ContextVar
 from typing import Any, ParamSpec, TypeVar
@@ -60,13 +61,13 @@ def grad_and_loss(problem: Any, x: Tensor, *batch: Any) -> tuple[Tensor, Tensor]
     """Gradient and value of ``problem.loss(x, *batch)`` at ``x``.
 
     Under ``vmap`` (lockstep clients) by ``torch.func.grad_and_value``; otherwise by the problem's own untaped
-    gradient where it has one (:func:`_untaped`), else by plain autograd, which gives the same bits as
+    gradient where it has one (:func:`untaped`), else by plain autograd, which gives the same bits as
     ``grad_and_value`` and costs less than half as much per call for small models."""
     if LOCKSTEP.get():
         return torch.func.grad_and_value(lambda z: problem.loss(z, *batch))(x)
-    untaped = _untaped(problem, x, batch)
-    if untaped is not None:
-        grads, value = untaped
+    done = untaped(problem, x, batch)
+    if done is not None:
+        grads, value = done
         return torch.cat([g.reshape(-1) for g in grads]), value
     x = x.detach().requires_grad_(True)
     value = problem.loss(x, *batch)
@@ -74,11 +75,42 @@ def grad_and_loss(problem: Any, x: Tensor, *batch: Any) -> tuple[Tensor, Tensor]
     return grad, value.detach()
 
 
-def _untaped(problem: Any, x: Tensor, batch: tuple[Any, ...]) -> tuple[list[Tensor], Tensor] | None:
-    """The problem's own gradient of its loss, as its model's parameter gradients, where it computes one without
-    autograd's tape (``problem.loss_grad_pieces``: autograd's bits, faster); None where it does not."""
-    untaped = getattr(problem, "loss_grad_pieces", None)
-    return None if untaped is None else untaped(x, *batch)
+_AGREES: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
+"""Per problem that declares ``classifier_inputs``: whether its model's untaped gradient gave autograd's answer."""
+
+
+def untaped(problem: Any, x: Tensor, batch: tuple[Any, ...], factored: bool = False) -> Any:
+    """The problem's loss gradient at ``x`` computed without autograd's tape -- ``(grads, loss)`` as the model's
+    parameter gradients, or with ``factored`` ``(grads, factors, loss)`` as
+    :meth:`~fedcomp.models.functional.FlatModel.factored_grad_pieces` gives them -- where the problem declares its
+    loss the mean cross-entropy of its model (``problem.classifier_inputs(*batch) -> (features, labels)``) and the
+    model is a perceptron (:mod:`fedcomp.models.mlp_gradient`): autograd's bits, faster. None otherwise.
+
+    A declaration is taken on trust only once it has been seen to hold: at a problem's first call, the untaped
+    gradient and loss are compared with autograd's differentiation of ``problem.loss`` itself, and any difference
+    (a loss that is not what it declares) leaves that problem to autograd for good."""
+    declared = getattr(problem, "classifier_inputs", None)
+    model: Any = getattr(problem, "model", None)
+    if declared is None or not hasattr(model, "cross_entropy_grad"):
+        return None
+    features, labels = declared(*batch)
+    agrees = _AGREES.get(problem)
+    if agrees is None:
+        agrees = _AGREES[problem] = _untaped_agrees(problem, model, x, batch, features, labels)
+    if not agrees:
+        return None
+    return (model.cross_entropy_factors if factored else model.cross_entropy_grad)(x, features, labels)
+
+
+def _untaped_agrees(problem: Any, model: Any, x: Tensor, batch: tuple[Any, ...], features: Tensor, labels: Tensor) -> bool:
+    done = model.cross_entropy_grad(x, features, labels)
+    if done is None or torch._C._functorch.is_functorch_wrapped_tensor(x):
+        return False
+    leaf = x.detach().requires_grad_(True)
+    value = problem.loss(leaf, *batch)
+    (expected,) = torch.autograd.grad(value, leaf)
+    grads, loss = done
+    return torch.equal(torch.cat([g.reshape(-1) for g in grads]), expected) and torch.equal(loss, value.detach())
 
 
 class Pieces(list[Tensor]):
@@ -139,9 +171,9 @@ def grad_and_loss_pieces(problem: Any, x: Tensor, *batch: Any) -> tuple[Pieces, 
     may overwrite them."""
     model = getattr(problem, "model", None)
     if not LOCKSTEP.get() and compiled.ENABLED.get() is None:
-        untaped = _untaped(problem, x, batch)
-        if untaped is not None:
-            return Pieces(untaped[0], model.pieces), untaped[1]  # type: ignore[union-attr]
+        done = untaped(problem, x, batch)
+        if done is not None:
+            return Pieces(done[0], model.pieces), done[1]  # type: ignore[union-attr]
     pieces = getattr(model, "grad_pieces", None)
     if pieces is not None and not LOCKSTEP.get() and compiled.ENABLED.get() is None:
         done = pieces(lambda z: problem.loss(z, *batch), x)
@@ -154,12 +186,13 @@ def grad_and_loss_pieces(problem: Any, x: Tensor, *batch: Any) -> tuple[Pieces, 
 def grad_and_loss_factors(problem: Any, x: Tensor, *batch: Any) -> tuple[Pieces, Tensor]:
     """:func:`grad_and_loss_pieces`, except that under ``federation.fused_sgd`` (:data:`FUSED_SGD`, not in
     lockstep) the model's plain linear weights' gradients come as factors where it can
-    (:meth:`fedcomp.models.functional.FlatModel.factored_grad_pieces`): the caller's step applies the pieces as
-    they are and then :meth:`Pieces.add_factors_`. The same step, other roundings in those weights."""
+    (:meth:`fedcomp.models.functional.FlatModel.factored_grad_pieces`, or :func:`untaped`'s factors, the same bits):
+    the caller's step applies the pieces as they are and then :meth:`Pieces.add_factors_`. The same step, other
+    roundings in those weights."""
     model = getattr(problem, "model", None)
     factored = getattr(model, "factored_grad_pieces", None)
     if factored is not None and FUSED_SGD.get() and not LOCKSTEP.get():
-        done = factored(lambda z: problem.loss(z, *batch), x)
+        done = untaped(problem, x, batch, factored=True) or factored(lambda z: problem.loss(z, *batch), x)
         if done is not None:
             grads, factors, value = done
             dense = [i for i, g in enumerate(grads) if g is not None]

@@ -149,18 +149,22 @@ def fused(config: Any) -> Any:
 
 
 def factoring(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
-    """Whether each gradient the model was asked for came as factors (recorded as the run goes)."""
+    """Whether each gradient the model was asked for came as factors (recorded as the run goes), by autograd
+    (``factored_grad_pieces``) or without its tape (``cross_entropy_factors``)."""
     from fedcomp.models.functional import FlatModel
 
     taken: list[bool] = []
-    factored = FlatModel.factored_grad_pieces
 
-    def recorded(self, *args):  # type: ignore[no-untyped-def]
-        done = factored(self, *args)
-        taken.append(done is not None and bool(done[1]))
-        return done
+    def recording(factored: Any) -> Any:
+        def recorded(self, *args):  # type: ignore[no-untyped-def]
+            done = factored(self, *args)
+            taken.append(done is not None and bool(done[1]))
+            return done
 
-    monkeypatch.setattr(FlatModel, "factored_grad_pieces", recorded)
+        return recorded
+
+    for name in ("factored_grad_pieces", "cross_entropy_factors"):
+        monkeypatch.setattr(FlatModel, name, recording(getattr(FlatModel, name)))
     return taken
 
 

@@ -54,11 +54,10 @@ class SyntheticClassification(Task):
         features, labels = batch
         return F.cross_entropy(self.model(x, features), labels)
 
-    def loss_grad_pieces(self, x: Tensor, batch: tuple[Tensor, Tensor]) -> tuple[list[Tensor], Tensor] | None:
-        """:meth:`loss`'s gradient as the model's parameter gradients, and the loss, without autograd's tape (the
-        same bits: :meth:`fedcomp.models.functional.FlatModel.cross_entropy_grad`)."""
-        features, labels = batch
-        return self.model.cross_entropy_grad(x, features, labels)
+    def classifier_inputs(self, batch: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
+        """:meth:`loss` is the mean cross-entropy of ``self.model`` on these features and labels: the oracles may
+        differentiate it without autograd's tape (:func:`fedcomp.platform.oracles.untaped`)."""
+        return batch
 
     def evaluator(self) -> Callable[[dict[str, Tensor]], dict[str, float]]:
         uniform = torch.full((self.params.classes,), 1.0 / self.params.classes)
