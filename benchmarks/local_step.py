@@ -11,7 +11,10 @@ batch 16, lr 0.05, one torch thread) on the heavy MLP 32-1024-1024-10 with 100 c
 * ``before``: the local backend with in-place steps switched off (``LocalSteps.in_place`` -> False): every
   step differentiates a flat leaf and builds the new state out of place -- the code path of the previous
   revision, still the one ``vmap`` lockstep and algorithms without ``update_`` run;
-* ``after``: the local backend as it is (``update_``: the parameters' gradients applied in place);
+* ``taped``: the local backend with the gradient taken by autograd (:func:`fedcomp.platform.oracles.untaped`
+  switched off): the code path of the revision before the untaped gradient (``fedcomp/models/mlp_gradient.py``);
+* ``after``: the local backend as it is (``update_``: the parameters' gradients applied in place, computed without
+  autograd's tape);
 * ``optim``: :func:`fedcomp.bench.run_optim` (``zero_grad``, ``backward``, ``SGD.step`` on the module);
 * ``fused``: the local backend with ``federation.fused_sgd`` (the linear layers' weights stepped by their
   gradients' factors in one matrix product; equal to the others up to float32 rounding).
@@ -40,6 +43,7 @@ import torch
 
 from common import HERE, generated_by, publish
 from fedcomp.bench import bench_config, load_average, run_fedcomp, run_optim, weights_hash
+from fedcomp.platform import oracles
 from fedcomp.platform.algorithms.base import LocalSteps
 
 WORKLOADS = {"heavy MLP 32-1024-1024-10, 100 clients": ([1024, 1024], 100),
@@ -58,13 +62,15 @@ def run(runner: str, hidden: list[int], clients: int, rounds: int,
     if runner == "optim":
         m = run_optim(config, 0)
     else:
-        switched = LocalSteps.in_place
+        in_place, untaped = LocalSteps.in_place, oracles.untaped
         if runner == "before":
             LocalSteps.in_place = lambda self: False  # type: ignore[method-assign]
+        if runner == "taped":
+            oracles.untaped = lambda *args, **kwargs: None
         try:
             m = run_fedcomp(config, "local", 0)
         finally:
-            LocalSteps.in_place = switched  # type: ignore[method-assign]
+            LocalSteps.in_place, oracles.untaped = in_place, untaped  # type: ignore[method-assign]
     return m.median_round_s, m.final, m.faults_per_round
 
 
@@ -150,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     load_before = load_average()
     rows = []
     for label, (hidden, clients) in WORKLOADS.items():
-        times, finals, faults = alternate(["before", "after", "optim", "fused"], args.repeats, label,
+        times, finals, faults = alternate(["before", "taped", "after", "optim", "fused"], args.repeats, label,
                                           lambda r: run(r, hidden, clients, args.rounds))  # noqa: B023 (called at once)
         ms = {r: statistics.median(t) * 1e3 for r, t in times.items()}
         per_step = {r: v / (COHORT * LOCAL_STEPS) for r, v in ms.items()}
@@ -158,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
 
         rows.append(
             f"| {label} | {' | '.join(f'{ms[r]:.1f}' for r in times)} | {' | '.join(f'{per_step[r]:.2f}' for r in times)} "
-            f"| {ms['before'] / ms['after']:.2f}x | {paired('after', 'optim')} | "
+            f"| {ms['before'] / ms['after']:.2f}x | {paired('after', 'taped')} | {paired('after', 'optim')} | "
             f"{min(times['after']) / min(times['optim']):.2f} | {paired('fused', 'after')} | {paired('fused', 'optim')} | "
             f"{' / '.join(f'{statistics.median(faults[r]):.0f}' for r in times)} | "
             f"{' / '.join(weights_hash(finals[r]) for r in times)} | "
@@ -170,18 +176,20 @@ def main(argv: list[str] | None = None) -> int:
         "machine: other work inflates every column alike, the runners alternate within each repeat).", "",
         f"FedAvg, {COHORT} clients per round, {LOCAL_STEPS} local SGD steps of batch 16, lr 0.05, {args.rounds} "
         f"rounds, median over rounds then over {args.repeats} repeats; one torch thread. `before` = in-place "
-        "steps switched off (the pure, out-of-place step), `after` = as built, `optim` = `torch.optim.SGD` on "
+        "steps switched off (the pure, out-of-place step), `taped` = the gradient by autograd (the untaped "
+        "gradient switched off), `after` = as built, `optim` = `torch.optim.SGD` on "
         "the module's parameters, `fused` = as built with `federation.fused_sgd: true`. Hashes: final weights (the "
-        "first three agree bit for bit: fedcomp's step is torch.optim's fused `p += -lr g`, rounded once; `fused` "
+        "first four agree bit for bit: fedcomp's step is torch.optim's fused `p += -lr g`, rounded once; `fused` "
         "steps each linear layer's weight by `addmm_`, which rounds otherwise: its largest difference from `after` "
         "is the last column). Paired: the ratio within each repeat, median (range) over repeats. Page faults: this "
         "process's minor page faults per round (`getrusage`), median over repeats -- memory a round takes fresh from "
         "the system, which the neighbours' load does not move.", "",
-        "| workload | before (ms/round) | after (ms/round) | optim (ms/round) | fused (ms/round) | before (ms/step) "
-        "| after (ms/step) | optim (ms/step) | fused (ms/step) | speed-up | after / optim paired | best / best "
-        "| fused / after paired | fused / optim paired | page faults per round (before / after / optim / fused) "
-        "| final weights sha256 (before / after / optim / fused) | fused vs after, max abs diff |",
-        "|:---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---|---:|",
+        "| workload | before (ms/round) | taped (ms/round) | after (ms/round) | optim (ms/round) | fused (ms/round) "
+        "| before (ms/step) | taped (ms/step) | after (ms/step) | optim (ms/step) | fused (ms/step) | speed-up "
+        "| after / taped paired | after / optim paired | best / best | fused / after paired | fused / optim paired "
+        "| page faults per round (before / taped / after / optim / fused) "
+        "| final weights sha256 (before / taped / after / optim / fused) | fused vs after, max abs diff |",
+        "|:---|" + "---:|" * 17 + ":---|---:|",
         *rows, "",
         f"Target (issue #16): after / optim <= {TARGET} on the heavy MLP.", "",
         "Other algorithms on the same rounds in place (lr 0.05), `exact` against `fused` (`federation.fused_sgd`): "

@@ -1,4 +1,4 @@
-"""``benchmarks/local_step.py``: its exact runners end on the same weights, the fused one within float32 rounding of
+"""``benchmarks/local_step.py``: its exact runners (autograd's gradient and the untaped one) end on the same weights, the fused one within float32 rounding of
 them, and the report gives the paired and best-of ratios next to the medians, and each runner's page faults per
 round."""
 
@@ -16,15 +16,16 @@ def test_the_report_has_the_paired_and_best_ratios_one_exact_hash_and_the_fused_
     report = capsys.readouterr().out
     header = next(line for line in report.splitlines() if line.startswith("| workload"))
     names = [c.strip() for c in header.strip("|").split("|")]
-    for name in ("after / optim paired", "best / best", "fused / after paired", "fused / optim paired"):
+    for name in ("after / taped paired", "after / optim paired", "best / best", "fused / after paired",
+                 "fused / optim paired"):
         assert name in names
     row = next(line for line in report.splitlines() if line.startswith("| tiny MLP"))
     cells = dict(zip(names, (c.strip() for c in row.strip("|").split("|")), strict=True))
-    before, after, optim, fused = cells["final weights sha256 (before / after / optim / fused)"].split(" / ")
-    assert before == after == optim  # the exact runners' final weights, bit for bit
+    before, taped, after, optim, fused = cells["final weights sha256 (before / taped / after / optim / fused)"].split(" / ")
+    assert before == taped == after == optim  # the exact runners' final weights, bit for bit
     assert float(cells["fused vs after, max abs diff"]) < 1e-6
-    faults = cells["page faults per round (before / after / optim / fused)"].split(" / ")
-    assert len(faults) == 4 and all(count.isdigit() for count in faults)  # counted for each runner
+    faults = cells["page faults per round (before / taped / after / optim / fused)"].split(" / ")
+    assert len(faults) == 5 and all(count.isdigit() for count in faults)  # counted for each runner
     kernels = [line for line in report.splitlines() if line.startswith(("| form", "| add it", "| fused:"))]
     assert len(kernels) == 3 and all(float(line.strip("|").split("|")[1]) > 0 for line in kernels)
     others = [line for line in report.splitlines() if line.startswith(("| LocalSGDM", "| FedProx"))]
