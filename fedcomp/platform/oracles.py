@@ -94,7 +94,10 @@ def untaped(problem: Any, x: Tensor, batch: tuple[Any, ...], factored: bool = Fa
     if declared is None or not hasattr(model, "cross_entropy_grad"):
         return None
     features, labels = declared(*batch)
-    agrees = _AGREES.get(problem)
+    try:
+        agrees = _AGREES.get(problem)
+    except TypeError:  # a problem that cannot be a weak dictionary's key (unhashable): autograd, every time
+        return None
     if agrees is None:
         agrees = _AGREES[problem] = _untaped_agrees(problem, model, x, batch, features, labels)
     if not agrees:

@@ -20,7 +20,12 @@ Split = Literal["inner", "outer"]
 
 @runtime_checkable
 class PlainProblem(Protocol):
-    """min_x (1/K) sum_k E_z l(x; z) with client ``k`` drawing ``z`` from its own distribution."""
+    """min_x (1/K) sum_k E_z l(x; z) with client ``k`` drawing ``z`` from its own distribution.
+
+    Optional: a task whose loss is the mean cross-entropy of its model (``self.model``, a
+    :class:`~fedcomp.models.functional.FlatModel`) on a batch's features and labels may say so with
+    ``classifier_inputs(batch) -> (features, labels)``; the oracles then differentiate it without autograd's tape
+    where the model is a perceptron (:func:`fedcomp.platform.oracles.untaped`: the same bits, checked at first use)."""
 
     def sample_batch(self, client: int, size: int, gen: torch.Generator) -> Any:
         """Draw ``size`` examples of client ``client``'s data with ``gen``."""

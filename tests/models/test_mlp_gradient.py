@@ -207,3 +207,16 @@ def test_fused_steps_take_the_untaped_factors_with_the_taped_ones_bits():
         oracles.FUSED_SGD.reset(token)
     no_bias = FlatModel(perceptron([4, 3, 2], bias=False))
     assert no_bias.cross_entropy_factors(torch.zeros(no_bias.dim), torch.randn(2, 4), torch.zeros(2, dtype=torch.long)) is None
+
+
+def test_an_unhashable_problem_is_left_to_autograd():
+    class Unhashable(SyntheticClassification):
+        __hash__ = None  # type: ignore[assignment]
+
+    task = Unhashable(SyntheticClassificationParams(hidden=[16]), seed=0, clients=4)
+    x = task.init_params(torch.Generator().manual_seed(0))["x"]
+    batch = task.sample_batch(1, 16, torch.Generator().manual_seed(1))
+    assert oracles.untaped(task, x, (batch,)) is None
+    grad, loss = oracles.grad_and_loss(task, x, batch)
+    expected, value = autograd_of(task, x, batch)
+    assert torch.equal(grad, expected) and torch.equal(loss, value)
