@@ -2,13 +2,14 @@
 autograd's backward pass runs, called directly, so the same bits for a fraction of the time.
 
 For a small model a step is mostly bookkeeping: autograd records every forward operator, then its engine walks
-the recorded graph, about 100 us a step of the 32-64-10 MLP on one core, where the kernels themselves take
-about 40. The backward pass of ``Linear -> activation -> ... -> Linear -> cross_entropy`` is short enough to
+the recorded graph. ``torch.autograd.grad`` of the 32-64-10 MLP's loss at batch 16 took about 140 us on one core,
+the same kernels called one after another about 50 (scratch, best of 5 x 500 calls; benchmarks/PERFORMANCE.md). The backward pass of ``Linear -> activation -> ... -> Linear -> cross_entropy`` is short enough to
 write down: for each layer, from the last,
 
     cross-entropy:  g = _log_softmax_backward_data(nll_loss_backward(1, logp, labels, mean), logp)
     Linear:         grad W = g^T a (an ``mm``),  grad b = g summed over the batch,  g <- g W (``mm``)
-    ReLU:           g <- threshold_backward(g, out, 0)   (Tanh, Sigmoid: tanh_backward, sigmoid_backward)
+    ReLU:           g <- threshold_backward(g, out, 0)   (Tanh, Sigmoid, GELU, LeakyReLU, SiLU: their own
+                                                          *_backward kernels, on the output or the input)
 
 each written exactly as autograd's derivative formulas compute it (``addmm``'s backward on the transposed weight
 view ``F.linear`` passes it, with that view's strides), so every gradient has autograd's bits: tested on many
@@ -16,7 +17,8 @@ shapes against ``torch.autograd.grad`` (``tests/models/test_mlp_gradient.py``), 
 runners still end on its plain PyTorch loop's weights bit for bit (``tests/test_bench.py``).
 
 :func:`plan_of` accepts an ``nn.Sequential`` (nested ones flattened) of plain ``nn.Linear`` layers (with or
-without bias), ``nn.ReLU``, ``nn.Tanh``, ``nn.Sigmoid``, ``nn.Identity`` and a leading ``nn.Flatten``; any other
+without bias), ``nn.ReLU`` (in place too), ``nn.Tanh``, ``nn.Sigmoid``, ``nn.GELU`` (either approximation),
+``nn.LeakyReLU``, ``nn.SiLU``, ``nn.Identity`` and a leading ``nn.Flatten``; any other
 module -- BatchNorm, dropout, a subclass with its own ``forward`` -- gives ``None``, and the caller differentiates
 by autograd as before. Inputs must reach the first ``Linear`` as a 2-D batch and labels be class indices.
 """
@@ -25,18 +27,34 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 LINEAR = "linear"
-_ACTIVATIONS: dict[type[nn.Module], str] = {nn.ReLU: "relu", nn.Tanh: "tanh", nn.Sigmoid: "sigmoid"}
-_FORWARD: dict[str, Callable[[Tensor], Tensor]] = {"relu": torch.relu, "tanh": torch.tanh, "sigmoid": torch.sigmoid}
-_BACKWARD: dict[str, Callable[[Tensor, Tensor], Tensor]] = {
-    "relu": lambda g, out: torch.ops.aten.threshold_backward(g, out, 0),  # ReLU's derivative reads its output
-    "tanh": torch.ops.aten.tanh_backward,
-    "sigmoid": torch.ops.aten.sigmoid_backward,
+_ACTIVATIONS: dict[type[nn.Module], str] = {
+    nn.ReLU: "relu", nn.Tanh: "tanh", nn.Sigmoid: "sigmoid", nn.GELU: "gelu", nn.LeakyReLU: "leaky_relu", nn.SiLU: "silu",
 }
+_FORWARD: dict[str, Callable[[Tensor, Any], Tensor]] = {
+    "relu": lambda z, _: torch.relu(z),
+    "tanh": lambda z, _: torch.tanh(z),
+    "sigmoid": lambda z, _: torch.sigmoid(z),
+    "gelu": lambda z, approximate: F.gelu(z, approximate=approximate),
+    "leaky_relu": lambda z, slope: F.leaky_relu(z, slope),
+    "silu": lambda z, _: F.silu(z),
+}
+_BACKWARD: dict[str, Callable[[Tensor, Tensor, Tensor, Any], Tensor]] = {  # (g, the input, the output, the option)
+    "relu": lambda g, _, out, __: torch.ops.aten.threshold_backward(g, out, 0),  # ReLU's derivative reads its output
+    "tanh": lambda g, _, out, __: torch.ops.aten.tanh_backward(g, out),
+    "sigmoid": lambda g, _, out, __: torch.ops.aten.sigmoid_backward(g, out),
+    "gelu": lambda g, z, _, approximate: torch.ops.aten.gelu_backward(g, z, approximate=approximate),
+    "leaky_relu": lambda g, z, _, slope: torch.ops.aten.leaky_relu_backward(g, z, slope, False),
+    "silu": lambda g, z, _, __: torch.ops.aten.silu_backward(g, z),
+}
+_OPTION = {"gelu": "approximate", "leaky_relu": "negative_slope"}
+"""The activation's module attribute its kernels take (GELU's approximation, LeakyReLU's slope)."""
 
 
 @dataclass(frozen=True)
@@ -47,6 +65,7 @@ class Layer:
     kind: str  # LINEAR or an activation's name
     weight: int = -1
     bias: int | None = None
+    option: Any = None
 
 
 @dataclass(frozen=True)
@@ -103,7 +122,7 @@ class MlpPlan:
                     w = params[layer.weight]
                     z = torch.mm(z, w.t()) if layer.bias is None else torch.addmm(params[layer.bias], z, w.t())
                 else:
-                    z = _FORWARD[layer.kind](z)
+                    z = _FORWARD[layer.kind](z, layer.option)
                 outputs.append(z)
             logp = torch.log_softmax(outputs[-1], 1)
             loss, total = torch.ops.aten.nll_loss_forward(logp, labels, None, 1, -100)  # 1: the mean
@@ -124,7 +143,7 @@ class MlpPlan:
                     if i > self.first_linear:
                         g = g.mm(w)
                 else:
-                    g = _BACKWARD[layer.kind](g, outputs[i + 1])
+                    g = _BACKWARD[layer.kind](g, outputs[i], outputs[i + 1], layer.option)
         return grads, factors, loss
 
 
@@ -157,8 +176,11 @@ def plan_of(module: nn.Module) -> MlpPlan | None:
         if kind is nn.Linear:
             bias = None if child.bias is None else index[id(child.bias)]
             layers.append(Layer(LINEAR, index[id(child.weight)], bias))
-        elif kind in _ACTIVATIONS:  # an in-place ReLU too: its backward reads the output as the plain one's does
-            layers.append(Layer(_ACTIVATIONS[kind]))
+        elif kind in _ACTIVATIONS:
+            if getattr(child, "inplace", False) and kind is not nn.ReLU:  # ReLU's backward reads the output either way
+                return None
+            name = _ACTIVATIONS[kind]
+            layers.append(Layer(name, option=getattr(child, _OPTION[name]) if name in _OPTION else None))
         elif kind is nn.Flatten and position == 0 and child.start_dim == 1 and child.end_dim == -1:
             flatten_input = True
         elif kind is not nn.Identity:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from itertools import pairwise
+from typing import Any
 
 import pytest
 import torch
@@ -17,8 +18,13 @@ from fedcomp.platform.oracles import Pieces
 from fedcomp.platform.tasks.builtins import SyntheticClassificationParams
 from fedcomp.platform.tasks.synthetic_classification import SyntheticClassification
 
+ACTIVATIONS = {
+    "relu": nn.ReLU, "tanh": nn.Tanh, "sigmoid": nn.Sigmoid, "gelu": nn.GELU,
+    "gelu-tanh": lambda: nn.GELU(approximate="tanh"), "leaky-relu": lambda: nn.LeakyReLU(0.2), "silu": nn.SiLU,
+}
 
-def perceptron(widths: list[int], activation: type[nn.Module] = nn.ReLU, bias: bool = True) -> nn.Sequential:
+
+def perceptron(widths: list[int], activation: Any = nn.ReLU, bias: bool = True) -> nn.Sequential:
     layers: list[nn.Module] = []
     for i, (fan_in, fan_out) in enumerate(pairwise(widths)):
         layers.append(nn.Linear(fan_in, fan_out, bias=bias))
@@ -47,7 +53,7 @@ def assert_same_bits(module: nn.Module, features: torch.Tensor, labels: torch.Te
 
 @pytest.mark.parametrize("widths", [[32, 64, 10], [1, 1, 2], [3, 1, 2], [5, 2], [2, 3, 4, 5, 6], [784, 200, 200, 10]])
 @pytest.mark.parametrize("batch", [1, 3, 16])
-@pytest.mark.parametrize("activation", [nn.ReLU, nn.Tanh, nn.Sigmoid])
+@pytest.mark.parametrize("activation", list(ACTIVATIONS.values()), ids=list(ACTIVATIONS))
 @pytest.mark.parametrize("bias", [True, False])
 def test_the_gradient_and_loss_are_autogradss_bit_for_bit(widths, batch, activation, bias):
     torch.manual_seed(len(widths) * 100 + batch)
@@ -77,12 +83,13 @@ def test_a_weight_stored_transposed_takes_autogradss_other_product():
     [
         nn.Sequential(nn.Linear(4, 3), nn.BatchNorm1d(3), nn.Linear(3, 2)),
         nn.Sequential(nn.Linear(4, 3), nn.Dropout(0.5), nn.Linear(3, 2)),
-        nn.Sequential(nn.Linear(4, 3), nn.GELU(), nn.Linear(3, 2)),
+        nn.Sequential(nn.Linear(4, 3), nn.ELU(), nn.Linear(3, 2)),
+        nn.Sequential(nn.Linear(4, 3), nn.LeakyReLU(inplace=True), nn.Linear(3, 2)),
         nn.Sequential(nn.Linear(4, 3), nn.Flatten(), nn.Linear(3, 2)),  # a flatten not first
         nn.Sequential(nn.ReLU(), nn.Identity()),  # no linear layer
         nn.Linear(4, 2),  # not a sequential
     ],
-    ids=["batchnorm", "dropout", "gelu", "flatten-inside", "no-linear", "bare-linear"],
+    ids=["batchnorm", "dropout", "elu", "in-place-leaky-relu", "flatten-inside", "no-linear", "bare-linear"],
 )
 def test_modules_it_does_not_cover_get_no_plan(module):
     assert plan_of(module) is None
