@@ -66,6 +66,7 @@ class Layer:
     weight: int = -1
     bias: int | None = None
     option: Any = None
+    """An activation's setting its kernels take (:data:`_OPTION`: GELU's approximation, LeakyReLU's slope)."""
 
 
 @dataclass(frozen=True)

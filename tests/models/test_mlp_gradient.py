@@ -12,11 +12,6 @@ from torch import nn
 
 from fedcomp.models.functional import FlatModel
 from fedcomp.models.mlp_gradient import plan_of
-from fedcomp.platform import oracles
-from fedcomp.platform.algorithms.steps import sgd_step_
-from fedcomp.platform.oracles import Pieces
-from fedcomp.platform.tasks.builtins import SyntheticClassificationParams
-from fedcomp.platform.tasks.synthetic_classification import SyntheticClassification
 
 ACTIVATIONS = {
     "relu": nn.ReLU, "tanh": nn.Tanh, "sigmoid": nn.Sigmoid, "gelu": nn.GELU,
@@ -55,7 +50,7 @@ def assert_same_bits(module: nn.Module, features: torch.Tensor, labels: torch.Te
 @pytest.mark.parametrize("batch", [1, 3, 16])
 @pytest.mark.parametrize("activation", list(ACTIVATIONS.values()), ids=list(ACTIVATIONS))
 @pytest.mark.parametrize("bias", [True, False])
-def test_the_gradient_and_loss_are_autogradss_bit_for_bit(widths, batch, activation, bias):
+def test_the_gradient_and_loss_are_autograds_bit_for_bit(widths, batch, activation, bias):
     torch.manual_seed(len(widths) * 100 + batch)
     module = perceptron(widths, activation, bias)
     features = torch.randn(batch, widths[0]) * 3  # large logits too: the softmax's saturation rounds
@@ -71,7 +66,7 @@ def test_a_leading_flatten_nested_sequentials_identities_and_an_in_place_relu():
     assert_same_bits(module, torch.randn(5, 3, 2, 2), torch.randint(0, 3, (5,)))
 
 
-def test_a_weight_stored_transposed_takes_autogradss_other_product():
+def test_a_weight_stored_transposed_takes_autograds_other_product():
     torch.manual_seed(2)
     module = perceptron([6, 5, 3])
     module[0].weight = nn.Parameter(torch.randn(6, 5).t())  # not contiguous: autograd multiplies the other way
@@ -115,7 +110,7 @@ def test_inputs_it_does_not_cover_are_left_to_autograd():
     assert plan.cross_entropy(params, features.unsqueeze(0), torch.zeros(5, dtype=torch.long)) is None  # 3-D batch
 
 
-def test_the_flat_model_differentiates_its_flat_vector_with_autogradss_bits():
+def test_the_flat_model_differentiates_its_flat_vector_with_autograds_bits():
     torch.manual_seed(3)
     flat = FlatModel(perceptron([6, 7, 3]))
     x = torch.randn(flat.dim)
@@ -144,86 +139,3 @@ def test_the_flat_model_declines_inside_torch_func_transforms_and_without_a_plan
     assert seen == [None]
     with_batchnorm = FlatModel(nn.Sequential(nn.Linear(6, 2), nn.BatchNorm1d(2)))
     assert with_batchnorm.cross_entropy_grad(torch.zeros(with_batchnorm.dim), features, labels) is None
-
-
-def small_task() -> tuple[SyntheticClassification, torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
-    task = SyntheticClassification(SyntheticClassificationParams(hidden=[16]), seed=0, clients=4)
-    x = task.init_params(torch.Generator().manual_seed(0))["x"]
-    return task, x, task.sample_batch(1, 16, torch.Generator().manual_seed(1))
-
-
-def autograd_of(problem: object, x: torch.Tensor, batch: object) -> tuple[torch.Tensor, torch.Tensor]:
-    leaf = x.clone().requires_grad_(True)
-    value = problem.loss(leaf, batch)  # type: ignore[attr-defined]
-    return torch.autograd.grad(value, leaf)[0], value.detach()
-
-
-def test_the_oracles_take_the_task_s_untaped_gradient_with_autogradss_bits(monkeypatch):
-    task, x, batch = small_task()
-    expected, value = autograd_of(task, x, batch)
-    assert oracles.untaped(task, x, (batch,)) is not None  # the first call checks the declaration by autograd
-
-    def no_autograd(*args: object, **kwargs: object) -> None:
-        raise AssertionError("the untaped gradient should have answered")
-
-    monkeypatch.setattr(torch.autograd, "grad", no_autograd)
-    grad, loss = oracles.grad_and_loss(task, x, batch)
-    pieces, loss_pieces = oracles.grad_and_loss_pieces(task, x, batch)
-    assert torch.equal(grad, expected) and torch.equal(loss, value) and torch.equal(loss_pieces, loss)
-    assert torch.equal(torch.cat([p.reshape(-1) for p in pieces]), expected)
-    assert [p.shape for p in pieces.of(x)] == [p.shape for p in pieces]  # cut as the state is, for in-place steps
-
-
-def test_a_loss_that_is_not_what_it_declares_is_left_to_autograd():
-    class Smoothed(SyntheticClassification):
-        def loss(self, x: torch.Tensor, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-            features, labels = batch
-            return F.cross_entropy(self.model(x, features), labels, label_smoothing=0.1)
-
-    task = Smoothed(SyntheticClassificationParams(hidden=[16]), seed=0, clients=4)
-    x = task.init_params(torch.Generator().manual_seed(0))["x"]
-    batch = task.sample_batch(1, 16, torch.Generator().manual_seed(1))
-    for _ in range(2):  # the first call finds the difference; later ones do not look again
-        assert oracles.untaped(task, x, (batch,)) is None
-        grad, loss = oracles.grad_and_loss(task, x, batch)
-        expected, value = autograd_of(task, x, batch)
-        assert torch.equal(grad, expected) and torch.equal(loss, value)
-
-
-def test_fused_steps_take_the_untaped_factors_with_the_taped_ones_bits():
-    task, x, batch = small_task()
-    taped = task.model.factored_grad_pieces(lambda z: task.loss(z, batch), x)
-    assert taped is not None and oracles.untaped(task, x, (batch,)) is not None
-    done = oracles.untaped(task, x, (batch,), factored=True)
-    assert done is not None
-    grads, factors, loss = done
-    assert torch.equal(loss, taped[2]) and factors.keys() == taped[1].keys()
-    for index, pairs in factors.items():
-        assert grads[index] is None and taped[0][index] is None
-        assert all(torch.equal(a, b) for pair, other in zip(pairs, taped[1][index]) for a, b in zip(pair, other))
-    assert all(torch.equal(a, b) for a, b in zip(grads, taped[0]) if a is not None)
-    token = oracles.FUSED_SGD.set(True)
-    try:
-        stepped, reference = x.clone(), x.clone()
-        sgd_step_(task, stepped, (batch,), 0.1)
-        pieces = Pieces([taped[0][i] for i in (1, 3)], task.model.pieces, taped[1], [1, 3])
-        torch._foreach_add_(pieces.of(reference), list(pieces), alpha=-0.1)
-        pieces.add_factors_(reference, -0.1)
-        assert torch.equal(stepped, reference)
-    finally:
-        oracles.FUSED_SGD.reset(token)
-    no_bias = FlatModel(perceptron([4, 3, 2], bias=False))
-    assert no_bias.cross_entropy_factors(torch.zeros(no_bias.dim), torch.randn(2, 4), torch.zeros(2, dtype=torch.long)) is None
-
-
-def test_an_unhashable_problem_is_left_to_autograd():
-    class Unhashable(SyntheticClassification):
-        __hash__ = None  # type: ignore[assignment]
-
-    task = Unhashable(SyntheticClassificationParams(hidden=[16]), seed=0, clients=4)
-    x = task.init_params(torch.Generator().manual_seed(0))["x"]
-    batch = task.sample_batch(1, 16, torch.Generator().manual_seed(1))
-    assert oracles.untaped(task, x, (batch,)) is None
-    grad, loss = oracles.grad_and_loss(task, x, batch)
-    expected, value = autograd_of(task, x, batch)
-    assert torch.equal(grad, expected) and torch.equal(loss, value)

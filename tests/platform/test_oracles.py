@@ -1,10 +1,18 @@
-"""Second-order oracles against finite differences."""
+"""Second-order oracles against finite differences; the untaped gradient of a task that declares its loss a
+perceptron's cross-entropy, against autograd's bits."""
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
+from torch import nn
 
+from fedcomp.models.functional import FlatModel
+from fedcomp.platform import oracles
+from fedcomp.platform.algorithms.steps import sgd_step_
 from fedcomp.platform.oracles import Pieces, grad_xy, hvp_yy, jvp_xy
+from fedcomp.platform.tasks.builtins import SyntheticClassificationParams
+from fedcomp.platform.tasks.synthetic_classification import SyntheticClassification
 
 
 def loss(x, y):
@@ -71,3 +79,86 @@ def test_pieces_without_factors_add_none():
     before = flat.clone()
     grad.add_factors_(flat, 1.0, 0.5)
     assert torch.equal(flat, before) and grad.of(flat) == grad.whole(flat) == [flat]
+
+
+def small_task() -> tuple[SyntheticClassification, torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+    task = SyntheticClassification(SyntheticClassificationParams(hidden=[16]), seed=0, clients=4)
+    x = task.init_params(torch.Generator().manual_seed(0))["x"]
+    return task, x, task.sample_batch(1, 16, torch.Generator().manual_seed(1))
+
+
+def autograd_of(problem: object, x: torch.Tensor, batch: object) -> tuple[torch.Tensor, torch.Tensor]:
+    leaf = x.clone().requires_grad_(True)
+    value = problem.loss(leaf, batch)  # type: ignore[attr-defined]
+    return torch.autograd.grad(value, leaf)[0], value.detach()
+
+
+def test_the_oracles_take_the_task_s_untaped_gradient_with_autograds_bits(monkeypatch):
+    task, x, batch = small_task()
+    expected, value = autograd_of(task, x, batch)
+    assert oracles.untaped(task, x, (batch,)) is not None  # the first call checks the declaration by autograd
+
+    def no_autograd(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the untaped gradient should have answered")
+
+    monkeypatch.setattr(torch.autograd, "grad", no_autograd)
+    grad, loss = oracles.grad_and_loss(task, x, batch)
+    pieces, loss_pieces = oracles.grad_and_loss_pieces(task, x, batch)
+    assert torch.equal(grad, expected) and torch.equal(loss, value) and torch.equal(loss_pieces, loss)
+    assert torch.equal(torch.cat([p.reshape(-1) for p in pieces]), expected)
+    assert [p.shape for p in pieces.of(x)] == [p.shape for p in pieces]  # cut as the state is, for in-place steps
+
+
+def test_a_loss_that_is_not_what_it_declares_is_left_to_autograd():
+    class Smoothed(SyntheticClassification):
+        def loss(self, x: torch.Tensor, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+            features, labels = batch
+            return F.cross_entropy(self.model(x, features), labels, label_smoothing=0.1)
+
+    task = Smoothed(SyntheticClassificationParams(hidden=[16]), seed=0, clients=4)
+    x = task.init_params(torch.Generator().manual_seed(0))["x"]
+    batch = task.sample_batch(1, 16, torch.Generator().manual_seed(1))
+    for _ in range(2):  # the first call finds the difference; later ones do not look again
+        assert oracles.untaped(task, x, (batch,)) is None
+        grad, loss = oracles.grad_and_loss(task, x, batch)
+        expected, value = autograd_of(task, x, batch)
+        assert torch.equal(grad, expected) and torch.equal(loss, value)
+
+
+def test_fused_steps_take_the_untaped_factors_with_the_taped_ones_bits():
+    task, x, batch = small_task()
+    taped = task.model.factored_grad_pieces(lambda z: task.loss(z, batch), x)
+    assert taped is not None and oracles.untaped(task, x, (batch,)) is not None
+    done = oracles.untaped(task, x, (batch,), factored=True)
+    assert done is not None
+    grads, factors, loss = done
+    assert torch.equal(loss, taped[2]) and factors.keys() == taped[1].keys()
+    for index, pairs in factors.items():
+        assert grads[index] is None and taped[0][index] is None
+        assert all(torch.equal(a, b) for pair, other in zip(pairs, taped[1][index]) for a, b in zip(pair, other))
+    assert all(torch.equal(a, b) for a, b in zip(grads, taped[0]) if a is not None)
+    token = oracles.FUSED_SGD.set(True)
+    try:
+        stepped, reference = x.clone(), x.clone()
+        sgd_step_(task, stepped, (batch,), 0.1)
+        pieces = Pieces([taped[0][i] for i in (1, 3)], task.model.pieces, taped[1], [1, 3])
+        torch._foreach_add_(pieces.of(reference), list(pieces), alpha=-0.1)
+        pieces.add_factors_(reference, -0.1)
+        assert torch.equal(stepped, reference)
+    finally:
+        oracles.FUSED_SGD.reset(token)
+    no_bias = FlatModel(nn.Sequential(nn.Linear(4, 3, bias=False), nn.ReLU(), nn.Linear(3, 2, bias=False)))
+    assert no_bias.cross_entropy_factors(torch.zeros(no_bias.dim), torch.randn(2, 4), torch.zeros(2, dtype=torch.long)) is None
+
+
+def test_an_unhashable_problem_is_left_to_autograd():
+    class Unhashable(SyntheticClassification):
+        __hash__ = None  # type: ignore[assignment]
+
+    task = Unhashable(SyntheticClassificationParams(hidden=[16]), seed=0, clients=4)
+    x = task.init_params(torch.Generator().manual_seed(0))["x"]
+    batch = task.sample_batch(1, 16, torch.Generator().manual_seed(1))
+    assert oracles.untaped(task, x, (batch,)) is None
+    grad, loss = oracles.grad_and_loss(task, x, batch)
+    expected, value = autograd_of(task, x, batch)
+    assert torch.equal(grad, expected) and torch.equal(loss, value)
