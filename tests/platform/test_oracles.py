@@ -162,3 +162,30 @@ def test_an_unhashable_problem_is_left_to_autograd():
     grad, loss = oracles.grad_and_loss(task, x, batch)
     expected, value = autograd_of(task, x, batch)
     assert torch.equal(grad, expected) and torch.equal(loss, value)
+
+
+def test_a_fedavg_run_on_the_mlp_task_steps_untaped(monkeypatch):
+    """The local backend's FedAvg steps on ``synthetic-classification`` take the untaped gradient (one check by
+    autograd at the task's first step, then none), and end on the same weights as with autograd."""
+    from fedcomp.bench import bench_config, run_fedcomp
+
+    config = bench_config(20, 4, 2, 3, [8], "local")
+    calls: list[str] = []
+    untaped_grad, autograd_grad = FlatModel.cross_entropy_grad, torch.autograd.grad
+
+    def counted_untaped(self, *args):  # type: ignore[no-untyped-def]
+        calls.append("untaped")
+        return untaped_grad(self, *args)
+
+    def counted_autograd(*args, **kwargs):  # type: ignore[no-untyped-def]
+        calls.append("autograd")
+        return autograd_grad(*args, **kwargs)
+
+    monkeypatch.setattr(FlatModel, "cross_entropy_grad", counted_untaped)
+    monkeypatch.setattr(torch.autograd, "grad", counted_autograd)
+    untaped = run_fedcomp(config, "local", 0).final
+    steps = config.run.rounds * config.federation.cohort_size * config.algorithm.local_steps  # type: ignore[attr-defined]
+    assert calls.count("autograd") == 1 and calls.count("untaped") == steps + 1  # the check's pair, then each step
+    monkeypatch.setattr(oracles, "untaped", lambda *args, **kwargs: None)
+    taped = run_fedcomp(config, "local", 0).final
+    assert untaped is not None and taped is not None and torch.equal(untaped, taped)
