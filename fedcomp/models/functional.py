@@ -217,7 +217,7 @@ class FlatModel:
     def cross_entropy_grad(self, x: Tensor, inputs: Tensor, labels: Tensor) -> tuple[list[Tensor], Tensor] | None:
         """The gradient at ``x`` of ``F.cross_entropy(self(x, inputs), labels)`` as the parameters' gradients (cut as
         :meth:`pieces` cuts ``x``) and the loss, computed without autograd's tape where the module is a perceptron
-        (:mod:`fedcomp.models.mlp_gradient`): autograd's bits in a fraction of the time for a small model.
+        (:mod:`fedcomp.models.mlp_gradient`): autograd's bits in less time.
         ``None`` where it is not, or inside a ``torch.func`` transform: the caller differentiates by autograd."""
         plan = self._untaped_plan(x)
         return None if plan is None else plan.cross_entropy(self.pieces(x.detach()), inputs, labels)
@@ -228,7 +228,15 @@ class FlatModel:
         """:meth:`factored_grad_pieces` of that cross-entropy without autograd's tape, the same bits (fused SGD
         steps); ``None`` where :meth:`cross_entropy_grad` declines or every parameter is a weight."""
         plan = self._untaped_plan(x)
-        return None if plan is None else plan.cross_entropy_factors(self.pieces(x.detach()), inputs, labels)
+        if plan is None or self._only_weights:
+            return None
+        return plan.cross_entropy_factors(self.pieces(x.detach()), inputs, labels)
+
+    @property
+    def _only_weights(self) -> bool:
+        """Every parameter is a plain linear layer's weight: no factored gradient then (a step needs one gradient to
+        apply as it is)."""
+        return len(self._linears) == len(self.shapes)
 
     def _untaped_plan(self, x: Tensor) -> mlp_gradient.MlpPlan | None:
         if self._mlp is None or x.shape != (self.dim,) or torch._C._functorch.is_functorch_wrapped_tensor(x):
@@ -260,7 +268,7 @@ class FlatModel:
 
         ``None``, ``x`` and the running statistics untouched, where :meth:`grad_pieces` declines, and where every
         parameter is such a weight (a step needs one gradient to apply as it is)."""
-        if len(self._linears) == len(self.shapes):
+        if self._only_weights:
             return None
         factors: dict[int, list[tuple[Tensor, Tensor]]] = {}
         done = self._differentiate(loss, x, factors)

@@ -1,10 +1,10 @@
 """The gradient of a multilayer perceptron's mean cross-entropy, computed without autograd's tape: the kernels
-autograd's backward pass runs, called directly, so the same bits for a fraction of the time.
+autograd's backward pass runs, called directly, so the same bits in less time.
 
 For a small model a step is mostly bookkeeping: autograd records every forward operator, then its engine walks
-the recorded graph. ``torch.autograd.grad`` of the 32-64-10 MLP's loss at batch 16 took about 140 us on one core,
-the same kernels called one after another about 50 (scratch, best of 5 x 500 calls; benchmarks/PERFORMANCE.md). The backward pass of ``Linear -> activation -> ... -> Linear -> cross_entropy`` is short enough to
-write down: for each layer, from the last,
+the recorded graph; without them the 32-64-10 MLP's FedAvg step takes 0.21 ms instead of 0.30
+(``benchmarks/LOCAL_STEP.md``). The backward pass of ``Linear -> activation -> ... -> Linear -> cross_entropy`` is
+short enough to write down: for each layer, from the last,
 
     cross-entropy:  g = _log_softmax_backward_data(nll_loss_backward(1, logp, labels, mean), logp)
     Linear:         grad W = g^T a (an ``mm``),  grad b = g summed over the batch,  g <- g W (``mm``)
@@ -96,10 +96,7 @@ class MlpPlan:
     ) -> tuple[list[Tensor | None], dict[int, list[tuple[Tensor, Tensor]]], Tensor] | None:
         """:meth:`cross_entropy` with each weight's gradient ``g^T a`` left as its factors ``[(g, a)]`` (None in the
         list in its place): what :meth:`fedcomp.models.functional.FlatModel.factored_grad_pieces` gives, the same
-        bits, for fused SGD steps. ``None`` where :meth:`cross_entropy` declines and where every parameter is a
-        weight (a step needs one gradient to apply as it is)."""
-        if all(layer.bias is None for layer in self.layers if layer.kind == LINEAR):
-            return None
+        bits, for fused SGD steps. ``None`` where :meth:`cross_entropy` declines."""
         done = self._backward(params, features, labels, factored=True)
         if done is None:
             return None

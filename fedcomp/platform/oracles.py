@@ -68,7 +68,7 @@ def grad_and_loss(problem: Any, x: Tensor, *batch: Any) -> tuple[Tensor, Tensor]
     done = untaped(problem, x, batch)
     if done is not None:
         grads, value = done
-        return torch.cat([g.reshape(-1) for g in grads]), value
+        return _joined(grads), value
     x = x.detach().requires_grad_(True)
     value = problem.loss(x, *batch)
     (grad,) = torch.autograd.grad(value, x)
@@ -106,14 +106,19 @@ def untaped(problem: Any, x: Tensor, batch: tuple[Any, ...], factored: bool = Fa
 
 
 def _untaped_agrees(problem: Any, model: Any, x: Tensor, batch: tuple[Any, ...], features: Tensor, labels: Tensor) -> bool:
-    done = model.cross_entropy_grad(x, features, labels)
-    if done is None or torch._C._functorch.is_functorch_wrapped_tensor(x):
+    done = model.cross_entropy_grad(x, features, labels)  # None inside torch.func transforms too
+    if done is None:
         return False
     leaf = x.detach().requires_grad_(True)
     value = problem.loss(leaf, *batch)
     (expected,) = torch.autograd.grad(value, leaf)
     grads, loss = done
-    return torch.equal(torch.cat([g.reshape(-1) for g in grads]), expected) and torch.equal(loss, value.detach())
+    return torch.equal(_joined(grads), expected) and torch.equal(loss, value.detach())
+
+
+def _joined(grads: list[Tensor]) -> Tensor:
+    """The parameters' gradients as one flat vector, the bits autograd gives for a flat leaf."""
+    return torch.cat([g.reshape(-1) for g in grads])
 
 
 class Pieces(list[Tensor]):
@@ -164,7 +169,7 @@ class Pieces(list[Tensor]):
     def flat(self) -> Pieces:
         """The same gradient as one flat vector (the bits autograd gives for a flat leaf); not for factors."""
         assert not self.factors
-        return self if self.cut is None else Pieces([torch.cat([g.reshape(-1) for g in self])])
+        return self if self.cut is None else Pieces([_joined(self)])
 
 
 def grad_and_loss_pieces(problem: Any, x: Tensor, *batch: Any) -> tuple[Pieces, Tensor]:
