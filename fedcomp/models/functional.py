@@ -217,9 +217,11 @@ class FlatModel:
     def cross_entropy_grad(self, x: Tensor, inputs: Tensor, labels: Tensor) -> tuple[list[Tensor], Tensor] | None:
         """The gradient at ``x`` of ``F.cross_entropy(self(x, inputs), labels)`` as the parameters' gradients (cut as
         :meth:`pieces` cuts ``x``) and the loss, computed without autograd's tape where the module is a perceptron
-        (:mod:`fedcomp.models.mlp_gradient`): autograd's bits in less time.
-        ``None`` where it is not, or inside a ``torch.func`` transform: the caller differentiates by autograd."""
-        plan = self._untaped_plan(x)
+        (:mod:`fedcomp.models.mlp_gradient`): autograd's bits in less time; under ``vmap`` (lockstep clients) batched,
+        with the bits of ``vmap`` over ``torch.func.grad_and_value``. ``None`` where it is not, inside any other
+        ``torch.func`` transform (:func:`only_vmapped`), and under ``vmap`` where ``torch.func`` rounds otherwise
+        (:attr:`~fedcomp.models.mlp_gradient.MlpPlan.matches_torch_func`): the caller differentiates by autograd."""
+        plan = self._untaped_plan(x, inputs)
         return None if plan is None else plan.cross_entropy(self.pieces(x.detach()), inputs, labels)
 
     def cross_entropy_factors(
@@ -227,7 +229,7 @@ class FlatModel:
     ) -> tuple[list[Tensor | None], dict[int, list[tuple[Tensor, Tensor]]], Tensor] | None:
         """:meth:`factored_grad_pieces` of that cross-entropy without autograd's tape, the same bits (fused SGD
         steps); ``None`` where :meth:`cross_entropy_grad` declines or every parameter is a weight."""
-        plan = self._untaped_plan(x)
+        plan = self._untaped_plan(x, inputs)
         if plan is None or self._only_weights:
             return None
         return plan.cross_entropy_factors(self.pieces(x.detach()), inputs, labels)
@@ -238,8 +240,10 @@ class FlatModel:
         apply as it is)."""
         return len(self._linears) == len(self.shapes)
 
-    def _untaped_plan(self, x: Tensor) -> mlp_gradient.MlpPlan | None:
-        if self._mlp is None or x.shape != (self.dim,) or torch._C._functorch.is_functorch_wrapped_tensor(x):
+    def _untaped_plan(self, x: Tensor, inputs: Tensor) -> mlp_gradient.MlpPlan | None:
+        if self._mlp is None or x.shape != (self.dim,) or not (only_vmapped(x) and only_vmapped(inputs)):
+            return None
+        if not self._mlp.matches_torch_func and torch._C._functorch.peek_interpreter_stack() is not None:
             return None
         return self._mlp
 
@@ -367,6 +371,17 @@ class _Direct:
 
     def __init__(self, marker: Tensor, leaves: list[Tensor]) -> None:
         self.marker, self.leaves, self.calls = marker, leaves, 0
+
+
+def only_vmapped(t: Tensor) -> bool:
+    """Whether every ``torch.func`` transform wrapping ``t`` (none counts) is ``vmap``: the kernels an untaped
+    gradient calls batch as autograd's backward kernels do, whereas under ``grad``, ``vjp`` or ``jvp`` an untaped
+    gradient would be a constant to the transform, which must see the loss's operations to differentiate them."""
+    while torch._C._functorch.is_functorch_wrapped_tensor(t):
+        if not torch._C._functorch.is_batchedtensor(t):
+            return False
+        t = torch._C._functorch.get_unwrapped(t)
+    return True
 
 
 def _plain(t: Tensor) -> Tensor:

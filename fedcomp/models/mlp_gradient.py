@@ -79,6 +79,10 @@ class MlpPlan:
     """How many parameters the model has (each belongs to one linear layer of the plan)."""
     first_linear: int
     """The first linear layer's place in :attr:`layers`: the backward pass ends there (no input gradient)."""
+    matches_torch_func: bool = True
+    """Whether ``torch.func.grad`` differentiates every layer with autograd's kernels, so that under ``vmap`` this
+    plan has the bits of ``vmap`` over ``torch.func.grad_and_value``: not with SiLU, whose derivative ``torch.func``
+    computes by a decomposition that rounds otherwise."""
 
     def cross_entropy(self, params: list[Tensor], features: Tensor, labels: Tensor) -> tuple[list[Tensor], Tensor] | None:
         """``(gradients, loss)`` of ``F.cross_entropy(model(features), labels)`` at the parameters ``params`` (the
@@ -186,7 +190,7 @@ def plan_of(module: nn.Module) -> MlpPlan | None:
     linears = [i for i, layer in enumerate(layers) if layer.kind == LINEAR]
     if not linears or len(list(module.buffers())):
         return None
-    return MlpPlan(tuple(layers), flatten_input, len(index), linears[0])
+    return MlpPlan(tuple(layers), flatten_input, len(index), linears[0], all(layer.kind != "silu" for layer in layers))
 
 
 def _leaves(module: nn.Sequential) -> list[nn.Module]:

@@ -60,15 +60,15 @@ def _compiled_first(fast: Callable[P, R | None]) -> Callable[[Callable[P, R]], C
 def grad_and_loss(problem: Any, x: Tensor, *batch: Any) -> tuple[Tensor, Tensor]:
     """Gradient and value of ``problem.loss(x, *batch)`` at ``x``.
 
-    Under ``vmap`` (lockstep clients) by ``torch.func.grad_and_value``; otherwise by the problem's own untaped
-    gradient where it has one (:func:`untaped`), else by plain autograd, which gives the same bits as
-    ``grad_and_value`` and costs less than half as much per call for small models."""
-    if LOCKSTEP.get():
-        return torch.func.grad_and_value(lambda z: problem.loss(z, *batch))(x)
+    By the problem's own untaped gradient where it has one (:func:`untaped`; batched under ``vmap`` too); otherwise
+    under ``vmap`` (lockstep clients) by ``torch.func.grad_and_value``, and eagerly by plain autograd, which gives
+    the same bits as ``grad_and_value`` and costs less than half as much per call for small models."""
     done = untaped(problem, x, batch)
     if done is not None:
         grads, value = done
         return _joined(grads), value
+    if LOCKSTEP.get():
+        return torch.func.grad_and_value(lambda z: problem.loss(z, *batch))(x)
     x = x.detach().requires_grad_(True)
     value = problem.loss(x, *batch)
     (grad,) = torch.autograd.grad(value, x)
@@ -84,36 +84,74 @@ def untaped(problem: Any, x: Tensor, batch: tuple[Any, ...], factored: bool = Fa
     parameter gradients, or with ``factored`` ``(grads, factors, loss)`` as
     :meth:`~fedcomp.models.functional.FlatModel.factored_grad_pieces` gives them -- where the problem declares its
     loss the mean cross-entropy of its model (``problem.classifier_inputs(*batch) -> (features, labels)``) and the
-    model is a perceptron (:mod:`fedcomp.models.mlp_gradient`): autograd's bits, faster. None otherwise.
+    model is a perceptron (:mod:`fedcomp.models.mlp_gradient`): autograd's bits, faster; batched under ``vmap``
+    (lockstep clients) too, with the bits of ``vmap`` over ``torch.func.grad_and_value``. None otherwise.
 
     A declaration is taken on trust only once it has been seen to hold: at a problem's first call, the untaped
-    gradient and loss are compared with autograd's differentiation of ``problem.loss`` itself, and any difference
-    (a loss that is not what it declares) leaves that problem to autograd for good."""
+    gradient and loss are compared with the differentiation of ``problem.loss`` itself -- by autograd, or under
+    ``vmap``, where autograd cannot run, by ``torch.func.grad_and_value`` on the first client's state and batch -- and
+    any difference (a loss that is not what it declares) leaves that problem to autograd for good."""
     declared = getattr(problem, "classifier_inputs", None)
     model: Any = getattr(problem, "model", None)
     if declared is None or not hasattr(model, "cross_entropy_grad"):
         return None
-    features, labels = declared(*batch)
     try:
         agrees = _AGREES.get(problem)
     except TypeError:  # a problem that cannot be a weak dictionary's key (unhashable): autograd, every time
         return None
     if agrees is None:
-        agrees = _AGREES[problem] = _untaped_agrees(problem, model, x, batch, features, labels)
+        agrees = _untaped_agrees(problem, model, x, batch)
+        if agrees is None:  # not decidable here (inside a transform the model declines or other than vmap)
+            return None
+        _AGREES[problem] = agrees
     if not agrees:
         return None
+    features, labels = declared(*batch)
     return (model.cross_entropy_factors if factored else model.cross_entropy_grad)(x, features, labels)
 
 
-def _untaped_agrees(problem: Any, model: Any, x: Tensor, batch: tuple[Any, ...], features: Tensor, labels: Tensor) -> bool:
-    done = model.cross_entropy_grad(x, features, labels)  # None inside torch.func transforms too
+def _untaped_agrees(problem: Any, model: Any, x: Tensor, batch: tuple[Any, ...]) -> bool | None:
+    """Whether the untaped gradient and loss at ``x`` on ``batch`` are those of differentiating ``problem.loss``
+    (:func:`untaped`); None inside a ``torch.func`` transform where that cannot be told: a tensor still wrapped once
+    ``vmap`` is peeled off (:func:`_first_instance`), or the model declining there."""
+    transformed = torch._C._functorch.peek_interpreter_stack() is not None
+    if transformed:
+        x, batch = _first_instance(x), _first_instance(batch)
+    features, labels = problem.classifier_inputs(*batch)
+    if any(map(_wrapped, (x, features, labels))):
+        return None
+    done = model.cross_entropy_grad(x, features, labels)
     if done is None:
-        return False
-    leaf = x.detach().requires_grad_(True)
-    value = problem.loss(leaf, *batch)
-    (expected,) = torch.autograd.grad(value, leaf)
+        return None if transformed else False
+    if transformed:
+        expected, value = torch.func.grad_and_value(lambda z: problem.loss(z, *batch))(x)
+        if _wrapped(expected) or _wrapped(value):
+            return None
+    else:
+        leaf = x.detach().requires_grad_(True)
+        value = problem.loss(leaf, *batch)
+        (expected,) = torch.autograd.grad(value, leaf)
     grads, loss = done
     return torch.equal(_joined(grads), expected) and torch.equal(loss, value.detach())
+
+
+def _first_instance(tree: Any) -> Any:
+    """``tree`` (a tensor, or tuples, lists and dicts of them) with each tensor's ``vmap`` levels peeled off, keeping
+    the first item of each batch: what the first client sees, as plain tensors (a tensor under another transform
+    keeps that wrapper)."""
+    if isinstance(tree, Tensor):
+        while torch._C._functorch.is_batchedtensor(tree):
+            tree = torch._C._functorch.get_unwrapped(tree).select(torch._C._functorch.maybe_get_bdim(tree), 0)
+        return tree
+    if isinstance(tree, (tuple, list)):
+        return type(tree)(_first_instance(t) for t in tree)
+    if isinstance(tree, dict):
+        return {k: _first_instance(v) for k, v in tree.items()}
+    return tree
+
+
+def _wrapped(t: Tensor) -> bool:
+    return bool(torch._C._functorch.is_functorch_wrapped_tensor(t))
 
 
 def _joined(grads: list[Tensor]) -> Tensor:

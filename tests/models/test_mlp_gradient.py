@@ -125,7 +125,7 @@ def test_the_flat_model_differentiates_its_flat_vector_with_autograds_bits():
     assert [g.shape for g in grads] == [p.shape for p in flat.pieces(x)]
 
 
-def test_the_flat_model_declines_inside_torch_func_transforms_and_without_a_plan():
+def test_the_flat_model_declines_inside_transforms_other_than_vmap_and_without_a_plan():
     torch.manual_seed(4)
     flat = FlatModel(perceptron([6, 7, 3]))
     features, labels = torch.randn(9, 6), torch.randint(0, 3, (9,))
@@ -135,7 +135,49 @@ def test_the_flat_model_declines_inside_torch_func_transforms_and_without_a_plan
         seen.append(flat.cross_entropy_grad(z, features, labels))
         return F.cross_entropy(flat(z, features), labels)
 
-    torch.func.vmap(torch.func.grad(loss))(torch.randn(2, flat.dim))  # lockstep clients' path
+    torch.func.vmap(torch.func.grad(loss))(torch.randn(2, flat.dim))  # lockstep clients' taped path
     assert seen == [None]
+    torch.func.grad(lambda inputs: F.cross_entropy(flat(torch.zeros(flat.dim), inputs), labels)  # a gradient in
+                    + 0 * (flat.cross_entropy_grad(torch.zeros(flat.dim), inputs, labels) or seen.append(None) or 0))(features)
+    assert seen == [None, None]  # the inputs: an untaped gradient would be a constant to the transform
     with_batchnorm = FlatModel(nn.Sequential(nn.Linear(6, 2), nn.BatchNorm1d(2)))
     assert with_batchnorm.cross_entropy_grad(torch.zeros(with_batchnorm.dim), features, labels) is None
+
+
+def taped_and_untaped_under_vmap(
+    flat: FlatModel, states: torch.Tensor, features: torch.Tensor, labels: torch.Tensor,
+) -> tuple[tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
+    """Lockstep clients' gradients and losses, by ``vmap`` over ``torch.func.grad_and_value`` and untaped."""
+
+    def taped(x: torch.Tensor, inputs: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.func.grad_and_value(lambda z: F.cross_entropy(flat(z, inputs), y))(x)
+
+    def untaped(x: torch.Tensor, inputs: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        done = flat.cross_entropy_grad(x, inputs, y)
+        assert done is not None
+        return torch.cat([g.reshape(-1) for g in done[0]]), done[1]
+
+    return torch.func.vmap(taped)(states, features, labels), torch.func.vmap(untaped)(states, features, labels)
+
+
+@pytest.mark.parametrize("widths", [[32, 64, 10], [1, 1, 2], [3, 1, 2], [2, 3, 4, 5, 6], [784, 200, 200, 10]])
+@pytest.mark.parametrize("activation", list(ACTIVATIONS.values()), ids=list(ACTIVATIONS))
+@pytest.mark.parametrize("bias", [True, False])
+def test_under_vmap_the_untaped_gradient_has_the_bits_of_torch_func(widths, activation, bias):
+    """Lockstep clients' batched untaped gradients are those of ``vmap`` over ``torch.func.grad_and_value`` for every
+    batch size and number of clients, where ``torch.func`` differentiates with autograd's kernels; with SiLU, whose
+    derivative it decomposes, the flat model declines under ``vmap`` (and still answers eagerly)."""
+    torch.manual_seed(len(widths) * 10 + bias)
+    flat = FlatModel(perceptron(widths, activation, bias))
+    cases = [(torch.randn(clients, flat.dim) * 0.5, torch.randn(clients, batch, widths[0]) * 3,
+              torch.randint(0, widths[-1], (clients, batch))) for batch, clients in [(1, 1), (3, 2), (16, 5)]]
+    if activation is nn.SiLU:
+        states, features, labels = cases[-1]
+        assert flat.cross_entropy_grad(states[0], features[0], labels[0]) is not None
+        seen = []
+        torch.func.vmap(lambda x, inputs, y: seen.append(flat.cross_entropy_grad(x, inputs, y)) or x)(states, features, labels)
+        assert seen == [None]
+        return
+    for states, features, labels in cases:
+        (grads, losses), (untaped_grads, untaped_losses) = taped_and_untaped_under_vmap(flat, states, features, labels)
+        assert torch.equal(grads, untaped_grads) and torch.equal(losses, untaped_losses)

@@ -189,3 +189,69 @@ def test_a_fedavg_run_on_the_mlp_task_steps_untaped(monkeypatch):
     monkeypatch.setattr(oracles, "untaped", lambda *args, **kwargs: None)
     taped = run_fedcomp(config, "local", 0).final
     assert untaped is not None and taped is not None and torch.equal(untaped, taped)
+
+
+def lockstep_gradients(task: object, states: torch.Tensor, batches: object) -> tuple[torch.Tensor, torch.Tensor]:
+    """``grad_and_loss`` of lockstep clients: batched under ``vmap`` with :data:`oracles.LOCKSTEP` set."""
+    token = oracles.LOCKSTEP.set(True)
+    try:
+        return torch.func.vmap(lambda x, batch: oracles.grad_and_loss(task, x, batch))(states, batches)
+    finally:
+        oracles.LOCKSTEP.reset(token)
+
+
+def stacked_clients(task: SyntheticClassification, x: torch.Tensor) -> tuple[torch.Tensor, object]:
+    states = torch.stack([x + 0.1 * i * torch.randn(x.shape, generator=torch.Generator().manual_seed(i)) for i in range(3)])
+    batches = [task.sample_batch(i, 16, torch.Generator().manual_seed(i)) for i in range(3)]
+    return states, tuple(torch.stack(items) for items in zip(*batches))
+
+
+def torch_func_answer(task: object, states: torch.Tensor, batches: object) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.func.vmap(torch.func.grad_and_value(lambda z, batch: task.loss(z, batch)))(states, batches)  # type: ignore[attr-defined]
+
+
+def test_lockstep_clients_take_the_untaped_gradient_with_torch_funcs_bits(monkeypatch):
+    """Under ``vmap`` the first call checks the declaration on the first client, by ``torch.func`` (autograd cannot
+    run there); then the batched untaped gradient answers, with the bits of lockstep's taped path."""
+    task, x, _ = small_task()
+    states, batches = stacked_clients(task, x)
+    expected, values = torch_func_answer(task, states, batches)
+    grads, losses = lockstep_gradients(task, states, batches)
+    assert oracles._AGREES[task] is True
+    assert torch.equal(grads, expected) and torch.equal(losses, values)
+
+    def no_torch_func(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the untaped gradient should have answered")
+
+    monkeypatch.setattr(torch.func, "grad_and_value", no_torch_func)
+    grads, losses = lockstep_gradients(task, states, batches)
+    assert torch.equal(grads, expected) and torch.equal(losses, values)
+
+
+def test_under_lockstep_a_loss_that_is_not_what_it_declares_is_left_to_torch_func():
+    class Smoothed(SyntheticClassification):
+        def loss(self, x: torch.Tensor, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+            features, labels = batch
+            return F.cross_entropy(self.model(x, features), labels, label_smoothing=0.1)
+
+    task = Smoothed(SyntheticClassificationParams(hidden=[16]), seed=0, clients=4)
+    states, batches = stacked_clients(task, task.init_params(torch.Generator().manual_seed(0))["x"])
+    expected, values = torch_func_answer(task, states, batches)
+    for _ in range(2):
+        grads, losses = lockstep_gradients(task, states, batches)
+        assert oracles._AGREES[task] is False
+        assert torch.equal(grads, expected) and torch.equal(losses, values)
+
+
+def test_under_lockstep_a_silu_perceptron_is_left_to_torch_func_and_still_untaped_eagerly():
+    """``torch.func`` rounds SiLU's derivative otherwise than autograd: the model declines under ``vmap``, so the
+    declaration stays unchecked there (no verdict) and the first eager call checks it as before."""
+    task, x, batch = small_task()
+    task.model = FlatModel(nn.Sequential(nn.Linear(32, 16), nn.SiLU(), nn.Linear(16, 10)))  # type: ignore[misc]
+    x = torch.randn(task.model.dim, generator=torch.Generator().manual_seed(2)) * 0.3
+    states, batches = stacked_clients(task, x)
+    expected, values = torch_func_answer(task, states, batches)
+    grads, losses = lockstep_gradients(task, states, batches)
+    assert task not in oracles._AGREES
+    assert torch.equal(grads, expected) and torch.equal(losses, values)
+    assert oracles.untaped(task, x, (batch,)) is not None and oracles._AGREES[task] is True

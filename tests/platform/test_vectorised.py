@@ -9,7 +9,8 @@ import pytest
 import torch
 
 import fedcomp
-from fedcomp.platform import federation
+from fedcomp.models.functional import FlatModel
+from fedcomp.platform import federation, oracles
 from fedcomp.platform.algorithms.base import ClientContext
 from fedcomp.platform.algorithms.fcsg import FCSG
 from fedcomp.platform.config import load_config
@@ -128,6 +129,31 @@ def test_mlp_classification_lockstep_equals_one_at_a_time_up_to_rounding(algorit
     for fast, slow in zip(host_reply(cfg, True), host_reply(cfg, False)):
         assert not np.array_equal(fast.sums, np.zeros_like(fast.sums))
         assert_close_replies(fast, slow)
+
+
+def test_lockstep_clients_of_the_mlp_task_step_untaped_with_the_taped_lockstep_bits(monkeypatch):
+    """The MLP task declares its loss a perceptron's cross-entropy: lockstep steps take the batched untaped gradient
+    (``oracles.untaped``) and reply with the bits of lockstep by ``torch.func`` alone."""
+    cfg = load_config(
+        {"task": {"name": "synthetic-classification", "hidden": [16], "test_samples": 10},
+         "algorithm": {"name": "fedavg", "local_steps": 3}},
+        {"federation.backend": "local", "federation.clients": 6},
+    )
+    batched = []
+    untaped_grad = FlatModel.cross_entropy_grad
+
+    def counted(self, x, *args):  # type: ignore[no-untyped-def]
+        batched.append(torch._C._functorch.is_batchedtensor(x))
+        return untaped_grad(self, x, *args)
+
+    monkeypatch.setattr(FlatModel, "cross_entropy_grad", counted)
+    untaped = host_reply(cfg, True)
+    assert batched.count(True) == 2 * 3  # two lockstep calls of three steps, after the check on the first client
+    monkeypatch.setattr(oracles, "untaped", lambda *args, **kwargs: None)
+    taped = host_reply(cfg, True)
+    for fast, slow in zip(untaped, taped):
+        assert np.array_equal(fast.sums, slow.sums) and fast.loss_sum == slow.loss_sum
+        assert all(torch.equal(fast.private[c][k], slow.private[c][k]) for c in fast.private for k in fast.private[c])
 
 
 def test_lockstep_pays_for_small_states_on_a_cpu_and_any_state_on_a_gpu():
