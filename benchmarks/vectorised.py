@@ -2,6 +2,7 @@
 
     python benchmarks/vectorised.py [--rounds 10] [--repeats 3]   # prints a table, writes benchmarks/VECTORISED.md
     python benchmarks/vectorised.py --profile   # why the large MLP steps one at a time on a CPU (prints only)
+    python benchmarks/vectorised.py --crossover   # lockstep by clients in a call: writes benchmarks/LOCKSTEP_CROSSOVER.md
 
 Workloads: the invariant logistic regression task of the FCSG paper (16 clients, d = 10, q = 50, m = 10,
 FCSG-M), the sinewave task with Local-SCGDM when it is registered, and FedAvg on the peers benchmark's small
@@ -110,13 +111,70 @@ def profile_lockstep(rounds: int = 4) -> None:
     print(f"    {'all operators':<40} {sum(e.self_cpu_time_total for e in events) / 2e6:6.3f} s")
 
 
+CROSSOVER_CLIENTS = (2, 3, 5, 10)
+CROSSOVER_WORKLOADS = {
+    "invariant-logreg, FCSG-M, d = 10, q = 50, m = 10": WORKLOADS["invariant-logreg, FCSG-M, 16 clients, d = 10, q = 50, m = 10"],
+    "sinewave, Local-SCGDM": WORKLOADS["sinewave, Local-SCGDM, 16 clients"],
+    "MLP 32-64-10, FedAvg, q = 5 (untaped)": mlp_fedavg([64], 100),
+    "MLP 32-256-10, FedAvg, q = 5 (untaped)": mlp_fedavg([256], 100),
+    "MLP 32-16-16-10, FedAvg, q = 5 (untaped)": mlp_fedavg([16, 16], 100),
+}
+
+
+def crossover(rounds: int, repeats: int) -> None:
+    """Where ``LOCKSTEP_MIN_CPU_CLIENTS`` comes from: on the local backend, lockstep (forced below that limit) against
+    one at a time, by how many clients a call steps (the cohort), per workload; the fastest round of each path."""
+    from fedcomp.platform import vectorised
+
+    load_before = common.load_average()
+    lines = ["| workload | " + " | ".join(f"{n} clients" for n in CROSSOVER_CLIENTS) + " |",
+             "|---|" + "---:|" * len(CROSSOVER_CLIENTS)]
+    limit = vectorised.LOCKSTEP_MIN_CPU_CLIENTS
+    vectorised.LOCKSTEP_MIN_CPU_CLIENTS = 0
+    try:
+        for name, (base, overrides) in CROSSOVER_WORKLOADS.items():
+            task = base["task"]["name"] if isinstance(base, dict) else "invariant-logreg"
+            if task not in TASKS:
+                continue
+            cells = []
+            for clients in CROSSOVER_CLIENTS:
+                cohort = {**overrides, "federation.clients": max(16, int(overrides["federation.clients"])),
+                          "federation.clients_per_round": clients}
+                runs: dict[bool, list[float]] = {True: [], False: []}
+                for _ in range(repeats):
+                    for vectorise in (False, True):
+                        runs[vectorise].append(time_rounds(base, cohort, "local", vectorise, rounds)[0])
+                alone, together = min(runs[False]), min(runs[True])
+                cells.append(f"{together / alone:.2f} ({1e3 * together:.1f} / {1e3 * alone:.1f})")
+            lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    finally:
+        vectorised.LOCKSTEP_MIN_CPU_CLIENTS = limit
+    common.table_report(
+        common.HERE / "LOCKSTEP_CROSSOVER.md",
+        "# Lockstep by clients in a call",
+        f"{common.generated_by()}; 1 torch thread. Local "
+        "backend, every client in one host, the cohort (clients a round) stepped in one call; per cell, lockstep's "
+        "time over one at a time's (the fastest round of each over the repeats, interleaved), then both in ms a round. "
+        f"Below 1, lockstep is faster. `LOCKSTEP_MIN_CPU_CLIENTS` = {limit} at this revision (forced to 0 here). The "
+        "MLPs' one-at-a-time steps take the untaped gradient, which makes them cheaper. Load average (1/5/15 min) "
+        f"before: {load_before}.",
+        lines,
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--publish", action="store_true", help="only copy the last VECTORISED.md into RESULTS.md")
     parser.add_argument("--profile", action="store_true", help="only time and profile lockstep forced on the large MLP")
+    parser.add_argument("--crossover", action="store_true", help="only time lockstep by clients in a call (local backend)")
     args = parser.parse_args()
+    if args.crossover:
+        torch.set_num_threads(1)
+        load_builtins()
+        crossover(args.rounds, args.repeats)
+        return
     if args.profile:
         torch.set_num_threads(1)
         load_builtins()
@@ -143,7 +201,7 @@ def main() -> None:
         state = algorithm.join(algorithm.broadcast(algorithm.init(task_object.init_params(generator(0, "init")))))
         applies = "no"
         if can_lockstep(algorithm, task_object.problem(algorithm.kind), "local_steps", 2):
-            big = not lockstep_pays([state.tensors()], "cpu")
+            big = not lockstep_pays([state.tensors()] * 10, "cpu")  # ten clients a round
             applies = f"no: over {LOCKSTEP_MAX_CPU_FLOATS:,} floats on a CPU" if big else "yes"
         for backend in ("local", "ray"):
             runs = {True: [], False: []}

@@ -57,11 +57,22 @@ not have -- and pays for [clients x weights] gradients and states allocated afre
 --profile``: one of 1.1 million weights 2-3x slower). A GPU host, not measured, steps any size in lockstep."""
 
 
-def lockstep_pays(states: Sequence[Tensors], device: str) -> bool:
-    """Whether stepping these client states in lockstep on ``device`` is expected to be faster than one at a time
-    (:data:`LOCKSTEP_MAX_CPU_FLOATS`)."""
+LOCKSTEP_MIN_CPU_CLIENTS = 3
+"""Fewest clients a CPU host steps in lockstep; fewer go one at a time. Lockstep pays a fixed cost per call (entering
+``vmap``, batching each operator) that its shared operators repay only over several clients
+(``python benchmarks/vectorised.py --crossover``, benchmarks/LOCKSTEP_CROSSOVER.md: with two clients a call lockstep
+was slower on every workload measured, with three faster on all but the MLPs, whose one-at-a-time steps are untaped,
+with five faster on all). A GPU host, not measured, steps any number in lockstep."""
+
+
+def lockstep_pays(states: Sequence[Tensors], device: str, configurations: int = 1) -> bool:
+    """Whether stepping these client states in lockstep on ``device`` -- the clients of ``configurations`` equally
+    shaped runs at once, in a sweep -- is expected to be faster than one at a time: on a CPU, states of at most
+    :data:`LOCKSTEP_MAX_CPU_FLOATS` and at least :data:`LOCKSTEP_MIN_CPU_CLIENTS` clients stepped together."""
+    if not str(device).startswith("cpu"):
+        return True
     floats = sum(int(t.numel()) for t in states[0].values()) if states else 0
-    return not str(device).startswith("cpu") or floats <= LOCKSTEP_MAX_CPU_FLOATS
+    return floats <= LOCKSTEP_MAX_CPU_FLOATS and len(states) * configurations >= LOCKSTEP_MIN_CPU_CLIENTS
 
 
 def stack_trees(trees: Sequence[Any]) -> Any:

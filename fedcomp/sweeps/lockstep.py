@@ -20,7 +20,8 @@ kernel whose summation order depends on the batched shape, so numbers equal a ru
 rounding (see :mod:`fedcomp.platform.vectorised`); the measured differences on the FCSG Figure 1 grid are in
 ``benchmarks/SWEEP.md`` and the tested bound is :data:`TOLERANCE`. Calls that cannot be batched (another
 program, a generator program, module buffers, draws of different shapes, an update that is not vmappable, on a
-CPU a client state over ``LOCKSTEP_MAX_CPU_FLOATS``) run one configuration at a time, bit for bit.
+CPU a client state over ``LOCKSTEP_MAX_CPU_FLOATS`` or fewer than ``LOCKSTEP_MIN_CPU_CLIENTS`` clients in all) run
+one configuration at a time, bit for bit.
 """
 
 from __future__ import annotations
@@ -162,8 +163,8 @@ def _batched(calls: Sequence[_Call], swept: Sequence[str]) -> list[Outcome] | No
         return layout, broadcast, clients, starts, contexts
 
     opened = [open_call(calls[0])]
-    if not lockstep_pays(opened[0][3], calls[0].federation.host.device):
-        return None  # a large model on a CPU: one configuration at a time is faster (decided before opening the rest)
+    if not lockstep_pays(opened[0][3], calls[0].federation.host.device, len(calls)):
+        return None  # on a CPU, a large model or few clients: one at a time is faster (decided before opening the rest)
     opened += [open_call(call) for call in calls[1:]]
     template: Any = calls[0].federation.host.algorithm  # a LocalSteps algorithm (checked by _batchable)
     problem = calls[0].federation.host.problem

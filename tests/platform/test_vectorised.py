@@ -16,7 +16,13 @@ from fedcomp.platform.algorithms.fcsg import FCSG
 from fedcomp.platform.config import load_config
 from fedcomp.platform.federation import ClientHost, Layout, build_algorithm, build_task
 from fedcomp.platform.rng import generator
-from fedcomp.platform.vectorised import LOCKSTEP_MAX_CPU_FLOATS, can_lockstep, lockstep_local_steps, lockstep_pays
+from fedcomp.platform.vectorised import (
+    LOCKSTEP_MAX_CPU_FLOATS,
+    LOCKSTEP_MIN_CPU_CLIENTS,
+    can_lockstep,
+    lockstep_local_steps,
+    lockstep_pays,
+)
 from tests.conftest import small
 
 ROUNDING = dict(rtol=1e-5, atol=1e-6)  # a few float32 ulps per step, accumulated over the steps
@@ -156,12 +162,38 @@ def test_lockstep_clients_of_the_mlp_task_step_untaped_with_the_taped_lockstep_b
         assert all(torch.equal(fast.private[c][k], slow.private[c][k]) for c in fast.private for k in fast.private[c])
 
 
-def test_lockstep_pays_for_small_states_on_a_cpu_and_any_state_on_a_gpu():
-    small_state, large_state = [{"x": torch.zeros(10), "m": torch.zeros(10)}], [{"x": torch.zeros(LOCKSTEP_MAX_CPU_FLOATS + 1)}]
-    assert lockstep_pays(small_state, "cpu")
-    assert not lockstep_pays(large_state, "cpu")
-    assert lockstep_pays(large_state, "cuda:0")  # the device's name only: no GPU needed
-    assert lockstep_pays([{"x": torch.zeros(LOCKSTEP_MAX_CPU_FLOATS)}], "cpu")  # the limit itself still does
+def test_lockstep_pays_on_a_cpu_for_small_states_and_enough_clients_and_on_a_gpu_always():
+    small_state, large_state = {"x": torch.zeros(10), "m": torch.zeros(10)}, {"x": torch.zeros(LOCKSTEP_MAX_CPU_FLOATS + 1)}
+    enough = LOCKSTEP_MIN_CPU_CLIENTS
+    assert lockstep_pays([small_state] * enough, "cpu")
+    assert not lockstep_pays([large_state] * enough, "cpu")
+    assert not lockstep_pays([small_state] * (enough - 1), "cpu")
+    assert lockstep_pays([small_state] * (enough - 1), "cpu", configurations=2)  # a sweep's runs step together
+    assert lockstep_pays([large_state], "cuda:0")  # the device's name only: no GPU needed
+    assert lockstep_pays([{"x": torch.zeros(LOCKSTEP_MAX_CPU_FLOATS)}] * enough, "cpu")  # the limit itself still does
+
+
+def test_too_few_clients_in_a_call_on_a_cpu_step_one_at_a_time_even_when_vectorised(monkeypatch):
+    """Two clients on a CPU host go one at a time, with the bits of vectorise off; three go in lockstep."""
+    calls = []
+
+    def counting(*args):
+        calls.append(len(args[2]))
+        return lockstep_local_steps(*args)
+
+    monkeypatch.setattr(federation, "lockstep_local_steps", counting)
+    cfg = config()
+    replies = {}
+    for vectorise in (True, False):
+        host = ClientHost(cfg.replace(**{"federation.vectorise": vectorise}), range(cfg.federation.clients))
+        state = host.algorithm.broadcast(host.algorithm.init(build_task(cfg).init_params(generator(0, "init"))))
+        layout = Layout.of(state)
+        replies[vectorise] = [host.run("local_steps", r, cohort, layout.pack(state), layout)
+                              for r, cohort in enumerate([[1, 4], [0, 2, 5]])]
+    assert calls == [3]
+    assert np.array_equal(replies[True][0].sums, replies[False][0].sums)
+    assert replies[True][0].loss_sum == replies[False][0].loss_sum
+    assert_close_replies(replies[True][1], replies[False][1])
 
 
 def test_a_large_model_on_a_cpu_steps_one_at_a_time_even_when_vectorised(monkeypatch):
