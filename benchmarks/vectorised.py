@@ -152,7 +152,7 @@ def crossover(rounds: int, repeats: int) -> None:
     common.table_report(
         common.HERE / "LOCKSTEP_CROSSOVER.md",
         "# Lockstep by clients in a call",
-        f"{common.generated_by()}; 1 torch thread. Local "
+        f"{common.generated_by()}. Local "
         "backend, every client in one host, the cohort (clients a round) stepped in one call; per cell, lockstep's "
         "time over one at a time's (the fastest round of each over the repeats, interleaved), then both in ms a round. "
         f"Below 1, lockstep is faster. `LOCKSTEP_MIN_CPU_CLIENTS` = {limit} at this revision (forced to 0 here). The "
