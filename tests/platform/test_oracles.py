@@ -109,12 +109,15 @@ def test_the_oracles_take_the_task_s_untaped_gradient_with_autograds_bits(monkey
     assert [p.shape for p in pieces.of(x)] == [p.shape for p in pieces]  # cut as the state is, for in-place steps
 
 
-def test_a_loss_that_is_not_what_it_declares_is_left_to_autograd():
-    class Smoothed(SyntheticClassification):
-        def loss(self, x: torch.Tensor, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-            features, labels = batch
-            return F.cross_entropy(self.model(x, features), labels, label_smoothing=0.1)
+class Smoothed(SyntheticClassification):
+    """A task whose loss is not what it declares (``classifier_inputs``): label smoothing."""
 
+    def loss(self, x: torch.Tensor, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        features, labels = batch
+        return F.cross_entropy(self.model(x, features), labels, label_smoothing=0.1)
+
+
+def test_a_loss_that_is_not_what_it_declares_is_left_to_autograd():
     task = Smoothed(SyntheticClassificationParams(hidden=[16]), seed=0, clients=4)
     x = task.init_params(torch.Generator().manual_seed(0))["x"]
     batch = task.sample_batch(1, 16, torch.Generator().manual_seed(1))
@@ -229,11 +232,6 @@ def test_lockstep_clients_take_the_untaped_gradient_with_torch_funcs_bits(monkey
 
 
 def test_under_lockstep_a_loss_that_is_not_what_it_declares_is_left_to_torch_func():
-    class Smoothed(SyntheticClassification):
-        def loss(self, x: torch.Tensor, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-            features, labels = batch
-            return F.cross_entropy(self.model(x, features), labels, label_smoothing=0.1)
-
     task = Smoothed(SyntheticClassificationParams(hidden=[16]), seed=0, clients=4)
     states, batches = stacked_clients(task, task.init_params(torch.Generator().manual_seed(0))["x"])
     expected, values = torch_func_answer(task, states, batches)
