@@ -222,7 +222,17 @@ class FlatModel:
         ``torch.func`` transform (:func:`only_vmapped`), and under ``vmap`` where ``torch.func`` rounds otherwise
         (:attr:`~fedcomp.models.mlp_gradient.MlpPlan.matches_torch_func`): the caller differentiates by autograd."""
         plan = self._untaped_plan(x, inputs)
-        return None if plan is None else plan.cross_entropy(self.pieces(x.detach()), inputs, labels)
+        if plan is None:
+            return None
+        stacked = _stacked_at_vmap_level(x, inputs, labels)
+        if stacked is not None:  # every client at once by batched kernels: vmap's bits, without its per-operator cost
+            level, (states, features, targets) = stacked
+            done = plan.batched_cross_entropy(
+                [v.view(len(states), *s) for v, s in zip(states.split(self.sizes, 1), self.shapes)], features, targets)
+            if done is not None:
+                grads, loss = done
+                return [_add_batch_dim(g, 0, level) for g in grads], _add_batch_dim(loss, 0, level)
+        return plan.cross_entropy(self.pieces(x.detach()), inputs, labels)
 
     def cross_entropy_factors(
         self, x: Tensor, inputs: Tensor, labels: Tensor,
@@ -382,6 +392,32 @@ def only_vmapped(t: Tensor) -> bool:
             return False
         t = torch._C._functorch.get_unwrapped(t)
     return True
+
+
+def _stacked_at_vmap_level(x: Tensor, inputs: Tensor, labels: Tensor) -> tuple[int, list[Tensor]] | None:
+    """Inside one ``vmap`` (not nested ones) on a CPU, with ``x``, ``inputs`` and ``labels`` batched at its level,
+    each stored contiguously with the batch axis first -- as lockstep clients' stacked states and draws are: that
+    level and the plain tensors underneath. None otherwise (other layouts make ``vmap`` pick other kernels, with
+    other roundings), and where a label is negative (``cross_entropy``'s ignored index, which
+    :meth:`~fedcomp.models.mlp_gradient.MlpPlan.batched_cross_entropy` does not know)."""
+    functorch = torch._C._functorch
+    top = functorch.peek_interpreter_stack()
+    if top is None or top.key() != functorch.TransformType.Vmap:
+        return None
+    plain = []
+    for t in (x, inputs, labels):
+        if not functorch.is_batchedtensor(t) or functorch.maybe_get_level(t) != top.level() or functorch.maybe_get_bdim(t):
+            return None
+        t = functorch.get_unwrapped(t)
+        if functorch.is_functorch_wrapped_tensor(t) or t.device.type != "cpu" or not t.is_contiguous():
+            return None
+        plain.append(t)
+    return None if bool((plain[2] < 0).any()) else (top.level(), plain)
+
+
+def _add_batch_dim(t: Tensor, dim: int, level: int) -> Tensor:
+    """``t``'s axis ``dim`` as the ``vmap`` batch axis of ``level`` (what ``vmap`` does to its inputs)."""
+    return torch._C._functorch._add_batch_dim(t, dim, level)
 
 
 def _plain(t: Tensor) -> Tensor:

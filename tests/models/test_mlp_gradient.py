@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from fedcomp.models.functional import FlatModel
-from fedcomp.models.mlp_gradient import plan_of
+from fedcomp.models.mlp_gradient import MlpPlan, plan_of
 
 ACTIVATIONS = {
     "relu": nn.ReLU, "tanh": nn.Tanh, "sigmoid": nn.Sigmoid, "gelu": nn.GELU,
@@ -146,6 +146,7 @@ def test_the_flat_model_declines_inside_transforms_other_than_vmap_and_without_a
 
 def taped_and_untaped_under_vmap(
     flat: FlatModel, states: torch.Tensor, features: torch.Tensor, labels: torch.Tensor,
+    in_dims: tuple[int | None, ...] = (0, 0, 0),
 ) -> tuple[tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
     """Lockstep clients' gradients and losses, by ``vmap`` over ``torch.func.grad_and_value`` and untaped."""
 
@@ -157,7 +158,8 @@ def taped_and_untaped_under_vmap(
         assert done is not None
         return torch.cat([g.reshape(-1) for g in done[0]]), done[1]
 
-    return torch.func.vmap(taped)(states, features, labels), torch.func.vmap(untaped)(states, features, labels)
+    return (torch.func.vmap(taped, in_dims)(states, features, labels),
+            torch.func.vmap(untaped, in_dims)(states, features, labels))
 
 
 @pytest.mark.parametrize("widths", [[32, 64, 10], [1, 1, 2], [3, 1, 2], [2, 3, 4, 5, 6], [784, 200, 200, 10]])
@@ -170,7 +172,7 @@ def test_under_vmap_the_untaped_gradient_has_the_bits_of_torch_func(widths, acti
     torch.manual_seed(len(widths) * 10 + bias)
     flat = FlatModel(perceptron(widths, activation, bias))
     cases = [(torch.randn(clients, flat.dim) * 0.5, torch.randn(clients, batch, widths[0]) * 3,
-              torch.randint(0, widths[-1], (clients, batch))) for batch, clients in [(1, 1), (3, 2), (16, 5)]]
+              torch.randint(0, widths[-1], (clients, batch))) for batch, clients in [(1, 1), (3, 2), (16, 5), (100, 3)]]
     if activation is nn.SiLU:
         states, features, labels = cases[-1]
         assert flat.cross_entropy_grad(states[0], features[0], labels[0]) is not None
@@ -181,3 +183,34 @@ def test_under_vmap_the_untaped_gradient_has_the_bits_of_torch_func(widths, acti
     for states, features, labels in cases:
         (grads, losses), (untaped_grads, untaped_losses) = taped_and_untaped_under_vmap(flat, states, features, labels)
         assert torch.equal(grads, untaped_grads) and torch.equal(losses, untaped_losses)
+
+
+def test_lockstep_clients_gradients_come_from_one_batched_pass_with_vmaps_bits(monkeypatch):
+    """Under one ``vmap`` on a CPU, with the state, inputs and labels stacked client-first (as lockstep stacks them),
+    the flat model answers every client by one batched pass (``MlpPlan.batched_cross_entropy``). Other layouts, shared
+    inputs, nested ``vmap`` levels and negative labels (cross-entropy's ignored index) take the plan under ``vmap``.
+    The bits are those of ``vmap`` over ``torch.func.grad_and_value`` every way."""
+    torch.manual_seed(5)
+    flat = FlatModel(perceptron([12, 9, 4]))
+    calls: list[str] = []
+    for name in ("cross_entropy", "batched_cross_entropy"):
+        original = getattr(MlpPlan, name)
+        monkeypatch.setattr(MlpPlan, name, lambda self, *args, _f=original, _n=name: calls.append(_n) or _f(self, *args))
+    states, features, labels = torch.randn(3, flat.dim) * 0.5, torch.randn(3, 7, 12), torch.randint(0, 4, (3, 7))
+
+    def both(in_dims: tuple[int | None, ...], *args: torch.Tensor) -> list[str]:
+        calls.clear()
+        (taped, taped_loss), (untaped, untaped_loss) = taped_and_untaped_under_vmap(flat, *args, in_dims=in_dims)
+        assert torch.equal(taped, untaped) and torch.equal(taped_loss, untaped_loss)
+        return list(calls)
+
+    assert both((0, 0, 0), states, features, labels) == ["batched_cross_entropy"]
+    assert both((1, 0, 0), states.t().contiguous(), features, labels) == ["cross_entropy"]  # other kernels there
+    assert both((0, None, None), states, features[0], labels[0]) == ["cross_entropy"]
+    ignored = labels.clone()
+    ignored[1, 2] = -100
+    assert both((0, 0, 0), states, features, ignored) == ["cross_entropy"]
+    calls.clear()
+    nested = torch.func.vmap(lambda s: taped_and_untaped_under_vmap(flat, s, features, labels))(states.expand(2, 3, -1))
+    (taped, taped_loss), (untaped, untaped_loss) = nested
+    assert torch.equal(taped, untaped) and torch.equal(taped_loss, untaped_loss) and calls == ["cross_entropy"]

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import fedcomp
-from fedcomp.models.functional import FlatModel
+from fedcomp.models.mlp_gradient import MlpPlan
 from fedcomp.platform import federation, oracles
 from fedcomp.platform.algorithms.base import ClientContext
 from fedcomp.platform.algorithms.fcsg import FCSG
@@ -138,23 +138,24 @@ def test_mlp_classification_lockstep_equals_one_at_a_time_up_to_rounding(algorit
 
 
 def test_lockstep_clients_of_the_mlp_task_step_untaped_with_the_taped_lockstep_bits(monkeypatch):
-    """The MLP task declares its loss a perceptron's cross-entropy: lockstep steps take the batched untaped gradient
-    (``oracles.untaped``) and reply with the bits of lockstep by ``torch.func`` alone."""
+    """The MLP task declares its loss a perceptron's cross-entropy: each lockstep step takes the untaped gradient of all
+    the call's clients in one batched pass (``oracles.untaped``, ``MlpPlan.batched_cross_entropy``) and the replies
+    have the bits of lockstep by ``torch.func`` alone."""
     cfg = load_config(
         {"task": {"name": "synthetic-classification", "hidden": [16], "test_samples": 10},
          "algorithm": {"name": "fedavg", "local_steps": 3}},
         {"federation.backend": "local", "federation.clients": 6},
     )
-    batched = []
-    untaped_grad = FlatModel.cross_entropy_grad
+    passes = []
+    batched_pass = MlpPlan.batched_cross_entropy
 
-    def counted(self, x, *args):  # type: ignore[no-untyped-def]
-        batched.append(torch._C._functorch.is_batchedtensor(x))
-        return untaped_grad(self, x, *args)
+    def counted(self, *args):  # type: ignore[no-untyped-def]
+        passes.append(len(args[0][0]))
+        return batched_pass(self, *args)
 
-    monkeypatch.setattr(FlatModel, "cross_entropy_grad", counted)
+    monkeypatch.setattr(MlpPlan, "batched_cross_entropy", counted)
     untaped = host_reply(cfg, True)
-    assert batched.count(True) == 2 * 3  # two lockstep calls of three steps, after the check on the first client
+    assert passes == [6, 6, 6, 4, 4, 4]  # each step one batched pass for all the call's clients
     monkeypatch.setattr(oracles, "untaped", lambda *args, **kwargs: None)
     taped = host_reply(cfg, True)
     for fast, slow in zip(untaped, taped):
