@@ -61,8 +61,8 @@ LOCKSTEP_MIN_CPU_CLIENTS = 3
 """Fewest clients a CPU host steps in lockstep; fewer go one at a time. Lockstep pays a fixed cost per call (entering
 ``vmap``, batching each operator) that its shared operators repay only over several clients
 (``python benchmarks/vectorised.py --crossover``, benchmarks/LOCKSTEP_CROSSOVER.md: with two clients a call lockstep
-was slower on every workload measured, with three faster on all but the MLPs, whose one-at-a-time steps are untaped,
-with five faster on all). A GPU host, not measured, steps any number in lockstep."""
+took 1.00-1.20x the time of one at a time on the five workloads measured, with three 0.71-0.85x). A GPU host, not
+measured, steps any number in lockstep."""
 
 
 def lockstep_pays(states: Sequence[Tensors], device: str, configurations: int = 1) -> bool:
