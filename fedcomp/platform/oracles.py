@@ -11,6 +11,7 @@ Second-order products use double backpropagation: H_yy v = d/dy <d/dy l, v> and 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import weakref
 from collections.abc import Callable
@@ -19,6 +20,7 @@ from typing import Any, ParamSpec, TypeVar
 
 import torch
 from torch import Tensor
+from torch._functorch.pyfunctorch import temporarily_clear_interpreter_stack
 
 from fedcomp.platform import compiled
 
@@ -88,9 +90,10 @@ def untaped(problem: Any, x: Tensor, batch: tuple[Any, ...], factored: bool = Fa
     (lockstep clients) too, with the bits of ``vmap`` over ``torch.func.grad_and_value``. None otherwise.
 
     A declaration is taken on trust only once it has been seen to hold: at a problem's first call, the untaped
-    gradient and loss are compared with the differentiation of ``problem.loss`` itself -- by autograd, or under
-    ``vmap``, where autograd cannot run, by ``torch.func.grad_and_value`` on the first client's state and batch -- and
-    any difference (a loss that is not what it declares) leaves that problem to autograd for good."""
+    gradient and loss are compared with autograd's differentiation of ``problem.loss`` itself -- under ``vmap`` on the
+    first client's state and batch, the transforms set aside while autograd runs (``torch.func.grad`` would do, but
+    imports ``torch._dynamo``: 150 MiB a process) -- and any difference (a loss that is not what it declares) leaves
+    that problem to autograd for good."""
     declared = getattr(problem, "classifier_inputs", None)
     model: Any = getattr(problem, "model", None)
     if declared is None or not hasattr(model, "cross_entropy_grad"):
@@ -101,7 +104,7 @@ def untaped(problem: Any, x: Tensor, batch: tuple[Any, ...], factored: bool = Fa
         return None
     if agrees is None:
         agrees = _untaped_agrees(problem, model, x, batch)
-        if agrees is None:  # not decidable here (inside a transform the model declines or other than vmap)
+        if agrees is None:  # not decidable here (inputs inside a transform other than vmap)
             return None
         _AGREES[problem] = agrees
     if not agrees:
@@ -111,23 +114,20 @@ def untaped(problem: Any, x: Tensor, batch: tuple[Any, ...], factored: bool = Fa
 
 
 def _untaped_agrees(problem: Any, model: Any, x: Tensor, batch: tuple[Any, ...]) -> bool | None:
-    """Whether the untaped gradient and loss at ``x`` on ``batch`` are those of differentiating ``problem.loss``
-    (:func:`untaped`); None inside a ``torch.func`` transform where that cannot be told: a tensor still wrapped once
-    ``vmap`` is peeled off (:func:`_first_instance`), or the model declining there."""
+    """Whether the untaped gradient and loss at ``x`` on ``batch`` are autograd's differentiation of ``problem.loss``
+    (:func:`untaped`). Inside ``vmap`` the first client's, unbatched, with the transforms set aside while autograd
+    runs; None where that cannot be told: a tensor under another transform (:func:`_first_instance` peels ``vmap``
+    off tensors, tuples, lists and dicts only)."""
     transformed = torch._C._functorch.peek_interpreter_stack() is not None
     if transformed:
         x, batch = _first_instance(x), _first_instance(batch)
     features, labels = problem.classifier_inputs(*batch)
     if any(map(_wrapped, (x, features, labels))):
         return None
-    done = model.cross_entropy_grad(x, features, labels)
-    if done is None:
-        return None if transformed else False
-    if transformed:
-        expected, value = torch.func.grad_and_value(lambda z: problem.loss(z, *batch))(x)
-        if _wrapped(expected) or _wrapped(value):
-            return None
-    else:
+    with temporarily_clear_interpreter_stack() if transformed else contextlib.nullcontext():
+        done = model.cross_entropy_grad(x, features, labels)
+        if done is None:
+            return False
         leaf = x.detach().requires_grad_(True)
         value = problem.loss(leaf, *batch)
         (expected,) = torch.autograd.grad(value, leaf)

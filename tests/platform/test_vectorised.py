@@ -4,6 +4,11 @@ bitwise reproducible, and that clients whose draws differ in shape fall back to 
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -161,6 +166,33 @@ def test_lockstep_clients_of_the_mlp_task_step_untaped_with_the_taped_lockstep_b
     for fast, slow in zip(untaped, taped):
         assert np.array_equal(fast.sums, slow.sums) and fast.loss_sum == slow.loss_sum
         assert all(torch.equal(fast.private[c][k], slow.private[c][k]) for c in fast.private for k in fast.private[c])
+
+
+LOCKSTEP_IMPORTS = """
+import sys
+from fedcomp.platform.catalog import load_builtins
+from fedcomp.platform.config import load_config
+from fedcomp.platform.federation import ClientHost, Layout, build_task
+from fedcomp.platform.rng import generator
+load_builtins()
+cfg = load_config({"task": {"name": "synthetic-classification", "hidden": [16], "test_samples": 10},
+                   "algorithm": {"name": "fedavg", "local_steps": 3}},
+                  {"federation.backend": "local", "federation.clients": 6, "federation.vectorise": True})
+host = ClientHost(cfg, range(6))
+state = host.algorithm.broadcast(host.algorithm.init(build_task(cfg).init_params(generator(0, "init"))))
+layout = Layout.of(state)
+host.run("local_steps", 0, list(range(6)), layout.pack(state), layout)
+print(sorted(m for m in ("torch._dynamo", "sympy") if m in sys.modules))
+"""
+
+
+def test_lockstep_clients_of_the_mlp_task_import_no_compiler():
+    """``torch.func.grad`` imports ``torch._dynamo`` and sympy (about 150 MiB a process); lockstep clients whose steps
+    are untaped, their declaration checked by autograd, never call it (a process of its own: the suite imports it)."""
+    done = subprocess.run([sys.executable, "-c", LOCKSTEP_IMPORTS], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(Path(fedcomp.__file__).parents[1])})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "[]"
 
 
 def test_lockstep_pays_on_a_cpu_for_small_states_and_enough_clients_and_on_a_gpu_always():
