@@ -224,14 +224,14 @@ class FlatModel:
         plan = self._untaped_plan(x, inputs)
         if plan is None:
             return None
-        stacked = _stacked_at_vmap_level(x, inputs, labels)
+        stacked = _stacked_under_vmap(x, inputs, labels)
         if stacked is not None:  # every client at once by batched kernels: vmap's bits, without its per-operator cost
-            level, (states, features, targets) = stacked
+            levels, (states, features, targets) = stacked
             done = plan.batched_cross_entropy(
                 [v.view(len(states), *s) for v, s in zip(states.split(self.sizes, 1), self.shapes)], features, targets)
             if done is not None:
                 grads, loss = done
-                return [_add_batch_dim(g, 0, level) for g in grads], _add_batch_dim(loss, 0, level)
+                return [_batched_at(g, levels) for g in grads], _batched_at(loss, levels)
         return plan.cross_entropy(self.pieces(x.detach()), inputs, labels)
 
     def cross_entropy_factors(
@@ -394,30 +394,56 @@ def only_vmapped(t: Tensor) -> bool:
     return True
 
 
-def _stacked_at_vmap_level(x: Tensor, inputs: Tensor, labels: Tensor) -> tuple[int, list[Tensor]] | None:
-    """Inside one ``vmap`` (not nested ones) on a CPU, with ``x``, ``inputs`` and ``labels`` batched at its level,
-    each stored contiguously with the batch axis first -- as lockstep clients' stacked states and draws are: that
-    level and the plain tensors underneath. None otherwise (other layouts make ``vmap`` pick other kernels, with
-    other roundings), and where a label is negative (``cross_entropy``'s ignored index, which
+def _stacked_under_vmap(x: Tensor, inputs: Tensor, labels: Tensor) -> tuple[list[tuple[int, int]], list[Tensor]] | None:
+    """Inside ``vmap`` on a CPU, with ``x`` batched at the innermost level and at any enclosing ``vmap`` levels,
+    ``inputs`` and ``labels`` at some of those, each batch axis first and the tensors underneath stored contiguously
+    -- as lockstep clients' stacked states and draws are, a sweep's configurations around them: the levels with their
+    sizes, outermost first, and the plain tensors underneath with every level's axis merged into one leading axis
+    (``inputs`` or ``labels`` repeated along the levels they lack). None otherwise (other layouts make ``vmap`` pick
+    other kernels, with other roundings), and where a label is negative (``cross_entropy``'s ignored index, which
     :meth:`~fedcomp.models.mlp_gradient.MlpPlan.batched_cross_entropy` does not know)."""
     functorch = torch._C._functorch
     top = functorch.peek_interpreter_stack()
     if top is None or top.key() != functorch.TransformType.Vmap:
         return None
-    plain = []
-    for t in (x, inputs, labels):
-        if not functorch.is_batchedtensor(t) or functorch.maybe_get_level(t) != top.level() or functorch.maybe_get_bdim(t):
+    peeled = _peeled(x)
+    if peeled is None or not peeled[0] or peeled[0][-1][0] != top.level() or peeled[1].device.type != "cpu":
+        return None
+    levels, states = peeled
+    plain = [states.view(-1, *states.shape[len(levels):])]
+    for other in (inputs, labels):
+        own_and_tensor = _peeled(other)
+        if own_and_tensor is None or not set(own_and_tensor[0]) <= set(levels):
             return None
+        own, t = own_and_tensor
+        for axis, (level, size) in enumerate(levels):
+            if (level, size) not in own:
+                t = t.unsqueeze(axis).expand(*t.shape[:axis], size, *t.shape[axis:])
+        plain.append(t.reshape(-1, *t.shape[len(levels):]))
+    return None if bool((plain[2] < 0).any()) else (levels, plain)
+
+
+def _peeled(t: Tensor) -> tuple[list[tuple[int, int]], Tensor] | None:
+    """``t``'s ``vmap`` levels with their sizes, outermost first, and the contiguous plain tensor underneath, whose
+    leading axes they are; None where a wrapper is another transform's, a batch axis is not first, or the tensor
+    underneath is not contiguous."""
+    functorch = torch._C._functorch
+    levels = []
+    while functorch.is_functorch_wrapped_tensor(t):
+        if not functorch.is_batchedtensor(t) or functorch.maybe_get_bdim(t) != 0:
+            return None
+        level = functorch.maybe_get_level(t)
         t = functorch.get_unwrapped(t)
-        if functorch.is_functorch_wrapped_tensor(t) or t.device.type != "cpu" or not t.is_contiguous():
-            return None
-        plain.append(t)
-    return None if bool((plain[2] < 0).any()) else (top.level(), plain)
+        levels.append((level, t.shape[0]))
+    return (levels[::-1], t) if t.is_contiguous() else None
 
 
-def _add_batch_dim(t: Tensor, dim: int, level: int) -> Tensor:
-    """``t``'s axis ``dim`` as the ``vmap`` batch axis of ``level`` (what ``vmap`` does to its inputs)."""
-    return torch._C._functorch._add_batch_dim(t, dim, level)
+def _batched_at(t: Tensor, levels: list[tuple[int, int]]) -> Tensor:
+    """A result of the merged leading axis (:func:`_stacked_under_vmap`) as a tensor batched at ``levels`` again."""
+    t = t.view(*(size for _, size in levels), *t.shape[1:])
+    for level, _ in levels:
+        t = torch._C._functorch._add_batch_dim(t, 0, level)
+    return t
 
 
 def _plain(t: Tensor) -> Tensor:

@@ -167,8 +167,9 @@ def taped_and_untaped_under_vmap(
 @pytest.mark.parametrize("bias", [True, False])
 def test_under_vmap_the_untaped_gradient_has_the_bits_of_torch_func(widths, activation, bias):
     """Lockstep clients' batched untaped gradients are those of ``vmap`` over ``torch.func.grad_and_value`` for every
-    batch size and number of clients, where ``torch.func`` differentiates with autograd's kernels; with SiLU, whose
-    derivative it decomposes, the flat model declines under ``vmap`` (and still answers eagerly)."""
+    batch size and number of clients, and under nested ``vmap`` (a sweep's configurations), where ``torch.func``
+    differentiates with autograd's kernels; with SiLU, whose derivative it decomposes, the flat model declines under
+    ``vmap`` (and still answers eagerly)."""
     torch.manual_seed(len(widths) * 10 + bias)
     flat = FlatModel(perceptron(widths, activation, bias))
     cases = [(torch.randn(clients, flat.dim) * 0.5, torch.randn(clients, batch, widths[0]) * 3,
@@ -183,13 +184,19 @@ def test_under_vmap_the_untaped_gradient_has_the_bits_of_torch_func(widths, acti
     for states, features, labels in cases:
         (grads, losses), (untaped_grads, untaped_losses) = taped_and_untaped_under_vmap(flat, states, features, labels)
         assert torch.equal(grads, untaped_grads) and torch.equal(losses, untaped_losses)
+    states, features, labels = cases[2]
+    configurations = torch.randn(2, *states.shape) * 0.5  # nested: a sweep's configurations, the inputs shared
+    (grads, losses), (untaped_grads, untaped_losses) = torch.func.vmap(
+        lambda s: taped_and_untaped_under_vmap(flat, s, features, labels))(configurations)
+    assert torch.equal(grads, untaped_grads) and torch.equal(losses, untaped_losses)
 
 
 def test_lockstep_clients_gradients_come_from_one_batched_pass_with_vmaps_bits(monkeypatch):
-    """Under one ``vmap`` on a CPU, with the state, inputs and labels stacked client-first (as lockstep stacks them),
-    the flat model answers every client by one batched pass (``MlpPlan.batched_cross_entropy``). Other layouts, shared
-    inputs, nested ``vmap`` levels and negative labels (cross-entropy's ignored index) take the plan under ``vmap``.
-    The bits are those of ``vmap`` over ``torch.func.grad_and_value`` every way."""
+    """Under ``vmap`` on a CPU, with the state, inputs and labels stacked batch-first (as lockstep stacks clients, and a
+    sweep configurations around them), the flat model answers every client by one batched pass
+    (``MlpPlan.batched_cross_entropy``), inputs shared by the clients or configurations included; other layouts and
+    negative labels (cross-entropy's ignored index) take the plan under ``vmap``. The bits are those of ``vmap`` over
+    ``torch.func.grad_and_value`` every way."""
     torch.manual_seed(5)
     flat = FlatModel(perceptron([12, 9, 4]))
     calls: list[str] = []
@@ -205,12 +212,18 @@ def test_lockstep_clients_gradients_come_from_one_batched_pass_with_vmaps_bits(m
         return list(calls)
 
     assert both((0, 0, 0), states, features, labels) == ["batched_cross_entropy"]
+    assert both((0, None, None), states, features[0], labels[0]) == ["batched_cross_entropy"]  # shared inputs
     assert both((1, 0, 0), states.t().contiguous(), features, labels) == ["cross_entropy"]  # other kernels there
-    assert both((0, None, None), states, features[0], labels[0]) == ["cross_entropy"]
     ignored = labels.clone()
     ignored[1, 2] = -100
     assert both((0, 0, 0), states, features, ignored) == ["cross_entropy"]
-    calls.clear()
-    nested = torch.func.vmap(lambda s: taped_and_untaped_under_vmap(flat, s, features, labels))(states.expand(2, 3, -1))
-    (taped, taped_loss), (untaped, untaped_loss) = nested
-    assert torch.equal(taped, untaped) and torch.equal(taped_loss, untaped_loss) and calls == ["cross_entropy"]
+
+    configurations = torch.randn(2, 3, flat.dim) * 0.5  # a sweep's: configurations around the clients
+    for shared in (True, False):
+        inputs = (features, labels) if shared else (torch.randn(2, 3, 7, 12), torch.randint(0, 4, (2, 3, 7)))
+        calls.clear()
+        (taped, taped_loss), (untaped, untaped_loss) = torch.func.vmap(
+            lambda s, f, y: taped_and_untaped_under_vmap(flat, s, f, y), in_dims=(0, None, None) if shared else 0,
+        )(configurations, *inputs)
+        assert torch.equal(taped, untaped) and torch.equal(taped_loss, untaped_loss)
+        assert calls == ["batched_cross_entropy"]
