@@ -25,7 +25,8 @@ by autograd as before. Inputs must reach the first ``Linear`` as a 2-D batch and
 Lockstep clients (``torch.func.vmap``, :mod:`fedcomp.platform.vectorised`) can run the same plan under ``vmap``, which
 batches each kernel; :meth:`MlpPlan.batched_cross_entropy` instead runs every client at once by batched kernels
 written as ``vmap``'s batching rules run the plan (``addmm`` as the bias plus a ``bmm``), so the same bits at a
-fraction of ``vmap``'s per-operator cost (``tests/models/test_mlp_gradient.py``).
+fraction of ``vmap``'s per-operator cost (``tests/models/test_mlp_gradient.py``); nested ``vmap`` levels (a lockstep
+sweep's configurations around the clients) merged into its one batch axis give nested ``vmap``'s bits too.
 """
 
 from __future__ import annotations
