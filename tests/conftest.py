@@ -123,6 +123,23 @@ def keeping(ray_session):
     yield
 
 
+@pytest.fixture
+def batched_passes(monkeypatch) -> list[int]:
+    """The rows (clients, times a sweep's configurations) of each batched untaped pass
+    (``MlpPlan.batched_cross_entropy``) in this test, in order."""
+    from fedcomp.models.mlp_gradient import MlpPlan
+
+    passes: list[int] = []
+    batched_pass = MlpPlan.batched_cross_entropy
+
+    def counted(self, *args):  # type: ignore[no-untyped-def]
+        passes.append(len(args[0][0]))
+        return batched_pass(self, *args)
+
+    monkeypatch.setattr(MlpPlan, "batched_cross_entropy", counted)
+    return passes
+
+
 @pytest.fixture(autouse=True)
 def _fresh_actors_unless_keeping(request):
     """Before a test that uses the session's Ray without keeping actors, the kept ones are killed: its runs start

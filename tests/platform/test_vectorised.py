@@ -14,7 +14,6 @@ import pytest
 import torch
 
 import fedcomp
-from fedcomp.models.mlp_gradient import MlpPlan
 from fedcomp.platform import federation, oracles
 from fedcomp.platform.algorithms.base import ClientContext
 from fedcomp.platform.algorithms.fcsg import FCSG
@@ -142,7 +141,7 @@ def test_mlp_classification_lockstep_equals_one_at_a_time_up_to_rounding(algorit
         assert_close_replies(fast, slow)
 
 
-def test_lockstep_clients_of_the_mlp_task_step_untaped_with_the_taped_lockstep_bits(monkeypatch):
+def test_lockstep_clients_of_the_mlp_task_step_untaped_with_the_taped_lockstep_bits(monkeypatch, batched_passes):
     """The MLP task declares its loss a perceptron's cross-entropy: each lockstep step takes the untaped gradient of all
     the call's clients in one batched pass (``oracles.untaped``, ``MlpPlan.batched_cross_entropy``) and the replies
     have the bits of lockstep by ``torch.func`` alone."""
@@ -151,16 +150,8 @@ def test_lockstep_clients_of_the_mlp_task_step_untaped_with_the_taped_lockstep_b
          "algorithm": {"name": "fedavg", "local_steps": 3}},
         {"federation.backend": "local", "federation.clients": 6},
     )
-    passes = []
-    batched_pass = MlpPlan.batched_cross_entropy
-
-    def counted(self, *args):  # type: ignore[no-untyped-def]
-        passes.append(len(args[0][0]))
-        return batched_pass(self, *args)
-
-    monkeypatch.setattr(MlpPlan, "batched_cross_entropy", counted)
     untaped = host_reply(cfg, True)
-    assert passes == [6, 6, 6, 4, 4, 4]  # each step one batched pass for all the call's clients
+    assert batched_passes == [6, 6, 6, 4, 4, 4]  # each step one batched pass for all the call's clients
     monkeypatch.setattr(oracles, "untaped", lambda *args, **kwargs: None)
     taped = host_reply(cfg, True)
     for fast, slow in zip(untaped, taped):

@@ -9,7 +9,6 @@ import pandas as pd
 import pytest
 
 import fedcomp
-from fedcomp.models.mlp_gradient import MlpPlan
 from fedcomp.platform.config import load_config
 from fedcomp.platform.errors import ConfigError
 from fedcomp.sweeps.lockstep import TOLERANCE, Lockstep, run_together
@@ -87,17 +86,9 @@ def test_lockstep_configurations_equal_runs_alone_within_tolerance(tmp_path):
         list(run_together([configs[0], configs[0].replace(**{"run.seed": 1})], ["lr"], [None, None]))
 
 
-def test_lockstep_configurations_of_the_mlp_task_take_one_batched_untaped_pass_a_step(tmp_path, monkeypatch):
+def test_lockstep_configurations_of_the_mlp_task_take_one_batched_untaped_pass_a_step(tmp_path, batched_passes):
     """A sweep's configurations of a perceptron task step in lockstep with the untaped gradient of every configuration's
     every client in one batched pass (``MlpPlan.batched_cross_entropy``), equal to runs alone within the tolerance."""
-    passes = []
-    batched_pass = MlpPlan.batched_cross_entropy
-
-    def counted(self, *args):  # type: ignore[no-untyped-def]
-        passes.append(len(args[0][0]))
-        return batched_pass(self, *args)
-
-    monkeypatch.setattr(MlpPlan, "batched_cross_entropy", counted)
     mlp = {"task": {"name": "synthetic-classification", "hidden": [16], "test_samples": 50},
            "algorithm": {"name": "fedavg", "local_steps": 2}}
     overrides = {"federation.backend": "local", "federation.clients": 4, "run.rounds": 2, "run.progress": "none"}
@@ -105,7 +96,7 @@ def test_lockstep_configurations_of_the_mlp_task_take_one_batched_untaped_pass_a
     last = {}
     for batch in run_together(configs, ["lr"], [None, None]):
         last.update(batch)
-    assert passes == [2 * 4] * (2 * 2)  # two configurations of four clients, two steps in each of two rounds
+    assert batched_passes == [2 * 4] * (2 * 2)  # two configurations of four clients, two steps in each of two rounds
     ref = fedcomp.run(mlp, {**overrides, "algorithm.lr": 0.02, "run.out": str(tmp_path)}).metrics
     assert (pd.DataFrame(last[1].rows)["test_loss"] - ref["test_loss"]).abs().max() <= TOLERANCE
 
