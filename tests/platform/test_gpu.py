@@ -409,6 +409,21 @@ def test_episodes_cut_on_cuda_are_the_cpus_bit_for_bit() -> None:
                for f in ("support_x", "support_y", "query_x", "query_y"))
 
 
+@CUDA
+def test_on_cuda_lockstep_clients_untaped_gradient_has_the_bits_of_torch_func() -> None:
+    """Lockstep on a GPU runs the untaped plan under ``vmap`` (the one batched pass is for CPUs: its bits against
+    cuBLAS's batched kernels are unmeasured); this says whether it keeps the bits of ``vmap`` over ``torch.func``."""
+    from fedcomp.models.functional import FlatModel
+    from tests.models.test_mlp_gradient import perceptron, taped_and_untaped_under_vmap
+
+    torch.manual_seed(0)
+    flat = FlatModel(perceptron([32, 64, 10]).cuda())
+    states = torch.randn(5, flat.dim, device="cuda") * 0.5
+    features, labels = torch.randn(5, 16, 32, device="cuda"), torch.randint(0, 10, (5, 16), device="cuda")
+    (grads, losses), (untaped, untaped_losses) = taped_and_untaped_under_vmap(flat, states, features, labels)
+    assert torch.equal(grads, untaped) and torch.equal(losses, untaped_losses)
+
+
 def test_the_suite_hides_the_gpus_unless_asked_for_the_cuda_checks() -> None:
     from tests.conftest import GPU_PRESENT, TEST_DEVICE
 
