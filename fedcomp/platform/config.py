@@ -107,7 +107,8 @@ class FederationConfig(Params):
     vectorise: bool = Field(
         False,
         description="run a host's clients' local steps in lockstep under torch.func.vmap where the algorithm and "
-        "task allow it (on a CPU host, client states up to 100,000 floats: larger ones are faster one at a time), equal "
+        "task allow it (on a CPU host, client states up to 100,000 floats and three clients or more in a call: other "
+        "calls are faster one at a time), equal "
         "to the one-at-a-time numbers up to float32 rounding (not bit for bit)",
     )
     fused_sgd: bool = Field(
