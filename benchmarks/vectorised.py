@@ -51,6 +51,11 @@ WORKLOADS = {
 RAY_ACTORS = 2
 
 
+def task_of(base: str | dict) -> str:
+    """The task a workload's base config names (the quickstart preset's is the invariant logistic regression)."""
+    return base["task"]["name"] if isinstance(base, dict) else "invariant-logreg"
+
+
 def time_rounds(base, overrides: dict, backend: str, vectorise: bool, rounds: int) -> tuple[float, dict]:
     clients = int(overrides["federation.clients"])
     per_actor = clients if backend == "local" else -(-clients // RAY_ACTORS)
@@ -133,8 +138,7 @@ def crossover(rounds: int, repeats: int) -> None:
     vectorised.LOCKSTEP_MIN_CPU_CLIENTS = 0
     try:
         for name, (base, overrides) in CROSSOVER_WORKLOADS.items():
-            task = base["task"]["name"] if isinstance(base, dict) else "invariant-logreg"
-            if task not in TASKS:
+            if task_of(base) not in TASKS:
                 continue
             cells = []
             for clients in CROSSOVER_CLIENTS:
@@ -156,7 +160,7 @@ def crossover(rounds: int, repeats: int) -> None:
         "backend, every client in one host, the cohort (clients a round) stepped in one call; per cell, lockstep's "
         "time over one at a time's (the fastest round of each over the repeats, interleaved), then both in ms a round. "
         f"Below 1, lockstep is faster. `LOCKSTEP_MIN_CPU_CLIENTS` = {limit} at this revision (forced to 0 here). The "
-        "MLPs' one-at-a-time steps take the untaped gradient, which makes them cheaper. Load average (1/5/15 min) "
+        "MLPs take the untaped gradient both ways (in lockstep, one batched pass a step). Load average (1/5/15 min) "
         f"before: {load_before}.",
         lines,
     )
@@ -170,29 +174,25 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true", help="only time and profile lockstep forced on the large MLP")
     parser.add_argument("--crossover", action="store_true", help="only time lockstep by clients in a call (local backend)")
     args = parser.parse_args()
-    if args.crossover:
-        torch.set_num_threads(1)
-        load_builtins()
-        crossover(args.rounds, args.repeats)
-        return
-    if args.profile:
-        torch.set_num_threads(1)
-        load_builtins()
-        profile_lockstep()
-        return
     if args.publish:
         publish((common.HERE / "VECTORISED.md").read_text())
         return
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     torch.set_num_threads(1)
     load_builtins()
+    if args.crossover:
+        crossover(args.rounds, args.repeats)
+        return
+    if args.profile:
+        profile_lockstep()
+        return
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     load_before = common.load_average()
     lines = [
         "| workload | backend | lockstep applies | one at a time (ms/round) | lockstep vmap (ms/round) | speed-up | max metric difference |",
         "|---|---|---|---:|---:|---:|---:|",
     ]
     for name, (base, overrides) in WORKLOADS.items():
-        task = base["task"]["name"] if isinstance(base, dict) else "invariant-logreg"
+        task = task_of(base)
         if task not in TASKS:
             lines.append(f"| {name} | — | task `{task}` not in this build | | | | |")
             continue

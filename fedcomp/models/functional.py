@@ -387,11 +387,21 @@ def only_vmapped(t: Tensor) -> bool:
     """Whether every ``torch.func`` transform wrapping ``t`` (none counts) is ``vmap``: the kernels an untaped
     gradient calls batch as autograd's backward kernels do, whereas under ``grad``, ``vjp`` or ``jvp`` an untaped
     gradient would be a constant to the transform, which must see the loss's operations to differentiate them."""
-    while torch._C._functorch.is_functorch_wrapped_tensor(t):
-        if not torch._C._functorch.is_batchedtensor(t):
-            return False
-        t = torch._C._functorch.get_unwrapped(t)
-    return True
+    return _vmap_layers(t) is not None
+
+
+def _vmap_layers(t: Tensor) -> tuple[list[tuple[int, int, int]], Tensor] | None:
+    """``t``'s ``vmap`` levels as (level, batch axis, size), outermost first, and the plain tensor underneath; None
+    where a wrapper is another transform's."""
+    functorch = torch._C._functorch
+    layers = []
+    while functorch.is_functorch_wrapped_tensor(t):
+        if not functorch.is_batchedtensor(t):
+            return None
+        level, axis = functorch.maybe_get_level(t), functorch.maybe_get_bdim(t)
+        t = functorch.get_unwrapped(t)
+        layers.append((level, axis, t.shape[axis]))
+    return layers[::-1], t
 
 
 def _stacked_under_vmap(x: Tensor, inputs: Tensor, labels: Tensor) -> tuple[list[tuple[int, int]], list[Tensor]] | None:
@@ -427,15 +437,10 @@ def _peeled(t: Tensor) -> tuple[list[tuple[int, int]], Tensor] | None:
     """``t``'s ``vmap`` levels with their sizes, outermost first, and the contiguous plain tensor underneath, whose
     leading axes they are; None where a wrapper is another transform's, a batch axis is not first, or the tensor
     underneath is not contiguous."""
-    functorch = torch._C._functorch
-    levels = []
-    while functorch.is_functorch_wrapped_tensor(t):
-        if not functorch.is_batchedtensor(t) or functorch.maybe_get_bdim(t) != 0:
-            return None
-        level = functorch.maybe_get_level(t)
-        t = functorch.get_unwrapped(t)
-        levels.append((level, t.shape[0]))
-    return (levels[::-1], t) if t.is_contiguous() else None
+    found = _vmap_layers(t)
+    if found is None or any(axis for _, axis, _ in found[0]) or not found[1].is_contiguous():
+        return None
+    return [(level, size) for level, _, size in found[0]], found[1]
 
 
 def _batched_at(t: Tensor, levels: list[tuple[int, int]]) -> Tensor:

@@ -59,6 +59,9 @@ _BACKWARD: dict[str, Callable[[Tensor, Tensor, Tensor, Any], Tensor]] = {  # (g,
     "leaky_relu": lambda g, z, _, slope: torch.ops.aten.leaky_relu_backward(g, z, slope, False),
     "silu": lambda g, z, _, __: torch.ops.aten.silu_backward(g, z),
 }
+_TORCH_FUNC_ROUNDS_OTHERWISE = {"silu"}
+"""Activations whose derivative ``torch.func.grad`` computes by a decomposition that rounds otherwise than autograd's
+kernel (:attr:`MlpPlan.matches_torch_func`)."""
 _OPTION = {"gelu": "approximate", "leaky_relu": "negative_slope"}
 """The activation's module attribute its kernels take (GELU's approximation, LeakyReLU's slope)."""
 
@@ -95,11 +98,7 @@ class MlpPlan:
         model's, in ``named_parameters`` order): one new tensor per parameter, and the loss (a 0-d tensor); the
         bits of ``torch.autograd.grad``. ``None`` for inputs this plan does not cover (labels not class indices,
         features not a 2-D float batch once flattened), where the caller uses autograd."""
-        done = self._backward(params, features, labels, factored=False)
-        if done is None:
-            return None
-        grads, _, loss = done
-        return [grads[i] for i in range(self.parameters)], loss
+        return self._gradients(params, features, labels, batched=False)
 
     def batched_cross_entropy(
         self, params: list[Tensor], features: Tensor, labels: Tensor,
@@ -110,12 +109,15 @@ class MlpPlan:
         of ``vmap`` over ``torch.func.grad_and_value`` where :attr:`matches_torch_func`), at a fraction of ``vmap``'s
         per-operator cost. Written as ``vmap``'s batching rules run it: ``addmm`` as ``bias + bmm``, the mean
         negative log-likelihood as per-example losses averaged. ``None`` where :meth:`cross_entropy` declines."""
-        if self.flatten_input and features.dim() > 3:
-            features = features.flatten(2)
-        if features.dim() != 3 or labels.dim() != 2 or labels.dtype != torch.long or not features.is_floating_point():
+        return self._gradients(params, features, labels, batched=True)
+
+    def _gradients(
+        self, params: list[Tensor], features: Tensor, labels: Tensor, batched: bool,
+    ) -> tuple[list[Tensor], Tensor] | None:
+        done = self._backward(params, features, labels, factored=False, batched=batched)
+        if done is None:
             return None
-        done = self._backward(params, features, labels, factored=False, batched=True)
-        grads, _, loss = done  # type: ignore[misc]  # only a 2-D batch declines, checked above
+        grads, _, loss = done
         return [grads[i] for i in range(self.parameters)], loss
 
     def cross_entropy_factors(
@@ -136,11 +138,11 @@ class MlpPlan:
         """The forward and backward passes: the gradients by parameter index, the weights' factors (``factored``:
         in place of their gradients) and the loss; None for inputs not covered. ``batched``: every tensor has a
         leading client axis (:meth:`batched_cross_entropy`)."""
-        if not batched:
-            if self.flatten_input and features.dim() > 2:
-                features = features.flatten(1)
-            if features.dim() != 2 or labels.dim() != 1 or labels.dtype != torch.long or not features.is_floating_point():
-                return None
+        axes = 2 if batched else 1  # the labels' axes: (clients,) examples
+        if self.flatten_input and features.dim() > axes + 1:
+            features = features.flatten(axes)
+        if features.dim() != axes + 1 or labels.dim() != axes or labels.dtype != torch.long or not features.is_floating_point():
+            return None
         with torch.no_grad():
             outputs = [features]  # each layer's output, its input first
             for layer in self.layers:
@@ -234,7 +236,8 @@ def plan_of(module: nn.Module) -> MlpPlan | None:
     linears = [i for i, layer in enumerate(layers) if layer.kind == LINEAR]
     if not linears or len(list(module.buffers())):
         return None
-    return MlpPlan(tuple(layers), flatten_input, len(index), linears[0], all(layer.kind != "silu" for layer in layers))
+    matches_torch_func = not {layer.kind for layer in layers} & _TORCH_FUNC_ROUNDS_OTHERWISE
+    return MlpPlan(tuple(layers), flatten_input, len(index), linears[0], matches_torch_func)
 
 
 def _leaves(module: nn.Sequential) -> list[nn.Module]:

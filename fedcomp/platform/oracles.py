@@ -63,8 +63,9 @@ def grad_and_loss(problem: Any, x: Tensor, *batch: Any) -> tuple[Tensor, Tensor]
     """Gradient and value of ``problem.loss(x, *batch)`` at ``x``.
 
     By the problem's own untaped gradient where it has one (:func:`untaped`; batched under ``vmap`` too); otherwise
-    under ``vmap`` (lockstep clients) by ``torch.func.grad_and_value``, and eagerly by plain autograd, which gives
-    the same bits as ``grad_and_value`` and costs less than half as much per call for small models."""
+    under ``vmap`` (lockstep clients) by ``torch.func.grad_and_value``, and eagerly by plain autograd, which costs
+    less than half as much per call for small models and gives the same bits but where ``torch.func`` decomposes a
+    derivative (SiLU's: :attr:`~fedcomp.models.mlp_gradient.MlpPlan.matches_torch_func`)."""
     done = untaped(problem, x, batch)
     if done is not None:
         grads, value = done
