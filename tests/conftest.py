@@ -12,6 +12,9 @@ from typing import Any
 
 import pytest
 
+from fedcomp.platform.config import TORCH_COMPILE_SINCE
+from fedcomp.platform.environment import torch_release
+
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
 RAY_TMP: str | None = None
@@ -39,6 +42,12 @@ GPU_PRESENT = os.path.exists("/dev/nvidiactl") or shutil.which("nvidia-smi") is 
 """An NVIDIA GPU on this machine, seen without initialising CUDA."""
 if TEST_DEVICE == "cpu" and GPU_PRESENT:  # only there: Ray refuses to declare GPUs with CUDA_VISIBLE_DEVICES empty
     os.environ["CUDA_VISIBLE_DEVICES"] = ""  # before torch looks: this process and every one it starts see no GPU
+
+NEEDS_TORCH_COMPILE = pytest.mark.skipif(
+    torch_release() < TORCH_COMPILE_SINCE, reason="federation.torch_compile needs torch {}.{} or later".format(*TORCH_COMPILE_SINCE)
+)
+"""Marks a test of ``federation.torch_compile``, which the config refuses on an older torch (the suite runs on the
+oldest torch the package admits, 2.4, but for these)."""
 
 _request: pytest.FixtureRequest | None = None
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from fedcomp.cli import main
+from tests.conftest import NEEDS_TORCH_COMPILE
 
 TINY = ["bench", "--clients", "20", "40", "--cohort", "4", "--rounds", "2", "--local-steps", "2", "--repeats", "1",
         "--markdown"]
@@ -101,6 +102,7 @@ def test_bench_peers_says_where_the_peers_benchmark_went(capsys, argv, command):
 
 
 @pytest.mark.slow
+@NEEDS_TORCH_COMPILE
 def test_bench_sets_a_federation_option_for_fedcomps_runners_only(capsys):
     """``--set federation.torch_compile=true``: the local backend's weights move by float32 rounding from the plain
     loop's (the compiled gradient ran), the plain loop stays the reference, and the table says what was set."""

@@ -20,7 +20,7 @@ from typing import Annotated, Any, Literal, TypeVar
 import yaml
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
-from fedcomp.platform import catalog
+from fedcomp.platform import catalog, environment
 from fedcomp.platform.errors import ConfigError
 from fedcomp.platform.params import Params
 from fedcomp.platform.yamlfile import parse_yaml, read_yaml_file
@@ -33,6 +33,11 @@ T = TypeVar("T")
 NAME_MAX_BYTES = 200
 """The longest run or sweep name (UTF-8 bytes): its id adds a 21-character stamp, and a folder name holds 255 bytes
 on common file systems."""
+
+TORCH_COMPILE_SINCE = (2, 7)
+"""The first torch release that compiles every registered algorithm's oracles (``federation.torch_compile``; tested on
+2.7.1 and 2.14.1): before 2.6 dynamo cannot fail at its graph limit, which the option relies on to say so rather than
+run steps eagerly unseen, and 2.6's inductor fails on FedOut's mixed second-derivative product."""
 
 
 def plain_name(value: str) -> str:
@@ -152,6 +157,9 @@ class FederationConfig(Params):
             if self.torch_compile and getattr(self, other):
                 raise ValueError(f"torch_compile = true: not with {other} = true (each takes the local steps another "
                                  "way); choose one")
+        if self.torch_compile and environment.torch_release() < TORCH_COMPILE_SINCE:
+            raise ValueError(f"torch_compile = true: needs torch {'.'.join(map(str, TORCH_COMPILE_SINCE))} or later, "
+                             f"whose compiler takes every algorithm's oracles; this is torch {environment.torch_build()}")
         if self.gpu_packing == "auto" and self.gpus_per_client == 0:
             raise ValueError("gpu_packing = 'auto': needs GPUs but gpus_per_client = 0; use gpus_per_client: 'auto' or > 0")
         return self

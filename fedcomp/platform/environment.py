@@ -43,6 +43,12 @@ def torch_build() -> str:
     return metadata.version("torch")
 
 
+def torch_release() -> tuple[int, int]:
+    """torch's (major, minor) release, from :func:`torch_build` (without importing torch)."""
+    found = re.match(r"(\d+)\.(\d+)", torch_build())
+    return (int(found.group(1)), int(found.group(2))) if found else (0, 0)
+
+
 def git_revision(path: Path | None = None) -> dict[str, Any] | None:
     """``{"revision": sha, "dirty": bool}`` of the git checkout holding ``path`` (default: the fedcomp
     source), or None when it is not in a git checkout (e.g. installed from a wheel) or git is missing."""

@@ -19,7 +19,7 @@ from fedcomp.actors.cluster import plan_actors
 from fedcomp.actors.server_actor import RayServer
 from fedcomp.platform.config import FederationConfig, load_config
 from fedcomp.platform.errors import ResourceError
-from tests.conftest import GPU_PRESENT, record_routing, small
+from tests.conftest import GPU_PRESENT, NEEDS_TORCH_COMPILE, record_routing, small
 
 pytestmark = pytest.mark.ray
 
@@ -59,7 +59,8 @@ sinewave with Local-SCGDM (g's compiled forward and backward, grad f)."""
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("case", list(ROUNDED_OPTIONS))
+@pytest.mark.parametrize("case", [pytest.param(case, marks=[NEEDS_TORCH_COMPILE] if "torch_compile" in case else [])
+                                  for case in ROUNDED_OPTIONS])
 def test_an_option_that_rounds_otherwise_gives_the_local_numbers_on_ray_for_any_packing_and_server(
     keeping, tmp_path, case
 ):

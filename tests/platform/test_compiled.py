@@ -21,6 +21,9 @@ from fedcomp.platform.config import load_config
 from fedcomp.platform.federation import build_task
 from fedcomp.platform.oracles import grad_and_loss, grad_xy_and_value
 from fedcomp.platform.rng import generator
+from tests.conftest import NEEDS_TORCH_COMPILE
+
+pytestmark = NEEDS_TORCH_COMPILE
 
 MLP_TASK = {"name": "synthetic-classification", "features": 8, "classes": 3, "hidden": [16], "test_samples": 100}
 BREAST_CANCER = {"name": "imbalanced-binary", "dataset": "breast-cancer"}

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
+from fedcomp.platform import environment
 from fedcomp.platform.config import _preset, load_config, parse_value, preset_names
 from fedcomp.platform.errors import ConfigError
 
@@ -101,3 +103,20 @@ def test_switching_algorithm_drops_only_the_presets_keys():
     assert config.algorithm_name == "fcsg" and not hasattr(config.algorithm, "beta")
     with pytest.raises(ConfigError, match=r"algorithm\.beta: unknown key"):
         load_config("quickstart", {"algorithm.name": "fcsg", "algorithm.beta": 0.5})
+
+
+def test_torch_compile_on_a_torch_before_2_7_is_refused_in_one_line(monkeypatch):
+    """``federation.torch_compile`` needs torch 2.7 (:data:`~fedcomp.platform.config.TORCH_COMPILE_SINCE`)."""
+    monkeypatch.setattr(environment, "torch_release", lambda: (2, 6))
+    monkeypatch.setattr(environment, "torch_build", lambda: "2.6.0+cpu")
+    with pytest.raises(ConfigError) as refused:
+        load_config("quickstart", {"federation.torch_compile": True})
+    assert str(refused.value) == ("federation.torch_compile = true: needs torch 2.7 or later, whose compiler takes every "
+                                  "algorithm's oracles; this is torch 2.6.0+cpu")
+    assert load_config("quickstart").federation.torch_compile is False  # the rest of the platform runs there
+    monkeypatch.setattr(environment, "torch_release", lambda: (2, 7))
+    assert load_config("quickstart", {"federation.torch_compile": True}).federation.torch_compile is True
+
+
+def test_torch_release_is_the_installed_torchs():
+    assert environment.torch_release() == tuple(int(part) for part in torch.__version__.split(".")[:2])

@@ -25,6 +25,7 @@ from fedcomp.platform.federation import Layout, LocalFederation, build_task
 from fedcomp.platform.gpu_packing import Footprint, pick_clients_per_actor
 from fedcomp.platform.rng import generator
 from fedcomp.platform.server import Server
+from tests.conftest import NEEDS_TORCH_COMPILE
 
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU and FEDCOMP_TEST_DEVICE=cuda")
 MOVES = (torch.Tensor.to, torch.Tensor.cuda, torch.Tensor.cpu, torch.Tensor.copy_)
@@ -386,6 +387,7 @@ def test_fused_sgd_on_cuda_matches_the_exact_step_to_float32_rounding_and_repeat
 
 
 @CUDA
+@NEEDS_TORCH_COMPILE
 def test_torch_compile_on_cuda_matches_eager_to_float32_rounding_and_repeats_bit_for_bit(tmp_path) -> None:
     """``federation.torch_compile`` on the GPU (inductor's Triton kernels, under ``run.deterministic``): a second
     compiled run repeats the first, and both are the eager run's up to float32 rounding (not yet run: written for

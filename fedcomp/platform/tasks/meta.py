@@ -30,13 +30,13 @@ Local-SCGD with gamma = 1 takes FCSG's steps (tested).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.utils._pytree import register_dataclass
+from torch.utils._pytree import register_pytree_node
 
 from fedcomp.models.functional import FlatModel
 from fedcomp.platform.kinds import CONDITIONAL
@@ -62,7 +62,11 @@ class Episodes:
         return Episodes(*(t.to(device) for t in (self.support_x, self.support_y, self.query_x, self.query_y)))
 
 
-register_dataclass(Episodes)  # so lockstep clients can stack and vmap episodes
+register_pytree_node(  # so lockstep clients can stack and vmap episodes (``register_dataclass`` is torch 2.5+)
+    Episodes,
+    lambda e: ([getattr(e, f.name) for f in fields(e)], None),
+    lambda values, _: Episodes(*values),
+)
 
 
 # -- models -------------------------------------------------------------------------------------------------------
