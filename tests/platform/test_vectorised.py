@@ -168,7 +168,6 @@ torch.func.vmap(torch.neg)(torch.ones(2, 3))
 print(sorted(m for m in COMPILER if m in sys.modules))
 from fedcomp.platform.catalog import load_builtins
 from fedcomp.platform.config import load_config
-from fedcomp.platform.environment import torch_release
 from fedcomp.platform.federation import ClientHost, Layout, build_task
 from fedcomp.platform.rng import generator
 load_builtins()

@@ -62,7 +62,7 @@ class Episodes:
         return Episodes(*(t.to(device) for t in (self.support_x, self.support_y, self.query_x, self.query_y)))
 
 
-register_pytree_node(  # so lockstep clients can stack and vmap episodes (``register_dataclass`` is torch 2.5+)
+register_pytree_node(  # so lockstep clients can stack and vmap episodes (``register_dataclass`` is torch 2.7+)
     Episodes,
     lambda e: ([getattr(e, f.name) for f in fields(e)], None),
     lambda values, _: Episodes(*values),
