@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import struct
+import time
 from pathlib import Path
 from typing import Any
 
@@ -41,10 +42,17 @@ def records(path: Path) -> list[Any]:
     return out
 
 
-def read_offline_run(run_dir: Path) -> dict[str, Any]:
+def read_offline_run(run_dir: Path, settle_s: float = 30.0) -> dict[str, Any]:
     """``{"config": {...}, "history": [{"_step": s, key: value, ...}], "summary": {...}, "name": ...,
-    "kinds": [the record types in file order]}`` (``kinds`` for the failure messages of the tests)."""
+    "kinds": [the record types in file order]}`` (``kinds`` for the failure messages of the tests).
+
+    Waits up to ``settle_s`` for the log's last record, ``exit``: W&B's writer (the wandb-core process) can still be
+    flushing the log when ``run.finish()`` has returned -- a suite on torch 2.4.1 once read it with no record yet,
+    and milliseconds later it was whole."""
     (log,) = Path(run_dir).glob("run-*.wandb")
+    deadline = time.monotonic() + settle_s
+    while time.monotonic() < deadline and not _ended(log):
+        time.sleep(0.05)
     config: dict[str, Any] = {}
     history: list[dict[str, Any]] = []
     summary: dict[str, Any] = {}
@@ -63,3 +71,11 @@ def read_offline_run(run_dir: Path) -> dict[str, Any]:
         elif kind == "summary":
             summary.update({i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in record.summary.update})
     return {"name": name, "config": config, "history": history, "summary": summary, "kinds": kinds}
+
+
+def _ended(log: Path) -> bool:
+    """Whether the log holds its ``exit`` record (a log still being written may end in a partial record)."""
+    try:
+        return any(record.WhichOneof("record_type") == "exit" for record in records(log))
+    except Exception:
+        return False
