@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 # PARALLEL= runs the suite in one process.
 PARALLEL ?= -n 2 --dist loadfile
 
-.PHONY: run test check bench clean
+.PHONY: run test check test-oldest bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -25,6 +25,16 @@ test: $(STAMP)
 
 check: $(STAMP)
 	RAY_AUTH_MODE=disabled $(VENV)/bin/python -m pytest $(PARALLEL) -m "not slow and (not ray or smoke)"
+
+# The whole suite on the oldest torch that pyproject.toml admits, in a virtualenv of its own (several GB; not CI's):
+# mypy is left out, as it checks fedcomp against the annotations of CI's torch.
+OLDEST_VENV ?= .venv-oldest
+OLDEST_TORCH ?= torch==2.4.1 torchvision==0.19.1
+test-oldest:
+	test -x $(OLDEST_VENV)/bin/python || $(PYTHON) -m venv $(OLDEST_VENV)
+	$(OLDEST_VENV)/bin/pip install --quiet --upgrade pip
+	$(OLDEST_VENV)/bin/pip install --quiet $(OLDEST_TORCH) -e '.[test]'
+	RAY_AUTH_MODE=disabled $(OLDEST_VENV)/bin/python -m pytest $(PARALLEL) --deselect tests/test_lint.py::test_mypy_finds_nothing
 
 bench: $(STAMP)
 	$(VENV)/bin/fedcomp bench
