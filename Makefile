@@ -6,8 +6,9 @@ VENV ?= .venv
 STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 # Two test processes, each taking the next test module as it finishes one (each starts its own Ray session if it
 # runs a Ray test; a module's tests run in one process, in order, so its keeping tests share kept actors).
-# PARALLEL= runs the suite in one process.
-PARALLEL ?= -n 2 --dist loadfile
+# Modules go out in the order tests/conftest.py sorts them (costliest first, by tests/module_costs.json), not
+# xdist's own (most tests first). PARALLEL= runs the suite in one process.
+PARALLEL ?= -n 2 --dist loadfile --no-loadscope-reorder
 
 .PHONY: run test check test-oldest bench clean
 

@@ -1,6 +1,7 @@
 """Where the test suite's time goes: the CPU each test costs, Ray's processes included.
 
     python benchmarks/suite_cpu.py                       # the suite as `make test` runs it; writes SUITE_CPU.md
+                                                         # and tests/module_costs.json
     python benchmarks/suite_cpu.py --out - -- tests/actors -n 0   # pytest's arguments after `--`
 
 On two cores the suite is CPU-bound: both test processes keep a core busy from start to end, so it gets faster
@@ -11,6 +12,10 @@ into a cgroup of its own. The cgroup's CPU counter counts every process it start
 daemons and actors, `fedcomp` subprocesses, clusters. The plugin notes how much the counter grew over each test,
 setup and teardown included. It needs a cgroup it may create (cgroup v1 `cpuacct`, or v2), e.g. as root in a VM.
 Without one it says so in one line and exits with 2.
+
+Each module's CPU also goes into ``tests/module_costs.json`` (the modules measured replaced, the others kept), which
+the suite's conftest reads to hand the costliest modules to the test processes first: the last modules are then the
+cheap ones, and neither process waits long for the other at the end (the report says how long it did).
 
 The run uses no pytest cache (`-p no:cacheprovider`), as in a fresh clone: mypy's test starts cold. When a test
 fails or errors, the script prints the report and the tests that did not pass, leaves the report file as it was
@@ -29,10 +34,14 @@ import tempfile
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 OUT_ENV = "SUITE_CPU_OUT"
+ROOT = Path(__file__).resolve().parents[1]
+MAKE_TEST = ["-n", "2", "--dist", "loadfile", "--no-loadscope-reorder"]
+"""pytest's arguments in ``make test`` (the Makefile's PARALLEL)."""
 V1 = Path("/sys/fs/cgroup/cpuacct")
 V2 = Path("/sys/fs/cgroup")
 
@@ -82,7 +91,8 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
         return
     cpu, wall = _group.seconds(), time.monotonic()
     yield
-    row = {"test": item.nodeid, "cpu": _group.seconds() - cpu, "wall": time.monotonic() - wall}
+    row = {"test": item.nodeid, "cpu": _group.seconds() - cpu, "wall": time.monotonic() - wall,
+           "worker": _worker, "end": time.time()}
     with open(Path(os.environ[OUT_ENV]) / f"{_worker}.jsonl", "a") as out:
         out.write(json.dumps(row) + "\n")
 
@@ -134,7 +144,8 @@ def report(folder: Path, wall: float, summary: str, pytest_args: list[str], top:
         f"{who} and every process started from {'it' if len(processes) == 1 else 'them'} used "
         f"**{total / 60:.1f} min of CPU** in {wall / 60:.1f} min of wall time "
         f"({total / wall:.2f} cores busy on average); {in_tests / 60:.1f} min of it inside tests, the rest "
-        "collecting them and starting and stopping the processes' Ray sessions.",
+        "collecting them and starting and stopping the processes' Ray sessions."
+        + _tail(rows, len(processes)),
         "",
         "| tests costing | tests | CPU (s) |",
         "|---|---:|---:|",
@@ -152,13 +163,44 @@ def report(folder: Path, wall: float, summary: str, pytest_args: list[str], top:
     return "\n".join(lines) + "\n"
 
 
+def _tail(rows: list[dict[str, Any]], processes: int) -> str:
+    """How long before the last test process's last test the first one's ended (that process idle till then)."""
+    ends: dict[str, float] = {}
+    for row in rows:
+        ends[row["worker"]] = max(ends.get(row["worker"], 0.0), row["end"])
+    if processes < 2 or len(ends) < 2:
+        return ""
+    return f" The first test process ran out of tests {max(ends.values()) - min(ends.values()):.0f} s before the last."
+
+
+def module_costs(folder: Path) -> dict[str, float]:
+    """Each module's CPU seconds in this run."""
+    costs: Counter[str] = Counter()
+    for f in folder.glob("*.jsonl"):
+        for line in f.read_text().splitlines():
+            row = json.loads(line)
+            costs[row["test"].split("::")[0]] += row["cpu"]
+    return {module: round(cpu, 1) for module, cpu in costs.items()}
+
+
+def update_costs(path: Path, measured: dict[str, float]) -> None:
+    """Replace the measured modules' costs in the table at ``path`` (keeping the others'), atomically."""
+    old = json.loads(path.read_text()) if path.is_file() else {}
+    table = {module: cost for module, cost in old.items() if (ROOT / module).is_file()} | measured
+    temporary = path.with_suffix(".tmp")
+    temporary.write_text(json.dumps(dict(sorted(table.items())), indent=1) + "\n")
+    temporary.replace(path)
+
+
 def main() -> None:
     import common
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default=str(common.HERE / "SUITE_CPU.md"), help="the report ('-': print only)")
     parser.add_argument("--top", type=int, default=25, help="rows in the per-module and per-test tables")
-    parser.add_argument("pytest_args", nargs="*", default=["-n", "2"], help="pytest's arguments (after --)")
+    parser.add_argument("--costs", default=str(ROOT / "tests" / "module_costs.json"),
+                        help="the table of each module's CPU that orders the suite, written with the report ('-': leave it)")
+    parser.add_argument("pytest_args", nargs="*", default=MAKE_TEST, help="pytest's arguments (after --)")
     args = parser.parse_args()
     try:  # may a cgroup be made here? (the test processes make theirs)
         probe = hierarchy()[0] / f"fedcomp-suite-probe-{os.getpid()}"
@@ -170,6 +212,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         wall, summary, failed = run_suite(args.pytest_args, Path(tmp))
         text = report(Path(tmp), wall, summary, args.pytest_args, args.top)
+        measured = module_costs(Path(tmp))
         for group in hierarchy()[0].glob(f"fedcomp-suite-{Path(tmp).name}-*"):
             try:
                 group.rmdir()
@@ -181,6 +224,8 @@ def main() -> None:
         print(f"suite_cpu: {len(failed)} test(s) did not pass{kept}:", *failed, sep="\n  ", file=sys.stderr)
         sys.exit(1)
     common.publish(text, args.out)
+    if args.out != "-" and args.costs != "-":
+        update_costs(Path(args.costs), measured)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import logging
+import math
 import os
 import shutil
 import sys
@@ -69,14 +71,25 @@ def results_root() -> str:
     return str(Path(_request.getfixturevalue("tmp_path")) / "results")
 
 
+MODULE_COSTS = Path(__file__).with_name("module_costs.json")
+"""Each test module's CPU seconds in the whole suite, as ``benchmarks/suite_cpu.py`` last measured them."""
+
+
 def pytest_collection_modifyitems(items):
     """A test that uses the session's Ray instance is a ``ray`` test, marked or not (``make check`` leaves them
     out; ``make test`` runs them). Under pytest-xdist each test process that runs one starts its own Ray
     session, so the two processes of ``make test`` may each hold one while other tests start clusters of their
-    own (every one on ports Ray picks, with its own temporary folder)."""
+    own (every one on ports Ray picks, with its own temporary folder).
+
+    The costliest modules come first (:data:`MODULE_COSTS`; a module not measured yet first of all, in case it is
+    costly), each module's tests in their order: ``make test`` hands modules to its two processes in this order
+    (``--no-loadscope-reorder``), so the modules left at the end are cheap ones and neither process idles long
+    waiting for the other's last module."""
     for item in items:
         if "ray_session" in getattr(item, "fixturenames", ()) and item.get_closest_marker("ray") is None:
             item.add_marker(pytest.mark.ray)
+    costs = json.loads(MODULE_COSTS.read_text()) if MODULE_COSTS.is_file() else {}
+    items.sort(key=lambda item: -costs.get(item.nodeid.split("::")[0], math.inf))
 
 
 @pytest.fixture(scope="session")
