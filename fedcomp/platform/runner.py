@@ -221,7 +221,8 @@ def execute(
     with farewell(abruptly):
         try:
             if created:
-                results.make_folder(run_dir)
+                run_dir = log.run_dir = results.claim_folder(run_dir)  # another name if another run took this one
+                run_id = log.run_id = run_dir.name
                 log.write("running")
             tracker = tracking.open_tracker(config.run.track, run_dir, config.to_dict(), run_id, done)
             progress = RunProgress(config.run.rounds, done, headline, config.run.progress, label=config.algorithm_name)

@@ -240,8 +240,7 @@ def sweep(
     cluster, has_gpus = _connect(ray_address, verbose)
     configs = _check_fits(spec, cluster, has_gpus)
     out = Path(spec.base_config().run.out).resolve()
-    path = out / new_sweep_id(spec, out)
-    path.mkdir(parents=True)
+    path = results.claim_folder(out / new_sweep_id(spec, out))
     results.write_json(path / SWEEP_JSON, {"spec": spec.model_dump(mode="json"), "cluster_has_gpus": has_gpus})
     if cap is not None:
         edges_extend.start(path, cap)

@@ -10,6 +10,7 @@ import pytest
 
 import fedcomp
 from fedcomp.platform import results
+from fedcomp.platform.errors import StorageError
 from tests.conftest import small
 
 
@@ -94,6 +95,43 @@ def test_a_new_run_folder_name_never_names_a_folder_that_exists(tmp_path, monkey
     assert first == "fedavg_task_20261206-010203_aaaa"
     (tmp_path / first).mkdir()
     assert results.new_folder_name(tmp_path, "fedavg_task") == "fedavg_task_20261206-010203_bbbb"
+
+
+def test_claiming_a_folder_whose_name_was_taken_draws_another_tail(tmp_path, monkeypatch):
+    """A folder another process created since the name was drawn is left alone: the same name with a new tail is
+    created instead; a folder that cannot be created at all is one line."""
+    monkeypatch.setattr(results, "_tail", lambda: "bbbb")
+    (tmp_path / "run_20261206-010203_aaaa").mkdir()
+    assert results.claim_folder(tmp_path / "run_20261206-010203_aaaa") == tmp_path / "run_20261206-010203_bbbb"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run_20261206-010203_aaaa", "run_20261206-010203_bbbb"]
+    (tmp_path / "file").write_text("")
+    with pytest.raises(StorageError, match=f"^cannot create the folder {tmp_path / 'file' / 'x'}: "):
+        results.claim_folder(tmp_path / "file" / "x")
+
+
+def test_a_run_whose_folder_another_run_created_meanwhile_takes_another_name(tmp_path, monkeypatch):
+    """Two runs started in the same second (a job array's) drew the same name, and the other one created the folder
+    while this one started up: this run ends in a folder of the same prefix and second with another tail, its
+    run.json names that, and the other run's folder is as that run left it."""
+    from fedcomp.platform import runner
+
+    taken = []
+    drawn = runner.new_run_id
+
+    def raced(config):
+        name = drawn(config)
+        (tmp_path / name).mkdir()  # the other run, meanwhile
+        (tmp_path / name / "theirs").write_text("")
+        taken.append(name)
+        return name
+
+    monkeypatch.setattr(runner, "new_run_id", raced)
+    result = fedcomp.run("quickstart", small(**{"run.out": str(tmp_path), "run.rounds": 1}))
+    [name] = taken
+    assert result.run_dir.parent == tmp_path and result.run_dir.name != name
+    assert result.run_dir.name.rsplit("_", 1)[0] == name.rsplit("_", 1)[0]
+    assert json.loads((result.run_dir / "run.json").read_text())["run_id"] == result.run_dir.name
+    assert [p.name for p in (tmp_path / name).iterdir()] == ["theirs"]
 
 
 def test_atomic_write_replaces_whole_file(tmp_path):
