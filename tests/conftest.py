@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from fedcomp.platform.config import TORCH_COMPILE_SINCE
-from fedcomp.platform.environment import torch_release
+from fedcomp.platform.environment import release_name, torch_release
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
@@ -46,7 +46,8 @@ if TEST_DEVICE == "cpu" and GPU_PRESENT:  # only there: Ray refuses to declare G
     os.environ["CUDA_VISIBLE_DEVICES"] = ""  # before torch looks: this process and every one it starts see no GPU
 
 NEEDS_TORCH_COMPILE = pytest.mark.skipif(
-    torch_release() < TORCH_COMPILE_SINCE, reason="federation.torch_compile needs torch {}.{} or later".format(*TORCH_COMPILE_SINCE)
+    torch_release() < TORCH_COMPILE_SINCE,
+    reason=f"federation.torch_compile needs torch {release_name(TORCH_COMPILE_SINCE)} or later",
 )
 """Marks a test of ``federation.torch_compile``, which the config refuses on an older torch (the suite runs on the
 oldest torch the package admits, 2.4, but for these)."""

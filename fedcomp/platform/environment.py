@@ -49,6 +49,11 @@ def torch_release() -> tuple[int, int]:
     return (int(found.group(1)), int(found.group(2))) if found else (0, 0)
 
 
+def release_name(release: tuple[int, ...]) -> str:
+    """``(2, 7)`` as ``"2.7"``."""
+    return ".".join(map(str, release))
+
+
 def git_revision(path: Path | None = None) -> dict[str, Any] | None:
     """``{"revision": sha, "dirty": bool}`` of the git checkout holding ``path`` (default: the fedcomp
     source), or None when it is not in a git checkout (e.g. installed from a wheel) or git is missing."""
