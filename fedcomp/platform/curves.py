@@ -29,16 +29,20 @@ def floats_communicated(df: pd.DataFrame) -> pd.Series:
 
 
 def build_figure(df: pd.DataFrame, headline: str, title: str = "") -> Figure:
-    """The 2 x 2 figure: rows ``headline`` and ``train_loss``, columns rounds and floats communicated.
+    """The 2 x 2 figure: rows ``headline`` and ``train_loss``, columns rounds and floats communicated; each row's
+    two panels share their y axis, named and labelled on the left.
 
     Uses matplotlib's object API on a bare :class:`~matplotlib.figure.Figure` (no pyplot, no global
-    state), so it is safe in any thread and never opens a window.
+    state), so it is safe in any thread and never opens a window. The margins are fixed rather than fitted by
+    ``tight_layout``, whose extra pass over every label cost about 60 ms of a tiny run's 0.28 s (the whole picture
+    took 210 ms of it, now 145): with the y axes shared by row, only the left column carries y tick labels, and
+    0.9 in is left for them and the y label.
     """
     from matplotlib.figure import Figure
 
     x_axes = {"round": df["round"], "floats communicated per client (up + down)": floats_communicated(df)}
     fig = Figure(figsize=(9.0, 6.0))
-    axes = fig.subplots(2, 2, squeeze=False)
+    axes = fig.subplots(2, 2, squeeze=False, sharey="row")
     for i, metric in enumerate((headline, "train_loss")):
         y = df[metric] if metric in df.columns else pd.Series(float("nan"), index=df.index)
         for j, (x_label, x) in enumerate(x_axes.items()):
@@ -46,11 +50,11 @@ def build_figure(df: pd.DataFrame, headline: str, title: str = "") -> Figure:
             mask = y.notna()  # round 0 has no training loss yet
             ax.plot(x[mask], y[mask], marker="." if mask.sum() <= 30 else None)
             ax.set_xlabel(x_label)
-            ax.set_ylabel(metric.replace("_", " "))
             ax.grid(alpha=0.3)
+        axes[i][0].set_ylabel(metric.replace("_", " "))
     if title:
         fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
+    fig.subplots_adjust(left=0.1, right=0.98, bottom=0.09, top=0.93, wspace=0.05, hspace=0.3)
     return fig
 
 

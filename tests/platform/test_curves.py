@@ -30,9 +30,12 @@ def test_the_figure_has_metric_and_loss_against_rounds_and_floats():
     fig = build_figure(df, "test_auroc", title="a run")
     axes = fig.get_axes()
     assert [(ax.get_ylabel(), ax.get_xlabel()) for ax in axes] == [
-        ("test auroc", "round"), ("test auroc", "floats communicated per client (up + down)"),
-        ("train loss", "round"), ("train loss", "floats communicated per client (up + down)"),
+        ("test auroc", "round"), ("", "floats communicated per client (up + down)"),
+        ("train loss", "round"), ("", "floats communicated per client (up + down)"),
     ]
+    shared = axes[0].get_shared_y_axes()  # each row one y axis, labelled on the left
+    assert shared.joined(axes[0], axes[1]) and shared.joined(axes[2], axes[3]) and not shared.joined(axes[0], axes[2])
+    assert [ax.yaxis.get_tick_params()["labelleft"] for ax in axes] == [True, False, True, False]
     np.testing.assert_array_equal(floats_communicated(df), [0, 42, 84])
     (metric_vs_rounds,) = axes[0].get_lines()
     np.testing.assert_array_equal(metric_vs_rounds.get_xdata(), [0, 2, 4])
