@@ -122,17 +122,28 @@ def run_suite(pytest_args: list[str], folder: Path) -> tuple[float, str, list[st
     return wall, summary, failed
 
 
-def report(folder: Path, wall: float, summary: str, pytest_args: list[str], top: int) -> str:
+def read_rows(folder: Path) -> list[dict[str, Any]]:
+    """Every test's row the plugin wrote in ``folder``."""
+    return [json.loads(line) for f in sorted(folder.glob("*.jsonl")) for line in f.read_text().splitlines()]
+
+
+def _module(row: dict[str, Any]) -> str:
+    return str(row["test"]).split("::")[0]
+
+
+def module_cpu(rows: list[dict[str, Any]]) -> Counter[str]:
+    """Each module's CPU seconds."""
+    cpu: Counter[str] = Counter()
+    for row in rows:
+        cpu[_module(row)] += row["cpu"]
+    return cpu
+
+
+def report(folder: Path, rows: list[dict[str, Any]], wall: float, summary: str, pytest_args: list[str], top: int) -> str:
     import common
 
-    rows = [json.loads(line) for f in sorted(folder.glob("*.jsonl")) for line in f.read_text().splitlines()]
     processes = [json.loads(f.read_text())["cpu"] for f in sorted(folder.glob("total-*.json"))]
-    by_module: Counter[str] = Counter()
-    count: Counter[str] = Counter()
-    for row in rows:
-        module = row["test"].split("::")[0]
-        by_module[module] += row["cpu"]
-        count[module] += 1
+    by_module, count = module_cpu(rows), Counter(map(_module, rows))
     in_tests, total = sum(r["cpu"] for r in rows), sum(processes)
     who = "The test process" if len(processes) == 1 else f"The {len(processes)} test processes"
     lines = [
@@ -173,23 +184,15 @@ def _tail(rows: list[dict[str, Any]], processes: int) -> str:
     return f" The first test process ran out of tests {max(ends.values()) - min(ends.values()):.0f} s before the last."
 
 
-def module_costs(folder: Path) -> dict[str, float]:
-    """Each module's CPU seconds in this run."""
-    costs: Counter[str] = Counter()
-    for f in folder.glob("*.jsonl"):
-        for line in f.read_text().splitlines():
-            row = json.loads(line)
-            costs[row["test"].split("::")[0]] += row["cpu"]
-    return {module: round(cpu, 1) for module, cpu in costs.items()}
+def update_costs(path: Path, measured: Counter[str]) -> None:
+    """Put the measured modules' CPU into the table at ``path`` (the others' kept, a module whose file is gone
+    dropped), atomically."""
+    from fedcomp.platform.results import atomic_write
 
-
-def update_costs(path: Path, measured: dict[str, float]) -> None:
-    """Replace the measured modules' costs in the table at ``path`` (keeping the others'), atomically."""
     old = json.loads(path.read_text()) if path.is_file() else {}
-    table = {module: cost for module, cost in old.items() if (ROOT / module).is_file()} | measured
-    temporary = path.with_suffix(".tmp")
-    temporary.write_text(json.dumps(dict(sorted(table.items())), indent=1) + "\n")
-    temporary.replace(path)
+    table = {module: cost for module, cost in old.items() if (ROOT / module).is_file()}
+    table.update((module, round(cpu, 1)) for module, cpu in measured.items())
+    atomic_write(path, (json.dumps(dict(sorted(table.items())), indent=1) + "\n").encode())
 
 
 def main() -> None:
@@ -211,8 +214,8 @@ def main() -> None:
         sys.exit(2)
     with tempfile.TemporaryDirectory() as tmp:
         wall, summary, failed = run_suite(args.pytest_args, Path(tmp))
-        text = report(Path(tmp), wall, summary, args.pytest_args, args.top)
-        measured = module_costs(Path(tmp))
+        rows = read_rows(Path(tmp))
+        text = report(Path(tmp), rows, wall, summary, args.pytest_args, args.top)
         for group in hierarchy()[0].glob(f"fedcomp-suite-{Path(tmp).name}-*"):
             try:
                 group.rmdir()
@@ -225,7 +228,7 @@ def main() -> None:
         sys.exit(1)
     common.publish(text, args.out)
     if args.out != "-" and args.costs != "-":
-        update_costs(Path(args.costs), measured)
+        update_costs(Path(args.costs), module_cpu(rows))
 
 
 if __name__ == "__main__":

@@ -136,8 +136,8 @@ def drive(config: Config, server: ServerLike, checkpoint: dict[str, Any] | None 
 class _RunLog:
     """The run's ``run.json`` and its notices: status, timings, replaced client actors, divergence."""
 
-    def __init__(self, config: Config, run_id: str, run_dir: Path, backend: dict[str, Any], earlier: dict[str, Any]):
-        self.config, self.run_id, self.run_dir, self.backend = config, run_id, run_dir, backend
+    def __init__(self, config: Config, run_dir: Path, backend: dict[str, Any], earlier: dict[str, Any]):
+        self.config, self.run_dir, self.backend = config, run_dir, backend
         self.environment = environment(backend, config.run.deterministic)
         self.meta: dict[str, Any] = {}
         """What :meth:`write` wrote last (the tracker's copy of ``run.json``)."""
@@ -148,7 +148,7 @@ class _RunLog:
         notes: dict[str, Any] = {"actor_replacements": self.replacements} if self.replacements else {}
         if self.diverged is not None:
             notes["diverged"] = self.diverged
-        meta = _meta(self.config, self.run_id, self.backend, status, environment=self.environment, **notes, **extra)
+        meta = _meta(self.config, self.run_dir.name, self.backend, status, environment=self.environment, **notes, **extra)
         results.write_json(self.run_dir / results.RUN_JSON, meta)
         self.meta = meta
 
@@ -193,10 +193,8 @@ def execute(
         checkpoint = run_checks.open_checkpoint(run_dir, config)
         earlier = results.read_json(run_dir / results.RUN_JSON) if (run_dir / results.RUN_JSON).is_file() else {}
         results.check_writable(run_dir, f"--resume {str(run_dir)!r}")
-        run_id = run_dir.name
     else:
-        run_id = new_run_id(config)
-        run_dir = run_checks.run_folder(config, run_id)
+        run_dir = run_checks.run_folder(config, new_run_id(config))
         results.check_writable(run_dir.parent)
 
     tracking.require(config.run.track)
@@ -207,7 +205,7 @@ def execute(
                      "(seconds to a minute on a 2-core CPU before inductor's cache holds the graphs)")
         server = make_server(config)
     startup_s = time.perf_counter() - t_start
-    log = _RunLog(config, run_id, run_dir, server.describe(), earlier)
+    log = _RunLog(config, run_dir, server.describe(), earlier)
     created = checkpoint is None
     done = saved = checkpoint["server"]["counters"]["round"] if checkpoint else 0
     tracker: tracking.Tracker = tracking.Tracker()
@@ -222,9 +220,8 @@ def execute(
         try:
             if created:
                 run_dir = log.run_dir = results.claim_folder(run_dir)  # another name if another run took this one
-                run_id = log.run_id = run_dir.name
                 log.write("running")
-            tracker = tracking.open_tracker(config.run.track, run_dir, config.to_dict(), run_id, done)
+            tracker = tracking.open_tracker(config.run.track, run_dir, config.to_dict(), run_dir.name, done)
             progress = RunProgress(config.run.rounds, done, headline, config.run.progress, label=config.algorithm_name)
             logged = len(checkpoint["rows"]) if checkpoint else 0  # rows the tracker already has
             try:
@@ -246,7 +243,7 @@ def execute(
                 progress.close()
             server.close()  # its actors' memory goes before the curves' imports come
             closed = True
-            _draw_curves(run_dir, rows, headline, run_id)
+            _draw_curves(run_dir, rows, headline)
             log.write("completed", timings={"startup_s": startup_s, "train_s": wall})
             tracker.finish("completed", log.meta, [run_dir / name for name in (results.RUN_JSON, results.METRICS, CURVES)])
         except Diverged:
@@ -306,10 +303,10 @@ def _diverged(config: Config, log: _RunLog, step: RoundDone, reason: str) -> Non
     )
 
 
-def _draw_curves(run_dir: Path, rows: list[dict[str, Any]], headline: str, run_id: str) -> None:
+def _draw_curves(run_dir: Path, rows: list[dict[str, Any]], headline: str) -> None:
     """``curves.png``; a plotting failure is reported, not allowed to fail a finished run."""
     try:
-        write_curves(run_dir, pd.DataFrame(rows), headline, title=run_id)
+        write_curves(run_dir, pd.DataFrame(rows), headline, title=run_dir.name)
     except Exception as error:
         print(f"fedcomp: warning: could not draw {CURVES} ({type(error).__name__}: {error})", file=sys.stderr)
 
