@@ -371,7 +371,9 @@ class _FactoredLinear(torch.autograd.Function):
         input, weight = ctx.saved_tensors
         rows = grad.reshape(-1, grad.shape[-1])
         ctx.factors.append((rows, input.reshape(-1, input.shape[-1])))
-        grad_input = grad.matmul(weight) if ctx.needs_input_grad[0] else None
+        grad_input = None
+        if ctx.needs_input_grad[0]:  # a 2-D input's gradient in autograd's order for its layout
+            grad_input = mlp_gradient.input_grad(grad, input, weight) if input.dim() == 2 else grad.matmul(weight)
         grad_bias = rows.sum(0) if ctx.needs_input_grad[2] else None
         return grad_input, None, grad_bias, None
 

@@ -7,7 +7,8 @@ the recorded graph; without them the 32-64-10 MLP's FedAvg step takes 0.21 ms in
 short enough to write down: for each layer, from the last,
 
     cross-entropy:  g = _log_softmax_backward_data(nll_loss_backward(1, logp, labels, mean), logp)
-    Linear:         grad W = g^T a (an ``mm``),  grad b = g summed over the batch,  g <- g W (``mm``)
+    Linear:         grad W = g^T a (an ``mm``),  grad b = g summed over the batch,  g <- g W (``mm``; each product
+                    in the order autograd picks from its operands' strides)
     ReLU:           g <- threshold_backward(g, out, 0)   (Tanh, Sigmoid, GELU, LeakyReLU, SiLU: their own
                                                           *_backward kernels, on the output or the input)
 
@@ -168,7 +169,7 @@ class MlpPlan:
                     if layer.bias is not None:
                         grads[layer.bias] = g.sum(-2)
                     if i > self.first_linear:
-                        g = g.bmm(w) if batched else g.mm(w)
+                        g = g.bmm(w) if batched else input_grad(g, outputs[i], w)
                 else:
                     g = _BACKWARD[layer.kind](g, outputs[i], outputs[i + 1], layer.option)
         return grads, factors, loss
@@ -203,6 +204,15 @@ def _weight_grad(g: Tensor, inputs: Tensor, weight: Tensor) -> Tensor:
     if _column_major(wt):
         return g.t().mm(inputs)
     return inputs.t().mm(g).t()
+
+
+def input_grad(g: Tensor, inputs: Tensor, weight: Tensor) -> Tensor:
+    """``addmm``'s gradient for its first matrix, the layer's ``inputs``: ``g weight``, multiplied in the order the
+    inputs' strides favour, as autograd does (``mm_mat1_backward``: ``(weight^T g^T)^T`` for column-major inputs, as
+    a single example's one feature is). The two orders can round otherwise (they do on some CPUs' kernels)."""
+    if _column_major(inputs):
+        return weight.t().mm(g.t()).t()
+    return g.mm(weight)
 
 
 def _column_major(m: Tensor) -> bool:

@@ -125,6 +125,40 @@ def test_the_flat_model_differentiates_its_flat_vector_with_autograds_bits():
     assert [g.shape for g in grads] == [p.shape for p in flat.pieces(x)]
 
 
+@pytest.mark.parametrize("widths", [[32, 64, 10], [1, 1, 2], [3, 1, 2], [2, 3, 4, 5, 6]])
+@pytest.mark.parametrize("batch", [1, 3])
+def test_factored_gradients_taped_or_not_give_autograds_bits_beside_their_factors(widths, batch):
+    """Fused steps' gradients (the weights' as factors): by autograd's tape (``factored_grad_pieces``) and without
+    it (``cross_entropy_factors``), the biases' gradients and the loss are autograd's bits, the factors the same
+    tensors (their products the weights' gradients up to rounding) -- a single example's one hidden feature included, whose input gradient autograd multiplies the other way."""
+    torch.manual_seed(len(widths) * 10 + batch)
+    for _ in range(16):  # whether the two orders round otherwise depends on the numbers (and the CPU's kernels)
+        module = perceptron(widths)
+        flat = FlatModel(module)
+        features, labels = torch.randn(batch, widths[0]) * 3, torch.randint(0, widths[-1], (batch,))
+        assert_factors_have_autograds_bits(module, flat, flat.flatten(), features, labels)
+
+
+def assert_factors_have_autograds_bits(
+    module: nn.Module, flat: FlatModel, x: torch.Tensor, features: torch.Tensor, labels: torch.Tensor,
+) -> None:
+    expected, expected_loss = autograd_answer(module, features, labels)
+    taped = flat.factored_grad_pieces(lambda z: F.cross_entropy(flat(z, features), labels), x)
+    untaped = flat.cross_entropy_factors(x, features, labels)
+    assert taped is not None and untaped is not None
+    for grads, factors, loss in (taped, untaped):
+        assert torch.equal(loss, expected_loss)
+        for i, (got, want) in enumerate(zip(grads, expected)):
+            if i in factors:
+                assert got is None
+                torch.testing.assert_close(sum(rows.t().mm(inputs) for rows, inputs in factors[i]), want)
+            else:
+                assert got is not None and torch.equal(got, want), flat.names[i]
+    assert taped[1].keys() == untaped[1].keys()
+    for i, pairs in taped[1].items():
+        assert all(torch.equal(a, b) for pair, other in zip(pairs, untaped[1][i]) for a, b in zip(pair, other))
+
+
 def test_the_flat_model_declines_inside_transforms_other_than_vmap_and_without_a_plan():
     torch.manual_seed(4)
     flat = FlatModel(perceptron([6, 7, 3]))

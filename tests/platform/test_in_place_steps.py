@@ -190,23 +190,25 @@ def test_fused_sgd_steps_every_client_by_its_linear_layers_factors_close_to_the_
 def test_after_one_fused_step_only_the_linear_weights_differ_from_the_exact_step(algorithm, monkeypatch):
     """One round, up to the first step that rounds otherwise (SGD's and FedProx's first; with momentum the second, as
     a buffer of zeros plus the product is the product's bits): the biases (and the buffer's) are bit for bit the exact step's;
-    the linear weights -- stepped by ``addmm_`` -- agree up to rounding and differ somewhere."""
+    the linear weights -- stepped by their gradients' factors (``addmm_``), every step -- agree up to rounding. (Whether
+    they differ at all is the CPU's BLAS's: on an AMD EPYC they did here; on an Intel Xeon with these small shapes
+    ``addmm_`` rounded as the product then the step did, and the cohort's mean agreed bit for bit.)"""
     steps = 2 if algorithm["name"] == "local-sgdm" else 1
     config = load_config({**MLP, "run": {**MLP["run"], "rounds": 1},
                           "algorithm": {**algorithm, "lr": 0.1, "local_steps": steps, "outer_batch": 4}})
-    exact, got = final(config, True, monkeypatch)[0], final(fused(config), True, monkeypatch)[0]
+    exact = final(config, True, monkeypatch)[0]
+    taken = factoring(monkeypatch)
+    got = final(fused(config), True, monkeypatch)[0]
+    assert len(taken) == config.federation.cohort_size * steps and all(taken)
     flat = build_task(config).model
     weights = [i for i, n in enumerate(flat.names) if n.endswith("weight")]
-    moved = False
     for key in exact:
         pieces = zip(flat.pieces(got[key]), flat.pieces(exact[key]))
         for i, (a, b) in enumerate(pieces):
             if i in weights:
                 torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
-                moved |= not torch.equal(a, b)
             else:
                 assert torch.equal(a, b), (key, flat.names[i])
-    assert moved
 
 
 def test_fused_sgd_leaves_small_states_to_the_pure_step():
