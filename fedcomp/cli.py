@@ -7,6 +7,7 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
+from fedcomp.platform import catalog
 from fedcomp.platform.config import parse_value
 from fedcomp.platform.errors import PlatformError
 from fedcomp.platform.signals import stop_on_sigterm
@@ -36,7 +37,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         result = fedcomp.run(args.config or "quickstart", overrides)
     final = result.final
     metrics = {k: final[k] for k in ("round", "comm_rounds") if k in final}
-    headline = {k: round(float(v), 4) for k, v in final.items() if k.startswith(("test_", "train_"))}
+    reported = catalog.tasks()[result.config.task_name].metrics
+    headline = {k: round(float(v), 4) for k, v in final.items() if k in reported or k.startswith(("test_", "train_"))}
     print(f"run {result.run_dir.name} done: {metrics} {headline}")
     print(f"results: {result.run_dir}")
     from fedcomp.platform.curves import CURVES

@@ -27,6 +27,22 @@ FAST = ["--set", "federation.backend=local", "--set", "federation.clients=4", "-
         "--set", "task.test_samples=2000", "--set", "run.rounds=2", "--set", "run.progress=none"]
 
 
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+LOCAL_TINY = ["--set", "federation.backend=local", "--set", "run.rounds=1", "--set", "run.progress=none"]
+MISNAMED = f"""
+from fedcomp.platform import catalog
+from fedcomp.platform.registry import register_task
+
+catalog.import_source({str(EXAMPLES / "extension.py")!r})
+
+
+@register_task("least-squares-misnamed")
+class Misnamed(catalog.task_class("least-squares")):
+    metrics = ("distance", "objective_gap")
+"""
+"""A user's module whose task declares a metric its evaluator does not report."""
+
+
 @dataclass(frozen=True)
 class Case:
     """One bad input: ``argv`` (``{out}``, ``{tmp}`` and the setup's names filled in), the text its one error
@@ -216,6 +232,16 @@ CASES = [
     Case("task-noise-inf", run("task.noise_ratio=inf"), "task.noise_ratio = 'inf': Input should be a finite number"),
     Case("task-unknown-key", run("task.dimension=3"), "task.dimension: unknown key; allowed keys: name, dim"),
     Case("task-objective", run("task.objective=mine"), "task.objective = 'mine': Input should be 'paper' or 'official-code'"),
+    Case("module-no-such-file", run("algorithm.module={tmp}/mine.py"),
+         "algorithm.module = '{tmp}/mine.py': cannot be imported: ImportError: no such file '{tmp}/mine.py'"),
+    Case("module-no-such-name", run("task.module=no_such_module_of_yours"),
+         "task.module = 'no_such_module_of_yours': cannot be imported: ModuleNotFoundError: No module named"),
+    Case("module-raises", run("algorithm.module={file}"), "algorithm.module = '{file}': cannot be imported: "
+         "RuntimeError: the user's bug", file("buggy.py", "raise RuntimeError(\"the user's bug\")\n")),
+    Case("module-task-misses-a-metric", ("run", str(EXAMPLES / "extension.yaml"), "--set", "task.module={file}", "--set",
+                                         "task.name=least-squares-misnamed", *LOCAL_TINY, "--set", "run.out={out}"),
+         "task 'least-squares-misnamed' declares metrics distance, objective_gap, but its evaluator does not report "
+         "distance (it reported distance_to_optimum, objective_gap)", file("misnamed.py", MISNAMED)),
     Case("batchnorm-policy", ("run", "auc-table1-offline", "--set", "federation.backend=local", "--set",
                               "task.batchnorm=sometimes", "--set", "run.out={out}"),
          "task.batchnorm = 'sometimes': Input should be 'averaged', 'local' or 'batch'"),

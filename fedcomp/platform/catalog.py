@@ -3,11 +3,17 @@
 The config, ``fedcomp list``, ``report`` and a Ray run's driver need only declarations
 (:func:`algorithms`, :func:`tasks`); whoever builds one imports its module (:func:`algorithm_class`,
 :func:`task_class`), and :func:`load_builtins` imports them all (the conformance suite, which checks each).
+
+A user's algorithm or task lives in a module of theirs, which every process that builds it must import -- Ray's
+actors, a sweep's trials, a resumed or verified run: the config names that module (``algorithm.module``,
+``task.module``: :func:`source_of` writes it as the module's file, :func:`import_source` imports it again).
 """
 
 from __future__ import annotations
 
 import importlib
+import sys
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from fedcomp.platform.registry import (
@@ -60,3 +66,49 @@ def load_builtins() -> None:
     modules = [a.module for a in algorithms().values()] + [t.module for t in tasks().values()]
     for module in dict.fromkeys(modules):
         importlib.import_module(module)
+
+
+SCRIPT = "__main__"
+"""The module name of the script Python runs: a class defined there cannot be imported by another process."""
+
+
+def source_of(module: str) -> str | None:
+    """Where a registered class's module comes from, as :func:`import_source` takes it: None for fedcomp's own
+    modules (every process knows them) and for the running script (no other process can import it); else the
+    module's file, absolute (the same for every process on this file system, whatever its working directory and
+    ``sys.path``), or its dotted name where it has no file."""
+    if module == SCRIPT or module == "fedcomp" or module.startswith("fedcomp."):
+        return None
+    file = getattr(sys.modules.get(module), "__file__", None)
+    return str(Path(file).resolve()) if file else module
+
+
+def import_source(source: str) -> None:
+    """Import a user's module: a dotted name, or a ``.py`` file -- imported by its dotted name (the packages above
+    it with an ``__init__.py`` included), its root folder put first on ``sys.path``, so that its classes pickle by
+    reference and its own imports of its neighbours work.
+
+    Raises:
+        ImportError: the module or file cannot be imported (its message says why); an error the module's own code
+            raises as it runs propagates.
+    """
+    if not source.endswith(".py"):
+        importlib.import_module(source)
+        return
+    path = Path(source).expanduser().resolve()
+    if not path.is_file():
+        raise ImportError(f"no such file {str(path)!r}")
+    parts, root = [path.stem], path.parent
+    while (root / "__init__.py").is_file():
+        parts.insert(0, root.name)
+        root = root.parent
+    name = ".".join(parts)
+    loaded = sys.modules.get(name)
+    if loaded is not None:
+        file = getattr(loaded, "__file__", None)
+        if file and Path(file).resolve() == path:
+            return
+        raise ImportError(f"a module named {name!r} is imported already, from {file}, not {str(path)!r}")
+    if str(root) not in sys.path:
+        sys.path.insert(0, str(root))
+    importlib.import_module(name)

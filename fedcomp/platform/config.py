@@ -221,13 +221,32 @@ class Config:
     run: RunConfig
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
-        """Plain nested dict (YAML/JSON-ready) that :func:`load_config` turns back into this config."""
+        """Plain nested dict (YAML/JSON-ready) that :func:`load_config` turns back into this config, in any process:
+        a user's task or algorithm comes with its module (``module``: :func:`fedcomp.platform.catalog.source_of`)."""
         return {
-            "task": {"name": self.task_name, **self.task.model_dump(mode="json")},
-            "algorithm": {"name": self.algorithm_name, **self.algorithm.model_dump(mode="json")},
+            "task": {**_name_and_module(self.task_name, catalog.tasks()), **self.task.model_dump(mode="json")},
+            "algorithm": {**_name_and_module(self.algorithm_name, catalog.algorithms()),
+                          **self.algorithm.model_dump(mode="json")},
             "federation": self.federation.model_dump(mode="json"),
             "run": self.run.model_dump(mode="json"),
         }
+
+    def __reduce__(self) -> tuple[Any, tuple[dict[str, dict[str, Any]]]]:
+        """Pickled as :meth:`to_dict`: a process that unpickles it (a Ray actor, a sweep's trial) imports a user's
+        module by the config's ``module`` keys before it looks the names up."""
+        return load_config, (self.to_dict(),)
+
+    def modules(self) -> list[str]:
+        """The user's modules the config's task and algorithm come from (their ``module`` keys), each once."""
+        sections = self.to_dict()
+        return list(dict.fromkeys(sections[s]["module"] for s in ("task", "algorithm") if "module" in sections[s]))
+
+    def in_script(self) -> list[str]:
+        """``section.name = 'x'`` for the config's task and algorithm defined in the running script (``__main__``),
+        which no other process -- a Ray actor, a sweep's trial -- can import."""
+        return [f"{section}.name = {name!r}" for section, name, table in
+                (("task", self.task_name, catalog.tasks()), ("algorithm", self.algorithm_name, catalog.algorithms()))
+                if table[name].module == catalog.SCRIPT]
 
     def replace(self, **overrides: Any) -> Config:
         """A new config with ``section.key`` (or ``section__key``) overrides applied and re-validated."""
@@ -267,6 +286,8 @@ def _read_source(source: str | Path | Mapping[str, Any] | None) -> dict[str, Any
     path = Path(text)
     if text.endswith((".yaml", ".yml")) or path.exists():
         raw = read_yaml_file(path, "config file")
+        if isinstance(raw, dict):
+            _modules_beside(raw, path.parent)
     elif text in preset_names():
         raw = copy.deepcopy(_preset(text))
     else:
@@ -274,6 +295,18 @@ def _read_source(source: str | Path | Mapping[str, Any] | None) -> dict[str, Any
     if not isinstance(raw, dict):
         raise ConfigError(f"config {text!r} must be a mapping with sections {', '.join(SECTIONS)}")
     return raw
+
+
+def _modules_beside(raw: dict[str, Any], folder: Path) -> None:
+    """A config file's ``module`` paths (``task.module: myext.py``) are relative to the file's folder, as it and the
+    module usually sit together."""
+    for section in ("task", "algorithm"):
+        block = raw.get(section)
+        if not isinstance(block, dict):
+            continue
+        module = block.get("module")
+        if isinstance(module, str) and module.endswith(".py") and not Path(module).expanduser().is_absolute():
+            block["module"] = str(folder / module)
 
 
 def parse_value(text: str) -> Any:
@@ -306,7 +339,7 @@ def _describe(error: ValidationError, section: str, model: type[BaseModel], raw:
     field = loc.split(".")[0] if loc else ""
     where = f"{section}.{field}" if field else section
     if first["type"] == "extra_forbidden":
-        allowed = ", ".join(["name", *model.model_fields]) if section in ("task", "algorithm") else ", ".join(
+        allowed = ", ".join(["name", *model.model_fields, "module"]) if section in ("task", "algorithm") else ", ".join(
             model.model_fields
         )
         return f"{where}: unknown key; allowed keys: {allowed}"
@@ -330,8 +363,30 @@ def _validate(section: str, model: type[BaseModel], raw: Mapping[str, Any]) -> A
         raise ConfigError(_describe(error, section, model, raw)) from None
 
 
+def _name_and_module(name: str, table: Mapping[str, Any]) -> dict[str, str]:
+    source = catalog.source_of(table[name].module)
+    return {"name": name} if source is None else {"name": name, "module": source}
+
+
+def _import_modules(raw: Mapping[str, Any], overrides: Mapping[str, Any]) -> None:
+    """Import the modules that the task and algorithm sections name (``module``, an override's first), so that a
+    user's task or algorithm is known by name before the names are looked up."""
+    for section in ("task", "algorithm"):
+        block = raw.get(section)
+        given = overrides.get(f"{section}.module", block.get("module") if isinstance(block, Mapping) else None)
+        if given is None:
+            continue
+        if not isinstance(given, str) or not given.strip():
+            raise ConfigError(f"{section}.module = {given!r}: must be a module's dotted name or a .py file's path")
+        try:
+            catalog.import_source(given)
+        except Exception as error:  # the user's module: whatever its code raised, said in one line
+            raise ConfigError(f"{section}.module = {given!r}: cannot be imported: {type(error).__name__}: {error}") from None
+
+
 def _named(section: str, raw: Mapping[str, Any], table: Mapping[str, T]) -> tuple[str, T, dict[str, Any]]:
     body = dict(raw)
+    body.pop("module", None)  # imported already (_import_modules)
     name = body.pop("name", None)
     if name is None:
         raise ConfigError(f"{section}.name is missing; allowed: {', '.join(sorted(table))}")
@@ -351,6 +406,7 @@ def load_config(
     tasks, algorithms = catalog.tasks(), catalog.algorithms()
     raw = _read_source(source)
     overrides = {k.replace("__", "."): v for k, v in (overrides or {}).items()}
+    _import_modules(raw, overrides)
     for section, table, attr in (("task", tasks, "Params"), ("algorithm", algorithms, "HParams")):
         # Switching the task or algorithm by an override drops the base config's keys that only the old one
         # had (a preset's beta does not apply to fedavg); keys given as overrides are always validated.

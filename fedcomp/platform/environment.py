@@ -5,11 +5,12 @@ torch threads of the process that evaluated the model."""
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import platform
 import re
 import subprocess
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -97,9 +98,19 @@ def _torch_threads() -> int:
     return torch.get_num_threads()
 
 
-def environment(backend: Mapping[str, Any], deterministic: bool) -> dict[str, Any]:
+def module_digests(sources: Sequence[str]) -> dict[str, str]:
+    """The user's modules (a config's ``task.module``, ``algorithm.module``) by the sha256 of their file's bytes: a
+    re-run on an edited module is told so (a dotted name without a file: ``"no file"``)."""
+    digests = {}
+    for source in sources:
+        path = Path(source)
+        digests[source] = hashlib.sha256(path.read_bytes()).hexdigest()[:16] if path.is_file() else "no file"
+    return digests
+
+
+def environment(backend: Mapping[str, Any], deterministic: bool, modules: Sequence[str] = ()) -> dict[str, Any]:
     """Everything :mod:`fedcomp.verification` compares between an original run and its re-run (``deterministic``:
-    ``run.deterministic``)."""
+    ``run.deterministic``; ``modules``: the user's modules the run imports, :func:`module_digests`)."""
     env: dict[str, Any] = {
         "packages": package_versions(),
         "git": git_revision(),
@@ -114,6 +125,8 @@ def environment(backend: Mapping[str, Any], deterministic: bool) -> dict[str, An
         "server_threads": _torch_threads() if not deterministic and (
             backend.get("name") == "local" or backend.get("server") == "driver") else 1,
     }
+    if modules:
+        env["modules"] = module_digests(modules)
     if any(d.startswith("cuda") for d in env["devices"]):
         import torch
 

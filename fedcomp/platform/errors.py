@@ -26,6 +26,11 @@ class ClientFailure(PlatformError):
     """A client kept failing after the configured number of retries."""
 
 
+class TaskError(PlatformError):
+    """A task does not do what it declares: its evaluator does not report a metric it declares (a user's task; the
+    built-ins are tested for it)."""
+
+
 class StorageError(PlatformError):
     """Results cannot be written (disk full, read-only folder) or a stored file cannot be read back."""
 

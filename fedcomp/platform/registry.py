@@ -89,6 +89,8 @@ def register_algorithm(name: str | AlgorithmDeclaration) -> Callable[[T], T]:
             declared = name
             _adopt(cls, declared)
         else:
+            _require(cls, "HParams", _is_params, "a subclass of fedcomp.platform.params.Params (frozen, validated)")
+            _require(cls, "kind", lambda v: isinstance(v, str), "the problem kind it runs on, a str")
             declared = AlgorithmDeclaration(name, cls.HParams, cls.kind,  # type: ignore[attr-defined]
                                             getattr(cls, "description", ""), cls.__module__)
         _enter(ALGORITHMS, DECLARED_ALGORITHMS, "algorithm", declared, cls)
@@ -108,12 +110,35 @@ def register_task(name: str | TaskDeclaration) -> Callable[[T], T]:
             declared = name
             _adopt(cls, declared)
         else:
+            _require(cls, "Params", _is_params, "a subclass of fedcomp.platform.params.Params (frozen, validated)")
+            _require(cls, "kinds", _strings, "the problem kinds it offers, a non-empty set of str")
+            _require(cls, "metrics", _strings, "the metrics its evaluator reports, a non-empty tuple of str, the headline first")
+            if getattr(cls, "mode", "max") not in ("max", "min"):
+                raise TypeError(f"{cls.__qualname__}.mode = {cls.mode!r}: must be 'max' or 'min' (its headline metric's "  # type: ignore[attr-defined]
+                                f"better direction)")
             declared = TaskDeclaration(name, cls.Params, frozenset(cls.kinds), tuple(cls.metrics),  # type: ignore[attr-defined]
                                        getattr(cls, "description", ""), cls.__module__, getattr(cls, "mode", "max"))
         _enter(TASKS, DECLARED_TASKS, "task", declared, cls)
         return cls
 
     return decorate
+
+
+def _require(cls: type, attribute: str, holds: Callable[[Any], bool], what: str) -> None:
+    """A user's class declares ``attribute`` as registration needs it, else one line saying what it must be."""
+    value = getattr(cls, attribute, None)
+    if not holds(value):
+        raise TypeError(f"{cls.__qualname__}.{attribute} = {value!r}: must be {what}")
+
+
+def _is_params(value: Any) -> bool:
+    from fedcomp.platform.params import Params
+
+    return isinstance(value, type) and issubclass(value, Params)
+
+
+def _strings(value: Any) -> bool:
+    return isinstance(value, (tuple, list, set, frozenset)) and bool(value) and all(isinstance(v, str) for v in value)
 
 
 def _adopt(cls: type, declaration: Any) -> None:

@@ -28,9 +28,22 @@ def metric_mode(task: str, metric: str) -> Literal["min", "max"]:
 
 
 def headline(task: str) -> str:
-    """The task's headline metric (the first it reports); ``test_accuracy`` for a task no longer registered."""
+    """The task's headline metric (the first it reports); ``train_loss``, which every run reports, for a task this
+    process does not know (a user's, whose module :func:`import_tasks` could not import)."""
     declared = catalog.tasks().get(task)
-    return declared.metrics[0] if declared is not None else "test_accuracy"
+    return declared.metrics[0] if declared is not None else "train_loss"
+
+
+def import_tasks(path: str | Path) -> None:
+    """Import the modules of the user's tasks that the runs at ``path`` ran (their configs' ``task.module``), so
+    that their metrics are known by name; a module that cannot be imported (moved, broken) is passed over."""
+    for run in results.run_dirs(path):
+        try:
+            task = results.read_json(run / results.RUN_JSON)["config"]["task"]
+            if task["name"] not in catalog.tasks() and isinstance(task.get("module"), str):
+                catalog.import_source(task["module"])
+        except Exception:  # the report then shows train_loss for that run (headline)
+            continue
 
 
 def _metric_per_run(df: pd.DataFrame, metric: str | None) -> dict[str, str]:
@@ -69,6 +82,7 @@ def report(path: str | Path, metric: str | None = None, x: str = "comm_rounds", 
     import matplotlib.pyplot as plt
 
     df = load_results(path)
+    import_tasks(path)
     for column in (metric, x):
         if column is not None and column not in df.columns:
             allowed = ", ".join(c for c in df.columns if c not in ("run_id", "algorithm", "task"))

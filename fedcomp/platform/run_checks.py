@@ -7,13 +7,14 @@ Each check fails with one line that says what is wrong and what would be right, 
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from fedcomp.platform import results
+from fedcomp.platform import catalog, results
 from fedcomp.platform.config import Config
-from fedcomp.platform.errors import ConfigError, StorageError
+from fedcomp.platform.errors import ConfigError, StorageError, TaskError
 
 if TYPE_CHECKING:  # loaded by the servers that check their state, not by a Ray run's driver
     import torch
@@ -37,11 +38,41 @@ def run_folder(config: Config, run_id: str) -> Path:
     return folder
 
 
+def importable(config: Config) -> None:
+    """Check that every process of the run can build its task and algorithm: a Ray run's actors import the modules
+    that define them, which cannot be the script being run.
+
+    Raises:
+        ConfigError: a Ray-backend run of a task or algorithm defined in the running script.
+    """
+    if config.federation.backend == "ray" and config.in_script():
+        raise ConfigError(f"{config.in_script()[0]} is defined in the script being run (__main__), which Ray's actors "
+                          f"cannot import; move it into a module (a .py file the script imports) or use "
+                          f"federation.backend: local")
+
+
+def reports_declared(metrics: dict[str, Any], config: Config) -> dict[str, Any]:
+    """``metrics`` (the first evaluation's), checked to hold every metric the task declares, each a number: the
+    results, the progress line and the reports read them by name.
+
+    Raises:
+        TaskError: a declared metric missing, or not a number.
+    """
+    declared = catalog.tasks()[config.task_name].metrics
+    missing = [m for m in declared if m not in metrics]
+    odd = [m for m in declared if m in metrics and not isinstance(metrics[m], numbers.Real)]
+    if missing or odd:
+        what = f"does not report {', '.join(missing)}" if missing else f"reports {odd[0]} = {metrics[odd[0]]!r}, not a number"
+        raise TaskError(f"task {config.task_name!r} declares metrics {', '.join(declared)}, but its evaluator {what} "
+                        f"(it reported {', '.join(metrics) or 'nothing'})")
+    return metrics
+
+
 def checkpoint_identity(config: Config) -> dict[str, Any]:
     """What makes a checkpoint this run's: the algorithm and task sections, the client count and the seed
     (flattened to ``section.key``); stored in every checkpoint and compared on resume."""
     sections = config.to_dict()
-    identity = {f"{s}.{k}": v for s in ("algorithm", "task") for k, v in sections[s].items()}
+    identity = {f"{s}.{k}": v for s in ("algorithm", "task") for k, v in sections[s].items() if k != "module"}
     for key in IDENTITY_KEYS:
         section, field = key.split(".")
         identity[key] = sections[section][field]

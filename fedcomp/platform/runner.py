@@ -112,7 +112,8 @@ def drive(config: Config, server: ServerLike, checkpoint: dict[str, Any] | None 
     identity = run_checks.checkpoint_identity(config)
     t0 = time.perf_counter()
     if not rows:
-        rows.append({**Counters().as_dict(), "train_loss": math.nan, "wall_time": 0.0, **server.evaluate()})
+        rows.append({**Counters().as_dict(), "train_loss": math.nan, "wall_time": 0.0,
+                     **run_checks.reports_declared(server.evaluate(), config)})
     if first >= config.run.rounds:  # nothing left to run: hand back what the checkpoint holds
         yield RoundDone(first, None, None, rows, wall_offset)
     r = first
@@ -138,7 +139,7 @@ class _RunLog:
 
     def __init__(self, config: Config, run_dir: Path, backend: dict[str, Any], earlier: dict[str, Any]):
         self.config, self.run_dir, self.backend = config, run_dir, backend
-        self.environment = environment(backend, config.run.deterministic)
+        self.environment = environment(backend, config.run.deterministic, config.modules())
         self.meta: dict[str, Any] = {}
         """What :meth:`write` wrote last (the tracker's copy of ``run.json``)."""
         self.replacements: list[dict[str, Any]] = list(earlier.get("actor_replacements", []))
@@ -185,6 +186,7 @@ def execute(
         Interrupted: Ctrl-C (a ``KeyboardInterrupt``); the message says which round is checkpointed and how to
             continue, or that nothing was kept.
     """
+    run_checks.importable(config)
     headline = build_task_metrics(config)[0]
     checkpoint: dict[str, Any] | None = None
     earlier: dict[str, Any] = {}
@@ -210,9 +212,17 @@ def execute(
     done = saved = checkpoint["server"]["counters"]["round"] if checkpoint else 0
     tracker: tracking.Tracker = tracking.Tracker()
 
+    made = [p for p in run_dir.parents if not p.exists()]  # results folders the claim creates, nearest first
+
+    def discard() -> None:  # a run that kept nothing leaves nothing: its folder and the folders made for it
+        shutil.rmtree(run_dir, ignore_errors=True)
+        for parent in made:
+            with contextlib.suppress(OSError):  # not empty: another run's since
+                parent.rmdir()
+
     def abruptly() -> str:  # the cluster went with a SIGTERM: what a kill leaves, less a folder with nothing in it
         if created:
-            shutil.rmtree(run_dir, ignore_errors=True)
+            discard()
         return _kept(created, saved, run_dir)
 
     closed = False
@@ -252,7 +262,7 @@ def execute(
         except BaseException as error:
             if created:
                 tracker.discard()
-                shutil.rmtree(run_dir, ignore_errors=True)
+                discard()
             elif (run_dir / results.RUN_JSON).is_file():
                 note = f"{type(error).__name__}: {error}"[:500]
                 # the disk that stopped the run may not take these either; the checkpoint is what counts. The

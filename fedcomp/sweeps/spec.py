@@ -66,6 +66,9 @@ class SweepSpec(BaseModel):
     name: str | None = Field(None, description="sweep-id prefix (default: the preset or file name)")
     description: str = ""
     base: str | dict[str, Any] = Field("quickstart", description="run preset, run YAML file, or sections")
+    modules: list[str] = Field(default_factory=list, description="modules (dotted names or .py files) of the "
+                               "user's tasks and algorithms the sweep runs, which every trial imports (filled in "
+                               "from the trials' configs)")
     set: dict[str, Any] = Field(default_factory=dict, description="fixed section.key overrides")
     grid: dict[str, Any] | list[dict[str, Any]] = Field(default_factory=dict, description="grid axes (a list = union of grids)")
     space: dict[str, dict[str, Any]] = Field(default_factory=dict, description="Optuna axes: {dist: args}")
@@ -140,7 +143,17 @@ class SweepSpec(BaseModel):
         return out
 
     def base_config(self, **more: Any) -> Config:
+        self.import_modules()
         return load_config(self.base, {**self.set, **more})
+
+    def import_modules(self) -> None:
+        """Import :attr:`modules`, so that this process knows the user's tasks and algorithms by name (a trial's
+        process does not otherwise: only the driver imported them)."""
+        for source in self.modules:
+            try:
+                catalog.import_source(source)
+            except Exception as error:  # the user's module: whatever its code raised, said in one line
+                raise ConfigError(f"sweep modules: {source!r} cannot be imported: {type(error).__name__}: {error}") from None
 
     def seed_values(self) -> list[int]:
         first = self.base_config().run.seed
@@ -164,6 +177,7 @@ class SweepSpec(BaseModel):
         return overrides
 
     def trial_config(self, trial: Mapping[str, Any]) -> Config:
+        self.import_modules()
         return load_config(self.base, self.trial_overrides(trial))
 
     def axes(self) -> list[str]:
@@ -225,9 +239,10 @@ def _check_pack(spec: SweepSpec, backends: set[str]) -> None:
                           "federation.backend: local (or use pack: sequential)")
 
 
-def validate(spec: SweepSpec) -> None:
+def validate(spec: SweepSpec) -> list[str]:
     """Check that every trial of ``spec`` is a valid run config; raise :class:`ConfigError` naming the first
-    bad axis, value or combination."""
+    bad axis, value or combination. Returns the modules of the user's tasks and algorithms that the trials run
+    and :attr:`SweepSpec.modules` lacks."""
     if spec.search == "optuna":
         if spec.grids:
             axes = ", ".join(dict.fromkeys(a for g in spec.grids for a in g))
@@ -269,12 +284,19 @@ def validate(spec: SweepSpec) -> None:
             if key not in allowed:
                 raise ConfigError(f"table: {key!r} is not an axis of this sweep; allowed: {', '.join(allowed)}")
     backends: set[str] = set()
+    modules: list[str] = []
+    spec.import_modules()
     for point in candidates:
         where = f"sweep point {point}: " if point else ""
         try:
             config = load_config(spec.base, {**spec.set, **point})
         except ConfigError as error:
             raise ConfigError(f"{where}{error}") from None
+        if config.in_script():
+            raise ConfigError(f"{where}{config.in_script()[0]} is defined in the script being run (__main__), which "
+                              f"a sweep's trials, each in a process of its own, cannot import; move it into a module "
+                              f"(a .py file the script imports)")
+        modules.extend(config.modules())
         if config.federation.gpu_packing == "auto":
             raise ConfigError(f"{where}federation.gpu_packing = 'auto': a trial's placement group is sized from "
                               f"federation.clients_per_actor before the trial starts; use gpu_packing: fixed in sweeps")
@@ -287,6 +309,7 @@ def validate(spec: SweepSpec) -> None:
         if value not in metrics and value != "train_loss":
             raise ConfigError(f"{name} = {value!r} is not reported by task {task!r}; allowed: "
                               f"{', '.join((*metrics, 'train_loss'))}")
+    return [m for m in dict.fromkeys(modules) if m not in spec.modules]
 
 
 # ---- loading ---------------------------------------------------------------------------------------------
@@ -348,5 +371,5 @@ def load_spec(source: str | Path | Mapping[str, Any] | SweepSpec, **changes: Any
         if msg.startswith(("grid", "space")):
             raise ConfigError(msg) from None
         raise ConfigError(f"sweep {field} = {value!r}: {msg}") from None
-    validate(spec)
-    return spec
+    missing = validate(spec)
+    return spec.model_copy(update={"modules": [*spec.modules, *missing]}) if missing else spec

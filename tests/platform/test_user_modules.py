@@ -1,0 +1,185 @@
+"""A user's task and algorithm in a module of theirs (``examples/extension.py``): the config names the module
+(``task.module``, ``algorithm.module``), so every process of a run imports it -- a Ray actor, a sweep's trial, a
+fresh ``fedcomp`` process that resumes, verifies or reports the run; a task or algorithm defined in the running
+script cannot go where only an import reaches, and says so in one line; a module or class that breaks the contract
+fails in one line too."""
+
+from __future__ import annotations
+
+import pickle
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+import fedcomp
+from fedcomp.platform import catalog
+from fedcomp.platform.config import load_config
+from fedcomp.platform.errors import ConfigError, TaskError
+from fedcomp.platform.params import Params
+from fedcomp.platform.registry import DECLARED_TASKS, TASKS, register_algorithm, register_task
+from fedcomp.sweeps.spec import load_spec
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLE = REPO / "examples" / "extension.py"
+EXAMPLE_YAML = REPO / "examples" / "extension.yaml"
+TINY = {"run.rounds": 3, "run.eval_every": 1, "run.progress": "none", "run.track": "none", "federation.clients": 4,
+        "federation.clients_per_round": 4, "algorithm.local_steps": 3}
+METRICS = ["round", "samples", "train_loss", "distance_to_optimum", "objective_gap"]
+
+
+def fresh_process(code: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """``code`` run by a new Python that has not imported the example (nor has it on its path)."""
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=300,
+                          cwd=cwd)
+
+
+def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "fedcomp", *args], capture_output=True, text=True, timeout=300, cwd=cwd)
+
+
+def test_a_config_file_names_its_module_beside_it_and_the_config_carries_its_path():
+    config = load_config(EXAMPLE_YAML)
+    assert (config.task_name, config.algorithm_name) == ("least-squares", "fedavg-hb")
+    sections = config.to_dict()
+    assert sections["task"]["module"] == sections["algorithm"]["module"] == str(EXAMPLE)
+    assert load_config(sections) == config
+    assert "module" not in load_config("quickstart").to_dict()["task"]  # fedcomp's own need none
+
+
+def test_a_process_that_never_imported_the_module_unpickles_the_config(tmp_path):
+    pickled = tmp_path / "config.pickle"
+    pickled.write_bytes(pickle.dumps(load_config(EXAMPLE_YAML)))
+    done = fresh_process(f"""
+        import pickle, sys
+        assert "extension" not in sys.modules
+        config = pickle.loads(open({str(pickled)!r}, "rb").read())
+        print(config.task_name, config.algorithm_name, type(config.algorithm).__module__)
+    """, tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["least-squares", "fedavg-hb", "extension"]
+
+
+@pytest.mark.ray
+def test_its_run_on_ray_actors_has_the_local_backends_numbers_and_converges(ray_session, tmp_path):
+    runs = {backend: fedcomp.run(EXAMPLE_YAML, {**TINY, "run.rounds": 8, "federation.backend": backend,
+                                                "run.out": str(tmp_path)})
+            for backend in ("local", "ray")}
+    pd.testing.assert_frame_equal(runs["ray"].metrics[METRICS], runs["local"].metrics[METRICS])
+    distance = runs["local"].metrics["distance_to_optimum"]
+    assert distance.iloc[-1] < 0.5 * distance.iloc[0]  # towards the pooled least-squares solution
+
+
+@pytest.mark.slow
+def test_the_cli_runs_it_then_fresh_processes_verify_and_report_it_and_verify_tells_an_edited_module(tmp_path):
+    for name in ("extension.py", "extension.yaml"):
+        shutil.copy(REPO / "examples" / name, tmp_path / name)
+    out = tmp_path / "results"
+    done = cli("run", "extension.yaml", *(f"--set={k}={v}" for k, v in TINY.items()), "--set", f"run.out={out}",
+               "--set", "federation.backend=local", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "distance_to_optimum" in done.stdout.splitlines()[0]  # the closing line shows the task's own metrics
+    [run_dir] = out.iterdir()
+    verified = cli("verify", str(run_dir), "--backend", "local", cwd=REPO)
+    assert verified.returncode == 0 and "identical" in verified.stdout, verified.stdout + verified.stderr
+    assert "environment: same as the original's" in verified.stdout
+    reported = cli("report", str(out), cwd=REPO)
+    assert reported.returncode == 0, reported.stderr
+    assert "| distance_to_optimum |" in (out / "report.md").read_text()  # its headline, from the module in run.json
+    with (tmp_path / "extension.py").open("a") as module:
+        module.write("# edited since the run\n")
+    edited = cli("verify", str(run_dir), "--backend", "local", cwd=REPO)
+    assert f"modules.{tmp_path / 'extension.py'}: " in edited.stdout, edited.stdout
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_a_sweep_records_the_module_and_its_trials_import_it(ray_session, tmp_path):
+    catalog.import_source(str(EXAMPLE))
+    base = load_config(EXAMPLE_YAML).to_dict()
+    for section in ("task", "algorithm"):
+        del base[section]["module"]  # as a script that imported the module writes its config
+    result = fedcomp.sweep({"base": base, "set": {**TINY, "run.out": str(tmp_path)}, "grid": {"algorithm.lr": [0.02, 0.05]},
+                            "name": "mine", "max_failures": 0})
+    assert result.spec.modules == [str(EXAMPLE)]
+    assert set(result.trials["status"]) == {"completed"} and result.trials["trial"].nunique() == 2
+    alone = fedcomp.run(EXAMPLE_YAML, {**TINY, "algorithm.lr": 0.05, "federation.backend": "local", "run.out": str(tmp_path)})
+    rows = result.trials[result.trials["algorithm.lr"] == 0.05].reset_index(drop=True)
+    pd.testing.assert_frame_equal(rows[METRICS], alone.metrics[METRICS], check_dtype=False)
+
+
+@pytest.fixture
+def in_script():
+    """The example's task registered again as the running script would register it (its module ``__main__``)."""
+    catalog.import_source(str(EXAMPLE))
+    register_task("in-script")(type("InScript", (catalog.task_class("least-squares"),), {"__module__": "__main__"}))
+    yield "in-script"
+    TASKS.pop("in-script"), DECLARED_TASKS.pop("in-script")
+
+
+def test_a_task_in_the_running_script_runs_locally_and_is_refused_on_ray_and_in_sweeps_in_one_line(in_script, tmp_path):
+    overrides = {**TINY, "task.name": in_script, "run.out": str(tmp_path)}
+    config = load_config(EXAMPLE_YAML, overrides)
+    assert "module" not in config.to_dict()["task"] and config.in_script() == ["task.name = 'in-script'"]
+    assert fedcomp.run(config, {"federation.backend": "local"}).final["round"] == 3
+    with pytest.raises(ConfigError, match=r"^task.name = 'in-script' is defined in the script being run \(__main__\), "
+                                          r"which Ray's actors cannot import; move it into a module"):
+        fedcomp.run(config, {"federation.backend": "ray"})
+    with pytest.raises(ConfigError, match=r"^sweep point \{'algorithm.lr': 0.1\}: task.name = 'in-script' is defined in "
+                                          r"the script being run \(__main__\), which a sweep's trials, each in a process"):
+        load_spec({"base": str(EXAMPLE_YAML), "set": overrides, "grid": {"algorithm.lr": [0.1]}})
+    assert len(list(tmp_path.iterdir())) == 1  # the local run's folder only
+
+
+def test_a_task_whose_evaluator_lacks_a_declared_metric_fails_in_one_line_and_leaves_no_run(tmp_path):
+    catalog.import_source(str(EXAMPLE))
+    parent = catalog.task_class("least-squares")
+    cls = type("Typo", (parent,), {"metrics": ("distance", "objective_gap"), "__module__": __name__})
+    register_task("least-squares-typo")(cls)
+    try:
+        with pytest.raises(TaskError, match=r"^task 'least-squares-typo' declares metrics distance, objective_gap, but "
+                                            r"its evaluator does not report distance \(it reported distance_to_optimum, "
+                                            r"objective_gap\)$"):
+            fedcomp.run(EXAMPLE_YAML, {**TINY, "task.name": "least-squares-typo", "federation.backend": "local",
+                                       "run.out": str(tmp_path)})
+        assert not any(p.is_dir() for p in tmp_path.iterdir())
+    finally:
+        TASKS.pop("least-squares-typo"), DECLARED_TASKS.pop("least-squares-typo")
+
+
+def test_a_class_that_cannot_be_declared_is_refused_at_registration_in_one_line():
+    from dataclasses import dataclass
+
+    @dataclass(frozen=True)
+    class PlainHParams:
+        lr: float = 0.1
+
+    with pytest.raises(TypeError, match=r"^Bad.HParams = .*: must be a subclass of fedcomp.platform.params.Params"):
+        register_algorithm("bad")(type("Bad", (), {"HParams": PlainHParams, "kind": "plain"}))
+    for attributes, message in (({"kinds": "plain"}, r"Bad.kinds = 'plain': must be the problem kinds"),
+                                ({"kinds": {"plain"}, "metrics": ()}, r"Bad.metrics = \(\): must be the metrics"),
+                                ({"kinds": {"plain"}, "metrics": ("m",), "mode": "up"}, r"Bad.mode = 'up': must be")):
+        with pytest.raises(TypeError, match=message):
+            register_task("bad")(type("Bad", (), {"Params": Params, **attributes}))
+    assert "bad" not in TASKS and "bad" not in catalog.algorithms()
+
+
+@pytest.mark.parametrize(
+    ("module", "message"),
+    [
+        ("no_such_module_anywhere", r"^algorithm.module = 'no_such_module_anywhere': cannot be imported: "
+                                    r"ModuleNotFoundError: No module named 'no_such_module_anywhere'$"),
+        ("missing.py", r"^algorithm.module = '.*missing.py': cannot be imported: ImportError: no such file '.*missing.py'$"),
+        ("broken.py", r"^algorithm.module = '.*broken.py': cannot be imported: ZeroDivisionError: division by zero$"),
+        (3, r"^algorithm.module = 3: must be a module's dotted name or a .py file's path$"),
+    ],
+)
+def test_a_module_that_cannot_be_imported_is_one_line(tmp_path, module, message):
+    (tmp_path / "broken.py").write_text("1 / 0\n")
+    (tmp_path / "run.yaml").write_text(f"algorithm: {{name: fedavg-hb, module: {module}}}\n")
+    with pytest.raises(ConfigError, match=message):
+        load_config(tmp_path / "run.yaml")
