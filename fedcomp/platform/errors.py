@@ -31,6 +31,15 @@ class TaskError(PlatformError):
     built-ins are tested for it)."""
 
 
+class TrialsFailed(PlatformError):
+    """Every trial of a sweep failed; the message gives the first one's error and how to continue once it is fixed
+    (:attr:`path`: the sweep's folder, whose ``trials.parquet`` holds what they reported)."""
+
+    def __init__(self, message: str, path: object = None) -> None:
+        super().__init__(message)
+        self.path = path
+
+
 class StorageError(PlatformError):
     """Results cannot be written (disk full, read-only folder) or a stored file cannot be read back."""
 

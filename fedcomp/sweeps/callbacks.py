@@ -117,6 +117,15 @@ def trial_label(config: Mapping[str, Any]) -> str:
     return " ".join(f"{k}={v}" for k, v in flat.items())
 
 
+def _last_line(path: str | None) -> str:
+    """The last line of a failed trial's ``error.txt`` (its exception), or nothing where it cannot be read."""
+    try:
+        lines = [line for line in Path(path).read_text().splitlines() if line.strip()] if path else []
+    except OSError:
+        return ""
+    return lines[-1].strip()[:300] if lines else ""
+
+
 class TrialProgress(Callback):
     """One line per finished trial (its configuration, final metric, trials done, ETA), or a tqdm bar
     over trials in a terminal when Tune's own output is off (``--verbose 0``)."""
@@ -160,8 +169,9 @@ class TrialProgress(Callback):
         left = self.total - self.done
         eta = f"  eta {duration(elapsed / self.done * left)}" if left > 0 else ""
         shown = f"{self.metric}={value:.4f}" if isinstance(value, (int, float)) else f"{self.metric}=?"
+        why = f"  {_last_line(getattr(trial, 'error_file', None))}" if status == "failed" else ""
         write_line(f"trial {self.done}/{self.total} {status}  {trial_label(trial.config)}  {shown}  "
-                   f"elapsed {duration(elapsed)}{eta}")
+                   f"elapsed {duration(elapsed)}{eta}{why}")
 
     def on_trial_complete(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
         self._finished(trial, "completed")

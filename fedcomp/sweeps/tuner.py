@@ -27,7 +27,7 @@ from pydantic import ValidationError
 from fedcomp.actors.cluster import fedcomp_env
 from fedcomp.platform import results, tracking
 from fedcomp.platform.config import Config
-from fedcomp.platform.errors import ConfigError, Interrupted, ResourceError, StorageError
+from fedcomp.platform.errors import ConfigError, Interrupted, PlatformError, ResourceError, StorageError, TrialsFailed
 from fedcomp.platform.progress import announce
 from fedcomp.platform.signals import farewell
 from fedcomp.sweeps import extend as edges_extend, tune_state
@@ -257,6 +257,15 @@ def sweep(
     return _extended(_fit(tuner, spec, path, verbose), cluster, has_gpus, verbose)
 
 
+class DropTrialTraceback(logging.Filter):
+    """Drops Tune's "Trial task failed for trial ..." with the trial's traceback (each attempt's), below
+    ``--verbose 2``: fedcomp's line for the failed trial names its error, and the trial's ``error.txt`` keeps the
+    traceback."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Trial task failed for trial")
+
+
 class DropRestoreHint(logging.Filter):
     """Drops Tune's "Experiment has been interrupted ... Resume experiment with: Tuner.restore(...)": fedcomp's own
     line after it says how to continue the sweep, and Tune's restore alone would not."""
@@ -272,7 +281,7 @@ def _quiet_tune(verbose: int) -> Iterator[None]:
     Always: Tune's warning that it could not read a trial's own metrics files (``result.json``, e.g. of a
     trial killed before its first report, on ``--resume``) -- fedcomp takes every trial's rows from its
     checkpoints -- and its advice to resume an interrupted sweep with ``Tuner.restore`` (:class:`DropRestoreHint`).
-    At ``verbose=0`` also: Tune's newer console output (it prints its experiment box and TensorBoard hint at
+    Below ``verbose=2``: a failed trial's traceback (:class:`DropTrialTraceback`). At ``verbose=0`` also: Tune's newer console output (it prints its experiment box and TensorBoard hint at
     every verbosity; its older reporter honours 0) and its driver-side warnings."""
     names = ["ray.tune.analysis.experiment_analysis"] + ([] if verbose else ["ray.tune", "ray.train"])
     loggers = [logging.getLogger(name) for name in names]
@@ -283,11 +292,15 @@ def _quiet_tune(verbose: int) -> Iterator[None]:
     for logger in loggers:
         logger.setLevel(logging.ERROR)
     hint, drop = logging.getLogger("ray.tune.tune"), DropRestoreHint()
+    controller, tracebacks = logging.getLogger("ray.tune.execution.tune_controller"), DropTrialTraceback()
     hint.addFilter(drop)
+    if verbose < 2:
+        controller.addFilter(tracebacks)
     try:
         yield
     finally:
         hint.removeFilter(drop)
+        controller.removeFilter(tracebacks)
         for logger, level in zip(loggers, levels):
             logger.setLevel(level)
         if before is None:
@@ -415,9 +428,29 @@ def _extended(result: SweepResult, cluster: Mapping[str, float], has_gpus: bool,
 
 
 def _finish(grid: ResultGrid, spec: SweepSpec, path: Path) -> SweepResult:
+    """The sweep's result, its trials table written.
+
+    Raises:
+        TrialsFailed: no trial completed (a task or algorithm that fails alike for every configuration): the
+            first one's error in one line.
+    """
     frame = collect(grid, spec)
     results.write_parquet(path / TRIALS, frame)
+    errors = [grid[i].error for i in range(len(grid))]
+    if errors and all(errors):
+        count = frame["trial"].nunique() if len(frame) else len(errors)  # configurations (a pack is one Tune trial)
+        raise TrialsFailed(f"every trial of the sweep failed ({count}); the first: {error_line(cast(Exception, errors[0]))}; "
+                           f"each trial's error.txt is under {path}; once it is fixed, continue with: fedcomp sweep "
+                           f"--resume {path}", path)
     return SweepResult(path, spec, frame)
+
+
+def error_line(error: BaseException) -> str:
+    """A trial's error in one line: what the trial raised (a Ray task error's cause), as fedcomp's own errors say
+    it, or its type and the first line of its message."""
+    cause = getattr(error, "cause", None) or error
+    text = (str(cause).strip().splitlines() or [""])[0]
+    return text if isinstance(cause, PlatformError) else f"{type(cause).__name__}: {text}"
 
 
 def collect(grid: ResultGrid, spec: SweepSpec) -> pd.DataFrame:

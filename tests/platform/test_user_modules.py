@@ -19,7 +19,7 @@ import pytest
 import fedcomp
 from fedcomp.platform import catalog
 from fedcomp.platform.config import load_config
-from fedcomp.platform.errors import ConfigError, TaskError
+from fedcomp.platform.errors import ConfigError, TaskError, TrialsFailed
 from fedcomp.platform.params import Params
 from fedcomp.platform.registry import DECLARED_TASKS, TASKS, register_algorithm, register_task
 from fedcomp.sweeps.spec import load_spec
@@ -183,3 +183,30 @@ def test_a_module_that_cannot_be_imported_is_one_line(tmp_path, module, message)
     (tmp_path / "run.yaml").write_text(f"algorithm: {{name: fedavg-hb, module: {module}}}\n")
     with pytest.raises(ConfigError, match=message):
         load_config(tmp_path / "run.yaml")
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_a_sweep_whose_every_trial_fails_says_why_in_one_line_and_keeps_its_folder(ray_session, tmp_path):
+    (tmp_path / "misreported.py").write_text(textwrap.dedent(f"""
+        from fedcomp.platform import catalog
+        from fedcomp.platform.registry import register_task
+
+        catalog.import_source({str(EXAMPLE)!r})
+
+
+        @register_task("least-squares-misreported")
+        class Misreported(catalog.task_class("least-squares")):
+            metrics = ("distance", "objective_gap")
+    """))
+    overrides = {**TINY, "task.module": str(tmp_path / "misreported.py"), "task.name": "least-squares-misreported",
+                 "run.out": str(tmp_path / "out")}
+    with pytest.raises(TrialsFailed, match=r"^every trial of the sweep failed \(2\); the first: task "
+                                           r"'least-squares-misreported' declares metrics distance, objective_gap, but its "
+                                           r"evaluator does not report distance .*; once it is fixed, continue with: "
+                                           r"fedcomp sweep --resume "):
+        fedcomp.sweep({"base": str(EXAMPLE_YAML), "set": overrides, "grid": {"algorithm.lr": [0.02, 0.05]},
+                       "max_failures": 0, "name": "failing"})
+    [folder] = (tmp_path / "out").iterdir()
+    trials = pd.read_parquet(folder / "trials.parquet")
+    assert set(trials["status"]) == {"error"} and trials["trial"].nunique() == 2

@@ -10,7 +10,7 @@ import pytest
 
 import fedcomp
 from fedcomp.platform.config import load_config
-from fedcomp.platform.errors import ConfigError
+from fedcomp.platform.errors import ConfigError, TrialsFailed
 from fedcomp.sweeps.lockstep import TOLERANCE, Lockstep, run_together
 from fedcomp.sweeps.packs import make_packs, swept_floats
 from fedcomp.sweeps.report import best_and_edges
@@ -153,11 +153,13 @@ def test_sequential_packs_equal_runs_alone_bit_for_bit_and_report_per_configurat
 @pytest.mark.slow
 def test_a_failed_lockstep_trial_resumes_every_configuration_from_its_checkpoint(ray_session, tmp_path, monkeypatch):
     monkeypatch.setenv(FAULT_EXIT, "3")  # the trial's process dies at round 3; its last checkpoint is round 2
-    first = fedcomp.sweep(tiny(tmp_path, pack="lockstep", max_failures=0))
-    assert set(first.trials["status"]) == {"error"} and first.trials["trial"].nunique() == 4
-    assert first.trials.groupby("trial")["round"].max().tolist() == [2] * 4  # the checkpoint's rows (and no more)
+    with pytest.raises(TrialsFailed, match=r"^every trial of the sweep failed \(4\); the first: ") as failed:
+        fedcomp.sweep(tiny(tmp_path, pack="lockstep", max_failures=0))  # its 4 configurations in one Tune trial
+    first = pd.read_parquet(failed.value.path / "trials.parquet")
+    assert set(first["status"]) == {"error"} and first["trial"].nunique() == 4
+    assert first.groupby("trial")["round"].max().tolist() == [2] * 4  # the checkpoint's rows (and no more)
     monkeypatch.delenv(FAULT_EXIT)
-    result = fedcomp.resume_sweep(first.path)
+    result = fedcomp.resume_sweep(failed.value.path)
     trials = result.trials
     assert set(trials["status"]) == {"completed"} and trials["trial"].nunique() == 4
     assert len([p for p in result.path.iterdir() if p.is_dir()]) == 1
