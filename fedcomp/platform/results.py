@@ -36,10 +36,11 @@ def atomic_write(path: Path, data: bytes) -> None:
     """
     path = Path(path)
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+        fd, tmp = tempfile.mkstemp(prefix=f"{TEMPORARY_PREFIX}{path.name}.", dir=path.parent)
     except OSError as error:
         raise StorageError(f"cannot write {path}: {describe_os_error(error)}") from None
     try:
+        os.fchmod(fd, 0o666 & ~_umask())  # mkstemp's file is the owner's only; results are read by others too
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
@@ -51,6 +52,31 @@ def atomic_write(path: Path, data: bytes) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+TEMPORARY_PREFIX = "."
+""":func:`atomic_write`'s temporary file is ``.<name>.<random>`` beside the file it becomes."""
+
+
+def _umask() -> int:
+    """The process's umask, read without setting it (Linux's ``/proc``; elsewhere set and put back at once)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def remove_temporaries(folder: Path, names: tuple[str, ...]) -> None:
+    """Delete what :func:`atomic_write` left of ``names`` in ``folder`` when a kill cut a write short (one process
+    writes a run folder at a time: the run, or the resume continuing it)."""
+    for name in names:
+        for stale in folder.glob(f"{TEMPORARY_PREFIX}{name}.*"):
+            stale.unlink(missing_ok=True)
 
 
 def describe_os_error(error: OSError) -> str:

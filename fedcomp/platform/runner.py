@@ -195,6 +195,7 @@ def execute(
         checkpoint = run_checks.open_checkpoint(run_dir, config)
         earlier = results.read_json(run_dir / results.RUN_JSON) if (run_dir / results.RUN_JSON).is_file() else {}
         results.check_writable(run_dir, f"--resume {str(run_dir)!r}")
+        results.remove_temporaries(run_dir, (results.RUN_JSON, results.METRICS, results.CHECKPOINT, CURVES))
     else:
         run_dir = run_checks.run_folder(config, new_run_id(config))
         results.check_writable(run_dir.parent)
@@ -226,6 +227,7 @@ def execute(
         return _kept(created, saved, run_dir)
 
     closed = False
+    written = -1  # rows in the metrics file this call wrote last
     with farewell(abruptly):
         try:
             if created:
@@ -248,9 +250,12 @@ def execute(
                         results.write_checkpoint(run_dir / results.CHECKPOINT, step.checkpoint)
                         created, saved = False, step.round  # resumable from here on, whatever the metrics file's fate
                         results.write_metrics(run_dir / results.METRICS, step.rows)
+                        written = len(step.rows)
                     rows, wall, done = step.rows, step.wall_time, step.round
             finally:
                 progress.close()
+            if written != len(rows):  # a resume of a run checkpointed at its end: the metrics file may be missing
+                results.write_metrics(run_dir / results.METRICS, rows)  # (a full disk, a kill) or damaged
             server.close()  # its actors' memory goes before the curves' imports come
             closed = True
             _draw_curves(run_dir, rows, headline)
@@ -274,7 +279,7 @@ def execute(
                     tracker.finish("interrupted", log.meta, [run_dir / results.RUN_JSON, run_dir / results.METRICS])
             if isinstance(error, StorageError):
                 tail = ("nothing was kept" if created else
-                        f"the run stopped after round {done}; make room and continue it with: fedcomp run --resume {run_dir}")
+                        f"the run stopped after round {saved}; make room and continue it with: fedcomp run --resume {run_dir}")
                 raise StorageError(f"{error}; {tail}") from None
             if isinstance(error, KeyboardInterrupt) and not isinstance(error, Interrupted):
                 raise Interrupted(_kept(created, saved, run_dir)) from None

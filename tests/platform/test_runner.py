@@ -142,6 +142,38 @@ def test_atomic_write_replaces_whole_file(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["x.json"]
 
 
+def test_a_written_file_has_the_modes_the_umask_gives_not_the_owners_only(tmp_path):
+    import os
+
+    before = os.umask(0o022)
+    try:
+        results.write_json(tmp_path / "x.json", {"a": 1})
+        os.umask(0o077)
+        results.write_json(tmp_path / "y.json", {"a": 1})
+    finally:
+        os.umask(before)
+    assert (tmp_path / "x.json").stat().st_mode & 0o777 == 0o644  # others may read results on a shared run.out
+    assert (tmp_path / "y.json").stat().st_mode & 0o777 == 0o600
+
+
+@pytest.mark.parametrize("damage", ["deleted", "garbage"])
+def test_resuming_a_run_checkpointed_at_its_end_writes_its_metrics_again(tmp_path, damage):
+    """A full disk or a kill can stop a run between its last checkpoint and its metrics file: the resume, with no
+    round left to run, writes that file from the checkpoint's rows (and drops the kill's temporary files)."""
+    done = fedcomp.run("quickstart", small(**{"run.out": str(tmp_path)}))
+    metrics = done.run_dir / results.METRICS
+    if damage == "deleted":
+        metrics.unlink()
+    else:
+        metrics.write_bytes(b"not parquet")
+    (done.run_dir / ".checkpoint.pt.k1ll3d").write_bytes(b"half")
+    again = fedcomp.resume(done.run_dir)
+    pd.testing.assert_frame_equal(results.read_parquet(metrics), done.metrics)
+    pd.testing.assert_frame_equal(again.metrics, done.metrics)
+    assert not list(done.run_dir.glob(".*"))
+    assert json.loads((done.run_dir / results.RUN_JSON).read_text())["status"] == "completed"
+
+
 def test_failure_after_a_checkpoint_keeps_a_resumable_folder(tmp_path, monkeypatch):
     from fedcomp.platform.server import Server
 
