@@ -13,13 +13,14 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import ray
-from ray.exceptions import RayTaskError
+from ray.exceptions import RayActorError, RayTaskError
 
 from fedcomp.actors import kept
 from fedcomp.actors.cluster import actor_options, cluster_nodes, connect, plan_actors
-from fedcomp.actors.federation import unwrap, wait_ready
+from fedcomp.actors.federation import first_line, unwrap, wait_ready
 from fedcomp.actors.quiet_exit import drop_lost_exits_in_a_worker
 from fedcomp.platform.config import Config
+from fedcomp.platform.errors import ActorLost
 from fedcomp.platform.server_like import RoundReply
 
 drop_lost_exits_in_a_worker()  # a server actor stopped with SIGTERM, even before its constructor ran, goes without a traceback
@@ -137,6 +138,8 @@ class RayServer:
             return ray.get(getattr(self.actor, method).remote(*args))
         except RayTaskError as error:
             raise unwrap(error) from None
+        except RayActorError as error:
+            raise _lost(error) from None
 
     def run_round(self) -> dict[str, Any]:
         started = time.perf_counter()
@@ -168,6 +171,8 @@ class RayServer:
                 reply = ray.get(pending.popleft())
             except RayTaskError as error:
                 raise unwrap(error) from None
+            except RayActorError as error:
+                raise _lost(error) from None
             yield self._take(reply, started)
 
     def _take(self, reply: dict[str, Any], started: float) -> RoundReply:
@@ -224,3 +229,10 @@ class RayServer:
             pass
         if self.actor is not None:
             kept.give_back("server", self.options, self.actor)
+
+
+def _lost(error: RayActorError) -> ActorLost:
+    """The server actor's death as one line (its process was killed, or its node went): the server's state lives
+    there, so the run stops and resumes from its checkpoint."""
+    return ActorLost(f"federation.server = 'actor': the server actor died ({first_line(error)}); the server's state "
+                     f"lived there")

@@ -26,6 +26,11 @@ class ClientFailure(PlatformError):
     """A client kept failing after the configured number of retries."""
 
 
+class ActorLost(PlatformError):
+    """A Ray actor that fedcomp does not replace died mid-run (the server actor); the run's folder keeps its last
+    checkpoint."""
+
+
 class TaskError(PlatformError):
     """A task does not do what it declares: its evaluator does not report a metric it declares (a user's task; the
     built-ins are tested for it)."""

@@ -29,7 +29,7 @@ from fedcomp.platform.config import Config, load_config
 from fedcomp.platform.counters import Counters
 from fedcomp.platform.curves import CURVES, write_curves
 from fedcomp.platform.environment import environment, torch_build
-from fedcomp.platform.errors import ConfigError, Diverged, Interrupted, StorageError
+from fedcomp.platform.errors import ConfigError, Diverged, Interrupted, PlatformError, StorageError
 from fedcomp.platform.progress import RunProgress, announce, output_mode
 from fedcomp.platform.server_like import ServerLike
 from fedcomp.platform.signals import farewell
@@ -206,7 +206,11 @@ def execute(
         if config.federation.torch_compile:
             announce("federation.torch_compile: every client process compiles the gradients at its first steps "
                      "(seconds to a minute on a 2-core CPU before inductor's cache holds the graphs)")
-        server = make_server(config)
+        try:
+            server = make_server(config)
+        except KeyboardInterrupt as stop:  # Ctrl-C during start-up: nothing started, the folder as it was
+            raise stop if isinstance(stop, Interrupted) else Interrupted(
+                _kept(checkpoint is None, checkpoint["server"]["counters"]["round"] if checkpoint else 0, run_dir)) from None
     startup_s = time.perf_counter() - t_start
     log = _RunLog(config, run_dir, server.describe(), earlier)
     created = checkpoint is None
@@ -283,6 +287,8 @@ def execute(
                 raise StorageError(f"{error}; {tail}") from None
             if isinstance(error, KeyboardInterrupt) and not isinstance(error, Interrupted):
                 raise Interrupted(_kept(created, saved, run_dir)) from None
+            if isinstance(error, PlatformError) and not created:
+                error.args = (f"{error}; {_kept(created, saved, run_dir)}",)  # the folder resumes: say how
             raise
         finally:
             if not closed:

@@ -20,7 +20,9 @@ mid-run prints one warning and is switched off; the run goes on.
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import fcntl
 import importlib.util
 import logging
 import math
@@ -31,7 +33,7 @@ import shutil
 import sys
 import time
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import fields
 from pathlib import Path
 from typing import Any, cast
@@ -91,14 +93,27 @@ def mlflow_client(out: str | Path) -> Any:
     """An ``MlflowClient`` on the store under ``out`` (created on first use, quietly)."""
     for name in ("mlflow.store.db.utils", "alembic.runtime.migration", "alembic"):
         logging.getLogger(name).setLevel(logging.WARNING)  # "Creating initial MLflow database tables..."
-    (Path(out) / MLFLOW_DIR).mkdir(parents=True, exist_ok=True)
-    with warnings.catch_warnings():
+    folder = Path(out) / MLFLOW_DIR
+    folder.mkdir(parents=True, exist_ok=True)
+    with warnings.catch_warnings(), _exclusive(folder / ".create.lock"):
         warnings.simplefilter("ignore", DeprecationWarning)  # SQLAlchemy's notice about MLflow's mappers
         from mlflow.tracking import MlflowClient
 
         client = MlflowClient(tracking_uri=mlflow_uri(out))
         client.search_experiments(max_results=1)  # creates the tables now, under the filters above
     return client
+
+
+@contextlib.contextmanager
+def _exclusive(lock: Path) -> Iterator[None]:
+    """One process at a time on this machine (an advisory ``flock``): runs started together into a new results root
+    each created MLflow's tables, and all but one failed on the columns another had just added."""
+    with open(lock, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def mlflow_experiment(client: Any, out: str | Path, name: str) -> str:

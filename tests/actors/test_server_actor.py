@@ -79,3 +79,25 @@ def test_loading_the_actor_modules_in_a_worker_drops_lost_exits_before_any_const
     for module in ("fedcomp.actors.client_actor", "fedcomp.actors.server_actor"):
         before, after = unraisable_hooks_in_a_fresh_worker(ray_session, module)
         assert before != "DropLostExits" and after == "DropLostExits", module
+
+
+@pytest.mark.slow
+def test_a_server_actor_that_dies_mid_run_is_one_line(ray_session):
+    """Its process killed (the server's state lived there): :class:`ActorLost`, whose line the runner completes with
+    how to resume, not Ray's traceback -- in a pipelined stretch of rounds and in a single call alike."""
+    import ray
+
+    from fedcomp.platform.errors import ActorLost
+
+    server = RayServer(load_config("quickstart", small(**{"federation.backend": "ray", "federation.clients_per_actor": 2,
+                                                          "federation.server": "actor"})))
+    try:
+        next(server.run_rounds([False]))
+        ray.kill(server.actor)
+        expected = r"^federation.server = 'actor': the server actor died \(.+\); the server's state lived there$"
+        with pytest.raises(ActorLost, match=expected):
+            list(server.run_rounds([False, False]))
+        with pytest.raises(ActorLost, match=expected):
+            server.checkpoint()
+    finally:
+        server.close()

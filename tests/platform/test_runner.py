@@ -197,6 +197,23 @@ def test_failure_after_a_checkpoint_keeps_a_resumable_folder(tmp_path, monkeypat
     pd.testing.assert_frame_equal(resumed.metrics.drop(columns="wall_time"), full.metrics.drop(columns="wall_time"))
 
 
+def test_a_platform_error_after_a_checkpoint_says_how_to_continue_the_run(tmp_path, monkeypatch):
+    from fedcomp.platform.errors import ClientFailure
+    from fedcomp.platform.server import Server
+
+    real = Server.run_round
+
+    def fail_in_round_4(self):
+        if self.counters.round == 3:
+            raise ClientFailure("client 2 kept failing")
+        return real(self)
+
+    monkeypatch.setattr(Server, "run_round", fail_in_round_4)
+    with pytest.raises(ClientFailure, match=r"^client 2 kept failing; round 2 is checkpointed; continue the run with: "
+                                            r"fedcomp run --resume .*$"):
+        fedcomp.run("quickstart", small(**{"run.out": str(tmp_path), "run.rounds": 5, "run.checkpoint_every": 2}))
+
+
 def test_drive_asks_for_the_rounds_up_to_each_checkpoint_at_once_with_the_ones_it_evaluates():
     """``drive`` hands the server each stretch of rounds up to the next checkpoint in one ``run_rounds`` (so that a
     server behind a hop can pipeline them), marking the rounds it evaluates; it checkpoints only at a stretch's

@@ -5,6 +5,7 @@ the offline W&B run through its transaction log."""
 from __future__ import annotations
 
 import json
+import time
 
 import numpy as np
 import pandas as pd
@@ -163,3 +164,29 @@ def test_cli_names_where_to_open_the_tracking(tmp_path, capsys):
     (run_dir,) = tmp_path.iterdir()
     assert f"curves: {run_dir / 'curves.png'}" in out
     assert f"tracking: tensorboard --logdir {run_dir / 'tensorboard'}" in out
+
+
+@pytest.mark.slow
+def test_runs_that_start_together_on_a_new_mlflow_store_all_track(tmp_path):
+    """The first use creates the store's tables: processes that meet there take turns (each failed but one)."""
+    import subprocess
+    import sys
+    import textwrap
+
+    go = tmp_path / "go"
+    code = textwrap.dedent(f"""
+        import pathlib, time
+        import mlflow.tracking  # the import before the start line, so that the processes meet at the tables
+        from fedcomp.platform.tracking import mlflow_client, mlflow_experiment
+        while not pathlib.Path({str(go)!r}).exists():
+            time.sleep(0.01)
+        client = mlflow_client({str(tmp_path / "results")!r})
+        print(mlflow_experiment(client, {str(tmp_path / "results")!r}, "shared"))
+    """)
+    procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in range(4)]
+    time.sleep(8)  # every process imported MLflow and waits
+    go.touch()
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert [p.returncode for p in procs] == [0] * 4, [err[-500:] for _, err in outs]
+    assert len({out.strip() for out, _ in outs}) == 1  # one experiment, found by all
