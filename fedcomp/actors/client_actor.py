@@ -67,8 +67,11 @@ class ClientActor:
         """The last reply through the compiled graph and its call number (:meth:`graph_reply`)."""
         # Fault injection for the reliability tests: FEDCOMP_FAULT_KILL="<round>:<first client of the actor>"
         # (or "<round>:<client>:<sub>", or "<round>:<client>:<sub>:<step>" for a step of an exchange: 0 =
-        # begin, k = the k-th answer) makes the first incarnation of that actor die (a real process exit) there.
-        self._kill = os.environ.get("FEDCOMP_FAULT_KILL", "")
+        # begin, k = the k-th answer) makes the first incarnation of that actor die (a real process exit) there;
+        # "join<n>:<client>" at its n-th joining of the actors' group (2: as the group forms again after a death).
+        # Several faults: comma-separated.
+        self._kill = set(os.environ.get("FEDCOMP_FAULT_KILL", "").split(","))
+        self._joins = 0
 
     def ready(self) -> dict[str, Any]:
         """Where this actor landed: its clients, node, process id, assigned GPU ids, the torch device it computes on
@@ -91,7 +94,7 @@ class ClientActor:
         """Exit the process if this is the first incarnation and ``where`` is the fault to inject."""
         first = self.host.clients[0]
         spec = ":".join(str(w) for w in (where[0], first, *where[1:]))
-        if self.incarnation == 0 and self._kill in (spec, f"{where[0]}:{first}"):
+        if self.incarnation == 0 and not self._kill.isdisjoint((spec, f"{where[0]}:{first}")):
             os._exit(1)
 
     @staticmethod
@@ -159,6 +162,9 @@ class ClientActor:
         return self.group.address()
 
     def join_group(self, address: str, rank: int, world: int, timeout_s: float) -> None:
+        self._joins += 1
+        if self.incarnation == 0 and f"join{self._joins}:{self.host.clients[0]}" in self._kill:
+            os._exit(1)
         self.group.join(address, rank, world, timeout_s)
 
     def leave_group(self) -> None:

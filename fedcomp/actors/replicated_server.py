@@ -109,9 +109,9 @@ class ReplicatedServer:
         rounds since again: the same numbers)."""
         self._catch_up()
         evaluated = list(evaluated)
-        done, skip, plan = 0, 0, evaluated
+        done, skip, plan, retries = 0, 0, evaluated, 0
         try:
-            for attempt in range(self.config.federation.max_retries + 1):
+            while True:
                 try:
                     for reply in self._stream(plan):
                         if skip:  # a round handed out before the retry, run again to catch up
@@ -122,12 +122,7 @@ class ReplicatedServer:
                         yield self._take(reply)
                     return
                 except _Broken as broken:
-                    if attempt == self.config.federation.max_retries:
-                        raise ClientFailure(
-                            f"client actors {sorted(broken.dead)} died in round {self.round + 1} {attempt + 1} times; "
-                            f"federation.max_retries = {self.config.federation.max_retries}"
-                        ) from None
-                    self._recover(broken.dead)
+                    retries = self._recover(broken.dead, retries)
                     skip = self.round - self.restore_round
                     plan = [False] * skip + evaluated[done:]
         finally:
@@ -200,15 +195,46 @@ class ReplicatedServer:
         if broken:
             raise ClientFailure(f"the client actors' group broke with no actor dead (actors {broken} stopped); see their errors above")
 
-    def _recover(self, dead: dict[int, str]) -> None:
-        """Replace the dead actors, form the group again and restore every replica from the restore point."""
-        first = len(self.actors.replacements)
-        for i, reason in sorted(dead.items()):
-            self.actors._replace(i, self.round, reason)
+    def _recover(self, dead: dict[int, str], retries: int) -> int:
+        """Replace the dead actors, form the group again and restore every replica from the restore point; an actor
+        that dies meanwhile (one of the others, or a replacement as it starts) is replaced in turn. Each replacing
+        counts against ``federation.max_retries`` (``retries`` of them spent already); returns those spent.
+
+        Raises:
+            ClientFailure: more deaths than ``federation.max_retries`` allows, or a failure with no actor dead.
+        """
+        first, replaced = len(self.actors.replacements), set[int]()
+        while True:
+            if retries == self.config.federation.max_retries:
+                raise ClientFailure(f"client actors {sorted(dead)} died in round {self.round + 1}, after {retries} "
+                                    f"replacing{'s' if retries != 1 else ''}; federation.max_retries = {retries}")
+            retries += 1
+            try:
+                for i, reason in sorted(dead.items()):
+                    self.actors._replace(i, self.round, reason)
+                    replaced.add(i)
+                self._form(sorted(replaced))
+                self._get([actor.replica_restore.remote(self.restore_point) for actor in self.actors.actors])
+                break
+            except ClientFailure:
+                dead = self._dead()
+                if not dead:
+                    raise
         for event in self.actors.replacements[first:]:
             event["rerun"] = f"restored every replica of the server to round {self.restore_round} and re-ran the rounds since"
-        self._form(sorted(dead))
-        self._get([actor.replica_restore.remote(self.restore_point) for actor in self.actors.actors])
+        return retries
+
+    def _dead(self) -> dict[int, str]:
+        """The client actors whose process is gone, with why (each asked whether it is there)."""
+        dead = {}
+        for i, actor in enumerate(self.actors.actors):
+            try:
+                ray.get(actor.ready.remote(), timeout=self.timeout)
+            except RayActorError as error:
+                dead[i] = _death(error)
+            except (RayTaskError, GetTimeoutError):
+                continue  # there, if failing: not a death to replace
+        return dead
 
     def _take(self, reply: dict[str, Any]) -> RoundReply:
         self.finite = reply["model_finite"]

@@ -59,6 +59,27 @@ def test_an_actor_killed_mid_run_is_replaced_and_the_run_ends_with_the_local_num
     assert f"client actor 1 (clients {4 if case == 'call' else 3}-" in capsys.readouterr().err
 
 
+@pytest.mark.slow
+def test_an_actor_that_dies_while_the_group_forms_again_is_replaced_too(ray_session, tmp_path, monkeypatch, capsys):
+    """The actor of clients 4..7 dies in round index 4; as the group forms again, the other (clients 0..3) dies at
+    its second joining: both are replaced, each counting against ``federation.max_retries``, and the run ends with
+    the local backend's numbers; with one retry allowed, the second death ends the run in one line."""
+    overrides = small(**ACC, **{"run.out": str(tmp_path)})
+    reference = _metrics(fedcomp.run("quickstart", overrides))
+    monkeypatch.setenv("FEDCOMP_FAULT_KILL", "4:4,join2:0")
+    capsys.readouterr()
+    result = fedcomp.run("quickstart", {**overrides, "federation.backend": "ray", "federation.server": "replicated"})
+    pd.testing.assert_frame_equal(_metrics(result), reference, check_exact=True)
+    events = json.loads((result.run_dir / "run.json").read_text())["actor_replacements"]
+    assert [event["actor"] for event in events] == [1, 0]
+    err = capsys.readouterr().err
+    assert "client actor 1 (clients 4-" in err and "client actor 0 (clients 0-" in err
+    with pytest.raises(fedcomp.ClientFailure, match=r"^client actors \[0\] died in round 5, after 1 replacing; "
+                                                      r"federation.max_retries = 1; round 3 is checkpointed"):
+        fedcomp.run("quickstart", {**overrides, "federation.backend": "ray", "federation.server": "replicated",
+                                   "federation.max_retries": 1})
+
+
 def test_an_error_a_replica_meets_reaches_the_user_as_raised(ray_session):
     """PDSGD's round program checks its dual weights against the task's examples: restored from a checkpoint of the
     wrong size, every replica raises the local backend's ConfigError, which reaches the user as it was raised (not
