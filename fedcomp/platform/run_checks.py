@@ -104,6 +104,10 @@ def open_checkpoint(run_dir: Path, config: Config) -> dict[str, Any]:
         StorageError: the checkpoint cannot be read (truncated, corrupt).
     """
     where = f"--resume {str(run_dir)!r}"
+    if not (run_dir / results.CHECKPOINT).is_file() and (run_dir / results.RUN_JSON).is_file():
+        raise ConfigError(f"{where}: no {results.CHECKPOINT} there: the run stopped before its first checkpoint "
+                          f"(round {config.run.checkpoint_every}), so there is nothing to continue; run its config "
+                          f"again (run.json holds it)")
     checkpoint = read_resume_file(run_dir, results.CHECKPOINT, results.read_checkpoint, "a resumable run folder",
                                   "; the run cannot continue from it")
     stored = checkpoint.get("identity")
