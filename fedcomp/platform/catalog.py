@@ -98,17 +98,24 @@ def import_source(source: str) -> None:
     path = Path(source).expanduser().resolve()
     if not path.is_file():
         raise ImportError(f"no such file {str(path)!r}")
+    if any(_file_of(module, path.name) == path for module in list(sys.modules.values())):
+        return  # imported already, by whatever name (``import mine`` beside it, in a folder that is a package too)
     parts, root = [path.stem], path.parent
     while (root / "__init__.py").is_file():
         parts.insert(0, root.name)
         root = root.parent
     name = ".".join(parts)
-    loaded = sys.modules.get(name)
-    if loaded is not None:
-        file = getattr(loaded, "__file__", None)
-        if file and Path(file).resolve() == path:
-            return
-        raise ImportError(f"a module named {name!r} is imported already, from {file}, not {str(path)!r}")
+    if name in sys.modules:
+        raise ImportError(f"a module named {name!r} is imported already, from {_file_of(sys.modules[name], None)}, not "
+                          f"{str(path)!r}")
     if str(root) not in sys.path:
         sys.path.insert(0, str(root))
     importlib.import_module(name)
+
+
+def _file_of(module: Any, named: str | None) -> Path | None:
+    """The module's file, resolved (only where its name is ``named``, when given: resolving every module's is slow)."""
+    file = getattr(module, "__file__", None)
+    if not isinstance(file, str) or (named is not None and not file.endswith(named)):
+        return None
+    return Path(file).resolve()

@@ -111,3 +111,28 @@ def test_a_class_registered_with_a_declaration_takes_its_attributes_from_it_alon
 def test_an_unknown_name_lists_the_declared_ones():
     with pytest.raises(ConfigError, match=r"algorithm\.name = 'nope' is unknown; allowed: .*fedavg.*scaffold"):
         load_config("quickstart", {"algorithm.name": "nope"})
+
+
+def test_a_module_file_imported_already_by_another_name_is_not_imported_again(tmp_path, monkeypatch):
+    """A user's ``import mine``, run beside ``mine.py`` in a folder that is a package too, and then the config's
+    ``module: .../pkg/mine.py`` (as a package's module, ``pkg.mine``): the file runs once, its classes registered
+    once. A file whose dotted name another file holds is refused."""
+    import importlib
+
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "mine_once.py").write_text("import sys\nsys.mine_once_runs = getattr(sys, 'mine_once_runs', 0) + 1\n")
+    monkeypatch.syspath_prepend(str(package))
+    importlib.import_module("mine_once")
+    try:
+        catalog.import_source(str(package / "mine_once.py"))
+        assert sys.mine_once_runs == 1 and "pkg.mine_once" not in sys.modules  # type: ignore[attr-defined]
+        other = tmp_path / "elsewhere"
+        other.mkdir()
+        (other / "mine_once.py").write_text("")
+        with pytest.raises(ImportError, match=r"^a module named 'mine_once' is imported already, from .*pkg/mine_once.py"):
+            catalog.import_source(str(other / "mine_once.py"))
+    finally:
+        sys.modules.pop("mine_once", None)
+        del sys.mine_once_runs  # type: ignore[attr-defined]
