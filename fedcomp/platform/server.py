@@ -50,7 +50,8 @@ class Server:
         which ``Algorithm.start`` completes in round 0)."""
         self.counters = Counters()
         self.train_loss = float("nan")
-        self._evaluate = task.evaluator()
+        with one_thread(config.run.deterministic):  # what the evaluator computes once (a task's optimum) too
+            self._evaluate = task.evaluator()
         self.problem = task.problem(self.algorithm.kind)
         self.algorithm.check_problem(self.problem)
         self._stats_model = task.running_statistics()

@@ -15,13 +15,22 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import torch
 
 import fedcomp
+from fedcomp.conformance import check
 from fedcomp.platform import catalog
 from fedcomp.platform.config import load_config
 from fedcomp.platform.errors import ConfigError, TaskError, TrialsFailed
 from fedcomp.platform.params import Params
-from fedcomp.platform.registry import DECLARED_TASKS, TASKS, register_algorithm, register_task
+from fedcomp.platform.registry import (
+    ALGORITHMS,
+    DECLARED_ALGORITHMS,
+    DECLARED_TASKS,
+    TASKS,
+    register_algorithm,
+    register_task,
+)
 from fedcomp.sweeps.spec import load_spec
 
 REPO = Path(__file__).resolve().parents[2]
@@ -69,7 +78,7 @@ def test_its_run_on_ray_actors_has_the_local_backends_numbers_and_converges(ray_
     runs = {backend: fedcomp.run(EXAMPLE_YAML, {**TINY, "run.rounds": 8, "federation.backend": backend,
                                                 "run.out": str(tmp_path)})
             for backend in ("local", "ray")}
-    pd.testing.assert_frame_equal(runs["ray"].metrics[METRICS], runs["local"].metrics[METRICS])
+    pd.testing.assert_frame_equal(runs["ray"].metrics[METRICS], runs["local"].metrics[METRICS], check_exact=True)
     distance = runs["local"].metrics["distance_to_optimum"]
     assert distance.iloc[-1] < 0.5 * distance.iloc[0]  # towards the pooled least-squares solution
 
@@ -109,7 +118,7 @@ def test_a_sweep_records_the_module_and_its_trials_import_it(ray_session, tmp_pa
     assert set(result.trials["status"]) == {"completed"} and result.trials["trial"].nunique() == 2
     alone = fedcomp.run(EXAMPLE_YAML, {**TINY, "algorithm.lr": 0.05, "federation.backend": "local", "run.out": str(tmp_path)})
     rows = result.trials[result.trials["algorithm.lr"] == 0.05].reset_index(drop=True)
-    pd.testing.assert_frame_equal(rows[METRICS], alone.metrics[METRICS], check_dtype=False)
+    pd.testing.assert_frame_equal(rows[METRICS], alone.metrics[METRICS], check_dtype=False, check_exact=True)
 
 
 @pytest.fixture
@@ -210,3 +219,37 @@ def test_a_sweep_whose_every_trial_fails_says_why_in_one_line_and_keeps_its_fold
     [folder] = (tmp_path / "out").iterdir()
     trials = pd.read_parquet(folder / "trials.parquet")
     assert set(trials["status"]) == {"error"} and trials["trial"].nunique() == 2
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_fedcomp_check_finds_the_example_conformant_on_every_backend_packing_and_resume(ray_session):
+    outcome = check(EXAMPLE_YAML, {**TINY, "run.rounds": 6, "run.eval_every": 2})
+    assert [c.what for c in outcome.checks] == [
+        "the same seed again, local backend", "ray (2 client actors, clients_per_actor=2), packed as configured",
+        "ray (4 client actors, clients_per_actor=1), packed otherwise", "stopped at round 2 and resumed from its checkpoint",
+    ]
+    assert outcome.identical and outcome.skipped == [] and outcome.rows == 4
+    assert outcome.report().splitlines()[-1].startswith("all 4 identical")
+
+
+def test_fedcomp_check_tells_an_algorithm_that_draws_outside_its_generator():
+    """Noise from torch's global generator, not the one ``draw`` is given: the same seed gives other numbers."""
+    catalog.import_source(str(EXAMPLE))
+    parent = catalog.algorithm_class("fedavg-hb")
+
+    def update(self, problem, state, batch, step):  # type: ignore[no-untyped-def]
+        new, loss = parent.update(self, problem, state, batch, step)
+        return new.replace(x=new.x + 1e-3 * torch.randn_like(new.x)), loss
+
+    register_algorithm("fedavg-hb-noisy")(type("Noisy", (parent,), {"update": update, "__module__": __name__}))
+    try:
+        outcome = check(EXAMPLE_YAML, {**TINY, "algorithm.name": "fedavg-hb-noisy", "run.rounds": 4,
+                                       "run.eval_every": 2}, ray=False)
+    finally:
+        ALGORITHMS.pop("fedavg-hb-noisy"), DECLARED_ALGORITHMS.pop("fedavg-hb-noisy")
+    same_seed, resumed = outcome.checks
+    assert not same_seed.identical and "distance_to_optimum" in [d.column for d in same_seed.differences]
+    assert same_seed.line().startswith("  DIFFERENT  the same seed again, local backend: ")
+    assert outcome.skipped == ["the Ray runs (ray=False, --no-ray)"]
+    assert outcome.report().splitlines()[-1].startswith("2 of 2 DIFFERENT")

@@ -1,0 +1,129 @@
+"""``fedcomp check CONFIG``: what fedcomp promises of every algorithm and task, checked on one config -- a user's
+own algorithm or task above all, which fedcomp's test suite does not know.
+
+Each check runs the config again and compares every metric column with the first run's, bit for bit
+(:func:`fedcomp.verification.compare`; ``wall_time`` is not compared):
+
+1. **the same seed again**, on the local backend: every draw comes from the generator ``draw`` is given (a
+   ``torch.randn`` without it, or a set iterated in hash order, breaks this);
+2. **on Ray**, the clients packed as the config says, and **packed otherwise** (half as many clients an actor):
+   the clients' results are added in a fixed order wherever they run (client state kept anywhere else breaks this);
+3. **stopped and resumed**: the run to its middle evaluated round, then continued from that checkpoint to the end
+   (state that the algorithm's records do not hold -- an attribute set in ``round`` -- breaks this).
+
+Every run goes to a temporary folder, removed afterwards.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fedcomp.platform import results
+from fedcomp.platform.config import Config, load_config
+from fedcomp.verification import ColumnDifference, backend_text, compare
+
+
+@dataclass(frozen=True)
+class Check:
+    """One re-run compared with the first run: what it was, the columns that differ and any shape problem."""
+
+    what: str
+    differences: list[ColumnDifference]
+    problems: list[str]
+
+    @property
+    def identical(self) -> bool:
+        return not self.differences and not self.problems
+
+    def line(self) -> str:
+        if self.identical:
+            return f"  identical  {self.what}"
+        found = [f"{d.column} ({d.rows} rows, up to {d.max_abs_diff:.3g})" for d in self.differences] + self.problems
+        return f"  DIFFERENT  {self.what}: {'; '.join(found)}"
+
+
+@dataclass(frozen=True)
+class Conformance:
+    """The outcome of :func:`check`."""
+
+    config: Config
+    rows: int
+    columns: int
+    checks: list[Check]
+    skipped: list[str]
+    seconds: float
+
+    @property
+    def identical(self) -> bool:
+        return all(c.identical for c in self.checks)
+
+    def report(self) -> str:
+        run = self.config.run
+        lines = [f"check {self.config.algorithm_name} on {self.config.task_name} ({self.config.federation.clients} "
+                 f"clients, {run.rounds} rounds, seed {run.seed}): every metric column ({self.columns}) over "
+                 f"{self.rows} rows, bit for bit"]
+        lines += [c.line() for c in self.checks] + [f"  skipped    {why}" for why in self.skipped]
+        failed = sum(not c.identical for c in self.checks)
+        verdict = f"all {len(self.checks)} identical" if not failed else f"{failed} of {len(self.checks)} DIFFERENT"
+        lines.append(f"{verdict} ({self.seconds:.1f} s)")
+        return "\n".join(lines)
+
+
+def check(
+    source: str | Path | Mapping[str, Any] | Config = "quickstart", overrides: Mapping[str, Any] | None = None,
+    ray: bool = True,
+) -> Conformance:
+    """Run the config (a preset, a YAML file, a dict or a :class:`Config`, with ``overrides``) and the re-runs of
+    the module docstring; ``ray=False`` leaves out the Ray runs.
+
+    Raises:
+        ConfigError: the config is not valid.
+    """
+    from fedcomp.api import make_server
+    from fedcomp.platform.runner import execute
+
+    started = time.perf_counter()
+    config = source.replace(**(overrides or {})) if isinstance(source, Config) else load_config(source, overrides)
+    rounds, every = config.run.rounds, config.run.eval_every
+    middle = (rounds // 2) // every * every
+    with tempfile.TemporaryDirectory(prefix="fedcomp-check-") as out:
+
+        def run(**changes: Any) -> tuple[dict[str, Any], Any]:
+            done = execute(config.replace(**{"run.out": out, "run.track": "none", "run.progress": "none", **changes}),
+                           make_server)
+            return results.read_json(done.run_dir / results.RUN_JSON), done
+
+        _, first = run(**{"federation.backend": "local"})
+        reruns = [("the same seed again, local backend", run(**{"federation.backend": "local"})[1].metrics)]
+        skipped = []
+        if ray:
+            meta, done = run(**{"federation.backend": "ray"})
+            reruns.append((f"{backend_text(meta['backend'])}, packed as configured", done.metrics))
+            packed = int(meta["backend"].get("clients_per_actor", 1))
+            other = packed // 2 if packed > 1 else 2  # half as many clients an actor (or two, from one)
+            if other <= config.federation.clients:
+                meta, done = run(**{"federation.backend": "ray", "federation.clients_per_actor": other})
+                reruns.append((f"{backend_text(meta['backend'])}, packed otherwise", done.metrics))
+            else:
+                skipped.append("Ray packed otherwise: one client, one packing")
+        else:
+            skipped.append("the Ray runs (ray=False, --no-ray)")
+        if 0 < middle < rounds:
+            _, stopped = run(**{"federation.backend": "local", "run.rounds": middle, "run.checkpoint_every": middle})
+            resumed = execute(config.replace(**{"run.out": out, "run.track": "none", "run.progress": "none",
+                                                "federation.backend": "local", "run.checkpoint_every": middle}),
+                              make_server, resume_dir=stopped.run_dir)
+            reruns.append((f"stopped at round {middle} and resumed from its checkpoint", resumed.metrics))
+        else:
+            skipped.append(f"stopped and resumed: no evaluated round (run.eval_every = {every}) before the last of "
+                           f"{rounds} to stop at")
+    checks = []
+    for what, metrics in reruns:
+        columns, found, problems = compare(first.metrics, metrics)
+        checks.append(Check(what, found, problems))
+    return Conformance(config, len(first.metrics), len(columns), checks, skipped, time.perf_counter() - started)
