@@ -26,7 +26,7 @@ import pandas as pd
 from fedcomp.platform import results
 from fedcomp.platform.config import load_config
 from fedcomp.platform.environment import differences, summary
-from fedcomp.platform.errors import ConfigError
+from fedcomp.platform.errors import ConfigError, Interrupted
 
 ALLOWED = (
     "federation.backend",
@@ -197,7 +197,12 @@ def verify(
     try:
         config = load_config(meta["config"], {**changes, "run.out": str(target), "run.track": "none",
                                               "run.progress": progress})
-        result = execute(config, make_server)
+        try:
+            result = execute(config, make_server)
+        except Interrupted:
+            if out is not None:
+                raise  # the re-run's folder under --out is kept: its message says how to continue it
+            raise Interrupted("the re-run ran in a temporary folder, removed; nothing to continue: verify again") from None
         rerun_meta, rerun = read_run(result.run_dir)
     finally:
         if out is None:

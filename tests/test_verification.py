@@ -141,3 +141,22 @@ class _no_raise:
 
     def __exit__(self, *exc):
         return False
+
+
+def test_a_verification_stopped_by_ctrl_c_says_there_is_nothing_to_continue(tmp_path, monkeypatch, capsys):
+    """Its re-run lived in a temporary folder, removed as the verification stops: no ``--resume`` of a folder gone."""
+    from fedcomp.platform.server import Server
+
+    original = fedcomp.run("quickstart", small(**{"run.out": str(tmp_path), "run.rounds": 4, "run.checkpoint_every": 1}))
+    real = Server.run_round
+
+    def ctrl_c_in_round_3(self):
+        if self.counters.round == 2:
+            raise KeyboardInterrupt
+        return real(self)
+
+    monkeypatch.setattr(Server, "run_round", ctrl_c_in_round_3)
+    code = main(["verify", str(original.run_dir)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 130 and err[-1] == ("fedcomp: interrupted: the re-run ran in a temporary folder, removed; nothing "
+                                       "to continue: verify again")  # after the re-run's progress lines

@@ -390,7 +390,7 @@ def _named(section: str, raw: Mapping[str, Any], table: Mapping[str, T]) -> tupl
     name = body.pop("name", None)
     if name is None:
         raise ConfigError(f"{section}.name is missing; allowed: {', '.join(sorted(table))}")
-    if name not in table:
+    if not isinstance(name, str) or name not in table:
         raise ConfigError(f"{section}.name = {name!r} is unknown; allowed: {', '.join(sorted(table))}")
     return name, table[name], body
 

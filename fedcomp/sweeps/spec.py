@@ -297,6 +297,10 @@ def validate(spec: SweepSpec) -> list[str]:
                               f"a sweep's trials, each in a process of its own, cannot import; move it into a module "
                               f"(a .py file the script imports)")
         modules.extend(config.modules())
+        if spec.scheduler == "asha" and spec.grace_rounds > config.run.rounds:
+            raise ConfigError(f"{where}grace_rounds = {spec.grace_rounds}: ASHA gives every trial that many rounds before "
+                              f"it may stop one, more than run.rounds = {config.run.rounds}; use grace_rounds <= "
+                              f"{config.run.rounds} or more rounds")
         if config.federation.gpu_packing == "auto":
             raise ConfigError(f"{where}federation.gpu_packing = 'auto': a trial's placement group is sized from "
                               f"federation.clients_per_actor before the trial starts; use gpu_packing: fixed in sweeps")
