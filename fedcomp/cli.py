@@ -74,14 +74,16 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         )
     from fedcomp.sweeps.report import best_and_edges, edge_warnings, extension_summary, markdown, sweep_report
 
-    failed = sorted(set(result.trials.loc[result.trials["status"] != "completed", "trial"]))
+    failed = sorted(set(result.trials.loc[result.trials["status"] == "error", "trial"]))
+    diverged = result.trials.loc[result.trials["status"] == "diverged", "trial"].nunique()
     print(markdown(result.trials, result.spec, warnings=False))
     for line in edge_warnings(best_and_edges(result.trials, result.spec)[1]):
         print(line)
     for line in extension_summary(result.path):
         print(line)
     png, md = sweep_report(result)
-    print(f"sweep {result.path.name}: {result.trials['trial'].nunique()} trials, {len(failed)} failed")
+    print(f"sweep {result.path.name}: {result.trials['trial'].nunique()} trials, {len(failed)} failed"
+          + (f", {diverged} diverged (their rounds before it kept; final metrics nan)" if diverged else ""))
     print(f"results: {result.path / 'trials.parquet'}\nplot: {png}\ntable: {md}")
     from fedcomp.platform.tracking import where
 

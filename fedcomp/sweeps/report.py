@@ -34,10 +34,16 @@ def _varying(trials: pd.DataFrame, spec: SweepSpec) -> list[str]:
 
 def final_rows(trials: pd.DataFrame) -> pd.DataFrame:
     """Each trial's last evaluation row; trials stopped early (ASHA) -- whose last round is short of their own
-    ``run.rounds`` -- are left out when others ran on."""
+    ``run.rounds`` -- are left out when others ran on. A diverged trial (``status``) keeps its row with every metric
+    nan: it ends no better than any configuration that ran to the end."""
     last = trials.sort_values("round").groupby("trial", sort=True).tail(1)
+    diverged = last["status"] == "diverged" if "status" in last else pd.Series(False, index=last.index)
+    if diverged.any():
+        metrics = [c for c in last.columns if "." not in c and c not in ("trial", "status", "round")]
+        last = last.copy()
+        last.loc[diverged, metrics] = float("nan")
     planned = last["run.rounds"] if "run.rounds" in last else pd.Series(last["round"].max(), index=last.index)
-    full = last[last["round"] >= planned]
+    full = last[(last["round"] >= planned) | diverged]
     return full if not full.empty else last[last["round"] == last["round"].max()]
 
 
@@ -181,12 +187,17 @@ def markdown(trials: pd.DataFrame, spec: SweepSpec, metric: str | None = None, w
         panel = "".join(f"{row[p]} | " for p in spec.panels)
         lines.append(
             f"| {panel}{row['algorithm.name']} | {_describe(row, keys, tuple(spec.panels), edges_of(edges, row, by))} | "
-            f"{row['mean']:.4f} ± {row['std']:.4f} | {row['seeds']} |"
+            f"{_mean_std(row)} | {row['seeds']} |"
         )
     lines += ["", "### Every configuration", "", f"| algorithm | configuration | final {metric} | seeds |", "|---|---|---:|---:|"]
     for _, row in every.iterrows():
-        lines.append(f"| {row['algorithm.name']} | {_describe(row, keys)} | {row['mean']:.4f} ± {row['std']:.4f} | {row['seeds']} |")
+        lines.append(f"| {row['algorithm.name']} | {_describe(row, keys)} | {_mean_std(row)} | {row['seeds']} |")
     return "\n".join(lines) + "\n"
+
+
+def _mean_std(row: pd.Series) -> str:
+    """``mean ± std``, or ``diverged`` where a seed's final metric is nan (a diverged run's)."""
+    return "diverged" if row["mean"] != row["mean"] else f"{row['mean']:.4f} ± {row['std']:.4f}"
 
 
 def best_curve(trials: pd.DataFrame, keys: list[str], row: pd.Series, x: str, metric: str) -> pd.DataFrame:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import sys
 from collections.abc import Iterable, Mapping
@@ -25,7 +26,7 @@ from ray import tune
 
 from fedcomp.actors.cluster import auto_clients_per_actor, floor_share
 from fedcomp.actors.quiet_exit import drop_lost_exits, drop_lost_exits_in_a_worker
-from fedcomp.platform import results
+from fedcomp.platform import results, run_checks
 from fedcomp.platform.config import Config
 from fedcomp.platform.errors import ResourceError
 from fedcomp.platform.runner import drive
@@ -207,6 +208,13 @@ def run_trial(trial: dict[str, Any], spec_json: str, cluster_has_gpus: bool, env
         for step in drive(config, server, checkpoint):
             if step.round == exit_round:
                 os._exit(1)  # fault injection for tests: the trial's process dies mid-run
+            if config.run.on_divergence == "stop" and step.loss is not None and run_checks.divergence(step.loss, server):
+                # as a run stops: the rounds before it are the trial's (tuner.collect reads the last row as the mark)
+                for row in step.rows:
+                    if reported < row["round"] < step.round:
+                        tune.report({**row, "trial_round": row["round"]})
+                tune.report({**dict.fromkeys(step.rows[-1], math.nan), "round": step.round, "trial_round": step.round})
+                return
             # Every evaluation row once (the first step also carries round 0's), as in metrics.parquet;
             # a checkpoint round without an evaluation repeats the latest row to carry the checkpoint.
             reports = [{**row, "trial_round": row["round"]} for row in step.rows if row["round"] > reported]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import math
 import os
 import signal
 import sys
@@ -476,11 +477,13 @@ def collect(grid: ResultGrid, spec: SweepSpec) -> pd.DataFrame:
             else:
                 rows, later = read_trial_rows(result.checkpoint), reported
             rows += _later_rows(rows, later)
+            rows, diverged = _until_divergence(rows, spec.trial_config(member).run.on_divergence)
             frame = pd.DataFrame(rows or [{}])
             config_columns.update(dict.fromkeys(config))
             metric_columns.update(dict.fromkeys(frame.columns))
             name = f"{trial_id}-{k}" if packed else trial_id
-            head = pd.DataFrame([{"trial": name, "status": status, **config}] * len(frame))
+            shown = "diverged" if diverged and status == "completed" else status
+            head = pd.DataFrame([{"trial": name, "status": shown, **config}] * len(frame))
             frames.append(pd.concat([head, frame.reset_index(drop=True)], axis=1))
     if not frames:
         return pd.DataFrame()
@@ -490,6 +493,20 @@ def collect(grid: ResultGrid, spec: SweepSpec) -> pd.DataFrame:
         if out[column].dtype == object and out[column].map(type).nunique() > 1:
             out[column] = out[column].map(lambda v: v if isinstance(v, (list, tuple)) else str(v))
     return out.sort_values(["trial", "round"], kind="stable", ignore_index=True) if "round" in out else out
+
+
+def _until_divergence(rows: list[dict[str, Any]], on_divergence: str) -> tuple[list[dict[str, Any]], bool]:
+    """A configuration's rows before its first non-finite training loss (after round 0, which has none), and whether
+    it diverged: under ``run.on_divergence: stop`` a sweep keeps what a run keeps, the rounds before the divergence
+    (a trial stops there, and reports a row with a non-finite loss to say so; a lockstep pack's configuration runs on
+    with its neighbours); under ``continue``, every row, the run not counted as diverged (as a run's status)."""
+    if on_divergence == "continue":
+        return rows, False
+    for i, row in enumerate(rows):
+        loss = row.get("train_loss")
+        if row.get("round", 0) > 0 and isinstance(loss, (int, float)) and not math.isfinite(loss):
+            return rows[:i], True
+    return rows, False
 
 
 def _later_rows(rows: list[dict[str, Any]], reported: pd.DataFrame | None) -> list[dict[str, Any]]:

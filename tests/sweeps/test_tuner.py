@@ -27,6 +27,7 @@ from fedcomp.platform.errors import ResourceError
 from fedcomp.sweeps import tune_state
 from fedcomp.sweeps.report import best_configurations, sweep_report
 from fedcomp.sweeps.trial import FAULT_EXIT
+from fedcomp.sweeps.tuner import load_sweep
 from tests.sweeps.test_tune_state import recorded_checkpoints
 from tests.sweeps.tiny import TINY
 
@@ -361,3 +362,20 @@ def test_a_sweep_whose_tune_state_was_cut_short_resumes_from_fedcomps_copy(ray_s
     assert "missing when the sweep was killed" in capfd.readouterr().err
     pd.testing.assert_frame_equal(again.sort_values(["trial", "round"]).reset_index(drop=True),
                                   before.sort_values(["trial", "round"]).reset_index(drop=True))
+
+
+def test_a_diverged_trial_keeps_its_rounds_before_it_and_never_ranks(ray_session, tmp_path, capsys):
+    """A step size that blows up: the trial stops at the round it diverged in, as a run does (``run.on_divergence:
+    stop``), its rows are the rounds before it, its status ``diverged``; its configuration's final metric is nan,
+    so the best is the finite one, and the command line counts it apart from failures (exit 0)."""
+    (tmp_path / "blows-up.yaml").write_text(yaml.safe_dump(tiny(tmp_path, backend="local", grid={"algorithm.lr": [0.1, 1e30]})))
+    code = main(["sweep", str(tmp_path / "blows-up.yaml"), "--verbose", "0"])
+    out = capsys.readouterr().out
+    assert code == 0 and "2 trials, 0 failed, 1 diverged" in out and "| lr=1e+30 | diverged | 1 |" in out
+    [folder] = [p for p in tmp_path.iterdir() if p.is_dir() and (p / "trials.parquet").is_file()]
+    trials = pd.read_parquet(folder / "trials.parquet")
+    blown = trials[trials["algorithm.lr"] == 1e30]
+    assert set(blown["status"]) == {"diverged"} and blown["round"].tolist() == [0]
+    assert set(trials[trials["algorithm.lr"] == 0.1]["status"]) == {"completed"}
+    result = load_sweep(folder)
+    assert best_configurations(result.trials, result.spec)["algorithm.lr"].tolist() == [0.1]
