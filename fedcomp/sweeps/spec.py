@@ -285,6 +285,7 @@ def validate(spec: SweepSpec) -> list[str]:
                 raise ConfigError(f"table: {key!r} is not an axis of this sweep; allowed: {', '.join(allowed)}")
     backends: set[str] = set()
     modules: list[str] = []
+    shortest = (math.inf, "")  # the fewest rounds of a trial, and where
     spec.import_modules()
     for point in candidates:
         where = f"sweep point {point}: " if point else ""
@@ -297,15 +298,16 @@ def validate(spec: SweepSpec) -> list[str]:
                               f"a sweep's trials, each in a process of its own, cannot import; move it into a module "
                               f"(a .py file the script imports)")
         modules.extend(config.modules())
-        if spec.scheduler == "asha" and spec.grace_rounds > config.run.rounds:
-            raise ConfigError(f"{where}grace_rounds = {spec.grace_rounds}: ASHA gives every trial that many rounds before "
-                              f"it may stop one, more than run.rounds = {config.run.rounds}; use grace_rounds <= "
-                              f"{config.run.rounds} or more rounds")
+        shortest = min(shortest, (config.run.rounds, where))
         if config.federation.gpu_packing == "auto":
             raise ConfigError(f"{where}federation.gpu_packing = 'auto': a trial's placement group is sized from "
                               f"federation.clients_per_actor before the trial starts; use gpu_packing: fixed in sweeps")
         backends.add(config.federation.backend)
     _check_pack(spec, backends)
+    rounds, where = shortest
+    if spec.scheduler == "asha" and spec.grace_rounds > rounds:
+        raise ConfigError(f"{where}grace_rounds = {spec.grace_rounds}: ASHA gives every trial that many rounds before it "
+                          f"may stop one, more than run.rounds = {rounds}; use grace_rounds <= {rounds} or more rounds")
     metric, _ = spec.resolved_metric()
     task = spec.base_config().task_name
     metrics = catalog.tasks()[task].metrics
