@@ -119,3 +119,28 @@ def test_joint_axis_sets_its_keys_together():
         spec(grid={"algorithm.local_steps,run.rounds": [[4, 8], [8]]})
     with pytest.raises(ConfigError, match=r"grid axis 'rounds': not of the form section.key"):
         spec(grid={"algorithm.local_steps,rounds": [[4, 8]]})
+
+
+def test_the_readmes_sweep_files_are_valid_with_the_flags_it_shows_them_with(tmp_path, monkeypatch):
+    """Each ``fedcomp sweep my-*.yaml ...`` line of the README, on the sweep file the README shows, parsed by the
+    command line's own parser: every trial a valid run config."""
+    import re
+    import shlex
+    from pathlib import Path
+
+    from fedcomp.cli import _overrides, build_parser
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    for block in re.findall(r"```yaml\n(.*?)```", readme, re.S):
+        if block.startswith("# my-"):
+            (tmp_path / block.split(":")[0][2:]).write_text(block)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["my-optuna.yaml", "my-sweep.yaml"]
+    monkeypatch.chdir(tmp_path)
+    lines = [line.split("#")[0] for line in readme.splitlines() if line.startswith("fedcomp sweep my-")]
+    assert len(lines) == 3
+    for line in lines:
+        args = build_parser().parse_args(shlex.split(line)[1:])
+        spec = load_spec(args.spec, search=args.search, num_samples=args.num_samples, seeds=args.seeds,
+                         scheduler=args.scheduler, max_concurrent=args.max_concurrent, pack=args.pack,
+                         set=_overrides(args.set))
+        assert spec.points() or spec.search == "optuna", line
