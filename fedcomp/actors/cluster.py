@@ -69,7 +69,7 @@ def connect(address: str | None = None, worker_log_level: str | None = None) -> 
         quiet_ray_start()
         started = time.perf_counter()
         if address:
-            probe(address, field)  # an address that cannot be a Ray head fails in one line, before anything is said
+            address = probe(address, field)  # one that cannot be a Ray head fails in one line, before anything is said
             announce(f"connecting to Ray at {address} ...")
             try:
                 ray.init(address=address, **kwargs)
@@ -225,26 +225,25 @@ def parse_address(address: str, field: str = "federation.ray_address") -> tuple[
     return host, port
 
 
-def probe(address: str, field: str = "federation.ray_address", timeout: float = PROBE_TIMEOUT_S) -> None:
-    """Check that ``address`` answers within ``timeout`` seconds (Ray itself retries for minutes).
+def probe(address: str, field: str = "federation.ray_address", timeout: float = PROBE_TIMEOUT_S) -> str:
+    """Check that ``address`` answers within ``timeout`` seconds (Ray itself retries for minutes); returns the
+    address to join: ``auto`` read as the cluster that ``ray start`` recorded on this machine (Ray's own ``auto``
+    falls back to any Ray it finds running here -- another user's session, a test's private one).
 
     Raises:
         ResourceError: one line naming ``field``, the address and what is wrong.
     """
-    target = parse_address(address, field)
+    target, join = parse_address(address, field), address
     if target is None:
-        from ray._private.services import canonicalize_bootstrap_address  # Ray's own reading of "auto"
+        from ray._private.utils import read_ray_address  # what `ray start` wrote (/tmp/ray/ray_current_cluster)
 
-        try:
-            found = canonicalize_bootstrap_address("auto")
-        except ConnectionError:
-            found = None
+        found = read_ray_address()
         if not found:
             raise ResourceError(
-                f"{field} = 'auto': no running Ray cluster found on this machine; give its HOST:PORT, or drop the "
-                f"address to run on a fresh local Ray"
+                f"{field} = 'auto': no cluster started with `ray start` on this machine; give its HOST:PORT, or drop "
+                f"the address to run on a fresh local Ray"
             )
-        target = parse_address(found, field)
+        target, join = parse_address(found, field), found
         assert target is not None
     host, port = target
     try:
@@ -255,13 +254,14 @@ def probe(address: str, field: str = "federation.ray_address", timeout: float = 
             f"{field} = {address!r}: cannot reach {host}:{port} ({reason}) within {timeout:g}s; start the cluster "
             f"(`ray start --head`) or drop the address to run on a fresh local Ray"
         ) from None
-    if not address.strip().startswith("ray://"):
+    if not join.strip().startswith("ray://"):
         problem = _gcs_problem(host, port, 2 * timeout)
         if problem:
             raise ResourceError(
                 f"{field} = {address!r}: {host}:{port} is not a Ray head answering ({problem}); give the head's GCS "
                 f"port (6379 unless `ray start --port` said otherwise) or ray://HOST:10001"
             )
+    return join
 
 
 def _gcs_problem(host: str, port: int, timeout: float) -> str | None:

@@ -27,6 +27,7 @@ from fedcomp.actors.cluster import (
     auto_clients_per_actor,
     idle_daemons_not_started,
     plan_actors,
+    probe,
     started_daemons,
 )
 from fedcomp.cli import main
@@ -417,3 +418,19 @@ def test_errors_are_unwrapped_through_nested_actors(ray_session):
     outer = Outer.remote()
     with pytest.raises(ConfigError, match=r"^task.root = '/nowhere': no data there$"):
         wait_ready([outer], ["outer"], 60)
+
+
+def test_auto_means_the_cluster_ray_start_recorded_not_any_ray_running_here(tmp_path, monkeypatch):
+    """Ray's own ``auto`` joins any Ray it finds running on the machine when ``ray start`` recorded none (another
+    user's session, a test's private one): fedcomp's reads only what ``ray start`` wrote."""
+    monkeypatch.setenv("RAY_TMPDIR", str(tmp_path))  # where Ray keeps the address `ray start` recorded
+    with pytest.raises(ResourceError, match=r"^federation.ray_address = 'auto': no cluster started with `ray start` "
+                                            r"on this machine; give its HOST:PORT"):
+        probe("auto")
+    (tmp_path / "ray").mkdir()
+    with socket.socket() as unused:
+        unused.bind(("127.0.0.1", 0))
+        port = unused.getsockname()[1]
+    (tmp_path / "ray" / "ray_current_cluster").write_text(f"127.0.0.1:{port}\n")
+    with pytest.raises(ResourceError, match=rf"^federation.ray_address = 'auto': cannot reach 127.0.0.1:{port} "):
+        probe("auto", timeout=2)
