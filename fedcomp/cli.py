@@ -63,7 +63,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         raise PlatformError(f"--max-concurrent = {args.max_concurrent}: must be >= 1")
     if args.resume:
         if (args.spec or args.set or args.search or args.num_samples or args.seeds or args.scheduler or args.pack
-                or args.extend_edges or args.edge_cap is not None):
+                or args.extend_edges or args.edge_cap is not None or args.max_concurrent is not None):
             raise PlatformError("--resume SWEEP_DIR continues a sweep with its stored spec; drop the preset and flags")
         result = fedcomp.resume_sweep(args.resume, ray_address=args.ray_address, verbose=args.verbose)
     else:
