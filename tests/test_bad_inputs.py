@@ -232,6 +232,7 @@ CASES = [
     Case("task-noise-inf", run("task.noise_ratio=inf"), "task.noise_ratio = 'inf': Input should be a finite number"),
     Case("task-unknown-key", run("task.dimension=3"), "task.dimension: unknown key; allowed keys: name, dim"),
     Case("task-objective", run("task.objective=mine"), "task.objective = 'mine': Input should be 'paper' or 'official-code'"),
+    Case("lr-empty", run("algorithm.lr="), "algorithm.lr = '': Input should be a valid number"),
     Case("rounds-a-boolean", run("run.rounds=true"), "run.rounds = True: a boolean where a number or a word is wanted"),
     Case("beta-a-boolean", run("algorithm.beta=yes"), "algorithm.beta = True: a boolean where a number or a word is wanted"),
     Case("algorithm-name-a-list", run("algorithm.name=[fcsg]"), "algorithm.name = ['fcsg'] is unknown; allowed: "),
@@ -318,7 +319,7 @@ CASES = [
     Case("name-too-long", run("run.name=" + "x" * 201), "run.name = '" + "x" * 201 + "': is 201 bytes long; at most 200 allowed"),
     Case("name-too-long-in-utf8", run("run.name=" + "é" * 101),
          "run.name = '" + "é" * 101 + "': is 202 bytes long; at most 200 allowed"),  # bytes, as folder names count
-    Case("out-empty", ("run", "quickstart", *FAST, "--set", "run.out="), "run.out = None: Input should be a valid string"),
+    Case("out-empty", ("run", "quickstart", *FAST, "--set", "run.out="), "run.out = '': must be a folder path"),
     Case("out-under-a-file", ("run", "quickstart", *FAST, "--set", "run.out={file}/results"),
          "run.out = '{file}/results': '{file}' is a file, not a folder", file("plain.txt", "not a folder")),
     Case("out-is-a-file", ("run", "quickstart", *FAST, "--set", "run.out={file}"),

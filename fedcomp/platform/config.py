@@ -310,7 +310,10 @@ def _modules_beside(raw: dict[str, Any], folder: Path) -> None:
 
 
 def parse_value(text: str) -> Any:
-    """Turn a ``--set`` value into a typed value the way YAML would (``0.01`` -> float, ``true`` -> bool)."""
+    """Turn a ``--set`` value into a typed value the way YAML would (``0.01`` -> float, ``true`` -> bool); an empty
+    one stays the empty text (YAML's null would be reported as ``None``, not as what was typed)."""
+    if not text.strip():
+        return text
     try:
         return yaml.safe_load(text)
     except yaml.YAMLError:

@@ -283,8 +283,9 @@ def _quiet_tune(verbose: int) -> Iterator[None]:
     trial killed before its first report, on ``--resume``) -- fedcomp takes every trial's rows from its
     checkpoints -- and its advice to resume an interrupted sweep with ``Tuner.restore`` (:class:`DropRestoreHint`).
     Below ``verbose=2``: a failed trial's traceback (:class:`DropTrialTraceback`). At ``verbose=0`` also: Tune's newer console output (it prints its experiment box and TensorBoard hint at
-    every verbosity; its older reporter honours 0) and its driver-side warnings."""
-    names = ["ray.tune.analysis.experiment_analysis"] + ([] if verbose else ["ray.tune", "ray.train"])
+    every verbosity; its older reporter honours 0), its driver-side warnings and Optuna's notes ("A new study
+    created in memory")."""
+    names = ["ray.tune.analysis.experiment_analysis"] + ([] if verbose else ["ray.tune", "ray.train", "optuna"])
     loggers = [logging.getLogger(name) for name in names]
     levels = [logger.level for logger in loggers]
     before = os.environ.get("RAY_AIR_NEW_OUTPUT")
