@@ -29,6 +29,7 @@ def test_run_and_report(tmp_path, capsys):
     assert main(["report", str(tmp_path)]) == 0
     text = capsys.readouterr().out
     assert "| fcsg-m |" in text and "| fcsg |" in text
+    assert text.count("| 0 | completed | 3 |") == 2  # seed, status (run.json's), rounds
     assert (tmp_path / "report.png").stat().st_size > 1000
     assert (tmp_path / "report.md").is_file()
 

@@ -52,12 +52,13 @@ def _metric_per_run(df: pd.DataFrame, metric: str | None) -> dict[str, str]:
     return {run: metric or headline(task) for run, task in tasks.items()}
 
 
-def summary_table(df: pd.DataFrame, metric: str | None = None) -> str:
-    """Markdown table: one row per run with its metric's final and best value (best in the metric's direction)."""
+def summary_table(df: pd.DataFrame, metric: str | None = None, statuses: dict[str, str] | None = None) -> str:
+    """Markdown table: one row per run with its status (``run.json``'s: completed, diverged, interrupted, running),
+    its metric's final and best value (best in the metric's direction)."""
     shown = _metric_per_run(df, metric)
     lines = [
-        "| run | algorithm | task | seed | rounds | metric | final | best | wall time (s) |",
-        "|---|---|---|---|---:|---|---:|---:|---:|",
+        "| run | algorithm | task | seed | status | rounds | metric | final | best | wall time (s) |",
+        "|---|---|---|---|---|---:|---|---:|---:|---:|",
     ]
     for run_id, g in df.groupby("run_id", sort=True):
         last, name = g.iloc[-1], shown[run_id]
@@ -65,7 +66,8 @@ def summary_table(df: pd.DataFrame, metric: str | None = None) -> str:
         best = values.min() if metric_mode(last["task"], name) == "min" else values.max()
         final = values.iloc[-1] if len(values) else float("nan")
         lines.append(
-            f"| {run_id} | {last['algorithm']} | {last['task']} | {last['seed']} | {int(last['round'])} | {name} | "
+            f"| {run_id} | {last['algorithm']} | {last['task']} | {last['seed']} | {(statuses or {}).get(run_id, '?')} | "
+            f"{int(last['round'])} | {name} | "
             f"{final:.4f} | {best:.4f} | {last['wall_time']:.1f} |"
         )
     return "\n".join(lines) + "\n"
@@ -104,7 +106,9 @@ def report(path: str | Path, metric: str | None = None, x: str = "comm_rounds", 
         ax.legend(fontsize=7)
     fig.tight_layout()
     title = " / ".join(panels)
-    return write_report(out_dir, fig, f"# Results under `{path}`\n\n![{title}](report.png)\n\n" + summary_table(df, metric))
+    statuses = {run.name: str(results.read_json(run / results.RUN_JSON).get("status", "?")) for run in results.run_dirs(path)}
+    return write_report(out_dir, fig, f"# Results under `{path}`\n\n![{title}](report.png)\n\n"
+                        + summary_table(df, metric, statuses))
 
 
 def report_folder(path: str | Path, out: str | Path | None) -> Path:
