@@ -108,11 +108,11 @@ def test_report_shows_each_tasks_headline_metric(tmp_path, capsys):
     assert len(rows) == 2
     for row in rows:
         cells = [c.strip() for c in row.strip("|").split("|")]
-        metric, final, best = cells[5], float(cells[6]), float(cells[7])
-        assert metric == ("test_accuracy" if cells[2] == "invariant-logreg" else "x_dist_sq")
+        status, metric, final, best = cells[4], cells[6], float(cells[7]), float(cells[8])
+        assert status == "completed" and metric == ("test_accuracy" if cells[2] == "invariant-logreg" else "x_dist_sq")
         assert final == final and best == best  # no nan: each run is shown with a metric it has
     minimax = fedcomp.load_results(tmp_path).query("task == 'minimax-quadratic'")
-    assert float(rows[1].split("|")[8]) == pytest.approx(minimax["x_dist_sq"].min(), abs=1e-4)  # best = lowest
+    assert float(rows[1].split("|")[9]) == pytest.approx(minimax["x_dist_sq"].min(), abs=1e-4)  # best = lowest
     from matplotlib.image import imread
 
     height, width = imread(tmp_path / "report.png").shape[:2]
