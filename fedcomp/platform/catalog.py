@@ -86,7 +86,9 @@ def source_of(module: str) -> str | None:
 def import_source(source: str) -> None:
     """Import a user's module: a dotted name, or a ``.py`` file -- imported by its dotted name (the packages above
     it with an ``__init__.py`` included), its root folder put first on ``sys.path``, so that its classes pickle by
-    reference and its own imports of its neighbours work.
+    reference and its own imports of its neighbours work. A file that is not there is imported by its name where
+    that is on the path: a Ray job's working directory (``ray job submit --working-dir .``) is unpacked at another
+    path on each node, and put on its workers' ``sys.path``.
 
     Raises:
         ImportError: the module or file cannot be imported (its message says why); an error the module's own code
@@ -96,8 +98,14 @@ def import_source(source: str) -> None:
         importlib.import_module(source)
         return
     path = Path(source).expanduser().resolve()
-    if not path.is_file():
-        raise ImportError(f"no such file {str(path)!r}")
+    if not path.is_file():  # another node's file system (a job's working directory unpacked elsewhere): by its name
+        try:
+            importlib.import_module(path.stem)
+            return
+        except ModuleNotFoundError as error:
+            if error.name != path.stem:
+                raise  # the module is there: an import of its own failed
+            raise ImportError(f"no such file {str(path)!r}, nor a module {path.stem!r} on the path") from None
     if any(_file_of(module, path.name) == path for module in list(sys.modules.values())):
         return  # imported already, by whatever name (``import mine`` beside it, in a folder that is a package too)
     parts, root = [path.stem], path.parent

@@ -182,7 +182,8 @@ def test_a_class_that_cannot_be_declared_is_refused_at_registration_in_one_line(
     [
         ("no_such_module_anywhere", r"^algorithm.module = 'no_such_module_anywhere': cannot be imported: "
                                     r"ModuleNotFoundError: No module named 'no_such_module_anywhere'$"),
-        ("missing.py", r"^algorithm.module = '.*missing.py': cannot be imported: ImportError: no such file '.*missing.py'$"),
+        ("missing.py", r"^algorithm.module = '.*missing.py': cannot be imported: ImportError: no such file '.*missing.py', "
+                       r"nor a module 'missing' on the path$"),
         ("broken.py", r"^algorithm.module = '.*broken.py': cannot be imported: ZeroDivisionError: division by zero$"),
         (3, r"^algorithm.module = 3: must be a module's dotted name or a .py file's path$"),
     ],
@@ -253,3 +254,17 @@ def test_fedcomp_check_tells_an_algorithm_that_draws_outside_its_generator():
     assert same_seed.line().startswith("  DIFFERENT  the same seed again, local backend: ")
     assert outcome.skipped == ["the Ray runs (ray=False, --no-ray)"]
     assert outcome.report().splitlines()[-1].startswith("2 of 2 DIFFERENT")
+
+
+def test_a_module_file_not_at_its_path_is_imported_by_name_where_that_is_on_the_path(tmp_path, monkeypatch):
+    """As on another node of a cluster, where a job's working directory is unpacked elsewhere and on the path."""
+    import sys
+
+    (tmp_path / "elsewhere_mine.py").write_text("import sys\nsys.elsewhere_mine_runs = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        catalog.import_source("/no/such/folder/elsewhere_mine.py")
+        assert sys.elsewhere_mine_runs == 1  # type: ignore[attr-defined]
+    finally:
+        sys.modules.pop("elsewhere_mine", None)
+        del sys.elsewhere_mine_runs  # type: ignore[attr-defined]
