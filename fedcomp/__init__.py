@@ -10,6 +10,10 @@ Public API::
     fedcomp.load_results(path) -> pandas.DataFrame
     fedcomp.load_config(source, overrides) -> Config
     fedcomp.verify(run_dir, backend=, overrides=) -> Verification (is every metric bit-identical?)
+    fedcomp.check(config_or_preset, overrides, ray=True) -> Conformance (same seed, Ray packings, stop + resume:
+        every metric bit-identical to the first run's?)
+    @fedcomp.register_algorithm("name") / @fedcomp.register_task("name")  (a user's own, in a module of theirs
+        that the config names: ``algorithm.module``, ``task.module``)
 """
 
 from __future__ import annotations
@@ -21,8 +25,10 @@ __version__ = "0.1.0"
 
 if TYPE_CHECKING:
     from fedcomp.api import keep_actors, resume, resume_sweep, run, sweep
+    from fedcomp.conformance import Conformance, check
     from fedcomp.platform.config import Config, load_config, preset_names
     from fedcomp.platform.errors import (
+        ActorLost,
         ClientFailure,
         ConfigError,
         Diverged,
@@ -30,6 +36,8 @@ if TYPE_CHECKING:
         PlatformError,
         ResourceError,
         StorageError,
+        TaskError,
+        TrialsFailed,
     )
     from fedcomp.platform.registry import ALGORITHMS, TASKS, register_algorithm, register_task
     from fedcomp.platform.results import load_results
@@ -49,6 +57,9 @@ _HOME = {
     "register_algorithm": "fedcomp.platform.registry", "register_task": "fedcomp.platform.registry",
     "load_results": "fedcomp.platform.results", "RunResult": "fedcomp.platform.runner",
     "Verification": "fedcomp.verification", "verify": "fedcomp.verification",
+    "Conformance": "fedcomp.conformance", "check": "fedcomp.conformance",
+    "ActorLost": "fedcomp.platform.errors", "TaskError": "fedcomp.platform.errors",
+    "TrialsFailed": "fedcomp.platform.errors",
 }  # fmt: skip
 """Where each public name lives. They are imported on first use: a process that only hosts clients (a Ray
 actor) then never imports the runner's pandas and the sweep layer."""
@@ -71,15 +82,21 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "ALGORITHMS",
     "TASKS",
+    "ActorLost",
     "ClientFailure",
     "Config",
     "ConfigError",
+    "Conformance",
     "Diverged",
     "Interrupted",
     "PlatformError",
     "ResourceError",
     "RunResult",
+    "StorageError",
+    "TaskError",
+    "TrialsFailed",
     "Verification",
+    "check",
     "keep_actors",
     "load_config",
     "load_results",
@@ -89,7 +106,6 @@ __all__ = [
     "resume",
     "resume_sweep",
     "run",
-    "StorageError",
     "sweep",
     "verify",
 ]
