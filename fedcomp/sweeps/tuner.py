@@ -471,14 +471,14 @@ def collect(grid: ResultGrid, spec: SweepSpec) -> pd.DataFrame:
         reported = result.metrics_dataframe
         packed = "pack" in trial
         for k, member in enumerate(members(trial)):
-            config = _flatten(spec.trial_config(member).to_dict())
+            config = _flatten(spec.trial_config(member).to_dict())  # section.key columns
             if packed:
                 rows = read_pack_rows(result.checkpoint, k)
                 later = None if reported is None or "member" not in reported else reported[reported["member"] == k]
             else:
                 rows, later = read_trial_rows(result.checkpoint), reported
             rows += _later_rows(rows, later)
-            rows, diverged = _until_divergence(rows, spec.trial_config(member).run.on_divergence)
+            rows, diverged = _until_divergence(rows, config["run.on_divergence"])
             frame = pd.DataFrame(rows or [{}])
             config_columns.update(dict.fromkeys(config))
             metric_columns.update(dict.fromkeys(frame.columns))
