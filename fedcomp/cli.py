@@ -280,9 +280,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt as error:  # a run's Interrupted says what it kept and how to continue
         print(f"fedcomp: interrupted{': ' + one_line(error) if str(error) else ''}", file=sys.stderr)
         return 130
-    except BrokenPipeError:  # `fedcomp list | head`: the reader has what it wanted; Python's flush at exit must not fail
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 0
+    except BrokenPipeError:  # `fedcomp list | head`: the reader stopped reading; quietly, as a shell's command would
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # (Python's flush at exit must not fail)
+        return 141  # 128 + SIGPIPE
     finally:
         if argv is None:
             leave_ray()

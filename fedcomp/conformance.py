@@ -25,6 +25,7 @@ from typing import Any
 
 from fedcomp.platform import results
 from fedcomp.platform.config import Config, load_config
+from fedcomp.platform.errors import Interrupted
 from fedcomp.verification import ColumnDifference, backend_text, compare
 
 
@@ -91,37 +92,40 @@ def check(
     config = source.replace(**(overrides or {})) if isinstance(source, Config) else load_config(source, overrides)
     rounds, every = config.run.rounds, config.run.eval_every
     middle = (rounds // 2) // every * every
-    with tempfile.TemporaryDirectory(prefix="fedcomp-check-") as out:
+    try:
+        with tempfile.TemporaryDirectory(prefix="fedcomp-check-") as out:
 
-        def run(**changes: Any) -> tuple[dict[str, Any], Any]:
-            done = execute(config.replace(**{"run.out": out, "run.track": "none", "run.progress": "none", **changes}),
-                           make_server)
-            return results.read_json(done.run_dir / results.RUN_JSON), done
+            def run(**changes: Any) -> tuple[dict[str, Any], Any]:
+                done = execute(config.replace(**{"run.out": out, "run.track": "none", "run.progress": "none", **changes}),
+                               make_server, resumable=False)
+                return results.read_json(done.run_dir / results.RUN_JSON), done
 
-        _, first = run(**{"federation.backend": "local"})
-        reruns = [("the same seed again, local backend", run(**{"federation.backend": "local"})[1].metrics)]
-        skipped = []
-        if ray:
-            meta, done = run(**{"federation.backend": "ray"})
-            reruns.append((f"{backend_text(meta['backend'])}, packed as configured", done.metrics))
-            packed = int(meta["backend"].get("clients_per_actor", 1))
-            other = packed // 2 if packed > 1 else 2  # half as many clients an actor (or two, from one)
-            if other <= config.federation.clients:
-                meta, done = run(**{"federation.backend": "ray", "federation.clients_per_actor": other})
-                reruns.append((f"{backend_text(meta['backend'])}, packed otherwise", done.metrics))
+            _, first = run(**{"federation.backend": "local"})
+            reruns = [("the same seed again, local backend", run(**{"federation.backend": "local"})[1].metrics)]
+            skipped = []
+            if ray:
+                meta, done = run(**{"federation.backend": "ray"})
+                reruns.append((f"{backend_text(meta['backend'])}, packed as configured", done.metrics))
+                packed = int(meta["backend"].get("clients_per_actor", 1))
+                other = packed // 2 if packed > 1 else 2  # half as many clients an actor (or two, from one)
+                if other <= config.federation.clients:
+                    meta, done = run(**{"federation.backend": "ray", "federation.clients_per_actor": other})
+                    reruns.append((f"{backend_text(meta['backend'])}, packed otherwise", done.metrics))
+                else:
+                    skipped.append("Ray packed otherwise: one client, one packing")
             else:
-                skipped.append("Ray packed otherwise: one client, one packing")
-        else:
-            skipped.append("the Ray runs (ray=False, --no-ray)")
-        if 0 < middle < rounds:
-            _, stopped = run(**{"federation.backend": "local", "run.rounds": middle, "run.checkpoint_every": middle})
-            resumed = execute(config.replace(**{"run.out": out, "run.track": "none", "run.progress": "none",
-                                                "federation.backend": "local", "run.checkpoint_every": middle}),
-                              make_server, resume_dir=stopped.run_dir)
-            reruns.append((f"stopped at round {middle} and resumed from its checkpoint", resumed.metrics))
-        else:
-            skipped.append(f"stopped and resumed: no evaluated round (run.eval_every = {every}) before the last of "
-                           f"{rounds} to stop at")
+                skipped.append("the Ray runs (ray=False, --no-ray)")
+            if 0 < middle < rounds:
+                _, stopped = run(**{"federation.backend": "local", "run.rounds": middle, "run.checkpoint_every": middle})
+                resumed = execute(config.replace(**{"run.out": out, "run.track": "none", "run.progress": "none",
+                                                    "federation.backend": "local", "run.checkpoint_every": middle}),
+                                  make_server, resume_dir=stopped.run_dir, resumable=False)
+                reruns.append((f"stopped at round {middle} and resumed from its checkpoint", resumed.metrics))
+            else:
+                skipped.append(f"stopped and resumed: no evaluated round (run.eval_every = {every}) before the last of "
+                               f"{rounds} to stop at")
+    except Interrupted:  # its runs' folders went with the temporary one: nothing to continue
+        raise Interrupted("the check's runs were in a temporary folder, removed; nothing to continue: check again") from None
     checks = []
     for what, metrics in reruns:
         columns, found, problems = compare(first.metrics, metrics)

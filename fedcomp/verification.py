@@ -198,7 +198,7 @@ def verify(
         config = load_config(meta["config"], {**changes, "run.out": str(target), "run.track": "none",
                                               "run.progress": progress})
         try:
-            result = execute(config, make_server)
+            result = execute(config, make_server, resumable=out is not None)
         except Interrupted:
             if out is not None:
                 raise  # the re-run's folder under --out is kept: its message says how to continue it

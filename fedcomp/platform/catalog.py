@@ -80,7 +80,7 @@ def source_of(module: str) -> str | None:
     if module == SCRIPT or module == "fedcomp" or module.startswith("fedcomp."):
         return None
     file = getattr(sys.modules.get(module), "__file__", None)
-    return str(Path(file).resolve()) if file else module
+    return str(Path(file).resolve()) if isinstance(file, str) and file.endswith(".py") else module  # else compiled
 
 
 def import_source(source: str) -> None:
@@ -98,17 +98,13 @@ def import_source(source: str) -> None:
         importlib.import_module(source)
         return
     path = Path(source).expanduser().resolve()
+    package = path.name == "__init__.py"  # a package's own module: named by its folder
     if not path.is_file():  # another node's file system (a job's working directory unpacked elsewhere): by its name
-        try:
-            importlib.import_module(path.stem)
-            return
-        except ModuleNotFoundError as error:
-            if error.name != path.stem:
-                raise  # the module is there: an import of its own failed
-            raise ImportError(f"no such file {str(path)!r}, nor a module {path.stem!r} on the path") from None
+        _import_by_name(path.parent.name if package else path.stem, path)
+        return
     if any(_file_of(module, path.name) == path for module in list(sys.modules.values())):
         return  # imported already, by whatever name (``import mine`` beside it, in a folder that is a package too)
-    parts, root = [path.stem], path.parent
+    parts, root = ([] if package else [path.stem]), path.parent
     while (root / "__init__.py").is_file():
         parts.insert(0, root.name)
         root = root.parent
@@ -127,3 +123,18 @@ def _file_of(module: Any, named: str | None) -> Path | None:
     if not isinstance(file, str) or (named is not None and not file.endswith(named)):
         return None
     return Path(file).resolve()
+
+
+def _import_by_name(name: str, path: Path) -> None:
+    """Import ``name`` in place of the file ``path`` that is not there -- only a module whose own file has that file's
+    name (``json.py`` missing does not import the standard library's ``json``)."""
+    missing = ImportError(f"no such file {str(path)!r}, nor a module {name!r} of that file's name on the path")
+    try:
+        module = importlib.import_module(name)
+    except ModuleNotFoundError as error:
+        if error.name != name:
+            raise  # the module is there: an import of its own failed
+        raise missing from None
+    file = getattr(module, "__file__", None)
+    if not isinstance(file, str) or Path(file).name != path.name:
+        raise missing

@@ -236,7 +236,8 @@ class ClientHost:
         self.config = config
         self.clients = sorted(clients)
         self.device = device
-        self.task = build_task(config, device)
+        with one_thread(config.run.deterministic):  # what the task computes as it is built (its data's statistics)
+            self.task = build_task(config, device)
         self.algorithm = build_algorithm(config)
         self.problem = self.task.problem(self.algorithm.kind)
         self.model = self.task.running_statistics()

@@ -112,7 +112,8 @@ def register_task(name: str | TaskDeclaration) -> Callable[[T], T]:
         else:
             _require(cls, "Params", _is_params, "a subclass of fedcomp.platform.params.Params (frozen, validated)")
             _require(cls, "kinds", _strings, "the problem kinds it offers, a non-empty set of str")
-            _require(cls, "metrics", _strings, "the metrics its evaluator reports, a non-empty tuple of str, the headline first")
+            _require(cls, "metrics", lambda v: isinstance(v, (tuple, list)) and _strings(v),
+                     "the metrics its evaluator reports, a non-empty tuple of str, the headline first")
             if getattr(cls, "mode", "max") not in ("max", "min"):
                 raise TypeError(f"{cls.__qualname__}.mode = {cls.mode!r}: must be 'max' or 'min' (its headline metric's "  # type: ignore[attr-defined]
                                 f"better direction)")

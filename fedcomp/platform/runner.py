@@ -175,8 +175,11 @@ def execute(
     config: Config,
     make_server: ServerFactory,
     resume_dir: str | Path | None = None,
+    resumable: bool = True,
 ) -> RunResult:
     """Run ``config`` to completion (or continue the run in ``resume_dir``) and return its results.
+    ``resumable=False``: the run's folder is a caller's temporary one (``verify``, ``check``), so an error does not
+    say how to continue it.
 
     Raises:
         ConfigError, StorageError: before any work, for a run folder or checkpoint that cannot be used; a
@@ -287,7 +290,7 @@ def execute(
                 raise StorageError(f"{error}; {tail}") from None
             if isinstance(error, KeyboardInterrupt) and not isinstance(error, Interrupted):
                 raise Interrupted(_kept(created, saved, run_dir)) from None
-            if isinstance(error, PlatformError) and not created:
+            if isinstance(error, PlatformError) and not created and resumable:
                 error.args = (f"{error}; {_kept(created, saved, run_dir)}",)  # the folder resumes: say how
             raise
         finally:

@@ -42,9 +42,10 @@ class Server:
         """``task``: the task to evaluate with and to read the problem from, if one of this config on the CPU is at
         hand (a client actor's, where the server is replicated on them: one copy of the data, not two)."""
         self.config = config
-        task = build_task(config) if task is None else task
+        with one_thread(config.run.deterministic):  # a task's construction, like its evaluation, as on a Ray actor
+            task = build_task(config) if task is None else task
+            params = task.init_params(generator(config.run.seed, "init"))
         self.algorithm = build_algorithm(config)
-        params = task.init_params(generator(config.run.seed, "init"))
         self.state: State = self.algorithm.init(params)
         """The global state: the algorithm's typed ``Server`` record (before round 0: what ``init`` returns,
         which ``Algorithm.start`` completes in round 0)."""

@@ -174,9 +174,7 @@ class TrialProgress(Callback):
                    f"elapsed {duration(elapsed)}{eta}{why}")
 
     def on_trial_complete(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
-        last = trial.last_result or {}
-        loss, round = last.get("train_loss"), last.get("round") or 0
-        stopped = isinstance(loss, float) and not math.isfinite(loss) and round > 0  # its mark (sweeps.trial)
+        stopped = (trial.last_result or {}).get("diverged") == 1.0  # sweeps.trial.DIVERGED: a trial's stop mark
         self._finished(trial, "diverged" if stopped else "completed")
 
     def on_trial_error(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:

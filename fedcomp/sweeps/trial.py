@@ -185,6 +185,10 @@ def trial_process(spec_json: str, env: dict[str, str]) -> SweepSpec:
     return spec
 
 
+DIVERGED = "diverged"
+"""The key of the result a trial that diverged reports last (its other metrics nan): the progress line's sign."""
+
+
 def run_trial(trial: dict[str, Any], spec_json: str, cluster_has_gpus: bool, env: dict[str, str]) -> None:
     """The Tune trainable: build the run from the trial's config, restore it from Tune's checkpoint if
     there is one, and report every round (the latest evaluation row, as in ``metrics.parquet``) with a
@@ -213,7 +217,8 @@ def run_trial(trial: dict[str, Any], spec_json: str, cluster_has_gpus: bool, env
                 for row in step.rows:
                     if reported < row["round"] < step.round:
                         tune.report({**row, "trial_round": row["round"]})
-                tune.report({**dict.fromkeys(step.rows[-1], math.nan), "round": step.round, "trial_round": step.round})
+                tune.report({**dict.fromkeys(step.rows[-1], math.nan), "round": step.round, "trial_round": step.round,
+                             DIVERGED: 1.0})
                 return
             # Every evaluation row once (the first step also carries round 0's), as in metrics.parquet;
             # a checkpoint round without an evaluation repeats the latest row to carry the checkpoint.

@@ -171,6 +171,7 @@ def test_a_class_that_cannot_be_declared_is_refused_at_registration_in_one_line(
         register_algorithm("bad")(type("Bad", (), {"HParams": PlainHParams, "kind": "plain"}))
     for attributes, message in (({"kinds": "plain"}, r"Bad.kinds = 'plain': must be the problem kinds"),
                                 ({"kinds": {"plain"}, "metrics": ()}, r"Bad.metrics = \(\): must be the metrics"),
+                                ({"kinds": {"plain"}, "metrics": {"m"}}, r"Bad.metrics = \{'m'\}: must be the metrics"),
                                 ({"kinds": {"plain"}, "metrics": ("m",), "mode": "up"}, r"Bad.mode = 'up': must be")):
         with pytest.raises(TypeError, match=message):
             register_task("bad")(type("Bad", (), {"Params": Params, **attributes}))
@@ -183,7 +184,7 @@ def test_a_class_that_cannot_be_declared_is_refused_at_registration_in_one_line(
         ("no_such_module_anywhere", r"^algorithm.module = 'no_such_module_anywhere': cannot be imported: "
                                     r"ModuleNotFoundError: No module named 'no_such_module_anywhere'$"),
         ("missing.py", r"^algorithm.module = '.*missing.py': cannot be imported: ImportError: no such file '.*missing.py', "
-                       r"nor a module 'missing' on the path$"),
+                       r"nor a module 'missing' of that file's name on the path$"),
         ("broken.py", r"^algorithm.module = '.*broken.py': cannot be imported: ZeroDivisionError: division by zero$"),
         (3, r"^algorithm.module = 3: must be a module's dotted name or a .py file's path$"),
     ],
@@ -268,3 +269,23 @@ def test_a_module_file_not_at_its_path_is_imported_by_name_where_that_is_on_the_
     finally:
         sys.modules.pop("elsewhere_mine", None)
         del sys.elsewhere_mine_runs  # type: ignore[attr-defined]
+
+
+def test_a_package_registering_in_its_init_is_imported_once_by_its_own_name(tmp_path, monkeypatch):
+    """``source_of`` writes a package's ``__init__.py``: a fresh process imports the package (not ``pkg.__init__``,
+    which ran the file a second time and registered its classes twice); a missing ``json.py`` does not import the
+    standard library's ``json``."""
+    import sys
+
+    package = tmp_path / "pkg_once"
+    package.mkdir()
+    (package / "__init__.py").write_text("import sys\nsys.pkg_once_runs = getattr(sys, 'pkg_once_runs', 0) + 1\n")
+    try:
+        catalog.import_source(str(package / "__init__.py"))
+        catalog.import_source(str(package / "__init__.py"))
+        assert sys.pkg_once_runs == 1 and "pkg_once" in sys.modules and "pkg_once.__init__" not in sys.modules  # type: ignore[attr-defined]
+    finally:
+        sys.modules.pop("pkg_once", None)
+        del sys.pkg_once_runs  # type: ignore[attr-defined]
+    with pytest.raises(ImportError, match=r"no such file '/no/such/json.py', nor a module 'json' of that file's name"):
+        catalog.import_source("/no/such/json.py")
