@@ -223,13 +223,21 @@ class Config:
     def to_dict(self) -> dict[str, dict[str, Any]]:
         """Plain nested dict (YAML/JSON-ready) that :func:`load_config` turns back into this config, in any process:
         a user's task or algorithm comes with its module (``module``: :func:`fedcomp.platform.catalog.source_of`)."""
+        named: dict[str, dict[str, str]] = {}
+        for section, name, module in self._declared():
+            source = catalog.source_of(module)
+            named[section] = {"name": name} if source is None else {"name": name, "module": source}
         return {
-            "task": {**_name_and_module(self.task_name, catalog.tasks()), **self.task.model_dump(mode="json")},
-            "algorithm": {**_name_and_module(self.algorithm_name, catalog.algorithms()),
-                          **self.algorithm.model_dump(mode="json")},
+            "task": {**named["task"], **self.task.model_dump(mode="json")},
+            "algorithm": {**named["algorithm"], **self.algorithm.model_dump(mode="json")},
             "federation": self.federation.model_dump(mode="json"),
             "run": self.run.model_dump(mode="json"),
         }
+
+    def _declared(self) -> list[tuple[str, str, str]]:
+        """``(section, name, module)`` of the task and the algorithm: the module their declaration names."""
+        return [("task", self.task_name, catalog.tasks()[self.task_name].module),
+                ("algorithm", self.algorithm_name, catalog.algorithms()[self.algorithm_name].module)]
 
     def __reduce__(self) -> tuple[Any, tuple[dict[str, dict[str, Any]]]]:
         """Pickled as :meth:`to_dict`: a process that unpickles it (a Ray actor, a sweep's trial) imports a user's
@@ -238,15 +246,20 @@ class Config:
 
     def modules(self) -> list[str]:
         """The user's modules the config's task and algorithm come from (their ``module`` keys), each once."""
-        sections = self.to_dict()
-        return list(dict.fromkeys(sections[s]["module"] for s in ("task", "algorithm") if "module" in sections[s]))
+        sources = (catalog.source_of(module) for _, _, module in self._declared())
+        return list(dict.fromkeys(source for source in sources if source))
 
-    def in_script(self) -> list[str]:
-        """``section.name = 'x'`` for the config's task and algorithm defined in the running script (``__main__``),
-        which no other process -- a Ray actor, a sweep's trial -- can import."""
-        return [f"{section}.name = {name!r}" for section, name, table in
-                (("task", self.task_name, catalog.tasks()), ("algorithm", self.algorithm_name, catalog.algorithms()))
-                if table[name].module == catalog.SCRIPT]
+    def in_script(self, which: str) -> None:
+        """Raise where the config's task or algorithm is defined in the running script (``__main__``), which no other
+        process can import; ``which``: the processes that would have to (Ray's actors, a sweep's trials).
+
+        Raises:
+            ConfigError: naming the task or algorithm and what to do.
+        """
+        for section, name, module in self._declared():
+            if module == catalog.SCRIPT:
+                raise ConfigError(f"{section}.name = {name!r} is defined in the script being run (__main__), which "
+                                  f"{which} cannot import; move it into a module (a .py file the script imports)")
 
     def replace(self, **overrides: Any) -> Config:
         """A new config with ``section.key`` (or ``section__key``) overrides applied and re-validated."""
@@ -366,11 +379,6 @@ def _validate(section: str, model: type[BaseModel], raw: Mapping[str, Any]) -> A
         raise ConfigError(_describe(error, section, model, raw)) from None
 
 
-def _name_and_module(name: str, table: Mapping[str, Any]) -> dict[str, str]:
-    source = catalog.source_of(table[name].module)
-    return {"name": name} if source is None else {"name": name, "module": source}
-
-
 def _import_modules(raw: Mapping[str, Any], overrides: Mapping[str, Any]) -> None:
     """Import the modules that the task and algorithm sections name (``module``, an override's first), so that a
     user's task or algorithm is known by name before the names are looked up."""
@@ -381,10 +389,19 @@ def _import_modules(raw: Mapping[str, Any], overrides: Mapping[str, Any]) -> Non
             continue
         if not isinstance(given, str) or not given.strip():
             raise ConfigError(f"{section}.module = {given!r}: must be a module's dotted name or a .py file's path")
-        try:
-            catalog.import_source(given)
-        except Exception as error:  # the user's module: whatever its code raised, said in one line
-            raise ConfigError(f"{section}.module = {given!r}: cannot be imported: {type(error).__name__}: {error}") from None
+        import_user_module(given, f"{section}.module = {given!r}")
+
+
+def import_user_module(source: str, where: str) -> None:
+    """:func:`~fedcomp.platform.catalog.import_source`, whatever the user's module raised said in one line.
+
+    Raises:
+        ConfigError: starting with ``where``.
+    """
+    try:
+        catalog.import_source(source)
+    except Exception as error:  # the user's module: whatever its code raised
+        raise ConfigError(f"{where}: cannot be imported: {type(error).__name__}: {error}") from None
 
 
 def _named(section: str, raw: Mapping[str, Any], table: Mapping[str, T]) -> tuple[str, T, dict[str, Any]]:

@@ -45,10 +45,11 @@ def importable(config: Config) -> None:
     Raises:
         ConfigError: a Ray-backend run of a task or algorithm defined in the running script.
     """
-    if config.federation.backend == "ray" and config.in_script():
-        raise ConfigError(f"{config.in_script()[0]} is defined in the script being run (__main__), which Ray's actors "
-                          f"cannot import; move it into a module (a .py file the script imports) or use "
-                          f"federation.backend: local")
+    if config.federation.backend == "ray":
+        try:
+            config.in_script("Ray's actors")
+        except ConfigError as error:
+            raise ConfigError(f"{error} or use federation.backend: local") from None
 
 
 def reports_declared(metrics: dict[str, Any], config: Config) -> dict[str, Any]:

@@ -204,6 +204,8 @@ def execute(
         results.check_writable(run_dir.parent)
 
     tracking.require(config.run.track)
+    created = checkpoint is None
+    done = saved = checkpoint["server"]["counters"]["round"] if checkpoint else 0
     t_start = time.perf_counter()
     with output_mode(config.run.progress):  # "starting local Ray ..." follows run.progress
         if config.federation.torch_compile:
@@ -212,12 +214,9 @@ def execute(
         try:
             server = make_server(config)
         except KeyboardInterrupt as stop:  # Ctrl-C during start-up: nothing started, the folder as it was
-            raise stop if isinstance(stop, Interrupted) else Interrupted(
-                _kept(checkpoint is None, checkpoint["server"]["counters"]["round"] if checkpoint else 0, run_dir)) from None
+            raise stop if isinstance(stop, Interrupted) else Interrupted(_kept(created, saved, run_dir)) from None
     startup_s = time.perf_counter() - t_start
     log = _RunLog(config, run_dir, server.describe(), earlier)
-    created = checkpoint is None
-    done = saved = checkpoint["server"]["counters"]["round"] if checkpoint else 0
     tracker: tracking.Tracker = tracking.Tracker()
 
     made = [p for p in run_dir.parents if not p.exists()]  # results folders the claim creates, nearest first

@@ -37,7 +37,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from fedcomp.platform import catalog
-from fedcomp.platform.config import SECTIONS, Config, load_config, plain_name
+from fedcomp.platform.config import SECTIONS, Config, import_user_module, load_config, plain_name
 from fedcomp.platform.errors import ConfigError
 from fedcomp.platform.report import metric_mode
 from fedcomp.platform.yamlfile import parse_yaml, read_yaml_file
@@ -150,10 +150,7 @@ class SweepSpec(BaseModel):
         """Import :attr:`modules`, so that this process knows the user's tasks and algorithms by name (a trial's
         process does not otherwise: only the driver imported them)."""
         for source in self.modules:
-            try:
-                catalog.import_source(source)
-            except Exception as error:  # the user's module: whatever its code raised, said in one line
-                raise ConfigError(f"sweep modules: {source!r} cannot be imported: {type(error).__name__}: {error}") from None
+            import_user_module(source, f"sweep modules: {source!r}")
 
     def seed_values(self) -> list[int]:
         first = self.base_config().run.seed
@@ -291,12 +288,9 @@ def validate(spec: SweepSpec) -> list[str]:
         where = f"sweep point {point}: " if point else ""
         try:
             config = load_config(spec.base, {**spec.set, **point})
+            config.in_script("a sweep's trials, each in a process of its own,")
         except ConfigError as error:
             raise ConfigError(f"{where}{error}") from None
-        if config.in_script():
-            raise ConfigError(f"{where}{config.in_script()[0]} is defined in the script being run (__main__), which "
-                              f"a sweep's trials, each in a process of its own, cannot import; move it into a module "
-                              f"(a .py file the script imports)")
         modules.extend(config.modules())
         shortest = min(shortest, (config.run.rounds, where))
         if config.federation.gpu_packing == "auto":

@@ -133,7 +133,9 @@ def in_script():
 def test_a_task_in_the_running_script_runs_locally_and_is_refused_on_ray_and_in_sweeps_in_one_line(in_script, tmp_path):
     overrides = {**TINY, "task.name": in_script, "run.out": str(tmp_path)}
     config = load_config(EXAMPLE_YAML, overrides)
-    assert "module" not in config.to_dict()["task"] and config.in_script() == ["task.name = 'in-script'"]
+    assert "module" not in config.to_dict()["task"] and config.modules() == [str(EXAMPLE)]  # the algorithm's only
+    with pytest.raises(ConfigError, match=r"^task.name = 'in-script' is defined in the script being run"):
+        config.in_script("another process")
     assert fedcomp.run(config, {"federation.backend": "local"}).final["round"] == 3
     with pytest.raises(ConfigError, match=r"^task.name = 'in-script' is defined in the script being run \(__main__\), "
                                           r"which Ray's actors cannot import; move it into a module"):
