@@ -4,6 +4,7 @@ line per run, and a markdown table of every run's final and best value."""
 from __future__ import annotations
 
 import io
+import sys
 from pathlib import Path
 from typing import Any, Literal
 
@@ -11,7 +12,6 @@ import pandas as pd
 
 from fedcomp.platform import catalog, results
 from fedcomp.platform.errors import StorageError
-from fedcomp.platform.results import load_results
 
 MINIMISED = ("loss", "dist", "grad_norm", "violation", "gap", "objective")
 """Words in a metric's name that make lower better (when it is not its task's headline, whose direction the
@@ -76,14 +76,17 @@ def summary_table(df: pd.DataFrame, metric: str | None = None, statuses: dict[st
 def report(path: str | Path, metric: str | None = None, x: str = "comm_rounds", out: str | Path | None = None) -> tuple[Path, Path]:
     """Write ``report.png`` and ``report.md`` for the run(s) at ``path``; return their paths.
 
-    ``metric`` None shows each run's task headline metric (one panel per metric when the runs' tasks differ).
+    ``metric`` None shows each run's task headline metric (one panel per metric when the runs' tasks differ). A run
+    under a results root whose files cannot be read is left out with a warning, and listed below the table.
     """
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    df = load_results(path)
+    df, statuses, unreadable = results.read_runs(path)
+    for run, error in unreadable.items():
+        print(f"fedcomp: warning: run {run} left out of the report: {error}", file=sys.stderr)
     import_tasks(path)
     for column in (metric, x):
         if column is not None and column not in df.columns:
@@ -106,9 +109,10 @@ def report(path: str | Path, metric: str | None = None, x: str = "comm_rounds", 
         ax.legend(fontsize=7)
     fig.tight_layout()
     title = " / ".join(panels)
-    statuses = {run.name: str(results.read_json(run / results.RUN_JSON).get("status", "?")) for run in results.run_dirs(path)}
+    left_out = "".join(f"- {run}: {error}\n" for run, error in unreadable.items())
     return write_report(out_dir, fig, f"# Results under `{path}`\n\n![{title}](report.png)\n\n"
-                        + summary_table(df, metric, statuses))
+                        + summary_table(df, metric, statuses)
+                        + (f"\nRuns left out, their files unreadable:\n\n{left_out}" if left_out else ""))
 
 
 def report_folder(path: str | Path, out: str | Path | None) -> Path:

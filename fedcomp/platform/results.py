@@ -250,25 +250,67 @@ def load_results(path: str | Path) -> pd.DataFrame:
 
     ``path`` is a run folder or a results root holding run folders. Columns: ``run_id``, ``algorithm``,
     ``task``, ``seed``, then the metrics columns (``round``, ``comm_rounds``, ..., the task's metrics).
+
+    Raises:
+        StorageError: a run's ``run.json`` or ``metrics.parquet`` cannot be read (:func:`read_runs` passes over it).
+        FileNotFoundError: there are no run results at ``path``.
     """
     import pandas as pd
 
-    frames = []
+    frames = [_run_rows(run, read_json(run / RUN_JSON)) for run in run_dirs(path)]
+    kept = [frame for frame in frames if frame is not None]
+    if not kept:
+        raise FileNotFoundError(f"no fedcomp run results under {str(path)!r}")
+    return pd.concat(kept, ignore_index=True)
+
+
+def read_runs(path: str | Path) -> tuple[pd.DataFrame, dict[str, str], dict[str, str]]:
+    """What a report of the runs under ``path`` shows: their rows (as :func:`load_results`), each run's status
+    (``run.json``'s) and, for each run whose files cannot be read (a damaged ``run.json`` or ``metrics.parquet``),
+    why -- such a run is passed over, so that one damaged run does not hide the others.
+
+    Raises:
+        StorageError: ``path`` is one run folder whose files cannot be read, or every run under it is such.
+        FileNotFoundError: there are no run results at ``path``.
+    """
+    import pandas as pd
+
+    frames, statuses, unreadable = [], {}, {}
     for run in run_dirs(path):
-        meta = read_json(run / RUN_JSON)
-        if not (run / METRICS).is_file():
-            continue
-        df = read_parquet(run / METRICS)
         try:
-            config = meta["config"]
-            seed, task, algorithm = config["run"]["seed"], config["task"]["name"], config["algorithm"]["name"]
-        except (KeyError, TypeError) as error:
-            raise StorageError(f"{run / RUN_JSON} lacks the run's config ({error})") from None
-        df.insert(0, "seed", seed)
-        df.insert(0, "task", task)
-        df.insert(0, "algorithm", algorithm)
-        df.insert(0, "run_id", run.name)
-        frames.append(df)
+            meta = read_json(run / RUN_JSON)
+            frame = _run_rows(run, meta)
+        except StorageError as error:
+            unreadable[run.name] = str(error)
+            continue
+        statuses[run.name] = str(meta.get("status", "?"))
+        if frame is not None:
+            frames.append(frame)
+    if unreadable and not frames:
+        raise StorageError(next(iter(unreadable.values())) if len(unreadable) == 1 else
+                           f"no run under {str(path)!r} can be read ({len(unreadable)} runs); the first: "
+                           f"{next(iter(unreadable.values()))}")
     if not frames:
         raise FileNotFoundError(f"no fedcomp run results under {str(path)!r}")
-    return pd.concat(frames, ignore_index=True)
+    return pd.concat(frames, ignore_index=True), statuses, unreadable
+
+
+def _run_rows(run: Path, meta: dict[str, Any]) -> pd.DataFrame | None:
+    """One run's evaluation rows with its id, algorithm, task and seed in front; None before its first metrics write.
+
+    Raises:
+        StorageError: ``metrics.parquet`` cannot be read, or ``meta`` (its ``run.json``) lacks the run's config.
+    """
+    if not (run / METRICS).is_file():
+        return None
+    df = read_parquet(run / METRICS)
+    try:
+        config = meta["config"]
+        seed, task, algorithm = config["run"]["seed"], config["task"]["name"], config["algorithm"]["name"]
+    except (KeyError, TypeError) as error:
+        raise StorageError(f"{run / RUN_JSON} lacks the run's config ({error})") from None
+    df.insert(0, "seed", seed)
+    df.insert(0, "task", task)
+    df.insert(0, "algorithm", algorithm)
+    df.insert(0, "run_id", run.name)
+    return df
