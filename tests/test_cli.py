@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -32,6 +34,21 @@ def test_run_and_report(tmp_path, capsys):
     assert text.count("| 0 | completed | 3 |") == 2  # seed, status (run.json's), rounds
     assert (tmp_path / "report.png").stat().st_size > 1000
     assert (tmp_path / "report.md").is_file()
+
+    # one damaged run under the root is left out, with a warning, not the whole report
+    run = next(p for p in tmp_path.iterdir() if (p / "run.json").is_file())
+    for name, damaged in (("zz-metrics", "metrics.parquet"), ("zz-json", "run.json")):
+        shutil.copytree(run, tmp_path / name)
+        data = (tmp_path / name / damaged).read_bytes()
+        (tmp_path / name / damaged).write_bytes(data[: len(data) // 2])
+    assert main(["report", str(tmp_path)]) == 0
+    captured = capsys.readouterr()
+    warnings = captured.err.strip().splitlines()
+    assert len(warnings) == 2 and all(line.startswith("fedcomp: warning: run zz-") for line in warnings)
+    assert "zz-json left out of the report: " in warnings[0] and "run.json cannot be read" in warnings[0]
+    assert "metrics.parquet cannot be read (truncated or corrupt" in warnings[1]
+    assert captured.out.count("| completed |") == 2 and "Runs left out, their files unreadable:" in captured.out
+    assert "- zz-metrics: " in (tmp_path / "report.md").read_text()
 
 
 def test_report_of_unknown_metric_is_one_line(tmp_path, capsys):
@@ -140,28 +157,31 @@ def _ctrl_c_as_in_a_terminal() -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
 def test_ctrl_c_mid_run_says_which_round_is_checkpointed_and_how_to_continue(tmp_path, stop):
-    """Ctrl-C, and SIGTERM (a job scheduler's, ``ray job stop``'s) alike."""
+    """Ctrl-C, and SIGTERM (a job scheduler's, ``ray job stop``'s) alike. The command it prints runs as printed,
+    pasted into a shell, where the run's folder has a space in its path."""
+    out = tmp_path / "my results"
     over = ["--set", "federation.backend=local", "--set", "run.rounds=20", "--set", "run.checkpoint_every=2",
-            "--set", "run.progress=none", "--set", "task.test_samples=2000", "--set", f"run.out={tmp_path}"]
+            "--set", "run.progress=none", "--set", "task.test_samples=2000", "--set", f"run.out={out}"]
     proc = subprocess.Popen([sys.executable, "-m", "fedcomp", "run", "quickstart", *over],
                             env={**os.environ, "PYTHONUNBUFFERED": "1"}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             text=True, preexec_fn=_ctrl_c_as_in_a_terminal)
     try:
         deadline = time.time() + 120
-        while time.time() < deadline and not list(tmp_path.glob("*/checkpoint.pt")):
+        while time.time() < deadline and not list(out.glob("*/checkpoint.pt")):
             time.sleep(0.05)
         time.sleep(0.3)  # into the rounds after the first checkpoint
         proc.send_signal(stop)
         _, err = proc.communicate(timeout=60)
     finally:
         proc.kill()
-    (run_dir,) = tmp_path.iterdir()
+    (run_dir,) = out.iterdir()
     saved = read_checkpoint(run_dir / "checkpoint.pt")["server"]["counters"]["round"]
     assert proc.returncode == 130, err
     assert err.strip().splitlines() == [
-        f"fedcomp: interrupted: round {saved} is checkpointed; continue the run with: fedcomp run --resume {run_dir}"]
+        f"fedcomp: interrupted: round {saved} is checkpointed; continue the run with: fedcomp run --resume '{run_dir}'"]
     assert 0 < saved < 20 and json.loads((run_dir / "run.json").read_text())["status"] == "interrupted"
-    assert main(["run", "--resume", str(run_dir)]) == 0  # the command it printed
+    printed = shlex.split(err.split("continue the run with: ")[1])
+    assert printed[0] == "fedcomp" and main(printed[1:]) == 0  # the command it printed, as a shell splits it
     assert json.loads((run_dir / "run.json").read_text())["status"] == "completed"
 
 

@@ -6,6 +6,8 @@ the user can fix in the input, the files or the cluster, 3 for a run that diverg
 
 from __future__ import annotations
 
+import shlex
+
 
 class PlatformError(Exception):
     """Base of every error fedcomp raises on purpose."""
@@ -58,3 +60,9 @@ class Diverged(PlatformError):
 class Interrupted(KeyboardInterrupt):
     """The user stopped a run or a sweep (Ctrl-C, or SIGTERM: :mod:`fedcomp.platform.signals`); the message says what
     was kept and how to continue. A ``KeyboardInterrupt`` still, so that code catching that keeps working."""
+
+
+def command(*words: object) -> str:
+    """A fedcomp command line that a message tells the user to run, each word quoted for the shell where it needs
+    it (a run folder whose name has a space): copied and pasted, it runs as shown."""
+    return " ".join(shlex.quote(str(word)) for word in ("fedcomp", *words))

@@ -29,7 +29,7 @@ from fedcomp.platform.config import Config, load_config
 from fedcomp.platform.counters import Counters
 from fedcomp.platform.curves import CURVES, write_curves
 from fedcomp.platform.environment import environment, torch_build
-from fedcomp.platform.errors import ConfigError, Diverged, Interrupted, PlatformError, StorageError
+from fedcomp.platform.errors import ConfigError, Diverged, Interrupted, PlatformError, StorageError, command
 from fedcomp.platform.progress import RunProgress, announce, output_mode
 from fedcomp.platform.server_like import ServerLike
 from fedcomp.platform.signals import farewell
@@ -280,12 +280,12 @@ def execute(
                 # tracker is finished even when run.json could not be written: else its writer's pending events
                 # meet the full disk at exit, a traceback after the one line
                 with contextlib.suppress(StorageError):
-                    log.write("interrupted", error=note, resume=f"fedcomp run --resume {run_dir}")
+                    log.write("interrupted", error=note, resume=command("run", "--resume", run_dir))
                 with contextlib.suppress(StorageError):
                     tracker.finish("interrupted", log.meta, [run_dir / results.RUN_JSON, run_dir / results.METRICS])
             if isinstance(error, StorageError):
                 tail = ("nothing was kept" if created else
-                        f"the run stopped after round {saved}; make room and continue it with: fedcomp run --resume {run_dir}")
+                        f"the run stopped after round {saved}; make room and continue it with: {command('run', '--resume', run_dir)}")
                 raise StorageError(f"{error}; {tail}") from None
             if isinstance(error, KeyboardInterrupt) and not isinstance(error, Interrupted):
                 raise Interrupted(_kept(created, saved, run_dir)) from None
@@ -302,7 +302,7 @@ def _kept(created: bool, saved: int, run_dir: Path) -> str:
     """What an interrupted run kept, and how to continue it."""
     if created:
         return "nothing was kept (no checkpoint yet)"
-    return f"round {saved} is checkpointed; continue the run with: fedcomp run --resume {run_dir}"
+    return f"round {saved} is checkpointed; continue the run with: {command('run', '--resume', run_dir)}"
 
 
 def _diverged(config: Config, log: _RunLog, step: RoundDone, reason: str) -> None:

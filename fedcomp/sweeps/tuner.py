@@ -28,7 +28,15 @@ from pydantic import ValidationError
 from fedcomp.actors.cluster import fedcomp_env
 from fedcomp.platform import results, tracking
 from fedcomp.platform.config import Config
-from fedcomp.platform.errors import ConfigError, Interrupted, PlatformError, ResourceError, StorageError, TrialsFailed
+from fedcomp.platform.errors import (
+    ConfigError,
+    Interrupted,
+    PlatformError,
+    ResourceError,
+    StorageError,
+    TrialsFailed,
+    command,
+)
 from fedcomp.platform.progress import announce
 from fedcomp.platform.signals import farewell
 from fedcomp.sweeps import extend as edges_extend, tune_state
@@ -185,13 +193,13 @@ def trial_count(spec: SweepSpec) -> int:
     return len(spec.points()) * len(spec.seed_values()) if spec.search == "grid" else spec.num_samples * spec.seeds
 
 
-def _connect(ray_address: str | None, verbose: int = 1) -> tuple[dict[str, float], bool]:
+def _connect(ray_address: str | None, verbose: int = 1, modules: list[str] | None = None) -> tuple[dict[str, float], bool]:
     from fedcomp.actors.cluster import connect
 
     os.environ.setdefault("RAY_CHDIR_TO_TRIAL_DIR", "0")  # trials keep the driver's working directory
     # Trials checkpoint every few rounds by design; Tune's warning about frequent snapshots is noise here.
     os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
-    cluster = connect(ray_address, worker_log_level=None if verbose else "WARNING")
+    cluster = connect(ray_address, worker_log_level=None if verbose else "WARNING", modules=modules or [])
     return cluster, float(cluster.get("GPU", 0.0)) > 0
 
 
@@ -238,7 +246,7 @@ def sweep(
     )
     cap = edges_extend.check_options(spec, extend_edges, edge_cap)
     tracking.require(spec.base_config().run.track)
-    cluster, has_gpus = _connect(ray_address, verbose)
+    cluster, has_gpus = _connect(ray_address, verbose, spec.modules)
     configs = _check_fits(spec, cluster, has_gpus)
     out = Path(spec.base_config().run.out).resolve()
     path = results.claim_folder(out / new_sweep_id(spec, out))
@@ -331,8 +339,8 @@ def _fitted(tuner: Any, sweep: Path) -> ResultGrid:
             ``KeyboardInterrupt`` out of the fit (a second Ctrl-C, a SIGTERM), whose trials resume from fedcomp's
             copy of Tune's state as after a kill.
     """
-    stopped = Interrupted(f"finished trials and the others' checkpoints are kept; continue the sweep with: fedcomp "
-                          f"sweep --resume {sweep}")
+    stopped = Interrupted(f"finished trials and the others' checkpoints are kept; continue the sweep with: "
+                          f"{command('sweep', '--resume', sweep)}")
     before = signal.getsignal(signal.SIGINT)
     catching = threading.current_thread() is threading.main_thread() and not int(
         os.environ.get("TUNE_DISABLE_SIGINT_HANDLER", "0"))
@@ -384,14 +392,29 @@ def resume_sweep(path: str | Path, ray_address: str | None = None, verbose: int 
     _repair(path)
     if not tune.Tuner.can_restore(str(path)):
         raise ConfigError(f"--resume {str(path)!r}: Tune's experiment state is missing; the sweep never started")
-    cluster, has_gpus = _connect(ray_address, verbose)
+    cluster, has_gpus = _connect(ray_address, verbose, spec.modules)
     _check_fits(spec, cluster, has_gpus)
     tracking_environment(spec.base_config().run.track)  # for the tracking callback Tune restores with the sweep
     with _quiet_tune(verbose):  # restoring reads the trials' Tune results too
         tuner = tune.Tuner.restore(
             str(path), trainable=_trainable(spec, meta["cluster_has_gpus"]), resume_unfinished=True, resume_errored=True
         )
+    _shown_at(tuner, verbose)
     return _extended(_fit(tuner, spec, path, verbose), cluster, meta["cluster_has_gpus"], verbose)
+
+
+def _shown_at(tuner: Any, verbose: int) -> None:
+    """A restored sweep's output at the resuming command's ``verbose``: Tune restores the run config (its verbosity,
+    whether trials log to files, the progress callback) as the sweep was started, and takes no new one. Through the
+    restored tuner's own run config; a Ray client's tuner (``ray://``) lives on the cluster, and keeps the sweep's."""
+    local = getattr(tuner, "_local_tuner", None)
+    if local is None:
+        return
+    run_config = local.get_run_config()
+    run_config.verbose, run_config.log_to_file = verbose, not verbose
+    for callback in run_config.callbacks or []:
+        if isinstance(callback, TrialProgress):
+            callback.shown_at(verbose)
 
 
 def _repair(path: Path) -> None:
@@ -418,6 +441,7 @@ def _extended(result: SweepResult, cluster: Mapping[str, float], has_gpus: bool,
             with _quiet_tune(verbose):
                 tuner = tune.Tuner.restore(str(folder), trainable=_trainable(step, has_gpus), resume_unfinished=True,
                                            resume_errored=True)
+            _shown_at(tuner, verbose)
         else:
             at_once = concurrent_trials(step, configs, float(cluster.get("CPU", 0.0)), has_gpus)
             tuner = tune.Tuner(_trainable(step, has_gpus), param_space=_param_space(step),
@@ -442,8 +466,8 @@ def _finish(grid: ResultGrid, spec: SweepSpec, path: Path) -> SweepResult:
     if errors and all(errors):
         count = frame["trial"].nunique() if len(frame) else len(errors)  # configurations (a pack is one Tune trial)
         raise TrialsFailed(f"every trial of the sweep failed ({count}); the first: {error_line(cast(Exception, errors[0]))}; "
-                           f"each trial's error.txt is under {path}; once it is fixed, continue with: fedcomp sweep "
-                           f"--resume {path}", path)
+                           f"each trial's error.txt is under {path}; once it is fixed, continue with: "
+                           f"{command('sweep', '--resume', path)}", path)
     return SweepResult(path, spec, frame)
 
 
