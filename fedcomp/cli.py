@@ -72,25 +72,29 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             scheduler=args.scheduler, max_concurrent=args.max_concurrent, pack=args.pack, overrides=_overrides(args.set),
             ray_address=args.ray_address, verbose=args.verbose, extend_edges=args.extend_edges, edge_cap=args.edge_cap,
         )
-    from fedcomp.sweeps.report import best_and_edges, edge_warnings, extension_summary, markdown, sweep_report
+    from fedcomp.sweeps.report import (
+        best_and_edges,
+        edge_warnings,
+        extension_summary,
+        markdown,
+        outcome_counts,
+        sweep_report,
+    )
 
-    failed = sorted(set(result.trials.loc[result.trials["status"] == "error", "trial"]))
-    diverged = result.trials.loc[result.trials["status"] == "diverged", "trial"].nunique()
     print(markdown(result.trials, result.spec, warnings=False))
     for line in edge_warnings(best_and_edges(result.trials, result.spec)[1]):
         print(line)
     for line in extension_summary(result.path):
         print(line)
     png, md = sweep_report(result)
-    print(f"sweep {result.path.name}: {result.trials['trial'].nunique()} trials, {len(failed)} failed"
-          + (f", {diverged} diverged (their rounds before it kept; final metrics nan)" if diverged else ""))
+    print(f"sweep {result.path.name}: {outcome_counts(result.trials, result.spec)}")
     print(f"results: {result.path / 'trials.parquet'}\nplot: {png}\ntable: {md}")
     from fedcomp.platform.tracking import where
 
     track = result.spec.base_config().run.track
     if where(track, result.path, sweep=True):
         print(f"tracking: {where(track, result.path, sweep=True)}")
-    return 1 if failed else 0
+    return 1 if (result.trials["status"] == "error").any() else 0
 
 
 def cmd_verify(args: argparse.Namespace) -> int:

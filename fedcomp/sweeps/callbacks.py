@@ -132,12 +132,17 @@ class TrialProgress(Callback):
 
     def __init__(self, total: int, metric: str, mode: str, progress: str = "auto", verbose: int = 0) -> None:
         self.total, self.metric, self.mode = total, metric, mode
-        shown = resolve(progress)
-        self.style = "bar" if shown == "bar" and verbose == 0 else ("none" if shown == "none" else "log")
+        self.progress = progress
+        self.shown_at(verbose)
         self.done = self.failed = 0
         self.best = math.nan
         self.t0: float | None = None
         self._bar: Any = None
+
+    def shown_at(self, verbose: int) -> None:
+        """Show progress as at ``verbose`` (a resumed sweep's own, in place of the one its callbacks were saved with)."""
+        shown = resolve(getattr(self, "progress", "auto"))
+        self.style = "bar" if shown == "bar" and verbose == 0 else ("none" if shown == "none" else "log")
 
     def __getstate__(self) -> dict[str, Any]:  # Tune pickles its callbacks with the experiment state
         return {**self.__dict__, "_bar": None}

@@ -47,6 +47,21 @@ def final_rows(trials: pd.DataFrame) -> pd.DataFrame:
     return full if not full.empty else last[last["round"] == last["round"].max()]
 
 
+def outcome_counts(trials: pd.DataFrame, spec: SweepSpec) -> str:
+    """``12 trials, 1 failed, 2 diverged (...)``: the sweep's configurations by how they ended; for a packed grid
+    also the Tune trials that ran them (a packed trial's configurations are ``<trial>-<k>``)."""
+    runs = trials["trial"].nunique()
+    failed = trials.loc[trials["status"] == "error", "trial"].nunique()
+    diverged = trials.loc[trials["status"] == "diverged", "trial"].nunique()
+    if spec.pack != "none" and spec.search == "grid":
+        packs = trials["trial"].str.rsplit("-", n=1).str[0].nunique()
+        counted = f"{runs} configurations in {packs} packed trial{'s' * (packs != 1)}"
+    else:
+        counted = f"{runs} trials"
+    return (f"{counted}, {failed} failed"
+            + (f", {diverged} diverged (their rounds before it kept; final metrics nan)" if diverged else ""))
+
+
 def configurations(trials: pd.DataFrame, spec: SweepSpec, metric: str | None = None) -> pd.DataFrame:
     """Every configuration with the mean, std and count over seeds of its final ``metric``."""
     metric = metric or spec.resolved_metric()[0]

@@ -13,7 +13,7 @@ from fedcomp.platform.config import load_config
 from fedcomp.platform.errors import ConfigError, TrialsFailed
 from fedcomp.sweeps.lockstep import TOLERANCE, Lockstep, run_together
 from fedcomp.sweeps.packs import make_packs, swept_floats
-from fedcomp.sweeps.report import best_and_edges
+from fedcomp.sweeps.report import best_and_edges, outcome_counts
 from fedcomp.sweeps.spec import load_spec
 from fedcomp.sweeps.trial import FAULT_EXIT
 from tests.sweeps.tiny import TINY as SWEEP_TINY
@@ -138,6 +138,7 @@ def test_sequential_packs_equal_runs_alone_bit_for_bit_and_report_per_configurat
     trials = result.trials
     assert trials["trial"].nunique() == 8 and set(trials["status"]) == {"completed"}
     assert len([p for p in result.path.iterdir() if p.is_dir()]) == 3  # 8 configurations in 3 Tune trials
+    assert outcome_counts(trials, result.spec) == "8 configurations in 3 packed trials, 0 failed"
     for _, rows in trials.groupby("trial"):
         assert rows["round"].tolist() == list(range(5))
     assert sorted(map(tuple, trials[["algorithm.lr", "algorithm.beta", "run.seed"]].drop_duplicates().values.tolist())) == [

@@ -87,6 +87,24 @@ def test_a_sweep_at_verbose_0_prints_the_report_and_nothing_of_tunes(ray_session
     pd.testing.assert_frame_equal(resumed.trials, before)
 
 
+@pytest.mark.ray
+@pytest.mark.slow
+def test_a_resumed_sweep_speaks_at_the_resuming_commands_verbosity(ray_session, tmp_path, capsys):
+    """Tune restores a sweep's run config as it was started (its verbosity, the progress callback's style); the
+    resuming command's ``--verbose`` applies instead: a sweep started at 1 and resumed at 0 prints nothing of Tune's
+    (it printed Tune's status table)."""
+    spec = {"base": "quickstart", "grid": {"algorithm.lr": [0.1, 0.05]}, "max_concurrent": 1,
+            "set": {"federation.backend": "local", "federation.clients": 4, "algorithm.local_steps": 5,
+                    "task.test_samples": 2000, "run.rounds": 2, "run.track": "none", "run.out": str(tmp_path)}}
+    first = fedcomp.sweep(spec, verbose=1)
+    assert "Trial status" in capsys.readouterr().out
+    resumed = fedcomp.resume_sweep(first.path, verbose=0)
+    captured = capsys.readouterr()
+    for noise in ("== Status ==", "Trial status", "Configuration for experiment", "╭", "trial 1/2"):
+        assert noise not in captured.out and noise not in captured.err, noise
+    pd.testing.assert_frame_equal(resumed.trials, first.trials)
+
+
 def test_tunes_advice_to_restore_an_interrupted_sweep_is_left_out_at_every_verbosity(caplog):
     """fedcomp's own line says how to continue (``fedcomp sweep --resume``); Tune's said ``Tuner.restore(...)``."""
     from fedcomp.sweeps.tuner import _quiet_tune
