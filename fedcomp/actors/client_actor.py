@@ -9,13 +9,13 @@ from __future__ import annotations
 import contextlib
 import os
 import pickle
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import ray
 
+from fedcomp.actors.cluster import config_here
 from fedcomp.actors.quiet_exit import drop_lost_exits_in_a_worker
-from fedcomp.platform.config import Config
 
 if TYPE_CHECKING:
     import numpy as np
@@ -31,12 +31,12 @@ drop_lost_exits_in_a_worker()  # a client actor stopped with SIGTERM, even befor
 class ClientActor:
     """Hosts ``clients`` on the GPU Ray assigned to it, if any, else on the CPU."""
 
-    def __init__(self, config: Config, clients: Sequence[int], incarnation: int = 0) -> None:
+    def __init__(self, config: Mapping[str, Any], clients: Sequence[int], incarnation: int = 0) -> None:
         self.setup(config, clients, incarnation)
 
-    def setup(self, config: Config, clients: Sequence[int], incarnation: int = 0) -> None:
+    def setup(self, config: Mapping[str, Any], clients: Sequence[int], incarnation: int = 0) -> None:
         """Build the clients of a run (the constructor, and a kept actor's rebuild for the next run:
-        :mod:`fedcomp.actors.kept`)."""
+        :mod:`fedcomp.actors.kept`) from the run's config as its dict (:func:`~fedcomp.actors.cluster.config_here`)."""
         import torch
 
         from fedcomp.actors.collective import Group
@@ -50,9 +50,10 @@ class ClientActor:
         self.flags: dict[str, Any] = {}
         """The determinism flags set for CUDA (``run.deterministic``; empty on the CPU)."""
         try:
+            loaded = config_here(config)
             device = "cuda" if ray.get_gpu_ids() and torch.cuda.is_available() else "cpu"
-            self.flags = configure(device, config.run.deterministic)
-            self.host = ClientHost(config, clients, device)
+            self.flags = configure(device, loaded.run.deterministic)
+            self.host = ClientHost(loaded, clients, device)
         except Exception as error:
             self.error = error
         self.incarnation = incarnation

@@ -12,6 +12,7 @@ a message that names it and says what would fit.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import math
 import os
@@ -28,8 +29,9 @@ from urllib.parse import urlsplit
 import ray
 
 from fedcomp.actors.quiet import quiet_ray_start
-from fedcomp.platform.config import Config, FederationConfig
-from fedcomp.platform.errors import ResourceError
+from fedcomp.platform import catalog
+from fedcomp.platform.config import Config, FederationConfig, load_config
+from fedcomp.platform.errors import ConfigError, ResourceError
 from fedcomp.platform.gpu_packing import Footprint, pick_clients_per_actor
 from fedcomp.platform.progress import announce
 from fedcomp.platform.signals import depends_on, stop_on_sigterm
@@ -45,12 +47,14 @@ GCS_EVERY_S = 0.1
 """How often a watch of the cluster (:func:`answering`) connects to its GCS; its daemons' processes are read each time."""
 
 
-def connect(address: str | None = None, worker_log_level: str | None = None) -> dict[str, float]:
+def connect(address: str | None = None, worker_log_level: str | None = None, modules: Sequence[str] = ()) -> dict[str, float]:
     """Join ``address`` (or ``$RAY_ADDRESS``) if given, reuse an initialised Ray, else (or for ``local``, Ray's
     name for it) start a fresh local one.
 
     ``worker_log_level`` (e.g. ``"WARNING"``) quiets the Python logging of this job's Ray workers (Tune's
-    per-trial INFO lines), where this call starts the Ray session. Returns the cluster's total resources.
+    per-trial INFO lines), where this call starts the Ray session. ``modules``: the user's modules the job's
+    processes import (:meth:`~fedcomp.platform.config.Config.modules`); joining a cluster, their files go to its
+    nodes with the job (:func:`shipped`). Returns the cluster's total resources.
 
     Raises:
         ResourceError: the address is malformed, does not answer within seconds, or Ray refuses it.
@@ -71,6 +75,10 @@ def connect(address: str | None = None, worker_log_level: str | None = None) -> 
         if address:
             address = probe(address, field)  # one that cannot be a Ray head fails in one line, before anything is said
             announce(f"connecting to Ray at {address} ...")
+            carried = shipped(modules)
+            if carried:
+                kwargs["runtime_env"] = {"py_modules": carried}
+                announce(f"your modules go to the cluster's nodes with this job: {', '.join(carried)}")
             try:
                 ray.init(address=address, **kwargs)
             except (ConnectionError, TimeoutError, RuntimeError, ValueError) as error:
@@ -89,6 +97,37 @@ def connect(address: str | None = None, worker_log_level: str | None = None) -> 
         announce(f"Ray ready in {time.perf_counter() - started:.1f} s: " + ", ".join(
             f"{resources.get(k, 0):g} {k}s" for k in ("CPU", "GPU") if k == "CPU" or resources.get(k)))
     return dict(ray.cluster_resources())
+
+
+def shipped(modules: Sequence[str]) -> list[str]:
+    """The files and folders of the user's ``modules`` (:func:`~fedcomp.platform.catalog.carriers`) that a job joining
+    a cluster takes to its nodes as Ray's ``py_modules``, where each node's workers import them by name when the
+    module's file is not at its path there. None inside a job submitted with ``py_modules`` of its own (``ray job
+    submit``; Ray refuses two), whose ``--working-dir`` carries the files."""
+    from ray._private.runtime_env.constants import RAY_JOB_CONFIG_JSON_ENV_VAR
+
+    submitted = json.loads(os.environ.get(RAY_JOB_CONFIG_JSON_ENV_VAR) or "{}")
+    if "py_modules" in (submitted.get("runtime_env") or {}):
+        return []
+    return catalog.carriers(list(modules))
+
+
+def config_here(sent: Config | Mapping[str, Any]) -> Config:
+    """The run's config in this actor, which is sent it as :meth:`~fedcomp.platform.config.Config.to_dict` and loads
+    it here, in its constructor: a user's module that cannot be imported on this node (not there, a package it
+    imports not installed) is then an error the actor's ``ready`` raises, one line at the driver, where a ``Config``
+    unpickled with the actor's arguments failed before the constructor ran -- Ray printed each attempt's traceback
+    and the driver saw only that the actor died. A ``Config`` (the server in the driver) is taken as it is.
+
+    Raises:
+        ConfigError: the config's module cannot be imported here, naming this node.
+    """
+    if isinstance(sent, Config):
+        return sent
+    try:
+        return load_config(dict(sent))
+    except ConfigError as error:
+        raise ConfigError(f"{error} (on the node at {ray.util.get_node_ip_address()})") from None
 
 
 IDLE_DAEMONS = ("start_monitor", "start_api_server")

@@ -120,6 +120,8 @@ class RayFederation:
 
     def __init__(self, config: Config) -> None:
         self.config = config
+        self.sent_config = config.to_dict()
+        """What each client actor is sent of the config (:func:`~fedcomp.actors.cluster.config_here`)."""
         resources = ray.cluster_resources()
         probe = config.federation.gpu_packing == "auto" and resources.get("GPU", 0.0) > 0
         footprint = probe_footprint_on_cluster(config, self.timeout) if probe else None
@@ -166,7 +168,7 @@ class RayFederation:
 
     def _spawn(self, i: int) -> Any:
         options = actor_options(self.plan.resources(i))
-        return kept.start("client", RemoteClient, options, self.config, self.plan.groups[i], self.incarnations[i])
+        return kept.start("client", RemoteClient, options, self.sent_config, self.plan.groups[i], self.incarnations[i])
 
     def _replace(self, i: int, round: int, reason: str) -> None:
         self._drop_graph()  # rebuilt over the new actor at its next use

@@ -45,7 +45,7 @@ class ReplicatedServer:
     """Driver-side proxy (:class:`~fedcomp.platform.server.ServerLike`) to the server replicated on the client actors."""
 
     def __init__(self, config: Config) -> None:
-        connect(config.federation.ray_address)
+        connect(config.federation.ray_address, modules=config.modules())
         self.config = config
         self.actors = RayFederation(config)
         """The client actors (started, placed, replaced and closed as for the other Ray servers)."""

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import ray
 from ray.exceptions import RayActorError, RayTaskError
 
 from fedcomp.actors import kept
-from fedcomp.actors.cluster import actor_options, cluster_nodes, connect, plan_actors
+from fedcomp.actors.cluster import actor_options, cluster_nodes, config_here, connect, plan_actors
 from fedcomp.actors.federation import first_line, unwrap, wait_ready
 from fedcomp.actors.quiet_exit import drop_lost_exits_in_a_worker
 from fedcomp.platform.config import Config
@@ -29,12 +29,13 @@ drop_lost_exits_in_a_worker()  # a server actor stopped with SIGTERM, even befor
 class ServerActor:
     """Holds the :class:`Server` (global state, evaluation data) and the client actors it starts."""
 
-    def __init__(self, config: Config, in_actor: bool = True, keep: bool = False) -> None:
+    def __init__(self, config: Config | Mapping[str, Any], in_actor: bool = True, keep: bool = False) -> None:
         self.setup(config, in_actor, keep)
 
-    def setup(self, config: Config, in_actor: bool = True, keep: bool = False) -> None:
+    def setup(self, config: Config | Mapping[str, Any], in_actor: bool = True, keep: bool = False) -> None:
         """Build the server and start (or, ``keep``, take kept) client actors: the constructor, and a kept
-        server actor's rebuild for the next run (:mod:`fedcomp.actors.kept`)."""
+        server actor's rebuild for the next run (:mod:`fedcomp.actors.kept`); ``config`` as its dict in an actor
+        (:func:`~fedcomp.actors.cluster.config_here`)."""
         import torch
 
         from fedcomp.actors.federation import RayFederation
@@ -48,7 +49,7 @@ class ServerActor:
         """An error building the server or its client actors, raised by :meth:`ready` (an exception leaving
         an actor's constructor reaches the driver only as text, after Ray has printed its traceback)."""
         try:
-            self.server = Server(config, RayFederation)
+            self.server = Server(config_here(config), RayFederation)
         except Exception as error:
             self.error = error
 
@@ -108,7 +109,7 @@ class RayServer:
     (``federation.server: driver``) to the same :class:`ServerActor` held in this process."""
 
     def __init__(self, config: Config) -> None:
-        cluster = connect(config.federation.ray_address)
+        cluster = connect(config.federation.ray_address, modules=config.modules())
         plan = plan_actors(config.federation, cluster, cluster_nodes())  # fail here, at once, on a shortfall
         self.driver_s = 0.0
         self.finite = True
@@ -122,7 +123,7 @@ class RayServer:
             self.here.ready()
             return
         self.options = actor_options({"CPU": plan.server_cpus})
-        self.actor = kept.start("server", RemoteServer, self.options, config, keep=kept.keeping())
+        self.actor = kept.start("server", RemoteServer, self.options, config.to_dict(), keep=kept.keeping())
         kept.release()  # kept actors this run could not use would hold resources its own actors wait for
         try:
             # The server's constructor starts and awaits the client actors under the same deadline.

@@ -12,6 +12,7 @@ actors, a sweep's trials, a resumed or verified run: the config names that modul
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -100,7 +101,7 @@ def import_source(source: str) -> None:
     path = Path(source).expanduser().resolve()
     package = path.name == "__init__.py"  # a package's own module: named by its folder
     if not path.is_file():  # another node's file system (a job's working directory unpacked elsewhere): by its name
-        _import_by_name(path.parent.name if package else path.stem, path)
+        _import_by_name(path)
         return
     if any(_file_of(module, path.name) == path for module in list(sys.modules.values())):
         return  # imported already, by whatever name (``import mine`` beside it, in a folder that is a package too)
@@ -125,16 +126,53 @@ def _file_of(module: Any, named: str | None) -> Path | None:
     return Path(file).resolve()
 
 
-def _import_by_name(name: str, path: Path) -> None:
-    """Import ``name`` in place of the file ``path`` that is not there -- only a module whose own file has that file's
-    name (``json.py`` missing does not import the standard library's ``json``)."""
-    missing = ImportError(f"no such file {str(path)!r}, nor a module {name!r} of that file's name on the path")
-    try:
-        module = importlib.import_module(name)
-    except ModuleNotFoundError as error:
-        if error.name != name:
+def _import_by_name(path: Path) -> None:
+    """Import in place of the file ``path`` that is not there the module whose file has that path's tail, by the
+    shortest dotted name that the path's last parts spell and that is on the path: ``/a/lab/pkg/mod.py`` as ``mod``,
+    ``pkg.mod`` or ``lab.pkg.mod`` -- ``pkg`` a package shipped or unpacked on this node (:func:`carriers`, a job's
+    working directory), whose file ``.../pkg/mod.py`` ends as the missing one does. Only such a module: ``json.py``
+    missing does not import the standard library's ``json``."""
+    package = path.name == "__init__.py"  # a package's own module: named by its folder
+    parts = [*path.parent.parts[1:], *([] if package else [path.stem])]
+    for start in reversed(range(len(parts))):
+        name = ".".join(parts[start:])
+        if not all(part.isidentifier() for part in parts[start:]):
+            continue
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as error:
+            if error.name is not None and (name == error.name or name.startswith(f"{error.name}.")):
+                continue  # not on the path under this name
             raise  # the module is there: an import of its own failed
-        raise missing from None
-    file = getattr(module, "__file__", None)
-    if not isinstance(file, str) or Path(file).name != path.name:
-        raise missing
+        file = getattr(module, "__file__", None)
+        tail = Path(*path.parts[-(len(parts) - start + package):])
+        if isinstance(file, str) and Path(file).parts[-len(tail.parts):] == tail.parts:
+            return
+    raise ImportError(f"no such file {str(path)!r}, nor a module {parts[-1]!r} of that file's name on the path")
+
+
+def carriers(sources: list[str]) -> list[str]:
+    """The local files and folders that carry the user's modules ``sources`` (as :func:`source_of` writes them) to
+    a cluster's other nodes, for Ray's ``py_modules``: a module's file, or the top folder of the packages it is in;
+    for a dotted name, its top package's folder or its file -- not one installed in the environment
+    (``site-packages``: every node's environment is its own to install). On a node where a file is not at its path,
+    :func:`import_source` imports it by its name from there."""
+    out: list[str] = []
+    for source in sources:
+        if source.endswith(".py"):
+            path = Path(source).expanduser().resolve()
+            if not path.is_file():
+                continue
+            top = path if path.name != "__init__.py" else path.parent
+            while (top.parent / "__init__.py").is_file():
+                top = top.parent
+            out.append(str(top))
+            continue
+        spec = importlib.util.find_spec(source.split(".")[0])
+        if spec is None or spec.origin is None or not spec.origin.endswith(".py"):
+            continue
+        origin = Path(spec.origin).resolve()
+        where = origin.parent if spec.submodule_search_locations else origin
+        if not {"site-packages", "dist-packages"} & set(where.parts):
+            out.append(str(where))
+    return list(dict.fromkeys(out))

@@ -28,6 +28,7 @@ from fedcomp.actors.cluster import (
     idle_daemons_not_started,
     plan_actors,
     probe,
+    shipped,
     started_daemons,
 )
 from fedcomp.cli import main
@@ -327,6 +328,57 @@ def test_feddro_exchanges_among_the_actors_across_both_nodes_with_the_local_numb
     local = fedcomp.run("feddro-drift", {**overrides(args), "federation.backend": "local", "run.out": str(tmp_path / "local")})
     assert local.metrics["embedding_exchanges"].iloc[-1] > 0
     pd.testing.assert_frame_equal(metrics(run_dir), local.metrics.drop(columns="wall_time"), check_exact=True)
+
+
+def test_a_job_submitted_with_py_modules_of_its_own_ships_none_of_fedcomps(tmp_path, monkeypatch):
+    """Ray refuses a driver's ``py_modules`` beside a submitted job's; the job's working directory carries the files."""
+    mine = tmp_path / "mine_shipped.py"
+    mine.write_text("")
+    monkeypatch.delenv("RAY_JOB_CONFIG_JSON_ENV_VAR", raising=False)
+    assert shipped([str(mine)]) == [str(mine)]
+    monkeypatch.setenv("RAY_JOB_CONFIG_JSON_ENV_VAR", json.dumps({"runtime_env": {"working_dir": "gcs://x.zip"}}))
+    assert shipped([str(mine)]) == [str(mine)]
+    monkeypatch.setenv("RAY_JOB_CONFIG_JSON_ENV_VAR", json.dumps({"runtime_env": {"py_modules": ["gcs://y.zip"]}}))
+    assert shipped([str(mine)]) == []
+
+
+SHIPPED_RUN = """
+import sys
+from pathlib import Path
+import fedcomp
+from fedcomp.actors.cluster import connect
+from fedcomp.platform.config import load_config
+
+config = load_config(sys.argv[1], overrides={"federation.ray_address": sys.argv[2], "run.rounds": 4,
+                                            "run.progress": "none"})
+fedcomp.run(config.replace(**{"federation.backend": "local", "run.out": sys.argv[3] + "/local"}))
+connect(config.federation.ray_address, modules=config.modules())  # the job's files go to the nodes here
+Path(config.modules()[0]).unlink()  # as on a node without the file at its path: imported from what the job took
+fedcomp.run(config.replace(**{"run.out": sys.argv[3] + "/ray"}))
+"""
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_a_users_module_goes_to_the_nodes_with_the_job(two_nodes, tmp_path):
+    """Joining a cluster, the run's driver hands the user's module file to Ray (``py_modules``): the actors on both
+    nodes import it by name from there when it is not at its path -- the file is deleted once the job has started --,
+    with the local backend's numbers."""
+    mods = tmp_path / "mods"
+    mods.mkdir()
+    (mods / "shipped_ext.py").write_text((ROOT / "examples" / "extension.py").read_text())
+    (mods / "shipped.yaml").write_text((ROOT / "examples" / "extension.yaml").read_text().replace(
+        "extension.py", "shipped_ext.py"))
+    done = subprocess.run([sys.executable, "-c", SHIPPED_RUN, str(mods / "shipped.yaml"), two_nodes.address,
+                           str(tmp_path)], capture_output=True, text=True, timeout=600, cwd=tmp_path,
+                          env={**os.environ, "PYTHONPATH": str(ROOT), "RAY_TMPDIR": two_nodes.tmp})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"your modules go to the cluster's nodes with this job: {mods / 'shipped_ext.py'}" in done.stderr
+    assert not (mods / "shipped_ext.py").exists()
+    (local,), (run_dir,) = (tmp_path / "local").iterdir(), (tmp_path / "ray").iterdir()
+    backend = json.loads((run_dir / "run.json").read_text())["backend"]
+    assert len(backend["nodes"]) == 2, backend
+    pd.testing.assert_frame_equal(metrics(run_dir), metrics(local), check_exact=True)
 
 
 @pytest.mark.ray

@@ -291,3 +291,62 @@ def test_a_package_registering_in_its_init_is_imported_once_by_its_own_name(tmp_
         del sys.pkg_once_runs  # type: ignore[attr-defined]
     with pytest.raises(ImportError, match=r"no such file '/no/such/json.py', nor a module 'json' of that file's name"):
         catalog.import_source("/no/such/json.py")
+
+
+def test_a_module_file_in_a_package_not_at_its_path_is_imported_by_its_package_name(tmp_path, monkeypatch):
+    """``/elsewhere/lab/pkg_far/mod_far.py`` missing, ``pkg_far`` shipped to this node (on the path): imported as
+    ``pkg_far.mod_far``, the name its classes pickle by, not as a top-level ``mod_far``; a module of that name whose
+    file has another tail does not stand in for it."""
+    import sys
+
+    package = tmp_path / "pkg_far"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "mod_far.py").write_text("import sys\nsys.mod_far_runs = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        catalog.import_source("/elsewhere/lab/pkg_far/mod_far.py")
+        assert sys.mod_far_runs == 1 and "pkg_far.mod_far" in sys.modules and "mod_far" not in sys.modules  # type: ignore[attr-defined]
+        with pytest.raises(ImportError, match=r"nor a module 'mod_far' of that file's name on the path"):
+            catalog.import_source("/elsewhere/lab/other_pkg/mod_far.py")
+    finally:
+        for name in ("pkg_far", "pkg_far.mod_far"):
+            sys.modules.pop(name, None)
+        del sys.mod_far_runs  # type: ignore[attr-defined]
+
+
+def test_the_files_that_carry_a_users_modules_to_other_nodes(tmp_path, monkeypatch):
+    """A lone file itself; a file in packages: the top package's folder; a dotted name: its top package's folder or
+    its file; fedcomp's own and installed packages, and a file not there: nothing."""
+    lone = tmp_path / "lone_mod.py"
+    lone.write_text("")
+    top = tmp_path / "lab_top"
+    (top / "inner").mkdir(parents=True)
+    for init in (top / "__init__.py", top / "inner" / "__init__.py"):
+        init.write_text("")
+    (top / "inner" / "algo.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    sources = [str(lone), str(top / "inner" / "algo.py"), str(top / "__init__.py"), "lab_top.inner.algo", "lone_mod",
+               "yaml", str(tmp_path / "missing.py")]
+    assert catalog.carriers(sources) == [str(lone), str(top)]
+
+
+@pytest.mark.ray
+@pytest.mark.parametrize("server", ["replicated", "actor"])
+def test_a_module_the_actors_cannot_import_is_one_line_naming_the_node(tmp_path, server):
+    """A user's module that imports a package installed where the driver runs but not on the cluster's nodes: the
+    actors load the config themselves and say why in one line (was: Ray's unpickling traceback per attempt, then
+    "an actor died while starting")."""
+    body = EXAMPLE.read_text()
+    (tmp_path / "nodeless.py").write_text(
+        body + "\nimport ray._private.worker as _worker\n"
+        "if _worker.global_worker.mode == _worker.WORKER_MODE:  # a Ray actor, not the driver\n"
+        "    import a_package_the_nodes_lack  # noqa: F401\n")
+    (tmp_path / "nodeless.yaml").write_text(EXAMPLE_YAML.read_text().replace("extension.py", "nodeless.py"))
+    done = cli("run", "nodeless.yaml", "--set", "run.rounds=2", "--set", "run.progress=none", "--set",
+               f"federation.server={server}", "--set", "federation.clients=4", "--set", "run.out=out", cwd=tmp_path)
+    assert done.returncode == 2, done.stderr[-3000:]
+    (line,) = done.stderr.strip().splitlines()
+    assert line.startswith(f"fedcomp: error: task.module = '{tmp_path / 'nodeless.py'}': cannot be imported: "
+                           "ModuleNotFoundError: No module named 'a_package_the_nodes_lack' (on the node at "), line
+    assert not (tmp_path / "out").exists()
