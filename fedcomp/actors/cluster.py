@@ -475,12 +475,10 @@ def probe_footprint_on_cluster(config: Config, timeout: float) -> Footprint:
 
     Raises:
         ResourceError: the probe did not finish within ``timeout`` seconds, or failed (its first line)."""
-    from fedcomp.platform.gpu_probe import probe_footprint  # a server's imports (torch): only where GPUs are packed
-
     options: dict[str, Any] = {"num_gpus": 1, "num_cpus": 0, "max_retries": 0}
     if fedcomp_env():
         options["runtime_env"] = {"env_vars": fedcomp_env()}
-    ref = ray.remote(probe_footprint).options(**options).remote(config)
+    ref = ray.remote(_probe_here).options(**options).remote(config.to_dict())
     try:
         footprint: Footprint = ray.get(ref, timeout=timeout)
         return footprint
@@ -492,10 +490,18 @@ def probe_footprint_on_cluster(config: Config, timeout: float) -> Footprint:
         ) from None
     except ray.exceptions.RayTaskError as error:
         cause = getattr(error, "cause", None)
-        if isinstance(cause, ResourceError):
-            raise ResourceError(str(cause)) from None
+        if isinstance(cause, (ResourceError, ConfigError)):
+            raise type(cause)(str(cause)) from None
         last = (str(cause or error).strip().splitlines() or [type(error).__name__])[-1]
         raise ResourceError(f"federation.gpu_packing = 'auto': the GPU memory probe failed: {last}") from None
+
+
+def _probe_here(sent: Mapping[str, Any]) -> Footprint:
+    """The GPU memory probe's Ray task: :func:`~fedcomp.platform.gpu_probe.probe_footprint` on the config it was sent
+    as its dict (:func:`config_here`)."""
+    from fedcomp.platform.gpu_probe import probe_footprint  # torch: only where GPUs are packed
+
+    return probe_footprint(config_here(sent))
 
 
 def _units(amount: float) -> int:
