@@ -13,6 +13,7 @@ actors die with the process that owns them.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Mapping
 from typing import Any, Literal
@@ -78,16 +79,23 @@ def _answers(actor: Any, timeout: float = 10.0) -> bool:
     try:
         ray.get(actor.__ray_ready__.remote(), timeout=timeout)
         return True
-    except Exception:  # died (or hangs): not taken
-        ray.kill(actor)
+    except Exception:  # died, hangs, or belongs to a Ray session since shut down (``ray.shutdown()``): not taken
+        _kill(actor)
         return False
 
 
 def release() -> None:
-    """Kill every kept actor not taken."""
+    """Kill every kept actor not taken (none kept: Ray is not imported)."""
+    kept = [actor for actors in _kept.values() for actor in actors]
+    _kept.clear()
+    for actor in kept:
+        _kill(actor)
+
+
+def _kill(actor: Any) -> None:
+    """Kill ``actor`` where it lives: a handle from a Ray session that has ended since (the user's ``ray.shutdown()``)
+    has nothing left to kill, and Ray refuses it."""
     import ray
 
-    for actors in _kept.values():
-        for actor in actors:
-            ray.kill(actor)
-    _kept.clear()
+    with contextlib.suppress(Exception):
+        ray.kill(actor)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import functools
 import math
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib import resources
@@ -201,12 +202,17 @@ class RunConfig(Params):
     def _plain_name(cls, value: str | None) -> str | None:
         return None if value is None else plain_name(value)
 
-    @field_validator("out")
+    @field_validator("out", mode="before")
     @classmethod
-    def _path(cls, value: str) -> str:
+    def _path(cls, value: Any) -> Any:
+        """A folder path: a ``pathlib.Path`` too, ``~`` expanded (a shell does that for the command line's own)."""
+        if isinstance(value, os.PathLike):
+            value = os.fspath(value)
+        if not isinstance(value, str):
+            return value  # the field's own type check says what is wrong
         if not value.strip() or "\0" in value:
             raise ValueError("must be a folder path")
-        return value
+        return os.path.expanduser(value)
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ declaration (``@register_algorithm(FEDAVG)``), which gives the class those attri
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
@@ -89,6 +90,7 @@ def register_algorithm(name: str | AlgorithmDeclaration) -> Callable[[T], T]:
             declared = name
             _adopt(cls, declared)
         else:
+            _check_name(name, "algorithm")
             _require(cls, "HParams", _is_params, "a subclass of fedcomp.platform.params.Params (frozen, validated)")
             _require(cls, "kind", lambda v: isinstance(v, str), "the problem kind it runs on, a str")
             declared = AlgorithmDeclaration(name, cls.HParams, cls.kind,  # type: ignore[attr-defined]
@@ -110,6 +112,7 @@ def register_task(name: str | TaskDeclaration) -> Callable[[T], T]:
             declared = name
             _adopt(cls, declared)
         else:
+            _check_name(name, "task")
             _require(cls, "Params", _is_params, "a subclass of fedcomp.platform.params.Params (frozen, validated)")
             _require(cls, "kinds", _strings, "the problem kinds it offers, a non-empty set of str")
             _require(cls, "metrics", lambda v: isinstance(v, (tuple, list)) and _strings(v),
@@ -123,6 +126,16 @@ def register_task(name: str | TaskDeclaration) -> Callable[[T], T]:
         return cls
 
     return decorate
+
+
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+"""What a user's algorithm or task may be called: it goes into configs, run ids and folder names (``fcsg-m``)."""
+
+
+def _check_name(name: Any, kind: str) -> None:
+    if not isinstance(name, str) or not NAME.fullmatch(name):
+        raise ValueError(f"{kind} name {name!r}: must be letters, digits, '-', '_' or '.', a letter or digit first "
+                         f"(e.g. 'my-sgd')")
 
 
 def _require(cls: type, attribute: str, holds: Callable[[Any], bool], what: str) -> None:
@@ -157,9 +170,14 @@ def _adopt(cls: type, declaration: Any) -> None:
 
 
 def _enter(classes: dict[str, Any], declared: dict[str, Any], kind: str, declaration: Any, cls: type) -> None:
+    """Register ``cls`` under its declaration's name. The same class defined again -- a notebook cell run again, its
+    module reloaded: the same module and qualified name -- takes the name over; another class cannot."""
     name = declaration.name
-    if name in classes and classes[name] is not cls:
-        raise ValueError(f"{kind} name {name!r} is already registered by {classes[name].__qualname__}")
+    known = classes.get(name)
+    if known is not None and known is not cls:
+        if (known.__module__, known.__qualname__) != (cls.__module__, cls.__qualname__):
+            raise ValueError(f"{kind} name {name!r} is already registered by {known.__module__}.{known.__qualname__}")
+        declared.pop(name, None)  # its declaration is the new class's (its HParams or Params, too)
     _declare(declared, kind, declaration)
     classes[name] = cls
     cls.name = name  # type: ignore[attr-defined]

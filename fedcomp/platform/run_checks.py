@@ -26,12 +26,13 @@ IDENTITY_KEYS = ("federation.clients", "run.seed")
 
 
 def run_folder(config: Config, run_id: str) -> Path:
-    """``<run.out>/<run_id>``, checked to lie directly inside ``run.out`` (a run name cannot climb out of it).
+    """``<run.out>/<run_id>``, absolute (the run's result names it so wherever the caller's working directory goes
+    next), checked to lie directly inside ``run.out`` (a run name cannot climb out of it).
 
     Raises:
         ConfigError: the folder would lie elsewhere.
     """
-    out = Path(config.run.out)
+    out = Path(config.run.out).absolute()
     folder = out / run_id
     if folder.resolve().parent != out.resolve():
         raise ConfigError(f"run.name = {config.run.name!r}: the run folder {str(folder)!r} would lie outside run.out")

@@ -194,7 +194,7 @@ def execute(
     checkpoint: dict[str, Any] | None = None
     earlier: dict[str, Any] = {}
     if resume_dir is not None:
-        run_dir = Path(resume_dir)
+        run_dir = Path(resume_dir).absolute()
         checkpoint = run_checks.open_checkpoint(run_dir, config)
         earlier = results.read_json(run_dir / results.RUN_JSON) if (run_dir / results.RUN_JSON).is_file() else {}
         results.check_writable(run_dir, f"--resume {str(run_dir)!r}")

@@ -107,3 +107,30 @@ def test_runs_in_a_keep_actors_block_take_each_others_actors_and_the_block_kills
             time.sleep(0.05)
     local = fedcomp.run("quickstart", {**over, "run.seed": 1, "federation.backend": "local"})
     assert second.metrics.drop(columns="wall_time").equals(local.metrics.drop(columns="wall_time"))
+
+
+SHUT_DOWN_BETWEEN = """
+import ray, fedcomp
+over = {"run.rounds": 2, "federation.clients": 4, "task.test_samples": 2000, "run.progress": "none",
+        "run.track": "none", "run.out": "out"}
+with fedcomp.keep_actors():
+    first = fedcomp.run("quickstart", over)
+    ray.shutdown()  # the kept actors' handles now name a session that is gone
+    second = fedcomp.run("quickstart", over)
+print("SAME", first.metrics.drop(columns="wall_time").equals(second.metrics.drop(columns="wall_time")))
+"""
+
+
+@pytest.mark.slow
+def test_actors_kept_in_a_ray_session_the_user_shut_down_are_dropped_not_an_error(tmp_path):
+    """The user's ``ray.shutdown()`` inside ``keep_actors()``: the next run starts fresh actors on a new Ray and the
+    block ends quietly (both raised Ray's ``ActorHandleNotFoundError``)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, "-c", SHUT_DOWN_BETWEEN], capture_output=True, text=True, timeout=300,
+                          cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(root)})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "SAME True" in done.stdout

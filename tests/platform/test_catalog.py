@@ -136,3 +136,38 @@ def test_a_module_file_imported_already_by_another_name_is_not_imported_again(tm
     finally:
         sys.modules.pop("mine_once", None)
         del sys.mine_once_runs  # type: ignore[attr-defined]
+
+
+def _defined(description: str) -> type:
+    """A user's class as a notebook cell defines it: the same module and qualified name each time the cell runs."""
+
+    class Redefined(FedAvg):
+        HParams = _TwiceHParams
+        kind = PLAIN
+
+    Redefined.description = description
+    Redefined.__qualname__ = "Redefined"
+    return Redefined
+
+
+def test_a_class_defined_again_takes_its_name_over_and_another_class_cannot():
+    first = register_algorithm("test-catalog-again")(_defined("first"))
+    second = register_algorithm("test-catalog-again")(_defined("second"))
+    assert catalog.algorithm_class("test-catalog-again") is second is not first
+    assert catalog.algorithms()["test-catalog-again"].description == "second"
+
+    class Other(FedAvg):
+        HParams = _TwiceHParams
+        kind = PLAIN
+
+    with pytest.raises(ValueError, match=rf"algorithm name 'test-catalog-again' is already registered by {__name__}\.Redefined"):
+        register_algorithm("test-catalog-again")(Other)
+
+
+@pytest.mark.parametrize("name", [3, None, "", "a b", "../../escaped", "-lead", "é"])
+def test_a_registered_name_is_one_a_config_and_a_folder_can_hold(name):
+    with pytest.raises(ValueError, match=r"must be letters, digits, '-', '_' or '.', a letter or digit first"):
+        @register_algorithm(name)
+        class Named(FedAvg):
+            HParams = _TwiceHParams
+            kind = PLAIN

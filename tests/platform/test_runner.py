@@ -245,3 +245,18 @@ def test_drive_asks_for_the_rounds_up_to_each_checkpoint_at_once_with_the_ones_i
     assert [row["round"] for row in rows] == [0, 2, 4, 5]
     assert all(a["wall_time"] <= b["wall_time"] for a, b in itertools.pairwise(rows))
     assert results.checkpoint_from_bytes(steps[2].checkpoint)["server"]["counters"]["round"] == 3
+
+
+def test_run_out_takes_a_path_and_a_home_folder_and_the_result_names_its_folder_absolutely(tmp_path, monkeypatch):
+    """``run.out`` as a ``pathlib.Path`` or ``~/...`` (expanded, not a folder named ``~``); the result's ``run_dir`` is
+    absolute, so it still names the run after the caller changes its working directory."""
+    from pathlib import Path
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    home = fedcomp.run("quickstart", small(**{"run.out": "~/results", "run.rounds": 1}))
+    assert home.run_dir.parent == tmp_path / "home" / "results" and not (tmp_path / "~").exists()
+    relative = fedcomp.run("quickstart", small(**{"run.out": Path("rel"), "run.rounds": 1}))
+    assert relative.run_dir.is_absolute() and relative.run_dir.parent == tmp_path / "rel"
+    monkeypatch.chdir(tmp_path / "home")
+    assert relative.run_dir.is_dir() and len(fedcomp.load_results(relative.run_dir)) == 2
