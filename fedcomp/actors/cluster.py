@@ -16,9 +16,11 @@ import json
 import logging
 import math
 import os
+import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field as dataclass_field
@@ -66,37 +68,132 @@ def connect(address: str | None = None, worker_log_level: str | None = None, mod
         parse_address(address, field)  # a malformed address fails even where Ray is already up
         if address.strip() == "local":
             address = None
-    if not ray.is_initialized():
-        kwargs: dict[str, Any] = dict(include_dashboard=False, logging_level=logging.WARNING, configure_logging=True)
-        if worker_log_level:
-            kwargs["logging_config"] = ray.LoggingConfig(log_level=worker_log_level)
-        quiet_ray_start()
-        started = time.perf_counter()
-        if address:
-            address = probe(address, field)  # one that cannot be a Ray head fails in one line, before anything is said
-            announce(f"connecting to Ray at {address} ...")
-            carried = shipped(modules)
-            if carried:
-                kwargs["runtime_env"] = {"py_modules": carried}
-                announce(f"your modules go to the cluster's nodes with this job: {', '.join(carried)}")
-            try:
-                ray.init(address=address, **kwargs)
-            except (ConnectionError, TimeoutError, RuntimeError, ValueError) as error:
-                first = (str(error).strip().splitlines() or [type(error).__name__])[0]
-                raise ResourceError(f"{field} = {address!r}: Ray could not join that cluster: {first}") from None
+    with _STARTING:  # two runs started at once from threads of one process: one starts Ray, the other joins it
+        if ray.is_initialized():
+            _same_cluster(address, field)
+        elif threading.current_thread() is not threading.main_thread():
+            raise ResourceError(
+                "federation.backend = 'ray': Ray starts from the main thread (it sets signal handlers there, and one "
+                "started from another left its agents running after the script ended); start it there first -- a "
+                "first run, or ray.init() -- and runs in threads join it")
         else:
-            # "local": a new instance even when `ray start` left a cluster on this machine (a bare ray.init()
-            # would join the latest one, and die with it).
-            announce("starting local Ray ...")
+            _start_or_join(address, field, worker_log_level, modules)
+    return dict(ray.cluster_resources())
+
+
+_STARTING = threading.Lock()
+
+
+def _same_cluster(address: str | None, field: str) -> None:
+    """Check that the Ray this process is connected to already is the one ``address`` names (None: any).
+
+    Raises:
+        ResourceError: it is another: Ray joins one cluster a process, and a run would have gone to the first one.
+    """
+    if not address or ray.get_runtime_context().worker.mode != ray.SCRIPT_MODE:
+        return  # a Ray worker (a trial, an actor) is on its job's cluster, however the config names it
+    current = ray.get_runtime_context().gcs_address
+    if _names(address, current):
+        return
+    raise ResourceError(f"{field} = {address!r}: this process is connected to the Ray at {current} already (an earlier "
+                        f"run's, or your ray.init()), and Ray joins one cluster a process; call ray.shutdown() first, "
+                        f"or drop the address")
+
+
+def _names(address: str, gcs_address: str) -> bool:
+    """Whether ``address`` (``HOST:PORT``, ``auto``) names the Ray whose GCS is at ``gcs_address``; a ``ray://``
+    address never does (a Ray Client connection is not a GCS connection)."""
+    if address.strip() == "auto":
+        from ray._private.utils import read_ray_address
+
+        address = read_ray_address() or ""
+    target = parse_address(address) if address and not address.strip().startswith("ray://") else None
+    here = parse_address(gcs_address)
+    if target is None or here is None or target[1] != here[1]:
+        return False
+    try:
+        wanted, current = socket.gethostbyname(target[0]), socket.gethostbyname(here[0])
+    except OSError:
+        return False
+    return wanted == current or (wanted.startswith("127.") and _is_local(current))
+
+
+def _is_local(ip: str) -> bool:
+    """Whether ``ip`` is an address of this machine (a node's IP seen from it, e.g. a loopback-joined head)."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.bind((ip, 0))
+        return True
+    except OSError:
+        return False
+
+
+def _start_or_join(address: str | None, field: str, worker_log_level: str | None, modules: Sequence[str]) -> None:
+    """Join ``address``, or start a fresh local Ray (None); then watch it (:func:`answering`)."""
+    kwargs: dict[str, Any] = dict(include_dashboard=False, logging_level=logging.WARNING, configure_logging=True)
+    if worker_log_level:
+        kwargs["logging_config"] = ray.LoggingConfig(log_level=worker_log_level)
+    quiet_ray_start()
+    started = time.perf_counter()
+    if address:
+        address = probe(address, field)  # one that cannot be a Ray head fails in one line, before anything is said
+        announce(f"connecting to Ray at {address} ...")
+        carried = shipped(modules)
+        if carried:
+            kwargs["runtime_env"] = {"py_modules": carried}
+            announce(f"your modules go to the cluster's nodes with this job: {', '.join(carried)}")
+        try:
+            ray.init(address=address, **kwargs)
+        except (ConnectionError, TimeoutError, RuntimeError, ValueError) as error:
+            first = (str(error).strip().splitlines() or [type(error).__name__])[0]
+            raise ResourceError(f"{field} = {address!r}: Ray could not join that cluster: {first}") from None
+    else:
+        # "local": a new instance even when `ray start` left a cluster on this machine (a bare ray.init()
+        # would join the latest one, and die with it).
+        announce("starting local Ray ...")
+        before = _descendants()
+        try:
             with idle_daemons_not_started():
                 ray.init(address="local", **kwargs)
-            end_idle_daemons()  # where this Ray started them after all
-        stop_on_sigterm()  # in place of Ray's own answers to it
-        depends_on(answering(ray.get_runtime_context().gcs_address, () if address else started_daemons()))
-        resources = ray.cluster_resources()
-        announce(f"Ray ready in {time.perf_counter() - started:.1f} s: " + ", ".join(
-            f"{resources.get(k, 0):g} {k}s" for k in ("CPU", "GPU") if k == "CPU" or resources.get(k)))
-    return dict(ray.cluster_resources())
+        except BaseException:  # Ctrl-C while it starts: what it started so far goes with it, its agents included
+            _stop_partial_start(before)
+            raise
+        end_idle_daemons()  # where this Ray started them after all
+    stop_on_sigterm()  # in place of Ray's own answers to it
+    depends_on(answering(ray.get_runtime_context().gcs_address, () if address else started_daemons()))
+    resources = ray.cluster_resources()
+    announce(f"Ray ready in {time.perf_counter() - started:.1f} s: " + ", ".join(
+        f"{resources.get(k, 0):g} {k}s" for k in ("CPU", "GPU") if k == "CPU" or resources.get(k)))
+
+
+def _stop_partial_start(before: set[int]) -> None:
+    """Stop a local Ray whose ``ray.init`` was cut short (Ctrl-C): ``ray.shutdown()``, then every process that began
+    under this one since ``before`` (:func:`_descendants`) and still runs. Cut short before Ray had recorded its node,
+    the shutdown stops nothing, and the raylet's agents outlived the script, adopted by init."""
+    started = _descendants() - before  # read first: a dying raylet's agents stop being this process's descendants
+    with contextlib.suppress(Exception):
+        ray.shutdown()
+    for pid in started:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _descendants() -> set[int]:
+    """The PIDs of this process's children, theirs, and so on (read from ``/proc``; none where there is none)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            _, fields = _stat(stat)
+        except OSError:  # ended meanwhile
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = set(), [os.getpid()]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
 
 
 def shipped(modules: Sequence[str]) -> list[str]:
