@@ -78,12 +78,20 @@ def keep_actors() -> Iterator[None]:
 
 
 def resume(run_dir: str | Path) -> RunResult:
-    """Continue the run in ``run_dir`` from its last checkpoint to its configured number of rounds."""
+    """Continue the run in ``run_dir`` from its last checkpoint to its configured number of rounds. A run that
+    completed is read back as it is: no backend is started and nothing is rewritten.
+
+    Raises:
+        ConfigError, StorageError: ``run_dir`` is not a run folder, or its files cannot be read.
+        Interrupted: Ctrl-C (or SIGTERM) stopped it again; the message says what was kept.
+        Diverged: the run became non-finite; its finite rounds are kept.
+    """
     from fedcomp.backends import make_server
-    from fedcomp.platform.runner import execute, resume_config
+    from fedcomp.platform.runner import completed_result, execute, resume_config
 
     config = resume_config(run_dir)
-    return execute(config, make_server, resume_dir=run_dir)
+    done = completed_result(run_dir, config)
+    return done if done is not None else execute(config, make_server, resume_dir=run_dir)
 
 
 def sweep(source: Any = "quick", **options: Any) -> Any:

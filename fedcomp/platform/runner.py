@@ -52,6 +52,27 @@ class RunResult:
         return cast(dict[str, Any], self.metrics.iloc[[-1]].to_dict("records")[0])
 
 
+def completed_result(run_dir: str | Path, config: Config) -> RunResult | None:
+    """The result of the run in ``run_dir`` (of ``config``, its ``run.json``'s), read from its files, where it
+    completed: ``run.json`` says so, its checkpoint is its own (as a resume checks) at its last round, and its metrics
+    file holds every row of it. None otherwise -- a resume then runs, and writes what is missing or damaged.
+
+    Raises:
+        ConfigError, StorageError: the checkpoint is another run's, or cannot be read (as for a resume).
+    """
+    run_dir = Path(run_dir).absolute()
+    if results.read_json(run_dir / results.RUN_JSON).get("status") != "completed":
+        return None
+    checkpoint = run_checks.open_checkpoint(run_dir, config)
+    if checkpoint["server"]["counters"]["round"] != config.run.rounds or not (run_dir / results.METRICS).is_file():
+        return None
+    try:
+        metrics = results.read_parquet(run_dir / results.METRICS)
+    except StorageError:
+        return None
+    return RunResult(run_dir, config, metrics) if len(metrics) == len(checkpoint["rows"]) else None
+
+
 def new_run_id(config: Config) -> str:
     return results.new_folder_name(Path(config.run.out), config.run.name or f"{config.algorithm_name}_{config.task_name}")
 

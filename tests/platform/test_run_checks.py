@@ -255,19 +255,25 @@ def test_a_read_only_results_folder_is_one_line_before_any_work(tmp_path):
         echo "new=$?"
         "$PY" -m fedcomp run --resume {shelf}/old 2> {tmp_path}/old.err
         echo "old=$?"
+        "$PY" -m fedcomp run --resume {shelf}/done > /dev/null 2>&1
+        echo "done=$?"
     """)
-    # A finished run to resume from inside the read-only folder.
+    # A run killed at its end (its status not yet 'completed') to resume from inside the read-only folder; the
+    # same run completed is read back (nothing to write).
     fedcomp.run("quickstart", small(**{"run.out": str(tmp_path / "tmp")}))
     (made,) = (tmp_path / "tmp").iterdir()
     shutil.rmtree(shelf / "old")
+    shutil.copytree(made, shelf / "done")
+    meta = json.loads((made / "run.json").read_text())
+    (made / "run.json").write_text(json.dumps({**meta, "status": "running"}))
     shutil.copytree(made, shelf / "old")
     done = in_namespace(script, tmp_path)
-    assert "new=2" in done.stdout and "old=2" in done.stdout, (done.stdout, done.stderr)
+    assert "new=2" in done.stdout and "old=2" in done.stdout and "done=0" in done.stdout, (done.stdout, done.stderr)
     new = (tmp_path / "new.err").read_text().strip().splitlines()
     assert new == [f"fedcomp: error: run.out = '{shelf}/results': the folder '{shelf}' is not writable"]
     old = (tmp_path / "old.err").read_text().strip().splitlines()
     assert old == [f"fedcomp: error: --resume '{shelf}/old': the folder '{shelf}/old' is not writable"]
-    assert sorted(p.name for p in shelf.iterdir()) == ["old"]
+    assert sorted(p.name for p in shelf.iterdir()) == ["done", "old"]
 
 
 def test_a_non_finite_model_is_seen_on_an_in_process_server():

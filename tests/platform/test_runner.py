@@ -260,3 +260,13 @@ def test_run_out_takes_a_path_and_a_home_folder_and_the_result_names_its_folder_
     assert relative.run_dir.is_absolute() and relative.run_dir.parent == tmp_path / "rel"
     monkeypatch.chdir(tmp_path / "home")
     assert relative.run_dir.is_dir() and len(fedcomp.load_results(relative.run_dir)) == 2
+
+
+def test_resuming_a_completed_run_reads_it_back_and_rewrites_nothing(tmp_path):
+    """No backend started (it took 2-6 s to start one, only to give back the stored results), run.json untouched."""
+    done = fedcomp.run("quickstart", small(**{"run.out": str(tmp_path), "run.rounds": 2}))
+    before = {p.name: p.read_bytes() for p in done.run_dir.iterdir() if p.is_file()}
+    again = fedcomp.resume(done.run_dir)
+    assert again.run_dir == done.run_dir and again.config == done.config
+    pd.testing.assert_frame_equal(again.metrics, done.metrics, check_exact=True)
+    assert {p.name: p.read_bytes() for p in done.run_dir.iterdir() if p.is_file()} == before
