@@ -6,6 +6,7 @@ Public API::
     fedcomp.resume(run_dir) -> RunResult
     fedcomp.sweep(preset_or_file, search=, seeds=, overrides=, ...) -> SweepResult
     fedcomp.resume_sweep(sweep_dir) -> SweepResult
+    fedcomp.load_sweep(sweep_dir) -> SweepResult  (a finished sweep's trials and spec, read back; no Ray started)
     with fedcomp.keep_actors(): ...  (Ray-backend runs in the block reuse each other's actors)
     fedcomp.load_results(path) -> pandas.DataFrame
     fedcomp.load_config(source, overrides) -> Config
@@ -42,6 +43,7 @@ if TYPE_CHECKING:
     from fedcomp.platform.registry import ALGORITHMS, TASKS, register_algorithm, register_task
     from fedcomp.platform.results import load_results
     from fedcomp.platform.runner import RunResult
+    from fedcomp.sweeps.tuner import load_sweep
     from fedcomp.verification import Verification, verify
 
 _HOME = {
@@ -59,7 +61,7 @@ _HOME = {
     "Verification": "fedcomp.verification", "verify": "fedcomp.verification",
     "Conformance": "fedcomp.conformance", "check": "fedcomp.conformance",
     "ActorLost": "fedcomp.platform.errors", "TaskError": "fedcomp.platform.errors",
-    "TrialsFailed": "fedcomp.platform.errors",
+    "TrialsFailed": "fedcomp.platform.errors", "load_sweep": "fedcomp.sweeps.tuner",
 }  # fmt: skip
 """Where each public name lives. They are imported on first use: a process that only hosts clients (a Ray
 actor) then never imports the runner's pandas and the sweep layer."""
@@ -100,6 +102,7 @@ __all__ = [
     "keep_actors",
     "load_config",
     "load_results",
+    "load_sweep",
     "preset_names",
     "register_algorithm",
     "register_task",

@@ -248,8 +248,9 @@ def run_dirs(path: str | Path) -> list[Path]:
 def load_results(path: str | Path) -> pd.DataFrame:
     """Every evaluation row of the run(s) at ``path`` as one DataFrame.
 
-    ``path`` is a run folder or a results root holding run folders. Columns: ``run_id``, ``algorithm``,
-    ``task``, ``seed``, then the metrics columns (``round``, ``comm_rounds``, ..., the task's metrics).
+    ``path`` is a run folder or a results root holding run folders (a sweep's folder under it is not one:
+    :func:`fedcomp.load_sweep`). Columns: ``run_id``, ``algorithm``, ``task``, ``seed``, then the metrics columns
+    (``round``, ``comm_rounds``, ..., the task's metrics).
 
     Raises:
         StorageError: a run's ``run.json`` or ``metrics.parquet`` cannot be read (:func:`read_runs` passes over it).
@@ -260,8 +261,17 @@ def load_results(path: str | Path) -> pd.DataFrame:
     frames = [_run_rows(run, read_json(run / RUN_JSON)) for run in run_dirs(path)]
     kept = [frame for frame in frames if frame is not None]
     if not kept:
-        raise FileNotFoundError(f"no fedcomp run results under {str(path)!r}")
+        raise FileNotFoundError(_no_runs(path))
     return pd.concat(kept, ignore_index=True)
+
+
+def _no_runs(path: str | Path) -> str:
+    """Why there are no run results at ``path``: nothing there, or it is a sweep's folder, whose trials are read
+    otherwise."""
+    if (Path(path) / "sweep.json").is_file():
+        return (f"{str(path)!r} is a sweep's folder, not a run's: its trials are in fedcomp.load_sweep({str(path)!r})"
+                f".trials (trials.parquet)")
+    return f"no fedcomp run results under {str(path)!r}"
 
 
 def read_runs(path: str | Path) -> tuple[pd.DataFrame, dict[str, str], dict[str, str]]:
@@ -291,7 +301,7 @@ def read_runs(path: str | Path) -> tuple[pd.DataFrame, dict[str, str], dict[str,
                            f"no run under {str(path)!r} can be read ({len(unreadable)} runs); the first: "
                            f"{next(iter(unreadable.values()))}")
     if not frames:
-        raise FileNotFoundError(f"no fedcomp run results under {str(path)!r}")
+        raise FileNotFoundError(_no_runs(path))
     return pd.concat(frames, ignore_index=True), statuses, unreadable
 
 

@@ -545,9 +545,15 @@ def _later_rows(rows: list[dict[str, Any]], reported: pd.DataFrame | None) -> li
 
 
 def load_sweep(path: str | Path) -> SweepResult:
-    """The results of a sweep folder (its ``trials.parquet`` and spec)."""
-    path = Path(path)
+    """The results of a sweep folder (its ``trials.parquet`` and spec), read back without starting Ray.
+
+    Raises:
+        ConfigError, StorageError: not a sweep folder, or its files cannot be read.
+        FileNotFoundError: the sweep has not finished (no ``trials.parquet`` yet).
+    """
+    path = Path(path).absolute()
     meta = read_sweep_json(path)
     if not (path / TRIALS).is_file():
-        raise FileNotFoundError(f"sweep folder {str(path)!r} has no {TRIALS} yet; finish it with --resume")
+        raise FileNotFoundError(f"sweep folder {str(path)!r} has no {TRIALS} yet; finish it with: "
+                                f"{command('sweep', '--resume', path)}")
     return SweepResult(path, stored_spec(meta, path), results.read_parquet(path / TRIALS))

@@ -103,6 +103,9 @@ def test_a_resumed_sweep_speaks_at_the_resuming_commands_verbosity(ray_session, 
     for noise in ("== Status ==", "Trial status", "Configuration for experiment", "╭", "trial 1/2"):
         assert noise not in captured.out and noise not in captured.err, noise
     pd.testing.assert_frame_equal(resumed.trials, first.trials)
+    pd.testing.assert_frame_equal(fedcomp.load_sweep(first.path).trials, first.trials)  # read back, no Ray started
+    with pytest.raises(FileNotFoundError, match=r"is a sweep's folder, not a run's: its trials are in fedcomp.load_sweep"):
+        fedcomp.load_results(first.path)
 
 
 def test_tunes_advice_to_restore_an_interrupted_sweep_is_left_out_at_every_verbosity(caplog):
