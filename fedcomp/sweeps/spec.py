@@ -290,7 +290,7 @@ def validate(spec: SweepSpec) -> list[str]:
             config = load_config(spec.base, {**spec.set, **point})
             config.in_script("a sweep's trials, each in a process of its own,")
         except ConfigError as error:
-            raise ConfigError(f"{where}{error}") from None
+            raise ConfigError(f"{_blamed(spec, where, error)}{error}") from None
         modules.extend(config.modules())
         shortest = min(shortest, (config.run.rounds, where))
         if config.federation.gpu_packing == "auto":
@@ -310,6 +310,17 @@ def validate(spec: SweepSpec) -> list[str]:
             raise ConfigError(f"{name} = {value!r} is not reported by task {task!r}; allowed: "
                               f"{', '.join((*metrics, 'train_loss'))}")
     return [m for m in dict.fromkeys(modules) if m not in spec.modules]
+
+
+def _blamed(spec: SweepSpec, where: str, error: ConfigError) -> str:
+    """Where a configuration's error comes from: the sweep point ``where`` -- unless the base with the sweep's
+    ``set`` (the CLI's ``--set``, the API's ``overrides``) fails alike without it, whose error names its field."""
+    try:
+        load_config(spec.base, spec.set)
+    except ConfigError as alone:
+        if str(alone) == str(error):
+            return ""
+    return where
 
 
 # ---- loading ---------------------------------------------------------------------------------------------
