@@ -179,8 +179,11 @@ class TrialProgress(Callback):
                    f"elapsed {duration(elapsed)}{eta}{why}")
 
     def on_trial_complete(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
-        stopped = (trial.last_result or {}).get("diverged") == 1.0  # sweeps.trial.DIVERGED: a trial's stop mark
-        self._finished(trial, "diverged" if stopped else "completed")
+        last = trial.last_result or {}
+        if last.get("diverged") == 1.0:  # sweeps.trial.DIVERGED: a trial's stop mark
+            self._finished(trial, "diverged")
+        else:  # a trial that ran to its end returned, and Tune marked its last result done; one a scheduler stopped, not
+            self._finished(trial, "completed" if last.get("done") else "stopped early")
 
     def on_trial_error(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
         self._finished(trial, "failed")

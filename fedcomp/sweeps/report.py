@@ -48,18 +48,24 @@ def final_rows(trials: pd.DataFrame) -> pd.DataFrame:
 
 
 def outcome_counts(trials: pd.DataFrame, spec: SweepSpec) -> str:
-    """``12 trials, 1 failed, 2 diverged (...)``: the sweep's configurations by how they ended; for a packed grid
-    also the Tune trials that ran them (a packed trial's configurations are ``<trial>-<k>``)."""
+    """``12 trials, 1 failed, 2 diverged (...), 3 stopped early by ASHA (...)``: the sweep's configurations by how
+    they ended; for a packed grid also the Tune trials that ran them (a packed trial's configurations are
+    ``<trial>-<k>``)."""
     runs = trials["trial"].nunique()
     failed = trials.loc[trials["status"] == "error", "trial"].nunique()
     diverged = trials.loc[trials["status"] == "diverged", "trial"].nunique()
+    last = trials.sort_values("round").groupby("trial", sort=True).tail(1) if "round" in trials else trials.iloc[:0]
+    short = (last["status"] == "completed") & (last["round"] < last["run.rounds"]) if "run.rounds" in last else False
+    stopped = int(short.sum()) if spec.scheduler == "asha" and not isinstance(short, bool) else 0
     if spec.pack != "none" and spec.search == "grid":
         packs = trials["trial"].str.rsplit("-", n=1).str[0].nunique()
         counted = f"{runs} configurations in {packs} packed trial{'s' * (packs != 1)}"
     else:
         counted = f"{runs} trials"
     return (f"{counted}, {failed} failed"
-            + (f", {diverged} diverged (their rounds before it kept; final metrics nan)" if diverged else ""))
+            + (f", {diverged} diverged (their rounds before it kept; final metrics nan)" if diverged else "")
+            + (f", {stopped} stopped early by ASHA (their rounds kept; not in the tables of final values)"
+               if stopped else ""))
 
 
 def configurations(trials: pd.DataFrame, spec: SweepSpec, metric: str | None = None) -> pd.DataFrame:

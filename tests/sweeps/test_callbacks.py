@@ -16,22 +16,25 @@ class Terminal(io.StringIO):
         return True
 
 
-def trial(lr: float, value: float, metric: str = "test_accuracy") -> SimpleNamespace:
-    return SimpleNamespace(config={"point": {"algorithm.lr": lr}, "run.seed": 0}, last_result={metric: value})
+def trial(lr: float, value: float, metric: str = "test_accuracy", done: bool = True) -> SimpleNamespace:
+    """A finished trial; ``done``: it returned (Tune marks its last result so), not stopped by a scheduler."""
+    return SimpleNamespace(config={"point": {"algorithm.lr": lr}, "run.seed": 0}, last_result={metric: value, "done": done})
 
 
 def test_a_line_per_finished_trial_with_counts_metric_and_eta(monkeypatch):
     err = io.StringIO()
     monkeypatch.setattr(sys, "stderr", err)
-    progress = TrialProgress(3, "test_accuracy", "max", progress="auto", verbose=1)
+    progress = TrialProgress(4, "test_accuracy", "max", progress="auto", verbose=1)
     progress.setup()
     progress.on_trial_complete(1, [], trial(0.1, 0.9))
     progress.on_trial_error(2, [], trial(0.5, float("nan")))
-    progress.on_trial_complete(3, [], trial(0.01, 0.7))
+    progress.on_trial_complete(3, [], trial(0.03, 0.6, done=False))  # ASHA stopped it
+    progress.on_trial_complete(4, [], trial(0.01, 0.7))
     lines = err.getvalue().splitlines()
-    assert [line.split("  ")[0] for line in lines] == ["trial 1/3 completed", "trial 2/3 failed", "trial 3/3 completed"]
+    assert [line.split("  ")[0] for line in lines] == ["trial 1/4 completed", "trial 2/4 failed",
+                                                       "trial 3/4 stopped early", "trial 4/4 completed"]
     assert "algorithm.lr=0.1 run.seed=0  test_accuracy=0.9000  elapsed" in lines[0] and "eta" in lines[0]
-    assert "eta" not in lines[2]
+    assert "eta" not in lines[3]
     assert progress.best == 0.9 and progress.failed == 1
 
 

@@ -25,7 +25,7 @@ from fedcomp.cli import main
 from fedcomp.platform import results
 from fedcomp.platform.errors import ResourceError
 from fedcomp.sweeps import tune_state
-from fedcomp.sweeps.report import best_configurations, sweep_report
+from fedcomp.sweeps.report import best_configurations, outcome_counts, sweep_report
 from fedcomp.sweeps.trial import FAULT_EXIT
 from fedcomp.sweeps.tuner import load_sweep
 from tests.sweeps.test_tune_state import recorded_checkpoints
@@ -179,6 +179,9 @@ def test_asha_stops_weak_trials_and_the_report_ranks_full_runs(ray_session, tmp_
     for _, rows in result.trials.groupby("trial"):
         assert rows["round"].tolist() == list(range(len(rows)))
     assert best_configurations(result.trials, result.spec)["algorithm.lr"].tolist() == [0.1]
+    stopped = int((lengths < 6).sum())
+    assert outcome_counts(result.trials, result.spec) == (
+        f"4 trials, 0 failed, {stopped} stopped early by ASHA (their rounds kept; not in the tables of final values)")
 
 
 def test_a_trial_that_cannot_fit_fails_at_once_and_writes_nothing(ray_session, tmp_path):
