@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
-    from fedcomp.api import keep_actors, resume, resume_sweep, run, sweep
+    from fedcomp.api import keep_actors, resume, run
     from fedcomp.conformance import Conformance, check
     from fedcomp.platform.config import Config, load_config, preset_names
     from fedcomp.platform.errors import (
@@ -43,12 +43,12 @@ if TYPE_CHECKING:
     from fedcomp.platform.registry import ALGORITHMS, TASKS, register_algorithm, register_task
     from fedcomp.platform.results import load_results
     from fedcomp.platform.runner import RunResult
-    from fedcomp.sweeps.tuner import load_sweep
+    from fedcomp.sweeps.tuner import load_sweep, resume_sweep, sweep
     from fedcomp.verification import Verification, verify
 
 _HOME = {
-    "keep_actors": "fedcomp.api", "resume": "fedcomp.api", "resume_sweep": "fedcomp.api", "run": "fedcomp.api",
-    "sweep": "fedcomp.api",
+    "keep_actors": "fedcomp.api", "resume": "fedcomp.api", "run": "fedcomp.api",
+    "sweep": "fedcomp.sweeps.tuner", "resume_sweep": "fedcomp.sweeps.tuner",
     "Config": "fedcomp.platform.config", "load_config": "fedcomp.platform.config",
     "preset_names": "fedcomp.platform.config",
     "ClientFailure": "fedcomp.platform.errors", "ConfigError": "fedcomp.platform.errors",

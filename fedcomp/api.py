@@ -1,19 +1,22 @@
-"""The Python API: ``fedcomp.run(...)``, ``fedcomp.resume(...)``, ``fedcomp.sweep(...)``, ``fedcomp.keep_actors()``."""
+"""The Python API: ``fedcomp.run(...)``, ``fedcomp.resume(...)``, ``fedcomp.keep_actors()`` (``fedcomp.sweep`` is
+:func:`fedcomp.sweeps.tuner.sweep`)."""
 
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fedcomp.platform.config import Config, load_config
+from fedcomp.platform.errors import ConfigError
 
 if TYPE_CHECKING:  # the runner and the backends import torch: a config is checked before they load
     from fedcomp.backends import make_server
     from fedcomp.platform.runner import RunResult
 
-__all__ = ["keep_actors", "make_server", "resume", "resume_sweep", "run", "sweep"]
+__all__ = ["keep_actors", "make_server", "resume", "run"]
 
 
 def __getattr__(name: str) -> Any:
@@ -42,6 +45,9 @@ def run(
         >>> result = fedcomp.run("quickstart", federation__backend="local", run__rounds=2)  # doctest: +SKIP
         >>> result.final["test_accuracy"]  # doctest: +SKIP
     """
+    if overrides is not None and not isinstance(overrides, Mapping):
+        raise ConfigError(f"overrides = {overrides!r}: must be a mapping of 'section.key' to values, e.g. "
+                          f"{{'algorithm.lr': 0.01}}")
     all_overrides = {**(overrides or {}), **kwargs}
     if isinstance(config, Config):
         config = config.replace(**all_overrides) if all_overrides else config
@@ -89,27 +95,8 @@ def resume(run_dir: str | Path) -> RunResult:
     from fedcomp.backends import make_server
     from fedcomp.platform.runner import completed_result, execute, resume_config
 
+    if not isinstance(run_dir, (str, os.PathLike)):
+        raise ConfigError(f"run_dir = {run_dir!r}: must be a run folder's path (a str or a pathlib.Path)")
     config = resume_config(run_dir)
     done = completed_result(run_dir, config)
     return done if done is not None else execute(config, make_server, resume_dir=run_dir)
-
-
-def sweep(source: Any = "quick", **options: Any) -> Any:
-    """Run a Ray Tune sweep of whole federated runs; see :func:`fedcomp.sweeps.tuner.sweep`.
-
-    Example:
-        >>> result = fedcomp.sweep("quick", seeds=1, overrides={"run.rounds": 5})  # doctest: +SKIP
-        >>> result.best()  # doctest: +SKIP
-
-    ``extend_edges=True`` (``edge_cap=N``, default 3) keeps running the next grid value past each edge optimum.
-    """
-    from fedcomp.sweeps.tuner import sweep as run_sweep
-
-    return run_sweep(source, **options)
-
-
-def resume_sweep(path: str | Path, **options: Any) -> Any:
-    """Continue an interrupted sweep without redoing its finished trials."""
-    from fedcomp.sweeps.tuner import resume_sweep as resume
-
-    return resume(path, **options)

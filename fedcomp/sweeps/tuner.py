@@ -237,6 +237,11 @@ def sweep(
     Raises:
         ConfigError, ResourceError: before anything is written, naming the field and what is allowed.
         Interrupted: Ctrl-C stopped the sweep (Tune saved its state); :func:`resume_sweep` continues it.
+        TrialsFailed: every trial failed; the first one's error in one line.
+
+    Example:
+        >>> result = fedcomp.sweep("quick", seeds=1, overrides={"run.rounds": 5})  # doctest: +SKIP
+        >>> result.best()  # doctest: +SKIP
     """
     from ray import tune
 
@@ -383,7 +388,16 @@ def stored_spec(meta: Mapping[str, Any], path: str | Path) -> SweepSpec:
 
 def resume_sweep(path: str | Path, ray_address: str | None = None, verbose: int = 0) -> SweepResult:
     """Continue an interrupted sweep: finished trials are kept, unfinished and failed ones continue from
-    their last checkpoint."""
+    their last checkpoint (a finished sweep's results: :func:`load_sweep`, which starts no Ray).
+
+    Args:
+        ray_address: the cluster to join, as for :func:`sweep`.
+        verbose: this call's output (0: fedcomp's lines only), whatever the sweep was started with.
+
+    Raises:
+        ConfigError, StorageError: ``path`` is not a sweep folder, or its state cannot be read.
+        Interrupted: Ctrl-C stopped it again.
+    """
     from ray import tune
 
     path = Path(path).resolve()

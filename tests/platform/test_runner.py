@@ -270,3 +270,24 @@ def test_resuming_a_completed_run_reads_it_back_and_rewrites_nothing(tmp_path):
     assert again.run_dir == done.run_dir and again.config == done.config
     pd.testing.assert_frame_equal(again.metrics, done.metrics, check_exact=True)
     assert {p.name: p.read_bytes() for p in done.run_dir.iterdir() if p.is_file()} == before
+
+
+def test_the_apis_arguments_of_the_wrong_type_are_one_line():
+    from fedcomp.platform.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"^overrides = \['run.rounds', 2\]: must be a mapping of 'section.key'"):
+        fedcomp.run("quickstart", ["run.rounds", 2])  # type: ignore[arg-type]
+    for bad in (3, None):
+        with pytest.raises(ConfigError, match=rf"^run_dir = {bad}: must be a run folder's path"):
+            fedcomp.resume(bad)  # type: ignore[arg-type]
+
+
+def test_the_sweep_api_is_the_sweep_layers_own_signature_and_docs():
+    """``help(fedcomp.sweep)`` lists its options (it was a ``**options`` wrapper)."""
+    import inspect
+
+    from fedcomp.sweeps import tuner
+
+    assert fedcomp.sweep is tuner.sweep and fedcomp.resume_sweep is tuner.resume_sweep
+    assert {"search", "seeds", "overrides", "extend_edges"} <= set(inspect.signature(fedcomp.sweep).parameters)
+    assert "verbose" in (fedcomp.resume_sweep.__doc__ or "")
