@@ -196,9 +196,6 @@ def trial_count(spec: SweepSpec) -> int:
 def _connect(ray_address: str | None, verbose: int = 1, modules: list[str] | None = None) -> tuple[dict[str, float], bool]:
     from fedcomp.actors.cluster import connect
 
-    os.environ.setdefault("RAY_CHDIR_TO_TRIAL_DIR", "0")  # trials keep the driver's working directory
-    # Trials checkpoint every few rounds by design; Tune's warning about frequent snapshots is noise here.
-    os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
     cluster = connect(ray_address, worker_log_level=None if verbose else "WARNING", modules=modules or [])
     return cluster, float(cluster.get("GPU", 0.0)) > 0
 
@@ -351,7 +348,7 @@ def _fitted(tuner: Any, sweep: Path) -> ResultGrid:
         os.environ.get("TUNE_DISABLE_SIGINT_HANDLER", "0"))
     try:
         # farewell: the local Ray went with a SIGTERM, so the sweep ends at once and resumes as after a kill
-        with no_auto_loggers(), no_callback_census(), farewell(lambda: str(stopped)):
+        with no_auto_loggers(), no_callback_census(), tune_environment(), farewell(lambda: str(stopped)):
             grid = tuner.fit()
     except KeyboardInterrupt:  # a second Ctrl-C, or SIGTERM (fedcomp.platform.signals): fedcomp's copy of Tune's state
         raise stopped from None
@@ -362,6 +359,26 @@ def _fitted(tuner: Any, sweep: Path) -> ResultGrid:
     if catching and after is before:
         raise stopped
     return cast("ResultGrid", grid)
+
+
+TUNE_ENVIRONMENT = {
+    "RAY_CHDIR_TO_TRIAL_DIR": "0",  # trials keep the driver's working directory (Tune hands it to the trial actors)
+    "TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S": "0",  # trials checkpoint every few rounds by design
+}
+"""What a fit runs under, where the caller's environment does not say otherwise."""
+
+
+@contextlib.contextmanager
+def tune_environment() -> Iterator[None]:
+    """:data:`TUNE_ENVIRONMENT` in ``os.environ`` for the duration of a fit, as it was afterwards: a script's own use
+    of Tune after a sweep meets its own settings."""
+    added = [name for name in TUNE_ENVIRONMENT if name not in os.environ]
+    os.environ.update({name: TUNE_ENVIRONMENT[name] for name in added})
+    try:
+        yield
+    finally:
+        for name in added:
+            os.environ.pop(name, None)
 
 
 def read_sweep_json(path: str | Path) -> dict[str, Any]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import logging
+import os
 from types import SimpleNamespace
 
 import pandas as pd
@@ -89,15 +90,17 @@ def test_a_sweep_at_verbose_0_prints_the_report_and_nothing_of_tunes(ray_session
 
 @pytest.mark.ray
 @pytest.mark.slow
-def test_a_resumed_sweep_speaks_at_the_resuming_commands_verbosity(ray_session, tmp_path, capsys):
+def test_a_resumed_sweep_speaks_at_the_resuming_commands_verbosity(ray_session, tmp_path, capsys, monkeypatch):
     """Tune restores a sweep's run config as it was started (its verbosity, the progress callback's style); the
     resuming command's ``--verbose`` applies instead: a sweep started at 1 and resumed at 0 prints nothing of Tune's
     (it printed Tune's status table)."""
     spec = {"base": "quickstart", "grid": {"algorithm.lr": [0.1, 0.05]}, "max_concurrent": 1,
             "set": {"federation.backend": "local", "federation.clients": 4, "algorithm.local_steps": 5,
                     "task.test_samples": 2000, "run.rounds": 2, "run.track": "none", "run.out": str(tmp_path)}}
+    monkeypatch.delenv("RAY_CHDIR_TO_TRIAL_DIR", raising=False)
     first = fedcomp.sweep(spec, verbose=1)
     assert "Trial status" in capsys.readouterr().out
+    assert "RAY_CHDIR_TO_TRIAL_DIR" not in os.environ  # set for the fit only: the caller's own Tune use is its own
     resumed = fedcomp.resume_sweep(first.path, verbose=0)
     captured = capsys.readouterr()
     for noise in ("== Status ==", "Trial status", "Configuration for experiment", "╭", "trial 1/2"):
