@@ -193,8 +193,9 @@ def test_ctrl_c_before_the_first_checkpoint_keeps_nothing_and_says_so(tmp_path, 
     assert main(["run", "quickstart", *FAST, "--set", f"run.out={tmp_path}"]) == 130
     assert capsys.readouterr().err.strip().splitlines() == ["fedcomp: interrupted: nothing was kept (no checkpoint yet)"]
     assert list(tmp_path.iterdir()) == []
-    with pytest.raises(fedcomp.Interrupted, match="nothing was kept"):  # the API raises it (a KeyboardInterrupt)
+    with pytest.raises(fedcomp.Interrupted, match="nothing was kept") as stopped:  # the API raises it (a KeyboardInterrupt)
         fedcomp.run("quickstart", {**dict(s.split("=", 1) for s in FAST[1::2]), "run.out": str(tmp_path)})
+    assert stopped.value.path is None  # no folder to continue
 
 
 def test_gpu_request_on_the_local_backend_without_cuda(tmp_path, capsys):

@@ -10,9 +10,11 @@ import shlex
 
 
 class PlatformError(Exception):
-    """Base of every error fedcomp raises on purpose."""
+    """Base of every error fedcomp raises on purpose. :attr:`path`: the folder it kept where there is one to go on
+    from (a run's to resume with ``fedcomp.resume(error.path)``, a sweep's), else None."""
 
     exit_code = 2
+    path: object = None
 
 
 class ConfigError(PlatformError, ValueError):
@@ -59,7 +61,12 @@ class Diverged(PlatformError):
 
 class Interrupted(KeyboardInterrupt):
     """The user stopped a run or a sweep (Ctrl-C, or SIGTERM: :mod:`fedcomp.platform.signals`); the message says what
-    was kept and how to continue. A ``KeyboardInterrupt`` still, so that code catching that keeps working."""
+    was kept and how to continue, :attr:`path` the folder to continue (``fedcomp.resume``, ``fedcomp.resume_sweep``)
+    or None where nothing was kept. A ``KeyboardInterrupt`` still, so that code catching that keeps working."""
+
+    def __init__(self, message: str, path: object = None) -> None:
+        super().__init__(message)
+        self.path = path
 
 
 def command(*words: object) -> str:

@@ -304,14 +304,18 @@ def execute(
                     log.write("interrupted", error=note, resume=command("run", "--resume", run_dir))
                 with contextlib.suppress(StorageError):
                     tracker.finish("interrupted", log.meta, [run_dir / results.RUN_JSON, run_dir / results.METRICS])
+            kept = None if created else run_dir
             if isinstance(error, StorageError):
                 tail = ("nothing was kept" if created else
                         f"the run stopped after round {saved}; make room and continue it with: {command('run', '--resume', run_dir)}")
-                raise StorageError(f"{error}; {tail}") from None
+                full = StorageError(f"{error}; {tail}")
+                full.path = kept
+                raise full from None
             if isinstance(error, KeyboardInterrupt) and not isinstance(error, Interrupted):
-                raise Interrupted(_kept(created, saved, run_dir)) from None
+                raise Interrupted(_kept(created, saved, run_dir), kept) from None
             if isinstance(error, PlatformError) and not created and resumable:
                 error.args = (f"{error}; {_kept(created, saved, run_dir)}",)  # the folder resumes: say how
+                error.path = run_dir
             raise
         finally:
             if not closed:
@@ -341,10 +345,12 @@ def _diverged(config: Config, log: _RunLog, step: RoundDone, reason: str) -> Non
     kept = [row for row in step.rows if row["round"] < step.round]
     results.write_metrics(log.run_dir / results.METRICS, kept)
     log.write("diverged")
-    raise Diverged(
+    diverged = Diverged(
         f"the run diverged in round {step.round}: {reason}; kept rounds 0-{kept[-1]['round']} in {log.run_dir}; "
         f"{run_checks.divergence_hint(config)}, or set run.on_divergence=continue to run on"
     )
+    diverged.path = log.run_dir
+    raise diverged
 
 
 def _draw_curves(run_dir: Path, rows: list[dict[str, Any]], headline: str) -> None:

@@ -342,7 +342,7 @@ def _fitted(tuner: Any, sweep: Path) -> ResultGrid:
             copy of Tune's state as after a kill.
     """
     stopped = Interrupted(f"finished trials and the others' checkpoints are kept; continue the sweep with: "
-                          f"{command('sweep', '--resume', sweep)}")
+                          f"{command('sweep', '--resume', sweep)}", sweep)
     before = signal.getsignal(signal.SIGINT)
     catching = threading.current_thread() is threading.main_thread() and not int(
         os.environ.get("TUNE_DISABLE_SIGINT_HANDLER", "0"))

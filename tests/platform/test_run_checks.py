@@ -68,9 +68,10 @@ def test_a_diverged_run_stops_keeps_its_finite_rounds_and_exits_3(tmp_path, caps
 
 
 def test_the_python_api_raises_diverged(tmp_path):
-    with pytest.raises(fedcomp.Diverged, match="the run diverged in round 1: train_loss = nan"):
+    with pytest.raises(fedcomp.Diverged, match="the run diverged in round 1: train_loss = nan") as diverged:
         fedcomp.run("quickstart", small(**{"run.out": str(tmp_path), "algorithm.lr": 1e38}))
     (run_dir,) = tmp_path.iterdir()
+    assert diverged.value.path == run_dir
     assert pd.read_parquet(run_dir / results.METRICS)["round"].tolist() == [0]
 
 

@@ -81,10 +81,11 @@ def stopped_and_resumed(tmp_path, track, between=lambda folder: None, resume=fed
 
     stopper = threading.Thread(target=ctrl_c, daemon=True)
     stopper.start()
-    with pytest.raises(fedcomp.Interrupted):
+    with pytest.raises(fedcomp.Interrupted) as stopped:
         fedcomp.sweep(spec)
     stopper.join()
     [folder] = [p for p in tmp_path.iterdir() if (p / "sweep.json").is_file()]
+    assert stopped.value.path == folder  # what fedcomp.resume_sweep continues
     between(folder)
     return folder, resume(folder)
 
