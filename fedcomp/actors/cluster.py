@@ -554,14 +554,14 @@ def plan_actors(
     else:
         cpus = float(fed.cpus_per_actor)
         need = cpus * (n + server)
+        best = _auto_cpus(units, n, gpu_units, server)
+        advice = f"use cpus_per_actor <= {best / UNITS:g} or 'auto'" if best else "raise federation.clients_per_actor or use 'auto'"
         if need > total_cpus + 1e-9:
             raise ResourceError(
                 f"federation.cpus_per_actor = {cpus:g} needs {need:g} CPUs for {actors} but the cluster has "
-                f"{total_cpus:g}"
+                f"{total_cpus:g}; {advice}"
             )
         if not _fits(units, n, _units(cpus), gpu_units, server):
-            best = _auto_cpus(units, n, gpu_units, server)
-            advice = f"use cpus_per_actor <= {best / UNITS:g} or 'auto'" if best else "raise federation.clients_per_actor or use 'auto'"
             raise ResourceError(
                 f"federation.cpus_per_actor = {cpus:g}: {actors} do not fit on {_describe(nodes, 'CPU')} (an actor "
                 f"lives on one node); {advice}"

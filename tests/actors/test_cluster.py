@@ -88,7 +88,7 @@ def test_without_a_server_actor_only_the_client_actors_are_placed(server):
     two = FederationConfig(clients=16, clients_per_actor=8, server=server, cpus_per_actor=1)
     assert plan_actors(two, {"CPU": 2.0}).cpus == 1.0  # a whole CPU each: the server takes none
     with pytest.raises(ResourceError, match=r"^federation.cpus_per_actor = 1 needs 4 CPUs for 4 client actors but the "
-                                            r"cluster has 2$"):
+                                            r"cluster has 2; use cpus_per_actor <= 0.5 or 'auto'$"):
         plan_actors(fed.model_copy(update={"cpus_per_actor": 1}), {"CPU": 2.0})
     three = FederationConfig(clients=12, clients_per_actor=4, server=server, cpus_per_actor=0.6)  # 1.8 CPUs in all
     with pytest.raises(ResourceError, match=r"^federation.cpus_per_actor = 0.6: 3 client actors do not fit on 2 nodes "
