@@ -12,12 +12,13 @@ every actor the run starts lands in its own trial's bundles and trials never wai
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
 import os
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -154,21 +155,26 @@ def computes_here(config: Config) -> bool:
 def torch_for(configs: Iterable[Config]) -> None:
     """Import torch into this trial process, with one thread, where a run of ``configs`` computes here
     (:func:`computes_here`); leave it out otherwise: a Ray-backend trial's process then holds no torch (its CUDA
-    build: about 400 MiB, and a second to import).
-
-    Imported with ``sys.stdout`` and ``sys.stderr`` back at the process's own streams: Tune points them at the
-    trial's log files, and torch's loggers keep the streams they find at import and flush them at exit, when Tune has
-    closed those files -- a warning per stream, forwarded to the driver's terminal after a Ctrl-C'd sweep's last
-    line."""
+    build: about 400 MiB, and a second to import). Imported under :func:`own_streams`."""
     if not any(computes_here(config) for config in configs):
         return
+    with own_streams():
+        import torch
+    torch.set_num_threads(1)
+
+
+@contextlib.contextmanager
+def own_streams() -> Iterator[None]:
+    """While it lasts, ``sys.stdout`` and ``sys.stderr`` are the process's own streams, for imports: Tune points them
+    at the trial's log files, and torch's loggers keep the streams they find at import and flush them at exit, when
+    Tune has closed those files -- a warning per stream, forwarded to the driver's terminal (after a Ctrl-C'd sweep's
+    last line; at the end of every sweep of a user's module that imports torch)."""
     trial_streams = sys.stdout, sys.stderr
     sys.stdout, sys.stderr = sys.__stdout__ or sys.stdout, sys.__stderr__ or sys.stderr
     try:
-        import torch
+        yield
     finally:
         sys.stdout, sys.stderr = trial_streams
-    torch.set_num_threads(1)
 
 
 def trial_process(spec_json: str, env: dict[str, str]) -> SweepSpec:
@@ -181,6 +187,8 @@ def trial_process(spec_json: str, env: dict[str, str]) -> SweepSpec:
     logging.getLogger("ray.train").setLevel(logging.WARNING)  # one "checkpoint created" line per save is noise
     logging.getLogger("ray.tune").setLevel(logging.WARNING)
     spec = SweepSpec.model_validate_json(spec_json)
+    with own_streams():  # the user's modules (their configs import them again: a no-op then) may import torch
+        spec.import_modules()
     keep_between_runs(spec.keep_actors)  # the next run in this process (Tune reuses it) takes these actors
     return spec
 

@@ -84,6 +84,22 @@ def test_its_run_on_ray_actors_has_the_local_backends_numbers_and_converges(ray_
 
 
 @pytest.mark.slow
+def test_a_sweep_of_it_from_the_cli_prints_no_warning_of_rays_at_its_end(tmp_path):
+    """Each trial imported the module -- and with it torch, whose loggers keep the streams they find -- while Tune
+    pointed the process's streams at the trial's log files: at exit they flushed closed files, a Ray warning per
+    stream and trial ("ValueError when calling 'flush' on stream ...") after the sweep's report."""
+    for name in ("extension.py", "extension.yaml"):
+        shutil.copy(REPO / "examples" / name, tmp_path / name)
+    (tmp_path / "sweep.yaml").write_text(
+        "base: extension.yaml\nset: {run.track: none, run.rounds: 2, federation.backend: local}\n"
+        "grid: {algorithm.lr: [0.01, 0.03]}\n")
+    done = cli("sweep", "sweep.yaml", "--verbose", "0", "--set", f"run.out={tmp_path / 'results'}", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "2 trials, 0 failed" in done.stdout
+    assert "ValueError when calling" not in done.stderr, done.stderr[-3000:]
+
+
+@pytest.mark.slow
 def test_the_cli_runs_it_then_fresh_processes_verify_and_report_it_and_verify_tells_an_edited_module(tmp_path):
     for name in ("extension.py", "extension.yaml"):
         shutil.copy(REPO / "examples" / name, tmp_path / name)
