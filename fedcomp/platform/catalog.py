@@ -105,17 +105,25 @@ def import_source(source: str) -> None:
         return
     if any(_file_of(module, path.name) == path for module in list(sys.modules.values())):
         return  # imported already, by whatever name (``import mine`` beside it, in a folder that is a package too)
-    parts, root = ([] if package else [path.stem]), path.parent
-    while (root / "__init__.py").is_file():
-        parts.insert(0, root.name)
-        root = root.parent
-    name = ".".join(parts)
+    packages, root = _in_packages(path)
+    name = ".".join(packages if package else [*packages, path.stem])
     if name in sys.modules:
         raise ImportError(f"a module named {name!r} is imported already, from {_file_of(sys.modules[name], None)}, not "
                           f"{str(path)!r}")
     if str(root) not in sys.path:
         sys.path.insert(0, str(root))
     importlib.import_module(name)
+
+
+def _in_packages(path: Path) -> tuple[list[str], Path]:
+    """The packages a module's file ``path`` lies in (a folder with an ``__init__.py``; its own folder, for a
+    package's ``__init__.py``), outermost first, and the folder that holds the outermost (the file's, where none)."""
+    packages: list[str] = []
+    root = path.parent
+    while (root / "__init__.py").is_file():
+        packages.insert(0, root.name)
+        root = root.parent
+    return packages, root
 
 
 def _file_of(module: Any, named: str | None) -> Path | None:
@@ -161,12 +169,9 @@ def carriers(sources: list[str]) -> list[str]:
     for source in sources:
         if source.endswith(".py"):
             path = Path(source).expanduser().resolve()
-            if not path.is_file():
-                continue
-            top = path if path.name != "__init__.py" else path.parent
-            while (top.parent / "__init__.py").is_file():
-                top = top.parent
-            out.append(str(top))
+            if path.is_file():
+                packages, root = _in_packages(path)
+                out.append(str(root / packages[0]) if packages else str(path))
             continue
         spec = importlib.util.find_spec(source.split(".")[0])
         if spec is None or spec.origin is None or not spec.origin.endswith(".py"):

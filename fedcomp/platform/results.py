@@ -256,13 +256,10 @@ def load_results(path: str | Path) -> pd.DataFrame:
         StorageError: a run's ``run.json`` or ``metrics.parquet`` cannot be read (:func:`read_runs` passes over it).
         FileNotFoundError: there are no run results at ``path``.
     """
-    import pandas as pd
-
-    frames = [_run_rows(run, read_json(run / RUN_JSON)) for run in run_dirs(path)]
-    kept = [frame for frame in frames if frame is not None]
-    if not kept:
-        raise FileNotFoundError(_no_runs(path))
-    return pd.concat(kept, ignore_index=True)
+    rows, _, unreadable = read_runs(path)
+    if unreadable:
+        raise StorageError(next(iter(unreadable.values())))
+    return rows
 
 
 def _no_runs(path: str | Path) -> str:

@@ -36,15 +36,26 @@ def final_rows(trials: pd.DataFrame) -> pd.DataFrame:
     """Each trial's last evaluation row; trials stopped early (ASHA) -- whose last round is short of their own
     ``run.rounds`` -- are left out when others ran on. A diverged trial (``status``) keeps its row with every metric
     nan: it ends no better than any configuration that ran to the end."""
-    last = trials.sort_values("round").groupby("trial", sort=True).tail(1)
+    last = _last_rows(trials)
     diverged = last["status"] == "diverged" if "status" in last else pd.Series(False, index=last.index)
     if diverged.any():
         metrics = [c for c in last.columns if "." not in c and c not in ("trial", "status", "round")]
         last = last.copy()
         last.loc[diverged, metrics] = float("nan")
-    planned = last["run.rounds"] if "run.rounds" in last else pd.Series(last["round"].max(), index=last.index)
-    full = last[(last["round"] >= planned) | diverged]
+    full = last[~_short(last) | diverged]
     return full if not full.empty else last[last["round"] == last["round"].max()]
+
+
+def _last_rows(trials: pd.DataFrame) -> pd.DataFrame:
+    """Each trial's last evaluation row."""
+    return trials.sort_values("round").groupby("trial", sort=True).tail(1)
+
+
+def _short(last: pd.DataFrame) -> pd.Series:
+    """Which of the trials' last rows (:func:`_last_rows`) end short of the trial's own ``run.rounds`` (of the longest
+    trial's last round, where ``run.rounds`` is not a column): a trial stopped early, or diverged."""
+    planned = last["run.rounds"] if "run.rounds" in last else pd.Series(last["round"].max(), index=last.index)
+    return last["round"] < planned
 
 
 def outcome_counts(trials: pd.DataFrame, spec: SweepSpec) -> str:
@@ -54,9 +65,10 @@ def outcome_counts(trials: pd.DataFrame, spec: SweepSpec) -> str:
     runs = trials["trial"].nunique()
     failed = trials.loc[trials["status"] == "error", "trial"].nunique()
     diverged = trials.loc[trials["status"] == "diverged", "trial"].nunique()
-    last = trials.sort_values("round").groupby("trial", sort=True).tail(1) if "round" in trials else trials.iloc[:0]
-    short = (last["status"] == "completed") & (last["round"] < last["run.rounds"]) if "run.rounds" in last else False
-    stopped = int(short.sum()) if spec.scheduler == "asha" and not isinstance(short, bool) else 0
+    stopped = 0
+    if spec.scheduler == "asha" and "round" in trials:
+        last = _last_rows(trials)
+        stopped = int(((last["status"] == "completed") & _short(last)).sum())
     if spec.pack != "none" and spec.search == "grid":
         packs = trials["trial"].str.rsplit("-", n=1).str[0].nunique()
         counted = f"{runs} configurations in {packs} packed trial{'s' * (packs != 1)}"

@@ -17,7 +17,7 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -193,10 +193,10 @@ def trial_count(spec: SweepSpec) -> int:
     return len(spec.points()) * len(spec.seed_values()) if spec.search == "grid" else spec.num_samples * spec.seeds
 
 
-def _connect(ray_address: str | None, verbose: int = 1, modules: list[str] | None = None) -> tuple[dict[str, float], bool]:
+def _connect(ray_address: str | None, verbose: int = 1, modules: Sequence[str] = ()) -> tuple[dict[str, float], bool]:
     from fedcomp.actors.cluster import connect
 
-    cluster = connect(ray_address, worker_log_level=None if verbose else "WARNING", modules=modules or [])
+    cluster = connect(ray_address, worker_log_level=None if verbose else "WARNING", modules=modules)
     return cluster, float(cluster.get("GPU", 0.0)) > 0
 
 
