@@ -10,7 +10,7 @@ from typing import NoReturn
 
 from fedcomp.platform import catalog
 from fedcomp.platform.config import parse_value
-from fedcomp.platform.errors import PlatformError
+from fedcomp.platform.errors import PlatformError, command_line
 from fedcomp.platform.signals import stop_on_sigterm
 
 
@@ -276,7 +276,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv is None:  # the command line itself, not a caller's process
         stop_on_sigterm()
     try:
-        code: int = args.func(args)
+        with command_line():
+            code: int = args.func(args)
         return code
     except PlatformError as error:
         print(f"fedcomp: error: {one_line(error)}", file=sys.stderr)

@@ -26,7 +26,7 @@ import pandas as pd
 from fedcomp.platform import results
 from fedcomp.platform.config import load_config
 from fedcomp.platform.environment import differences, summary
-from fedcomp.platform.errors import ConfigError, Interrupted, command
+from fedcomp.platform.errors import ConfigError, Interrupted, to_continue
 
 ALLOWED = (
     "federation.backend",
@@ -155,7 +155,7 @@ def read_run(run_dir: str | Path) -> tuple[dict[str, Any], pd.DataFrame]:
     if meta.get("status") != "completed":
         raise ConfigError(
             f"verify {str(run_dir)!r}: the run's status is {meta.get('status')!r}, not 'completed'; "
-            f"finish it first with {command('run', '--resume', run_dir)}"
+            f"finish it first with {to_continue('run', run_dir)}"
         )
     if not metrics_path.is_file():
         raise ConfigError(f"verify {str(run_dir)!r}: no {results.METRICS} there")

@@ -7,6 +7,8 @@ the user can fix in the input, the files or the cluster, 3 for a run that diverg
 from __future__ import annotations
 
 import shlex
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 
 class PlatformError(Exception):
@@ -53,6 +55,11 @@ class StorageError(PlatformError):
     """Results cannot be written (disk full, read-only folder) or a stored file cannot be read back."""
 
 
+class NoResults(PlatformError, FileNotFoundError):
+    """There are no results where they were asked for (no runs in a folder, a sweep with no trials table yet); a
+    ``FileNotFoundError`` still, for code that catches that."""
+
+
 class Diverged(PlatformError):
     """The training loss or the model became non-finite; the run stopped and kept its finite rounds."""
 
@@ -67,6 +74,40 @@ class Interrupted(KeyboardInterrupt):
     def __init__(self, message: str, path: object = None) -> None:
         super().__init__(message)
         self.path = path
+
+
+_on_command_line: list[bool] = [False]
+"""Whether this process is inside the ``fedcomp`` command (:func:`command_line`): messages then say what to type
+there, else what to call in Python. Process-wide, not per thread: a farewell said on the signal watch's thread is
+the command's."""
+
+
+@contextmanager
+def command_line() -> Iterator[None]:
+    """While inside (the ``fedcomp`` command's ``main``), messages that say how to continue a run or sweep, or name
+    the folder given to continue, say it as the command line does (``--resume``), not as Python does."""
+    before = _on_command_line[0]
+    _on_command_line[0] = True
+    try:
+        yield
+    finally:
+        _on_command_line[0] = before
+
+
+def to_continue(kind: str, path: object) -> str:
+    """How to continue the run (``kind="run"``) or sweep (``"sweep"``) kept in ``path``: the command to type
+    (:func:`command`) inside the ``fedcomp`` command, else the Python call (``fedcomp.resume('...')``)."""
+    if _on_command_line[0]:
+        return command(kind, "--resume", path)
+    return f"fedcomp.{'resume' if kind == 'run' else 'resume_sweep'}({str(path)!r})"
+
+
+def resuming(kind: str, path: object) -> str:
+    """How a message names the folder the user gave to continue a run (``kind="run"``) or sweep: ``--resume '<path>'``
+    inside the ``fedcomp`` command, else the Python call that was given it."""
+    if _on_command_line[0]:
+        return f"--resume {str(path)!r}"
+    return f"fedcomp.{'resume' if kind == 'run' else 'resume_sweep'}({str(path)!r})"
 
 
 def command(*words: object) -> str:

@@ -16,7 +16,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-from fedcomp.platform.errors import StorageError
+from fedcomp.platform.errors import NoResults, StorageError
 
 if TYPE_CHECKING:  # pandas (and pyarrow) load where frames are written or read, not in every actor process, and
     # torch where checkpoints are saved or read: a Ray run's driver writes the bytes its server saved
@@ -254,7 +254,7 @@ def load_results(path: str | Path) -> pd.DataFrame:
 
     Raises:
         StorageError: a run's ``run.json`` or ``metrics.parquet`` cannot be read (:func:`read_runs` passes over it).
-        FileNotFoundError: there are no run results at ``path``.
+        NoResults: there are no run results at ``path`` (a ``FileNotFoundError``).
     """
     rows, _, unreadable = read_runs(path)
     if unreadable:
@@ -278,7 +278,7 @@ def read_runs(path: str | Path) -> tuple[pd.DataFrame, dict[str, str], dict[str,
 
     Raises:
         StorageError: ``path`` is one run folder whose files cannot be read, or every run under it is such.
-        FileNotFoundError: there are no run results at ``path``.
+        NoResults: there are no run results at ``path`` (a ``FileNotFoundError``).
     """
     import pandas as pd
 
@@ -298,7 +298,7 @@ def read_runs(path: str | Path) -> tuple[pd.DataFrame, dict[str, str], dict[str,
                            f"no run under {str(path)!r} can be read ({len(unreadable)} runs); the first: "
                            f"{next(iter(unreadable.values()))}")
     if not frames:
-        raise FileNotFoundError(_no_runs(path))
+        raise NoResults(_no_runs(path))
     return pd.concat(frames, ignore_index=True), statuses, unreadable
 
 

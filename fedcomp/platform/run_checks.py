@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from fedcomp.platform import catalog, results
 from fedcomp.platform.config import Config
-from fedcomp.platform.errors import ConfigError, StorageError, TaskError
+from fedcomp.platform.errors import ConfigError, StorageError, TaskError, resuming
 
 if TYPE_CHECKING:  # loaded by the servers that check their state, not by a Ray run's driver
     import torch
@@ -88,7 +88,7 @@ def read_resume_file(run_dir: str | Path, name: str, read: Callable[[Path], T], 
         ConfigError: the file is not there (``run_dir`` is not ``folder``).
         StorageError: it cannot be read (truncated, corrupt); the message ends with ``consequence``.
     """
-    where = f"--resume {str(run_dir)!r}"
+    where = resuming("run", run_dir)
     path = Path(run_dir) / name
     if not path.is_file():
         raise ConfigError(f"{where}: no {name} there; not {folder}")
@@ -105,7 +105,7 @@ def open_checkpoint(run_dir: Path, config: Config) -> dict[str, Any]:
         ConfigError: there is no checkpoint, or it was written by another run; the message names what differs.
         StorageError: the checkpoint cannot be read (truncated, corrupt).
     """
-    where = f"--resume {str(run_dir)!r}"
+    where = resuming("run", run_dir)
     if not (run_dir / results.CHECKPOINT).is_file() and (run_dir / results.RUN_JSON).is_file():
         raise ConfigError(f"{where}: no {results.CHECKPOINT} there: the run stopped before its first checkpoint "
                           f"(round {config.run.checkpoint_every}), so there is nothing to continue; run its config "

@@ -29,7 +29,16 @@ from fedcomp.platform.config import Config, load_config
 from fedcomp.platform.counters import Counters
 from fedcomp.platform.curves import CURVES, write_curves
 from fedcomp.platform.environment import environment, torch_build
-from fedcomp.platform.errors import ConfigError, Diverged, Interrupted, PlatformError, StorageError, command
+from fedcomp.platform.errors import (
+    ConfigError,
+    Diverged,
+    Interrupted,
+    PlatformError,
+    StorageError,
+    command,
+    resuming,
+    to_continue,
+)
 from fedcomp.platform.progress import RunProgress, announce, output_mode
 from fedcomp.platform.server_like import ServerLike
 from fedcomp.platform.signals import farewell
@@ -218,7 +227,7 @@ def execute(
         run_dir = Path(resume_dir).absolute()
         checkpoint = run_checks.open_checkpoint(run_dir, config)
         earlier = results.read_json(run_dir / results.RUN_JSON) if (run_dir / results.RUN_JSON).is_file() else {}
-        results.check_writable(run_dir, f"--resume {str(run_dir)!r}")
+        results.check_writable(run_dir, resuming("run", run_dir))
         results.remove_temporaries(run_dir, (results.RUN_JSON, results.METRICS, results.CHECKPOINT, CURVES))
     else:
         run_dir = run_checks.run_folder(config, new_run_id(config))
@@ -307,7 +316,7 @@ def execute(
             kept = None if created else run_dir
             if isinstance(error, StorageError):
                 tail = ("nothing was kept" if created else
-                        f"the run stopped after round {saved}; make room and continue it with: {command('run', '--resume', run_dir)}")
+                        f"the run stopped after round {saved}; make room and continue it with: {to_continue('run', run_dir)}")
                 full = StorageError(f"{error}; {tail}")
                 full.path = kept
                 raise full from None
@@ -327,7 +336,7 @@ def _kept(created: bool, saved: int, run_dir: Path) -> str:
     """What an interrupted run kept, and how to continue it."""
     if created:
         return "nothing was kept (no checkpoint yet)"
-    return f"round {saved} is checkpointed; continue the run with: {command('run', '--resume', run_dir)}"
+    return f"round {saved} is checkpointed; continue the run with: {to_continue('run', run_dir)}"
 
 
 def _diverged(config: Config, log: _RunLog, step: RoundDone, reason: str) -> None:
@@ -372,7 +381,7 @@ def resume_config(run_dir: str | Path) -> Config:
     Raises:
         ConfigError, StorageError: no run folder, or a ``run.json`` that cannot be read or holds no valid config.
     """
-    where = f"--resume {str(run_dir)!r}"
+    where = resuming("run", run_dir)
     meta = run_checks.read_resume_file(run_dir, results.RUN_JSON, results.read_json, "a fedcomp run folder")
     if not isinstance(meta.get("config"), dict):
         raise StorageError(f"{where}: {Path(run_dir) / results.RUN_JSON} holds no run config")

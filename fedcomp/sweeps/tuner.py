@@ -31,11 +31,13 @@ from fedcomp.platform.config import Config
 from fedcomp.platform.errors import (
     ConfigError,
     Interrupted,
+    NoResults,
     PlatformError,
     ResourceError,
     StorageError,
     TrialsFailed,
-    command,
+    resuming,
+    to_continue,
 )
 from fedcomp.platform.progress import announce
 from fedcomp.platform.signals import farewell
@@ -342,7 +344,7 @@ def _fitted(tuner: Any, sweep: Path) -> ResultGrid:
             copy of Tune's state as after a kill.
     """
     stopped = Interrupted(f"finished trials and the others' checkpoints are kept; continue the sweep with: "
-                          f"{command('sweep', '--resume', sweep)}", sweep)
+                          f"{to_continue('sweep', sweep)}", sweep)
     before = signal.getsignal(signal.SIGINT)
     catching = threading.current_thread() is threading.main_thread() and not int(
         os.environ.get("TUNE_DISABLE_SIGINT_HANDLER", "0"))
@@ -422,7 +424,7 @@ def resume_sweep(path: str | Path, ray_address: str | None = None, verbose: int 
     spec = stored_spec(meta, path)
     _repair(path)
     if not tune.Tuner.can_restore(str(path)):
-        raise ConfigError(f"--resume {str(path)!r}: Tune's experiment state is missing; the sweep never started")
+        raise ConfigError(f"{resuming('sweep', path)}: Tune's experiment state is missing; the sweep never started")
     cluster, has_gpus = _connect(ray_address, verbose, spec.modules)
     _check_fits(spec, cluster, has_gpus)
     tracking_environment(spec.base_config().run.track)  # for the tracking callback Tune restores with the sweep
@@ -498,7 +500,7 @@ def _finish(grid: ResultGrid, spec: SweepSpec, path: Path) -> SweepResult:
         count = frame["trial"].nunique() if len(frame) else len(errors)  # configurations (a pack is one Tune trial)
         raise TrialsFailed(f"every trial of the sweep failed ({count}); the first: {error_line(cast(Exception, errors[0]))}; "
                            f"each trial's error.txt is under {path}; once it is fixed, continue with: "
-                           f"{command('sweep', '--resume', path)}", path)
+                           f"{to_continue('sweep', path)}", path)
     return SweepResult(path, spec, frame)
 
 
@@ -580,11 +582,11 @@ def load_sweep(path: str | Path) -> SweepResult:
 
     Raises:
         ConfigError, StorageError: not a sweep folder, or its files cannot be read.
-        FileNotFoundError: the sweep has not finished (no ``trials.parquet`` yet).
+        NoResults: the sweep has not finished (no ``trials.parquet`` yet; a ``FileNotFoundError``).
     """
     path = Path(path).absolute()
     meta = read_sweep_json(path)
     if not (path / TRIALS).is_file():
-        raise FileNotFoundError(f"sweep folder {str(path)!r} has no {TRIALS} yet; finish it with: "
-                                f"{command('sweep', '--resume', path)}")
+        raise NoResults(f"sweep folder {str(path)!r} has no {TRIALS} yet; finish it with: "
+                                f"{to_continue('sweep', path)}")
     return SweepResult(path, stored_spec(meta, path), results.read_parquet(path / TRIALS))

@@ -210,7 +210,7 @@ def test_a_platform_error_after_a_checkpoint_says_how_to_continue_the_run(tmp_pa
 
     monkeypatch.setattr(Server, "run_round", fail_in_round_4)
     with pytest.raises(ClientFailure, match=r"^client 2 kept failing; round 2 is checkpointed; continue the run with: "
-                                            r"fedcomp run --resume .*$") as failed:
+                                            r"fedcomp.resume\('.*'\)$") as failed:
         fedcomp.run("quickstart", small(**{"run.out": str(tmp_path), "run.rounds": 5, "run.checkpoint_every": 2}))
     (run_dir,) = tmp_path.iterdir()
     assert failed.value.path == run_dir  # what the API continues: fedcomp.resume(error.path)
