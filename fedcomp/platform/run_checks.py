@@ -98,6 +98,25 @@ def read_resume_file(run_dir: str | Path, name: str, read: Callable[[Path], T], 
         raise StorageError(f"{where}: {error}{consequence}") from None
 
 
+def same_modules(run_dir: Path, earlier: dict[str, Any], config: Config) -> None:
+    """Check that the user's modules a resumed run imports are the files it started with (their sha256 in
+    ``run.json``'s ``environment``): an edited module would run the rounds still to come with other code than the
+    rounds kept, and the record of the code the run started with would be overwritten.
+
+    Raises:
+        ConfigError: a module's file changed since the run started, naming it and both digests.
+    """
+    from fedcomp.platform.environment import module_digests
+
+    recorded = (earlier.get("environment") or {}).get("modules") or {}
+    for module, now in module_digests(config.modules()).items():
+        then = recorded.get(module)
+        if then not in (None, now, "no file") and now != "no file":
+            raise ConfigError(f"{resuming('run', run_dir)}: {module} changed since the run started (sha256 {then} "
+                              f"then, {now} now), so the rounds still to run would run other code than the rounds "
+                              f"kept; put the file back as it was, or start a new run (run.json holds its config)")
+
+
 def open_checkpoint(run_dir: Path, config: Config) -> dict[str, Any]:
     """The checkpoint in ``run_dir``, checked to belong to ``config`` (the run's ``run.json``).
 

@@ -227,6 +227,7 @@ def execute(
         run_dir = Path(resume_dir).absolute()
         checkpoint = run_checks.open_checkpoint(run_dir, config)
         earlier = results.read_json(run_dir / results.RUN_JSON) if (run_dir / results.RUN_JSON).is_file() else {}
+        run_checks.same_modules(run_dir, earlier, config)
         results.check_writable(run_dir, resuming("run", run_dir))
         results.remove_temporaries(run_dir, (results.RUN_JSON, results.METRICS, results.CHECKPOINT, CURVES))
     else:

@@ -3,7 +3,7 @@
 A sweep file (or a preset in ``fedcomp/sweeps/presets``) looks like::
 
     # one-line description
-    base: fig1-fcsg-m                  # a run preset, a run YAML file, or the four sections inline
+    base: fig1-fcsg-m                  # a run preset, a run YAML file (beside this one), or the four sections
     set: {run.rounds: 40}              # fixed overrides of the base
     grid:                              # --search grid: one grid, or a list of grids whose union is searched
       - {algorithm.name: [fcsg], algorithm.lr: [0.01, 0.005, 0.001]}
@@ -337,8 +337,24 @@ def _preset_text(name: str) -> str:
 
 
 def preset_description(name: str) -> str:
-    first = _preset_text(name).splitlines()[0]
-    return first.lstrip("# ").strip()
+    return _description(_preset_text(name))
+
+
+def _description(text: str) -> str:
+    """A sweep file's one-line description: its first line, where that is a comment."""
+    first = (text.splitlines() or [""])[0]
+    return first.lstrip("# ").strip() if first.startswith("#") else ""
+
+
+def _base_file(base: Any, folder: Path) -> Any:
+    """A ``base`` that names a run YAML file, made absolute, so that the sweep folder's ``sweep.json`` names it from
+    anywhere (a report, a resume): relative to ``folder`` -- a sweep file's, as a config file's modules are to it --
+    or, where it is not there but is in the working directory, to that (sweep files written before)."""
+    if not isinstance(base, str) or not base.endswith((".yaml", ".yml")):
+        return base
+    path = Path(base).expanduser()
+    beside = folder / path
+    return str((path if path.is_absolute() or (not beside.is_file() and path.is_file()) else beside).absolute())
 
 
 def load_spec(source: str | Path | Mapping[str, Any] | SweepSpec, **changes: Any) -> SweepSpec:
@@ -352,15 +368,22 @@ def load_spec(source: str | Path | Mapping[str, Any] | SweepSpec, **changes: Any
         raw: dict[str, Any] = source.model_dump()
     elif isinstance(source, Mapping):
         raw = dict(source)
+        if "base" in raw:
+            raw["base"] = _base_file(raw["base"], Path.cwd())
     else:
         text = str(source)
         path = Path(text)
         if text.endswith((".yaml", ".yml")) or path.exists():
             raw = read_yaml_file(path, "sweep file")
             default_name = path.stem
+            if isinstance(raw, dict):
+                raw["base"] = _base_file(raw.get("base", "quickstart"), path.parent)
+                raw.setdefault("description", _description(path.read_text(errors="replace")))
         elif text in preset_names():
             raw = parse_yaml(_preset_text(text), f"sweep preset {text!r}")
             default_name = text
+            if isinstance(raw, dict):
+                raw.setdefault("description", preset_description(text))
         else:
             raise ConfigError(f"sweep {text!r} is unknown; allowed: {', '.join(preset_names())} or a .yaml file")
         if not isinstance(raw, dict):

@@ -121,6 +121,40 @@ def test_the_cli_runs_it_then_fresh_processes_verify_and_report_it_and_verify_te
     assert f"modules.{tmp_path / 'extension.py'}: " in edited.stdout, edited.stdout
 
 
+def test_a_run_resumes_only_with_the_module_it_started_with(tmp_path, monkeypatch):
+    """An edited module would run the rounds still to come with other code, and its new digest would replace the
+    record of the one the run started with: the resume is refused in one line until the file is put back."""
+    from fedcomp.platform.server import Server
+
+    for name in ("extension.py", "extension.yaml"):
+        shutil.copy(REPO / "examples" / name, tmp_path / name)
+    real = Server.run_round
+
+    def power_cut_in_round_3(self):
+        if self.counters.round == 2:
+            raise RuntimeError("power cut")
+        return real(self)
+
+    monkeypatch.setattr(Server, "run_round", power_cut_in_round_3)
+    over = {**TINY, "run.checkpoint_every": 1, "federation.backend": "local", "run.out": str(tmp_path / "out")}
+    with pytest.raises(RuntimeError, match="power cut"):
+        fedcomp.run(str(tmp_path / "extension.yaml"), over)
+    monkeypatch.setattr(Server, "run_round", real)
+    [run_dir] = (tmp_path / "out").iterdir()
+    before = (run_dir / "run.json").read_bytes()
+    module = tmp_path / "extension.py"
+    original = module.read_text()
+    module.write_text(original + "# edited since the run started\n")
+    with pytest.raises(ConfigError, match=rf"^fedcomp.resume\({str(run_dir)!r}\): {module} changed since the run "
+                                          rf"started \(sha256 [0-9a-f]{{16}} then, [0-9a-f]{{16}} now\)"):
+        fedcomp.resume(run_dir)
+    assert (run_dir / "run.json").read_bytes() == before  # the record of the code it started with is kept
+    module.write_text(original)
+    resumed = fedcomp.resume(run_dir)
+    whole = fedcomp.run(str(tmp_path / "extension.yaml"), {**over, "run.out": str(tmp_path / "whole")})
+    pd.testing.assert_frame_equal(resumed.metrics.drop(columns="wall_time"), whole.metrics.drop(columns="wall_time"))
+
+
 @pytest.mark.ray
 @pytest.mark.slow
 def test_a_sweep_records_the_module_and_its_trials_import_it(ray_session, tmp_path):

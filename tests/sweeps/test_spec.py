@@ -3,8 +3,11 @@ line that names the field, the value and what is allowed."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
+import fedcomp.platform
 from fedcomp.platform.errors import ConfigError
 from fedcomp.sweeps.spec import load_spec, preset_names
 
@@ -145,3 +148,35 @@ def test_the_readmes_sweep_files_are_valid_with_the_flags_it_shows_them_with(tmp
                          scheduler=args.scheduler, max_concurrent=args.max_concurrent, pack=args.pack,
                          set=_overrides(args.set))
         assert spec.points() or spec.search == "optuna", line
+
+
+def test_a_sweep_files_base_is_the_run_file_beside_it_kept_absolute_and_its_first_comment_describes_it(tmp_path,
+                                                                                                         monkeypatch):
+    """As a config file's modules are found beside it: from any working directory the sweep file finds its base, and
+    its folder's sweep.json names that file wherever a report or a resume runs; one written for the working directory
+    it was started in still works there."""
+    (tmp_path / "mine").mkdir()
+    run = (Path(fedcomp.platform.__file__).parent / "presets" / "quickstart.yaml").read_text()
+    (tmp_path / "mine" / "run.yaml").write_text(run.replace("rounds:", "rounds: 2 #", 1))
+    (tmp_path / "mine" / "sweep.yaml").write_text("# my learning rates\nbase: run.yaml\ngrid: {algorithm.lr: [0.1]}\n")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    beside = load_spec(tmp_path / "mine" / "sweep.yaml")
+    assert beside.base == str(tmp_path / "mine" / "run.yaml")
+    assert beside.description == "my learning rates" and beside.base_config().run.rounds == 2
+    assert load_spec(beside.model_dump()) == beside  # as sweep.json gives it back, from anywhere
+
+    (tmp_path / "mine" / "old.yaml").write_text("base: mine/run.yaml\n")  # written for the folder above
+    monkeypatch.chdir(tmp_path)
+    assert load_spec("mine/old.yaml").base == str(tmp_path / "mine" / "run.yaml")
+    assert load_spec({"base": "mine/run.yaml"}).base == str(tmp_path / "mine" / "run.yaml")
+    assert load_spec({"base": "quickstart"}).base == "quickstart"
+    with pytest.raises(ConfigError, match=rf"config file '{tmp_path / 'mine' / 'gone.yaml'}' does not exist"):
+        load_spec(_written(tmp_path / "mine" / "gone-base.yaml", "base: gone.yaml\n"))
+    assert load_spec("quick").description.startswith("Small README sweep: FCSG vs FCSG-M")
+
+
+def _written(path, text):
+    path.write_text(text)
+    return path
