@@ -14,6 +14,8 @@ from typing import Any, Literal, Protocol, runtime_checkable
 import torch
 from torch import Tensor
 
+from fedcomp.platform import kinds
+
 Split = Literal["inner", "outer"]
 """Which of a client's data an oracle reads: the inner problem's (training) or the outer one's (validation)."""
 
@@ -199,3 +201,27 @@ class CompositionalMinimaxProblem(Protocol):
     def outer(self, z: Tensor, y: Tensor, zeta: Any) -> Tensor:
         """f_k(z, y; zeta): a scalar, differentiable in the inner value ``z`` and the dual variable ``y``."""
         ...
+
+
+PROTOCOLS: dict[str, type] = {
+    kinds.PLAIN: PlainProblem,
+    kinds.CONDITIONAL: ConditionalProblem,
+    kinds.BILEVEL: BilevelProblem,
+    kinds.MINIMAX: MinimaxProblem,
+    kinds.COMPOSITIONAL_GLOBAL: GlobalCompositionalProblem,
+    kinds.COMPOSITIONAL: CompositionalProblem,
+    kinds.COMPOSITIONAL_MINIMAX: CompositionalMinimaxProblem,
+}
+"""The protocol of each of fedcomp's problem kinds: what an algorithm of that kind calls on its problem."""
+
+
+def lacks(problem: Any, kind: str) -> list[str]:
+    """The methods of ``kind``'s protocol that ``problem`` (a task's ``problem(kind)``) does not have: checked as the
+    server is built, so that a task missing one fails then, in one line, not mid-round where an algorithm calls it.
+    Nothing for a kind of the user's own (not in :data:`PROTOCOLS`)."""
+    protocol = PROTOCOLS.get(kind)
+    if protocol is None:
+        return []
+    needed = dict.fromkeys(name for cls in reversed(protocol.__mro__) if getattr(cls, "_is_protocol", False)
+                           for name, member in vars(cls).items() if callable(member) and not name.startswith("_"))
+    return [name for name in needed if not callable(getattr(problem, name, None))]

@@ -12,6 +12,7 @@ declaration (``@register_algorithm(FEDAVG)``), which gives the class those attri
 
 from __future__ import annotations
 
+import difflib
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, fields
@@ -93,6 +94,7 @@ def register_algorithm(name: str | AlgorithmDeclaration) -> Callable[[T], T]:
             _check_name(name, "algorithm")
             _require(cls, "HParams", _is_params, "a subclass of fedcomp.platform.params.Params (frozen, validated)")
             _require(cls, "kind", lambda v: isinstance(v, str), "the problem kind it runs on, a str")
+            _not_a_misspelt_kind(cls, "kind", [cls.kind])  # type: ignore[attr-defined]
             declared = AlgorithmDeclaration(name, cls.HParams, cls.kind,  # type: ignore[attr-defined]
                                             getattr(cls, "description", ""), cls.__module__)
         _enter(ALGORITHMS, DECLARED_ALGORITHMS, "algorithm", declared, cls)
@@ -115,6 +117,7 @@ def register_task(name: str | TaskDeclaration) -> Callable[[T], T]:
             _check_name(name, "task")
             _require(cls, "Params", _is_params, "a subclass of fedcomp.platform.params.Params (frozen, validated)")
             _require(cls, "kinds", _strings, "the problem kinds it offers, a non-empty set of str")
+            _not_a_misspelt_kind(cls, "kinds", cls.kinds)  # type: ignore[attr-defined]
             _require(cls, "metrics", lambda v: isinstance(v, (tuple, list)) and _strings(v),
                      "the metrics its evaluator reports, a non-empty tuple of str, the headline first")
             if getattr(cls, "mode", "max") not in ("max", "min"):
@@ -143,6 +146,18 @@ def _require(cls: type, attribute: str, holds: Callable[[Any], bool], what: str)
     value = getattr(cls, attribute, None)
     if not holds(value):
         raise TypeError(f"{cls.__qualname__}.{attribute} = {value!r}: must be {what}")
+
+
+def _not_a_misspelt_kind(cls: type, attribute: str, names: Any) -> None:
+    """A kind that is not fedcomp's but nearly one of its names is a misspelling, refused here: the config would
+    later say only that no task offers it. A name of the user's own (far from fedcomp's) is theirs to use."""
+    from fedcomp.platform.kinds import KIND_DESCRIPTIONS
+
+    for name in names:
+        close = difflib.get_close_matches(name, KIND_DESCRIPTIONS, n=1, cutoff=0.8)
+        if name not in KIND_DESCRIPTIONS and close:
+            raise TypeError(f"{cls.__qualname__}.{attribute}: {name!r} is not a problem kind; did you mean {close[0]!r}? "
+                            f"(fedcomp's: {', '.join(KIND_DESCRIPTIONS)})")
 
 
 def _is_params(value: Any) -> bool:

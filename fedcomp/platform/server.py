@@ -17,8 +17,9 @@ from fedcomp.platform.accelerator import one_thread
 from fedcomp.platform.algorithms.base import Federation, Tensors
 from fedcomp.platform.config import Config
 from fedcomp.platform.counters import Counters
-from fedcomp.platform.errors import ConfigError
+from fedcomp.platform.errors import ConfigError, TaskError
 from fedcomp.platform.federation import build_algorithm, build_task
+from fedcomp.platform.problems import PROTOCOLS, lacks
 from fedcomp.platform.results import checkpoint_bytes
 from fedcomp.platform.rng import generator
 from fedcomp.platform.rounds import GlobalBuffers, Round
@@ -54,6 +55,11 @@ class Server:
         with one_thread(config.run.deterministic):  # what the evaluator computes once (a task's optimum) too
             self._evaluate = task.evaluator()
         self.problem = task.problem(self.algorithm.kind)
+        missing = lacks(self.problem, self.algorithm.kind)
+        if missing:
+            raise TaskError(f"task {config.task_name!r} offers the {self.algorithm.kind!r} problem kind, but its problem "
+                            f"lacks {', '.join(missing)} ({PROTOCOLS[self.algorithm.kind].__name__} in "
+                            f"fedcomp.platform.problems: what algorithm {config.algorithm_name!r} calls)")
         self.algorithm.check_problem(self.problem)
         self._stats_model = task.running_statistics()
         self.buffers = (

@@ -212,6 +212,22 @@ def test_a_task_whose_evaluator_lacks_a_declared_metric_fails_in_one_line_and_le
         TASKS.pop("least-squares-typo"), DECLARED_TASKS.pop("least-squares-typo")
 
 
+def test_a_task_whose_problem_lacks_a_method_of_its_kind_fails_as_the_server_is_built_in_one_line(tmp_path):
+    """Found mid-round before, where the algorithm first called it: an AttributeError's traceback, exit code 1."""
+    catalog.import_source(str(EXAMPLE))
+    cls = type("NoLoss", (catalog.task_class("least-squares"),), {"loss": None, "__module__": __name__})
+    register_task("least-squares-no-loss")(cls)
+    try:
+        with pytest.raises(TaskError, match=r"^task 'least-squares-no-loss' offers the 'plain' problem kind, but its "
+                                            r"problem lacks loss \(PlainProblem in fedcomp.platform.problems: what "
+                                            r"algorithm 'fedavg-hb' calls\)$"):
+            fedcomp.run(EXAMPLE_YAML, {**TINY, "task.name": "least-squares-no-loss", "federation.backend": "local",
+                                       "run.out": str(tmp_path)})
+        assert not list(tmp_path.iterdir())
+    finally:
+        TASKS.pop("least-squares-no-loss"), DECLARED_TASKS.pop("least-squares-no-loss")
+
+
 def test_a_class_that_cannot_be_declared_is_refused_at_registration_in_one_line():
     from dataclasses import dataclass
 
@@ -227,7 +243,14 @@ def test_a_class_that_cannot_be_declared_is_refused_at_registration_in_one_line(
                                 ({"kinds": {"plain"}, "metrics": ("m",), "mode": "up"}, r"Bad.mode = 'up': must be")):
         with pytest.raises(TypeError, match=message):
             register_task("bad")(type("Bad", (), {"Params": Params, **attributes}))
+    with pytest.raises(TypeError, match=r"^Bad.kind: 'compositionl' is not a problem kind; did you mean 'compositional'\? "
+                                        r"\(fedcomp's: plain, conditional, "):
+        register_algorithm("bad")(type("Bad", (), {"HParams": Params, "kind": "compositionl"}))
+    with pytest.raises(TypeError, match=r"^Bad.kinds: 'bilevl' is not a problem kind; did you mean 'bilevel'\?"):
+        register_task("bad")(type("Bad", (), {"Params": Params, "kinds": ("plain", "bilevl"), "metrics": ("m",)}))
     assert "bad" not in TASKS and "bad" not in catalog.algorithms()
+    register_algorithm("kind-of-my-own")(type("Mine", (), {"HParams": Params, "kind": "graph-signal"}))  # far from fedcomp's
+    assert ALGORITHMS.pop("kind-of-my-own") and DECLARED_ALGORITHMS.pop("kind-of-my-own").kind == "graph-signal"
 
 
 @pytest.mark.parametrize(
