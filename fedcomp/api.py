@@ -9,8 +9,8 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fedcomp.platform.config import Config, load_config
-from fedcomp.platform.errors import ConfigError
+from fedcomp.platform.config import Config, load_config, placement_only
+from fedcomp.platform.errors import ConfigError, resuming
 
 if TYPE_CHECKING:  # the runner and the backends import torch: a config is checked before they load
     from fedcomp.backends import make_server
@@ -83,12 +83,18 @@ def keep_actors() -> Iterator[None]:
         kept.keep_between_runs(before)  # off again: the actors still kept are killed
 
 
-def resume(run_dir: str | Path) -> RunResult:
+def resume(run_dir: str | Path, overrides: Mapping[str, Any] | None = None) -> RunResult:
     """Continue the run in ``run_dir`` from its last checkpoint to its configured number of rounds. A run that
     completed is read back as it is: no backend is started and nothing is rewritten.
 
+    Args:
+        overrides: where and how it continues, ``{"federation.backend": "local", "run.progress": "none", ...}``:
+            only settings that leave its numbers unchanged (:data:`~fedcomp.platform.config.PLACEMENT`, and
+            ``run.progress``); e.g. another cluster, or the local backend after the cluster went.
+
     Raises:
-        ConfigError, StorageError: ``run_dir`` is not a run folder, or its files cannot be read.
+        ConfigError, StorageError: ``run_dir`` is not a run folder, or its files cannot be read; an override that
+            could change the numbers.
         Interrupted: Ctrl-C (or SIGTERM) stopped it again; the message says what was kept.
         Diverged: the run became non-finite; its finite rounds are kept.
     """
@@ -97,6 +103,11 @@ def resume(run_dir: str | Path) -> RunResult:
 
     if not isinstance(run_dir, (str, os.PathLike)):
         raise ConfigError(f"run_dir = {run_dir!r}: must be a run folder's path (a str or a pathlib.Path)")
+    if overrides is not None and not isinstance(overrides, Mapping):
+        raise ConfigError(f"overrides = {overrides!r}: must be a mapping of section.key settings")
+    changes = placement_only(overrides or {}, f"{resuming('run', run_dir)}: setting", more=("run.progress",))
     config = resume_config(run_dir)
+    if changes:
+        config = load_config(config.to_dict(), changes)
     done = completed_result(run_dir, config)
     return done if done is not None else execute(config, make_server, resume_dir=run_dir)

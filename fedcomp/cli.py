@@ -28,9 +28,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     import fedcomp
 
     if args.resume:
-        if args.config or args.set:
-            raise PlatformError("--resume RUN_DIR continues a run with its stored config; drop the preset and --set")
-        result = fedcomp.resume(args.resume)
+        if args.config:
+            raise PlatformError("--resume RUN_DIR continues a run with its stored config; drop the preset")
+        changes = _overrides(args.set)
+        if args.ray_address:
+            changes["federation.ray_address"] = args.ray_address
+        result = fedcomp.resume(args.resume, changes)
     else:
         overrides = _overrides(args.set)
         if args.ray_address:

@@ -24,21 +24,10 @@ import numpy as np
 import pandas as pd
 
 from fedcomp.platform import results
-from fedcomp.platform.config import load_config
+from fedcomp.platform.config import load_config, placement_only
 from fedcomp.platform.environment import differences, summary
 from fedcomp.platform.errors import ConfigError, Interrupted, to_continue
 
-ALLOWED = (
-    "federation.backend",
-    "federation.clients_per_actor",
-    "federation.cpus_per_actor",
-    "federation.gpus_per_client",
-    "federation.ray_address",
-    "federation.routing",
-    "federation.actor_timeout_s",
-    "federation.max_retries",
-)
-"""Settings a verification may change: where the clients run, never what they compute."""
 NOT_COMPARED = ("wall_time",)
 NOT_RECORDED = "environment not recorded in the original run"
 
@@ -173,7 +162,8 @@ def verify(
 
     Args:
         backend: ``local`` or ``ray`` (default: the run's own).
-        overrides: ``{"federation.clients_per_actor": 2, ...}``; only the keys in :data:`ALLOWED`.
+        overrides: ``{"federation.clients_per_actor": 2, ...}``; only the keys in
+            :data:`~fedcomp.platform.config.PLACEMENT`.
         out: keep the re-run under this folder (default: a temporary folder, removed afterwards).
         progress: ``run.progress`` of the re-run.
 
@@ -182,11 +172,7 @@ def verify(
     """
     run_dir = Path(run_dir)
     meta, original = read_run(run_dir)
-    changes = {k.replace("__", "."): v for k, v in (overrides or {}).items()}
-    for key in changes:
-        if key not in ALLOWED:
-            raise ConfigError(f"verify --set {key}: only settings that leave the numbers unchanged may change; "
-                              f"allowed: {', '.join(ALLOWED)}")
+    changes = placement_only(overrides or {}, "verify --set")
     if backend is not None:
         changes["federation.backend"] = backend
     target = Path(out) if out is not None else Path(tempfile.mkdtemp(prefix="fedcomp-verify-"))

@@ -372,6 +372,11 @@ CASES = [
     Case("sweep-num-samples-0", ("sweep", "quick", "--num-samples", "0", "--set", "run.out={out}"), "--num-samples = 0: must be >= 1"),
     Case("sweep-concurrent-0", ("sweep", "quick", "--max-concurrent", "0", "--set", "run.out={out}"), "--max-concurrent = 0: must be >= 1"),
     Case("resume-with-preset", ("run", "quickstart", "--resume", "{tmp}"), "--resume RUN_DIR continues a run with its stored config"),
+    Case("resume-set-lr", ("run", "--resume", "{tmp}", "--set", "algorithm.lr=0.5"),
+         "--resume '{tmp}': setting algorithm.lr: only settings that leave the numbers unchanged may change; allowed: "
+         "federation.backend,"),
+    Case("resume-set-backend-bad", ("run", "--resume", "{run}", "--set", "federation.backend=gpu"),
+         "federation.backend = 'gpu': Input should be 'ray' or 'local'", run_copy()),
     # -- sweep files -------------------------------------------------------------------------------------------
     Case("sweep-unknown", ("sweep", "nosuch", "--set", "run.out={out}"), "sweep 'nosuch' is unknown; allowed:"),
     Case("sweep-asha-grace-over-rounds", ("sweep", "quick", "--scheduler", "asha", "--set", "run.rounds=3", "--set",

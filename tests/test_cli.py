@@ -75,7 +75,7 @@ def test_report_of_unknown_metric_is_one_line(tmp_path, capsys):
         (["run", "quickstart", "--set", "lr=0.1"], "override 'lr' is not of the form section.key"),
         (["run", "quickstart", "--set", "algorithm.lr"], "expected section.key=value"),
         (["run", "--resume", "/nonexistent/run"], "not a fedcomp run folder"),
-        (["run", "quickstart", "--resume", "x"], "drop the preset and --set"),
+        (["run", "quickstart", "--resume", "x"], "--resume RUN_DIR continues a run with its stored config; drop the preset"),
     ],
 )
 def test_bad_input_exits_2_with_one_line_and_writes_nothing(tmp_path, capsys, args, needle):

@@ -339,6 +339,40 @@ def parse_value(text: str) -> Any:
         return text
 
 
+PLACEMENT = (
+    "federation.backend",
+    "federation.clients_per_actor",
+    "federation.cpus_per_actor",
+    "federation.gpus_per_client",
+    "federation.gpu_packing",
+    "federation.actors_per_gpu",
+    "federation.server",
+    "federation.routing",
+    "federation.transport",
+    "federation.ray_address",
+    "federation.actor_timeout_s",
+    "federation.max_retries",
+)
+"""Settings that say where and how the clients run, never what they compute (every backend, packing, server and
+transport gives the same numbers, bit for bit): what a verification or a resume may change."""
+
+
+def placement_only(changes: Mapping[str, Any], where: str, more: tuple[str, ...] = ()) -> dict[str, Any]:
+    """``changes`` (``section.key`` or ``section__key`` overrides), checked to hold only :data:`PLACEMENT` settings
+    (and ``more``).
+
+    Raises:
+        ConfigError: another setting, which could change the numbers; ``where`` names the input (``verify --set``).
+    """
+    allowed = (*PLACEMENT, *more)
+    changes = {str(k).replace("__", "."): v for k, v in changes.items()}
+    for key in changes:
+        if key not in allowed:
+            raise ConfigError(f"{where} {key}: only settings that leave the numbers unchanged may change; "
+                              f"allowed: {', '.join(allowed)}")
+    return changes
+
+
 def apply_overrides(raw: dict[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
     """Set ``section.key`` (also spelt ``section__key`` for Python keyword arguments) in ``raw``."""
     for dotted, value in overrides.items():

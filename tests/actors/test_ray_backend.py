@@ -18,7 +18,7 @@ import fedcomp
 from fedcomp.actors.cluster import plan_actors
 from fedcomp.actors.server_actor import RayServer
 from fedcomp.platform.config import FederationConfig, load_config
-from fedcomp.platform.errors import ResourceError
+from fedcomp.platform.errors import ConfigError, ResourceError
 from tests.conftest import GPU_PRESENT, NEEDS_TORCH_COMPILE, record_routing, small
 
 pytestmark = pytest.mark.ray
@@ -102,6 +102,36 @@ def test_partial_participation_same_on_ray(keeping, tmp_path):
     reference = metrics(fedcomp.run("quickstart", base))
     ray_run = fedcomp.run("quickstart", {**base, "federation.backend": "ray", "federation.clients_per_actor": 6})
     pd.testing.assert_frame_equal(metrics(ray_run), reference, check_exact=True)
+
+
+def test_a_run_interrupted_on_one_backend_resumes_on_another_to_the_same_numbers(keeping, tmp_path, monkeypatch):
+    """A run whose cluster went continues on the local backend (or on another cluster, or packed otherwise): resume
+    takes the settings that leave the numbers unchanged, and only those."""
+    from fedcomp.platform.server import Server
+
+    real = Server.run_round
+
+    def power_cut_in_round_4(self):
+        if self.counters.round == 3:
+            raise RuntimeError("power cut")
+        return real(self)
+
+    base = small(**{"run.out": str(tmp_path / "cut"), "run.rounds": 5, "run.checkpoint_every": 2,
+                    "algorithm.name": "acc-fcsg-m"})  # private client state, in the checkpoint
+    whole = metrics(fedcomp.run("quickstart", {**base, "run.out": str(tmp_path / "whole")}))
+    monkeypatch.setattr(Server, "run_round", power_cut_in_round_4)
+    with pytest.raises(RuntimeError, match="power cut"):
+        fedcomp.run("quickstart", base)
+    monkeypatch.setattr(Server, "run_round", real)
+    [run_dir] = (tmp_path / "cut").iterdir()
+    with pytest.raises(ConfigError, match=r"^fedcomp.resume\('.*'\): setting algorithm.lr: only settings that leave "
+                                          r"the numbers unchanged may change; allowed: federation.backend, "):
+        fedcomp.resume(run_dir, {"algorithm.lr": 0.5})
+    resumed = fedcomp.resume(run_dir, {"federation.backend": "ray", "federation.clients_per_actor": 2,
+                                       "run.progress": "none"})
+    pd.testing.assert_frame_equal(metrics(resumed), whole, check_exact=True)
+    meta = json.loads((run_dir / "run.json").read_text())
+    assert meta["config"]["federation"]["backend"] == "ray" and meta["status"] == "completed"
 
 
 @pytest.mark.parametrize("name, private", [("fcsg-m", False), ("acc-fcsg-m", True)])
