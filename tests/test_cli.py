@@ -26,12 +26,21 @@ FAST = ["--set", "federation.backend=local", "--set", "federation.clients=4", "-
 def test_run_and_report(tmp_path, capsys):
     assert main(["run", "quickstart", *FAST, "--set", f"run.out={tmp_path}"]) == 0
     assert main(["run", "quickstart", *FAST, "--set", f"run.out={tmp_path}", "--set", "algorithm.name=fcsg"]) == 0
+    assert main(["run", "quickstart", *FAST, "--set", f"run.out={tmp_path}", "--set", "algorithm.lr=0.05"]) == 0
     out = capsys.readouterr().out
-    assert out.count("results: ") == 2
+    assert out.count("results: ") == 3
+    (tmp_path / "a-sweep").mkdir()
+    (tmp_path / "a-sweep" / "sweep.json").write_text("{}")
     assert main(["report", str(tmp_path)]) == 0
-    text = capsys.readouterr().out
+    captured = capsys.readouterr()
+    text = captured.out
     assert "| fcsg-m |" in text and "| fcsg |" in text
-    assert text.count("| 0 | completed | 3 |") == 2  # seed, status (run.json's), rounds
+    # the settings that tell apart runs of one algorithm and task, between the seed and the status (run.json's)
+    assert "| seed | algorithm.lr | status | rounds |" in text, text
+    assert text.count("| 0 | 0.01 | completed | 3 |") == 2 and "| 0 | 0.05 | completed | 3 |" in text
+    assert captured.err == (f"fedcomp: 1 sweep folder under {tmp_path} not in this report, each reported on its own: "
+                            f"fedcomp report {tmp_path / 'a-sweep'}\n")
+    shutil.rmtree(tmp_path / "a-sweep")
     assert (tmp_path / "report.png").stat().st_size > 1000
     assert (tmp_path / "report.md").is_file()
 
@@ -47,7 +56,7 @@ def test_run_and_report(tmp_path, capsys):
     assert len(warnings) == 2 and all(line.startswith("fedcomp: warning: run zz-") for line in warnings)
     assert "zz-json left out of the report: " in warnings[0] and "run.json cannot be read" in warnings[0]
     assert "metrics.parquet cannot be read (truncated or corrupt" in warnings[1]
-    assert captured.out.count("| completed |") == 2 and "Runs left out, their files unreadable:" in captured.out
+    assert captured.out.count("| completed |") == 3 and "Runs left out, their files unreadable:" in captured.out
     assert "- zz-metrics: " in (tmp_path / "report.md").read_text()
 
 

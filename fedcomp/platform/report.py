@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import io
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
 import pandas as pd
 
 from fedcomp.platform import catalog, results
-from fedcomp.platform.errors import StorageError
+from fedcomp.platform.errors import StorageError, command
+from fedcomp.platform.tracking import flat_config
 
 MINIMISED = ("loss", "dist", "grad_norm", "violation", "gap", "objective")
 """Words in a metric's name that make lower better (when it is not its task's headline, whose direction the
@@ -52,22 +54,51 @@ def _metric_per_run(df: pd.DataFrame, metric: str | None) -> dict[str, str]:
     return {run: metric or headline(task) for run, task in tasks.items()}
 
 
-def summary_table(df: pd.DataFrame, metric: str | None = None, statuses: dict[str, str] | None = None) -> str:
-    """Markdown table: one row per run with its status (``run.json``'s: completed, diverged, interrupted, running),
-    its metric's final and best value (best in the metric's direction)."""
+NOT_SETTINGS = ("task.name", "algorithm.name", "run.seed", "run.out", "run.name", "run.progress", "run.track",
+                "task.module", "algorithm.module")
+"""Config keys a report does not list as a run's settings: shown in columns of their own, or saying only where a run
+wrote and how it spoke."""
+
+
+def differing_settings(path: str | Path, run_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """Run id -> the settings (``section.key``, from ``run.json``) that tell apart runs of one algorithm and task
+    among the runs ``run_ids`` at ``path`` (``algorithm.lr``): those in which two such runs differ. A setting that
+    differs only between algorithms or tasks is theirs, not shown; one a run lacks (another algorithm's) shows as
+    ``-``."""
+    configs = {}
+    for run in results.run_dirs(path):
+        if run.name in run_ids:
+            configs[run.name] = flat_config(results.read_json(run / results.RUN_JSON)["config"])
+    groups: dict[tuple[Any, Any], list[dict[str, Any]]] = {}
+    for config in configs.values():
+        groups.setdefault((config.get("algorithm.name"), config.get("task.name")), []).append(config)
+    keys = [k for k in dict.fromkeys(k for c in configs.values() for k in c) if k not in NOT_SETTINGS
+            and any(len({repr(c.get(k)) for c in group}) > 1 for group in groups.values())]
+    return {run: {k: config.get(k, "-") for k in keys} for run, config in configs.items()}
+
+
+def summary_table(df: pd.DataFrame, metric: str | None = None, statuses: dict[str, str] | None = None,
+                  settings: dict[str, dict[str, Any]] | None = None) -> str:
+    """Markdown table: one row per run with the ``settings`` that tell it from the others
+    (:func:`differing_settings`), its status (``run.json``'s: completed, diverged, interrupted, running), its metric's
+    final and best value (best in the metric's direction)."""
     shown = _metric_per_run(df, metric)
+    keys = list(next(iter(settings.values()))) if settings else []
     lines = [
-        "| run | algorithm | task | seed | status | rounds | metric | final | best | wall time (s) |",
-        "|---|---|---|---|---|---:|---|---:|---:|---:|",
+        "| run | algorithm | task | seed | " + "".join(f"{k} | " for k in keys)
+        + "status | rounds | metric | final | best | wall time (s) |",
+        "|---|---|---|---|" + "---|" * len(keys) + "---|---:|---|---:|---:|---:|",
     ]
     for run_id, g in df.groupby("run_id", sort=True):
         last, name = g.iloc[-1], shown[run_id]
         values = g[name] if name in g else pd.Series(dtype=float)
         best = values.min() if metric_mode(last["task"], name) == "min" else values.max()
         final = values.iloc[-1] if len(values) else float("nan")
+        own = (settings or {}).get(run_id, {})
         lines.append(
-            f"| {run_id} | {last['algorithm']} | {last['task']} | {last['seed']} | {(statuses or {}).get(run_id, '?')} | "
-            f"{int(last['round'])} | {name} | "
+            f"| {run_id} | {last['algorithm']} | {last['task']} | {last['seed']} | "
+            + "".join(f"{own.get(k, '-')} | " for k in keys)
+            + f"{(statuses or {}).get(run_id, '?')} | {int(last['round'])} | {name} | "
             f"{final:.4f} | {best:.4f} | {last['wall_time']:.1f} |"
         )
     return "\n".join(lines) + "\n"
@@ -87,6 +118,10 @@ def report(path: str | Path, metric: str | None = None, x: str = "comm_rounds", 
     df, statuses, unreadable = results.read_runs(path)
     for run, error in unreadable.items():
         print(f"fedcomp: warning: run {run} left out of the report: {error}", file=sys.stderr)
+    sweeps = sorted(p for p in Path(path).iterdir() if (p / "sweep.json").is_file()) if Path(path).is_dir() else []
+    if sweeps:
+        print(f"fedcomp: {len(sweeps)} sweep folder{'s' if len(sweeps) > 1 else ''} under {path} not in this report, "
+              f"each reported on its own: {command('report', sweeps[0])}", file=sys.stderr)
     import_tasks(path)
     for column in (metric, x):
         if column is not None and column not in df.columns:
@@ -95,13 +130,15 @@ def report(path: str | Path, metric: str | None = None, x: str = "comm_rounds", 
     out_dir = report_folder(path, out)
 
     shown = _metric_per_run(df, metric)
+    settings = differing_settings(path, list(shown))
     panels = list(dict.fromkeys(shown.values()))
     fig, axes = plt.subplots(1, len(panels), figsize=(6.4 * len(panels), 4.2), squeeze=False)
     several = df["run_id"].nunique() > 1
     for ax, name in zip(axes.flat, panels):
         for run_id, g in df.groupby("run_id", sort=True):
             if shown[run_id] == name:
-                label = f"{g['algorithm'].iloc[0]} ({run_id})" if several else g["algorithm"].iloc[0]
+                told = ", ".join(f"{k.split('.')[-1]}={v}" for k, v in settings.get(run_id, {}).items())
+                label = " ".join(filter(None, (g["algorithm"].iloc[0], told, f"({run_id})"))) if several else g["algorithm"].iloc[0]
                 ax.plot(g[x], g[name], label=label)
         ax.set_xlabel(x.replace("_", " "))
         ax.set_ylabel(name.replace("_", " "))
@@ -111,7 +148,7 @@ def report(path: str | Path, metric: str | None = None, x: str = "comm_rounds", 
     title = " / ".join(panels)
     left_out = "".join(f"- {run}: {error}\n" for run, error in unreadable.items())
     return write_report(out_dir, fig, f"# Results under `{path}`\n\n![{title}](report.png)\n\n"
-                        + summary_table(df, metric, statuses)
+                        + summary_table(df, metric, statuses, settings)
                         + (f"\nRuns left out, their files unreadable:\n\n{left_out}" if left_out else ""))
 
 
