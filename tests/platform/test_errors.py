@@ -36,7 +36,7 @@ def test_a_folder_to_resume_is_named_as_the_caller_gave_it(tmp_path, capsys):
 
 
 def test_no_results_is_a_platform_error_and_still_a_file_not_found_error(tmp_path):
-    with pytest.raises(NoResults, match="^no fedcomp run results under") as raised:
+    with pytest.raises(NoResults, match=r"^no fedcomp run results under") as raised:
         fedcomp.load_results(tmp_path)
     assert isinstance(raised.value, PlatformError) and isinstance(raised.value, FileNotFoundError)
     assert raised.value.exit_code == 2
