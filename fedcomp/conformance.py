@@ -28,6 +28,15 @@ from fedcomp.platform.config import Config, load_config
 from fedcomp.platform.errors import Interrupted
 from fedcomp.verification import ColumnDifference, backend_text, compare
 
+SAME_SEED = ("a draw not from the generator `draw` (or a client program's ctx.rng) is given -- torch.randn or "
+             "random.random without it, a set iterated in hash order")
+"""What usually breaks "the same seed again" (said under a check that found a difference, as are the two below)."""
+ELSEWHERE = ("client state kept outside the algorithm's records (an attribute set on the algorithm or the task), or "
+             "a result that depends on which clients share a process")
+"""What usually breaks the Ray runs' checks."""
+RESUMED = "state the checkpoint does not hold: an attribute set in `round` or `start`, not a field of the Server record"
+"""What usually breaks "stopped and resumed"."""
+
 
 @dataclass(frozen=True)
 class Check:
@@ -36,6 +45,8 @@ class Check:
     what: str
     differences: list[ColumnDifference]
     problems: list[str]
+    cause: str = ""
+    """What usually breaks this check (said where it did)."""
 
     @property
     def identical(self) -> bool:
@@ -45,7 +56,7 @@ class Check:
         if self.identical:
             return f"  identical  {self.what}"
         found = [f"{d.column} ({d.rows} rows, up to {d.max_abs_diff:.3g})" for d in self.differences] + self.problems
-        return f"  DIFFERENT  {self.what}: {'; '.join(found)}"
+        return f"  DIFFERENT  {self.what}: {'; '.join(found)}" + (f"\n             usually: {self.cause}" if self.cause else "")
 
 
 @dataclass(frozen=True)
@@ -101,16 +112,16 @@ def check(
                 return results.read_json(done.run_dir / results.RUN_JSON), done
 
             _, first = run(**{"federation.backend": "local"})
-            reruns = [("the same seed again, local backend", run(**{"federation.backend": "local"})[1].metrics)]
+            reruns = [("the same seed again, local backend", run(**{"federation.backend": "local"})[1].metrics, SAME_SEED)]
             skipped = []
             if ray:
                 meta, done = run(**{"federation.backend": "ray"})
-                reruns.append((f"{backend_text(meta['backend'])}, packed as configured", done.metrics))
+                reruns.append((f"{backend_text(meta['backend'])}, packed as configured", done.metrics, ELSEWHERE))
                 packed = int(meta["backend"].get("clients_per_actor", 1))
                 other = packed // 2 if packed > 1 else 2  # half as many clients an actor (or two, from one)
                 if other <= config.federation.clients:
                     meta, done = run(**{"federation.backend": "ray", "federation.clients_per_actor": other})
-                    reruns.append((f"{backend_text(meta['backend'])}, packed otherwise", done.metrics))
+                    reruns.append((f"{backend_text(meta['backend'])}, packed otherwise", done.metrics, ELSEWHERE))
                 else:
                     skipped.append("Ray packed otherwise: one client, one packing")
             else:
@@ -120,14 +131,14 @@ def check(
                 resumed = execute(config.replace(**{"run.out": out, "run.track": "none", "run.progress": "none",
                                                     "federation.backend": "local", "run.checkpoint_every": middle}),
                                   make_server, resume_dir=stopped.run_dir, resumable=False)
-                reruns.append((f"stopped at round {middle} and resumed from its checkpoint", resumed.metrics))
+                reruns.append((f"stopped at round {middle} and resumed from its checkpoint", resumed.metrics, RESUMED))
             else:
                 skipped.append(f"stopped and resumed: no evaluated round (run.eval_every = {every}) before the last of "
                                f"{rounds} to stop at")
     except Interrupted:  # its runs' folders went with the temporary one: nothing to continue
         raise Interrupted("the check's runs were in a temporary folder, removed; nothing to continue: check again") from None
     checks = []
-    for what, metrics in reruns:
+    for what, metrics, cause in reruns:
         columns, found, problems = compare(first.metrics, metrics)
-        checks.append(Check(what, found, problems))
+        checks.append(Check(what, found, problems, cause))
     return Conformance(config, len(first.metrics), len(columns), checks, skipped, time.perf_counter() - started)

@@ -328,6 +328,9 @@ def test_fedcomp_check_tells_an_algorithm_that_draws_outside_its_generator():
     same_seed, resumed = outcome.checks
     assert not same_seed.identical and "distance_to_optimum" in [d.column for d in same_seed.differences]
     assert same_seed.line().startswith("  DIFFERENT  the same seed again, local backend: ")
+    assert same_seed.line().splitlines()[1] == ("             usually: a draw not from the generator `draw` (or a client "
+                                                "program's ctx.rng) is given -- torch.randn or random.random without "
+                                                "it, a set iterated in hash order")
     assert outcome.skipped == ["the Ray runs (ray=False, --no-ray)"]
     assert outcome.report().splitlines()[-1].startswith("2 of 2 DIFFERENT")
 
