@@ -121,9 +121,13 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 def cmd_list(args: argparse.Namespace) -> int:
     from fedcomp.platform.catalog import algorithms, tasks
-    from fedcomp.platform.config import preset_description, preset_names
+    from fedcomp.platform.config import import_user_module, preset_description, preset_names
     from fedcomp.platform.kinds import KIND_DESCRIPTIONS
 
+    for module in args.module or []:
+        import_user_module(module, f"--module {module!r}")
+    if args.name:
+        return _list_one(args.name)
     print("algorithms:")
     for name, algorithm in sorted(algorithms().items()):
         print(f"  {name:<26} [{algorithm.kind}] {algorithm.description}")
@@ -141,6 +145,37 @@ def cmd_list(args: argparse.Namespace) -> int:
     print("problem kinds:")
     for name, text in KIND_DESCRIPTIONS.items():
         print(f"  {name:<26} {text}")
+    return 0
+
+
+def _list_one(name: str) -> int:
+    """``fedcomp list NAME``: an algorithm's hyperparameters, a task's parameters and metrics, a config section's
+    settings -- each field's type, bounds, default and description -- or a preset's file."""
+    from fedcomp.platform.catalog import algorithms, tasks
+    from fedcomp.platform.config import SECTION_MODELS, preset_names, preset_text
+    from fedcomp.platform.params import field_lines
+    from fedcomp.sweeps import spec as sweeps
+
+    shown = []
+    if name in algorithms():
+        algorithm = algorithms()[name]
+        shown += [f"algorithm {name} [{algorithm.kind}]: {algorithm.description}", "  hyperparameters (algorithm.KEY):",
+                  *(f"    {line}" for line in field_lines(algorithm.HParams))]
+    if name in tasks():
+        task = tasks()[name]
+        shown += [f"task {name} [{', '.join(sorted(task.kinds))}]: {task.description}",
+                  f"  metrics: {', '.join(task.metrics)} (headline {task.metrics[0]}, better {task.mode})",
+                  "  parameters (task.KEY):", *(f"    {line}" for line in field_lines(task.Params))]
+    if name in SECTION_MODELS:
+        shown += [f"section {name} ({name}.KEY):", *(f"    {line}" for line in field_lines(SECTION_MODELS[name]))]
+    if name in preset_names():
+        shown += [f"preset {name}:", *(f"    {line}" for line in preset_text(name).splitlines())]
+    if name in sweeps.preset_names():
+        shown += [f"sweep preset {name}:", *(f"    {line}" for line in sweeps.preset_text(name).splitlines())]
+    if not shown:
+        raise PlatformError(f"list {name!r}: not an algorithm, task, config section or preset; `fedcomp list` names them "
+                            f"(a task or algorithm of your own: --module FILE)")
+    print("\n".join(shown))
     return 0
 
 
@@ -215,7 +250,12 @@ def build_parser() -> argparse.ArgumentParser:
     chk.add_argument("--no-ray", action="store_true", help="leave out the Ray runs")
     chk.set_defaults(func=cmd_check)
 
-    sub.add_parser("list", help="list algorithms, tasks and presets").set_defaults(func=cmd_list)
+    ls = sub.add_parser("list", help="list algorithms, tasks and presets; with a NAME, its parameters")
+    ls.add_argument("name", nargs="?", help="an algorithm, task, config section (federation, run) or preset: its "
+                    "parameters' types, bounds, defaults and descriptions, or the preset's file")
+    ls.add_argument("--module", action="append", metavar="FILE", help="import your module first (a .py file or a "
+                    "dotted name; repeatable), so that its algorithms and tasks are listed too")
+    ls.set_defaults(func=cmd_list)
 
     sw = sub.add_parser("sweep", help="Ray Tune sweep of whole runs (default preset: quick)")
     sw.add_argument("spec", nargs="?", help="sweep preset or YAML file (see `fedcomp list`)")

@@ -372,6 +372,8 @@ CASES = [
     Case("sweep-num-samples-0", ("sweep", "quick", "--num-samples", "0", "--set", "run.out={out}"), "--num-samples = 0: must be >= 1"),
     Case("sweep-concurrent-0", ("sweep", "quick", "--max-concurrent", "0", "--set", "run.out={out}"), "--max-concurrent = 0: must be >= 1"),
     Case("resume-with-preset", ("run", "quickstart", "--resume", "{tmp}"), "--resume RUN_DIR continues a run with its stored config"),
+    Case("list-unknown", ("list", "nope"), "list 'nope': not an algorithm, task, config section or preset"),
+    Case("list-module-missing", ("list", "--module", "{tmp}/missing.py"), "--module '{tmp}/missing.py': cannot be imported"),
     Case("resume-set-lr", ("run", "--resume", "{tmp}", "--set", "algorithm.lr=0.5"),
          "--resume '{tmp}': setting algorithm.lr: only settings that leave the numbers unchanged may change; allowed: "
          "federation.backend,"),

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -19,6 +20,7 @@ from fedcomp.cli import main
 from fedcomp.platform.results import read_checkpoint
 from fedcomp.platform.server import Server
 
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 FAST = ["--set", "federation.backend=local", "--set", "federation.clients=4", "--set", "algorithm.local_steps=5",
         "--set", "task.test_samples=2000", "--set", "run.rounds=3", "--set", "run.progress=none"]
 
@@ -107,6 +109,24 @@ def test_python_dash_m_and_list():
     assert out.returncode == 0
     for name in ("fcsg", "fcsg-m", "acc-fcsg-m", "fedavg", "invariant-logreg", "quickstart"):
         assert f"  {name} " in out.stdout
+
+
+def test_list_a_name_shows_its_parameters_and_a_users_module_its_own(capsys):
+    assert main(["list", "fcsg-m"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("algorithm fcsg-m [conditional]: FCSG-M") and out[1] == "  hyperparameters (algorithm.KEY):"
+    assert [line.split()[:4] for line in out if line.split()[0] == "beta"] == [["beta", "float", "in", "(0,"]]
+    assert "default 0.1  momentum weight" in next(line for line in out if line.split()[0] == "beta")
+    assert main(["list", "invariant-logreg"]) == 0
+    out = capsys.readouterr().out
+    assert "metrics: test_accuracy, test_loss (headline test_accuracy, better max)" in out
+    assert "objective              'paper' | 'official-code'" in out
+    assert main(["list", "federation"]) == 0
+    assert "clients_per_actor      int | 'auto'" in capsys.readouterr().out
+    assert main(["list", "--module", str(EXAMPLES / "extension.py"), "fedavg-hb"]) == 0
+    assert "momentum               float in [0, 1)              default 0.9" in capsys.readouterr().out
+    assert main(["list", "--module", str(EXAMPLES / "extension.py")]) == 0
+    assert "  fedavg-hb " in capsys.readouterr().out  # a user's own among fedcomp's
 
 
 @pytest.mark.ray

@@ -215,6 +215,10 @@ class RunConfig(Params):
         return os.path.expanduser(value)
 
 
+SECTION_MODELS: dict[str, type[Params]] = {"federation": FederationConfig, "run": RunConfig}
+"""The config sections whose settings are fedcomp's own (``task`` and ``algorithm`` hold the chosen one's)."""
+
+
 @dataclass(frozen=True)
 class Config:
     """A complete, validated experiment configuration."""
@@ -278,13 +282,13 @@ def preset_names() -> list[str]:
     return sorted(p.name[:-5] for p in folder.iterdir() if p.name.endswith(".yaml"))
 
 
-def _preset_text(name: str) -> str:
+def preset_text(name: str) -> str:
     return (resources.files("fedcomp.platform") / "presets" / f"{name}.yaml").read_text()
 
 
 def preset_description(name: str) -> str:
     """The first comment line of a preset file (its one-line description)."""
-    text = _preset_text(name)
+    text = preset_text(name)
     first = text.splitlines()[0] if text else ""
     return first.lstrip("# ").strip()
 
@@ -293,7 +297,7 @@ def preset_description(name: str) -> str:
 def _preset(name: str) -> Any:
     """A preset's parsed content, read once per process: presets are the package's data (a sweep builds a config
     per grid point from one, and parsing it took 4 ms)."""
-    return parse_yaml(_preset_text(name), f"preset {name!r}")
+    return parse_yaml(preset_text(name), f"preset {name!r}")
 
 
 def _read_source(source: str | Path | Mapping[str, Any] | None) -> dict[str, Any]:
@@ -446,12 +450,13 @@ def import_user_module(source: str, where: str) -> None:
 
 def _named(section: str, raw: Mapping[str, Any], table: Mapping[str, T]) -> tuple[str, T, dict[str, Any]]:
     body = dict(raw)
-    body.pop("module", None)  # imported already (_import_modules)
+    module = body.pop("module", None)  # imported already (_import_modules)
     name = body.pop("name", None)
     if name is None:
         raise ConfigError(f"{section}.name is missing; allowed: {', '.join(sorted(table))}")
     if not isinstance(name, str) or name not in table:
-        raise ConfigError(f"{section}.name = {name!r} is unknown; allowed: {', '.join(sorted(table))}")
+        yours = "" if module else f"; a {section} of your own: name its module in {section}.module"
+        raise ConfigError(f"{section}.name = {name!r} is unknown; allowed: {', '.join(sorted(table))}{yours}")
     return name, table[name], body
 
 

@@ -4,6 +4,7 @@ without importing the config loader or the registry."""
 
 from __future__ import annotations
 
+import types
 import typing
 from typing import Any
 
@@ -33,3 +34,41 @@ def _takes_bool(annotation: Any) -> bool:
     if typing.get_origin(annotation) is typing.Literal:
         return any(isinstance(arg, bool) for arg in typing.get_args(annotation))
     return any(_takes_bool(arg) for arg in typing.get_args(annotation))
+
+
+def field_lines(model: type[BaseModel]) -> list[str]:
+    """One line per field of ``model`` -- its name, type, bounds, default and description: what ``fedcomp list NAME``
+    shows of an algorithm's hyperparameters or a task's parameters."""
+    lines = []
+    for name, field in model.model_fields.items():
+        kind = " ".join(filter(None, (_type_text(field.annotation), _bounds_text(field.metadata))))
+        default = "required" if field.is_required() else f"default {field.get_default(call_default_factory=True)!r}"
+        lines.append(f"{name:<22} {kind:<28} {default}" + (f"  {field.description}" if field.description else ""))
+    return lines
+
+
+def _bounds_text(metadata: list[Any]) -> str:
+    """A field's bounds as an interval, ``in (0, 1]``, or one side, ``> 0``; empty where it has none."""
+    bound = {attr: getattr(m, attr) for m in metadata for attr in ("gt", "ge", "lt", "le") if getattr(m, attr, None) is not None}
+    low = ("(", bound["gt"]) if "gt" in bound else ("[", bound["ge"]) if "ge" in bound else None
+    high = (bound["lt"], ")") if "lt" in bound else (bound["le"], "]") if "le" in bound else None
+    if low and high:
+        return f"in {low[0]}{low[1]}, {high[0]}{high[1]}"
+    if low:
+        return f"{'>' if low[0] == '(' else '>='} {low[1]}"
+    return f"{'<' if high[1] == ')' else '<='} {high[0]}" if high else ""
+
+
+def _type_text(annotation: Any) -> str:
+    """A field's type as a user writes its values: ``float``, ``'a' | 'b'``, ``int | None``."""
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin is typing.Literal:
+        return " | ".join(repr(arg) for arg in args)
+    if origin is typing.Annotated:
+        return _type_text(args[0])
+    if args:  # a union, a list[...]
+        parts = [_type_text(arg) for arg in args]
+        return " | ".join(parts) if origin in (typing.Union, types.UnionType) else f"{getattr(origin, '__name__', origin)}[{', '.join(parts)}]"
+    if annotation is type(None):
+        return "None"
+    return getattr(annotation, "__name__", str(annotation))

@@ -332,12 +332,12 @@ def preset_names() -> list[str]:
     return sorted(p.name[:-5] for p in folder.iterdir() if p.name.endswith(".yaml"))
 
 
-def _preset_text(name: str) -> str:
+def preset_text(name: str) -> str:
     return (resources.files("fedcomp.sweeps") / "presets" / f"{name}.yaml").read_text()
 
 
 def preset_description(name: str) -> str:
-    return _description(_preset_text(name))
+    return _description(preset_text(name))
 
 
 def _description(text: str) -> str:
@@ -380,7 +380,7 @@ def load_spec(source: str | Path | Mapping[str, Any] | SweepSpec, **changes: Any
                 raw["base"] = _base_file(raw.get("base", "quickstart"), path.parent)
                 raw.setdefault("description", _description(path.read_text(errors="replace")))
         elif text in preset_names():
-            raw = parse_yaml(_preset_text(text), f"sweep preset {text!r}")
+            raw = parse_yaml(preset_text(text), f"sweep preset {text!r}")
             default_name = text
             if isinstance(raw, dict):
                 raw.setdefault("description", preset_description(text))
