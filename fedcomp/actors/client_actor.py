@@ -86,6 +86,7 @@ class ClientActor:
             "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
             "device": self.host.device,
             "cuda_flags": self.flags,
+            **({"lockstep_off": self.host.lockstep_off} if self.host.lockstep_off else {}),
         }
 
     def load_private(self, states: dict[int, Tensors]) -> None:

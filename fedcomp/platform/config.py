@@ -115,7 +115,8 @@ class FederationConfig(Params):
         description="run a host's clients' local steps in lockstep under torch.func.vmap where the algorithm and "
         "task allow it (on a CPU host, client states up to 100,000 floats and three clients or more in a call: other "
         "calls are faster one at a time), equal "
-        "to the one-at-a-time numbers up to float32 rounding (not bit for bit)",
+        "to the one-at-a-time numbers up to float32 rounding (not bit for bit); where no call can (an algorithm with a "
+        "client program of its own, a task vmap cannot batch) the run says so once and run.json records why",
     )
     fused_sgd: bool = Field(
         False,

@@ -36,7 +36,7 @@ from fedcomp.platform.oracles import FUSED_SGD
 from fedcomp.platform.rng import generator
 from fedcomp.platform.state import BUFFERS, Means
 from fedcomp.platform.tasks.base import Task
-from fedcomp.platform.vectorised import can_lockstep, lockstep_local_steps, lockstep_pays
+from fedcomp.platform.vectorised import can_lockstep, lockstep_local_steps, lockstep_pays, why_not_lockstep
 
 T = TypeVar("T")
 P = ParamSpec("P")
@@ -240,6 +240,8 @@ class ClientHost:
             self.task = build_task(config, device)
         self.algorithm = build_algorithm(config)
         self.problem = self.task.problem(self.algorithm.kind)
+        self.lockstep_off = why_not_lockstep(self.algorithm, self.problem) if config.federation.vectorise else None
+        """Why ``federation.vectorise`` steps no client of this run in lockstep, where it cannot (said once)."""
         self.model = self.task.running_statistics()
         """The model whose running statistics each client keeps (None: no module buffers)."""
         self.private: dict[int, Tensors] = {}
@@ -479,4 +481,5 @@ class LocalFederation:
         pass
 
     def describe(self) -> dict[str, object]:
-        return {"name": "local", "device": self.host.device}
+        off = self.host.lockstep_off
+        return {"name": "local", "device": self.host.device, **({"vectorise": f"off: {off}"} if off else {})}

@@ -48,6 +48,20 @@ def steps_in_lockstep(algorithm: Algorithm[Any, Any], problem: Any, program: str
     )
 
 
+def why_not_lockstep(algorithm: Algorithm[Any, Any], problem: Any) -> str | None:
+    """Why no call of this algorithm on this problem can step its clients in lockstep (the checks of
+    :func:`steps_in_lockstep`), in words; None where some can. Said once per run that asks for it
+    (``federation.vectorise``), which then steps one client at a time."""
+    if not isinstance(algorithm, LocalSteps) or type(algorithm).local_steps is not LocalSteps.local_steps:
+        return "the algorithm runs a client program of its own, not LocalSteps' draw + update"
+    if not algorithm.vectorisable:
+        return "the algorithm's update cannot be batched under torch.func.vmap (with these hyperparameters)"
+    if not getattr(problem, "vmappable", False):
+        return "the task's oracles are not pure tensor functions (its vmappable is False: BatchNorm in training mode, " \
+               "data-dependent control flow, ...)"
+    return None
+
+
 LOCKSTEP_MAX_CPU_FLOATS = 100_000
 """Largest client state (floats) a CPU host steps in lockstep; larger ones go one at a time, where the local-steps
 family steps in place from the same size on (``IN_PLACE_MIN_FLOATS``). On one CPU thread a batched matrix product

@@ -4,6 +4,7 @@ bitwise reproducible, and that clients whose draws differ in shape fall back to 
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -27,6 +28,7 @@ from fedcomp.platform.vectorised import (
     can_lockstep,
     lockstep_local_steps,
     lockstep_pays,
+    why_not_lockstep,
 )
 from tests.conftest import small
 
@@ -89,6 +91,35 @@ def test_when_lockstep_applies():
     assert not can_lockstep(fedavg, mlp, "local_steps", 2)
     bilevel = load_config("fednest-minimax")
     assert not can_lockstep(build_algorithm(bilevel), build_task(bilevel).problem("bilevel"), "local_steps", 2)
+
+
+def test_why_lockstep_cannot_apply_is_said():
+    plain = load_config({"task": {"name": "synthetic-classification"}, "algorithm": {"name": "fedavg"}})
+    fedavg, mlp = build_algorithm(plain), build_task(plain).problem("plain")
+    assert why_not_lockstep(fedavg, mlp) is None
+    mlp.vmappable = False
+    assert why_not_lockstep(fedavg, mlp).startswith("the task's oracles are not pure tensor functions")
+    bilevel = load_config("fednest-minimax")
+    assert why_not_lockstep(build_algorithm(bilevel), build_task(bilevel).problem("bilevel")) == (
+        "the algorithm runs a client program of its own, not LocalSteps' draw + update")
+    mix = load_config("maml-sinewave", {"algorithm.name": "local-scgd", "algorithm.inner_state": "per-task-mix"})
+    assert why_not_lockstep(build_algorithm(mix), build_task(mix).problem("compositional")).startswith(
+        "the algorithm's update cannot be batched")
+
+
+@pytest.mark.parametrize("backend", ["local", pytest.param("ray", marks=pytest.mark.ray)])
+def test_vectorise_where_no_call_can_step_in_lockstep_is_said_once_and_recorded(backend, request, tmp_path, capsys):
+    """It was silently ignored (run.json said vectorise: true)."""
+    if backend == "ray":
+        request.getfixturevalue("keeping")
+    result = fedcomp.run("fednest-minimax", {"federation.vectorise": True, "federation.backend": backend,
+                                             "run.rounds": 1, "run.progress": "none", "run.out": str(tmp_path)})
+    warnings = [line for line in capsys.readouterr().err.splitlines() if "federation.vectorise" in line]
+    assert warnings == ["fedcomp: warning: federation.vectorise: algorithm 'fednest' on task 'minimax-quadratic': the "
+                        "algorithm runs a client program of its own, not LocalSteps' draw + update; its clients step "
+                        "one at a time (the numbers without it)"]
+    backend_record = json.loads((result.run_dir / "run.json").read_text())["backend"]
+    assert backend_record["vectorise"].startswith("off: the algorithm runs a client program of its own")
 
 
 class RaggedFCSG(FCSG):
