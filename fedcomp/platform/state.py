@@ -18,6 +18,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any, TypeVar
 
+import torch
 from torch import Tensor
 
 S = TypeVar("S", bound="State")
@@ -74,6 +75,12 @@ class MinimaxModel(State):
 
     x: Tensor
     y: Tensor
+
+
+def unsent() -> Tensor:
+    """A message field the protocol has not sent yet (an empty tensor). A client record holds every field a
+    round's calls broadcast; a call made before the server has the value carries it empty (and counts no floats)."""
+    return torch.zeros(0)
 
 
 class Means(dict[str, Tensor]):

@@ -421,12 +421,13 @@ Expected = Callable[[Any, Dims, int], "Counts | list[Counts]"]
 """(hyperparameters, dims, round index) -> the round's increments, or every possibility when they are random."""
 
 
-def _local_steps(*synced: Callable[[Dims], int]) -> Expected:
-    """q local steps, then one model round averaging the named quantities (uploaded and broadcast back)."""
+def _local_steps(*synced: Callable[[Dims], int], unsent_first: tuple[Callable[[Dims], int], ...] = ()) -> Expected:
+    """q local steps, then one model round averaging the named quantities (uploaded and broadcast back); those in
+    ``unsent_first`` are not broadcast in round 0 (the clients' first step makes them: Local-SCGD's u)."""
 
     def expected(hp: Any, n: Dims, r: int) -> Counts:
         floats = sum(size(n) for size in synced)
-        return per_round(1, hp.local_steps, floats, floats)
+        return per_round(1, hp.local_steps, floats, floats - (sum(size(n) for size in unsent_first) if r == 0 else 0))
 
     return expected
 
@@ -592,8 +593,8 @@ EXPECTED_COUNTERS: dict[str, Expected] = {
     "fcsg-m": _local_steps(X, X),
     "acc-fcsg-m": _local_steps(X, X),  # x_prev stays on the client
     # compositional, local inner (5.2, 5.3): x and u (Local-SCGD), x, u and m (Local-SCGDM)
-    "local-scgd": _local_steps(X, G),
-    "local-scgdm": _local_steps(X, G, X),
+    "local-scgd": _local_steps(X, G, unsent_first=(G,)),
+    "local-scgdm": _local_steps(X, G, X, unsent_first=(G,)),
     # compositional minimax (9.2): x, y, h, u, v; minimax (9.3, 7.3): x, y, u, v / x, y
     "local-scgdam": _local_steps(X, Y, G, X, Y),
     "local-sgdam": _local_sgdam,

@@ -75,6 +75,36 @@ if "tiny-composition" not in TASKS:
     register_task("tiny-composition")(TinyComposition)
 
 
+class NarrowComposition(TinyComposition):
+    """g_k of one coordinate fewer than x: u's size is g's, not x's."""
+
+    def inner(self, x: Tensor, a: Tensor) -> Tensor:
+        return (a * x)[1:] + (a * x)[:-1]
+
+    def outer(self, u: Tensor, c: Tensor) -> Tensor:
+        return 0.5 * ((u - c[1:]) ** 2).sum()
+
+
+if "narrow-composition" not in TASKS:
+    register_task("narrow-composition")(NarrowComposition)
+
+
+@pytest.mark.parametrize("name", ["local-scgd", "local-scgdm"])
+def test_u_takes_the_inner_functions_size_and_is_not_sent_before_the_first_averaging(name):
+    """u was x-sized zeros at the start: round 0 counted d floats of it down, and clients stepping in lockstep failed
+    where g's size differs from x's."""
+    import fedcomp
+
+    over = {"task.name": "narrow-composition", "task.dim": 5, "run.rounds": 3, "run.progress": "none",
+            "run.out": results_root(), "algorithm.local_steps": 2}
+    one = fedcomp.run(config(name, True), over).metrics
+    down = one["floats_down"].diff().iloc[1:].tolist()
+    d, m = 5, (5 if name == "local-scgdm" else 0)
+    assert down == [d + m, d + 4 + m, d + 4 + m]  # x (and m) in round 0; then x, u (4 floats) and m
+    lockstep = fedcomp.run(config(name, True, vectorise=True), over).metrics
+    assert lockstep["distance"].tolist() == pytest.approx(one["distance"].tolist(), rel=1e-6)
+
+
 def config(name: str, sync_inner: bool, **federation: object):
     return load_config({
         "task": {"name": "tiny-composition"},

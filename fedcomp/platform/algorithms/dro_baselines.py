@@ -44,13 +44,13 @@ from torch import Tensor
 from fedcomp.losses.dro import robust_loss, robust_weights
 from fedcomp.platform.algorithms.base import ClientContext, Exchange, StepInfo, Tensors, batch_size
 from fedcomp.platform.algorithms.builtins import PARALLEL_FASTDRO, PARALLEL_MBSGD, FastDROHParams, ParallelHParams
-from fedcomp.platform.algorithms.feddro import Compositional, unsent
+from fedcomp.platform.algorithms.feddro import Compositional
 from fedcomp.platform.errors import ConfigError
 from fedcomp.platform.oracles import outer_grad, plain_inner_vjp, weighted_example_grad
 from fedcomp.platform.problems import GlobalCompositionalProblem
 from fedcomp.platform.registry import register_algorithm
 from fedcomp.platform.rounds import Round
-from fedcomp.platform.state import Model
+from fedcomp.platform.state import Model, unsent
 
 __all__ = [
     "CohortWeights",

@@ -59,7 +59,7 @@ from fedcomp.platform.params import Params
 from fedcomp.platform.problems import GlobalCompositionalProblem
 from fedcomp.platform.registry import register_algorithm
 from fedcomp.platform.rounds import Round
-from fedcomp.platform.state import Model, State
+from fedcomp.platform.state import Model, State, unsent
 
 RESCALE_AT = 16.0
 """The running shift moves when |log y_bar| exceeds this (y_bar > e^16 ~ 9e6 leaves e^72 of float32's range)."""
@@ -131,12 +131,6 @@ class ModelEstimate(Model):
 class DROClient(ModelEstimate):
     x_prev: Tensor
     """The client's previous local iterate (its own, never averaged)."""
-
-
-def unsent() -> Tensor:
-    """A message field the protocol has not sent yet (an empty tensor). A client record holds every field a
-    round's calls broadcast; a call made before the server has the value carries it empty."""
-    return torch.zeros(0)
 
 
 class Compositional(Algorithm[Any, Any]):

@@ -30,12 +30,12 @@ from fedcomp.platform.algorithms.dro_baselines import (
     count_step,
     slot,
 )
-from fedcomp.platform.algorithms.feddro import Compositional, unsent
+from fedcomp.platform.algorithms.feddro import Compositional
 from fedcomp.platform.errors import ConfigError
 from fedcomp.platform.oracles import weighted_example_grad
 from fedcomp.platform.registry import register_algorithm
 from fedcomp.platform.rounds import Round
-from fedcomp.platform.state import Model
+from fedcomp.platform.state import Model, unsent
 
 
 @dataclass(frozen=True)

@@ -45,7 +45,7 @@ from fedcomp.platform.oracles import inner_value_vjp, outer_grad
 from fedcomp.platform.params import Params
 from fedcomp.platform.problems import CompositionalProblem
 from fedcomp.platform.registry import register_algorithm
-from fedcomp.platform.state import Model, State
+from fedcomp.platform.state import Model, State, unsent
 
 
 @dataclass(frozen=True)
@@ -108,10 +108,13 @@ class _SCGDBase(LocalSteps[Any, Any]):
         self, problem: CompositionalProblem, x: Tensor, u: Tensor, first: bool | Tensor, batch: Any
     ) -> tuple[Tensor, Tensor, Tensor]:
         """(z, new u, outer loss) of one step: the compositional gradient and the updated inner estimate; ``first``
-        (a Python bool, or a 0/1 tensor that may be batched under lockstep clients) starts u at g."""
+        (a Python bool, or a 0/1 tensor that may be batched under lockstep clients) starts u at g, as does a u not
+        sent yet (empty)."""
         gamma = self.hp.gamma
 
         def inner_point(g: Tensor) -> Tensor:
+            if u.numel() == 0:  # not sent yet (the server's before its first averaging): u starts at g
+                return g
             if isinstance(first, Tensor):
                 return torch.where(first > 0, g, (1 - gamma) * u + gamma * g)
             return g if first else (1 - gamma) * u + gamma * g
@@ -123,14 +126,17 @@ class _SCGDBase(LocalSteps[Any, Any]):
             v, loss = outer_grad(problem, u, zeta)
             return vjp(v), u, loss
         (pairs,) = batch
-        z, points, loss = torch.zeros_like(x), torch.zeros_like(u), torch.zeros(())
+        z, points, loss = torch.zeros_like(x), None, torch.zeros(())
         for xi, zeta in pairs:
             g, vjp = inner_value_vjp(problem, x, xi)
             point = inner_point(g)
             v, value = outer_grad(problem, point, zeta)
             z += vjp(v) / len(pairs)
+            if points is None:  # u's size is g's, which the first step's u (not sent yet: empty) does not have
+                points = torch.zeros_like(point)
             points += point / len(pairs)
             loss += value / len(pairs)
+        assert points is not None  # a step draws at least one pair
         return z, points, loss
 
 
@@ -147,8 +153,10 @@ class LocalSCGD(_SCGDBase):
         return super().__new__(LocalSCGDOwnInner if own and cls is LocalSCGD else cls)
 
     def init(self, variables: Tensors) -> State:
+        """x_0; u is not sent before the first averaging (each client's first step starts it at g(x_0; xi)): empty,
+        so that round 0 counts no u floats, and u takes g's size, which may differ from x's."""
         x = variables["x"]
-        return SCGDState(x=x.clone(), u=torch.zeros_like(x))
+        return SCGDState(x=x.clone(), u=unsent())
 
     def update(self, problem: CompositionalProblem, state: SCGDState, batch: Any, step: int) -> tuple[SCGDState, Tensor]:
         z, u, loss = self._gradient(problem, state.x, state.u, _first(state, step), batch)
@@ -183,8 +191,9 @@ class LocalSCGDM(_SCGDBase):
         return super().__new__(LocalSCGDMOwnInner if own and cls is LocalSCGDM else cls)
 
     def init(self, variables: Tensors) -> State:
+        """x_0 and m_0 = 0; u not sent yet (:meth:`LocalSCGD.init`)."""
         x = variables["x"]
-        return SCGDMState(x=x.clone(), u=torch.zeros_like(x), m=torch.zeros_like(x))
+        return SCGDMState(x=x.clone(), u=unsent(), m=torch.zeros_like(x))
 
     def update(self, problem: CompositionalProblem, state: SCGDMState, batch: Any, step: int) -> tuple[SCGDMState, Tensor]:
         z, u, loss = self._gradient(problem, state.x, state.u, _first(state, step), batch)
