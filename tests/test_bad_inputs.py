@@ -60,6 +60,17 @@ def run(*overrides: str) -> tuple[str, ...]:
     return ("run", "quickstart", *FAST, "--set", "run.out={out}", *sets)
 
 
+def link(name: str, target: str) -> Callable[[Path, dict], dict[str, str]]:
+    """Setup: a symbolic link ``{tmp}/name`` to ``target`` (under ``{tmp}``; not there unless made); the path is
+    ``{link}``."""
+
+    def make(tmp: Path, runs: dict) -> dict[str, str]:
+        (tmp / name).symlink_to(tmp / target)
+        return {"link": str(tmp / name)}
+
+    return make
+
+
 def file(name: str, content: bytes | str) -> Callable[[Path, dict], dict[str, str]]:
     """Setup: write ``content`` to ``{tmp}/name``; the path is ``{file}``."""
 
@@ -324,6 +335,19 @@ CASES = [
          "run.out = '{file}/results': '{file}' is a file, not a folder", file("plain.txt", "not a folder")),
     Case("out-is-a-file", ("run", "quickstart", *FAST, "--set", "run.out={file}"),
          "run.out = '{file}': '{file}' is a file, not a folder", file("plain.txt", "not a folder")),
+    Case("out-a-link-to-nothing", ("run", "quickstart", *FAST, "--set", "run.out={link}"),
+         "run.out = '{link}': '{link}' is a link to '{tmp}/gone', which is not there", link("out", "gone")),
+    Case("out-under-a-link-to-nothing", ("run", "quickstart", *FAST, "--set", "run.out={link}/results"),
+         "run.out = '{link}/results': '{link}' is a link to '{tmp}/gone', which is not there", link("out", "gone")),
+    Case("out-a-loop-of-links", ("run", "quickstart", *FAST, "--set", "run.out={link}"), "run.out = '{link}': ",
+         link("out", "out")),
+    Case("out-a-name-too-long", ("run", "quickstart", *FAST, "--set", "run.out={tmp}/" + "x" * 300),
+         "cannot create the folder {tmp}/" + "x" * 300),
+    Case("verify-out-a-link-to-nothing", ("verify", "{run}", "--backend", "local", "--out", "{link}"),
+         "'{link}' is a link to '{tmp}/gone', which is not there",
+         lambda tmp, runs: {**run_copy()(tmp, runs), **link("out", "gone")(tmp, runs)}),
+    Case("sweep-out-a-link-to-nothing", ("sweep", "quick", "--set", "federation.backend=local", "--set", "run.out={link}"),
+         "'{link}' is a link to '{tmp}/gone', which is not there", link("out", "gone")),
     # -- config files ------------------------------------------------------------------------------------------
     Case("preset-unknown", ("run", "nope", "--set", "run.out={out}"), "preset 'nope' is unknown; allowed: "),
     Case("file-missing", ("run", "{tmp}/missing.yaml", "--set", "run.out={out}"), "config file '{tmp}/missing.yaml' does not exist"),
@@ -509,7 +533,7 @@ def runs(tmp_path_factory) -> dict[str, Path]:
 
 def snapshot(folder: Path) -> dict[str, tuple[int, int]]:
     """Every file and folder under ``folder`` with its size and modification time."""
-    return {str(p.relative_to(folder)): (p.stat().st_size, p.stat().st_mtime_ns) for p in folder.rglob("*")}
+    return {str(p.relative_to(folder)): (p.lstat().st_size, p.lstat().st_mtime_ns) for p in folder.rglob("*")}
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])

@@ -98,7 +98,7 @@ def new_folder_name(parent: Path, prefix: str) -> str:
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
     while True:
         name = f"{prefix}_{stamp}_{_tail()}"
-        if not (parent / name).exists():
+        if not os.path.lexists(parent / name):  # (a name too long for the file system is found where it is made)
             return name
 
 
@@ -114,14 +114,18 @@ def claim_folder(path: Path) -> Path:
     Raises:
         StorageError: it cannot be created (a file in the way, read-only or full file system).
     """
-    while True:
+    for _ in range(1000):
         try:
             path.mkdir(parents=True, exist_ok=False)
             return path
         except FileExistsError:
+            if not os.path.lexists(path):  # not a clash: a parent in the way (a link to nothing)
+                raise StorageError(f"cannot create the folder {path}: a folder above it is a link to nothing, or a "
+                                   f"file") from None
             path = path.with_name(f"{path.name.rsplit('_', 1)[0]}_{_tail()}")
         except OSError as error:
             raise StorageError(f"cannot create the folder {path}: {describe_os_error(error)}") from None
+    raise StorageError(f"cannot create the folder {path}: 1,000 names drawn were all taken")
 
 
 def check_writable(folder: str | Path, label: str | None = None) -> None:
@@ -135,12 +139,18 @@ def check_writable(folder: str | Path, label: str | None = None) -> None:
     folder = Path(folder)
     label = label or f"run.out = {str(folder)!r}"
     probe = folder
-    while not probe.exists() and probe.parent != probe:
-        probe = probe.parent
-    if probe.exists() and not probe.is_dir():
-        raise StorageError(f"{label}: {str(probe)!r} is a file, not a folder")
-    if probe.is_dir() and not os.access(probe, os.W_OK | os.X_OK):
-        raise StorageError(f"{label}: the folder {str(probe)!r} is not writable")
+    try:
+        while not os.path.lexists(probe) and probe.parent != probe:
+            probe = probe.parent
+        if probe.is_symlink() and not probe.exists():
+            raise StorageError(f"{label}: {str(probe)!r} is a link to {os.readlink(probe)!r}, which is not there (or "
+                               f"a loop of links)")
+        if probe.exists() and not probe.is_dir():
+            raise StorageError(f"{label}: {str(probe)!r} is a file, not a folder")
+        if probe.is_dir() and not os.access(probe, os.W_OK | os.X_OK):
+            raise StorageError(f"{label}: the folder {str(probe)!r} is not writable")
+    except OSError as error:  # a name longer than the file system allows
+        raise StorageError(f"{label}: {describe_os_error(error)}") from None
 
 
 def write_json(path: Path, obj: Any) -> None:

@@ -34,7 +34,11 @@ def run_folder(config: Config, run_id: str) -> Path:
     """
     out = Path(config.run.out).absolute()
     folder = out / run_id
-    if folder.resolve().parent != out.resolve():
+    try:
+        inside = folder.resolve().parent == out.resolve()
+    except (RuntimeError, OSError) as error:  # a loop of links (RuntimeError before Python 3.13), a name too long
+        raise StorageError(f"run.out = {config.run.out!r}: {error}") from None
+    if not inside:
         raise ConfigError(f"run.name = {config.run.name!r}: the run folder {str(folder)!r} would lie outside run.out")
     return folder
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import platform as _stdlib_platform
 import shutil
 import sys
@@ -254,7 +255,7 @@ def execute(
               file=sys.stderr, flush=True)
     tracker: tracking.Tracker = tracking.Tracker()
 
-    made = [p for p in run_dir.parents if not p.exists()]  # results folders the claim creates, nearest first
+    made = [p for p in run_dir.parents if not os.path.lexists(p)]  # results folders the claim creates, nearest first
 
     def discard() -> None:  # a run that kept nothing leaves nothing: its folder and the folders made for it
         shutil.rmtree(run_dir, ignore_errors=True)

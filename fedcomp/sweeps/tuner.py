@@ -250,6 +250,7 @@ def sweep(
     )
     cap = edges_extend.check_options(spec, extend_edges, edge_cap)
     tracking.require(spec.base_config().run.track)
+    results.check_writable(spec.base_config().run.out)  # before Ray starts; and a link to nothing is not followed
     cluster, has_gpus = _connect(ray_address, verbose, spec.modules)
     configs = _check_fits(spec, cluster, has_gpus)
     out = Path(spec.base_config().run.out).resolve()
