@@ -496,6 +496,12 @@ CASES = [
     Case("sweep-resume-foreign-state-copy", ("sweep", "--resume", "{sweep}"),
          "tune_state.pkl cannot be read (not a copy of Tune's state files); it is fedcomp's copy of Tune's state: delete it",
          sweep_with("tune_state.pkl", pickle.dumps([1, 2]))),
+    Case("sweep-resume-cut-tune-state-no-copy", ("sweep", "--resume", "{sweep}"),
+         "experiment_state-2026-12-06_22-00-00.json cannot be read (cut short or damaged), and {sweep} holds no copy of "
+         "Tune's state (tune_state.pkl) to resume from; nothing was changed",
+         sweep_with("experiment_state-2026-12-06_22-00-00.json", b'{"trial_data": [["{\\"trial_id')),
+    Case("sweep-resume-cut-tuner-pkl-no-copy", ("sweep", "--resume", "{sweep}"), "tuner.pkl cannot be read",
+         sweep_with("tuner.pkl", pickle.dumps({"a": 1})[:7])),
     Case("report-unknown-x", ("report", "{results}", "--x", "epochs"),
          "column 'epochs' is not in these results; allowed:", results_with(lambda target, runs: None)),
     Case("report-corrupt-run-json", ("report", "{results}"), "run.json cannot be read", results_with(truncate("run.json"))),

@@ -144,10 +144,17 @@ def repair(path: Path) -> list[str]:
     """Put the whole copy of Tune's state back into the sweep folder ``path``; return the names of the files
     it holds that were missing or could not be read there (a background copy cut short by a kill).
 
+    Raises:
+        StorageError: without a copy, one of Tune's own state files there cannot be read (nothing is changed).
+
     The copy goes back even when Tune's files are whole: Tune's may lag behind it, and name checkpoints that
     were pruned once the copy named newer ones; the copy never does."""
     copy = path / COPY
     if not copy.is_file():
+        damaged = sorted(p.name for pattern in TUNE_FILES for p in path.glob(pattern) if not _readable(p))
+        if damaged:  # Tune would restore what it could read of it -- a trial with an empty config -- and go on
+            raise StorageError(f"{path / damaged[0]} cannot be read (cut short or damaged), and {path} holds no copy "
+                               f"of Tune's state ({COPY}) to resume from; nothing was changed: start the sweep again")
         return []
     files = _read_copy(copy)
     broken = sorted(name for name in files if not _readable(path / name))
