@@ -308,10 +308,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+MESSAGE_LIMIT = 2000
+"""The most characters of an error's message the command line prints: a message names the value it rejects, and a
+value can be huge (a YAML file's aliases expand a few lines into millions of items)."""
+
+
 def one_line(error: BaseException) -> str:
     """The error's message on one line (a message is one line by contract; this keeps it so if a library's
-    text slipped into one)."""
-    return " ".join(str(error).split()) or type(error).__name__
+    text slipped into one), cut to :data:`MESSAGE_LIMIT` characters."""
+    text = " ".join(str(error).split()) or type(error).__name__
+    return text if len(text) <= MESSAGE_LIMIT else f"{text[:MESSAGE_LIMIT]} ... ({len(text):,} characters in all)"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

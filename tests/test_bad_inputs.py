@@ -364,6 +364,12 @@ CASES = [
          file("latin1.yaml", "task: {name: caf\xe9}\n".encode("latin-1"))),
     Case("yaml-duplicate-key", ("run", "{file}", "--set", "run.out={out}"), "line 4, column 3: key 'lr' is given twice in one mapping",
          file("dup.yaml", "task: {name: invariant-logreg}\nalgorithm:\n  lr: 0.1\n  lr: 10\n  name: fcsg-m\n")),
+    Case("yaml-list-as-a-key", ("run", "{file}", "--set", "run.out={out}"),
+         "line 1, column 3: a key must be a word or a number, not a list",
+         file("listkey.yaml", "? [a, b]\n: 1\ntask: {name: invariant-logreg}\nalgorithm: {name: fcsg}\n")),
+    Case("yaml-aliases-expanding-to-thousands", ("run", "{file}", "--set", "run.out={out}"),
+         "characters in all)", file("bomb.yaml", "task: {name: invariant-logreg, dim: [&b [&a [x, x, x, x, x, x, x, x, x], "
+                                  "*a, *a, *a, *a, *a, *a, *a, *a], *b, *b, *b, *b, *b, *b, *b, *b]}\nalgorithm: {name: fcsg}\n")),
     Case("yaml-list", ("run", "{file}", "--set", "run.out={out}"), "must be a mapping with sections task, algorithm",
          file("list.yaml", "- task\n- algorithm\n")),
     Case("yaml-empty", ("run", "{file}", "--set", "run.out={out}"), "must be a mapping with sections task, algorithm",

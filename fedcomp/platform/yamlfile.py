@@ -24,7 +24,10 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         seen: set[Any] = set()
         for key_node, _ in node.value:
             key = self.construct_object(key_node, deep=deep)
-            if isinstance(key, (str, int, float, bool)) and key in seen:
+            if not isinstance(key, (str, int, float, bool)) and key is not None:
+                raise yaml.constructor.ConstructorError(None, None, f"a key must be a word or a number, not "
+                                                        f"a {type(key).__name__}", key_node.start_mark)
+            if key in seen:
                 raise yaml.constructor.ConstructorError(None, None, f"key {key!r} is given twice in one mapping",
                                                         key_node.start_mark)
             seen.add(key)
