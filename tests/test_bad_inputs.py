@@ -254,6 +254,11 @@ CASES = [
          "task.module = 'no_such_module_of_yours': cannot be imported: ModuleNotFoundError: No module named"),
     Case("module-raises", run("algorithm.module={file}"), "algorithm.module = '{file}': cannot be imported: "
          "RuntimeError: the user's bug", file("buggy.py", "raise RuntimeError(\"the user's bug\")\n")),
+    Case("module-exits", run("algorithm.module={file}"), "algorithm.module = '{file}': cannot be imported: SystemExit: 3",
+         file("exits.py", "import sys\nsys.exit(3)\n")),
+    Case("module-exits-with-words", run("algorithm.module={file}"),
+         "algorithm.module = '{file}': cannot be imported: SystemExit: bye from module",
+         file("exits.py", "import sys\nsys.exit('bye from module')\n")),
     Case("module-task-misses-a-metric", ("run", str(EXAMPLES / "extension.yaml"), "--set", "task.module={file}", "--set",
                                          "task.name=least-squares-misnamed", *LOCAL_TINY, "--set", "run.out={out}"),
          "task 'least-squares-misnamed' declares metrics distance, objective_gap, but its evaluator does not report "

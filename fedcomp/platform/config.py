@@ -445,7 +445,7 @@ def import_user_module(source: str, where: str) -> None:
     """
     try:
         catalog.import_source(source)
-    except Exception as error:  # the user's module: whatever its code raised
+    except (Exception, SystemExit) as error:  # the user's module: whatever its code raised, sys.exit() too
         raise ConfigError(f"{where}: cannot be imported: {type(error).__name__}: {error}") from None
 
 
