@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import math
 import pickle
+import re
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -51,7 +52,7 @@ from fedcomp.actors.graph import ActorGraph
 from fedcomp.actors.group_terms import JOIN_TIMEOUT_S, GroupBroken
 from fedcomp.actors.routing import Router
 from fedcomp.platform.config import Config
-from fedcomp.platform.errors import ClientFailure, PlatformError, ResourceError
+from fedcomp.platform.errors import ClientFailure, PlatformError, ResourceError, add_note
 
 if TYPE_CHECKING:
     from fedcomp.actors.collective import History
@@ -71,10 +72,18 @@ adding up the partial sums."""
 
 
 def unwrap(error: RayTaskError) -> BaseException:
-    """The fedcomp error an actor raised (through any number of actor layers), so that it reaches the user as
-    the same one line as on the local backend; other errors stay Ray's (with the remote traceback)."""
+    """The error an actor raised (through any number of actor layers), as the local backend raises it: a fedcomp
+    error as the same one line; another (a bug in a user's algorithm or task) as the same exception, the actor's
+    traceback added as its note (Ray's own wrapper said it in Ray's words, with terminal colour codes)."""
     cause = _cause(error)
-    return cause if isinstance(cause, PlatformError) else error
+    if isinstance(cause, PlatformError) or not isinstance(cause, Exception):
+        return cause if isinstance(cause, PlatformError) else error
+    add_note(cause, f"raised in a Ray actor: {COLOUR.sub('', str(error)).strip()}")
+    return cause
+
+
+COLOUR = re.compile(r"\x1b\[[0-9;]*m")
+"""A terminal colour code, as Ray writes the actor's name in its error text."""
 
 
 def _cause(error: RayTaskError) -> BaseException | None:

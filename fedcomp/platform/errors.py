@@ -110,6 +110,13 @@ def resuming(kind: str, path: object) -> str:
     return f"fedcomp.{'resume' if kind == 'run' else 'resume_sweep'}({str(path)!r})"
 
 
+def add_note(error: BaseException, note: str) -> None:
+    """Add ``note`` to ``error``, printed after its message in its traceback (Python 3.11's notes; on 3.10 none)."""
+    add = getattr(error, "add_note", None)
+    if add is not None:
+        add(note)
+
+
 def command(*words: object) -> str:
     """A fedcomp command line that a message tells the user to run, each word quoted for the shell where it needs
     it (a run folder whose name has a space): copied and pasted, it runs as shown."""

@@ -36,6 +36,7 @@ from fedcomp.platform.errors import (
     Interrupted,
     PlatformError,
     StorageError,
+    add_note,
     command,
     resuming,
     to_continue,
@@ -331,6 +332,8 @@ def execute(
             if isinstance(error, PlatformError) and not created and resumable:
                 error.args = (f"{error}; {_kept(created, saved, run_dir)}",)  # the folder resumes: say how
                 error.path = run_dir
+            elif isinstance(error, Exception) and not created and resumable:  # a bug (a user's code): its traceback
+                add_note(error, f"fedcomp: {_kept(created, saved, run_dir)}")  # ends with what was kept
             raise
         finally:
             if not closed:

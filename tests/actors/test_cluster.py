@@ -532,6 +532,35 @@ def test_an_error_inside_the_actors_is_the_local_backends_one_line(ray_session, 
     assert not (tmp_path / "out").exists()
 
 
+EXPLODING = """
+from fedcomp.platform import catalog
+from fedcomp.platform.registry import register_algorithm
+
+
+@register_algorithm("fedavg-exploding")
+class Exploding(catalog.algorithm_class("fedavg")):
+    def update(self, problem, state, batch, step):
+        raise ValueError(f"update exploded at step {step}")
+"""
+
+
+def test_a_bug_in_a_users_algorithm_is_the_same_exception_on_ray_as_on_the_local_backend(ray_session, tmp_path):
+    """Ray's wrapper said it in Ray's words (RayTaskError(ValueError), terminal colour codes, 100 lines)."""
+    (tmp_path / "exploding.py").write_text(EXPLODING)
+    over = {"algorithm.module": str(tmp_path / "exploding.py"), "algorithm.name": "fedavg-exploding",
+            "task.name": "synthetic-classification", "run.rounds": 1, "run.progress": "none",
+            "run.out": str(tmp_path / "out"), "federation.clients": 4}
+    raised = {}
+    for backend in ("local", "ray"):
+        with pytest.raises(ValueError, match=r"^update exploded at step 0") as error:
+            fedcomp.run("quickstart", {**over, "federation.backend": backend})
+        raised[backend] = error.value
+    assert type(raised["ray"]) is ValueError  # the user's own exception, not Ray's wrapper of it
+    [note] = raised["ray"].__notes__
+    assert note.startswith("raised in a Ray actor: ") and "update exploded at step 0" in note and "\x1b[" not in note
+    assert 'in update' in note  # the actor's traceback, down to the user's line
+
+
 @pytest.mark.ray
 def test_errors_are_unwrapped_through_nested_actors(ray_session):
     import ray

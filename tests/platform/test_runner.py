@@ -186,11 +186,13 @@ def test_failure_after_a_checkpoint_keeps_a_resumable_folder(tmp_path, monkeypat
 
     over = small(**{"run.out": str(tmp_path), "run.rounds": 5, "run.checkpoint_every": 2})
     monkeypatch.setattr(Server, "run_round", fail_in_round_4)
-    with pytest.raises(RuntimeError, match="power cut"):
+    with pytest.raises(RuntimeError, match="power cut") as failed:
         fedcomp.run("quickstart", over)
     (run_dir,) = tmp_path.iterdir()
     meta = json.loads((run_dir / "run.json").read_text())
     assert meta["status"] == "interrupted" and "power cut" in meta["error"]
+    # a bug's traceback ends with what was kept and how to continue
+    assert failed.value.__notes__ == [f"fedcomp: round 2 is checkpointed; continue the run with: fedcomp.resume({str(run_dir)!r})"]
     monkeypatch.setattr(Server, "run_round", real)
     resumed = fedcomp.resume(run_dir)
     full = fedcomp.run("quickstart", {**over, "run.out": str(tmp_path / "ref")})
