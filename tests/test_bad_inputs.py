@@ -530,6 +530,10 @@ CASES = [
          run_copy(truncate("metrics.parquet"))),
     Case("verify-corrupt-run-json", ("verify", "{run}"), "run.json cannot be read (Unterminated string",
          run_copy(cut_inside_a_string("run.json"))),
+    Case("verify-out-the-run-itself", ("verify", "{run}", "--backend", "local", "--out", "{run}"),
+         "verify --out '{run}': lies in the run folder it verifies", run_copy()),
+    Case("verify-out-inside-the-run", ("verify", "{run}", "--backend", "local", "--out", "{run}/again"),
+         "verify --out '{run}/again': lies in the run folder it verifies", run_copy()),
 ]
 
 
