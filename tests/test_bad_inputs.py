@@ -453,6 +453,10 @@ CASES = [
          file("sweep-scheduler.yaml", "base: quickstart\ngrid: {algorithm.lr: [0.1]}\nscheduler: hyperband\n")),
     Case("sweep-metric-unknown", ("sweep", "{file}", "--set", "run.out={out}"), "metric = 'nonsense' is not reported by task 'invariant-logreg'; allowed: test_accuracy,",
          file("sweep-metric-unknown.yaml", "base: quickstart\ngrid: {algorithm.lr: [0.1]}\nmetric: nonsense\n")),
+    Case("sweep-tasks-without-a-shared-metric", ("sweep", "{file}", "--set", "run.out={out}"),
+         "sweep point {{'task.name': 'sinewave'}}: metric = 'test_accuracy' is not reported by task 'sinewave'; allowed: "
+         "test_loss, train_loss (what every task of the sweep reports)",
+         file("two-tasks.yaml", "base: quickstart\ngrid: {task.name: [invariant-logreg, sinewave]}\n")),
     Case("sweep-resume-max-concurrent", ("sweep", "--resume", "{sweep}", "--max-concurrent", "2"),
          "--resume SWEEP_DIR continues a sweep with its stored spec; drop the preset and flags", sweep_folder(None)),
     Case("sweep-resume-not-a-sweep", ("sweep", "--resume", "{sweep}"), "no sweep.json there; not a fedcomp sweep folder",

@@ -283,6 +283,7 @@ def validate(spec: SweepSpec) -> list[str]:
     backends: set[str] = set()
     modules: list[str] = []
     shortest = (math.inf, "")  # the fewest rounds of a trial, and where
+    tasks: dict[str, str] = {}  # the trials' tasks, and where each is first
     spec.import_modules()
     for point in candidates:
         where = f"sweep point {point}: " if point else ""
@@ -297,18 +298,21 @@ def validate(spec: SweepSpec) -> list[str]:
             raise ConfigError(f"{where}federation.gpu_packing = 'auto': a trial's placement group is sized from "
                               f"federation.clients_per_actor before the trial starts; use gpu_packing: fixed in sweeps")
         backends.add(config.federation.backend)
+        tasks.setdefault(config.task_name, where)
     _check_pack(spec, backends)
     rounds, where = shortest
     if spec.scheduler == "asha" and spec.grace_rounds > rounds:
         raise ConfigError(f"{where}grace_rounds = {spec.grace_rounds}: ASHA gives every trial that many rounds before it "
                           f"may stop one, more than run.rounds = {rounds}; use grace_rounds <= {rounds} or more rounds")
     metric, _ = spec.resolved_metric()
-    task = spec.base_config().task_name
-    metrics = catalog.tasks()[task].metrics
-    for name, value in [("metric", metric), *(("table.metrics", m) for m in (spec.table.metrics if spec.table else []))]:
-        if value not in metrics and value != "train_loss":
-            raise ConfigError(f"{name} = {value!r} is not reported by task {task!r}; allowed: "
-                              f"{', '.join((*metrics, 'train_loss'))}")
+    for task, where in tasks.items():  # every trial's task reports the metric the sweep ranks them by
+        metrics = catalog.tasks()[task].metrics
+        for name, value in [("metric", metric), *(("table.metrics", m) for m in (spec.table.metrics if spec.table else []))]:
+            if value not in metrics and value != "train_loss":
+                shared = [m for m in metrics if all(m in catalog.tasks()[t].metrics for t in tasks)]
+                raise ConfigError(f"{where if len(tasks) > 1 else ''}{name} = {value!r} is not reported by task "
+                                  f"{task!r}; allowed: {', '.join((*shared, 'train_loss'))}" + (" (what every task of the sweep reports)"
+                                                                             if len(tasks) > 1 else ""))
     return [m for m in dict.fromkeys(modules) if m not in spec.modules]
 
 
