@@ -72,10 +72,11 @@ def link(name: str, target: str) -> Callable[[Path, dict], dict[str, str]]:
 
 
 def file(name: str, content: bytes | str) -> Callable[[Path, dict], dict[str, str]]:
-    """Setup: write ``content`` to ``{tmp}/name``; the path is ``{file}``."""
+    """Setup: write ``content`` to ``{tmp}/name`` (its folders made); the path is ``{file}``."""
 
     def make(tmp: Path, runs: dict) -> dict[str, str]:
         path = tmp / name
+        path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(content if isinstance(content, bytes) else content.encode())
         return {"file": str(path)}
 
@@ -457,6 +458,13 @@ CASES = [
          "sweep point {{'task.name': 'sinewave'}}: metric = 'test_accuracy' is not reported by task 'sinewave'; allowed: "
          "test_loss, train_loss (what every task of the sweep reports)",
          file("two-tasks.yaml", "base: quickstart\ngrid: {task.name: [invariant-logreg, sinewave]}\n")),
+    Case("sweep-mlflow-store-a-file", ("sweep", "quick", "--set", "federation.backend=local", "--set", "run.out={tmp}",
+                                       "--set", "run.track=mlflow"),
+         "run.track = 'mlflow': '{tmp}/mlflow' is a file, where MLflow's store goes", file("mlflow", "not a folder")),
+    Case("sweep-mlflow-database-damaged", ("sweep", "quick", "--set", "federation.backend=local", "--set",
+                                           "run.out={tmp}", "--set", "run.track=mlflow"),
+         "run.track = 'mlflow': '{tmp}/mlflow/mlflow.db' cannot be read as MLflow's database (file is not a database)",
+         file("mlflow/mlflow.db", b"not a database" * 100)),
     Case("sweep-resume-max-concurrent", ("sweep", "--resume", "{sweep}", "--max-concurrent", "2"),
          "--resume SWEEP_DIR continues a sweep with its stored spec; drop the preset and flags", sweep_folder(None)),
     Case("sweep-resume-not-a-sweep", ("sweep", "--resume", "{sweep}"), "no sweep.json there; not a fedcomp sweep folder",

@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from fedcomp.platform.errors import ConfigError, StorageError
+from fedcomp.platform.results import first_line
 
 TRACKERS = ("none", "tensorboard", "mlflow", "wandb")
 EXTRA = "fedcomp[track]"
@@ -47,6 +48,10 @@ TENSORBOARD_DIR = "tensorboard"
 MLFLOW_DIR = "mlflow"
 MLFLOW_EXPERIMENT = "fedcomp"
 TIME_COLUMNS = ("wall_time",)
+
+
+WANDB_MODES = ("offline", "online", "disabled", "dryrun", "run")
+"""The values of ``WANDB_MODE`` that W&B takes (fedcomp's default: offline)."""
 
 
 def require(track: str) -> None:
@@ -62,6 +67,32 @@ def require(track: str) -> None:
         raise ConfigError(
             f"run.track = {track!r} needs the {package} package, which is not installed: pip install '{EXTRA}'"
         )
+    mode = os.environ.get("WANDB_MODE")
+    if track == "wandb" and mode is not None and mode not in WANDB_MODES:
+        raise ConfigError(f"WANDB_MODE = {mode!r} (run.track = 'wandb'): allowed {', '.join(WANDB_MODES)}")
+
+
+def check_store(track: str, out: str | Path) -> None:
+    """Fail at once when the tracking store under the results root ``out`` cannot be used: MLflow's folder a file,
+    its database not one. (A run warns and goes on without tracking; a sweep, whose callbacks open the store after
+    Ray has started, checks it first.)
+
+    Raises:
+        StorageError: naming ``run.track``, the file and what is wrong with it.
+    """
+    if track != "mlflow":
+        return
+    folder, db = Path(out) / MLFLOW_DIR, Path(out) / MLFLOW_DIR / "mlflow.db"
+    if folder.exists() and not folder.is_dir():
+        raise StorageError(f"run.track = 'mlflow': {str(folder)!r} is a file, where MLflow's store goes")
+    if db.is_file():
+        import sqlite3
+
+        try:
+            with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as connection:
+                connection.execute("PRAGMA schema_version").fetchall()
+        except sqlite3.Error as error:
+            raise StorageError(f"run.track = 'mlflow': {str(db)!r} cannot be read as MLflow's database ({error})") from None
 
 
 def flat_config(config: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
@@ -399,7 +430,7 @@ class _Guarded(Tracker):
 
     def _off(self, error: Exception) -> None:
         print(f"fedcomp: warning: {self.name} tracking failed and is off for this run "
-              f"({type(error).__name__}: {error}); results still go to metrics.parquet", file=sys.stderr)
+              f"({type(error).__name__}: {first_line(error)}); results still go to metrics.parquet", file=sys.stderr)
         self.inner = None
 
     def log_row(self, row: Mapping[str, Any]) -> None:
@@ -423,6 +454,6 @@ def open_tracker(track: str, run_dir: Path, config: Mapping[str, Any], run_id: s
     try:
         return _Guarded(_WRITERS[track](Path(run_dir), config, run_id, start_round))
     except Exception as error:
-        print(f"fedcomp: warning: {track} tracking could not start ({type(error).__name__}: {error}); "
+        print(f"fedcomp: warning: {track} tracking could not start ({type(error).__name__}: {first_line(error)}); "
               "the run goes on without it", file=sys.stderr)
         return Tracker()

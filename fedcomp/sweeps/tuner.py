@@ -14,6 +14,7 @@ import functools
 import logging
 import math
 import os
+import shutil
 import signal
 import sys
 import threading
@@ -251,9 +252,11 @@ def sweep(
     cap = edges_extend.check_options(spec, extend_edges, edge_cap)
     tracking.require(spec.base_config().run.track)
     results.check_writable(spec.base_config().run.out)  # before Ray starts; and a link to nothing is not followed
+    tracking.check_store(spec.base_config().run.track, spec.base_config().run.out)
     cluster, has_gpus = _connect(ray_address, verbose, spec.modules)
     configs = _check_fits(spec, cluster, has_gpus)
     out = Path(spec.base_config().run.out).resolve()
+    made = [p for p in (out / "sweep").parents if not os.path.lexists(p)]  # results folders the claim creates
     path = results.claim_folder(out / new_sweep_id(spec, out))
     results.write_json(path / SWEEP_JSON, {"spec": spec.model_dump(mode="json"), "cluster_has_gpus": has_gpus})
     if cap is not None:
@@ -262,11 +265,21 @@ def sweep(
     if spec.max_concurrent is None and at_once is not None and at_once < cluster.get("CPU", 0.0) // spec.cpus_per_trial:
         announce(f"{at_once} trial{'s' if at_once > 1 else ''} at a time, a CPU for each process of a Ray-backend trial "
                  f"(max_concurrent sets it)")
+    try:
+        run_config = _run_config(spec, path, verbose)
+    except Exception as error:  # its tracking store: MLflow's database damaged, its folder a file
+        shutil.rmtree(path, ignore_errors=True)
+        for parent in made:
+            with contextlib.suppress(OSError):
+                parent.rmdir()
+        track = spec.base_config().run.track
+        raise StorageError(f"run.track = {track!r}: the sweep's tracking could not start ({type(error).__name__}: "
+                           f"{results.first_line(error)}); nothing was kept") from None
     tuner = tune.Tuner(
         _trainable(spec, has_gpus),
         param_space=_param_space(spec),
         tune_config=_tune_config(spec, at_once),
-        run_config=_run_config(spec, path, verbose),
+        run_config=run_config,
     )
     return _extended(_fit(tuner, spec, path, verbose), cluster, has_gpus, verbose)
 

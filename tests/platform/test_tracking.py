@@ -142,6 +142,27 @@ def test_a_missing_tracking_library_is_one_line_naming_the_extra(tmp_path, capsy
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("command", ["run", "sweep"])
+def test_an_unknown_wandb_mode_is_one_line_before_any_work(tmp_path, capsys, monkeypatch, command):
+    """W&B's own check failed later: a pydantic traceback in a sweep (its folder left), a warning in a run."""
+    monkeypatch.setenv("WANDB_MODE", "bogus")
+    code = main([command, "quickstart" if command == "run" else "quick", "--set", "federation.backend=local", "--set",
+                 f"run.out={tmp_path}", "--set", "run.track=wandb"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and err == ["fedcomp: error: WANDB_MODE = 'bogus' (run.track = 'wandb'): allowed offline, online, "
+                                 "disabled, dryrun, run"]
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_damaged_mlflow_store_warns_in_one_line(tmp_path, capsys):
+    (tmp_path / "mlflow").mkdir()
+    (tmp_path / "mlflow" / "mlflow.db").write_bytes(b"not a database" * 100)
+    result = tracked(tmp_path, "mlflow")
+    assert result.final["round"] == 4
+    warnings = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(warnings) == 1 and warnings[0].startswith("fedcomp: warning: mlflow tracking could not start"), warnings
+
+
 def test_an_unknown_tracker_is_a_config_error(tmp_path):
     with pytest.raises(fedcomp.ConfigError, match=r"run\.track"):
         tracked(tmp_path, "neptune")
