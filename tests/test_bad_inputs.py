@@ -336,6 +336,9 @@ CASES = [
     Case("name-too-long", run("run.name=" + "x" * 201), "run.name = '" + "x" * 201 + "': is 201 bytes long; at most 200 allowed"),
     Case("name-too-long-in-utf8", run("run.name=" + "é" * 101),
          "run.name = '" + "é" * 101 + "': is 202 bytes long; at most 200 allowed"),  # bytes, as folder names count
+    Case("name-a-newline", ("run", "{file}", "--set", "run.out={out}"),
+         "run.name = 'two\\nlines': must be a plain folder name (no newline",
+         file("name.yaml", 'task: {name: invariant-logreg}\nalgorithm: {name: fcsg}\nrun: {name: "two\\nlines"}\n')),
     Case("out-empty", ("run", "quickstart", *FAST, "--set", "run.out="), "run.out = '': must be a folder path"),
     Case("out-under-a-file", ("run", "quickstart", *FAST, "--set", "run.out={file}/results"),
          "run.out = '{file}/results': '{file}' is a file, not a folder", file("plain.txt", "not a folder")),

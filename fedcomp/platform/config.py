@@ -52,6 +52,8 @@ def plain_name(value: str) -> str:
     """
     if not value or value.startswith(".") or value != value.strip() or any(c in value for c in "/\\\0"):
         raise ValueError("must be a plain folder name (no '/', '\\', leading '.' or surrounding spaces)")
+    if not value.isprintable():  # a newline split the closing line; a tab printed matplotlib's missing-glyph warning
+        raise ValueError("must be a plain folder name (no newline, tab or other control character)")
     size = len(value.encode())
     if size > NAME_MAX_BYTES:
         raise ValueError(f"is {size} bytes long; at most {NAME_MAX_BYTES} allowed (the id adds a "
