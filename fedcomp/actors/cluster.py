@@ -22,6 +22,7 @@ import subprocess
 import sys
 import threading
 import time
+import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field as dataclass_field
 from pathlib import Path
@@ -146,7 +147,9 @@ def _start_or_join(address: str | None, field: str, worker_log_level: str | None
             kwargs["runtime_env"] = {"py_modules": carried}
             announce(f"your modules go to the cluster's nodes with this job: {', '.join(carried)}")
         try:
-            ray.init(address=address, **kwargs)
+            with warnings.catch_warnings():  # Ray Client's own "connection timed out" warning before its error
+                warnings.simplefilter("ignore", UserWarning)
+                ray.init(address=address, **kwargs)
         except (ConnectionError, TimeoutError, RuntimeError, ValueError) as error:
             first = (str(error).strip().splitlines() or [type(error).__name__])[0]
             raise ResourceError(f"{field} = {address!r}: Ray could not join that cluster: {first}") from None

@@ -284,21 +284,26 @@ def sweep(
     return _extended(_fit(tuner, spec, path, verbose), cluster, has_gpus, verbose)
 
 
-class DropTrialTraceback(logging.Filter):
-    """Drops Tune's "Trial task failed for trial ..." with the trial's traceback (each attempt's), below
-    ``--verbose 2``: fedcomp's line for the failed trial names its error, and the trial's ``error.txt`` keeps the
-    traceback."""
+class Drop(logging.Filter):
+    """Drops a logger's records whose message starts with one of ``prefixes``: what fedcomp says itself."""
+
+    def __init__(self, *prefixes: str) -> None:
+        super().__init__()
+        self.prefixes = prefixes
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return not record.getMessage().startswith("Trial task failed for trial")
+        return not record.getMessage().startswith(self.prefixes)
 
 
-class DropRestoreHint(logging.Filter):
-    """Drops Tune's "Experiment has been interrupted ... Resume experiment with: Tuner.restore(...)": fedcomp's own
-    line after it says how to continue the sweep, and Tune's restore alone would not."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not record.getMessage().startswith("Experiment has been interrupted")
+RESTORE_HINT = "Experiment has been interrupted"
+"""Tune's "... Resume experiment with: Tuner.restore(...)": fedcomp's own line after it says how to continue the
+sweep, and Tune's restore alone would not."""
+TRIAL_TRACEBACK = "Trial task failed for trial"
+"""Tune's line with a failed trial's traceback (each attempt's): fedcomp's line for the failed trial names its error,
+and the trial's ``error.txt`` keeps the traceback."""
+INCOMPLETE = "Trials did not complete"
+"""Tune's closing list of the failed trials (their ids, the job's and the node's): fedcomp's closing lines count and
+name them."""
 
 
 @contextlib.contextmanager
@@ -307,8 +312,8 @@ def _quiet_tune(verbose: int) -> Iterator[None]:
 
     Always: Tune's warning that it could not read a trial's own metrics files (``result.json``, e.g. of a
     trial killed before its first report, on ``--resume``) -- fedcomp takes every trial's rows from its
-    checkpoints -- and its advice to resume an interrupted sweep with ``Tuner.restore`` (:class:`DropRestoreHint`).
-    Below ``verbose=2``: a failed trial's traceback (:class:`DropTrialTraceback`). At ``verbose=0`` also: Tune's newer console output (it prints its experiment box and TensorBoard hint at
+    checkpoints -- and its advice to resume an interrupted sweep with ``Tuner.restore`` (:data:`RESTORE_HINT`).
+    Below ``verbose=2``: a failed trial's traceback and Tune's list of the trials that failed. At ``verbose=0`` also: Tune's newer console output (it prints its experiment box and TensorBoard hint at
     every verbosity; its older reporter honours 0), its driver-side warnings and Optuna's notes ("A new study
     created in memory")."""
     names = ["ray.tune.analysis.experiment_analysis"] + ([] if verbose else ["ray.tune", "ray.train", "optuna"])
@@ -319,8 +324,8 @@ def _quiet_tune(verbose: int) -> Iterator[None]:
         os.environ["RAY_AIR_NEW_OUTPUT"] = "0"
     for logger in loggers:
         logger.setLevel(logging.ERROR)
-    hint, drop = logging.getLogger("ray.tune.tune"), DropRestoreHint()
-    controller, tracebacks = logging.getLogger("ray.tune.execution.tune_controller"), DropTrialTraceback()
+    hint, drop = logging.getLogger("ray.tune.tune"), Drop(RESTORE_HINT, *([INCOMPLETE] if verbose < 2 else []))
+    controller, tracebacks = logging.getLogger("ray.tune.execution.tune_controller"), Drop(TRIAL_TRACEBACK)
     hint.addFilter(drop)
     if verbose < 2:
         controller.addFilter(tracebacks)
