@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from collections.abc import Sequence
 from typing import NoReturn
@@ -308,6 +309,8 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+OUT_OF_MEMORY = re.compile(r"can't allocate memory|out of memory|Cannot allocate memory", re.IGNORECASE)
+"""How torch's allocators (CPU and CUDA) say that an allocation failed."""
 MESSAGE_LIMIT = 2000
 """The most characters of an error's message the command line prints: a message names the value it rejects, and a
 value can be huge (a YAML file's aliases expand a few lines into millions of items)."""
@@ -331,6 +334,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except PlatformError as error:
         print(f"fedcomp: error: {one_line(error)}", file=sys.stderr)
         return error.exit_code
+    except (MemoryError, RuntimeError) as error:  # a size too large for the machine, whichever field it was
+        if not isinstance(error, MemoryError) and not OUT_OF_MEMORY.search(str(error)):
+            raise
+        print(f"fedcomp: error: out of memory ({type(error).__name__}: {one_line(error)[:200]}): a size in the config is "
+              f"too large for this machine (federation.clients, a batch size, the task's or model's dimensions)",
+              file=sys.stderr)
+        return 2
     except KeyboardInterrupt as error:  # a run's Interrupted says what it kept and how to continue
         print(f"fedcomp: interrupted{': ' + one_line(error) if str(error) else ''}", file=sys.stderr)
         return 130
