@@ -243,7 +243,7 @@ CASES = [
     Case("local-steps-float", run("algorithm.local_steps=2.5"), "algorithm.local_steps = 2.5: Input should be a valid integer"),
     Case("task-noise-inf", run("task.noise_ratio=inf"), "task.noise_ratio = 'inf': Input should be a finite number"),
     Case("task-unknown-key", run("task.dimension=3"), "task.dimension: unknown key; allowed keys: name, dim"),
-    Case("task-dim-too-large-for-memory", run("task.dim=1000000000"),
+    Case("task-dim-too-large-for-memory", run("task.dim=1000000000000"),
          "out of memory (RuntimeError: [enforce fail at alloc_cpu.cpp"),
     Case("task-objective", run("task.objective=mine"), "task.objective = 'mine': Input should be 'paper' or 'official-code'"),
     Case("lr-empty", run("algorithm.lr="), "algorithm.lr = '': Input should be a valid number"),
