@@ -135,6 +135,7 @@ def read_text(path: Path, expected: str) -> str:
     try:
         return blob.decode("utf-8-sig")  # a leading byte-order mark is not part of the text
     except UnicodeDecodeError as error:
-        line, column = blob.count(b"\n", 0, error.start) + 1, error.start - blob.rfind(b"\n", 0, error.start)
-        raise ValueError(f"{path} line {line}: not UTF-8 text (byte 0x{blob[error.start]:02x} at column {column}); "
+        text, at = error.object, error.start  # the bytes after a byte-order mark, where there is one
+        line, column = text.count(b"\n", 0, at) + 1, at - text.rfind(b"\n", 0, at)
+        raise ValueError(f"{path} line {line}: not UTF-8 text (byte 0x{text[at]:02x} at column {column}); "
                          f"expected {expected}") from None

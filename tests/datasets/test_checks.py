@@ -57,3 +57,6 @@ def test_text_that_is_not_utf8_names_the_line_and_column(tmp_path):
     assert str(raised.value) == f"{path} line 3: not UTF-8 text (byte 0xe9 at column 6); expected CSV text"
     path.write_bytes(b"\xef\xbb\xbfa,b\n")  # a byte-order mark is not text
     assert read_text(path, "CSV text") == "a,b\n"
+    path.write_bytes(b"\xef\xbb\xbfab\xe9\n")  # and counts in no column
+    with pytest.raises(ValueError, match=r"line 1: not UTF-8 text \(byte 0xe9 at column 3\)"):
+        read_text(path, "CSV text")
