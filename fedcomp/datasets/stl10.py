@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from fedcomp.datasets.checks import check_split, require_files
+from fedcomp.datasets.checks import check_split, reading, require_files
 from fedcomp.datasets.mnist import data_root
 
 __all__ = ["STL10_CLASSES", "STL10_FILES", "STL10_FOLDER", "load_stl10", "write_stl10"]
@@ -53,7 +53,8 @@ def load_stl10(
 
     Raises:
         FileNotFoundError: one of the five files is missing (one line naming the folder and the files).
-        ValueError: bad ``split``/``verify_md5``, files failing the md5 check, or inconsistent file sizes.
+        ValueError: bad ``split``/``verify_md5``, files failing the md5 check, or files empty, cut short or of
+            inconsistent sizes (one line naming the file).
     """
     check_split(split)
     if not isinstance(verify_md5, bool):
@@ -62,17 +63,29 @@ def load_stl10(
     folder = root / STL10_FOLDER
     require_files("stl10", folder, STL10_FILES,
                   "extract the binary archive from https://cs.stanford.edu/~acoates/stl10/ into the data root")
+    images_file, labels_file = folder / f"{split}_X.bin", folder / f"{split}_y.bin"
+    image_bytes = 3 * _SIDE * _SIDE
+    expected = f"{image_bytes} bytes (3 x 96 x 96) per image"
+    size, labels_size = images_file.stat().st_size, labels_file.stat().st_size
+    if size == 0:
+        raise ValueError(f"stl10: {images_file} is empty (0 bytes); expected {expected}")
+    if size % image_bytes:
+        raise ValueError(f"stl10: {images_file} is not a whole number of 3 x 96 x 96 uint8 images ({size} bytes, "
+                         f"{image_bytes} per image); is it cut short?")
+    if labels_size != size // image_bytes:
+        state = "is empty (0 bytes); expected" if labels_size == 0 else "must hold"
+        raise ValueError(f"stl10: {labels_file} {state} one label in 1..10 per image of {images_file.name} "
+                         f"({size // image_bytes} images, {labels_size} labels)")
     try:
-        dataset = _dataset_class(verify_md5)(str(root), split=split, download=False)
-    except RuntimeError:  # torchvision's "not found or corrupted" after a failed md5 check
-        raise ValueError(
-            f"stl10 files in {folder} fail torchvision's md5 check; replace them with the published files, "
-            "or pass verify_md5=False for generated test files"
-        ) from None
-    except ValueError:  # numpy cannot reshape a file whose size is not a whole number of images
-        raise ValueError(
-            f"stl10: {folder / f'{split}_X.bin'} is not a whole number of 3 x 96 x 96 uint8 images"
-        ) from None
+        with reading(folder, "STL-10's binary files"):
+            dataset = _dataset_class(verify_md5)(str(root), split=split, download=False)
+    except ValueError as error:
+        if verify_md5 and "corrupted" in str(error):  # torchvision's "not found or corrupted": a failed md5 check
+            raise ValueError(
+                f"stl10 files in {folder} fail torchvision's md5 check; replace them with the published files, "
+                "or pass verify_md5=False for generated test files"
+            ) from None
+        raise
     images = torch.from_numpy(np.ascontiguousarray(dataset.data))
     labels = torch.from_numpy(dataset.labels.astype(np.int64))
     if labels.numel() != images.shape[0] or (labels.numel() and not 0 <= int(labels.min()) <= int(labels.max()) < 10):

@@ -56,3 +56,43 @@ def test_omniglot_task_on_generated_files(tmp_path):
         build_task(load_config("quickstart", {**overrides, "federation.clients": 16}))
     with pytest.raises(ConfigError, match=r"task\.root"):
         build_task(load_config("quickstart", {**overrides, "task.root": str(tmp_path / "none")}))
+
+
+TINY = {"images_background": {"Latin": 2, "Hebrew": 1}, "images_evaluation": {"Kannada": 2}}
+
+
+@pytest.mark.parametrize("damage", ["cut", "empty", "a-list", "other-shape"])
+def test_a_damaged_cache_is_ignored_and_rebuilt_as_a_fresh_build(tmp_path, damage):
+    from fedcomp.datasets import omniglot
+
+    folder = write_omniglot(tmp_path, TINY, drawings=3, size=10)
+    fresh = load_omniglot(tmp_path, verify_md5=False)
+    cache = folder / ".fedcomp-28px.pt"
+    assert cache.is_file()
+    if damage == "cut":
+        cache.write_bytes(cache.read_bytes()[:100])
+    elif damage == "empty":
+        cache.write_bytes(b"")
+    elif damage == "a-list":
+        torch.save([1, 2], cache)
+    else:
+        torch.save({"characters": fresh.characters, "images": torch.zeros(2, 2, dtype=torch.uint8)}, cache)
+    omniglot._load.cache_clear()  # as a new process would: read the cache again
+    rebuilt = load_omniglot(tmp_path, verify_md5=False)
+    assert rebuilt.characters == fresh.characters and torch.equal(rebuilt.images, fresh.images)
+    saved = torch.load(cache, weights_only=True)  # rewritten whole, and no temporary file left beside it
+    assert saved["characters"] == fresh.characters and torch.equal(saved["images"], fresh.images)
+    assert [p.name for p in folder.iterdir() if p.name.startswith(".fedcomp")] == [".fedcomp-28px.pt"]
+
+
+@pytest.mark.parametrize("damage", ["text", "cut"])
+def test_an_unreadable_png_is_one_line_naming_it(tmp_path, damage):
+    folder = write_omniglot(tmp_path, TINY, drawings=2, size=10)
+    png = folder / "images_evaluation" / "Kannada" / "character02" / "0005_02.png"
+    png.write_bytes(b"not a png" if damage == "text" else png.read_bytes()[:60])
+    detail = "UnidentifiedImageError: cannot identify image file" if damage == "text" else "OSError: image file is truncated"
+    with pytest.raises(ValueError) as raised:
+        load_omniglot(tmp_path, verify_md5=False)
+    assert str(raised.value).startswith(f"{png}: cannot be read ({detail}")  # PIL's own words may grow
+    assert str(raised.value).endswith("); expected a PNG image (an Omniglot drawing)")
+    assert not (folder / ".fedcomp-28px.pt").exists()

@@ -36,10 +36,14 @@ class AdultFairness(Task):
         super().__init__(params, seed, clients, device)
         try:
             data = adult.load_adult(noise_level=params.noise_level, proxy_seed=params.data_seed)
-        except FileNotFoundError as error:
+        except (FileNotFoundError, ValueError) as error:  # missing files, or a file empty, cut short or damaged
             raise ConfigError(f"task.name = 'adult-fairness': {error}") from None
         self.train, self.test = data.train, data.test
-        self.shards = partition.iid(self.train.labels.numel(), clients, None, params.data_seed)
+        rows = self.train.labels.numel()
+        if clients > rows:
+            raise ConfigError(f"federation.clients = {clients}: at most {rows} allowed (the training part of Adult "
+                              f"holds {rows} rows, split equally over the clients)")
+        self.shards = partition.iid(rows, clients, None, params.data_seed)
         self.train_on_device = self.resident(self.train.features, self.train.labels, self.train.proxy_groups)
         """(features, labels, proxy groups) of the training part on the task's device, where steps index them."""
         self.inner_dim = 1

@@ -45,7 +45,11 @@ class DROClassification(Task):
         super().__init__(params, seed, clients, device)
         self.x_train, self.y_train, self.x_test, self.y_test = self._load(params)
         self.classes = int(torch.cat([self.y_train, self.y_test]).max()) + 1
-        self.shards = partition.iid(self.y_train.numel(), clients, None, params.data_seed, params.remainder)
+        rows = self.y_train.numel()
+        if clients > rows:
+            raise ConfigError(f"federation.clients = {clients}: at most {rows} allowed (the training part of "
+                              f"task.dataset = {params.dataset!r} holds {rows} examples, split equally over the clients)")
+        self.shards = partition.iid(rows, clients, None, params.data_seed, params.remainder)
         self.batchnorm = params.batchnorm
         self.model = FlatModel(self._module(params).to(self.device))
         self.train_on_device = self.resident(self.x_train, self.y_train)

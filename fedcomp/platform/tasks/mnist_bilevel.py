@@ -51,7 +51,7 @@ def _load(params: MnistClientsParams) -> tuple[tuple[Tensor, Tensor], tuple[Tens
         return mnist.load_mnist5k_split("train"), mnist.load_mnist5k_split("test")
     try:
         return mnist.load_mnist("train"), mnist.load_mnist("test")
-    except FileNotFoundError as error:
+    except (FileNotFoundError, ValueError) as error:  # missing files, or a file empty, cut short or damaged
         raise ConfigError(f"task.source = 'mnist': {error}") from None
 
 
