@@ -9,7 +9,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fedcomp.platform.config import Config, load_config, placement_only
+from fedcomp.platform.config import Config, load_config, overrides_of, placement_only
 from fedcomp.platform.errors import ConfigError, resuming
 
 if TYPE_CHECKING:  # the runner and the backends import torch: a config is checked before they load
@@ -45,10 +45,7 @@ def run(
         >>> result = fedcomp.run("quickstart", federation__backend="local", run__rounds=2)  # doctest: +SKIP
         >>> result.final["test_accuracy"]  # doctest: +SKIP
     """
-    if overrides is not None and not isinstance(overrides, Mapping):
-        raise ConfigError(f"overrides = {overrides!r}: must be a mapping of 'section.key' to values, e.g. "
-                          f"{{'algorithm.lr': 0.01}}")
-    all_overrides = {**(overrides or {}), **kwargs}
+    all_overrides = {**overrides_of(overrides), **kwargs}
     if isinstance(config, Config):
         config = config.replace(**all_overrides) if all_overrides else config
     else:
@@ -103,8 +100,6 @@ def resume(run_dir: str | Path, overrides: Mapping[str, Any] | None = None) -> R
 
     if not isinstance(run_dir, (str, os.PathLike)):
         raise ConfigError(f"run_dir = {run_dir!r}: must be a run folder's path (a str or a pathlib.Path)")
-    if overrides is not None and not isinstance(overrides, Mapping):
-        raise ConfigError(f"overrides = {overrides!r}: must be a mapping of section.key settings")
     changes = placement_only(overrides or {}, f"{resuming('run', run_dir)}: setting", more=("run.progress",))
     config = resume_config(run_dir)
     if changes:

@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from fedcomp.platform import results
-from fedcomp.platform.config import Config, load_config
-from fedcomp.platform.errors import Interrupted
+from fedcomp.platform.config import Config, load_config, overrides_of
+from fedcomp.platform.errors import ConfigError, Interrupted
 from fedcomp.verification import ColumnDifference, backend_text, compare
 
 SAME_SEED = ("a draw not from the generator `draw` (or a client program's ctx.rng) is given -- torch.randn or "
@@ -100,7 +100,10 @@ def check(
     from fedcomp.platform.runner import execute
 
     started = time.perf_counter()
-    config = source.replace(**(overrides or {})) if isinstance(source, Config) else load_config(source, overrides)
+    overrides = overrides_of(overrides)
+    if not isinstance(ray, bool):
+        raise ConfigError(f"ray = {ray!r}: must be True or False")
+    config = source.replace(**overrides) if isinstance(source, Config) else load_config(source, overrides)
     rounds, every = config.run.rounds, config.run.eval_every
     middle = (rounds // 2) // every * every
     try:

@@ -24,7 +24,7 @@ import numpy as np
 import pandas as pd
 
 from fedcomp.platform import results
-from fedcomp.platform.config import load_config, placement_only
+from fedcomp.platform.config import folder_of, load_config, placement_only
 from fedcomp.platform.environment import differences, summary
 from fedcomp.platform.errors import ConfigError, Interrupted, to_continue
 
@@ -170,7 +170,9 @@ def verify(
     Raises:
         ConfigError: not a finished run folder, or an override that could change the numbers.
     """
-    run_dir = Path(run_dir)
+    run_dir = folder_of(run_dir, "run_dir")
+    if out is not None:
+        out = folder_of(out, "out")
     meta, original = read_run(run_dir)
     changes = placement_only(overrides or {}, "verify --set")
     if backend is not None:

@@ -346,6 +346,35 @@ def parse_value(text: str) -> Any:
         return text
 
 
+def overrides_of(overrides: Any, name: str = "overrides") -> dict[str, Any]:
+    """``overrides`` as the Python API takes them -- a mapping of ``section.key`` (or ``section__key``) to values, or
+    None -- checked, so that a list or a key of another type is one line, not an AttributeError deep inside.
+
+    Raises:
+        ConfigError: not a mapping, or a key that is not a string.
+    """
+    if overrides is None:
+        return {}
+    if not isinstance(overrides, Mapping):
+        raise ConfigError(f"{name} = {overrides!r}: must be a mapping of 'section.key' to values, e.g. "
+                          f"{{'algorithm.lr': 0.01}}")
+    for key in overrides:
+        if not isinstance(key, str):
+            raise ConfigError(f"{name} key {key!r}: must be a 'section.key' string, e.g. 'algorithm.lr'")
+    return dict(overrides)
+
+
+def folder_of(value: Any, name: str) -> Path:
+    """A folder argument of the Python API (a ``str`` or ``os.PathLike``, ``~`` expanded) as a ``Path``.
+
+    Raises:
+        ConfigError: anything else (``None``, a number), naming the argument.
+    """
+    if isinstance(value, (str, os.PathLike)) and str(value).strip():
+        return Path(value).expanduser()
+    raise ConfigError(f"{name} = {value!r}: must be a folder's path (a str or a pathlib.Path)")
+
+
 PLACEMENT = (
     "federation.backend",
     "federation.clients_per_actor",
@@ -372,7 +401,7 @@ def placement_only(changes: Mapping[str, Any], where: str, more: tuple[str, ...]
         ConfigError: another setting, which could change the numbers; ``where`` names the input (``verify --set``).
     """
     allowed = (*PLACEMENT, *more)
-    changes = {str(k).replace("__", "."): v for k, v in changes.items()}
+    changes = {k.replace("__", "."): v for k, v in overrides_of(changes).items()}
     for key in changes:
         if key not in allowed:
             raise ConfigError(f"{where} {key}: only settings that leave the numbers unchanged may change; "
@@ -434,6 +463,7 @@ def _import_modules(raw: Mapping[str, Any], overrides: Mapping[str, Any]) -> Non
         given = overrides.get(f"{section}.module", block.get("module") if isinstance(block, Mapping) else None)
         if given is None:
             continue
+        given = os.fspath(given) if isinstance(given, os.PathLike) else given
         if not isinstance(given, str) or not given.strip():
             raise ConfigError(f"{section}.module = {given!r}: must be a module's dotted name or a .py file's path")
         import_user_module(given, f"{section}.module = {given!r}")

@@ -4,6 +4,7 @@ without importing the config loader or the registry."""
 
 from __future__ import annotations
 
+import os
 import types
 import typing
 from typing import Any
@@ -14,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator
 class Params(BaseModel):
     """Frozen, forbids unknown keys, validates defaults, and rejects infinite and NaN floats (``lr=inf`` would
     otherwise run to a NaN loss) in every float field of every section, task and algorithm, and booleans in fields
-    that do not take one (``run.rounds: true`` would otherwise be 1, ``beta: yes`` 1.0)."""
+    that do not take one (``run.rounds: true`` would otherwise be 1, ``beta: yes`` 1.0); a ``pathlib.Path`` is taken as the path it names."""
 
     model_config = ConfigDict(frozen=True, extra="forbid", validate_default=True, allow_inf_nan=False)
 
@@ -24,6 +25,8 @@ class Params(BaseModel):
         if isinstance(value, bool) and info.field_name is not None and not _takes_bool(
                 cls.model_fields[info.field_name].annotation):
             raise ValueError("a boolean where a number or a word is wanted")
+        if isinstance(value, os.PathLike):  # a data root given as a pathlib.Path: the path it names
+            return os.fspath(value)
         return value
 
 

@@ -292,6 +292,9 @@ def read_runs(path: str | Path) -> tuple[pd.DataFrame, dict[str, str], dict[str,
     """
     import pandas as pd
 
+    from fedcomp.platform.config import folder_of
+
+    path = folder_of(path, "path")
     frames, statuses, unreadable = [], {}, {}
     for run in run_dirs(path):
         try:

@@ -39,6 +39,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from fedcomp.platform import catalog
 from fedcomp.platform.config import SECTIONS, Config, import_user_module, load_config, plain_name
 from fedcomp.platform.errors import ConfigError
+from fedcomp.platform.params import Params
 from fedcomp.platform.report import metric_mode
 from fedcomp.platform.yamlfile import parse_yaml, read_yaml_file
 
@@ -58,10 +59,9 @@ class TableSpec(BaseModel):
     metrics: list[str] = Field(default_factory=list, description="more metrics shown at the chosen configurations")
 
 
-class SweepSpec(BaseModel):
-    """A validated sweep: what to run (``base`` + ``set``), what to vary, and how."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+class SweepSpec(Params):
+    """A validated sweep: what to run (``base`` + ``set``), what to vary, and how (frozen, and strict about a
+    boolean where a number is wanted, as every parameter model is: ``seeds: true`` is not one seed)."""
 
     name: str | None = Field(None, description="sweep-id prefix (default: the preset or file name)")
     description: str = ""

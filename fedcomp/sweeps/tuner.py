@@ -28,7 +28,7 @@ from pydantic import ValidationError
 
 from fedcomp.actors.cluster import fedcomp_env
 from fedcomp.platform import results, tracking
-from fedcomp.platform.config import Config
+from fedcomp.platform.config import Config, folder_of, overrides_of
 from fedcomp.platform.errors import (
     ConfigError,
     Interrupted,
@@ -245,6 +245,7 @@ def sweep(
     """
     from ray import tune
 
+    _check_call(overrides, ray_address, verbose)
     spec = load_spec(
         source, search=search, num_samples=num_samples, seeds=seeds, scheduler=scheduler,
         max_concurrent=max_concurrent, pack=pack, set=dict(overrides or {}),
@@ -424,6 +425,20 @@ def stored_spec(meta: Mapping[str, Any], path: str | Path) -> SweepSpec:
         raise StorageError(f"{Path(path) / SWEEP_JSON}: the stored spec is not valid ({error.errors()[0]['msg']})") from None
 
 
+def _check_call(overrides: Any, ray_address: Any, verbose: Any) -> None:
+    """The Python API's arguments of a sweep that the spec does not validate, checked as the command line's flags are.
+
+    Raises:
+        ConfigError: naming the argument, its value and what is allowed.
+    """
+    overrides_of(overrides)
+    if ray_address is not None and not isinstance(ray_address, str):
+        raise ConfigError(f"ray_address = {ray_address!r}: must be an address (a str: 'HOST:PORT', 'ray://HOST:PORT', "
+                          f"'auto') or None")
+    if isinstance(verbose, bool) or verbose not in (0, 1, 2):
+        raise ConfigError(f"verbose = {verbose!r}: allowed 0, 1, 2")
+
+
 def resume_sweep(path: str | Path, ray_address: str | None = None, verbose: int = 0) -> SweepResult:
     """Continue an interrupted sweep: finished trials are kept, unfinished and failed ones continue from
     their last checkpoint (a finished sweep's results: :func:`load_sweep`, which starts no Ray).
@@ -438,7 +453,8 @@ def resume_sweep(path: str | Path, ray_address: str | None = None, verbose: int 
     """
     from ray import tune
 
-    path = Path(path).resolve()
+    _check_call(None, ray_address, verbose)
+    path = folder_of(path, "path").resolve()
     meta = read_sweep_json(path)
     spec = stored_spec(meta, path)
     _repair(path)
@@ -603,7 +619,7 @@ def load_sweep(path: str | Path) -> SweepResult:
         ConfigError, StorageError: not a sweep folder, or its files cannot be read.
         NoResults: the sweep has not finished (no ``trials.parquet`` yet; a ``FileNotFoundError``).
     """
-    path = Path(path).absolute()
+    path = folder_of(path, "path").absolute()
     meta = read_sweep_json(path)
     if not (path / TRIALS).is_file():
         raise NoResults(f"sweep folder {str(path)!r} has no {TRIALS} yet; finish it with: "

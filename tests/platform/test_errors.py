@@ -41,3 +41,37 @@ def test_no_results_is_a_platform_error_and_still_a_file_not_found_error(tmp_pat
     assert isinstance(raised.value, PlatformError) and isinstance(raised.value, FileNotFoundError)
     assert raised.value.exit_code == 2
     assert fedcomp.NoResults is NoResults
+
+
+@pytest.mark.parametrize(("call", "message"), [
+    (lambda: fedcomp.load_results(None), r"^path = None: must be a folder's path"),
+    (lambda: fedcomp.load_sweep(3), r"^path = 3: must be a folder's path"),
+    (lambda: fedcomp.resume_sweep(None), r"^path = None: must be a folder's path"),
+    (lambda: fedcomp.verify(None), r"^run_dir = None: must be a folder's path"),
+    (lambda: fedcomp.verify(".", out=7), r"^out = 7: must be a folder's path"),
+    (lambda: fedcomp.run("quickstart", {1: 2}), r"^overrides key 1: must be a 'section.key' string"),
+    (lambda: fedcomp.resume(".", ["a"]), r"^overrides = \['a'\]: must be a mapping of 'section.key' to values"),
+    (lambda: fedcomp.sweep("quick", overrides=["a"]), r"^overrides = \['a'\]: must be a mapping"),
+    (lambda: fedcomp.sweep("quick", ray_address=5), r"^ray_address = 5: must be an address"),
+    (lambda: fedcomp.sweep("quick", verbose=9), r"^verbose = 9: allowed 0, 1, 2$"),
+    (lambda: fedcomp.sweep("quick", seeds=True), r"^sweep seeds = True: a boolean where a number or a word is wanted"),
+    (lambda: fedcomp.check("quickstart", ray="no"), r"^ray = 'no': must be True or False$"),
+], ids=["load_results", "load_sweep", "resume_sweep", "verify", "verify-out", "run-key", "resume-overrides",
+        "sweep-overrides", "sweep-address", "sweep-verbose", "sweep-seeds", "check-ray"])
+def test_the_python_apis_wrong_arguments_are_one_line_before_any_work(call, message):
+    """They were AttributeErrors and TypeErrors from deep inside, or taken (seeds=True ran one seed)."""
+    with pytest.raises(PlatformError, match=message):
+        call()
+
+
+def test_paths_may_be_pathlib_paths_wherever_a_path_is_wanted(tmp_path):
+    from pathlib import Path
+
+    from fedcomp.platform.config import load_config
+
+    examples = Path(__file__).resolve().parents[2] / "examples"
+    config = load_config(examples / "extension.yaml", {"algorithm.module": examples / "extension.py",
+                                                       "run.out": tmp_path})
+    assert config.algorithm_name == "fedavg-hb" and config.run.out == str(tmp_path)
+    rooted = load_config("auc-table1", {"task.root": tmp_path})
+    assert rooted.task.root == str(tmp_path)
