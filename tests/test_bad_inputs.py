@@ -653,6 +653,12 @@ CASES = [
     Case("sweep-resume-no-spec", ("sweep", "--resume", "{sweep}"), "sweep.json holds no sweep spec", sweep_folder("{}")),
     Case("sweep-resume-bad-spec", ("sweep", "--resume", "{sweep}"), "the stored spec is not valid",
          sweep_folder('{"spec": {"search": "random"}}')),
+    Case("sweep-resume-extend-record-without-cap", ("sweep", "--resume", "{sweep}"),
+         "extend.json is not fedcomp's record of this sweep's edge extensions (KeyError: 'cap')",
+         sweep_with("extend.json", b'{"steps": []}')),
+    Case("sweep-resume-extend-record-odd-step", ("sweep", "--resume", "{sweep}"),
+         "extend.json is not fedcomp's record of this sweep's edge extensions (KeyError: 'moves')",
+         sweep_with("extend.json", b'{"cap": 3, "steps": [{"points": []}]}')),
     # -- resuming a run ----------------------------------------------------------------------------------------
     Case("resume-missing", ("run", "--resume", "{tmp}/nothing"), "no run.json there; not a fedcomp run folder"),
     Case("resume-run-json-corrupt", ("run", "--resume", "{run}"), "run.json cannot be read (Unterminated string",

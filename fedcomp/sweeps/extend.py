@@ -29,7 +29,7 @@ import pandas as pd
 
 from fedcomp.platform import results
 from fedcomp.platform.config import load_config
-from fedcomp.platform.errors import ConfigError
+from fedcomp.platform.errors import ConfigError, StorageError
 from fedcomp.sweeps.edges import EXTEND_JSON, Edge, _fmt, _plain, missing, same_group, same_value, tuned_axes
 from fedcomp.sweeps.report import best_and_edges
 from fedcomp.sweeps.spec import SweepSpec
@@ -208,7 +208,31 @@ def step_spec(spec: SweepSpec, points: Sequence[Mapping[str, Any]], k: int) -> S
 
 
 def _state(path: Path) -> dict[str, Any]:
-    return results.read_json(path / EXTEND_JSON)
+    """``extend.json`` of the sweep in ``path``, checked to be fedcomp's record of its extension steps.
+
+    Raises:
+        StorageError: it cannot be read, or is not such a record (edited, damaged); nothing is changed.
+    """
+    state = results.read_json(path / EXTEND_JSON)
+    try:
+        cap, steps = state["cap"], state["steps"]
+        if isinstance(cap, bool) or not isinstance(cap, int) or cap < 1 or not isinstance(steps, list):
+            raise TypeError("cap must be a whole number >= 1 and steps a list")
+        for step in steps:
+            if not isinstance(step["points"], list) or not isinstance(step.get("done", False), bool):
+                raise TypeError("a step's points must be a list and done true or false")
+            for move in step["moves"]:
+                Move.from_json(move)
+    except (KeyError, TypeError, ValueError) as error:
+        raise StorageError(f"{path / EXTEND_JSON} is not fedcomp's record of this sweep's edge extensions "
+                           f"({type(error).__name__}: {error}); put it back, or delete it to stop extending") from None
+    return state
+
+
+def check_record(path: Path) -> None:
+    """Where the sweep in ``path`` extends its edges, check its record (:func:`_state`) before a resume starts."""
+    if (path / EXTEND_JSON).is_file():
+        _state(path)
 
 
 def start(path: Path, cap: int) -> None:

@@ -457,6 +457,7 @@ def resume_sweep(path: str | Path, ray_address: str | None = None, verbose: int 
     path = folder_of(path, "path").resolve()
     meta = read_sweep_json(path)
     spec = stored_spec(meta, path)
+    edges_extend.check_record(path)
     _repair(path)
     if not tune.Tuner.can_restore(str(path)):
         raise ConfigError(f"{resuming('sweep', path)}: Tune's experiment state is missing; the sweep never started")
