@@ -111,6 +111,20 @@ def run_copy(edit: Callable[[Path, dict], None] | None = None) -> Callable[[Path
     return make
 
 
+def interrupted_with(change: Callable[[dict], None]) -> Callable[[Path, dict], None]:
+    """Edit: the copy's ``run.json`` says the run was interrupted (so a resume continues it), and ``change`` is
+    applied to its checkpoint."""
+
+    def edit(target: Path, runs: dict) -> None:
+        meta = json.loads((target / results.RUN_JSON).read_text())
+        (target / results.RUN_JSON).write_text(json.dumps({**meta, "status": "interrupted"}))
+        checkpoint = torch.load(target / results.CHECKPOINT, weights_only=False)
+        change(checkpoint)
+        torch.save(checkpoint, target / results.CHECKPOINT)
+
+    return edit
+
+
 def checkpoint_of(name: str, legacy: bool = False) -> Callable[[Path, dict], None]:
     """Edit: put the checkpoint of the run ``name`` in place of the copy's own (without its identity: a
     checkpoint from before checkpoints carried one)."""
@@ -684,6 +698,9 @@ CASES = [
     Case("resume-other-clients", ("run", "--resume", "{run}"),
          "checkpoint.pt belongs to another run: federation.clients = 8 in the checkpoint, 4 in run.json",
          run_copy(checkpoint_of("clients8"))),
+    Case("resume-checkpoint-past-the-rounds", ("run", "--resume", "{run}"),
+         "checkpoint.pt is at round 100, past the run's run.rounds = 2: it is not this run's checkpoint",
+         run_copy(interrupted_with(lambda c: c["server"]["counters"].update(round=100)))),
     Case("resume-other-seed", ("run", "--resume", "{run}"),
          "checkpoint.pt belongs to another run: run.seed = 1 in the checkpoint, 0 in run.json", run_copy(checkpoint_of("seed1"))),
     Case("resume-other-task", ("run", "--resume", "{run}"),
@@ -858,3 +875,21 @@ def test_bad_input_is_one_line_exit_2_and_leaves_nothing(case: Case, runs, tmp_p
 def test_the_corpus_is_large_and_distinct():
     assert len(CASES) >= 60
     assert len({c.id for c in CASES}) == len(CASES)
+
+
+@pytest.mark.parametrize(("change", "needle"), [
+    (lambda c: c["server"]["state"].update(x=torch.zeros(3)), "the checkpoint's x has shape (3,), this run's (11,): "
+                                                              "it is not this run's checkpoint"),
+    (lambda c: c["server"]["state"].pop("u"), "the checkpoint does not hold this run's server state (KeyError: "),
+], ids=["model-of-another-size", "without-u"])
+def test_a_checkpoint_of_this_runs_identity_whose_state_is_not_this_runs_is_one_line(change, needle, runs, tmp_path,
+                                                                                    capsys):
+    """Found as the server takes the state (a traceback before), after the run's folder is opened: run.json is
+    written again, the checkpoint is not changed, and the line does not say to continue (that would fail again)."""
+    names = run_copy(interrupted_with(change))(tmp_path, runs)
+    checkpoint = (Path(names["run"]) / results.CHECKPOINT).read_bytes()
+    capsys.readouterr()
+    assert main(["run", "--resume", names["run"]]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and needle in err[0] and "continue" not in err[0], err
+    assert (Path(names["run"]) / results.CHECKPOINT).read_bytes() == checkpoint

@@ -55,6 +55,11 @@ class StorageError(PlatformError):
     """Results cannot be written (disk full, read-only folder) or a stored file cannot be read back."""
 
 
+class NotThisRun(ConfigError):
+    """A checkpoint that passed the identity check holds a state that is not the run's (edited, damaged): found as the
+    server takes it, so the message says only that -- continuing it again would meet the same."""
+
+
 class NoResults(PlatformError, FileNotFoundError):
     """There are no results where they were asked for (no runs in a folder, a sweep with no trials table yet); a
     ``FileNotFoundError`` still, for code that catches that."""

@@ -147,6 +147,10 @@ def open_checkpoint(run_dir: Path, config: Config) -> dict[str, Any]:
             raise ConfigError(f"{where}: {results.CHECKPOINT} belongs to another run: {'; '.join(differ[:3])}{more}")
     else:
         _check_legacy(where, checkpoint, config)
+    saved = (checkpoint.get("server") or {}).get("counters", {}).get("round")
+    if isinstance(saved, int) and saved > config.run.rounds:
+        raise ConfigError(f"{where}: {results.CHECKPOINT} is at round {saved}, past the run's run.rounds = "
+                          f"{config.run.rounds}: it is not this run's checkpoint")
     return checkpoint
 
 

@@ -34,6 +34,7 @@ from fedcomp.platform.errors import (
     ConfigError,
     Diverged,
     Interrupted,
+    NotThisRun,
     PlatformError,
     StorageError,
     add_note,
@@ -329,7 +330,7 @@ def execute(
                 raise full from None
             if isinstance(error, KeyboardInterrupt) and not isinstance(error, Interrupted):
                 raise Interrupted(_kept(created, saved, run_dir), kept) from None
-            if isinstance(error, PlatformError) and not created and resumable:
+            if isinstance(error, PlatformError) and not created and resumable and not isinstance(error, NotThisRun):
                 error.args = (f"{error}; {_kept(created, saved, run_dir)}",)  # the folder resumes: say how
                 error.path = run_dir
             elif isinstance(error, Exception) and not created and resumable:  # a bug (a user's code): its traceback

@@ -17,7 +17,7 @@ from fedcomp.platform.accelerator import one_thread
 from fedcomp.platform.algorithms.base import Federation, Tensors
 from fedcomp.platform.config import Config
 from fedcomp.platform.counters import Counters
-from fedcomp.platform.errors import ConfigError, TaskError
+from fedcomp.platform.errors import ConfigError, NotThisRun, TaskError
 from fedcomp.platform.federation import build_algorithm, build_task
 from fedcomp.platform.problems import PROTOCOLS, lacks
 from fedcomp.platform.results import checkpoint_bytes
@@ -137,10 +137,26 @@ class Server:
         return checkpoint_bytes({"server": self.checkpoint(), **extra})
 
     def restore(self, checkpoint: dict[str, Any]) -> None:
-        state = {k: v.clone() for k, v in checkpoint["state"].items()}
-        self.counters = Counters(**checkpoint["counters"])
-        record = self.algorithm.Server if self.counters.round > 0 else type(self.state)  # round 0: init's record
-        self.state = record.of(state)
+        """Take the server's state, counters and the clients' private states from ``checkpoint`` (its identity
+        checked already: :func:`~fedcomp.platform.run_checks.open_checkpoint`).
+
+        Raises:
+            NotThisRun: it does not hold this run's state (a field missing, the model of another size).
+        """
+        try:
+            state = {k: v.clone() for k, v in checkpoint["state"].items()}
+            counters = Counters(**checkpoint["counters"])
+            record = self.algorithm.Server if counters.round > 0 else type(self.state)  # round 0: init's record
+            restored = record.of(state)
+        except (KeyError, TypeError, AttributeError) as error:
+            raise NotThisRun(f"the checkpoint does not hold this run's server state ({type(error).__name__}: "
+                             f"{error})") from None
+        for name in ("x", "y"):  # the variables keep their size; other fields may take theirs as the run goes
+            fresh, kept = self.state.tensors().get(name), restored.tensors().get(name)
+            if fresh is not None and kept is not None and fresh.shape != kept.shape:
+                raise NotThisRun(f"the checkpoint's {name} has shape {tuple(kept.shape)}, this run's "
+                                 f"{tuple(fresh.shape)}: it is not this run's checkpoint")
+        self.counters, self.state = counters, restored
         self.train_loss = checkpoint["train_loss"]
         if self.buffers is not None:
             if checkpoint.get("buffers") is None:
