@@ -141,11 +141,11 @@ def read_run(run_dir: str | Path) -> tuple[dict[str, Any], pd.DataFrame]:
     if not meta_path.is_file():
         raise ConfigError(f"verify {str(run_dir)!r}: no {results.RUN_JSON} there; not a fedcomp run folder")
     meta = results.read_json(meta_path)
-    if meta.get("status") != "completed":
-        raise ConfigError(
-            f"verify {str(run_dir)!r}: the run's status is {meta.get('status')!r}, not 'completed'; "
-            f"finish it first with {to_continue('run', run_dir)}"
-        )
+    status = meta.get("status")
+    if status != "completed":
+        then = ("a diverged run stops there for good (run.on_divergence = continue runs on past it)"
+                if status == "diverged" else f"finish it first with {to_continue('run', run_dir)}")
+        raise ConfigError(f"verify {str(run_dir)!r}: the run's status is {status!r}, not 'completed'; {then}")
     if not metrics_path.is_file():
         raise ConfigError(f"verify {str(run_dir)!r}: no {results.METRICS} there")
     return meta, results.read_parquet(metrics_path)

@@ -727,6 +727,8 @@ CASES = [
          sweep_with("experiment_state-2026-12-06_22-00-00.json", b'{"trial_data": [["{\\"trial_id')),
     Case("sweep-resume-cut-tuner-pkl-no-copy", ("sweep", "--resume", "{sweep}"), "tuner.pkl cannot be read",
          sweep_with("tuner.pkl", pickle.dumps({"a": 1})[:7])),
+    Case("report-metric-a-text-column", ("report", "{results}", "--metric", "algorithm"),
+         "column 'algorithm' holds text, not numbers; allowed: ", results_with(lambda target, runs: None)),
     Case("report-unknown-x", ("report", "{results}", "--x", "epochs"),
          "column 'epochs' is not in these results; allowed:", results_with(lambda target, runs: None)),
     Case("report-corrupt-run-json", ("report", "{results}"), "run.json cannot be read", results_with(truncate("run.json"))),
@@ -744,6 +746,9 @@ CASES = [
          run_copy(truncate("metrics.parquet"))),
     Case("verify-corrupt-run-json", ("verify", "{run}"), "run.json cannot be read (Unterminated string",
          run_copy(cut_inside_a_string("run.json"))),
+    Case("verify-a-diverged-run", ("verify", "{run}"), "the run's status is 'diverged', not 'completed'; a diverged run "
+         "stops there for good", run_copy(lambda target, runs: (target / "run.json").write_text(json.dumps(
+             {**json.loads((target / "run.json").read_text()), "status": "diverged"})))),
     Case("verify-out-the-run-itself", ("verify", "{run}", "--backend", "local", "--out", "{run}"),
          "verify --out '{run}': lies in the run folder it verifies", run_copy()),
     Case("verify-out-inside-the-run", ("verify", "{run}", "--backend", "local", "--out", "{run}/again"),

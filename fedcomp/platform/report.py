@@ -123,10 +123,11 @@ def report(path: str | Path, metric: str | None = None, x: str = "comm_rounds", 
         print(f"fedcomp: {len(sweeps)} sweep folder{'s' if len(sweeps) > 1 else ''} under {path} not in this report, "
               f"each reported on its own: {command('report', sweeps[0])}", file=sys.stderr)
     import_tasks(path)
+    numeric = [c for c in df.columns if pd.api.types.is_numeric_dtype(df[c]) and not pd.api.types.is_bool_dtype(df[c])]
     for column in (metric, x):
-        if column is not None and column not in df.columns:
-            allowed = ", ".join(c for c in df.columns if c not in ("run_id", "algorithm", "task"))
-            raise ValueError(f"column {column!r} is not in these results; allowed: {allowed}")
+        if column is not None and column not in numeric:
+            what = "holds text, not numbers" if column in df.columns else "is not in these results"
+            raise ValueError(f"column {column!r} {what}; allowed: {', '.join(numeric)}")
     out_dir = report_folder(path, out)
 
     shown = _metric_per_run(df, metric)
