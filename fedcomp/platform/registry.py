@@ -95,6 +95,8 @@ def register_algorithm(name: str | AlgorithmDeclaration) -> Callable[[T], T]:
             _require(cls, "HParams", _is_params, "a subclass of fedcomp.platform.params.Params (frozen, validated)")
             _require(cls, "kind", lambda v: isinstance(v, str), "the problem kind it runs on, a str")
             _not_a_misspelt_kind(cls, "kind", [cls.kind])  # type: ignore[attr-defined]
+            for record in ("Client", "Server"):
+                _require(cls, record, _is_state, "a subclass of fedcomp.platform.state.State (a typed record of tensors)")
             declared = AlgorithmDeclaration(name, cls.HParams, cls.kind,  # type: ignore[attr-defined]
                                             getattr(cls, "description", ""), cls.__module__)
         _enter(ALGORITHMS, DECLARED_ALGORITHMS, "algorithm", declared, cls)
@@ -158,6 +160,12 @@ def _not_a_misspelt_kind(cls: type, attribute: str, names: Any) -> None:
         if name not in KIND_DESCRIPTIONS and close:
             raise TypeError(f"{cls.__qualname__}.{attribute}: {name!r} is not a problem kind; did you mean {close[0]!r}? "
                             f"(fedcomp's: {', '.join(KIND_DESCRIPTIONS)})")
+
+
+def _is_state(value: Any) -> bool:
+    from fedcomp.platform.state import State
+
+    return isinstance(value, type) and issubclass(value, State)
 
 
 def _is_params(value: Any) -> bool:

@@ -65,6 +65,9 @@ def reports_declared(metrics: dict[str, Any], config: Config) -> dict[str, Any]:
         TaskError: a declared metric missing, or not a number.
     """
     declared = catalog.tasks()[config.task_name].metrics
+    if not isinstance(metrics, dict):
+        raise TaskError(f"task {config.task_name!r}'s evaluator returned {type(metrics).__name__} "
+                        f"{str(metrics)[:60]!r}, not a dict of its metrics ({', '.join(declared)})")
     missing = [m for m in declared if m not in metrics]
     odd = [m for m in declared if m in metrics and not isinstance(metrics[m], numbers.Real)]
     if missing or odd:

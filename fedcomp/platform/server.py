@@ -46,6 +46,9 @@ class Server:
         with one_thread(config.run.deterministic):  # a task's construction, like its evaluation, as on a Ray actor
             task = build_task(config) if task is None else task
             params = task.init_params(generator(config.run.seed, "init"))
+        if not (isinstance(params, dict) and "x" in params and all(isinstance(v, torch.Tensor) for v in params.values())):
+            raise TaskError(f"task {config.task_name!r}'s init_params returned {type(params).__name__}, not a dict of "
+                            f"flat tensors with 'x' (and 'y' for two-level problems)")
         self.algorithm = build_algorithm(config)
         self.state: State = self.algorithm.init(params)
         """The global state: the algorithm's typed ``Server`` record (before round 0: what ``init`` returns,

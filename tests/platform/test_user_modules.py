@@ -33,6 +33,7 @@ from fedcomp.platform.registry import (
     register_algorithm,
     register_task,
 )
+from fedcomp.platform.state import Model
 from fedcomp.sweeps.spec import load_spec
 
 REPO = Path(__file__).resolve().parents[2]
@@ -225,6 +226,24 @@ def test_a_task_whose_problem_lacks_a_method_of_its_kind_fails_as_the_server_is_
         TASKS.pop("least-squares-no-loss"), DECLARED_TASKS.pop("least-squares-no-loss")
 
 
+@pytest.mark.parametrize(("body", "message"), [
+    ({"evaluator": lambda self: (lambda state: None)},
+     r"^task 'least-squares-odd''s evaluator returned NoneType 'None', not a dict of its metrics"),
+    ({"init_params": lambda self, gen: [torch.zeros(3)]},
+     r"^task 'least-squares-odd''s init_params returned list, not a dict of flat tensors with 'x'"),
+], ids=["evaluator-none", "init-params-a-list"])
+def test_a_task_returning_the_wrong_kind_of_thing_is_one_line(tmp_path, body, message):
+    catalog.import_source(str(EXAMPLE))
+    register_task("least-squares-odd")(type("Odd", (catalog.task_class("least-squares"),), {**body, "__module__": __name__}))
+    try:
+        with pytest.raises(TaskError, match=message):
+            fedcomp.run(EXAMPLE_YAML, {**TINY, "task.name": "least-squares-odd", "federation.backend": "local",
+                                       "run.out": str(tmp_path)})
+        assert not list(tmp_path.iterdir())
+    finally:
+        TASKS.pop("least-squares-odd"), DECLARED_TASKS.pop("least-squares-odd")
+
+
 def test_a_class_that_cannot_be_declared_is_refused_at_registration_in_one_line():
     from dataclasses import dataclass
 
@@ -246,7 +265,10 @@ def test_a_class_that_cannot_be_declared_is_refused_at_registration_in_one_line(
     with pytest.raises(TypeError, match=r"^Bad.kinds: 'bilevl' is not a problem kind; did you mean 'bilevel'\?"):
         register_task("bad")(type("Bad", (), {"Params": Params, "kinds": ("plain", "bilevl"), "metrics": ("m",)}))
     assert "bad" not in TASKS and "bad" not in catalog.algorithms()
-    register_algorithm("kind-of-my-own")(type("Mine", (), {"HParams": Params, "kind": "graph-signal"}))  # far from fedcomp's
+    with pytest.raises(TypeError, match=r"^Bad.Client = <class 'dict'>: must be a subclass of fedcomp.platform.state.State"):
+        register_algorithm("bad")(type("Bad", (), {"HParams": Params, "kind": "plain", "Client": dict}))
+    register_algorithm("kind-of-my-own")(type("Mine", (), {"HParams": Params, "kind": "graph-signal", "Client": Model,
+                                                           "Server": Model}))  # a kind far from fedcomp's
     assert ALGORITHMS.pop("kind-of-my-own") and DECLARED_ALGORITHMS.pop("kind-of-my-own").kind == "graph-signal"
 
 
