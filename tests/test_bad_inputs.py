@@ -445,6 +445,10 @@ CASES = [
          "task.module = 'no_such_module_of_yours': cannot be imported: ModuleNotFoundError: No module named"),
     Case("module-raises", run("algorithm.module={file}"), "algorithm.module = '{file}': cannot be imported: "
          "RuntimeError: the user's bug", file("buggy.py", "raise RuntimeError(\"the user's bug\")\n")),
+    Case("module-a-text-file", run("algorithm.module={file}"), "algorithm.module = '{file}': a path must name a .py file",
+         file("mods/notpy.txt", "x = 1\n")),
+    Case("module-a-folder", run("algorithm.module={tmp}/mods"), "algorithm.module = '{tmp}/mods': a path must name a .py file",
+         file("mods/mine.py", "x = 1\n")),
     Case("module-exits", run("algorithm.module={file}"), "algorithm.module = '{file}': cannot be imported: SystemExit: 3",
          file("exits.py", "import sys\nsys.exit(3)\n")),
     Case("module-exits-with-words", run("algorithm.module={file}"),

@@ -464,6 +464,9 @@ def _import_modules(raw: Mapping[str, Any], overrides: Mapping[str, Any]) -> Non
         if given is None:
             continue
         given = os.fspath(given) if isinstance(given, os.PathLike) else given
+        if isinstance(given, str) and not given.endswith(".py") and ("/" in given or os.sep in given):
+            raise ConfigError(f"{section}.module = {given!r}: a path must name a .py file (a module's dotted name has "
+                              f"no '/')")
         if not isinstance(given, str) or not given.strip():
             raise ConfigError(f"{section}.module = {given!r}: must be a module's dotted name or a .py file's path")
         import_user_module(given, f"{section}.module = {given!r}")
