@@ -433,6 +433,8 @@ CASES = [
     Case("task-unknown-key", run("task.dimension=3"), "task.dimension: unknown key; allowed keys: name, dim"),
     Case("task-dim-too-large-for-memory", run("task.dim=1000000000000"),
          "out of memory (RuntimeError: [enforce fail at alloc_cpu.cpp"),
+    Case("task-inner-dim-not-below-dim", ("run", "feddro-drift", *LOCAL_TINY, "--set", "task.inner_dim=50", "--set",
+                                          "task.dim=10", "--set", "run.out={out}"), "task.inner_dim = 50: must be < dim = 10"),
     Case("task-objective", run("task.objective=mine"), "task.objective = 'mine': Input should be 'paper' or 'official-code'"),
     Case("lr-empty", run("algorithm.lr="), "algorithm.lr = '': Input should be a valid number"),
     Case("rounds-a-boolean", run("run.rounds=true"), "run.rounds = True: a boolean where a number or a word is wanted"),

@@ -42,6 +42,8 @@ def iid(
         if per_client == 0:
             raise ValueError(f"clients = {clients}: must be at most n = {n} for an equal split")
     _check_int("per_client", per_client, 1)
+    if clients > n:
+        raise ValueError(f"clients = {clients}: more than the n = {n} examples; at most {n} allowed")
     if clients * per_client > n:
         raise ValueError(
             f"per_client = {per_client}: clients * per_client = {clients * per_client} exceeds n = {n}; "

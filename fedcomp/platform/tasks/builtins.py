@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from fedcomp.platform.kinds import (
     BILEVEL,
@@ -245,6 +245,12 @@ class HeterogeneousCompositionParams(Params):
         0.0, ge=0, description="mu of the heterogeneous plain part h_k (Theorem 5.1's drift); 0: h = 0 (Theorem 4.1)"
     )
     data_seed: int = Field(0, ge=0)
+
+    @model_validator(mode="after")
+    def _inner_below_dim(self) -> HeterogeneousCompositionParams:
+        if self.inner_dim >= self.dim:
+            raise ValueError(f"inner_dim = {self.inner_dim}: must be < dim = {self.dim}")
+        return self
 
 
 # ----------------------------------------------------------------------------------------------------- adult fairness
