@@ -74,6 +74,10 @@ def test_cifar_st_from_files_in_torchvision_format(tmp_path, monkeypatch):
     assert counts[5:].tolist() == [20] * 5 and (counts[:5] < 20).all()  # half the classes reduced
     assert task.model.dim > 260_000  # ResNet20
     assert fedcomp.run(config).metrics["round"].tolist() == [0, 1]
+    for model in ("linear", "mlp"):  # a shape mismatch mid-run before
+        with pytest.raises(fedcomp.ConfigError, match=rf"^task.model = '{model}' takes feature vectors, and task.dataset = "
+                                              r"'cifar10-st' holds images; allowed with it: resnet20 \(or auto\)$"):
+            build_task(config.replace(**{"task.model": model}))
 
 
 def test_missing_cifar_is_one_config_error(tmp_path, monkeypatch):

@@ -86,6 +86,9 @@ class DROClassification(Task):
             from fedcomp.models.resnet import resnet20
 
             return resnet20(self.classes, running_stats=p.batchnorm != "batch")
+        if self.x_train.ndim != 2:  # images: the linear model and the MLP take the offline sets' feature vectors
+            raise ConfigError(f"task.model = {kind!r} takes feature vectors, and task.dataset = {p.dataset!r} holds "
+                              f"images; allowed with it: resnet20 (or auto)")
         features = self.x_train.shape[1]
         return mlp([features, p.hidden, self.classes] if kind == "mlp" else [features, self.classes])
 
