@@ -73,6 +73,9 @@ class _FewShot(MetaTask):
             raise ConfigError(
                 f"task.queries = {p.queries}: shots + queries = {per_task} exceeds the {drawings} images of a class"
             )
+        if len(self.train_classes) < p.ways:  # a task draws ways distinct classes
+            raise ConfigError(f"task.ways = {p.ways}: only {len(self.train_classes)} meta-training classes (the "
+                              f"task's training digits or alphabets, with their rotations where those are on)")
         if p.client_split == "classes":
             order = torch.randperm(len(self.train_classes), generator=gen).numpy()
             chunks = np.array_split(np.asarray(self.train_classes)[order], clients)
