@@ -47,11 +47,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     print(f"run {result.run_dir.name} done: {metrics} {headline}")
     print(f"results: {result.run_dir}")
     from fedcomp.platform.curves import CURVES
-    from fedcomp.platform.tracking import where
+    from fedcomp.platform.tracking import where, written
 
     if (result.run_dir / CURVES).is_file():
         print(f"curves: {result.run_dir / CURVES}")
-    if where(result.config.run.track, result.run_dir):
+    if written(result.config.run.track, result.run_dir):
         print(f"tracking: {where(result.config.run.track, result.run_dir)}")
     return 0
 

@@ -356,6 +356,23 @@ def where(track: str, folder: str | Path, sweep: bool = False) -> str:
     return ""
 
 
+def written(track: str, run_dir: str | Path) -> bool:
+    """Whether the run in ``run_dir`` left tracking to open where :func:`where` points (a tracker that could not start
+    left none: the run said so in its warning)."""
+    run_dir = Path(run_dir)
+    if track == "tensorboard":
+        return (run_dir / TENSORBOARD_DIR).is_dir()
+    if track == "wandb":
+        return any((run_dir / "wandb").glob("*run-*"))
+    if track == "mlflow":
+        try:
+            check_store(track, run_dir.parent)
+        except StorageError:
+            return False
+        return (run_dir.parent / MLFLOW_DIR / "mlflow.db").is_file()
+    return False
+
+
 def wandb_id(run_id: str) -> str:
     """A W&B run id from a fedcomp run id (W&B allows letters, digits, ``-`` and ``_``)."""
     return re.sub(r"[^A-Za-z0-9_-]", "-", run_id)[-128:]

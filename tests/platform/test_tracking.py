@@ -187,6 +187,17 @@ def test_cli_names_where_to_open_the_tracking(tmp_path, capsys):
     assert f"tracking: tensorboard --logdir {run_dir / 'tensorboard'}" in out
 
 
+def test_cli_names_no_tracking_to_open_where_the_tracker_could_not_start(tmp_path, capsys):
+    """It pointed at a store that held nothing of the run (a damaged MLflow database)."""
+    (tmp_path / "mlflow").mkdir()
+    (tmp_path / "mlflow" / "mlflow.db").write_bytes(b"not a database" * 100)
+    assert main(["run", "quickstart", "--set", "federation.backend=local", "--set", "federation.clients=4",
+                 "--set", "algorithm.local_steps=5", "--set", "run.rounds=1", "--set", "run.progress=none",
+                 "--set", f"run.out={tmp_path}", "--set", "run.track=mlflow"]) == 0
+    captured = capsys.readouterr()
+    assert "mlflow tracking could not start" in captured.err and "tracking:" not in captured.out
+
+
 @pytest.mark.slow
 def test_runs_that_start_together_on_a_new_mlflow_store_all_track(tmp_path):
     """The first use creates the store's tables: processes that meet there take turns (each failed but one)."""
