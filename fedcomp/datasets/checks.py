@@ -54,6 +54,15 @@ def require_files(name: str, folder: Path, files: Sequence[str], hint: str) -> N
         )
 
 
+def md5_failure(name: str, folder: Path, error: ValueError, verify_md5: bool) -> ValueError | None:
+    """torchvision's "not found or corrupted" where it checked the files' md5 (they are there: :func:`require_files`
+    came first), as one line naming the folder; None for another error."""
+    if verify_md5 and "corrupted" in str(error):
+        return ValueError(f"{name} files in {folder} fail torchvision's md5 check; replace them with the published "
+                          f"files, or pass verify_md5=False for generated test files")
+    return None
+
+
 READ_ERRORS: tuple[type[BaseException], ...] = (
     EOFError,
     pickle.UnpicklingError,

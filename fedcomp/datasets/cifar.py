@@ -30,7 +30,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from fedcomp.datasets.checks import check_seed, check_split, class_labels, reading, require_files
+from fedcomp.datasets.checks import check_seed, check_split, class_labels, md5_failure, reading, require_files
 from fedcomp.datasets.mnist import data_root
 
 __all__ = [
@@ -106,11 +106,9 @@ def load_cifar(
         with reading(folder, f"{name}'s python-version batches"):
             dataset = cls(str(root), train=split == "train", download=False)
     except ValueError as error:
-        if verify_md5 and "corrupted" in str(error):  # torchvision's "not found or corrupted": a failed md5 check
-            raise ValueError(
-                f"{name} files in {folder} fail torchvision's md5 check; replace them with the published "
-                "files, or pass verify_md5=False for generated test files"
-            ) from None
+        failed = md5_failure(name, folder, error, verify_md5)
+        if failed is not None:
+            raise failed from None
         _check_files(name, folder, split)  # names the file at fault
         raise
     data, targets = dataset.data, dataset.targets

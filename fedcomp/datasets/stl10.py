@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from fedcomp.datasets.checks import check_split, reading, require_files
+from fedcomp.datasets.checks import check_split, md5_failure, reading, require_files
 from fedcomp.datasets.mnist import data_root
 
 __all__ = ["STL10_CLASSES", "STL10_FILES", "STL10_FOLDER", "load_stl10", "write_stl10"]
@@ -80,11 +80,9 @@ def load_stl10(
         with reading(folder, "STL-10's binary files"):
             dataset = _dataset_class(verify_md5)(str(root), split=split, download=False)
     except ValueError as error:
-        if verify_md5 and "corrupted" in str(error):  # torchvision's "not found or corrupted": a failed md5 check
-            raise ValueError(
-                f"stl10 files in {folder} fail torchvision's md5 check; replace them with the published files, "
-                "or pass verify_md5=False for generated test files"
-            ) from None
+        failed = md5_failure("stl10", folder, error, verify_md5)
+        if failed is not None:
+            raise failed from None
         raise
     images = torch.from_numpy(np.ascontiguousarray(dataset.data))
     labels = torch.from_numpy(dataset.labels.astype(np.int64))

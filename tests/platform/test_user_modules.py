@@ -194,52 +194,27 @@ def test_a_task_in_the_running_script_runs_locally_and_is_refused_on_ray_and_in_
     assert len(list(tmp_path.iterdir())) == 1  # the local run's folder only
 
 
-def test_a_task_whose_evaluator_lacks_a_declared_metric_fails_in_one_line_and_leaves_no_run(tmp_path):
-    catalog.import_source(str(EXAMPLE))
-    parent = catalog.task_class("least-squares")
-    cls = type("Typo", (parent,), {"metrics": ("distance", "objective_gap"), "__module__": __name__})
-    register_task("least-squares-typo")(cls)
-    try:
-        with pytest.raises(TaskError, match=r"^task 'least-squares-typo' declares metrics distance, objective_gap, but "
-                                            r"its evaluator does not report distance \(it reported distance_to_optimum, "
-                                            r"objective_gap\)$"):
-            fedcomp.run(EXAMPLE_YAML, {**TINY, "task.name": "least-squares-typo", "federation.backend": "local",
-                                       "run.out": str(tmp_path)})
-        assert not any(p.is_dir() for p in tmp_path.iterdir())
-    finally:
-        TASKS.pop("least-squares-typo"), DECLARED_TASKS.pop("least-squares-typo")
-
-
-def test_a_task_whose_problem_lacks_a_method_of_its_kind_fails_as_the_server_is_built_in_one_line(tmp_path):
-    """Found mid-round before, where the algorithm first called it: an AttributeError's traceback, exit code 1."""
-    catalog.import_source(str(EXAMPLE))
-    cls = type("NoLoss", (catalog.task_class("least-squares"),), {"loss": None, "__module__": __name__})
-    register_task("least-squares-no-loss")(cls)
-    try:
-        with pytest.raises(TaskError, match=r"^task 'least-squares-no-loss' offers the 'plain' problem kind, but its "
-                                            r"problem lacks loss \(PlainProblem in fedcomp.platform.problems: what "
-                                            r"algorithm 'fedavg-hb' calls\)$"):
-            fedcomp.run(EXAMPLE_YAML, {**TINY, "task.name": "least-squares-no-loss", "federation.backend": "local",
-                                       "run.out": str(tmp_path)})
-        assert not list(tmp_path.iterdir())
-    finally:
-        TASKS.pop("least-squares-no-loss"), DECLARED_TASKS.pop("least-squares-no-loss")
-
-
 @pytest.mark.parametrize(("body", "message"), [
+    ({"metrics": ("distance", "objective_gap")},
+     r"^task 'least-squares-odd' declares metrics distance, objective_gap, but its evaluator does not report distance "
+     r"\(it reported distance_to_optimum, objective_gap\)$"),
+    ({"loss": None},  # found mid-round before, where the algorithm first called it: an AttributeError's traceback
+     r"^task 'least-squares-odd' offers the 'plain' problem kind, but its problem lacks loss \(PlainProblem in "
+     r"fedcomp.platform.problems: what algorithm 'fedavg-hb' calls\)$"),
     ({"evaluator": lambda self: (lambda state: None)},
      r"^task 'least-squares-odd''s evaluator returned NoneType 'None', not a dict of its metrics"),
     ({"init_params": lambda self, gen: [torch.zeros(3)]},
      r"^task 'least-squares-odd''s init_params returned list, not a dict of flat tensors with 'x'"),
-], ids=["evaluator-none", "init-params-a-list"])
-def test_a_task_returning_the_wrong_kind_of_thing_is_one_line(tmp_path, body, message):
+], ids=["evaluator-lacks-a-declared-metric", "problem-lacks-a-method-of-its-kind", "evaluator-returns-none",
+        "init-params-returns-a-list"])
+def test_a_task_that_does_not_do_what_it_declares_fails_in_one_line_and_leaves_no_run(tmp_path, body, message):
     catalog.import_source(str(EXAMPLE))
     register_task("least-squares-odd")(type("Odd", (catalog.task_class("least-squares"),), {**body, "__module__": __name__}))
     try:
         with pytest.raises(TaskError, match=message):
             fedcomp.run(EXAMPLE_YAML, {**TINY, "task.name": "least-squares-odd", "federation.backend": "local",
                                        "run.out": str(tmp_path)})
-        assert not list(tmp_path.iterdir())
+        assert not any(p.is_dir() for p in tmp_path.iterdir())
     finally:
         TASKS.pop("least-squares-odd"), DECLARED_TASKS.pop("least-squares-odd")
 
