@@ -63,6 +63,9 @@ class SweepSpec(Params):
     """A validated sweep: what to run (``base`` + ``set``), what to vary, and how (frozen, and strict about a
     boolean where a number is wanted, as every parameter model is: ``seeds: true`` is not one seed)."""
 
+    model_config = ConfigDict(**{**Params.model_config, "validate_default": False})  # an unset grid stays {}: a
+    # spec read back from its JSON (a trial's, sweep.json) would otherwise give the validator the [] it refuses
+
     name: str | None = Field(None, description="sweep-id prefix (default: the preset or file name)")
     description: str = ""
     base: str | dict[str, Any] = Field("quickstart", description="run preset, run YAML file, or sections")

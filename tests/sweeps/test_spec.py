@@ -9,7 +9,7 @@ import pytest
 
 import fedcomp.platform
 from fedcomp.platform.errors import ConfigError
-from fedcomp.sweeps.spec import load_spec, preset_names
+from fedcomp.sweeps.spec import SweepSpec, load_spec, preset_names
 
 BASE = {"base": "quickstart", "set": {"federation.backend": "local", "run.rounds": 2}}
 
@@ -180,3 +180,16 @@ def test_a_sweep_files_base_is_the_run_file_beside_it_kept_absolute_and_its_firs
 def _written(path, text):
     path.write_text(text)
     return path
+
+
+@pytest.mark.parametrize("raw", [
+    {"base": "quickstart", "search": "optuna", "space": {"algorithm.lr": {"loguniform": [0.001, 0.1]}}},
+    {"base": "quickstart"},  # no grid: one trial of the base
+    {"base": "quickstart", "grid": {"algorithm.lr": [0.1, 0.01]}, "seeds": 2},
+], ids=["optuna", "no-grid", "grid"])
+def test_a_spec_read_back_from_its_json_is_the_same_sweep(raw):
+    """What a trial and a resume do (a grid-less spec failed there once: its unset grid came back as the [] the grid
+    validator refuses)."""
+    spec = load_spec(raw)
+    again = SweepSpec.model_validate_json(spec.model_dump_json())  # as trial_process and stored_spec read it
+    assert again.points() == spec.points() and again.space == spec.space and again.seeds == spec.seeds
