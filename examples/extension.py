@@ -26,13 +26,19 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
-from fedcomp.platform.algorithms.base import CommonHParams, LocalSteps, Tensors, grad_and_loss
-from fedcomp.platform.params import Params
-from fedcomp.platform.registry import register_algorithm, register_task
-from fedcomp.platform.rng import generator
-from fedcomp.platform.rounds import Round
-from fedcomp.platform.state import State
-from fedcomp.platform.tasks.base import Task
+from fedcomp.extension import (  # everything a file of one's own algorithm or task imports of fedcomp
+    CommonHParams,
+    LocalSteps,
+    Params,
+    Round,
+    State,
+    Task,
+    Tensors,
+    generator,
+    grad_and_loss,
+    register_algorithm,
+    register_task,
+)
 
 
 class LeastSquaresParams(Params):

@@ -1,0 +1,27 @@
+"""``fedcomp.extension``: one module for a user's algorithm or task file to import from -- fedcomp's own objects, the
+same ones as where they live, so that the example written against it runs as the built-ins do
+(``tests/platform/test_user_modules.py`` runs it on every backend)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import fedcomp.extension as extension
+from fedcomp.platform import oracles, registry, state
+from fedcomp.platform.algorithms import base
+
+
+def test_it_re_exports_fedcomps_own_objects_and_lists_each_once():
+    assert sorted(extension.__all__) == sorted(set(extension.__all__))
+    public = {name for name in vars(extension) if not name.startswith("_") and name != "annotations"}
+    assert public == set(extension.__all__)
+    assert extension.LocalSteps is base.LocalSteps and extension.register_task is registry.register_task
+    assert extension.State is state.State and extension.inner_value_vjp is oracles.inner_value_vjp
+
+
+def test_the_example_imports_nothing_else_of_fedcomp():
+    example = Path(__file__).resolve().parents[1] / "examples" / "extension.py"
+    modules = {node.module for node in ast.walk(ast.parse(example.read_text()))
+               if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("fedcomp")}
+    assert modules == {"fedcomp.extension"}
