@@ -121,6 +121,8 @@ class SweepSpec(Params):
                 if not isinstance(values, list) or not values:
                     raise ValueError(f"grid axis {axis} = {values!r}: must be a non-empty list of values")
                 width = len(axis.split(","))
+                if len(set(axis.split(","))) < width:
+                    raise ValueError(f"grid axis {axis}: a joint axis names each key once")
                 if width > 1 and any(not isinstance(v, list) or len(v) != width for v in values):
                     raise ValueError(f"grid axis {axis} = {values!r}: a joint axis of {width} keys takes lists of {width} values")
         return grids
@@ -272,6 +274,9 @@ def validate(spec: SweepSpec) -> list[str]:
             for axis in grid:
                 for key in axis.split(","):
                     _axis_key(key, "grid axis")
+                    if key == "run.seed" and spec.seeds > 1:
+                        raise ConfigError(f"grid axis {axis} with seeds = {spec.seeds}: seeds repeats every "
+                                          f"configuration at run.seed, run.seed + 1, ...; give the seeds one way")
         candidates = spec.points()
     for key in spec.set:
         _axis_key(key, "set key")

@@ -71,6 +71,10 @@ def test_paper_grid_preset_is_the_papers_grid():
         ({"grid": []}, "grid = []: an empty list of grids has no points"),
         ({"grid": {"algorithm.lr": []}}, "grid axis algorithm.lr = []: must be a non-empty list of values"),
         ({"grid": {"algorithm.lr": 0.1}}, "grid axis algorithm.lr = 0.1: must be a non-empty list of values"),
+        ({"grid": {"algorithm.lr,algorithm.lr": [[0.1, 0.2]]}}, "grid axis algorithm.lr,algorithm.lr: a joint axis names "
+                                                               "each key once"),
+        ({"grid": {"run.seed": [0, 1]}, "seeds": 3}, "grid axis run.seed with seeds = 3: seeds repeats every "
+                                                     "configuration at run.seed, run.seed + 1, ...; give the seeds one way"),
         ({"grid": {"algorithm.momentum": [0.1]}}, "sweep point {'algorithm.momentum': 0.1}: algorithm.momentum: unknown key; allowed keys: name,"),
         ({"grid": {"optimiser.lr": [0.1]}}, "grid axis 'optimiser.lr': not of the form section.key"),
         ({"grid": {"algorithm.lr": [0.1, -1.0]}}, "sweep point {'algorithm.lr': -1.0}: algorithm.lr = -1.0:"),
