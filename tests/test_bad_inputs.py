@@ -738,6 +738,9 @@ CASES = [
          sweep_with("tuner.pkl", pickle.dumps({"a": 1})[:7])),
     Case("report-metric-a-text-column", ("report", "{results}", "--metric", "algorithm"),
          "column 'algorithm' holds text, not numbers; allowed: ", results_with(lambda target, runs: None)),
+    Case("report-metrics-without-rounds", ("report", "{results}"), "metrics.parquet has no round column: not a fedcomp "
+         "run's metrics", results_with(lambda target, runs: pd.read_parquet(target / "metrics.parquet").drop(
+             columns="round").to_parquet(target / "metrics.parquet"))),
     Case("report-unknown-x", ("report", "{results}", "--x", "epochs"),
          "column 'epochs' is not in these results; allowed:", results_with(lambda target, runs: None)),
     Case("report-corrupt-run-json", ("report", "{results}"), "run.json cannot be read", results_with(truncate("run.json"))),

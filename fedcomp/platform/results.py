@@ -324,6 +324,9 @@ def _run_rows(run: Path, meta: dict[str, Any]) -> pd.DataFrame | None:
     if not (run / METRICS).is_file():
         return None
     df = read_parquet(run / METRICS)
+    if "round" not in df.columns:
+        raise StorageError(f"{run / METRICS} has no round column: not a fedcomp run's metrics (columns: "
+                           f"{', '.join(map(str, df.columns[:8]))})")
     try:
         config = meta["config"]
         seed, task, algorithm = config["run"]["seed"], config["task"]["name"], config["algorithm"]["name"]
