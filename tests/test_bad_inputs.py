@@ -741,6 +741,9 @@ CASES = [
     Case("report-metrics-without-rounds", ("report", "{results}"), "metrics.parquet has no round column: not a fedcomp "
          "run's metrics", results_with(lambda target, runs: pd.read_parquet(target / "metrics.parquet").drop(
              columns="round").to_parquet(target / "metrics.parquet"))),
+    Case("report-sweep-panels-not-an-axis", ("report", "{sweep}"), "the stored spec's panels or table name 'task.bogus', "
+         "not an axis of the sweep", lambda tmp, runs: {**sweep_folder('{"spec": {"base": "quickstart", "grid": '
+                                                         '{"algorithm.lr": [0.1]}, "panels": ["task.bogus"]}}')(tmp, runs)}),
     Case("report-unknown-x", ("report", "{results}", "--x", "epochs"),
          "column 'epochs' is not in these results; allowed:", results_with(lambda target, runs: None)),
     Case("report-corrupt-run-json", ("report", "{results}"), "run.json cannot be read", results_with(truncate("run.json"))),

@@ -420,9 +420,15 @@ def stored_spec(meta: Mapping[str, Any], path: str | Path) -> SweepSpec:
         StorageError: it is not a valid spec (an edited or damaged file).
     """
     try:
-        return SweepSpec.model_validate(meta["spec"])
+        spec = SweepSpec.model_validate(meta["spec"])
     except ValidationError as error:
         raise StorageError(f"{Path(path) / SWEEP_JSON}: the stored spec is not valid ({error.errors()[0]['msg']})") from None
+    named = [*spec.panels, *((*spec.table.rows, spec.table.columns) if spec.table else ())]
+    stray = [key for key in named if key not in spec.axes()]
+    if stray:  # an edited sweep.json: its report would fail on the missing axis
+        raise StorageError(f"{Path(path) / SWEEP_JSON}: the stored spec's panels or table name {stray[0]!r}, not an axis "
+                           f"of the sweep ({', '.join(spec.axes())})")
+    return spec
 
 
 def _check_call(overrides: Any, ray_address: Any, verbose: Any) -> None:
@@ -622,7 +628,7 @@ def load_sweep(path: str | Path) -> SweepResult:
     """
     path = folder_of(path, "path").absolute()
     meta = read_sweep_json(path)
+    spec = stored_spec(meta, path)
     if not (path / TRIALS).is_file():
-        raise NoResults(f"sweep folder {str(path)!r} has no {TRIALS} yet; finish it with: "
-                                f"{to_continue('sweep', path)}")
-    return SweepResult(path, stored_spec(meta, path), results.read_parquet(path / TRIALS))
+        raise NoResults(f"sweep folder {str(path)!r} has no {TRIALS} yet; finish it with: {to_continue('sweep', path)}")
+    return SweepResult(path, spec, results.read_parquet(path / TRIALS))
