@@ -102,16 +102,16 @@ def command_line() -> Iterator[None]:
 def to_continue(kind: str, path: object) -> str:
     """How to continue the run (``kind="run"``) or sweep (``"sweep"``) kept in ``path``: the command to type
     (:func:`command`) inside the ``fedcomp`` command, else the Python call (``fedcomp.resume('...')``)."""
-    if _on_command_line[0]:
-        return command(kind, "--resume", path)
-    return f"fedcomp.{'resume' if kind == 'run' else 'resume_sweep'}({str(path)!r})"
+    return command(kind, "--resume", path) if _on_command_line[0] else _python_call(kind, path)
 
 
 def resuming(kind: str, path: object) -> str:
     """How a message names the folder the user gave to continue a run (``kind="run"``) or sweep: ``--resume '<path>'``
     inside the ``fedcomp`` command, else the Python call that was given it."""
-    if _on_command_line[0]:
-        return f"--resume {str(path)!r}"
+    return f"--resume {str(path)!r}" if _on_command_line[0] else _python_call(kind, path)
+
+
+def _python_call(kind: str, path: object) -> str:
     return f"fedcomp.{'resume' if kind == 'run' else 'resume_sweep'}({str(path)!r})"
 
 
