@@ -8,23 +8,15 @@ holds here: the two registration decorators; the base classes of a task (:class:
 an algorithm (:class:`LocalSteps` -- ``draw`` and a pure ``update`` -- or :class:`Algorithm` with a ``round`` of its
 own, their hyperparameters :class:`CommonHParams`); the typed records of state (:class:`State`, :class:`Model`,
 :class:`MinimaxModel`, :func:`unsent`); a round's federation (:class:`Round`) and a client program's context
-(:class:`ClientContext`); the problem kinds' names and protocols; the oracles an update differentiates through; the
+(:class:`ClientContext`); the problem kinds' names (:mod:`kinds`: ``kind = kinds.PLAIN``) and protocols; the oracles an update differentiates through; the
 descent step every built-in takes (:func:`descend`); and the seeded generator (:func:`generator`).
 """
 
 from __future__ import annotations
 
+from fedcomp.platform import kinds
 from fedcomp.platform.algorithms.base import Algorithm, ClientContext, CommonHParams, LocalSteps, Tensors
 from fedcomp.platform.algorithms.steps import descend
-from fedcomp.platform.kinds import (
-    BILEVEL,
-    COMPOSITIONAL,
-    COMPOSITIONAL_GLOBAL,
-    COMPOSITIONAL_MINIMAX,
-    CONDITIONAL,
-    MINIMAX,
-    PLAIN,
-)
 from fedcomp.platform.oracles import grad_and_loss, grad_xy, inner_value_vjp, outer_grad
 from fedcomp.platform.params import Params
 from fedcomp.platform.problems import (
@@ -43,13 +35,6 @@ from fedcomp.platform.state import MinimaxModel, Model, State, unsent
 from fedcomp.platform.tasks.base import Task
 
 __all__ = [
-    "BILEVEL",
-    "COMPOSITIONAL",
-    "COMPOSITIONAL_GLOBAL",
-    "COMPOSITIONAL_MINIMAX",
-    "CONDITIONAL",
-    "MINIMAX",
-    "PLAIN",
     "Algorithm",
     "BilevelProblem",
     "ClientContext",
@@ -73,6 +58,7 @@ __all__ = [
     "grad_and_loss",
     "grad_xy",
     "inner_value_vjp",
+    "kinds",
     "outer_grad",
     "register_algorithm",
     "register_task",
