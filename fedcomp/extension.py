@@ -8,8 +8,9 @@ holds here: the two registration decorators; the base classes of a task (:class:
 an algorithm (:class:`LocalSteps` -- ``draw`` and a pure ``update`` -- or :class:`Algorithm` with a ``round`` of its
 own, their hyperparameters :class:`CommonHParams`); the typed records of state (:class:`State`, :class:`Model`,
 :class:`MinimaxModel`, :func:`unsent`); a round's federation (:class:`Round`) and a client program's context
-(:class:`ClientContext`); the problem kinds' names (:mod:`kinds`: ``kind = kinds.PLAIN``) and protocols; the oracles an update differentiates through; the
-descent step every built-in takes (:func:`descend`); and the seeded generator (:func:`generator`).
+(:class:`ClientContext`); the problem kinds' names (the module :mod:`kinds`: ``kind = kinds.PLAIN``) and their
+protocols; the oracles an update differentiates through; the descent step every built-in takes (:func:`descend`);
+and the seeded generator (:func:`generator`).
 """
 
 from __future__ import annotations
