@@ -4,13 +4,12 @@
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fedcomp.platform.config import Config, load_config, overrides_of, placement_only
-from fedcomp.platform.errors import ConfigError, resuming
+from fedcomp.platform.config import Config, folder_of, load_config, overrides_of, placement_only
+from fedcomp.platform.errors import resuming
 
 if TYPE_CHECKING:  # the runner and the backends import torch: a config is checked before they load
     from fedcomp.backends import make_server
@@ -98,9 +97,8 @@ def resume(run_dir: str | Path, overrides: Mapping[str, Any] | None = None) -> R
     from fedcomp.backends import make_server
     from fedcomp.platform.runner import completed_result, execute, resume_config
 
-    if not isinstance(run_dir, (str, os.PathLike)):
-        raise ConfigError(f"run_dir = {run_dir!r}: must be a run folder's path (a str or a pathlib.Path)")
-    changes = placement_only(overrides or {}, f"{resuming('run', run_dir)}: setting", more=("run.progress",))
+    run_dir = folder_of(run_dir, "run_dir", "a run folder's path")
+    changes = placement_only(overrides, f"{resuming('run', run_dir)}: setting", more=("run.progress",))
     config = resume_config(run_dir)
     if changes:
         config = load_config(config.to_dict(), changes)

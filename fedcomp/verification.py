@@ -174,13 +174,13 @@ def verify(
     if out is not None:
         out = folder_of(out, "out")
     meta, original = read_run(run_dir)
-    changes = placement_only(overrides or {}, "verify --set")
+    changes = placement_only(overrides, "verify --set")
     if backend is not None:
         changes["federation.backend"] = backend
-    if out is not None and Path(run_dir).resolve() in (Path(out).resolve(), *Path(out).resolve().parents):
+    if out is not None and run_dir.resolve() in (out.resolve(), *out.resolve().parents):
         raise ConfigError(f"verify --out {str(out)!r}: lies in the run folder it verifies ({str(run_dir)!r}); a re-run "
                           f"goes beside a run, never into it (it would then hold another run)")
-    target = Path(out) if out is not None else Path(tempfile.mkdtemp(prefix="fedcomp-verify-"))
+    target = out if out is not None else Path(tempfile.mkdtemp(prefix="fedcomp-verify-"))
     from fedcomp.api import make_server
     from fedcomp.platform.runner import execute
 

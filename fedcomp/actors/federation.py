@@ -76,8 +76,10 @@ def unwrap(error: RayTaskError) -> BaseException:
     error as the same one line; another (a bug in a user's algorithm or task) as the same exception, the actor's
     traceback added as its note (Ray's own wrapper said it in Ray's words, with terminal colour codes)."""
     cause = _cause(error)
-    if isinstance(cause, PlatformError) or not isinstance(cause, Exception):
-        return cause if isinstance(cause, PlatformError) else error
+    if isinstance(cause, PlatformError):
+        return cause
+    if not isinstance(cause, Exception):
+        return error
     add_note(cause, f"raised in a Ray actor: {COLOUR.sub('', str(error)).strip()}")
     return cause
 

@@ -24,7 +24,7 @@ from pydantic import BaseModel, Field, ValidationError, field_validator, model_v
 from fedcomp.platform import catalog, environment
 from fedcomp.platform.errors import ConfigError
 from fedcomp.platform.params import Params
-from fedcomp.platform.yamlfile import parse_yaml, read_yaml_file
+from fedcomp.platform.yamlfile import first_comment, parse_yaml, read_yaml_file
 
 SECTIONS = ("task", "algorithm", "federation", "run")
 
@@ -291,9 +291,7 @@ def preset_text(name: str) -> str:
 
 def preset_description(name: str) -> str:
     """The first comment line of a preset file (its one-line description)."""
-    text = preset_text(name)
-    first = text.splitlines()[0] if text else ""
-    return first.lstrip("# ").strip()
+    return first_comment(preset_text(name))
 
 
 @functools.cache
@@ -364,15 +362,15 @@ def overrides_of(overrides: Any, name: str = "overrides") -> dict[str, Any]:
     return dict(overrides)
 
 
-def folder_of(value: Any, name: str) -> Path:
+def folder_of(value: Any, name: str, what: str = "a folder's path") -> Path:
     """A folder argument of the Python API (a ``str`` or ``os.PathLike``, ``~`` expanded) as a ``Path``.
 
     Raises:
-        ConfigError: anything else (``None``, a number), naming the argument.
+        ConfigError: anything else (``None``, a number), naming the argument and ``what`` it must be.
     """
     if isinstance(value, (str, os.PathLike)) and str(value).strip():
         return Path(value).expanduser()
-    raise ConfigError(f"{name} = {value!r}: must be a folder's path (a str or a pathlib.Path)")
+    raise ConfigError(f"{name} = {value!r}: must be {what} (a str or a pathlib.Path)")
 
 
 PLACEMENT = (
@@ -393,7 +391,7 @@ PLACEMENT = (
 transport gives the same numbers, bit for bit): what a verification or a resume may change."""
 
 
-def placement_only(changes: Mapping[str, Any], where: str, more: tuple[str, ...] = ()) -> dict[str, Any]:
+def placement_only(changes: Mapping[str, Any] | None, where: str, more: tuple[str, ...] = ()) -> dict[str, Any]:
     """``changes`` (``section.key`` or ``section__key`` overrides), checked to hold only :data:`PLACEMENT` settings
     (and ``more``).
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import io
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -60,15 +60,12 @@ NOT_SETTINGS = ("task.name", "algorithm.name", "run.seed", "run.out", "run.name"
 wrote and how it spoke."""
 
 
-def differing_settings(path: str | Path, run_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
-    """Run id -> the settings (``section.key``, from ``run.json``) that tell apart runs of one algorithm and task
-    among the runs ``run_ids`` at ``path`` (``algorithm.lr``): those in which two such runs differ. A setting that
-    differs only between algorithms or tasks is theirs, not shown; one a run lacks (another algorithm's) shows as
-    ``-``."""
-    configs = {}
-    for run in results.run_dirs(path):
-        if run.name in run_ids:
-            configs[run.name] = flat_config(results.read_json(run / results.RUN_JSON)["config"])
+def differing_settings(metas: Mapping[str, Mapping[str, Any]], run_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """Run id -> the settings (``section.key``, from its ``run.json``, ``metas``) that tell apart runs of one
+    algorithm and task among the runs ``run_ids`` (``algorithm.lr``): those in which two such runs differ. A setting
+    that differs only between algorithms or tasks is theirs, not shown; one a run lacks (another algorithm's) shows
+    as ``-``."""
+    configs = {run: flat_config(metas[run]["config"]) for run in run_ids}
     groups: dict[tuple[Any, Any], list[dict[str, Any]]] = {}
     for config in configs.values():
         groups.setdefault((config.get("algorithm.name"), config.get("task.name")), []).append(config)
@@ -115,7 +112,7 @@ def report(path: str | Path, metric: str | None = None, x: str = "comm_rounds", 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    df, statuses, unreadable = results.read_runs(path)
+    df, metas, unreadable = results.read_runs(path)
     for run, error in unreadable.items():
         print(f"fedcomp: warning: run {run} left out of the report: {error}", file=sys.stderr)
     sweeps = sorted(p for p in Path(path).iterdir() if (p / "sweep.json").is_file()) if Path(path).is_dir() else []
@@ -131,7 +128,7 @@ def report(path: str | Path, metric: str | None = None, x: str = "comm_rounds", 
     out_dir = report_folder(path, out)
 
     shown = _metric_per_run(df, metric)
-    settings = differing_settings(path, list(shown))
+    settings = differing_settings(metas, list(shown))
     panels = list(dict.fromkeys(shown.values()))
     fig, axes = plt.subplots(1, len(panels), figsize=(6.4 * len(panels), 4.2), squeeze=False)
     several = df["run_id"].nunique() > 1
@@ -149,7 +146,8 @@ def report(path: str | Path, metric: str | None = None, x: str = "comm_rounds", 
     title = " / ".join(panels)
     left_out = "".join(f"- {run}: {error}\n" for run, error in unreadable.items())
     return write_report(out_dir, fig, f"# Results under `{path}`\n\n![{title}](report.png)\n\n"
-                        + summary_table(df, metric, statuses, settings)
+                        + summary_table(df, metric, {run: str(meta.get("status", "?")) for run, meta in metas.items()},
+                                        settings)
                         + (f"\nRuns left out, their files unreadable:\n\n{left_out}" if left_out else ""))
 
 

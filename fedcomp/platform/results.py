@@ -7,11 +7,14 @@ corrupt) is a one-line :class:`StorageError` naming the file, never an OS or unp
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
 import secrets
+import shutil
 import tempfile
+from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -126,6 +129,21 @@ def claim_folder(path: Path) -> Path:
         except OSError as error:
             raise StorageError(f"cannot create the folder {path}: {describe_os_error(error)}") from None
     raise StorageError(f"cannot create the folder {path}: 1,000 names drawn were all taken")
+
+
+def missing_parents(path: Path) -> list[Path]:
+    """The folders above ``path`` that are not there yet, nearest first: what :func:`claim_folder` makes with it, and
+    :func:`unclaim` removes again."""
+    return [p for p in path.parents if not os.path.lexists(p)]
+
+
+def unclaim(path: Path, made: Sequence[Path]) -> None:
+    """Remove the folder ``path`` and, where they are empty, the folders ``made`` for it (:func:`missing_parents`):
+    a run or sweep that kept nothing leaves nothing (a parent another run has used since stays)."""
+    shutil.rmtree(path, ignore_errors=True)
+    for parent in made:
+        with contextlib.suppress(OSError):
+            parent.rmdir()
 
 
 def check_writable(folder: str | Path, label: str | None = None) -> None:
@@ -281,9 +299,9 @@ def _no_runs(path: str | Path) -> str:
     return f"no fedcomp run results under {str(path)!r}"
 
 
-def read_runs(path: str | Path) -> tuple[pd.DataFrame, dict[str, str], dict[str, str]]:
-    """What a report of the runs under ``path`` shows: their rows (as :func:`load_results`), each run's status
-    (``run.json``'s) and, for each run whose files cannot be read (a damaged ``run.json`` or ``metrics.parquet``),
+def read_runs(path: str | Path) -> tuple[pd.DataFrame, dict[str, dict[str, Any]], dict[str, str]]:
+    """What a report of the runs under ``path`` shows: their rows (as :func:`load_results`), each run's ``run.json``
+    (its status, its config) and, for each run whose files cannot be read (a damaged ``run.json`` or ``metrics.parquet``),
     why -- such a run is passed over, so that one damaged run does not hide the others.
 
     Raises:
@@ -295,7 +313,7 @@ def read_runs(path: str | Path) -> tuple[pd.DataFrame, dict[str, str], dict[str,
     from fedcomp.platform.config import folder_of
 
     path = folder_of(path, "path")
-    frames, statuses, unreadable = [], {}, {}
+    frames, metas, unreadable = [], {}, {}
     for run in run_dirs(path):
         try:
             meta = read_json(run / RUN_JSON)
@@ -303,7 +321,7 @@ def read_runs(path: str | Path) -> tuple[pd.DataFrame, dict[str, str], dict[str,
         except StorageError as error:
             unreadable[run.name] = str(error)
             continue
-        statuses[run.name] = str(meta.get("status", "?"))
+        metas[run.name] = meta
         if frame is not None:
             frames.append(frame)
     if unreadable and not frames:
@@ -312,7 +330,7 @@ def read_runs(path: str | Path) -> tuple[pd.DataFrame, dict[str, str], dict[str,
                            f"{next(iter(unreadable.values()))}")
     if not frames:
         raise NoResults(_no_runs(path))
-    return pd.concat(frames, ignore_index=True), statuses, unreadable
+    return pd.concat(frames, ignore_index=True), metas, unreadable
 
 
 def _run_rows(run: Path, meta: dict[str, Any]) -> pd.DataFrame | None:

@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
 import platform as _stdlib_platform
-import shutil
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -257,13 +255,10 @@ def execute(
               file=sys.stderr, flush=True)
     tracker: tracking.Tracker = tracking.Tracker()
 
-    made = [p for p in run_dir.parents if not os.path.lexists(p)]  # results folders the claim creates, nearest first
+    made = results.missing_parents(run_dir)  # results folders the claim creates
 
     def discard() -> None:  # a run that kept nothing leaves nothing: its folder and the folders made for it
-        shutil.rmtree(run_dir, ignore_errors=True)
-        for parent in made:
-            with contextlib.suppress(OSError):  # not empty: another run's since
-                parent.rmdir()
+        results.unclaim(run_dir, made)
 
     def abruptly() -> str:  # the cluster went with a SIGTERM: what a kill leaves, less a folder with nothing in it
         if created:

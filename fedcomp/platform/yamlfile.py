@@ -84,3 +84,9 @@ def _describe(error: yaml.YAMLError, text: str) -> str:
 def _line(text: str, index: int) -> str:
     lines = text.splitlines()
     return lines[index] if 0 <= index < len(lines) else ""
+
+
+def first_comment(text: str) -> str:
+    """A YAML file's one-line description: its first line, where that is a comment (a preset's, a sweep file's)."""
+    first = (text.splitlines() or [""])[0]
+    return first.lstrip("# ").strip() if first.startswith("#") else ""

@@ -41,7 +41,7 @@ from fedcomp.platform.config import SECTIONS, Config, import_user_module, load_c
 from fedcomp.platform.errors import ConfigError
 from fedcomp.platform.params import Params
 from fedcomp.platform.report import metric_mode
-from fedcomp.platform.yamlfile import parse_yaml, read_yaml_file
+from fedcomp.platform.yamlfile import first_comment, parse_yaml, read_yaml_file
 
 DISTRIBUTIONS = ("uniform", "loguniform", "int", "choice")
 
@@ -280,14 +280,10 @@ def validate(spec: SweepSpec) -> list[str]:
         candidates = spec.points()
     for key in spec.set:
         _axis_key(key, "set key")
-    for key in spec.panels:
-        if key not in spec.axes():
-            raise ConfigError(f"panels: {key!r} is not an axis of this sweep; allowed: {', '.join(spec.axes())}")
-    if spec.table is not None:
-        allowed = [a for a in spec.axes() if a != "run.seed"]
-        for key in [*spec.table.rows, spec.table.columns]:
-            if key not in allowed:
-                raise ConfigError(f"table: {key!r} is not an axis of this sweep; allowed: {', '.join(allowed)}")
+    stray = axis_not_in_sweep(spec)
+    if stray is not None:
+        field, key, allowed = stray
+        raise ConfigError(f"{field}: {key!r} is not an axis of this sweep; allowed: {', '.join(allowed)}")
     backends: set[str] = set()
     modules: list[str] = []
     shortest = (math.inf, "")  # the fewest rounds of a trial, and where
@@ -313,15 +309,31 @@ def validate(spec: SweepSpec) -> list[str]:
         raise ConfigError(f"{where}grace_rounds = {spec.grace_rounds}: ASHA gives every trial that many rounds before it "
                           f"may stop one, more than run.rounds = {rounds}; use grace_rounds <= {rounds} or more rounds")
     metric, _ = spec.resolved_metric()
+    reported = {task: catalog.tasks()[task].metrics for task in tasks}
+    shared = [m for m in next(iter(reported.values())) if all(m in r for r in reported.values())]
+    several = len(tasks) > 1
+    wanted = [("metric", metric), *(("table.metrics", m) for m in (spec.table.metrics if spec.table else []))]
     for task, where in tasks.items():  # every trial's task reports the metric the sweep ranks them by
-        metrics = catalog.tasks()[task].metrics
-        for name, value in [("metric", metric), *(("table.metrics", m) for m in (spec.table.metrics if spec.table else []))]:
-            if value not in metrics and value != "train_loss":
-                shared = [m for m in metrics if all(m in catalog.tasks()[t].metrics for t in tasks)]
-                raise ConfigError(f"{where if len(tasks) > 1 else ''}{name} = {value!r} is not reported by task "
-                                  f"{task!r}; allowed: {', '.join((*shared, 'train_loss'))}" + (" (what every task of the sweep reports)"
-                                                                             if len(tasks) > 1 else ""))
+        for name, value in wanted:
+            if value not in reported[task] and value != "train_loss":
+                raise ConfigError(f"{where if several else ''}{name} = {value!r} is not reported by task {task!r}; "
+                                  f"allowed: {', '.join((*shared, 'train_loss'))}"
+                                  + (" (what every task of the sweep reports)" if several else ""))
     return [m for m in dict.fromkeys(modules) if m not in spec.modules]
+
+
+def axis_not_in_sweep(spec: SweepSpec) -> tuple[str, str, list[str]] | None:
+    """The first key the report splits or tabulates by (``panels``, ``table``) that is not an axis of the sweep, as
+    (field, key, the axes allowed there); None where all are."""
+    for key in spec.panels:
+        if key not in spec.axes():
+            return "panels", key, spec.axes()
+    if spec.table is not None:
+        allowed = [a for a in spec.axes() if a != "run.seed"]
+        for key in [*spec.table.rows, spec.table.columns]:
+            if key not in allowed:
+                return "table", key, allowed
+    return None
 
 
 def _blamed(spec: SweepSpec, where: str, error: ConfigError) -> str:
@@ -349,13 +361,7 @@ def preset_text(name: str) -> str:
 
 
 def preset_description(name: str) -> str:
-    return _description(preset_text(name))
-
-
-def _description(text: str) -> str:
-    """A sweep file's one-line description: its first line, where that is a comment."""
-    first = (text.splitlines() or [""])[0]
-    return first.lstrip("# ").strip() if first.startswith("#") else ""
+    return first_comment(preset_text(name))
 
 
 def _base_file(base: Any, folder: Path) -> Any:
@@ -390,7 +396,7 @@ def load_spec(source: str | Path | Mapping[str, Any] | SweepSpec, **changes: Any
             default_name = path.stem
             if isinstance(raw, dict):
                 raw["base"] = _base_file(raw.get("base", "quickstart"), path.parent)
-                raw.setdefault("description", _description(path.read_text(errors="replace")))
+                raw.setdefault("description", first_comment(path.read_text(errors="replace")))
         elif text in preset_names():
             raw = parse_yaml(preset_text(text), f"sweep preset {text!r}")
             default_name = text

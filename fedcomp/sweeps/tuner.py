@@ -14,7 +14,6 @@ import functools
 import logging
 import math
 import os
-import shutil
 import signal
 import sys
 import threading
@@ -52,7 +51,7 @@ from fedcomp.sweeps.callbacks import (
 )
 from fedcomp.sweeps.edges import EXTEND_JSON
 from fedcomp.sweeps.packs import make_packs, read_pack_rows, run_pack
-from fedcomp.sweeps.spec import SweepSpec, corners, load_spec
+from fedcomp.sweeps.spec import SweepSpec, axis_not_in_sweep, corners, load_spec
 from fedcomp.sweeps.trial import (
     concurrent_trials,
     members,
@@ -251,14 +250,16 @@ def sweep(
         max_concurrent=max_concurrent, pack=pack, set=dict(overrides or {}),
     )
     cap = edges_extend.check_options(spec, extend_edges, edge_cap)
-    tracking.require(spec.base_config().run.track)
-    results.check_writable(spec.base_config().run.out)  # before Ray starts; and a link to nothing is not followed
-    tracking.check_store(spec.base_config().run.track, spec.base_config().run.out)
+    run = spec.base_config().run
+    tracking.require(run.track)
+    results.check_writable(run.out)  # before Ray starts; and a link to nothing is not followed
+    tracking.check_store(run.track, run.out)
     cluster, has_gpus = _connect(ray_address, verbose, spec.modules)
     configs = _check_fits(spec, cluster, has_gpus)
-    out = Path(spec.base_config().run.out).resolve()
-    made = [p for p in (out / "sweep").parents if not os.path.lexists(p)]  # results folders the claim creates
-    path = results.claim_folder(out / new_sweep_id(spec, out))
+    out = Path(run.out).resolve()
+    path = out / new_sweep_id(spec, out)
+    made = results.missing_parents(path)  # results folders the claim creates
+    path = results.claim_folder(path)
     results.write_json(path / SWEEP_JSON, {"spec": spec.model_dump(mode="json"), "cluster_has_gpus": has_gpus})
     if cap is not None:
         edges_extend.start(path, cap)
@@ -269,12 +270,8 @@ def sweep(
     try:
         run_config = _run_config(spec, path, verbose)
     except Exception as error:  # its tracking store: MLflow's database damaged, its folder a file
-        shutil.rmtree(path, ignore_errors=True)
-        for parent in made:
-            with contextlib.suppress(OSError):
-                parent.rmdir()
-        track = spec.base_config().run.track
-        raise StorageError(f"run.track = {track!r}: the sweep's tracking could not start ({type(error).__name__}: "
+        results.unclaim(path, made)
+        raise StorageError(f"run.track = {run.track!r}: the sweep's tracking could not start ({type(error).__name__}: "
                            f"{results.first_line(error)}); nothing was kept") from None
     tuner = tune.Tuner(
         _trainable(spec, has_gpus),
@@ -423,11 +420,10 @@ def stored_spec(meta: Mapping[str, Any], path: str | Path) -> SweepSpec:
         spec = SweepSpec.model_validate(meta["spec"])
     except ValidationError as error:
         raise StorageError(f"{Path(path) / SWEEP_JSON}: the stored spec is not valid ({error.errors()[0]['msg']})") from None
-    named = [*spec.panels, *((*spec.table.rows, spec.table.columns) if spec.table else ())]
-    stray = [key for key in named if key not in spec.axes()]
-    if stray:  # an edited sweep.json: its report would fail on the missing axis
-        raise StorageError(f"{Path(path) / SWEEP_JSON}: the stored spec's panels or table name {stray[0]!r}, not an axis "
-                           f"of the sweep ({', '.join(spec.axes())})")
+    stray = axis_not_in_sweep(spec)
+    if stray is not None:  # an edited sweep.json: its report would fail on the missing axis
+        raise StorageError(f"{Path(path) / SWEEP_JSON}: the stored spec's panels or table name {stray[1]!r}, not an "
+                           f"axis of the sweep ({', '.join(spec.axes())})")
     return spec
 
 
