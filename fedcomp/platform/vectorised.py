@@ -113,7 +113,9 @@ class NotStackable(TypeError):
 def lockstep_local_steps(
     algorithm: Any, problem: Any, states: Sequence[Tensors], contexts: Sequence[ClientContext]
 ) -> list[tuple[Tensors, Tensors, StepInfo]] | None:
-    """Run :meth:`Algorithm.local_steps` for every client at once; ``None`` if their draws differ in shape.
+    """Run :meth:`Algorithm.local_steps` for every client at once; ``None`` if their draws or states differ in
+    shape (a client that joins late holds an empty field -- :func:`~fedcomp.platform.state.unsent` -- where the
+    others hold its value).
 
     Samples never depend on the state, so the round's draws are made first (client by client, step by step,
     each from its keyed generator: the one-at-a-time data). Consecutive steps whose draws have the same shapes
@@ -124,6 +126,10 @@ def lockstep_local_steps(
     Returns what the one-at-a-time program returns, per client and in order: the new state, its ``synced``
     outputs and the step info (loss summed in the same order, so the floats match too).
     """
+    try:
+        stacked = stack_trees(list(states))
+    except NotStackable:
+        return None
     q = algorithm.hp.local_steps
     steps = [contexts[0].round * q + s for s in range(q)]
     drawn = [[algorithm.draw(problem, ctx.client, step, ctx.rng(step)) for ctx in contexts] for step in steps]
@@ -131,7 +137,6 @@ def lockstep_local_steps(
         per_step = [stack_trees([batch for batch, _ in clients]) for clients in drawn]
     except NotStackable:
         return None
-    stacked = {k: torch.stack([s[k] for s in states]) for k in states[0]}
     losses: list[torch.Tensor] = []
     for run in equal_shape_runs(per_step):
         chunk = [steps[i] for i in run]

@@ -423,7 +423,8 @@ Expected = Callable[[Any, Dims, int], "Counts | list[Counts]"]
 
 def _local_steps(*synced: Callable[[Dims], int], unsent_first: tuple[Callable[[Dims], int], ...] = ()) -> Expected:
     """q local steps, then one model round averaging the named quantities (uploaded and broadcast back); those in
-    ``unsent_first`` are not broadcast in round 0 (the clients' first step makes them: Local-SCGD's u)."""
+    ``unsent_first`` are not broadcast in round 0 (the clients' first step makes them: Local-SCGD's u,
+    LocalSCGDAM's h, u and v)."""
 
     def expected(hp: Any, n: Dims, r: int) -> Counts:
         floats = sum(size(n) for size in synced)
@@ -456,8 +457,9 @@ def _local_sgdm_rl(hp: Any, n: Dims, r: int) -> Counts:
 
 
 def _local_sgdam(hp: Any, n: Dims, r: int) -> Counts:
-    floats = 2 * (n.d + n.d_y) if hp.average == "all" else n.d + n.d_y  # x, y, u, v or x, y
-    return per_round(1, hp.local_steps, floats, floats)
+    """x, y, u, v or x, y; u and v are not broadcast in round 0 (step 0 estimates them)."""
+    floats = 2 * (n.d + n.d_y) if hp.average == "all" else n.d + n.d_y
+    return per_round(1, hp.local_steps, floats, n.d + n.d_y if r == 0 else floats)
 
 
 def _feddro(hp: Any, n: Dims, r: int) -> Counts:
@@ -596,7 +598,7 @@ EXPECTED_COUNTERS: dict[str, Expected] = {
     "local-scgd": _local_steps(X, G, unsent_first=(G,)),
     "local-scgdm": _local_steps(X, G, X, unsent_first=(G,)),
     # compositional minimax (9.2): x, y, h, u, v; minimax (9.3, 7.3): x, y, u, v / x, y
-    "local-scgdam": _local_steps(X, Y, G, X, Y),
+    "local-scgdam": _local_steps(X, Y, G, X, Y, unsent_first=(G, X, Y)),  # h, u, v: step 0 estimates them
     "local-sgdam": _local_sgdam,
     "fedavg-s": _local_steps(X, Y),
     "coda": _stagewise("coda"),

@@ -22,6 +22,7 @@ from fedcomp.platform.config import load_config
 from fedcomp.platform.environment import torch_release
 from fedcomp.platform.federation import ClientHost, Layout, build_algorithm, build_task
 from fedcomp.platform.rng import generator
+from fedcomp.platform.state import unsent
 from fedcomp.platform.vectorised import (
     LOCKSTEP_MAX_CPU_FLOATS,
     LOCKSTEP_MIN_CPU_CLIENTS,
@@ -136,6 +137,18 @@ def test_clients_with_differently_shaped_draws_fall_back_to_one_at_a_time():
     x0 = build_task(cfg).init_params(generator(0, "init"))
     states = [algorithm.join(algorithm.broadcast(algorithm.init(x0))).tensors() for _ in range(2)]
     contexts = [ClientContext(c, 0, 0, lambda *ids, c=c: generator(0, "client-step", c, *ids)) for c in range(2)]
+    assert lockstep_local_steps(algorithm, problem, states, contexts) is None
+
+
+def test_clients_whose_states_differ_in_shape_fall_back_to_one_at_a_time():
+    """A first-timer holds an empty (unsent) private field where clients that took part before hold its value."""
+    cfg = load_config("fig1-fcsg-m", {"federation.clients": 3})
+    algorithm, problem = build_algorithm(cfg), build_task(cfg).problem("conditional")
+    state = algorithm.join(algorithm.broadcast(algorithm.init(build_task(cfg).init_params(generator(0, "init")))))
+    states = [state.tensors() for _ in range(3)]
+    contexts = [ClientContext(c, 0, 0, lambda *ids, c=c: generator(0, "client-step", c, *ids)) for c in range(3)]
+    assert lockstep_local_steps(algorithm, problem, states, contexts) is not None
+    states[1] = {**states[1], "u": unsent()}
     assert lockstep_local_steps(algorithm, problem, states, contexts) is None
 
 

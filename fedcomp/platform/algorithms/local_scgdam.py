@@ -51,7 +51,7 @@ from fedcomp.platform.errors import ConfigError
 from fedcomp.platform.oracles import grad_xy_and_value, inner_value_vjp
 from fedcomp.platform.problems import CompositionalMinimaxProblem
 from fedcomp.platform.registry import register_algorithm
-from fedcomp.platform.state import MinimaxModel
+from fedcomp.platform.state import MinimaxModel, unsent
 
 __all__ = ["LocalSCGDAM", "LocalSCGDAMHParams", "SCGDAMState"]
 
@@ -72,9 +72,10 @@ class LocalSCGDAM(MomentumGDA):
     Client = Server = SCGDAMState
 
     def init(self, variables: Tensors) -> SCGDAMState:
+        """x_0, y_0; h, u and v are estimated from samples at global step 0 (the pseudo-code's init), so there is
+        nothing to send of them before the first averaging: empty (:func:`~fedcomp.platform.state.unsent`)."""
         x, y = variables["x"], variables["y"]
-        zeros = torch.zeros_like  # h, u, v are estimated from samples at global step 0 (the pseudo-code's init)
-        return SCGDAMState(x=x.clone(), y=y.clone(), h=zeros(x), u=zeros(x), v=zeros(y))
+        return SCGDAMState(x=x.clone(), y=y.clone(), h=unsent(), u=unsent(), v=unsent())
 
     def _draw(self, problem: CompositionalMinimaxProblem, client: int, gen: torch.Generator) -> tuple[Any, int]:
         """(xi, zeta) of one iteration and the examples drawn."""

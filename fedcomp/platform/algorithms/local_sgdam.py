@@ -34,7 +34,7 @@ from fedcomp.platform.algorithms.momentum_gda import MomentumGDA
 from fedcomp.platform.oracles import grad_xy_and_value
 from fedcomp.platform.problems import MinimaxProblem
 from fedcomp.platform.registry import register_algorithm
-from fedcomp.platform.state import MinimaxModel, State
+from fedcomp.platform.state import MinimaxModel, State, unsent
 
 __all__ = ["LocalSGDAM", "LocalSGDAMHParams", "Momenta", "PrivateMomenta"]
 
@@ -50,14 +50,6 @@ class Momenta(MinimaxModel):
 M = TypeVar("M", bound=Momenta)
 
 
-@dataclass(frozen=True)
-class OwnMomenta(Momenta):
-    """A client's state under ``average: model``: its own momenta, and whether it has estimated them yet."""
-
-    estimated: Tensor
-    """[1.0] once the client estimated its momenta (its first step), [0.0] before."""
-
-
 @register_algorithm(LOCAL_SGDAM)
 class LocalSGDAM(MomentumGDA):
     """Local stochastic gradient descent-ascent with momentum; x, y (and by default u, v) averaged every p steps."""
@@ -71,8 +63,9 @@ class LocalSGDAM(MomentumGDA):
         return super().__new__(PrivateMomenta if model_only else cls)
 
     def init(self, variables: Tensors) -> State:
-        x, y = variables["x"], variables["y"]  # u, v are estimated from samples at global step 0
-        return Momenta(x=x.clone(), y=y.clone(), u=torch.zeros_like(x), v=torch.zeros_like(y))
+        """x_0, y_0; u and v are estimated from samples at global step 0: empty until then (nothing to send)."""
+        x, y = variables["x"], variables["y"]
+        return Momenta(x=x.clone(), y=y.clone(), u=unsent(), v=unsent())
 
     def _draw(self, problem: MinimaxProblem, client: int, gen: torch.Generator) -> tuple[Any, int]:
         batch = problem.sample(client, "inner", self.hp.outer_batch, gen)
@@ -94,22 +87,21 @@ class PrivateMomenta(LocalSGDAM):
     that takes part for the first time after step 0 estimates them on its first step's draw, as every client
     does at step 0, so its first draw depends on its state: no lockstep."""
 
-    Client = OwnMomenta
     Server = MinimaxModel
     vectorisable = False
 
     def init(self, variables: Tensors) -> MinimaxModel:
         return MinimaxModel(x=variables["x"].clone(), y=variables["y"].clone())
 
-    def join(self, broadcast: Tensors) -> OwnMomenta:
-        x, y = broadcast["x"].clone(), broadcast["y"].clone()
-        return OwnMomenta(x=x, y=y, u=torch.zeros_like(x), v=torch.zeros_like(y), estimated=torch.zeros(1))
+    def join(self, broadcast: Tensors) -> Momenta:
+        """x and y from the broadcast; the momenta empty until the client's first step estimates them."""
+        return Momenta(x=broadcast["x"].clone(), y=broadcast["y"].clone(), u=unsent(), v=unsent())
 
     def local_steps(
-        self, problem: MinimaxProblem, state: OwnMomenta, ctx: ClientContext
-    ) -> tuple[OwnMomenta, Tensors, StepInfo]:
+        self, problem: MinimaxProblem, state: Momenta, ctx: ClientContext
+    ) -> tuple[Momenta, Tensors, StepInfo]:
         """``q`` local steps (global step index ``round * q + s``); a client without momenta estimates them first."""
-        q, fresh = self.hp.local_steps, not bool(state.estimated)
+        q, fresh = self.hp.local_steps, state.u.numel() == 0
         total, losses = StepInfo(), []
         for s in range(q):
             step = ctx.round * q + s
@@ -118,4 +110,4 @@ class PrivateMomenta(LocalSGDAM):
             total.samples += samples
             losses.append(torch.as_tensor(loss).detach())  # no autograd graph kept until the read
         total.loss = mean_loss(losses)
-        return state.replace(estimated=torch.ones(1)), {"x": state.x, "y": state.y}, total
+        return state, {"x": state.x, "y": state.y}, total

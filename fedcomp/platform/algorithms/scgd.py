@@ -31,7 +31,7 @@ is the slides' single moving-average point (``moving-average``).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
@@ -59,19 +59,6 @@ class SCGDState(State):
 class SCGDMState(SCGDState):
     m: Tensor
     """The momentum of the compositional gradient."""
-
-
-@dataclass(frozen=True)
-class OwnInner(SCGDState):
-    """A client's state under ``sync_inner: false``: its own u, and whether it has one yet."""
-
-    known: Tensor
-    """[1.0] once the client has estimated u (its first step), [0.0] before."""
-
-
-@dataclass(frozen=True)
-class OwnInnerM(OwnInner, SCGDMState):
-    """Local-SCGDM's client state under ``sync_inner: false``: x, u, m and ``known``."""
 
 
 @dataclass(frozen=True)
@@ -104,20 +91,13 @@ class _SCGDBase(LocalSteps[Any, Any]):
             )
         return (sample_pairs(client, b, gen),), 2 * b
 
-    def _gradient(
-        self, problem: CompositionalProblem, x: Tensor, u: Tensor, first: bool | Tensor, batch: Any
-    ) -> tuple[Tensor, Tensor, Tensor]:
-        """(z, new u, outer loss) of one step: the compositional gradient and the updated inner estimate; ``first``
-        (a Python bool, or a 0/1 tensor that may be batched under lockstep clients) starts u at g, as does a u not
-        sent yet (empty)."""
+    def _gradient(self, problem: CompositionalProblem, x: Tensor, u: Tensor, batch: Any) -> tuple[Tensor, Tensor, Tensor]:
+        """(z, new u, outer loss) of one step: the compositional gradient and the updated inner estimate. A u that
+        is empty -- the server's before its first averaging, a client's own before its first step -- starts at g."""
         gamma = self.hp.gamma
 
         def inner_point(g: Tensor) -> Tensor:
-            if u.numel() == 0:  # not sent yet (the server's before its first averaging): u starts at g
-                return g
-            if isinstance(first, Tensor):
-                return torch.where(first > 0, g, (1 - gamma) * u + gamma * g)
-            return g if first else (1 - gamma) * u + gamma * g
+            return g if u.numel() == 0 else (1 - gamma) * u + gamma * g
 
         if self.hp.inner_state == "moving-average":
             xi, zeta = batch
@@ -132,7 +112,7 @@ class _SCGDBase(LocalSteps[Any, Any]):
             point = inner_point(g)
             v, value = outer_grad(problem, point, zeta)
             z += vjp(v) / len(pairs)
-            if points is None:  # u's size is g's, which the first step's u (not sent yet: empty) does not have
+            if points is None:  # u's size is g's, which an empty u does not have
                 points = torch.zeros_like(point)
             points += point / len(pairs)
             loss += value / len(pairs)
@@ -159,22 +139,21 @@ class LocalSCGD(_SCGDBase):
         return SCGDState(x=x.clone(), u=unsent())
 
     def update(self, problem: CompositionalProblem, state: SCGDState, batch: Any, step: int) -> tuple[SCGDState, Tensor]:
-        z, u, loss = self._gradient(problem, state.x, state.u, _first(state, step), batch)
-        return _known(state.replace(x=descend(state.x, z, self.hp.lr), u=u)), loss
+        z, u, loss = self._gradient(problem, state.x, state.u, batch)
+        return state.replace(x=descend(state.x, z, self.hp.lr), u=u), loss
 
 
 class LocalSCGDOwnInner(LocalSCGD):
     """Local-SCGD with ``sync_inner: false``: x averaged, u kept on each client."""
 
-    Client = OwnInner
     Server = Model
 
     def init(self, variables: Tensors) -> Model:
         return Model(x=variables["x"].clone())
 
-    def join(self, broadcast: Tensors) -> OwnInner:
-        x = broadcast["x"].clone()
-        return OwnInner(x=x, u=torch.zeros_like(x), known=torch.zeros(1))
+    def join(self, broadcast: Tensors) -> SCGDState:
+        """x from the broadcast; u empty until the client's first step starts it at g (g's size, not x's)."""
+        return SCGDState(x=broadcast["x"].clone(), u=unsent())
 
 
 @register_algorithm(LOCAL_SCGDM)
@@ -196,35 +175,20 @@ class LocalSCGDM(_SCGDBase):
         return SCGDMState(x=x.clone(), u=unsent(), m=torch.zeros_like(x))
 
     def update(self, problem: CompositionalProblem, state: SCGDMState, batch: Any, step: int) -> tuple[SCGDMState, Tensor]:
-        z, u, loss = self._gradient(problem, state.x, state.u, _first(state, step), batch)
+        z, u, loss = self._gradient(problem, state.x, state.u, batch)
         m = z if step == 0 else (1 - self.hp.beta) * state.m + self.hp.beta * z
-        return _known(state.replace(x=descend(state.x, m, self.hp.lr), u=u, m=m)), loss
+        return state.replace(x=descend(state.x, m, self.hp.lr), u=u, m=m), loss
 
 
 class LocalSCGDMOwnInner(LocalSCGDM):
     """Local-SCGDM with ``sync_inner: false``: x and m averaged, u kept on each client."""
 
-    Client = OwnInnerM
     Server = ModelMomentum
 
     def init(self, variables: Tensors) -> ModelMomentum:
         x = variables["x"]
         return ModelMomentum(x=x.clone(), m=torch.zeros_like(x))
 
-    def join(self, broadcast: Tensors) -> OwnInnerM:
-        x = broadcast["x"].clone()
-        return OwnInnerM(x=x, u=torch.zeros_like(x), m=broadcast["m"].clone(), known=torch.zeros(1))
-
-
-K = TypeVar("K", bound=SCGDState)
-
-
-def _first(state: SCGDState, step: int) -> bool | Tensor:
-    """Whether u starts at g this step: at step 0, or -- with u kept on the client -- until the client has one."""
-    known = getattr(state, "known", None)
-    return step == 0 if known is None else known == 0
-
-
-def _known(state: K) -> K:
-    """After a step the client has its u."""
-    return state.replace(known=torch.ones_like(state.known)) if hasattr(state, "known") else state
+    def join(self, broadcast: Tensors) -> SCGDMState:
+        """x and m from the broadcast; u empty until the client's first step (:meth:`LocalSCGDOwnInner.join`)."""
+        return SCGDMState(x=broadcast["x"].clone(), u=unsent(), m=broadcast["m"].clone())
