@@ -225,6 +225,9 @@ def a_table() -> bytes:
 
 
 GOOD_YAML = "task: {name: invariant-logreg}\nalgorithm: {name: fcsg-m}\n"
+BOMB = "&a0 [1, 1, 1, 1, 1, 1, 1, 1, 1]"
+for _level in range(1, 8):  # 9 ** 8 items in a few lines: their full repr took seconds and gigabytes
+    BOMB = f"&a{_level} [{BOMB}, " + ", ".join([f"*a{_level - 1}"] * 8) + "]"
 
 def omniglot_zips(first: bytes) -> Callable[[Path, dict], dict[str, str]]:
     """Setup: a folder ``{file}`` holding ``first`` as images_background_small1.zip beside the shipped small2."""
@@ -576,7 +579,7 @@ CASES = [
          "line 1, column 3: a key must be a word or a number, not a list",
          file("listkey.yaml", "? [a, b]\n: 1\ntask: {name: invariant-logreg}\nalgorithm: {name: fcsg}\n")),
     Case("yaml-aliases-expanding-to-thousands", ("run", "{file}", "--set", "run.out={out}"),
-         "characters in all)", file("bomb.yaml", "task: {name: invariant-logreg, dim: [&b [&a [x, x, x, x, x, x, x, x, x], "
+         "task.dim = [[[...], [...], [...], [...], [...], [...], [...], [...], [...]], [[...], ", file("bomb.yaml", "task: {name: invariant-logreg, dim: [&b [&a [x, x, x, x, x, x, x, x, x], "
                                   "*a, *a, *a, *a, *a, *a, *a, *a], *b, *b, *b, *b, *b, *b, *b, *b]}\nalgorithm: {name: fcsg}\n")),
     Case("yaml-list", ("run", "{file}", "--set", "run.out={out}"), "must be a mapping with sections task, algorithm",
          file("list.yaml", "- task\n- algorithm\n")),
@@ -638,6 +641,9 @@ CASES = [
          file("cpus-sweep.yaml", "base: quickstart\ngrid: {algorithm.lr: [0.1]}\ncpus_per_trial: .inf\n")),
     Case("sweep-grid-lr-inf", ("sweep", "{file}", "--set", "run.out={out}"), "algorithm.lr = inf: Input should be a finite number",
          file("grid-sweep.yaml", "base: quickstart\ngrid: {algorithm.lr: [0.1, .inf]}\n")),
+    Case("sweep-grid-aliases-expanding-to-millions", ("sweep", "{file}", "--set", "run.out={out}"),
+         "sweep point {{'algorithm.lr': [[...], [...], [...], [...], [...], [...], [...], [...], [...]]}}: algorithm.lr = [[[...], ",
+         file("sweep-bomb.yaml", "base: quickstart\ngrid: {algorithm.lr: " + BOMB + "}\n")),
     Case("sweep-grid-empty", ("sweep", "{file}", "--set", "run.out={out}"), 'grid axis algorithm.lr = []: must be a non-empty list of values',
          file("sweep-grid-empty.yaml", "base: quickstart\ngrid: {algorithm.lr: []}\n")),
     Case("sweep-grid-scalar", ("sweep", "{file}", "--set", "run.out={out}"), 'grid axis algorithm.lr = 0.1: must be a non-empty list of values',

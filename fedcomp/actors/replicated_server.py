@@ -290,7 +290,7 @@ class ReplicatedServer:
         return phases
 
     def describe(self) -> dict[str, Any]:
-        return {**self.actors.describe(), "server": "replicated", "transport": "group"}
+        return {**self.actors.describe(), "server": "replicated", "transport": "collective"}  # as configured
 
     def placement(self) -> list[dict[str, Any]]:
         return list(self.actors.placement)

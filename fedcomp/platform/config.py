@@ -22,7 +22,7 @@ import yaml
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
 from fedcomp.platform import catalog, environment
-from fedcomp.platform.errors import ConfigError
+from fedcomp.platform.errors import ConfigError, shown
 from fedcomp.platform.params import Params
 from fedcomp.platform.yamlfile import first_comment, parse_yaml, read_yaml_file
 
@@ -354,7 +354,7 @@ def overrides_of(overrides: Any, name: str = "overrides") -> dict[str, Any]:
     if overrides is None:
         return {}
     if not isinstance(overrides, Mapping):
-        raise ConfigError(f"{name} = {overrides!r}: must be a mapping of 'section.key' to values, e.g. "
+        raise ConfigError(f"{name} = {shown(overrides)}: must be a mapping of 'section.key' to values, e.g. "
                           f"{{'algorithm.lr': 0.01}}")
     for key in overrides:
         if not isinstance(key, str):
@@ -370,7 +370,7 @@ def folder_of(value: Any, name: str, what: str = "a folder's path") -> Path:
     """
     if isinstance(value, (str, os.PathLike)) and str(value).strip():
         return Path(value).expanduser()
-    raise ConfigError(f"{name} = {value!r}: must be {what} (a str or a pathlib.Path)")
+    raise ConfigError(f"{name} = {shown(value)}: must be {what} (a str or a pathlib.Path)")
 
 
 PLACEMENT = (
@@ -418,7 +418,7 @@ def apply_overrides(raw: dict[str, Any], overrides: Mapping[str, Any]) -> dict[s
             )
         block = raw.setdefault(section, {})
         if not isinstance(block, dict):
-            raise ConfigError(f"section {section!r} must be a mapping, got {block!r}")
+            raise ConfigError(f"section {section!r} must be a mapping, got {shown(block)}")
         block[field] = value
     return raw
 
@@ -442,7 +442,7 @@ def _describe(error: ValidationError, section: str, model: type[BaseModel], raw:
     if not field and msg.split(" = ")[0] in model.model_fields:
         return f"{section}.{msg}"  # a cross-field check that names its field itself
     if field and field in raw:
-        return f"{where} = {raw[field]!r}: {msg}"
+        return f"{where} = {shown(raw[field])}: {msg}"
     return f"{where}: {msg}"
 
 

@@ -6,6 +6,7 @@ the user can fix in the input, the files or the cluster, 3 for a run that diverg
 
 from __future__ import annotations
 
+import reprlib
 import shlex
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -126,3 +127,15 @@ def command(*words: object) -> str:
     """A fedcomp command line that a message tells the user to run, each word quoted for the shell where it needs
     it (a run folder whose name has a space): copied and pasted, it runs as shown."""
     return " ".join(shlex.quote(str(word)) for word in ("fedcomp", *words))
+
+
+_SHOWN = reprlib.Repr()
+_SHOWN.maxlevel = 2
+_SHOWN.maxtuple = _SHOWN.maxlist = _SHOWN.maxdict = _SHOWN.maxset = _SHOWN.maxfrozenset = 20
+_SHOWN.maxstring = _SHOWN.maxother = 1000
+
+
+def shown(value: object) -> str:
+    """``repr(value)`` for a message that names a value the user gave, abridged with ``...`` past 20 items or 2
+    levels: a YAML file's aliases can expand a few lines into millions of items, whose full repr takes seconds."""
+    return _SHOWN.repr(value)

@@ -38,7 +38,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from fedcomp.platform import catalog
 from fedcomp.platform.config import SECTIONS, Config, import_user_module, load_config, plain_name
-from fedcomp.platform.errors import ConfigError
+from fedcomp.platform.errors import ConfigError, shown
 from fedcomp.platform.params import Params
 from fedcomp.platform.report import metric_mode
 from fedcomp.platform.yamlfile import first_comment, parse_yaml, read_yaml_file
@@ -290,7 +290,7 @@ def validate(spec: SweepSpec) -> list[str]:
     tasks: dict[str, str] = {}  # the trials' tasks, and where each is first
     spec.import_modules()
     for point in candidates:
-        where = f"sweep point {point}: " if point else ""
+        where = f"sweep point {shown(point)}: " if point else ""
         try:
             config = load_config(spec.base, {**spec.set, **point})
             config.in_script("a sweep's trials, each in a process of its own,")

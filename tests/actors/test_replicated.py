@@ -51,7 +51,7 @@ def test_an_actor_killed_mid_run_is_replaced_and_the_run_ends_with_the_local_num
     result = fedcomp.run(raw, {**overrides, "federation.backend": "ray", "federation.server": "replicated"})
     pd.testing.assert_frame_equal(_metrics(result), reference, check_exact=True)
     meta = json.loads((result.run_dir / "run.json").read_text())
-    assert meta["backend"]["server"] == "replicated" and meta["backend"]["transport"] == "group"
+    assert meta["backend"]["server"] == "replicated" and meta["backend"]["transport"] == "collective"  # as the config says it
     (event,) = meta["actor_replacements"]
     restored = 3 if case == "call" else 2
     assert event["actor"] == 1 and event["rerun"] == (
