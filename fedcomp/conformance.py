@@ -25,7 +25,7 @@ from typing import Any
 
 from fedcomp.platform import results
 from fedcomp.platform.config import Config, load_config, overrides_of
-from fedcomp.platform.errors import ConfigError, Interrupted
+from fedcomp.platform.errors import ConfigError, Interrupted, shown
 from fedcomp.verification import ColumnDifference, backend_text, compare
 
 SAME_SEED = ("a draw not from the generator `draw` (or a client program's ctx.rng) is given -- torch.randn or "
@@ -103,6 +103,9 @@ def check(
     overrides = overrides_of(overrides)
     if not isinstance(ray, bool):
         raise ConfigError(f"ray = {ray!r}: must be True or False")
+    if "run.out" in overrides:
+        raise ConfigError(f"run.out = {shown(overrides['run.out'])}: a check keeps no runs (they go to a temporary "
+                          f"folder, removed at its end); leave run.out out")
     config = source.replace(**overrides) if isinstance(source, Config) else load_config(source, overrides)
     rounds, every = config.run.rounds, config.run.eval_every
     middle = (rounds // 2) // every * every

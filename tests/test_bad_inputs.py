@@ -606,6 +606,8 @@ CASES = [
     Case("no-command", (), "the following arguments are required: {{run,verify,check,list,sweep,report,bench}}"),
     Case("unknown-command", ("train",), "argument {{run,verify,check,list,sweep,report,bench}}: invalid choice: 'train'"),
     Case("unknown-flag", ("run", "quickstart", "--fast"), "unrecognized arguments: --fast"),
+    Case("check-run-out", ("check", "quickstart", "--no-ray", "--set", "run.out={out}"),
+         "a check keeps no runs (they go to a temporary folder, removed at its end); leave run.out out"),
     Case("sweep-verbose", ("sweep", "quick", "--verbose", "5"), "argument --verbose: invalid choice: 5 (choose from 0, 1, 2)"),
     Case("sweep-seeds-text", ("sweep", "quick", "--seeds", "x"), "argument --seeds: invalid int value: 'x'"),
     Case("sweep-search", ("sweep", "quick", "--search", "random"), "argument --search: invalid choice: 'random'"),
