@@ -94,8 +94,9 @@ def test_local_scgd_reaches_the_closed_form_optimum(name):
 def test_the_moving_average_of_g_removes_the_bias_of_f_of_a_batch_mean():
     """With u = (1 - gamma) u + gamma g(x; xi) and z = (dg(x; xi)/dx)^T grad f(u), f linear in u's gradient, E z is
     -mbar + 2 lambda (1 - gamma/b) C x: u shares the draw xi with the Jacobian in a share gamma/b, so the fixed point
-    is x* / (1 - gamma/b). gamma = 1 is f of the batch mean itself: at b = 2 its fixed point is 2 x*, whose gap is
-    -F* (more than x = 0 has); gamma = 0.1 moves it to x* / 0.95, a gap of -F*/361."""
+    is x* / (1 - gamma/b), a gap of -F* (gamma/(b - gamma))^2. gamma = 1 is f of the batch mean itself: at b = 2 its
+    fixed point is 2 x*, whose objective is 0, as x = 0's (gap -F*); gamma = 0.1 moves it to x* / 0.95, a gap of
+    -F*/361."""
     plug_in = optimum_gap({"algorithm.name": "local-scgd", "algorithm.outer_batch": 2, "algorithm.gamma": 1.0,
                            "algorithm.lr": 0.02, "run.rounds": 100})
     averaged = optimum_gap({"algorithm.name": "local-scgd", "algorithm.outer_batch": 2, "algorithm.gamma": 0.1,
