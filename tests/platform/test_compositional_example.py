@@ -17,6 +17,7 @@ import fedcomp
 from fedcomp.conformance import check
 from fedcomp.platform import catalog
 from fedcomp.platform.config import load_config
+from tests.conftest import results_root
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "portfolio.py"
@@ -35,7 +36,7 @@ Not among the runs: ``algorithm.sync_inner: false`` (local-scgd(m)), which fails
 
 def optimum_gap(overrides: dict[str, object]) -> tuple[float, float]:
     """(the objective gap at x = 0, i.e. -F*, and the run's final gap)."""
-    metrics = fedcomp.run(EXAMPLE_YAML, {**QUIET, **overrides}).metrics
+    metrics = fedcomp.run(EXAMPLE_YAML, {**QUIET, "run.out": results_root(), **overrides}).metrics
     return float(metrics["objective_gap"].iloc[0]), float(metrics["objective_gap"].iloc[-1])
 
 
