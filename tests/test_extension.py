@@ -7,6 +7,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 import fedcomp.extension as extension
 from fedcomp.platform import oracles, registry, state
 from fedcomp.platform.algorithms import base
@@ -20,8 +22,9 @@ def test_it_re_exports_fedcomps_own_objects_and_lists_each_once():
     assert extension.State is state.State and extension.inner_value_vjp is oracles.inner_value_vjp
 
 
-def test_the_example_imports_nothing_else_of_fedcomp():
-    example = Path(__file__).resolve().parents[1] / "examples" / "extension.py"
+@pytest.mark.parametrize("name", ["extension.py", "portfolio.py"])
+def test_the_examples_import_nothing_else_of_fedcomp(name):
+    example = Path(__file__).resolve().parents[1] / "examples" / name
     modules = {node.module for node in ast.walk(ast.parse(example.read_text()))
                if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("fedcomp")}
     assert modules == {"fedcomp.extension"}
