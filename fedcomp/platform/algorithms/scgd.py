@@ -82,7 +82,9 @@ class _SCGDBase(LocalSteps[Any, Any]):
     def draw(self, problem: CompositionalProblem, client: int, step: int, gen: torch.Generator) -> tuple[Any, int]:
         b = self.hp.outer_batch
         if self.hp.inner_state == "moving-average":
-            return (problem.sample_inner(client, b, gen), problem.sample_outer(client, b, gen)), 2 * b
+            xi = problem.sample_inner(client, b, gen)
+            zeta = problem.sample_outer(client, b, gen)  # None: a deterministic f, no draws to count
+            return (xi, zeta), b if zeta is None else 2 * b
         sample_pairs = getattr(problem, "sample_pairs", None)
         if sample_pairs is None:
             raise ConfigError(
