@@ -31,6 +31,7 @@ from fedcomp.platform import results, run_checks
 from fedcomp.platform.config import Config
 from fedcomp.platform.errors import ResourceError
 from fedcomp.platform.runner import drive
+from fedcomp.sweeps.failures import Reports
 from fedcomp.sweeps.spec import SweepSpec
 from fedcomp.sweeps.staging import staging_folder
 
@@ -197,10 +198,17 @@ DIVERGED = "diverged"
 """The key of the result a trial that diverged reports last (its other metrics nan): the progress line's sign."""
 
 
-def run_trial(trial: dict[str, Any], spec_json: str, cluster_has_gpus: bool, env: dict[str, str]) -> None:
+def run_trial(trial: dict[str, Any], spec_json: str, cluster_has_gpus: bool, env: dict[str, str], metric: str) -> None:
     """The Tune trainable: build the run from the trial's config, restore it from Tune's checkpoint if
     there is one, and report every round (the latest evaluation row, as in ``metrics.parquet``) with a
-    checkpoint every ``run.checkpoint_every`` rounds and at the end."""
+    checkpoint every ``run.checkpoint_every`` rounds and at the end. A deterministic error fails the trial without
+    retries (:mod:`fedcomp.sweeps.failures`; ``metric``: the sweep's)."""
+    reports = Reports(metric)
+    with reports.final_if_deterministic():
+        _run_trial(trial, spec_json, cluster_has_gpus, env, reports)
+
+
+def _run_trial(trial: dict[str, Any], spec_json: str, cluster_has_gpus: bool, env: dict[str, str], reports: Reports) -> None:
     from fedcomp.backends import make_server
 
     spec = trial_process(spec_json, env)
@@ -224,22 +232,22 @@ def run_trial(trial: dict[str, Any], spec_json: str, cluster_has_gpus: bool, env
                 # as a run stops: the rounds before it are the trial's (tuner.collect reads the last row as the mark)
                 for row in step.rows:
                     if reported < row["round"] < step.round:
-                        tune.report({**row, "trial_round": row["round"]})
-                tune.report({**dict.fromkeys(step.rows[-1], math.nan), "round": step.round, "trial_round": step.round,
-                             DIVERGED: 1.0})
+                        reports.report({**row, "trial_round": row["round"]})
+                reports.report({**dict.fromkeys(step.rows[-1], math.nan), "round": step.round,
+                                "trial_round": step.round, DIVERGED: 1.0})
                 return
             # Every evaluation row once (the first step also carries round 0's), as in metrics.parquet;
             # a checkpoint round without an evaluation repeats the latest row to carry the checkpoint.
-            reports = [{**row, "trial_round": row["round"]} for row in step.rows if row["round"] > reported]
+            rows = [{**row, "trial_round": row["round"]} for row in step.rows if row["round"] > reported]
             reported = max(reported, step.rows[-1]["round"])
-            if step.checkpoint is not None and not reports:
-                reports = [{**step.rows[-1], "trial_round": step.round}]
-            for i, metrics in enumerate(reports):
-                if step.checkpoint is None or i < len(reports) - 1:
-                    tune.report(metrics)
+            if step.checkpoint is not None and not rows:
+                rows = [{**step.rows[-1], "trial_round": step.round}]
+            for i, metrics in enumerate(rows):
+                if step.checkpoint is None or i < len(rows) - 1:
+                    reports.report(metrics)
                     continue
                 with staging_folder() as folder:
-                    tune.report(metrics, checkpoint=_save(folder, step.checkpoint, step.rows, placement))
+                    reports.report(metrics, checkpoint=_save(folder, step.checkpoint, step.rows, placement))
     finally:
         server.close()
 
