@@ -11,7 +11,15 @@ import pytest
 from ray.exceptions import ActorDiedError, OutOfMemoryError, RayTaskError
 
 import fedcomp
-from fedcomp.platform.errors import ActorLost, ClientFailure, ConfigError, ResourceError, StorageError, TaskError, TrialsFailed
+from fedcomp.platform.errors import (
+    ActorLost,
+    ClientFailure,
+    ConfigError,
+    ResourceError,
+    StorageError,
+    TaskError,
+    TrialsFailed,
+)
 from fedcomp.sweeps.failures import deterministic
 
 REPO = Path(__file__).resolve().parents[2]
