@@ -31,6 +31,7 @@ from fedcomp.platform import results, run_checks
 from fedcomp.platform.config import Config
 from fedcomp.platform.errors import ResourceError
 from fedcomp.platform.runner import drive
+from fedcomp.sweeps import on_disk
 from fedcomp.sweeps.failures import Reports
 from fedcomp.sweeps.spec import SweepSpec
 from fedcomp.sweeps.staging import staging_folder
@@ -139,10 +140,11 @@ def write_run_files(directory: Path, checkpoint: bytes, rows: list[dict[str, Any
 
 
 def _save(directory: Path, checkpoint: bytes, rows: list[dict[str, Any]],
-          placement: list[dict[str, Any]] | None) -> tune.Checkpoint:
+          placement: list[dict[str, Any]] | None, trial: Mapping[str, Any]) -> tune.Checkpoint:
     write_run_files(directory, checkpoint, rows)
     if placement is not None:
-        results.write_json(directory / "placement.json", placement)
+        results.write_json(directory / on_disk.PLACEMENT_JSON, placement)
+    results.atomic_write(directory / on_disk.TRIAL_JSON, on_disk.trial_key(trial).encode())
     # from_directory builds the class it is called on; ray annotates it with the base class
     return cast(tune.Checkpoint, tune.Checkpoint.from_directory(str(directory)))
 
@@ -219,11 +221,18 @@ def _run_trial(trial: dict[str, Any], spec_json: str, cluster_has_gpus: bool, en
     if restored is not None:
         with restored.as_directory() as folder:
             checkpoint = results.read_checkpoint(Path(folder) / results.CHECKPOINT)
-    exit_round = int(env.get(FAULT_EXIT, 0)) if restored is None else 0
+        on_disk.number_on(on_disk.folder_number(Path(restored.path).name))
+    reported = max((row["round"] for row in checkpoint["rows"]), default=-1) if checkpoint else -1
+    found = on_disk.further_on(trial, checkpoint["server"]["counters"]["round"] if checkpoint else -1)
+    if found is not None:  # written after Tune's last save of its state: reported again, not run again
+        _report_found(found, reported, trial, reports)
+        if found.round >= config.run.rounds:
+            return
+        checkpoint, reported = found.content, max(row["round"] for row in found.rows)
+    exit_round = int(env.get(FAULT_EXIT, 0)) if restored is None and found is None else 0
 
     server = make_server(config)
     placement = server.placement() if hasattr(server, "placement") else None
-    reported = max((row["round"] for row in checkpoint["rows"]), default=-1) if checkpoint else -1
     try:
         for step in drive(config, server, checkpoint):
             if step.round == exit_round:
@@ -247,9 +256,23 @@ def _run_trial(trial: dict[str, Any], spec_json: str, cluster_has_gpus: bool, en
                     reports.report(metrics)
                     continue
                 with staging_folder() as folder:
-                    reports.report(metrics, checkpoint=_save(folder, step.checkpoint, step.rows, placement))
+                    reports.report(metrics, checkpoint=_save(folder, step.checkpoint, step.rows, placement, trial))
     finally:
         server.close()
+
+
+def _report_found(found: on_disk.Found, reported: int, trial: Mapping[str, Any], reports: Reports) -> None:
+    """Report a checkpoint found on disk as the run reported it: its rows after round ``reported`` (what Tune has
+    not been told), the last one with the checkpoint -- into its own folder where it is the trial's (Tune, told of
+    it, then prunes the older ones), else as the trial's next."""
+    rows = [{**row, "trial_round": row["round"]} for row in found.rows if row["round"] > reported]
+    rows = rows or [{**found.rows[-1], "trial_round": found.round}]  # a checkpoint round without an evaluation
+    for metrics in rows[:-1]:
+        reports.report(metrics)
+    if found.own:
+        on_disk.number_on(found.number - 1)
+    with staging_folder() as folder:
+        reports.report(rows[-1], checkpoint=_save(folder, found.data, found.rows, found.placement, trial))
 
 
 def read_trial_rows(checkpoint: tune.Checkpoint | None, sub: str = "") -> list[dict[str, Any]]:
