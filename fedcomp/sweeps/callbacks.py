@@ -24,6 +24,7 @@ from ray.tune import Callback
 
 from fedcomp.platform import tracking
 from fedcomp.platform.progress import duration, resolve, write_line
+from fedcomp.sweeps.failures import FINAL_ERROR
 
 
 def tracking_environment(track: str) -> None:
@@ -159,7 +160,10 @@ class TrialProgress(Callback):
     def _finished(self, trial: Any, status: str) -> None:
         self.done += 1
         self.failed += status == "failed"
-        value = (trial.last_result or {}).get(self.metric)
+        last = trial.last_result or {}
+        value = last.get(self.metric)
+        if last.get(FINAL_ERROR) == 1.0 and isinstance(value, float) and math.isnan(value):
+            value = None  # the mark of a trial that failed before it reported its metric
         if isinstance(value, (int, float)) and math.isfinite(value):
             better = value > self.best if self.mode == "max" else value < self.best
             self.best = value if math.isnan(self.best) or better else self.best

@@ -24,6 +24,7 @@ from ray import tune
 from fedcomp.platform import results
 from fedcomp.platform.config import Config
 from fedcomp.platform.runner import RoundDone, drive
+from fedcomp.sweeps.failures import Reports
 from fedcomp.sweeps.spec import SweepSpec
 from fedcomp.sweeps.staging import staging_folder
 from fedcomp.sweeps.trial import (
@@ -140,9 +141,16 @@ def _together(
         yield [(todo[i], step) for i, step in batch]
 
 
-def run_pack(trial: dict[str, Any], spec_json: str, cluster_has_gpus: bool, env: dict[str, str]) -> None:
+def run_pack(trial: dict[str, Any], spec_json: str, cluster_has_gpus: bool, env: dict[str, str], metric: str) -> None:
     """The Tune trainable of a packed trial: run its configurations (one at a time or in lockstep), report
-    every configuration's evaluation rows tagged with its index, and checkpoint them all together."""
+    every configuration's evaluation rows tagged with its index, and checkpoint them all together. A deterministic
+    error fails the trial without retries (:mod:`fedcomp.sweeps.failures`; ``metric``: the sweep's)."""
+    reports = Reports(metric)
+    with reports.final_if_deterministic():
+        _run_pack(trial, spec_json, cluster_has_gpus, env, reports)
+
+
+def _run_pack(trial: dict[str, Any], spec_json: str, cluster_has_gpus: bool, env: dict[str, str], reports: Reports) -> None:
     spec = trial_process(spec_json, env)
     configs = [pinned_config(spec, m, cluster_has_gpus) for m in members(trial)]
     torch_for(configs)
@@ -157,13 +165,13 @@ def run_pack(trial: dict[str, Any], spec_json: str, cluster_has_gpus: bool, env:
     )
     latest: dict[int, dict[str, Any]] = {}
     for batch in steps:
-        reports: list[dict[str, Any]] = []
+        pending: list[dict[str, Any]] = []
         save = False
         for k, step in batch:
             if step.round == exit_round:
                 os._exit(1)  # fault injection for tests: the trial's process dies mid-run
             new = [r for r in step.rows if r["round"] > reported.get(k, -1)]
-            reports += [{**r, "member": k, "trial_round": r["round"]} for r in new]
+            pending += [{**r, "member": k, "trial_round": r["round"]} for r in new]
             reported[k] = max(reported.get(k, -1), step.rows[-1]["round"])
             latest[k] = {**step.rows[-1], "member": k, "trial_round": step.round}
             if step.checkpoint is not None:
@@ -172,14 +180,14 @@ def run_pack(trial: dict[str, Any], spec_json: str, cluster_has_gpus: bool, env:
             if step.round >= configs[k].run.rounds:
                 done.add(k)
         if not save:
-            for metrics in reports:
-                tune.report(metrics)
+            for metrics in pending:
+                reports.report(metrics)
             continue
-        reports = reports or [latest[batch[-1][0]]]  # a checkpoint round without an evaluation
-        for metrics in reports[:-1]:
-            tune.report(metrics)
+        pending = pending or [latest[batch[-1][0]]]  # a checkpoint round without an evaluation
+        for metrics in pending[:-1]:
+            reports.report(metrics)
         with staging_folder() as folder:
-            tune.report(reports[-1], checkpoint=_save(folder, saved, done))
+            reports.report(pending[-1], checkpoint=_save(folder, saved, done))
 
 
 def read_pack_rows(checkpoint: tune.Checkpoint | None, member: int) -> list[dict[str, Any]]:

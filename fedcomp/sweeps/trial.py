@@ -31,6 +31,8 @@ from fedcomp.platform import results, run_checks
 from fedcomp.platform.config import Config
 from fedcomp.platform.errors import ResourceError
 from fedcomp.platform.runner import drive
+from fedcomp.sweeps import on_disk
+from fedcomp.sweeps.failures import Reports
 from fedcomp.sweeps.spec import SweepSpec
 from fedcomp.sweeps.staging import staging_folder
 
@@ -138,10 +140,11 @@ def write_run_files(directory: Path, checkpoint: bytes, rows: list[dict[str, Any
 
 
 def _save(directory: Path, checkpoint: bytes, rows: list[dict[str, Any]],
-          placement: list[dict[str, Any]] | None) -> tune.Checkpoint:
+          placement: list[dict[str, Any]] | None, trial: Mapping[str, Any]) -> tune.Checkpoint:
     write_run_files(directory, checkpoint, rows)
     if placement is not None:
-        results.write_json(directory / "placement.json", placement)
+        results.write_json(directory / on_disk.PLACEMENT_JSON, placement)
+    results.atomic_write(directory / on_disk.TRIAL_JSON, on_disk.trial_key(trial).encode())
     # from_directory builds the class it is called on; ray annotates it with the base class
     return cast(tune.Checkpoint, tune.Checkpoint.from_directory(str(directory)))
 
@@ -197,10 +200,17 @@ DIVERGED = "diverged"
 """The key of the result a trial that diverged reports last (its other metrics nan): the progress line's sign."""
 
 
-def run_trial(trial: dict[str, Any], spec_json: str, cluster_has_gpus: bool, env: dict[str, str]) -> None:
+def run_trial(trial: dict[str, Any], spec_json: str, cluster_has_gpus: bool, env: dict[str, str], metric: str) -> None:
     """The Tune trainable: build the run from the trial's config, restore it from Tune's checkpoint if
     there is one, and report every round (the latest evaluation row, as in ``metrics.parquet``) with a
-    checkpoint every ``run.checkpoint_every`` rounds and at the end."""
+    checkpoint every ``run.checkpoint_every`` rounds and at the end. A deterministic error fails the trial without
+    retries (:mod:`fedcomp.sweeps.failures`; ``metric``: the sweep's)."""
+    reports = Reports(metric)
+    with reports.final_if_deterministic():
+        _run_trial(trial, spec_json, cluster_has_gpus, env, reports)
+
+
+def _run_trial(trial: dict[str, Any], spec_json: str, cluster_has_gpus: bool, env: dict[str, str], reports: Reports) -> None:
     from fedcomp.backends import make_server
 
     spec = trial_process(spec_json, env)
@@ -211,11 +221,18 @@ def run_trial(trial: dict[str, Any], spec_json: str, cluster_has_gpus: bool, env
     if restored is not None:
         with restored.as_directory() as folder:
             checkpoint = results.read_checkpoint(Path(folder) / results.CHECKPOINT)
-    exit_round = int(env.get(FAULT_EXIT, 0)) if restored is None else 0
+        on_disk.number_on(on_disk.folder_number(Path(restored.path).name))
+    reported = max((row["round"] for row in checkpoint["rows"]), default=-1) if checkpoint else -1
+    found = on_disk.further_on(trial, checkpoint["server"]["counters"]["round"] if checkpoint else -1)
+    if found is not None:  # written after Tune's last save of its state: reported again, not run again
+        _report_found(found, reported, trial, reports)
+        if found.round >= config.run.rounds:
+            return
+        checkpoint, reported = found.content, max(row["round"] for row in found.rows)
+    exit_round = int(env.get(FAULT_EXIT, 0)) if restored is None and found is None else 0
 
     server = make_server(config)
     placement = server.placement() if hasattr(server, "placement") else None
-    reported = max((row["round"] for row in checkpoint["rows"]), default=-1) if checkpoint else -1
     try:
         for step in drive(config, server, checkpoint):
             if step.round == exit_round:
@@ -224,24 +241,38 @@ def run_trial(trial: dict[str, Any], spec_json: str, cluster_has_gpus: bool, env
                 # as a run stops: the rounds before it are the trial's (tuner.collect reads the last row as the mark)
                 for row in step.rows:
                     if reported < row["round"] < step.round:
-                        tune.report({**row, "trial_round": row["round"]})
-                tune.report({**dict.fromkeys(step.rows[-1], math.nan), "round": step.round, "trial_round": step.round,
-                             DIVERGED: 1.0})
+                        reports.report({**row, "trial_round": row["round"]})
+                reports.report({**dict.fromkeys(step.rows[-1], math.nan), "round": step.round,
+                                "trial_round": step.round, DIVERGED: 1.0})
                 return
             # Every evaluation row once (the first step also carries round 0's), as in metrics.parquet;
             # a checkpoint round without an evaluation repeats the latest row to carry the checkpoint.
-            reports = [{**row, "trial_round": row["round"]} for row in step.rows if row["round"] > reported]
+            rows = [{**row, "trial_round": row["round"]} for row in step.rows if row["round"] > reported]
             reported = max(reported, step.rows[-1]["round"])
-            if step.checkpoint is not None and not reports:
-                reports = [{**step.rows[-1], "trial_round": step.round}]
-            for i, metrics in enumerate(reports):
-                if step.checkpoint is None or i < len(reports) - 1:
-                    tune.report(metrics)
+            if step.checkpoint is not None and not rows:
+                rows = [{**step.rows[-1], "trial_round": step.round}]
+            for i, metrics in enumerate(rows):
+                if step.checkpoint is None or i < len(rows) - 1:
+                    reports.report(metrics)
                     continue
                 with staging_folder() as folder:
-                    tune.report(metrics, checkpoint=_save(folder, step.checkpoint, step.rows, placement))
+                    reports.report(metrics, checkpoint=_save(folder, step.checkpoint, step.rows, placement, trial))
     finally:
         server.close()
+
+
+def _report_found(found: on_disk.Found, reported: int, trial: Mapping[str, Any], reports: Reports) -> None:
+    """Report a checkpoint found on disk as the run reported it: its rows after round ``reported`` (what Tune has
+    not been told), the last one with the checkpoint -- into its own folder where it is the trial's (Tune, told of
+    it, then prunes the older ones), else as the trial's next."""
+    rows = [{**row, "trial_round": row["round"]} for row in found.rows if row["round"] > reported]
+    rows = rows or [{**found.rows[-1], "trial_round": found.round}]  # a checkpoint round without an evaluation
+    for metrics in rows[:-1]:
+        reports.report(metrics)
+    if found.own:
+        on_disk.number_on(found.number - 1)
+    with staging_folder() as folder:
+        reports.report(rows[-1], checkpoint=_save(folder, found.data, found.rows, found.placement, trial))
 
 
 def read_trial_rows(checkpoint: tune.Checkpoint | None, sub: str = "") -> list[dict[str, Any]]:

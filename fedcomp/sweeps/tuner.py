@@ -50,6 +50,7 @@ from fedcomp.sweeps.callbacks import (
     tracking_environment,
 )
 from fedcomp.sweeps.edges import EXTEND_JSON
+from fedcomp.sweeps.failures import FinalErrors
 from fedcomp.sweeps.packs import make_packs, read_pack_rows, run_pack
 from fedcomp.sweeps.spec import SweepSpec, axis_not_in_sweep, corners, load_spec
 from fedcomp.sweeps.trial import (
@@ -122,7 +123,7 @@ def _trainable(spec: SweepSpec, has_gpus: bool) -> Any:
 
     fn = tune.with_parameters(
         run_pack if spec.pack != "none" else run_trial, spec_json=spec.model_dump_json(), cluster_has_gpus=has_gpus,
-        env=fedcomp_env(),
+        env=fedcomp_env(), metric=spec.resolved_metric()[0],
     )
     return tune.with_resources(fn, functools.partial(placement_group_factory, spec=spec, cluster_has_gpus=has_gpus))
 
@@ -182,8 +183,8 @@ def _run_config(spec: SweepSpec, path: Path, verbose: int) -> tune.RunConfig:
         storage_path=str(path.parent),
         failure_config=tune.FailureConfig(max_failures=spec.max_failures),  # no num_to_keep: tune_state prunes
         verbose=verbose,
-        callbacks=[*logger_callbacks(run.track, path, spec.model_dump_json()), TrialProgress(trials, metric, mode, run.progress, verbose),
-                   tune_state.StateCopy()],
+        callbacks=[FinalErrors(spec.max_failures), *logger_callbacks(run.track, path, spec.model_dump_json()),
+                   TrialProgress(trials, metric, mode, run.progress, verbose), tune_state.StateCopy()],
         log_to_file=not verbose,  # at verbose 0 the trials' own output goes to files in their folders
     )
 

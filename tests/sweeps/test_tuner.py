@@ -25,6 +25,7 @@ from fedcomp.cli import main
 from fedcomp.platform import results
 from fedcomp.platform.errors import ResourceError
 from fedcomp.sweeps import tune_state
+from fedcomp.sweeps.on_disk import TRIAL_JSON
 from fedcomp.sweeps.report import best_configurations, outcome_counts, sweep_report
 from fedcomp.sweeps.trial import FAULT_EXIT
 from fedcomp.sweeps.tuner import load_sweep
@@ -223,6 +224,9 @@ def test_a_killed_sweep_resumes_without_redoing_finished_trials(ray_session, tmp
     assert not (sweep_dir / "trials.parquet").exists()
     finished_before = {p.parent.name for p in sweep_dir.glob("*/checkpoint_000005")}
     assert 1 <= len(finished_before) < 4
+    final_rows = {  # per finished trial's lr: its rows as its final checkpoint holds them, their clock times too
+        json.loads((sweep_dir / name / "checkpoint_000005" / TRIAL_JSON).read_text())["point"]["algorithm.lr"]:
+            pd.read_parquet(sweep_dir / name / "checkpoint_000005" / results.METRICS) for name in finished_before}
     result = fedcomp.resume_sweep(sweep_dir)
     trials = result.trials
     assert trials["trial"].nunique() == 4 and set(trials["status"]) == {"completed"}
@@ -232,6 +236,9 @@ def test_a_killed_sweep_resumes_without_redoing_finished_trials(ray_session, tmp
     pd.testing.assert_frame_equal(swept, alone, check_dtype=False)
     for name in finished_before:  # finished trials were not run again
         assert not list((sweep_dir / name).glob("checkpoint_000006"))
+    for lr, rows in final_rows.items():  # also where Tune's last saved state had them unfinished: a run again has
+        kept = trials[trials["algorithm.lr"] == lr].reset_index(drop=True)  # other wall_time values
+        pd.testing.assert_frame_equal(kept[list(rows.columns)], rows, check_dtype=False)
 
 
 def test_a_sweep_killed_while_tune_filled_a_checkpoint_folder_resumes_to_the_same_numbers(ray_session, tmp_path):

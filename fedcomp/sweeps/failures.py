@@ -1,0 +1,96 @@
+"""Which trial errors Tune retries: an error that may pass on a retry (a lost actor, process or node, memory run
+out) is retried ``max_failures`` times from the trial's last checkpoint; a deterministic one (a bad configuration,
+a bug in a user's algorithm or task module) fails the trial at once -- every retry would fail the same way, after
+running again from the checkpoint.
+
+Tune retries every error alike (``FailureConfig`` has no per-exception setting in Ray 2.x; ``fail_fast`` ends the
+whole sweep), and decides on the driver, from a count: a failed trial is retried while its failures are at most its
+``Trial.max_failures``. So the trainable, before it raises a deterministic error, reports one result marked
+:data:`FINAL_ERROR`; Tune hands that result to the driver's callbacks before it asks the trainable for more (which
+then raises), and :class:`FinalErrors` lowers that trial's ``max_failures`` to the failures it has had, so that this
+one is past it. The sweep's own value comes back as the trial ends, or starts again (``--resume`` after a fix).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Iterator
+from typing import Any
+
+from ray import tune
+from ray.exceptions import RayError, RayTaskError
+from ray.tune import Callback
+
+from fedcomp.platform.errors import ConfigError, PlatformError, TaskError
+
+FINAL_ERROR = "final_error"
+"""The key of the result a trial reports just before it raises a deterministic error (1.0, beside the metric at its
+latest value, nan before the first): the mark :class:`FinalErrors` acts on."""
+
+DETERMINISTIC_PLATFORM_ERRORS = (ConfigError, TaskError)
+"""fedcomp's own errors about the input: a value out of range, a task that breaks its contract. Its others
+(``ClientFailure``, ``ActorLost``, ``ResourceError``, ``StorageError``) are about actors, the cluster and the disk."""
+
+
+def deterministic(error: BaseException) -> bool:
+    """Whether ``error`` would recur on a retry of the trial: fedcomp's input errors and any ordinary exception
+    (a user's module), also raised in an actor the trial called; not Ray's errors for lost actors, objects, nodes
+    and workers, nor ``OSError`` (storage, connections), ``MemoryError``, any ``OutOfMemoryError`` (Ray's kill,
+    torch's allocators) or fedcomp's errors for lost actors and the cluster."""
+    if isinstance(error, RayTaskError):  # raised in a task or actor the trial called: the error it raised there
+        cause = error.cause
+        return cause is not None and cause is not error and deterministic(cause)
+    if any(kind.__name__ == "OutOfMemoryError" for kind in type(error).__mro__):
+        return False
+    if isinstance(error, (RayError, OSError, MemoryError)):
+        return False
+    if isinstance(error, PlatformError):
+        return isinstance(error, DETERMINISTIC_PLATFORM_ERRORS)
+    return isinstance(error, Exception)
+
+
+class Reports:
+    """A trainable's ``tune.report``, which keeps the latest value of the sweep's ``metric`` for the mark of a final
+    error (Tune checks that every result holds the metric; the trial's latest value, not nan, is what the progress
+    line and the searcher then see)."""
+
+    def __init__(self, metric: str) -> None:
+        self.metric = metric
+        self.latest = math.nan
+
+    def report(self, metrics: dict[str, Any], checkpoint: tune.Checkpoint | None = None) -> None:
+        tune.report(metrics, checkpoint=checkpoint)
+        self.latest = metrics.get(self.metric, self.latest)
+
+    @contextlib.contextmanager
+    def final_if_deterministic(self) -> Iterator[None]:
+        """Around the trainable's work: a deterministic error (:func:`deterministic`) is reported as the trial's
+        final error (:data:`FINAL_ERROR`) and raised; other errors are raised as they are, for Tune to retry."""
+        try:
+            yield
+        except Exception as error:
+            if deterministic(error):
+                tune.report({self.metric: self.latest, FINAL_ERROR: 1.0})
+            raise
+
+
+class FinalErrors(Callback):
+    """The driver's half: a trial whose result is marked :data:`FINAL_ERROR` is not retried when it fails next (its
+    ``max_failures`` lowered to its failures so far); ``max_failures`` (the sweep's) is put back as it ends or starts."""
+
+    def __init__(self, max_failures: int) -> None:
+        self.max_failures = max_failures
+
+    def on_trial_result(self, iteration: int, trials: list[Any], trial: Any, result: dict[str, Any], **info: Any) -> None:
+        if result.get(FINAL_ERROR) == 1.0:
+            trial.max_failures = trial.run_metadata.num_failures
+
+    def on_trial_start(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
+        trial.max_failures = self.max_failures
+
+    def on_trial_error(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
+        trial.max_failures = self.max_failures
+
+    def on_trial_complete(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
+        trial.max_failures = self.max_failures

@@ -1,0 +1,136 @@
+"""A sweep killed between two of Tune's experiment-state saves, resumed: the trials that finished (or checkpointed)
+after the last save are not run again, and the trials table is an uninterrupted sweep's."""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+import fedcomp
+from fedcomp.platform import results
+from fedcomp.platform.errors import StorageError
+from fedcomp.sweeps.on_disk import TRIAL_JSON
+
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLE = REPO / "examples" / "extension.py"
+EXAMPLE_YAML = REPO / "examples" / "extension.yaml"
+ROUNDS = 6
+SEEDS = 6
+
+
+def counting_task(folder: Path) -> Path:
+    """A user's task module (the example's least squares) that notes its run's seed in ``evaluations.txt`` at every
+    evaluation: a trial's evaluations there, one per round run (round 0 included), count the work it did."""
+    module = folder / "counting_task.py"
+    module.write_text(textwrap.dedent(f"""
+        from fedcomp.platform import catalog
+        from fedcomp.platform.registry import register_task
+
+        catalog.import_source({str(EXAMPLE)!r})
+
+
+        @register_task("least-squares-counted")
+        class Counted(catalog.task_class("least-squares")):
+            def __init__(self, params, seed, clients, device="cpu"):
+                super().__init__(params, seed, clients, device)
+                self.counted_seed = seed
+
+            def evaluator(self):
+                evaluate = super().evaluator()
+
+                def counted(state):
+                    with open({str(folder / "evaluations.txt")!r}, "a") as out:
+                        out.write(f"{{self.counted_seed}}\\n")
+                    return evaluate(state)
+                return counted
+    """))
+    return module
+
+
+def spec(module: Path, out: Path) -> dict:
+    """Six one-trial-at-a-time runs of the counted task (the seeds 0..5), checkpointed every 2 of their 6 rounds."""
+    overrides = {"run.rounds": ROUNDS, "run.eval_every": 1, "run.checkpoint_every": 2, "run.progress": "none",
+                 "run.track": "none", "federation.backend": "local", "federation.clients": 4,
+                 "federation.clients_per_round": 4, "algorithm.local_steps": 3, "run.seed": 0,
+                 "task.module": str(module), "task.name": "least-squares-counted", "run.out": str(out)}
+    return {"base": str(EXAMPLE_YAML), "set": overrides, "grid": {"algorithm.lr": [0.02]}, "seeds": SEEDS,
+            "max_concurrent": 1}
+
+
+def evaluations(folder: Path) -> collections.Counter[int]:
+    """Evaluations per seed noted so far (and the file emptied)."""
+    path = folder / "evaluations.txt"
+    seen = collections.Counter(int(line) for line in path.read_text().split()) if path.is_file() else collections.Counter()
+    path.write_text("")
+    return seen
+
+
+def on_disk(sweep_dir: Path) -> dict[int, int]:
+    """Per seed, the round of its latest whole checkpoint in the sweep's trial folders (a trial's Tune config is
+    in each of its checkpoint folders)."""
+    rounds: dict[int, int] = {}
+    for folder in sweep_dir.glob("*/checkpoint_*"):
+        try:
+            seed = json.loads((folder / TRIAL_JSON).read_text())["run.seed"]
+            taken = results.read_checkpoint(folder / results.CHECKPOINT)["server"]["counters"]["round"]
+        except (OSError, ValueError, StorageError):
+            continue  # being written
+        rounds[seed] = max(rounds.get(seed, -1), taken)
+    return rounds
+
+
+def comparable(trials: pd.DataFrame) -> pd.DataFrame:
+    """A trials table without what names the sweep and its trials (folders, ids) and the runs' clock times, in the
+    order of the seeds."""
+    kept = trials.drop(columns=["trial", "run.out", "run.name", "wall_time"], errors="ignore")
+    return kept.sort_values(["run.seed", "round"], kind="stable").reset_index(drop=True)
+
+
+def test_a_sweep_killed_after_trials_finished_unsaved_resumes_without_running_them_again(ray_session, tmp_path):
+    module = counting_task(tmp_path)
+    alone = fedcomp.sweep(spec(module, tmp_path / "alone")).trials
+    assert evaluations(tmp_path) == {seed: ROUNDS + 1 for seed in range(SEEDS)}
+
+    work = tmp_path / "killed"
+    spec_file = tmp_path / "spec.yaml"
+    spec_file.write_text(yaml.safe_dump(spec(module, work)))
+    address = ray_session.get_runtime_context().gcs_address
+    cmd = [sys.executable, "-m", "fedcomp", "sweep", str(spec_file), "--ray-address", address, "--verbose", "0"]
+    env = {**os.environ, "TUNE_GLOBAL_CHECKPOINT_S": "1000"}  # Tune saves its state once, as the sweep starts
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, start_new_session=True)
+    deadline = time.time() + 240
+    # until three trials have finished and the fourth has checkpointed: all after Tune's one save
+    while time.time() < deadline and proc.poll() is None:
+        taken = [r for folder in work.glob("*") for r in on_disk(folder).values()]
+        if taken.count(ROUNDS) >= 3 and len(taken) >= 4:
+            break
+        time.sleep(0.02)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    [sweep_dir] = work.iterdir()
+    disk = on_disk(sweep_dir)
+    assert list(disk.values()).count(ROUNDS) >= 3 and len(disk) >= 4 and not (sweep_dir / "trials.parquet").exists()
+    before = evaluations(tmp_path)
+
+    resumed = fedcomp.resume_sweep(sweep_dir).trials
+    after = evaluations(tmp_path)
+    redone = {seed: before[seed] + after[seed] - (ROUNDS + 1) for seed in range(SEEDS)}
+    print(f"on disk at the kill {disk}; evaluations before {dict(before)}, after {dict(after)}, redone {redone}")
+    assert set(resumed["status"]) == {"completed"} and resumed["trial"].nunique() == SEEDS
+    pd.testing.assert_frame_equal(comparable(resumed), comparable(alone))
+    # rounds run again: only those evaluated after the trial's latest checkpoint on disk (none for a finished trial)
+    assert redone == {seed: before[seed] - 1 - disk.get(seed, -1) for seed in range(SEEDS)}
+    assert sum(redone.values()) < 2  # a checkpoint every 2 rounds: at most one round of the one cut short
