@@ -85,18 +85,22 @@ def number_on(at_least: int) -> None:
     storage.current_checkpoint_index = max(storage.current_checkpoint_index, at_least)
 
 
+def of_this_config(trial: Mapping[str, Any]) -> list[tuple[Path, bool]]:
+    """The checkpoint folders of this trial (``trial``: its Tune config) and of the sweep's other trial folders
+    written for the same config, as (folder, in the trial's own), its own first."""
+    own = own_folder()
+    key = trial_key(trial)
+    folders = [p for p in own.parent.glob("*/checkpoint_*") if folder_number(p.name) >= 0]
+    return [(folder, folder.parent == own) for folder in sorted(folders, key=lambda p: (p.parent != own, p))
+            if folder.parent == own or _stored_key(folder) == key]
+
+
 def further_on(trial: Mapping[str, Any], known_round: int) -> Found | None:
     """The whole checkpoint of this trial (``trial``: its Tune config) taken at the latest round after
     ``known_round`` (the round of the checkpoint Tune handed it; -1 for none), or None."""
-    own = own_folder()
-    key = trial_key(trial)
     best: Found | None = None
-    folders = [p for p in own.parent.glob("*/checkpoint_*") if folder_number(p.name) >= 0]
-    for folder in sorted(folders, key=lambda p: (p.parent != own, p)):  # the trial's own folder first
-        mine = folder.parent == own
-        if not mine and _stored_key(folder) != key:
-            continue
-        found = _read(folder, mine)
+    for folder, own in of_this_config(trial):
+        found = _read(folder, own)
         if found is not None and found.round > (best.round if best else known_round):
             best = found
     return best

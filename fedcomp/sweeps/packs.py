@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
@@ -23,7 +24,9 @@ from ray import tune
 
 from fedcomp.platform import results
 from fedcomp.platform.config import Config
+from fedcomp.platform.errors import StorageError
 from fedcomp.platform.runner import RoundDone, drive
+from fedcomp.sweeps import on_disk
 from fedcomp.sweeps.failures import Reports
 from fedcomp.sweeps.spec import SweepSpec
 from fedcomp.sweeps.staging import staging_folder
@@ -92,30 +95,71 @@ Saved = tuple[bytes, list[dict[str, Any]]]
 """A configuration's latest checkpoint: the file's content and the evaluation rows it holds."""
 
 
-def _save(folder: Path, saved: Mapping[int, Saved], done: set[int]) -> tune.Checkpoint:
+@dataclass(frozen=True)
+class Pack:
+    """A packed trial's checkpoint: its configurations' checkpoints as read back (to continue from), as saved (to
+    save again until they are replaced), and which configurations had finished."""
+
+    restored: dict[int, dict[str, Any]]
+    saved: dict[int, Saved]
+    done: set[int]
+
+    @property
+    def rounds(self) -> int:
+        """The rounds its configurations' checkpoints were taken at, summed: how far the pack had come."""
+        return sum(int(c["server"]["counters"]["round"]) for c in self.restored.values())
+
+
+def _save(folder: Path, saved: Mapping[int, Saved], done: set[int], trial: Mapping[str, Any]) -> tune.Checkpoint:
     for k, (checkpoint, rows) in saved.items():
         sub = folder / f"member-{k}"
         sub.mkdir()
         write_run_files(sub, checkpoint, rows)
-    results.write_json(folder / PACK_JSON, {"done": sorted(done)})
+    results.write_json(folder / PACK_JSON, {"done": sorted(done), "members": sorted(saved)})
+    results.atomic_write(folder / on_disk.TRIAL_JSON, on_disk.trial_key(trial).encode())
     return cast(tune.Checkpoint, tune.Checkpoint.from_directory(str(folder)))
 
 
-def _restore(checkpoint: tune.Checkpoint | None) -> tuple[dict[int, dict[str, Any]], dict[int, Saved], set[int]]:
-    """The configurations' checkpoints as read back (to continue from), as saved (to save again until they are
-    replaced) and which configurations had finished."""
+def _restore(checkpoint: tune.Checkpoint | None) -> Pack:
+    """The packed trial's checkpoint Tune handed it (none: nothing done yet)."""
     if checkpoint is None:
-        return {}, {}, set()
+        return Pack({}, {}, set())
     with checkpoint.as_directory() as folder:
-        root = Path(folder)
-        done = set(results.read_json(root / PACK_JSON)["done"]) if (root / PACK_JSON).is_file() else set()
-        paths = {
-            int(sub.name.removeprefix("member-")): sub / results.CHECKPOINT
-            for sub in root.glob("member-*") if (sub / results.CHECKPOINT).is_file()
-        }
-        restored = {k: results.read_checkpoint(path) for k, path in paths.items()}
-        saved = {k: (path.read_bytes(), list(restored[k]["rows"])) for k, path in paths.items()}
-    return restored, saved, done
+        return _read(Path(folder))
+
+
+def _read(root: Path) -> Pack:
+    """The packed trial's checkpoint in folder ``root``.
+
+    Raises:
+        StorageError: a configuration its ``pack.json`` lists has no checkpoint there, or one that does not read back.
+    """
+    stored = results.read_json(root / PACK_JSON) if (root / PACK_JSON).is_file() else {}
+    paths = {
+        int(sub.name.removeprefix("member-")): sub / results.CHECKPOINT
+        for sub in root.glob("member-*") if (sub / results.CHECKPOINT).is_file()
+    }
+    missing = sorted(set(stored.get("members", ())) - set(paths))
+    if missing:
+        raise StorageError(f"{root}: no checkpoint of configuration {missing[0]}, which {PACK_JSON} lists")
+    restored = {k: results.read_checkpoint(path) for k, path in paths.items()}
+    saved = {k: (path.read_bytes(), list(restored[k]["rows"])) for k, path in paths.items()}
+    return Pack(restored, saved, set(stored.get("done", ())))
+
+
+def _further_on(trial: Mapping[str, Any], rounds: int) -> tuple[Path, bool, Pack] | None:
+    """The whole checkpoint on disk of this packed trial's configurations (``trial``: its Tune config) that came
+    furthest, past ``rounds`` (the one Tune handed it: :attr:`Pack.rounds`), with its folder and whether that is
+    the trial's own (:mod:`fedcomp.sweeps.on_disk`); None where none did."""
+    best: tuple[Path, bool, Pack] | None = None
+    for folder, own in on_disk.of_this_config(trial):
+        try:
+            pack = _read(folder) if (folder / PACK_JSON).is_file() else None  # pack.json: not a copy cut short
+        except (OSError, ValueError, StorageError):
+            continue
+        if pack is not None and pack.rounds > (best[2].rounds if best else rounds):
+            best = folder, own, pack
+    return best
 
 
 def _one_at_a_time(
@@ -155,10 +199,18 @@ def _run_pack(trial: dict[str, Any], spec_json: str, cluster_has_gpus: bool, env
     configs = [pinned_config(spec, m, cluster_has_gpus) for m in members(trial)]
     torch_for(configs)
     restored = tune.get_checkpoint()
-    resumed, saved, done = _restore(restored)
-    exit_round = int(env.get(FAULT_EXIT, 0)) if restored is None else 0
+    pack = _restore(restored)
+    if restored is not None:
+        on_disk.number_on(on_disk.folder_number(Path(restored.path).name))
+    reported = {k: max((r["round"] for r in rows), default=-1) for k, (_, rows) in pack.saved.items()}
+    found = _further_on(trial, pack.rounds)
+    if found is not None:  # written after Tune's last save of its state: reported again, not run again
+        _report_found(*found, reported, trial, reports)
+        pack = found[2]
+        reported = {k: max((r["round"] for r in rows), default=-1) for k, (_, rows) in pack.saved.items()}
+    resumed, saved, done = pack.restored, dict(pack.saved), set(pack.done)
+    exit_round = int(env.get(FAULT_EXIT, 0)) if restored is None and found is None else 0
     todo = [k for k in range(len(configs)) if k not in done]
-    reported = {k: max((r["round"] for r in rows), default=-1) for k, (_, rows) in saved.items()}
     steps = (
         _together(configs, todo, resumed, swept_floats(spec)) if spec.pack == "lockstep"
         else _one_at_a_time(configs, todo, resumed)
@@ -187,7 +239,25 @@ def _run_pack(trial: dict[str, Any], spec_json: str, cluster_has_gpus: bool, env
         for metrics in pending[:-1]:
             reports.report(metrics)
         with staging_folder() as folder:
-            reports.report(pending[-1], checkpoint=_save(folder, saved, done))
+            reports.report(pending[-1], checkpoint=_save(folder, saved, done, trial))
+
+
+def _report_found(folder: Path, own: bool, pack: Pack, reported: Mapping[int, int], trial: Mapping[str, Any],
+                  reports: Reports) -> None:
+    """Report a packed trial's checkpoint found on disk as the trial reported it: each configuration's rows after
+    those Tune was told of (``reported``), the last one with the checkpoint -- into its own folder where it is the
+    trial's (:func:`fedcomp.sweeps.trial.run_trial` does the same for a trial of one configuration)."""
+    rows = [{**row, "member": k, "trial_round": row["round"]}
+            for k, (_, kept) in sorted(pack.saved.items()) for row in kept if row["round"] > reported.get(k, -1)]
+    if not rows:  # a checkpoint round without an evaluation
+        k = max(pack.saved)
+        rows = [{**pack.saved[k][1][-1], "member": k, "trial_round": pack.restored[k]["server"]["counters"]["round"]}]
+    for metrics in rows[:-1]:
+        reports.report(metrics)
+    if own:
+        on_disk.number_on(on_disk.folder_number(folder.name) - 1)
+    with staging_folder() as staged:
+        reports.report(rows[-1], checkpoint=_save(staged, pack.saved, pack.done, trial))
 
 
 def read_pack_rows(checkpoint: tune.Checkpoint | None, member: int) -> list[dict[str, Any]]:

@@ -31,10 +31,11 @@ ROUNDS = 6
 SEEDS = 6
 
 
-def counting_task(folder: Path) -> Path:
-    """A user's task module (the example's least squares) that notes its run's seed in ``evaluations.txt`` at every
-    evaluation: a trial's evaluations there, one per round run (round 0 included), count the work it did."""
-    module = folder / "counting_task.py"
+def counting_task(folder: Path, name: str) -> Path:
+    """A user's task module ``name`` (the example's least squares, as task ``name``) that notes its run's seed in
+    ``evaluations.txt`` at every evaluation: a trial's evaluations there, one per round run (round 0 included), count
+    the work it did."""
+    module = folder / f"{name.replace('-', '_')}.py"
     module.write_text(textwrap.dedent(f"""
         from fedcomp.platform import catalog
         from fedcomp.platform.registry import register_task
@@ -42,7 +43,7 @@ def counting_task(folder: Path) -> Path:
         catalog.import_source({str(EXAMPLE)!r})
 
 
-        @register_task("least-squares-counted")
+        @register_task({name!r})
         class Counted(catalog.task_class("least-squares")):
             def __init__(self, params, seed, clients, device="cpu"):
                 super().__init__(params, seed, clients, device)
@@ -60,14 +61,15 @@ def counting_task(folder: Path) -> Path:
     return module
 
 
-def spec(module: Path, out: Path) -> dict:
-    """Six one-trial-at-a-time runs of the counted task (the seeds 0..5), checkpointed every 2 of their 6 rounds."""
+def spec(module: Path, out: Path, pack: str = "none") -> dict:
+    """Six one-trial-at-a-time runs of the counted task (the seeds 0..5), checkpointed every 2 of their 6 rounds;
+    ``pack: sequential``: two runs a trial, one after the other."""
     overrides = {"run.rounds": ROUNDS, "run.eval_every": 1, "run.checkpoint_every": 2, "run.progress": "none",
                  "run.track": "none", "federation.backend": "local", "federation.clients": 4,
                  "federation.clients_per_round": 4, "algorithm.local_steps": 3, "run.seed": 0,
-                 "task.module": str(module), "task.name": "least-squares-counted", "run.out": str(out)}
+                 "task.module": str(module), "task.name": module.stem.replace("_", "-"), "run.out": str(out)}
     return {"base": str(EXAMPLE_YAML), "set": overrides, "grid": {"algorithm.lr": [0.02]}, "seeds": SEEDS,
-            "max_concurrent": 1}
+            "max_concurrent": 1, **({"pack": pack, "pack_size": 2} if pack != "none" else {})}
 
 
 def evaluations(folder: Path) -> collections.Counter[int]:
@@ -80,15 +82,18 @@ def evaluations(folder: Path) -> collections.Counter[int]:
 
 def on_disk(sweep_dir: Path) -> dict[int, int]:
     """Per seed, the round of its latest whole checkpoint in the sweep's trial folders (a trial's Tune config is
-    in each of its checkpoint folders)."""
+    in each of its checkpoint folders; a packed trial's holds one checkpoint per configuration, ``member-<k>``)."""
     rounds: dict[int, int] = {}
     for folder in sweep_dir.glob("*/checkpoint_*"):
         try:
-            seed = json.loads((folder / TRIAL_JSON).read_text())["run.seed"]
-            taken = results.read_checkpoint(folder / results.CHECKPOINT)["server"]["counters"]["round"]
+            trial = json.loads((folder / TRIAL_JSON).read_text())
+            runs = {folder / f"member-{k}": m for k, m in enumerate(trial["pack"])} if "pack" in trial else {folder: trial}
+            for path, config in runs.items():
+                if (path / results.CHECKPOINT).is_file():
+                    taken = results.read_checkpoint(path / results.CHECKPOINT)["server"]["counters"]["round"]
+                    rounds[config["run.seed"]] = max(rounds.get(config["run.seed"], -1), taken)
         except (OSError, ValueError, StorageError):
             continue  # being written
-        rounds[seed] = max(rounds.get(seed, -1), taken)
     return rounds
 
 
@@ -99,14 +104,16 @@ def comparable(trials: pd.DataFrame) -> pd.DataFrame:
     return kept.sort_values(["run.seed", "round"], kind="stable").reset_index(drop=True)
 
 
-def test_a_sweep_killed_after_trials_finished_unsaved_resumes_without_running_them_again(ray_session, tmp_path):
-    module = counting_task(tmp_path)
-    alone = fedcomp.sweep(spec(module, tmp_path / "alone")).trials
+@pytest.mark.parametrize("pack", ["none", "sequential"])
+def test_a_sweep_killed_after_trials_finished_unsaved_resumes_without_running_them_again(ray_session, tmp_path, pack):
+    """Runs of a packed trial (``pack: sequential``) alike: Tune's checkpoints of a pack hold each run's."""
+    module = counting_task(tmp_path, f"least-squares-counted-{pack}")
+    alone = fedcomp.sweep(spec(module, tmp_path / "alone", pack)).trials
     assert evaluations(tmp_path) == {seed: ROUNDS + 1 for seed in range(SEEDS)}
 
     work = tmp_path / "killed"
     spec_file = tmp_path / "spec.yaml"
-    spec_file.write_text(yaml.safe_dump(spec(module, work)))
+    spec_file.write_text(yaml.safe_dump(spec(module, work, pack)))
     address = ray_session.get_runtime_context().gcs_address
     cmd = [sys.executable, "-m", "fedcomp", "sweep", str(spec_file), "--ray-address", address, "--verbose", "0"]
     env = {**os.environ, "TUNE_GLOBAL_CHECKPOINT_S": "1000"}  # Tune saves its state once, as the sweep starts
