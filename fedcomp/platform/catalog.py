@@ -11,6 +11,7 @@ actors, a sweep's trials, a resumed or verified run: the config names that modul
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import importlib.util
 import sys
@@ -96,15 +97,17 @@ def import_source(source: str) -> None:
             raises as it runs propagates.
     """
     if not source.endswith(".py"):
-        importlib.import_module(source)
+        _as_on_disk(importlib.import_module(source))
         return
     path = Path(source).expanduser().resolve()
     package = path.name == "__init__.py"  # a package's own module: named by its folder
     if not path.is_file():  # another node's file system (a job's working directory unpacked elsewhere): by its name
         _import_by_name(path)
         return
-    if any(_file_of(module, path.name) == path for module in list(sys.modules.values())):
-        return  # imported already, by whatever name (``import mine`` beside it, in a folder that is a package too)
+    for module in list(sys.modules.values()):
+        if _file_of(module, path.name) == path:  # imported already, by whatever name (``import mine`` beside it)
+            _as_on_disk(module)
+            return
     packages, root = _in_packages(path)
     name = ".".join(packages if package else [*packages, path.stem])
     if name in sys.modules:
@@ -112,7 +115,25 @@ def import_source(source: str) -> None:
                           f"{str(path)!r}")
     if str(root) not in sys.path:
         sys.path.insert(0, str(root))
-    importlib.import_module(name)
+    _as_on_disk(importlib.import_module(name))
+
+
+IMPORTED_SOURCES: dict[Path, str] = {}
+"""A user's module file -> the sha256 of its bytes as this process imported it (or first found it imported)."""
+
+
+def _as_on_disk(module: Any) -> None:
+    """Import ``module`` again where its file changed since this process imported it -- a notebook's user edited
+    their task -- and say so: a run then runs the file's code (Ray's actors, each a fresh process, import the file
+    as it is), and the digest run.json records is of the code that ran."""
+    file = _file_of(module, ".py")
+    if file is None or not file.is_file():
+        return
+    digest = hashlib.sha256(file.read_bytes()).hexdigest()
+    if IMPORTED_SOURCES.setdefault(file, digest) != digest:
+        importlib.reload(module)
+        IMPORTED_SOURCES[file] = digest
+        print(f"fedcomp: note: {file} changed since this process imported it; imported again", file=sys.stderr, flush=True)
 
 
 def _in_packages(path: Path) -> tuple[list[str], Path]:

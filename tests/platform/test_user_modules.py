@@ -6,6 +6,7 @@ fails in one line too."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import pickle
 import re
@@ -74,6 +75,28 @@ def test_a_process_that_never_imported_the_module_unpickles_the_config(tmp_path)
     """, tmp_path)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["least-squares", "fedavg-hb", "extension"]
+
+
+def test_a_module_edited_in_a_long_lived_process_is_imported_again_and_run_json_has_the_code_that_ran(tmp_path, capfd):
+    """A notebook's user edits their task between two runs: the second runs the edited file (it ran the code first
+    imported, while run.json recorded the edited file's digest; Ray's fresh actors ran the edit), and says so once."""
+    module = tmp_path / "edited_task.py"
+    source = EXAMPLE.read_text().replace('"least-squares"', '"least-squares-edited"').replace('"fedavg-hb"', '"fedavg-hb-edited"')
+    module.write_text(source)
+    config = {"task": {"name": "least-squares-edited", "module": str(module), "dim": 10, "rows": 200},
+              "algorithm": {"name": "fedavg-hb-edited", "module": str(module), "lr": 0.05}}
+    over = {**TINY, "federation.backend": "local", "run.out": str(tmp_path / "runs")}
+    first = fedcomp.run(config, over)
+    assert "imported again" not in capfd.readouterr().err
+    module.write_text(source.replace("return 0.5 * (features @ x - targets)", "return 5.0 * (features @ x - targets)"))
+    second = fedcomp.run(config, over)
+    assert capfd.readouterr().err.count(f"fedcomp: note: {module} changed since this process imported it; imported again") == 1
+    assert second.metrics["train_loss"].iloc[1] > 5 * first.metrics["train_loss"].iloc[1]  # the edited loss (was equal)
+    recorded = json.loads((second.run_dir / "run.json").read_text())["environment"]["modules"]
+    assert recorded == {str(module): hashlib.sha256(module.read_bytes()).hexdigest()[:16]}
+    third = fedcomp.run(config, over)
+    assert "imported again" not in capfd.readouterr().err  # imported again once
+    pd.testing.assert_frame_equal(third.metrics[METRICS], second.metrics[METRICS], check_exact=True)
 
 
 @pytest.mark.ray
