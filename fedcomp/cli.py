@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
 import sys
@@ -12,7 +13,7 @@ from typing import NoReturn
 from fedcomp.platform import catalog
 from fedcomp.platform.config import parse_value
 from fedcomp.platform.errors import PlatformError, command_line
-from fedcomp.platform.signals import stop_on_sigterm
+from fedcomp.platform.signals import answering_sigterm
 
 
 def _overrides(pairs: Sequence[str]) -> dict[str, object]:
@@ -325,10 +326,8 @@ def one_line(error: BaseException) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if argv is None:  # the command line itself, not a caller's process
-        stop_on_sigterm()
     try:
-        with command_line():
+        with command_line(), answering_sigterm() if argv is None else contextlib.nullcontext():  # not a caller's
             code: int = args.func(args)
         return code
     except PlatformError as error:

@@ -42,7 +42,7 @@ from fedcomp.platform.errors import (
 )
 from fedcomp.platform.progress import RunProgress, announce, output_mode
 from fedcomp.platform.server_like import ServerLike
-from fedcomp.platform.signals import farewell
+from fedcomp.platform.signals import answering_sigterm, farewell
 
 ServerFactory = Callable[[Config], ServerLike]
 
@@ -202,6 +202,7 @@ class _RunLog:
             self.write("running")
 
 
+@answering_sigterm()
 def execute(
     config: Config,
     make_server: ServerFactory,

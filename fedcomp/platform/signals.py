@@ -32,6 +32,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import FrameType
+from typing import Any
 
 WATCH_EVERY_S = 0.002
 """How often the watch after a SIGTERM asks whether the cluster still answers: often, as it races Ray's own
@@ -43,14 +44,34 @@ _farewells: list[Callable[[], str]] = []
 _saying = threading.Lock()  # a farewell is not left while the watch says it
 _watching = threading.Lock()  # held by the one watch a process starts
 _wakeup: list[socket.socket] = []  # the sending end of this process's wakeup fd, once installed
+_before: list[Any] = []  # the SIGTERM handler in place before fedcomp's first: what SIGTERM does between its calls
+_calls = [0]  # fedcomp's calls under way in this process (nested: a check's runs)
 
 
 def stop_on_sigterm() -> None:
-    """Answer SIGTERM in this process as Ctrl-C (from the main thread only, as Python allows; again after
-    ``ray.init``, which puts its own handlers in place), and start the watch the moment one arrives."""
+    """Answer SIGTERM in this process as Ctrl-C while a fedcomp call is under way (:func:`answering_sigterm`; from
+    the main thread only, as Python allows; again after ``ray.init``, which puts its own handlers in place), and
+    start the watch the moment one arrives."""
     if threading.current_thread() is threading.main_thread():
+        current = signal.getsignal(signal.SIGTERM)
+        if not _before and current is not _as_ctrl_c:
+            _before.append(current)
         signal.signal(signal.SIGTERM, _as_ctrl_c)
         _listen()
+
+
+@contextmanager
+def answering_sigterm() -> Iterator[None]:
+    """A fedcomp call (a run, a sweep; the command line's whole process): inside, SIGTERM is answered as Ctrl-C;
+    outside, as it was before fedcomp's first call -- a notebook's process idling after a Ray run then ends on
+    SIGTERM as any process does (Python's default), or runs the handler it had, instead of raising a
+    ``KeyboardInterrupt`` into whatever runs next."""
+    _calls[0] += 1
+    stop_on_sigterm()
+    try:
+        yield
+    finally:
+        _calls[0] -= 1
 
 
 def _listen() -> None:
@@ -115,12 +136,26 @@ def farewell(words: Callable[[], str]) -> Iterator[None]:
 
 
 def _as_ctrl_c(signum: int, frame: FrameType | None) -> None:
+    if not _calls[0]:
+        _as_before(signum, frame)
+        return
     _start_watch()  # started already where the wakeup fd told of the signal
     handler = signal.getsignal(signal.SIGINT)
     if callable(handler):  # Python's default raises KeyboardInterrupt; Tune's stops its fit gracefully
         handler(signal.SIGINT, frame)
     else:  # ignored or the system's default
         raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
+def _as_before(signum: int, frame: FrameType | None) -> None:
+    """SIGTERM between fedcomp's calls: the process's handler from before them, or Python's default (the process
+    ends, killed by the signal)."""
+    previous = _before[0] if _before else signal.SIG_DFL
+    if callable(previous):
+        previous(signum, frame)
+    elif previous != signal.SIG_IGN:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def _watch(alive: Callable[[], bool]) -> None:

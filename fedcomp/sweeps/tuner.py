@@ -40,7 +40,7 @@ from fedcomp.platform.errors import (
     to_continue,
 )
 from fedcomp.platform.progress import announce
-from fedcomp.platform.signals import farewell
+from fedcomp.platform.signals import answering_sigterm, farewell
 from fedcomp.sweeps import extend as edges_extend, tune_state
 from fedcomp.sweeps.callbacks import (
     TrialProgress,
@@ -341,6 +341,7 @@ def _quiet_tune(verbose: int) -> Iterator[None]:
             os.environ["RAY_AIR_NEW_OUTPUT"] = before
 
 
+@answering_sigterm()
 def _fit(tuner: Any, spec: SweepSpec, path: Path, verbose: int) -> SweepResult:
     """Run (or continue) the sweep and collect its trials, with Tune's console output kept quiet."""
     with _quiet_tune(verbose):

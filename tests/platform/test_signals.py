@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from fedcomp.platform.signals import stop_on_sigterm
+from fedcomp.platform.signals import answering_sigterm
 
 
 @pytest.fixture
@@ -26,18 +26,42 @@ def handlers():
 def test_sigterm_goes_to_the_sigint_handler_in_place(handlers):
     caught = []
     signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
-    stop_on_sigterm()
-    os.kill(os.getpid(), signal.SIGTERM)
+    with answering_sigterm():
+        os.kill(os.getpid(), signal.SIGTERM)
     assert caught == [signal.SIGINT]
 
 
 @pytest.mark.parametrize("sigint", [signal.default_int_handler, signal.SIG_DFL, signal.SIG_IGN])
 def test_sigterm_without_a_python_sigint_handler_is_a_keyboard_interrupt(handlers, sigint):
     signal.signal(signal.SIGINT, sigint)
-    stop_on_sigterm()
-    with pytest.raises(KeyboardInterrupt):
+    with answering_sigterm(), pytest.raises(KeyboardInterrupt):
         os.kill(os.getpid(), signal.SIGTERM)
         time.sleep(1)  # not reached: the handler runs as the signal arrives
+
+
+BETWEEN_CALLS = """
+import os, signal, time
+from fedcomp.platform import signals
+{before}
+with signals.answering_sigterm():  # a fedcomp call: a run
+    pass
+signals.stop_on_sigterm()  # as a Ray start puts fedcomp's handler back in place (cluster._start_or_join)
+os.kill(os.getpid(), signal.SIGTERM)
+time.sleep(1)
+print("carried on")
+"""
+
+
+@pytest.mark.parametrize("before, code, out", [
+    ("", -signal.SIGTERM, ""),  # Python's default: killed by the signal (143 from a shell)
+    ("signal.signal(signal.SIGTERM, lambda signum, frame: print('mine', flush=True))", 0, "mine\ncarried on"),
+])
+def test_between_fedcomp_calls_sigterm_does_what_it_did_before_them(before, code, out):
+    """A notebook's process idling after a Ray run got a KeyboardInterrupt (the kernel caught it and lived on)."""
+    done = subprocess.run([sys.executable, "-c", BETWEEN_CALLS.format(before=before)], capture_output=True, text=True,
+                          timeout=60)
+    assert (done.returncode, done.stdout.strip()) == (code, out), done.stderr
+    assert "KeyboardInterrupt" not in done.stderr
 
 
 WATCHED = """
@@ -46,7 +70,8 @@ from fedcomp.platform import signals
 state = {{"alive": True}}
 signals.depends_on(lambda: state["alive"])
 signal.signal(signal.SIGINT, lambda signum, frame: None)  # a graceful stop that carries on, as Tune's does
-signals.stop_on_sigterm()
+call = signals.answering_sigterm()  # a fedcomp call under way
+call.__enter__()
 with signals.farewell(lambda: "kept what a kill keeps"):
     os.kill(os.getpid(), signal.SIGTERM)
     time.sleep(0.3)
@@ -82,7 +107,8 @@ IN_A_C_CALL = """
 import hashlib, os, signal, threading, time
 from fedcomp.platform import signals
 signals.depends_on(lambda: False)  # the cluster went with the signal
-signals.stop_on_sigterm()
+call = signals.answering_sigterm()  # a fedcomp call under way
+call.__enter__()
 ITERATIONS = 2**31 - 1  # minutes
 with signals.farewell(lambda: "kept what a kill keeps"):
     threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGTERM)).start()
@@ -122,7 +148,8 @@ theirs = signal.set_wakeup_fd(-1)
 signal.set_wakeup_fd(theirs)
 signals.depends_on(lambda: False)
 signal.signal(signal.SIGINT, lambda signum, frame: None)  # a graceful stop that carries on, as Tune's does
-signals.stop_on_sigterm()
+call = signals.answering_sigterm()  # a fedcomp call under way
+call.__enter__()
 assert signal.set_wakeup_fd(theirs) == theirs, "fedcomp took the loop's wakeup fd"
 with signals.farewell(lambda: "kept what a kill keeps"):
     os.kill(os.getpid(), signal.SIGTERM)
