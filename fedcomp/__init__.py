@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
-    from fedcomp.api import keep_actors, resume, run
+    from fedcomp.api import keep_actors, report, resume, run
     from fedcomp.conformance import Conformance, check
     from fedcomp.platform.config import Config, load_config, preset_names
     from fedcomp.platform.errors import (
@@ -48,7 +48,7 @@ if TYPE_CHECKING:
     from fedcomp.verification import Verification, verify
 
 _HOME = {
-    "keep_actors": "fedcomp.api", "resume": "fedcomp.api", "run": "fedcomp.api",
+    "keep_actors": "fedcomp.api", "report": "fedcomp.api", "resume": "fedcomp.api", "run": "fedcomp.api",
     "sweep": "fedcomp.sweeps.tuner", "resume_sweep": "fedcomp.sweeps.tuner",
     "Config": "fedcomp.platform.config", "load_config": "fedcomp.platform.config",
     "preset_names": "fedcomp.platform.config",
@@ -108,6 +108,7 @@ __all__ = [
     "preset_names",
     "register_algorithm",
     "register_task",
+    "report",
     "resume",
     "resume_sweep",
     "run",

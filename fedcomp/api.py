@@ -1,5 +1,5 @@
-"""The Python API: ``fedcomp.run(...)``, ``fedcomp.resume(...)``, ``fedcomp.keep_actors()`` (``fedcomp.sweep`` is
-:func:`fedcomp.sweeps.tuner.sweep`)."""
+"""The Python API: ``fedcomp.run(...)``, ``fedcomp.resume(...)``, ``fedcomp.keep_actors()``, ``fedcomp.report(...)``
+(``fedcomp.sweep`` is :func:`fedcomp.sweeps.tuner.sweep`)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ if TYPE_CHECKING:  # the runner and the backends import torch: a config is check
     from fedcomp.backends import make_server
     from fedcomp.platform.runner import RunResult
 
-__all__ = ["keep_actors", "make_server", "resume", "run"]
+__all__ = ["keep_actors", "make_server", "report", "resume", "run"]
 
 
 def __getattr__(name: str) -> Any:
@@ -104,3 +104,34 @@ def resume(run_dir: str | Path, overrides: Mapping[str, Any] | None = None) -> R
         config = load_config(config.to_dict(), changes)
     done = completed_result(run_dir, config)
     return done if done is not None else execute(config, make_server, resume_dir=run_dir)
+
+
+def report(
+    results_dir: str | Path, metric: str | None = None, x: str = "comm_rounds", out: str | Path | None = None
+) -> tuple[Path, Path]:
+    """Write ``report.png`` and ``report.md`` for the runs under ``results_dir`` -- or for the sweep whose folder it
+    is: its best configuration per algorithm, edges flagged -- into it (or ``out``); return their paths. What
+    ``fedcomp report`` writes; a sweep from the command line writes its own at its end, ``fedcomp.sweep`` leaves
+    that to this.
+
+    Args:
+        metric: the metric plotted and ranked; default each run's task headline (a sweep's own metric).
+        x: the x-axis column (``comm_rounds``, ``round``, ``local_steps``, ``samples``, ``wall_time``).
+
+    Raises:
+        NoResults: no run or sweep there; ConfigError: a ``metric`` or ``x`` the results do not have.
+    """
+    from fedcomp.platform.errors import ConfigError, NoResults
+    from fedcomp.platform.report import report as report_runs
+    from fedcomp.sweeps.report import sweep_report
+    from fedcomp.sweeps.tuner import load_sweep
+
+    folder = folder_of(results_dir, "results_dir", "a results or sweep folder's path")
+    try:
+        if (folder / "sweep.json").is_file():
+            return sweep_report(load_sweep(folder), metric=metric, x=x, out=out)
+        return report_runs(folder, metric=metric, x=x, out=out)
+    except NoResults:
+        raise
+    except (FileNotFoundError, ValueError) as error:
+        raise ConfigError(str(error)) from None

@@ -182,19 +182,9 @@ def _list_one(name: str) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from pathlib import Path
+    from fedcomp.api import report
 
-    from fedcomp.platform.report import report
-    from fedcomp.sweeps.report import sweep_report
-    from fedcomp.sweeps.tuner import load_sweep
-
-    try:
-        if (Path(args.results_dir) / "sweep.json").is_file():
-            png, md = sweep_report(load_sweep(args.results_dir), metric=args.metric, x=args.x, out=args.out)
-        else:
-            png, md = report(args.results_dir, metric=args.metric, x=args.x, out=args.out)
-    except (FileNotFoundError, ValueError) as error:
-        raise PlatformError(str(error)) from None
+    png, md = report(args.results_dir, metric=args.metric, x=args.x, out=args.out)
     print(md.read_text())
     print(f"plot: {png}\ntable: {md}")
     return 0

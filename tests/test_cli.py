@@ -71,6 +71,21 @@ def test_report_of_unknown_metric_is_one_line(tmp_path, capsys):
     assert main(["report", str(tmp_path / "nothing")]) == 2
 
 
+def test_report_from_python_writes_what_the_command_writes(tmp_path, capsys):
+    """A notebook's user had no ``fedcomp.report``: only the command line wrote a report."""
+    main(["run", "quickstart", *FAST, "--set", f"run.out={tmp_path}"])
+    png, md = fedcomp.report(tmp_path, out=tmp_path / "api")
+    assert (png, md) == (tmp_path / "api" / "report.png", tmp_path / "api" / "report.md") and png.stat().st_size > 1000
+    assert main(["report", str(tmp_path)]) == 0
+    assert md.read_text() == (tmp_path / "report.md").read_text()
+    with pytest.raises(fedcomp.ConfigError, match="^column 'auroc' is not in these results; allowed:"):
+        fedcomp.report(tmp_path, metric="auroc")
+    with pytest.raises(fedcomp.NoResults):
+        fedcomp.report(tmp_path / "nothing")
+    with pytest.raises(fedcomp.ConfigError, match=r"^results_dir = 3: must be a results or sweep folder's path"):
+        fedcomp.report(3)  # type: ignore[arg-type]
+
+
 @pytest.mark.parametrize(
     "args, needle",
     [
@@ -259,6 +274,8 @@ def test_sweep_and_its_report(ray_session, tmp_path, capsys):
     assert {"trials.parquet", "sweep.json", "report.png", "report.md"} <= {p.name for p in sweep_dir.iterdir()}
     assert main(["report", str(sweep_dir), "--metric", "test_loss", "--out", str(tmp_path / "rep")]) == 0
     assert "Final test_loss" in capsys.readouterr().out and (tmp_path / "rep" / "report.png").is_file()
+    png, md = fedcomp.report(sweep_dir, metric="test_loss", out=tmp_path / "api")  # the same from Python
+    assert md.read_text() == (tmp_path / "rep" / "report.md").read_text() and png.is_file()
 
 
 @pytest.mark.ray
