@@ -78,7 +78,7 @@ def test_report_from_python_writes_what_the_command_writes(tmp_path, capsys):
     assert (png, md) == (tmp_path / "api" / "report.png", tmp_path / "api" / "report.md") and png.stat().st_size > 1000
     assert main(["report", str(tmp_path)]) == 0
     assert md.read_text() == (tmp_path / "report.md").read_text()
-    with pytest.raises(fedcomp.ConfigError, match="^column 'auroc' is not in these results; allowed:"):
+    with pytest.raises(fedcomp.ConfigError, match=r"^column 'auroc' is not in these results; allowed:"):
         fedcomp.report(tmp_path, metric="auroc")
     with pytest.raises(fedcomp.NoResults):
         fedcomp.report(tmp_path / "nothing")

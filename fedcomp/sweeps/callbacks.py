@@ -47,7 +47,18 @@ def logger_callbacks(track: str, path: Path, spec_json: str) -> list[Callback]:
     tracking_environment(track)
     callbacks: list[Callback] = [CSVLoggerCallback(), JsonLoggerCallback()]
     if track == "tensorboard":
-        callbacks.append(TBXLoggerCallback())
+
+        class ClosingTBXLoggerCallback(TBXLoggerCallback):
+            """Tune's TensorBoard logger, which also closes, as the sweep ends, the writers of trials that did not
+            end (a sweep stopped by Ctrl-C): Tune left their threads and event files open in the driver, two
+            threads and a file per stopped sweep in a notebook's process."""
+
+            def on_experiment_end(self, trials: list[Any], **info: Any) -> None:
+                for trial in list(self._trial_writer):
+                    self._trial_writer.pop(trial).close()
+                    self._trial_result.pop(trial, None)
+
+        callbacks.append(ClosingTBXLoggerCallback())  # type: ignore[no-untyped-call]
     elif track == "mlflow":
         from fedcomp.sweeps.mlflow_logger import FullConfigMLflowLoggerCallback
 

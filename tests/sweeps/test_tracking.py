@@ -90,6 +90,24 @@ def stopped_and_resumed(tmp_path, track, between=lambda folder: None, resume=fed
     return folder, resume(folder)
 
 
+def test_a_stopped_tensorboard_sweep_leaves_no_event_file_open_nor_a_writers_thread(ray_session, tmp_path):
+    """Tune's TensorBoard logger left the writer of the trial cut by Ctrl-C open in the driver: two threads and an
+    event file per stopped sweep, in a notebook's long-lived process."""
+    threads = {t.ident for t in threading.enumerate()}
+
+    def open_event_files() -> list[str]:
+        fds = Path("/proc/self/fd")
+        targets = [os.readlink(fds / fd) for fd in os.listdir(fds) if (fds / fd).is_symlink()]
+        return [t for t in targets if "events.out.tfevents" in t]
+
+    def stopped(folder: Path) -> None:
+        assert open_event_files() == []
+        new = [t for t in threading.enumerate() if t.ident not in threads and t.is_alive()]
+        assert not [t for t in new if "Thread" in t.name or "QueueFeeder" in t.name], new
+
+    stopped_and_resumed(tmp_path, "tensorboard", between=stopped)
+
+
 def test_a_stopped_and_resumed_mlflow_sweep_continues_each_trials_run(ray_session, tmp_path):
     """Tune started a second MLflow run for a trial it restored: a cut trial had two, the first left RUNNING.
     Stopped, the cut trial's run is KILLED, as a stopped run's is (Tune left it RUNNING)."""
