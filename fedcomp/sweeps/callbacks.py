@@ -163,14 +163,26 @@ class TrialProgress(Callback):
         self, stop: Any = None, num_samples: int | None = None, total_num_samples: int | None = None, **info: Any
     ) -> None:
         self.t0 = time.monotonic()
+        self.before: int | None = None  # trials a resumed sweep had finished: counted at its first step
         if self.style == "bar":
             from tqdm.auto import tqdm
 
             self._bar = tqdm(total=self.total, unit="trial", desc="sweep", dynamic_ncols=True, file=sys.stderr)
 
-    def _finished(self, trial: Any, status: str) -> None:
-        self.done += 1
-        self.failed += status == "failed"
+    def on_step_begin(self, iteration: int, trials: list[Any], **info: Any) -> None:
+        """At the first step, count the trials a resumed sweep had finished (its lines went on from 1/N)."""
+        if getattr(self, "before", 0) is not None:
+            return
+        ended = [t for t in trials if t.status in ("TERMINATED", "ERROR")]
+        self.done, self.failed = len(ended), sum(t.status == "ERROR" for t in ended)
+        self.before = self.done
+        for trial in ended:
+            self._best_of(trial)
+        if self._bar is not None and ended:
+            self._bar.update(len(ended))
+
+    def _best_of(self, trial: Any) -> Any:
+        """The trial's final value of the metric (None where it reported none), kept as the best where it is."""
         last = trial.last_result or {}
         value = last.get(self.metric)
         if last.get(FINAL_ERROR) == 1.0 and isinstance(value, float) and math.isnan(value):
@@ -178,6 +190,12 @@ class TrialProgress(Callback):
         if isinstance(value, (int, float)) and math.isfinite(value):
             better = value > self.best if self.mode == "max" else value < self.best
             self.best = value if math.isnan(self.best) or better else self.best
+        return value
+
+    def _finished(self, trial: Any, status: str) -> None:
+        self.done += 1
+        self.failed += status == "failed"
+        value = self._best_of(trial)
         if self._bar is not None:
             self._bar.update(1)
             if not math.isnan(self.best):
@@ -186,8 +204,8 @@ class TrialProgress(Callback):
         if self.style != "log":
             return
         elapsed = time.monotonic() - (self.t0 or time.monotonic())
-        left = self.total - self.done
-        eta = f"  eta {duration(elapsed / self.done * left)}" if left > 0 else ""
+        left, here = self.total - self.done, self.done - (getattr(self, "before", None) or 0)  # here: since it started
+        eta = f"  eta {duration(elapsed / here * left)}" if left > 0 and here > 0 else ""
         shown = f"{self.metric}={value:.4f}" if isinstance(value, (int, float)) else f"{self.metric}=?"
         why = f"  {_last_line(getattr(trial, 'error_file', None))}" if status == "failed" else ""
         write_line(f"trial {self.done}/{self.total} {status}  {trial_label(trial.config)}  {shown}  "

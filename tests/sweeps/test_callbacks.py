@@ -38,6 +38,25 @@ def test_a_line_per_finished_trial_with_counts_metric_and_eta(monkeypatch):
     assert progress.best == 0.9 and progress.failed == 1
 
 
+def test_a_resumed_sweep_counts_on_from_the_trials_it_had_finished(monkeypatch):
+    """Its lines started again at 1/N, and its ETA counted the time of the trials before it."""
+    err = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", err)
+    progress = TrialProgress(5, "test_accuracy", "max", progress="auto", verbose=1)
+    progress.setup()
+    ended = [trial(0.1, 0.9), trial(0.3, 0.5), trial(0.5, float("nan"))]
+    for finished, status in zip(ended, ("TERMINATED", "TERMINATED", "ERROR")):
+        finished.status = status
+    running = trial(0.03, 0.0)
+    running.status = "RUNNING"
+    progress.on_step_begin(1, [*ended, running])
+    progress.on_step_begin(2, [*ended, running])  # counted once
+    progress.on_trial_complete(3, [], trial(0.03, 0.6))
+    [line] = err.getvalue().splitlines()
+    assert line.startswith("trial 4/5 completed  algorithm.lr=0.03") and " eta " in line
+    assert (progress.done, progress.failed, progress.best) == (4, 1, 0.9)
+
+
 def test_a_bar_over_trials_on_a_terminal_when_tunes_output_is_off(monkeypatch):
     err = Terminal()
     monkeypatch.setattr(sys, "stderr", err)
