@@ -16,6 +16,7 @@ Every run goes to a temporary folder, removed afterwards.
 
 from __future__ import annotations
 
+import sys
 import tempfile
 import time
 from collections.abc import Mapping
@@ -109,31 +110,39 @@ def check(
     config = source.replace(**overrides) if isinstance(source, Config) else load_config(source, overrides)
     rounds, every = config.run.rounds, config.run.eval_every
     middle = (rounds // 2) // every * every
+
+    def say(what: str) -> None:  # a check runs for minutes: each run says it starts
+        print(f"fedcomp: check: {what} ... ({time.perf_counter() - started:.1f} s)", file=sys.stderr, flush=True)
     try:
         with tempfile.TemporaryDirectory(prefix="fedcomp-check-") as out:
 
-            def run(**changes: Any) -> tuple[dict[str, Any], Any]:
+            def run(what: str, **changes: Any) -> tuple[dict[str, Any], Any]:
+                say(what)
                 done = execute(config.replace(**{"run.out": out, "run.track": "none", "run.progress": "none", **changes}),
                                make_server, resumable=False)
                 return results.read_json(done.run_dir / results.RUN_JSON), done
 
-            _, first = run(**{"federation.backend": "local"})
-            reruns = [("the same seed again, local backend", run(**{"federation.backend": "local"})[1].metrics, SAME_SEED)]
+            _, first = run("the run, local backend", **{"federation.backend": "local"})
+            again = run("the same seed again, local backend", **{"federation.backend": "local"})[1]
+            reruns = [("the same seed again, local backend", again.metrics, SAME_SEED)]
             skipped = []
             if ray:
-                meta, done = run(**{"federation.backend": "ray"})
+                meta, done = run("on Ray, packed as configured", **{"federation.backend": "ray"})
                 reruns.append((f"{backend_text(meta['backend'])}, packed as configured", done.metrics, ELSEWHERE))
                 packed = int(meta["backend"].get("clients_per_actor", 1))
                 other = packed // 2 if packed > 1 else 2  # half as many clients an actor (or two, from one)
                 if other <= config.federation.clients:
-                    meta, done = run(**{"federation.backend": "ray", "federation.clients_per_actor": other})
+                    meta, done = run(f"on Ray, {other} clients an actor", **{"federation.backend": "ray",
+                                                                                "federation.clients_per_actor": other})
                     reruns.append((f"{backend_text(meta['backend'])}, packed otherwise", done.metrics, ELSEWHERE))
                 else:
                     skipped.append("Ray packed otherwise: one client, one packing")
             else:
                 skipped.append("the Ray runs (ray=False, --no-ray)")
             if 0 < middle < rounds:
-                _, stopped = run(**{"federation.backend": "local", "run.rounds": middle, "run.checkpoint_every": middle})
+                _, stopped = run(f"stopped at round {middle}", **{"federation.backend": "local", "run.rounds": middle,
+                                                                  "run.checkpoint_every": middle})
+                say("resumed from its checkpoint")
                 resumed = execute(config.replace(**{"run.out": out, "run.track": "none", "run.progress": "none",
                                                     "federation.backend": "local", "run.checkpoint_every": middle}),
                                   make_server, resume_dir=stopped.run_dir, resumable=False)

@@ -327,8 +327,9 @@ def test_fedcomp_check_finds_the_example_conformant_on_every_backend_packing_and
     assert outcome.report().splitlines()[-1].startswith("all 4 identical")
 
 
-def test_fedcomp_check_tells_an_algorithm_that_draws_outside_its_generator():
-    """Noise from torch's global generator, not the one ``draw`` is given: the same seed gives other numbers."""
+def test_fedcomp_check_tells_an_algorithm_that_draws_outside_its_generator(capfd):
+    """Noise from torch's global generator, not the one ``draw`` is given: the same seed gives other numbers. Each
+    run of the check says it starts (a check printed nothing for minutes)."""
     catalog.import_source(str(EXAMPLE))
     parent = catalog.algorithm_class("fedavg-hb")
 
@@ -350,6 +351,9 @@ def test_fedcomp_check_tells_an_algorithm_that_draws_outside_its_generator():
                                                 "it, a set iterated in hash order")
     assert outcome.skipped == ["the Ray runs (ray=False, --no-ray)"]
     assert outcome.report().splitlines()[-1].startswith("2 of 2 DIFFERENT")
+    said = [line.split(" ... (")[0] for line in capfd.readouterr().err.splitlines()]
+    assert said == [f"fedcomp: check: {what}" for what in ("the run, local backend", "the same seed again, local backend",
+                                                           "stopped at round 2", "resumed from its checkpoint")]
 
 
 def test_a_module_file_not_at_its_path_is_imported_by_name_where_that_is_on_the_path(tmp_path, monkeypatch):
