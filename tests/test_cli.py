@@ -276,6 +276,16 @@ def test_sweep_and_its_report(ray_session, tmp_path, capsys):
     assert "Final test_loss" in capsys.readouterr().out and (tmp_path / "rep" / "report.png").is_file()
     png, md = fedcomp.report(sweep_dir, metric="test_loss", out=tmp_path / "api")  # the same from Python
     assert md.read_text() == (tmp_path / "rep" / "report.md").read_text() and png.is_file()
+    assert repr(fedcomp.load_sweep(sweep_dir)) == f"SweepResult({sweep_dir.name}: 4 trials, 0 failed, path={str(sweep_dir)!r})"
+
+
+def test_a_run_result_shows_in_one_line(tmp_path):
+    """Its repr was the whole config and metrics table (1.4 kB) in a notebook."""
+    result = fedcomp.run("quickstart", {"federation.backend": "local", "federation.clients": 4, "run.rounds": 2,
+                                        "run.progress": "none", "run.track": "none", "run.out": str(tmp_path)})
+    accuracy = result.final["test_accuracy"]
+    assert repr(result) == (f"RunResult(fcsg-m on invariant-logreg, round 2 of 2, test_accuracy={accuracy:.4g}, "
+                            f"run_dir={str(result.run_dir)!r})")
 
 
 @pytest.mark.ray

@@ -61,6 +61,14 @@ class RunResult:
         would make every number of an all-numeric table a float)."""
         return cast(dict[str, Any], self.metrics.iloc[[-1]].to_dict("records")[0])
 
+    def __repr__(self) -> str:
+        """One line: what ran, how far, its headline metric at the end and where (not the config and the table)."""
+        headline = build_task_metrics(self.config)[0]
+        final = self.final if len(self.metrics) else {}
+        shown = f", {headline}={final[headline]:.4g}" if isinstance(final.get(headline), (int, float)) else ""
+        return (f"RunResult({self.config.algorithm_name} on {self.config.task_name}, round {final.get('round', '?')} of "
+                f"{self.config.run.rounds}{shown}, run_dir={str(self.run_dir)!r})")
+
 
 def completed_result(run_dir: str | Path, config: Config) -> RunResult | None:
     """The result of the run in ``run_dir`` (of ``config``, its ``run.json``'s), read from its files, where it

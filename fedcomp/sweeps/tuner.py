@@ -86,6 +86,12 @@ class SweepResult:
 
         return best_configurations(self.trials, self.spec)
 
+    def __repr__(self) -> str:
+        """One line: the sweep's name, how its trials ended and where (not the spec and the table)."""
+        from fedcomp.sweeps.report import outcome_counts
+
+        return f"SweepResult({self.path.name}: {outcome_counts(self.trials, self.spec)}, path={str(self.path)!r})"
+
 
 def _flatten(config: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
     return {f"{section}.{key}": value for section, block in config.items() for key, value in block.items()}
