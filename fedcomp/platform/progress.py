@@ -26,10 +26,12 @@ _mode: ContextVar[str] = ContextVar("fedcomp_progress_mode", default="auto")
 
 
 def resolve(mode: str, stream: TextIO | None = None) -> Mode:
-    """``auto`` becomes ``bar`` on a terminal and ``log`` otherwise; the other modes stay as they are."""
+    """``auto`` becomes ``bar`` on a terminal or in a Jupyter notebook (its kernel's stream, which is no terminal:
+    tqdm draws a notebook's bar there) and ``log`` otherwise; the other modes stay as they are."""
     if mode == "auto":
         stream = stream or sys.stderr
-        return "bar" if getattr(stream, "isatty", lambda: False)() else "log"
+        notebook = type(stream).__module__.startswith("ipykernel.")
+        return "bar" if notebook or getattr(stream, "isatty", lambda: False)() else "log"
     if mode not in ("bar", "log", "none"):
         raise ValueError(f"progress mode {mode!r}: allowed auto, bar, log, none")
     return mode  # type: ignore[return-value]

@@ -29,8 +29,16 @@ def row(r: int, acc: float) -> dict:
     return {"round": r, "test_accuracy": acc, "train_loss": 1.0 / (r + 1)}
 
 
+class KernelStream(io.StringIO):
+    """As a Jupyter kernel's stderr is: ipykernel's stream, no terminal."""
+
+
+KernelStream.__module__ = "ipykernel.iostream"
+
+
 def test_auto_is_a_bar_on_a_terminal_and_log_lines_elsewhere():
     assert resolve("auto", Terminal()) == "bar"
+    assert resolve("auto", KernelStream()) == "bar"  # a notebook: tqdm draws its bar there (it got log lines)
     assert resolve("auto", io.StringIO()) == "log"
     assert resolve("none", Terminal()) == "none"
     with pytest.raises(ValueError):
