@@ -5,7 +5,8 @@ with SIGTERM. Python's default is to die at once, and a Ray driver answers it fi
 stderr, then an abort) and then with ``sys.exit``; either way the user learns neither what was kept nor how to go
 on. Answering it as Ctrl-C instead -- with whatever handles SIGINT now: Tune's graceful stop during a sweep, else
 ``KeyboardInterrupt`` -- lets a run say which round is checkpointed and how to continue it, and a sweep how to
-resume.
+resume. Only while fedcomp works (:func:`answering_sigterm`): between its calls in a long-lived process (a notebook)
+SIGTERM does what it did before fedcomp's first.
 
 A SIGTERM sent to the whole process group (``timeout``'s, a job scheduler's) also stops the daemons of the local
 Ray this process started (Ray blocks SIGINT in them, not SIGTERM). A graceful stop then waits on a cluster that is
