@@ -211,6 +211,8 @@ def _run_pack(trial: dict[str, Any], spec_json: str, cluster_has_gpus: bool, env
     resumed, saved, done = pack.restored, dict(pack.saved), set(pack.done)
     exit_round = int(env.get(FAULT_EXIT, 0)) if restored is None and found is None else 0
     todo = [k for k in range(len(configs)) if k not in done]
+    if not todo:  # every configuration had finished (its rows reported from disk above)
+        return
     steps = (
         _together(configs, todo, resumed, swept_floats(spec)) if spec.pack == "lockstep"
         else _one_at_a_time(configs, todo, resumed)

@@ -112,8 +112,12 @@ class SweepSpec(Params):
 
     @field_validator("grid")
     @classmethod
-    def _grid(cls, value: dict[str, Any] | list[dict[str, Any]]) -> list[Grid]:
-        grids = value if isinstance(value, list) else ([value] if value else [])
+    def _grid(cls, value: dict[str, Any] | list[dict[str, Any]]) -> list[Grid] | dict[str, Any]:
+        """A list of grids; no grid stays ``{}``, as it was given (``[]`` is refused: a stored spec read back
+        -- a resumed sweep's -- made ``{}`` into a ``[]`` its trials then refused)."""
+        if value == {}:
+            return {}
+        grids = value if isinstance(value, list) else [value]
         if isinstance(value, list) and not value:
             raise ValueError("grid = []: an empty list of grids has no points; give at least one grid or leave it out")
         for grid in grids:
@@ -131,7 +135,7 @@ class SweepSpec(Params):
 
     @property
     def grids(self) -> list[Grid]:
-        return self.grid  # type: ignore[return-value]  # normalised to a list by the validator
+        return self.grid if isinstance(self.grid, list) else []  # normalised to a list by the validator, or {}
 
     def points(self) -> list[dict[str, Any]]:
         """Every grid point (the union of the grids' Cartesian products, in order, without duplicates)."""

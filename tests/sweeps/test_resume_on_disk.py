@@ -104,9 +104,10 @@ def comparable(trials: pd.DataFrame) -> pd.DataFrame:
     return kept.sort_values(["run.seed", "round"], kind="stable").reset_index(drop=True)
 
 
-@pytest.mark.parametrize("pack", ["none", "sequential"])
+@pytest.mark.parametrize("pack", ["none", "sequential", "lockstep"])
 def test_a_sweep_killed_after_trials_finished_unsaved_resumes_without_running_them_again(ray_session, tmp_path, pack):
-    """Runs of a packed trial (``pack: sequential``) alike: Tune's checkpoints of a pack hold each run's."""
+    """Runs of a packed trial (``pack: sequential``, ``lockstep``) alike: Tune's checkpoints of a pack hold each
+    run's. A lockstep pack whose runs had all finished unsaved failed on resume (nothing left to run together)."""
     module = counting_task(tmp_path, f"least-squares-counted-{pack}")
     alone = fedcomp.sweep(spec(module, tmp_path / "alone", pack)).trials
     assert evaluations(tmp_path) == {seed: ROUNDS + 1 for seed in range(SEEDS)}
@@ -140,4 +141,5 @@ def test_a_sweep_killed_after_trials_finished_unsaved_resumes_without_running_th
     pd.testing.assert_frame_equal(comparable(resumed), comparable(alone))
     # rounds run again: only those evaluated after the trial's latest checkpoint on disk (none for a finished trial)
     assert redone == {seed: before[seed] - 1 - disk.get(seed, -1) for seed in range(SEEDS)}
-    assert sum(redone.values()) < 2  # a checkpoint every 2 rounds: at most one round of the one cut short
+    if pack != "lockstep":  # lockstep's runs compute rounds ahead of the pack's saves (threads, lockstep.run_together)
+        assert sum(redone.values()) < 2  # a checkpoint every 2 rounds: at most one round of the one cut short

@@ -3,6 +3,7 @@ line that names the field, the value and what is allowed."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -197,3 +198,7 @@ def test_a_spec_read_back_from_its_json_is_the_same_sweep(raw):
     spec = load_spec(raw)
     again = SweepSpec.model_validate_json(spec.model_dump_json())  # as trial_process and stored_spec read it
     assert again.points() == spec.points() and again.space == spec.space and again.seeds == spec.seeds
+    # a resume validates the stored spec (sweep.json) and hands its dump to the trials: it failed every trial of a
+    # grid-less sweep, whose grid {} the validation made into the [] it refuses
+    resumed = SweepSpec.model_validate(json.loads(again.model_dump_json()))
+    assert SweepSpec.model_validate_json(resumed.model_dump_json()).points() == spec.points()
