@@ -469,7 +469,8 @@ def resume_sweep(path: str | Path, ray_address: str | None = None, verbose: int 
     spec = stored_spec(meta, path)
     edges_extend.check_record(path)
     _repair(path)
-    if not tune.Tuner.can_restore(str(path)):
+    # tuner.pkl without a state (killed before Tune's first save): Tune ran a new experiment of one trial from it
+    if not tune.Tuner.can_restore(str(path)) or not any(path.glob(tune_state.STATE_GLOB)):
         raise ConfigError(f"{resuming('sweep', path)}: Tune's experiment state is missing; the sweep never started")
     cluster, has_gpus = _connect(ray_address, verbose, spec.modules)
     _check_fits(spec, cluster, has_gpus)

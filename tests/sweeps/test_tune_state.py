@@ -97,3 +97,17 @@ def test_a_resume_starts_from_fedcomps_copy_even_where_tunes_own_state_is_whole(
     state.write_text(json.dumps({**json.loads(copied), "stats": {"start_time": 0.0}}))  # whole, but not the copy
     assert tune_state.repair(state.parent) == []  # nothing was broken ...
     assert state.read_bytes() == copied  # ... and the copy is what Tune restores from
+
+
+def test_a_sweep_killed_before_tunes_first_state_save_is_refused_not_resumed_as_one_trial(ray_session, tmp_path):
+    """Its folder had Tune's ``tuner.pkl`` and no state: Tune logged an error and ran a new experiment of one trial,
+    and the resumed sweep of four reported one."""
+    spec = {"base": "quickstart", "max_concurrent": 1, "grid": {"algorithm.lr": [0.1, 0.05]},
+            "set": {**TINY, "federation.backend": "local", "run.out": str(tmp_path)}}
+    folder = fedcomp.sweep(spec).path
+    for name in (tune_state.STATE_GLOB, tune_state.COPY, "trials.parquet"):  # as at a kill before the first save
+        for path in folder.glob(name):
+            path.unlink()
+    assert (folder / "tuner.pkl").is_file()
+    with pytest.raises(fedcomp.ConfigError, match=r"Tune's experiment state is missing; the sweep never started$"):
+        fedcomp.resume_sweep(folder)
