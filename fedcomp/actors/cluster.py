@@ -138,7 +138,6 @@ def _start_or_join(address: str | None, field: str, worker_log_level: str | None
     if worker_log_level:
         kwargs["logging_config"] = ray.LoggingConfig(log_level=worker_log_level)
     quiet_ray_start()
-    stop_on_sigterm()  # first here, to keep what SIGTERM did before Ray for between fedcomp's calls (signals)
     started = time.perf_counter()
     if address:
         address = probe(address, field)  # one that cannot be a Ray head fails in one line, before anything is said

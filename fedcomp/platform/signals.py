@@ -45,7 +45,7 @@ _farewells: list[Callable[[], str]] = []
 _saying = threading.Lock()  # a farewell is not left while the watch says it
 _watching = threading.Lock()  # held by the one watch a process starts
 _wakeup: list[socket.socket] = []  # the sending end of this process's wakeup fd, once installed
-_before: list[Any] = []  # the SIGTERM handler in place before fedcomp's first: what SIGTERM does between its calls
+_before: list[Any] = [None]  # the SIGTERM handler before the outermost fedcomp call under way, put back as it ends
 _calls = [0]  # fedcomp's calls under way in this process (nested: a check's runs)
 
 
@@ -54,25 +54,28 @@ def stop_on_sigterm() -> None:
     the main thread only, as Python allows; again after ``ray.init``, which puts its own handlers in place), and
     start the watch the moment one arrives."""
     if threading.current_thread() is threading.main_thread():
-        current = signal.getsignal(signal.SIGTERM)
-        if not _before and current is not _as_ctrl_c:
-            _before.append(current)
         signal.signal(signal.SIGTERM, _as_ctrl_c)
         _listen()
 
 
 @contextmanager
 def answering_sigterm() -> Iterator[None]:
-    """A fedcomp call (a run, a sweep; the command line's whole process): inside, SIGTERM is answered as Ctrl-C;
-    outside, as it was before fedcomp's first call -- a notebook's process idling after a Ray run then ends on
-    SIGTERM as any process does (Python's default), or runs the handler it had, instead of raising a
-    ``KeyboardInterrupt`` into whatever runs next."""
+    """A fedcomp call (a run, a sweep; the command line's whole process): inside, SIGTERM is answered as Ctrl-C; as
+    the outermost call ends, the handler from before it is put back -- a notebook's process idling after a Ray run
+    then ends on SIGTERM as any process does (Python's default), or runs the handler its user set, instead of
+    raising a ``KeyboardInterrupt`` into whatever runs next."""
+    outermost = _calls[0] == 0 and threading.current_thread() is threading.main_thread()
+    if outermost:
+        current = signal.getsignal(signal.SIGTERM)
+        _before[0] = None if current is _as_ctrl_c else current  # None: not set from Python (a C handler)
     _calls[0] += 1
     stop_on_sigterm()
     try:
         yield
     finally:
         _calls[0] -= 1
+        if outermost and _before[0] is not None:
+            signal.signal(signal.SIGTERM, _before[0])
 
 
 def _listen() -> None:
@@ -149,14 +152,10 @@ def _as_ctrl_c(signum: int, frame: FrameType | None) -> None:
 
 
 def _as_before(signum: int, frame: FrameType | None) -> None:
-    """SIGTERM between fedcomp's calls: the process's handler from before them, or Python's default (the process
-    ends, killed by the signal)."""
-    previous = _before[0] if _before else signal.SIG_DFL
-    if callable(previous):
-        previous(signum, frame)
-    elif previous != signal.SIG_IGN:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        os.kill(os.getpid(), signal.SIGTERM)
+    """SIGTERM outside fedcomp's calls with fedcomp's handler still in place (one set outside a call, or none to put
+    back): Python's default, the process ends, killed by the signal."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGTERM)
 
 
 def _watch(alive: Callable[[], bool]) -> None:

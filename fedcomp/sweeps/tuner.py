@@ -213,6 +213,7 @@ def new_sweep_id(spec: SweepSpec, out: Path) -> str:
     return results.new_folder_name(out, spec.name or "sweep")
 
 
+@answering_sigterm()
 def sweep(
     source: str | Path | Mapping[str, Any] | SweepSpec = "quick",
     *,
@@ -347,7 +348,6 @@ def _quiet_tune(verbose: int) -> Iterator[None]:
             os.environ["RAY_AIR_NEW_OUTPUT"] = before
 
 
-@answering_sigterm()
 def _fit(tuner: Any, spec: SweepSpec, path: Path, verbose: int) -> SweepResult:
     """Run (or continue) the sweep and collect its trials, with Tune's console output kept quiet."""
     with _quiet_tune(verbose):
@@ -449,6 +449,7 @@ def _check_call(overrides: Any, ray_address: Any, verbose: Any) -> None:
         raise ConfigError(f"verbose = {verbose!r}: allowed 0, 1, 2")
 
 
+@answering_sigterm()
 def resume_sweep(path: str | Path, ray_address: str | None = None, verbose: int = 0) -> SweepResult:
     """Continue an interrupted sweep: finished trials are kept, unfinished and failed ones continue from
     their last checkpoint (a finished sweep's results: :func:`load_sweep`, which starts no Ray).

@@ -43,23 +43,28 @@ BETWEEN_CALLS = """
 import os, signal, time
 from fedcomp.platform import signals
 {before}
-with signals.answering_sigterm():  # a fedcomp call: a run
+with signals.answering_sigterm():  # a fedcomp call: a run, which starts Ray (whose handler fedcomp replaces)
+    signal.signal(signal.SIGTERM, lambda signum, frame: print("Ray's", flush=True))
+    signals.stop_on_sigterm()
+{between}
+with signals.answering_sigterm():  # the next
     pass
-signals.stop_on_sigterm()  # as a Ray start puts fedcomp's handler back in place (cluster._start_or_join)
 os.kill(os.getpid(), signal.SIGTERM)
 time.sleep(1)
 print("carried on")
 """
+MINE = "signal.signal(signal.SIGTERM, lambda signum, frame: print('mine', flush=True))"
 
 
-@pytest.mark.parametrize("before, code, out", [
-    ("", -signal.SIGTERM, ""),  # Python's default: killed by the signal (143 from a shell)
-    ("signal.signal(signal.SIGTERM, lambda signum, frame: print('mine', flush=True))", 0, "mine\ncarried on"),
-])
-def test_between_fedcomp_calls_sigterm_does_what_it_did_before_them(before, code, out):
+@pytest.mark.parametrize("before, between, code, out", [
+    ("", "", -signal.SIGTERM, ""),  # Python's default: killed by the signal (143 from a shell)
+    (MINE, "", 0, "mine\ncarried on"),
+    ("", MINE, 0, "mine\ncarried on"),  # set between two calls: it was lost to fedcomp's
+], ids=["default", "set-before", "set-between"])
+def test_between_fedcomp_calls_sigterm_does_what_it_did_before_them(before, between, code, out):
     """A notebook's process idling after a Ray run got a KeyboardInterrupt (the kernel caught it and lived on)."""
-    done = subprocess.run([sys.executable, "-c", BETWEEN_CALLS.format(before=before)], capture_output=True, text=True,
-                          timeout=60)
+    script = BETWEEN_CALLS.format(before=before, between=between)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert (done.returncode, done.stdout.strip()) == (code, out), done.stderr
     assert "KeyboardInterrupt" not in done.stderr
 
