@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import importlib
 import importlib.util
+import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -123,17 +124,40 @@ IMPORTED_SOURCES: dict[Path, str] = {}
 
 
 def _as_on_disk(module: Any) -> None:
-    """Import ``module`` again where its file changed since this process imported it -- a notebook's user edited
-    their task -- and say so: a run then runs the file's code (Ray's actors, each a fresh process, import the file
-    as it is), and the digest run.json records is of the code that ran."""
+    """Import ``module`` again where its file, or that of a module of the user's it may import from beside it (in
+    its package root's folder: ``import helper``), changed since this process imported it -- a notebook's user
+    edited their task -- and say so: a run then runs the files' code (Ray's actors, each a fresh process, import
+    the files as they are), and the digest run.json records is of the code that ran. Changed neighbours go first."""
     file = _file_of(module, ".py")
     if file is None or not file.is_file():
         return
+    root = str(_in_packages(file)[1]) + os.sep
+    neighbours = [m for name, m in list(sys.modules.items()) if m is not module and _users(name, m, root)]
+    changed = [m for m in [*neighbours, module] if _changed(m)]
+    for again in changed:
+        print(f"fedcomp: note: {again.__file__} changed since this process imported it; imported again",
+              file=sys.stderr, flush=True)
+    for again in [m for m in changed if m is not module] + ([module] if changed else []):
+        importlib.reload(again)
+
+
+def _users(name: str, module: Any, root: str) -> bool:
+    """Whether a module is the user's, in ``root`` or below: not fedcomp's, an installed package's (a virtualenv in
+    the user's folder) or the running script (``__main__``, never imported again)."""
+    file = str(getattr(module, "__file__", None) or "")
+    return (file.startswith(root) and name != SCRIPT and name != "fedcomp" and not name.startswith("fedcomp.")
+            and "site-packages" not in file and "dist-packages" not in file)
+
+
+def _changed(module: Any) -> bool:
+    """Whether the module's file changed since this process imported it (or first looked at it)."""
+    file = _file_of(module, ".py")
+    if file is None or not file.is_file():
+        return False
     digest = hashlib.sha256(file.read_bytes()).hexdigest()
-    if IMPORTED_SOURCES.setdefault(file, digest) != digest:
-        importlib.reload(module)
-        IMPORTED_SOURCES[file] = digest
-        print(f"fedcomp: note: {file} changed since this process imported it; imported again", file=sys.stderr, flush=True)
+    before = IMPORTED_SOURCES.setdefault(file, digest)
+    IMPORTED_SOURCES[file] = digest
+    return before != digest
 
 
 def _in_packages(path: Path) -> tuple[list[str], Path]:

@@ -99,6 +99,26 @@ def test_a_module_edited_in_a_long_lived_process_is_imported_again_and_run_json_
     pd.testing.assert_frame_equal(third.metrics[METRICS], second.metrics[METRICS], check_exact=True)
 
 
+def test_a_neighbour_module_edited_in_a_long_lived_process_is_imported_again_before_the_module(tmp_path, capfd):
+    """``mine.py`` takes a constant from ``helper.py`` beside it: an edit of the helper alone went unseen."""
+    (tmp_path / "scale_helper.py").write_text("SCALE = 1.0\n")
+    module = tmp_path / "scaled_task.py"
+    module.write_text(EXAMPLE.read_text()
+                      .replace("from __future__ import annotations\n", "from __future__ import annotations\n\nfrom scale_helper import SCALE\n")
+                      .replace('"least-squares"', '"least-squares-scaled"').replace('"fedavg-hb"', '"fedavg-hb-scaled"')
+                      .replace("return 0.5 * (features @ x - targets)", "return SCALE * 0.5 * (features @ x - targets)"))
+    config = {"task": {"name": "least-squares-scaled", "module": str(module), "dim": 10, "rows": 200},
+              "algorithm": {"name": "fedavg-hb-scaled", "module": str(module), "lr": 0.05}}
+    over = {**TINY, "federation.backend": "local", "run.out": str(tmp_path / "runs")}
+    first = fedcomp.run(config, over)
+    (tmp_path / "scale_helper.py").write_text("SCALE = 10.0\n")
+    capfd.readouterr()
+    second = fedcomp.run(config, over)
+    assert capfd.readouterr().err.splitlines() == [
+        f"fedcomp: note: {tmp_path / 'scale_helper.py'} changed since this process imported it; imported again"]
+    assert second.metrics["train_loss"].iloc[1] > 5 * first.metrics["train_loss"].iloc[1]  # the helper's new scale
+
+
 @pytest.mark.ray
 def test_its_run_on_ray_actors_has_the_local_backends_numbers_and_converges(ray_session, tmp_path):
     runs = {backend: fedcomp.run(EXAMPLE_YAML, {**TINY, "run.rounds": 8, "federation.backend": backend,
