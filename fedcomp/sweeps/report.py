@@ -73,7 +73,7 @@ def outcome_counts(trials: pd.DataFrame, spec: SweepSpec) -> str:
         packs = trials["trial"].str.rsplit("-", n=1).str[0].nunique()
         counted = f"{runs} configurations in {packs} packed trial{'s' * (packs != 1)}"
     else:
-        counted = f"{runs} trials"
+        counted = f"{runs} trial{'s' * (runs != 1)}"
     return (f"{counted}, {failed} failed"
             + (f", {diverged} diverged (their rounds before it kept; final metrics nan)" if diverged else "")
             + (f", {stopped} stopped early by ASHA (their rounds kept; not in the tables of final values)"
