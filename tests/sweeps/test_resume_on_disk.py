@@ -97,6 +97,20 @@ def on_disk(sweep_dir: Path) -> dict[int, int]:
     return rounds
 
 
+def settled(sweep_dir: Path, folder: Path) -> dict[int, int]:
+    """:func:`on_disk` once the killed driver's trial process -- a worker of the test's Ray, not of the killed
+    process group -- has stopped too (Ray ends a dead driver's workers, not at once): nothing evaluated or
+    checkpointed for a second."""
+    seen: tuple[object, ...] = ()
+    for _ in range(120):
+        now = (on_disk(sweep_dir), (folder / "evaluations.txt").stat().st_size)
+        if now == seen:
+            return now[0]
+        seen = now
+        time.sleep(1)
+    raise AssertionError("the killed sweep's trial went on for 2 minutes")
+
+
 def comparable(trials: pd.DataFrame) -> pd.DataFrame:
     """A trials table without what names the sweep and its trials (folders, ids) and the runs' clock times, in the
     order of the seeds."""
@@ -129,7 +143,7 @@ def test_a_sweep_killed_after_trials_finished_unsaved_resumes_without_running_th
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     [sweep_dir] = work.iterdir()
-    disk = on_disk(sweep_dir)
+    disk = settled(sweep_dir, tmp_path)
     assert list(disk.values()).count(ROUNDS) >= 3 and len(disk) >= 4 and not (sweep_dir / "trials.parquet").exists()
     before = evaluations(tmp_path)
 
