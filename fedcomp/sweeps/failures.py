@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 from ray import tune
@@ -23,6 +24,7 @@ from ray.exceptions import RayError, RayTaskError
 from ray.tune import Callback
 
 from fedcomp.platform.errors import ConfigError, PlatformError, TaskError
+from fedcomp.sweeps.staging import staging_folder
 
 FINAL_ERROR = "final_error"
 """The key of the result a trial reports just before it raises a deterministic error (1.0, beside the metric at its
@@ -62,6 +64,13 @@ class Reports:
     def report(self, metrics: dict[str, Any], checkpoint: tune.Checkpoint | None = None) -> None:
         tune.report(metrics, checkpoint=checkpoint)
         self.latest = metrics.get(self.metric, self.latest)
+
+    def report_saved(self, rows: list[dict[str, Any]], save: Callable[[Path], tune.Checkpoint]) -> None:
+        """Report ``rows``, the last one with the checkpoint ``save`` writes into a staging folder."""
+        for metrics in rows[:-1]:
+            self.report(metrics)
+        with staging_folder() as folder:
+            self.report(rows[-1], checkpoint=save(folder))
 
     @contextlib.contextmanager
     def final_if_deterministic(self) -> Iterator[None]:

@@ -19,16 +19,21 @@ checkpoint folders named ``checkpoint_<n>`` (:data:`fedcomp.sweeps.tune_state.CH
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
 from ray import tune
 
 from fedcomp.platform import results
 from fedcomp.platform.errors import StorageError
 from fedcomp.sweeps.tune_state import CHECKPOINT_FOLDER
+
+if TYPE_CHECKING:
+    from fedcomp.sweeps.failures import Reports
+
+T = TypeVar("T")
 
 PLACEMENT_JSON = "placement.json"
 """A checkpoint folder's record of the run's actors (their processes), where the run has actors."""
@@ -43,14 +48,12 @@ def trial_key(trial: Mapping[str, Any]) -> str:
 
 @dataclass(frozen=True)
 class Found:
-    """A whole checkpoint on disk: its folder, its file's content (as stored and read back) and the run's placement."""
+    """A one-run trial's whole checkpoint on disk: its file's content (as stored and read back) and the run's
+    placement."""
 
-    folder: Path
     data: bytes
     content: dict[str, Any]
     placement: list[dict[str, Any]] | None
-    own: bool
-    """In the trial's own folder (else in an earlier folder of the same config)."""
 
     @property
     def rows(self) -> list[dict[str, Any]]:
@@ -62,10 +65,15 @@ class Found:
         """The round the checkpoint was taken at."""
         return int(self.content["server"]["counters"]["round"])
 
-    @property
-    def number(self) -> int:
-        """The ``n`` of its folder's name ``checkpoint_<n>``."""
-        return folder_number(self.folder.name)
+
+@dataclass(frozen=True)
+class Far(Generic[T]):
+    """A checkpoint found on disk further on than Tune's: its folder, whether that is the trial's own (else an
+    earlier folder of the same config), and what it holds (:class:`Found`, or a pack's)."""
+
+    folder: Path
+    own: bool
+    value: T
 
 
 def folder_number(name: str) -> int:
@@ -95,15 +103,41 @@ def of_this_config(trial: Mapping[str, Any]) -> list[tuple[Path, bool]]:
             if folder.parent == own or _stored_key(folder) == key]
 
 
-def further_on(trial: Mapping[str, Any], known_round: int) -> Found | None:
-    """The whole checkpoint of this trial (``trial``: its Tune config) taken at the latest round after
-    ``known_round`` (the round of the checkpoint Tune handed it; -1 for none), or None."""
-    best: Found | None = None
+def furthest(trial: Mapping[str, Any], beyond: int, read: Callable[[Path], T], progress: Callable[[T], int]) -> Far[T] | None:
+    """Of this trial's checkpoints on disk (``trial``: its Tune config; :func:`of_this_config`), the whole one --
+    ``read(folder)`` raises ``OSError``, ``ValueError`` or ``StorageError`` on one cut short -- that came furthest by
+    ``progress``, past ``beyond`` (that of the checkpoint Tune handed the trial); None where none did."""
+    best: Far[T] | None = None
     for folder, own in of_this_config(trial):
-        found = _read(folder, own)
-        if found is not None and found.round > (best.round if best else known_round):
-            best = found
+        try:
+            value = read(folder)
+        except (OSError, ValueError, StorageError):
+            continue
+        if progress(value) > (progress(best.value) if best else beyond):
+            best = Far(folder, own, value)
     return best
+
+
+def further_on(trial: Mapping[str, Any], known_round: int) -> Far[Found] | None:
+    """The whole checkpoint of this (one-run) trial taken at the latest round after ``known_round`` (the round of the
+    checkpoint Tune handed it; -1 for none), or None."""
+    return furthest(trial, known_round, _read, lambda found: found.round)
+
+
+def numbered_after(restored: tune.Checkpoint | None) -> None:
+    """Number this trial's next checkpoint folder after the one Tune handed it, where there is one."""
+    if restored is not None:
+        number_on(folder_number(Path(restored.path).name))
+
+
+def report_found(far: Far[Any], rows: list[dict[str, Any]], reports: Reports,
+                 save: Callable[[Path], tune.Checkpoint]) -> None:
+    """Report a checkpoint found on disk as the trial reported it: ``rows`` (what Tune has not been told), the last
+    one with the checkpoint ``save`` writes -- into its own folder where it is the trial's (Tune, told of it, then
+    prunes the older ones), else as the trial's next."""
+    if far.own:
+        number_on(folder_number(far.folder.name) - 1)
+    reports.report_saved(rows, save)
 
 
 def _stored_key(folder: Path) -> str | None:
@@ -113,13 +147,13 @@ def _stored_key(folder: Path) -> str | None:
         return None
 
 
-def _read(folder: Path, own: bool) -> Found | None:
-    """The checkpoint in ``folder``, or None where its file is missing or does not read back whole (its rows are in
-    it: ``metrics.parquet`` is written again from them)."""
-    try:
-        data = (folder / results.CHECKPOINT).read_bytes()
-        content = results.checkpoint_from_bytes(data, str(folder / results.CHECKPOINT))
-        placement = json.loads((folder / PLACEMENT_JSON).read_text()) if (folder / PLACEMENT_JSON).exists() else None
-    except (OSError, ValueError, StorageError):
-        return None
-    return Found(folder, data, content, placement, own)
+def _read(folder: Path) -> Found:
+    """The checkpoint in ``folder`` (its rows are in it: ``metrics.parquet`` is written again from them).
+
+    Raises:
+        OSError, ValueError, StorageError: its file is missing or does not read back whole.
+    """
+    data = (folder / results.CHECKPOINT).read_bytes()
+    content = results.checkpoint_from_bytes(data, str(folder / results.CHECKPOINT))
+    placement = json.loads((folder / PLACEMENT_JSON).read_text()) if (folder / PLACEMENT_JSON).exists() else None
+    return Found(data, content, placement)

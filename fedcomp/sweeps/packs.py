@@ -29,7 +29,6 @@ from fedcomp.platform.runner import RoundDone, drive
 from fedcomp.sweeps import on_disk
 from fedcomp.sweeps.failures import Reports
 from fedcomp.sweeps.spec import SweepSpec
-from fedcomp.sweeps.staging import staging_folder
 from fedcomp.sweeps.trial import (
     FAULT_EXIT,
     members,
@@ -109,6 +108,11 @@ class Pack:
         """The rounds its configurations' checkpoints were taken at, summed: how far the pack had come."""
         return sum(int(c["server"]["counters"]["round"]) for c in self.restored.values())
 
+    @property
+    def reported(self) -> dict[int, int]:
+        """Per configuration, the last round of the rows its checkpoint holds (what Tune was told with it)."""
+        return {k: max((r["round"] for r in rows), default=-1) for k, (_, rows) in self.saved.items()}
+
 
 def _save(folder: Path, saved: Mapping[int, Saved], done: set[int], trial: Mapping[str, Any]) -> tune.Checkpoint:
     for k, (checkpoint, rows) in saved.items():
@@ -147,19 +151,11 @@ def _read(root: Path) -> Pack:
     return Pack(restored, saved, set(stored.get("done", ())))
 
 
-def _further_on(trial: Mapping[str, Any], rounds: int) -> tuple[Path, bool, Pack] | None:
-    """The whole checkpoint on disk of this packed trial's configurations (``trial``: its Tune config) that came
-    furthest, past ``rounds`` (the one Tune handed it: :attr:`Pack.rounds`), with its folder and whether that is
-    the trial's own (:mod:`fedcomp.sweeps.on_disk`); None where none did."""
-    best: tuple[Path, bool, Pack] | None = None
-    for folder, own in on_disk.of_this_config(trial):
-        try:
-            pack = _read(folder) if (folder / PACK_JSON).is_file() else None  # pack.json: not a copy cut short
-        except (OSError, ValueError, StorageError):
-            continue
-        if pack is not None and pack.rounds > (best[2].rounds if best else rounds):
-            best = folder, own, pack
-    return best
+def _whole(root: Path) -> Pack:
+    """:func:`_read`, of a folder that holds the pack's ``pack.json`` (a copy cut short may lack it)."""
+    if not (root / PACK_JSON).is_file():
+        raise StorageError(f"{root}: no {PACK_JSON}")
+    return _read(root)
 
 
 def _one_at_a_time(
@@ -200,16 +196,13 @@ def _run_pack(trial: dict[str, Any], spec_json: str, cluster_has_gpus: bool, env
     torch_for(configs)
     restored = tune.get_checkpoint()
     pack = _restore(restored)
-    if restored is not None:
-        on_disk.number_on(on_disk.folder_number(Path(restored.path).name))
-    reported = {k: max((r["round"] for r in rows), default=-1) for k, (_, rows) in pack.saved.items()}
-    found = _further_on(trial, pack.rounds)
-    if found is not None:  # written after Tune's last save of its state: reported again, not run again
-        _report_found(*found, reported, trial, reports)
-        pack = found[2]
-        reported = {k: max((r["round"] for r in rows), default=-1) for k, (_, rows) in pack.saved.items()}
-    resumed, saved, done = pack.restored, dict(pack.saved), set(pack.done)
-    exit_round = int(env.get(FAULT_EXIT, 0)) if restored is None and found is None else 0
+    on_disk.numbered_after(restored)
+    far = on_disk.furthest(trial, pack.rounds, _whole, lambda found: found.rounds)
+    if far is not None:  # written after Tune's last save of its state: reported again, not run again
+        _report_found(far, pack.reported, trial, reports)
+        pack = far.value
+    resumed, saved, done, reported = pack.restored, dict(pack.saved), set(pack.done), pack.reported
+    exit_round = int(env.get(FAULT_EXIT, 0)) if restored is None and far is None else 0
     todo = [k for k in range(len(configs)) if k not in done]
     if not todo:  # every configuration had finished (its rows reported from disk above)
         return
@@ -237,29 +230,21 @@ def _run_pack(trial: dict[str, Any], spec_json: str, cluster_has_gpus: bool, env
             for metrics in pending:
                 reports.report(metrics)
             continue
-        pending = pending or [latest[batch[-1][0]]]  # a checkpoint round without an evaluation
-        for metrics in pending[:-1]:
-            reports.report(metrics)
-        with staging_folder() as folder:
-            reports.report(pending[-1], checkpoint=_save(folder, saved, done, trial))
+        reports.report_saved(pending or [latest[batch[-1][0]]],  # [...]: a checkpoint round without an evaluation
+                             lambda folder: _save(folder, saved, done, trial))
 
 
-def _report_found(folder: Path, own: bool, pack: Pack, reported: Mapping[int, int], trial: Mapping[str, Any],
+def _report_found(far: on_disk.Far[Pack], reported: Mapping[int, int], trial: Mapping[str, Any],
                   reports: Reports) -> None:
-    """Report a packed trial's checkpoint found on disk as the trial reported it: each configuration's rows after
-    those Tune was told of (``reported``), the last one with the checkpoint -- into its own folder where it is the
-    trial's (:func:`fedcomp.sweeps.trial.run_trial` does the same for a trial of one configuration)."""
+    """Report a packed trial's checkpoint found on disk (:func:`fedcomp.sweeps.on_disk.report_found`): each
+    configuration's rows after those Tune was told of (``reported``)."""
+    pack = far.value
     rows = [{**row, "member": k, "trial_round": row["round"]}
             for k, (_, kept) in sorted(pack.saved.items()) for row in kept if row["round"] > reported.get(k, -1)]
     if not rows:  # a checkpoint round without an evaluation
         k = max(pack.saved)
         rows = [{**pack.saved[k][1][-1], "member": k, "trial_round": pack.restored[k]["server"]["counters"]["round"]}]
-    for metrics in rows[:-1]:
-        reports.report(metrics)
-    if own:
-        on_disk.number_on(on_disk.folder_number(folder.name) - 1)
-    with staging_folder() as staged:
-        reports.report(rows[-1], checkpoint=_save(staged, pack.saved, pack.done, trial))
+    on_disk.report_found(far, rows, reports, lambda folder: _save(folder, pack.saved, pack.done, trial))
 
 
 def read_pack_rows(checkpoint: tune.Checkpoint | None, member: int) -> list[dict[str, Any]]:

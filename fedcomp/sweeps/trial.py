@@ -34,7 +34,6 @@ from fedcomp.platform.runner import drive
 from fedcomp.sweeps import on_disk
 from fedcomp.sweeps.failures import Reports
 from fedcomp.sweeps.spec import SweepSpec
-from fedcomp.sweeps.staging import staging_folder
 
 FAULT_EXIT = "FEDCOMP_FAULT_TRIAL_EXIT"  # "ROUND": a fresh (not restored) trial process exits at that round
 
@@ -221,15 +220,19 @@ def _run_trial(trial: dict[str, Any], spec_json: str, cluster_has_gpus: bool, en
     if restored is not None:
         with restored.as_directory() as folder:
             checkpoint = results.read_checkpoint(Path(folder) / results.CHECKPOINT)
-        on_disk.number_on(on_disk.folder_number(Path(restored.path).name))
+    on_disk.numbered_after(restored)
     reported = max((row["round"] for row in checkpoint["rows"]), default=-1) if checkpoint else -1
-    found = on_disk.further_on(trial, checkpoint["server"]["counters"]["round"] if checkpoint else -1)
-    if found is not None:  # written after Tune's last save of its state: reported again, not run again
-        _report_found(found, reported, trial, reports)
+    far = on_disk.further_on(trial, checkpoint["server"]["counters"]["round"] if checkpoint else -1)
+    if far is not None:  # written after Tune's last save of its state: reported again, not run again
+        found = far.value
+        rows = [{**row, "trial_round": row["round"]} for row in found.rows if row["round"] > reported]
+        rows = rows or [{**found.rows[-1], "trial_round": found.round}]  # a checkpoint round without an evaluation
+        on_disk.report_found(far, rows, reports,
+                             lambda folder: _save(folder, found.data, found.rows, found.placement, trial))
         if found.round >= config.run.rounds:
             return
         checkpoint, reported = found.content, max(row["round"] for row in found.rows)
-    exit_round = int(env.get(FAULT_EXIT, 0)) if restored is None and found is None else 0
+    exit_round = int(env.get(FAULT_EXIT, 0)) if restored is None and far is None else 0
 
     server = make_server(config)
     placement = server.placement() if hasattr(server, "placement") else None
@@ -245,34 +248,18 @@ def _run_trial(trial: dict[str, Any], spec_json: str, cluster_has_gpus: bool, en
                 reports.report({**dict.fromkeys(step.rows[-1], math.nan), "round": step.round,
                                 "trial_round": step.round, DIVERGED: 1.0})
                 return
-            # Every evaluation row once (the first step also carries round 0's), as in metrics.parquet;
-            # a checkpoint round without an evaluation repeats the latest row to carry the checkpoint.
+            # Every evaluation row once (the first step also carries round 0's), as in metrics.parquet
             rows = [{**row, "trial_round": row["round"]} for row in step.rows if row["round"] > reported]
             reported = max(reported, step.rows[-1]["round"])
-            if step.checkpoint is not None and not rows:
-                rows = [{**step.rows[-1], "trial_round": step.round}]
-            for i, metrics in enumerate(rows):
-                if step.checkpoint is None or i < len(rows) - 1:
+            if step.checkpoint is None:
+                for metrics in rows:
                     reports.report(metrics)
-                    continue
-                with staging_folder() as folder:
-                    reports.report(metrics, checkpoint=_save(folder, step.checkpoint, step.rows, placement, trial))
+            else:  # a checkpoint round without an evaluation repeats the latest row
+                data, kept = step.checkpoint, step.rows
+                reports.report_saved(rows or [{**kept[-1], "trial_round": step.round}],
+                                     lambda folder: _save(folder, data, kept, placement, trial))  # noqa: B023
     finally:
         server.close()
-
-
-def _report_found(found: on_disk.Found, reported: int, trial: Mapping[str, Any], reports: Reports) -> None:
-    """Report a checkpoint found on disk as the run reported it: its rows after round ``reported`` (what Tune has
-    not been told), the last one with the checkpoint -- into its own folder where it is the trial's (Tune, told of
-    it, then prunes the older ones), else as the trial's next."""
-    rows = [{**row, "trial_round": row["round"]} for row in found.rows if row["round"] > reported]
-    rows = rows or [{**found.rows[-1], "trial_round": found.round}]  # a checkpoint round without an evaluation
-    for metrics in rows[:-1]:
-        reports.report(metrics)
-    if found.own:
-        on_disk.number_on(found.number - 1)
-    with staging_folder() as folder:
-        reports.report(rows[-1], checkpoint=_save(folder, found.data, found.rows, found.placement, trial))
 
 
 def read_trial_rows(checkpoint: tune.Checkpoint | None, sub: str = "") -> list[dict[str, Any]]:
