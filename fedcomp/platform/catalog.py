@@ -11,6 +11,7 @@ actors, a sweep's trials, a resumed or verified run: the config names that modul
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import importlib
 import importlib.util
@@ -147,6 +148,49 @@ def _users(name: str, module: Any, root: str) -> bool:
     file = str(getattr(module, "__file__", None) or "")
     return (file.startswith(root) and name != SCRIPT and name != "fedcomp" and not name.startswith("fedcomp.")
             and "site-packages" not in file and "dist-packages" not in file)
+
+
+def imports_beside(source: str) -> list[str]:
+    """The files of the user's modules beside ``source`` (in its package root's folder or below) that it imports,
+    directly or through one another -- ``import helper``, ``from helper import SCALE``, also inside a function --
+    as this process has them imported: run.json records their digests with the module's, so a re-run on an edited
+    helper is told which file changed, and a resume on one is refused. Empty where ``source`` is no imported file."""
+    path = Path(source)
+    module = next((m for m in list(sys.modules.values()) if _file_of(m, path.name) == path), None)
+    if module is None:
+        return []
+    root = str(_in_packages(path)[1]) + os.sep
+    seen, todo, found = {id(module)}, [module], []
+    while todo:
+        for name in _imported_names(todo.pop()):
+            other = sys.modules.get(name)
+            if other is not None and id(other) not in seen and _users(name, other, root):
+                seen.add(id(other))
+                todo.append(other)
+                found.append(str(_file_of(other, ".py")))
+    return sorted(file for file in found if file != "None")
+
+
+def _imported_names(module: Any) -> set[str]:
+    """The dotted names a module's source imports (``from pkg import mod`` names ``pkg`` and ``pkg.mod``), read from
+    its file; none where it has no readable Python source."""
+    file = _file_of(module, ".py")
+    try:
+        tree = ast.parse(file.read_bytes()) if file is not None else ast.Module(body=[], type_ignores=[])
+    except (OSError, SyntaxError, ValueError):
+        return set()
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            try:
+                base = importlib.util.resolve_name("." * node.level + (node.module or ""), module.__package__ or "")
+            except (ImportError, ValueError):
+                continue
+            names.add(base)
+            names.update(f"{base}.{alias.name}" for alias in node.names)
+    return names
 
 
 def _changed(module: Any) -> bool:

@@ -15,6 +15,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from fedcomp.platform.catalog import imports_beside
+
 PACKAGES = ("fedcomp", "torch", "numpy", "ray", "pandas", "pyarrow", "scikit-learn", "torchvision")
 """Distributions whose versions can change a run's numbers or its files."""
 
@@ -99,12 +101,13 @@ def _torch_threads() -> int:
 
 
 def module_digests(sources: Sequence[str]) -> dict[str, str]:
-    """The user's modules (a config's ``task.module``, ``algorithm.module``) by the sha256 of their file's bytes: a
-    re-run on an edited module is told so (a dotted name without a file: ``"no file"``)."""
+    """The user's modules (a config's ``task.module``, ``algorithm.module``) and the modules of theirs beside them
+    that they import (:func:`~fedcomp.platform.catalog.imports_beside`) by the sha256 of their file's bytes: a re-run
+    on an edited module or helper is told which (a dotted name without a file: ``"no file"``)."""
     digests = {}
-    for source in sources:
-        path = Path(source)
-        digests[source] = hashlib.sha256(path.read_bytes()).hexdigest()[:16] if path.is_file() else "no file"
+    for module in [*sources, *(file for source in sources for file in imports_beside(source))]:
+        path = Path(module)
+        digests[module] = hashlib.sha256(path.read_bytes()).hexdigest()[:16] if path.is_file() else "no file"
     return digests
 
 

@@ -117,6 +117,33 @@ def test_a_neighbour_module_edited_in_a_long_lived_process_is_imported_again_bef
     assert capfd.readouterr().err.splitlines() == [
         f"fedcomp: note: {tmp_path / 'scale_helper.py'} changed since this process imported it; imported again"]
     assert second.metrics["train_loss"].iloc[1] > 5 * first.metrics["train_loss"].iloc[1]  # the helper's new scale
+    recorded = json.loads((second.run_dir / "run.json").read_text())["environment"]["modules"]
+    assert recorded == {str(path): hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+                        for path in (module, tmp_path / "scale_helper.py")}  # the helper's too: a verify names it
+
+
+def test_run_json_records_the_users_modules_beside_it_that_it_imports_and_only_those(tmp_path, monkeypatch):
+    """Imported at the top, inside a function, from a package beside it (relative too) and through another helper:
+    recorded; a module of the user's loaded in the process but not imported by it (a notebook's own helper) is not,
+    since a fresh process that verifies the run would not have it."""
+    package = tmp_path / "lab"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "inner.py").write_text("from . import deep\n")
+    (package / "deep.py").write_text("DEPTH = 1\n")
+    (tmp_path / "chained.py").write_text("import lab.inner\n")
+    (tmp_path / "lazy.py").write_text("LAZY = 2\n")
+    (tmp_path / "unrelated.py").write_text("OTHER = 3\n")
+    module = tmp_path / "importer.py"
+    module.write_text("import chained\n\ndef late():\n    import lazy\n    return lazy.LAZY\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name in ("importer", "chained", "lab", "lab.inner", "lab.deep", "lazy", "unrelated"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+        __import__(name)
+    found = catalog.imports_beside(str(module))
+    assert found == sorted(str(tmp_path / f) for f in ("chained.py", "lab/__init__.py", "lab/inner.py", "lab/deep.py",
+                                                         "lazy.py"))
+    assert catalog.imports_beside(str(tmp_path / "not-imported.py")) == []
 
 
 @pytest.mark.ray
@@ -165,6 +192,29 @@ def test_the_cli_runs_it_then_fresh_processes_verify_and_report_it_and_verify_te
         module.write("# edited since the run\n")
     edited = cli("verify", str(run_dir), "--backend", "local", cwd=REPO)
     assert f"modules.{tmp_path / 'extension.py'}: " in edited.stdout, edited.stdout
+
+
+@pytest.mark.slow
+def test_verify_and_resume_name_an_edited_helper_the_module_imports(tmp_path):
+    """The task takes a constant from ``scale_helper.py`` beside it: after the helper's edit a verify differed
+    without saying why, and a resume ran the rounds to come with the new constant."""
+    (tmp_path / "scale_helper.py").write_text("SCALE = 1.0\n")
+    (tmp_path / "scaled.py").write_text(EXAMPLE.read_text()
+        .replace("from __future__ import annotations\n", "from __future__ import annotations\n\nfrom scale_helper import SCALE\n")
+        .replace("return 0.5 * (features @ x - targets)", "return SCALE * 0.5 * (features @ x - targets)"))
+    (tmp_path / "scaled.yaml").write_text(EXAMPLE_YAML.read_text().replace("extension.py", "scaled.py"))
+    done = cli("run", "scaled.yaml", *(f"--set={k}={v}" for k, v in TINY.items()), "--set=run.checkpoint_every=2",
+               "--set=federation.backend=local", f"--set=run.out={tmp_path / 'out'}", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    [run_dir] = (tmp_path / "out").iterdir()
+    (tmp_path / "scale_helper.py").write_text("SCALE = 10.0\n")
+    edited = cli("verify", str(run_dir), "--backend", "local", cwd=REPO)
+    assert edited.returncode == 1, edited.stdout + edited.stderr
+    assert f"modules.{tmp_path / 'scale_helper.py'}: " in edited.stdout, edited.stdout
+    meta = json.loads((run_dir / "run.json").read_text())
+    (run_dir / "run.json").write_text(json.dumps({**meta, "status": "interrupted"}))  # as a kill after round 2 leaves it
+    refused = cli("run", "--resume", str(run_dir), cwd=tmp_path)
+    assert refused.returncode == 2 and f"{tmp_path / 'scale_helper.py'} changed since the run started" in refused.stderr
 
 
 @pytest.mark.slow
