@@ -108,7 +108,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     overrides = _overrides(args.set)
     if args.ray_address:
         overrides["federation.ray_address"] = args.ray_address
-    outcome = verify(args.run_dir, backend=args.backend, overrides=overrides, out=args.out)
+    outcome = verify(args.run_dir, backend=args.backend, overrides=overrides, out=args.out, progress=args.progress)
     print(outcome.report())
     return 0 if outcome.identical else 1
 
@@ -228,6 +228,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="change where clients run, e.g. federation.clients_per_actor=2 (nothing that changes numbers)")
     ver.add_argument("--out", help="keep the re-run under this folder (default: a temporary folder, removed)")
     ver.add_argument("--ray-address", metavar="ADDR", help="join this Ray cluster (default: $RAY_ADDRESS, else local)")
+    ver.add_argument("--progress", choices=["auto", "bar", "log", "none"],
+                     help="the re-run's progress output (default: the run's own run.progress)")
     ver.set_defaults(func=cmd_verify)
 
     chk = sub.add_parser(

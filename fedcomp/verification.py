@@ -156,7 +156,7 @@ def verify(
     backend: str | None = None,
     overrides: Mapping[str, Any] | None = None,
     out: str | Path | None = None,
-    progress: str = "auto",
+    progress: str | None = None,
 ) -> Verification:
     """Re-run the finished run in ``run_dir`` and compare every metric bit for bit.
 
@@ -165,7 +165,7 @@ def verify(
         overrides: ``{"federation.clients_per_actor": 2, ...}``; only the keys in
             :data:`~fedcomp.platform.config.PLACEMENT`.
         out: keep the re-run under this folder (default: a temporary folder, removed afterwards).
-        progress: ``run.progress`` of the re-run.
+        progress: ``run.progress`` of the re-run (default: the run's own).
 
     Raises:
         ConfigError: not a finished run folder, or an override that could change the numbers.
@@ -187,7 +187,7 @@ def verify(
     started = time.perf_counter()
     try:
         config = load_config(meta["config"], {**changes, "run.out": str(target), "run.track": "none",
-                                              "run.progress": progress})
+                                              **({} if progress is None else {"run.progress": progress})})
         try:
             result = execute(config, make_server, resumable=out is not None)
         except Interrupted:

@@ -160,3 +160,14 @@ def test_a_verification_stopped_by_ctrl_c_says_there_is_nothing_to_continue(tmp_
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 130 and err[-1] == ("fedcomp: interrupted: the re-run ran in a temporary folder, removed; nothing "
                                        "to continue: verify again")  # after the re-run's progress lines
+
+
+@pytest.mark.parametrize("flag, lines", [([], 0), (["--progress", "log"], 4)])
+def test_the_re_run_prints_progress_as_the_run_did_unless_told(tmp_path, capsys, flag, lines):
+    """A run made with ``run.progress: none`` (a script's, CI's) was verified with round lines on stderr."""
+    run_dir = finished_run(tmp_path, **{"run.progress": "none"})
+    capsys.readouterr()
+    assert main(["verify", str(run_dir), "--backend", "local", *flag]) == 0
+    captured = capsys.readouterr()
+    assert captured.out.splitlines()[0].startswith(f"verify {run_dir.name}: re-ran on local in ")
+    assert sum(line.startswith("round ") for line in captured.err.splitlines()) == lines, captured.err
