@@ -560,7 +560,7 @@ class RayFederation:
             "nodes": sorted({p["node"] for p in self.placement}),
             "devices": sorted({p["device"] for p in self.placement}),
             **({"cuda_flags": self.placement[0]["cuda_flags"]} if self.placement[0].get("cuda_flags") else {}),
-            **({"vectorise": f"off: {self.placement[0]['lockstep_off']}"} if self.placement[0].get("lockstep_off") else {}),
+            **({"lockstep_off": self.placement[0]["lockstep_off"]} if self.placement[0].get("lockstep_off") else {}),
             "gcs_address": ray.get_runtime_context().gcs_address,
         }
 

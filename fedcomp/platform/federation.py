@@ -482,4 +482,4 @@ class LocalFederation:
 
     def describe(self) -> dict[str, object]:
         off = self.host.lockstep_off
-        return {"name": "local", "device": self.host.device, **({"vectorise": f"off: {off}"} if off else {})}
+        return {"name": "local", "device": self.host.device, **({"lockstep_off": off} if off else {})}

@@ -258,9 +258,9 @@ def execute(
             raise stop if isinstance(stop, Interrupted) else Interrupted(_kept(created, saved, run_dir)) from None
     startup_s = time.perf_counter() - t_start
     log = _RunLog(config, run_dir, server.describe(), earlier)
-    if str(log.backend.get("vectorise", "")).startswith("off: "):
+    if log.backend.get("lockstep_off"):
         print(f"fedcomp: warning: federation.vectorise: algorithm {config.algorithm_name!r} on task {config.task_name!r}: "
-              f"{log.backend['vectorise'][5:]}; its clients step one at a time (the numbers without it)",
+              f"{log.backend['lockstep_off']}; its clients step one at a time (the numbers without it)",
               file=sys.stderr, flush=True)
     tracker: tracking.Tracker = tracking.Tracker()
 

@@ -120,7 +120,7 @@ def test_vectorise_where_no_call_can_step_in_lockstep_is_said_once_and_recorded(
                         "algorithm runs a client program of its own, not LocalSteps' draw + update; its clients step "
                         "one at a time (the numbers without it)"]
     backend_record = json.loads((result.run_dir / "run.json").read_text())["backend"]
-    assert backend_record["vectorise"].startswith("off: the algorithm runs a client program of its own")
+    assert backend_record["lockstep_off"].startswith("the algorithm runs a client program of its own")
 
 
 class RaggedFCSG(FCSG):
