@@ -452,7 +452,8 @@ def _check_call(overrides: Any, ray_address: Any, verbose: Any) -> None:
 @answering_sigterm()
 def resume_sweep(path: str | Path, ray_address: str | None = None, verbose: int = 0) -> SweepResult:
     """Continue an interrupted sweep: finished trials are kept, unfinished and failed ones continue from
-    their last checkpoint (a finished sweep's results: :func:`load_sweep`, which starts no Ray).
+    their last checkpoint; a sweep that finished with none failed returns its results as :func:`load_sweep` does,
+    without starting Ray.
 
     Args:
         ray_address: the cluster to join, as for :func:`sweep`.
@@ -468,6 +469,8 @@ def resume_sweep(path: str | Path, ray_address: str | None = None, verbose: int 
     path = folder_of(path, "path").resolve()
     meta = read_sweep_json(path)
     spec = stored_spec(meta, path)
+    if _finished(path):  # as a finished run's resume: its results, without starting Ray
+        return load_sweep(path)
     edges_extend.check_record(path)
     _repair(path)
     # tuner.pkl without a state (killed before Tune's first save): Tune ran a new experiment of one trial from it
@@ -482,6 +485,19 @@ def resume_sweep(path: str | Path, ray_address: str | None = None, verbose: int 
         )
     _shown_at(tuner, verbose)
     return _extended(_fit(tuner, spec, path, verbose), cluster, meta["cluster_has_gpus"], verbose)
+
+
+def _finished(path: Path) -> bool:
+    """Whether the sweep in ``path`` ended with every trial completed: its trials table written (at the end only),
+    none failed (a resume retries those) and no ``--extend-edges`` steps (their own record says how far they got).
+    A table that cannot be read is rewritten by the resume."""
+    if not (path / TRIALS).is_file() or (path / EXTEND_JSON).is_file():
+        return False
+    try:
+        trials = results.read_parquet(path / TRIALS)
+    except StorageError:
+        return False
+    return "status" in trials and not (trials["status"] == "error").any()
 
 
 def _shown_at(tuner: Any, verbose: int) -> None:

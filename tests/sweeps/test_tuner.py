@@ -358,6 +358,7 @@ def test_a_sweep_whose_tune_state_was_cut_short_resumes_from_fedcomps_copy(ray_s
     sweep_dir = state.parent
     assert tune_state.repair(sweep_dir) == []  # whole files (also the searcher's pickle named .json) stay Tune's
     state.write_bytes(state.read_bytes()[: state.stat().st_size // 2])  # a background copy killed half-way
+    (sweep_dir / "trials.parquet").unlink()  # written at the end only: a killed sweep has none
     capfd.readouterr()
     after = fedcomp.resume_sweep(sweep_dir).trials
     err = capfd.readouterr().err
@@ -368,6 +369,7 @@ def test_a_sweep_whose_tune_state_was_cut_short_resumes_from_fedcomps_copy(ray_s
     assert any(n.startswith("experiment_state-") for n in copied) and not copied & {"sweep.json", tune_state.COPY}
     for written in sweep_dir.glob("experiment_state-*.json"):  # killed before Tune's first copy reached the folder
         written.unlink()
+    (sweep_dir / "trials.parquet").unlink()
     again = fedcomp.resume_sweep(sweep_dir).trials
     assert "missing when the sweep was killed" in capfd.readouterr().err
     pd.testing.assert_frame_equal(again.sort_values(["trial", "round"]).reset_index(drop=True),
@@ -389,3 +391,16 @@ def test_a_diverged_trial_keeps_its_rounds_before_it_and_never_ranks(ray_session
     assert set(trials[trials["algorithm.lr"] == 0.1]["status"]) == {"completed"}
     result = load_sweep(folder)
     assert best_configurations(result.trials, result.spec)["algorithm.lr"].tolist() == [0.1]
+
+
+def test_a_finished_sweeps_resume_returns_its_results_without_starting_ray(ray_session, tmp_path):
+    """As a finished run's resume does: it started a local Ray and rewrote trials.parquet with the same rows (6 s)."""
+    spec = tiny(tmp_path, backend="local", grid={"algorithm.lr": [0.1, 0.05]}, set={"run.rounds": 2})
+    before = fedcomp.sweep(spec)
+    written = (before.path / "trials.parquet").stat().st_mtime_ns
+    done = subprocess.run([sys.executable, "-m", "fedcomp", "sweep", "--resume", str(before.path)], capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "Ray" not in done.stderr and f"sweep {before.path.name}: 2 trials, 0 failed" in done.stdout, done.stderr
+    assert (before.path / "trials.parquet").stat().st_mtime_ns == written
+    pd.testing.assert_frame_equal(fedcomp.resume_sweep(before.path).trials, before.trials)
