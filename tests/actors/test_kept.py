@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -16,6 +17,8 @@ from fedcomp.platform.config import load_config
 from fedcomp.platform.federation import LocalFederation
 from fedcomp.platform.server import Server
 from tests.conftest import small
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "extension.py"
 
 pytestmark = pytest.mark.ray
 
@@ -107,6 +110,29 @@ def test_runs_in_a_keep_actors_block_take_each_others_actors_and_the_block_kills
             time.sleep(0.05)
     local = fedcomp.run("quickstart", {**over, "run.seed": 1, "federation.backend": "local"})
     assert second.metrics.drop(columns="wall_time").equals(local.metrics.drop(columns="wall_time"))
+
+
+@pytest.mark.slow
+def test_an_edited_module_is_noted_once_by_the_driver_not_again_by_each_kept_actor(ray_session, keeping, tmp_path, capfd):
+    """Each kept actor imports the edited file again as the driver does; Ray forwarded each one's note too, seconds
+    later, sometimes after the run's result line."""
+    import fedcomp
+
+    module = tmp_path / "kept_task.py"
+    module.write_text(EXAMPLE.read_text().replace('"least-squares"', '"least-squares-kept"')
+                      .replace('"fedavg-hb"', '"fedavg-hb-kept"'))
+    config = {"task": {"name": "least-squares-kept", "module": str(module), "dim": 10, "rows": 200},
+              "algorithm": {"name": "fedavg-hb-kept", "module": str(module), "lr": 0.05}}
+    over = {"run.rounds": 2, "federation.clients": 4, "federation.clients_per_round": 4, "run.progress": "none",
+            "run.track": "none", "run.out": str(tmp_path), "federation.backend": "ray", "federation.clients_per_actor": 2}
+    first = fedcomp.run(config, over)
+    module.write_text(module.read_text() + "# edited\n")
+    capfd.readouterr()
+    second = fedcomp.run(config, over)
+    time.sleep(3)  # Ray forwards a worker's output to the driver within a second or so
+    notes = [line for line in capfd.readouterr().err.splitlines() if "changed since this process imported it" in line]
+    assert notes == [f"fedcomp: note: {module} changed since this process imported it; imported again"]
+    assert second.metrics.drop(columns="wall_time").equals(first.metrics.drop(columns="wall_time"))  # a comment
 
 
 SHUT_DOWN_BETWEEN = """
