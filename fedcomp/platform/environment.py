@@ -111,6 +111,15 @@ def module_digests(sources: Sequence[str]) -> dict[str, str]:
     return digests
 
 
+def changed_modules(recorded: Mapping[str, str] | None, sources: Sequence[str]) -> list[tuple[str, str, str]]:
+    """Each of the user's modules (``sources`` and the helpers they import) whose file differs from its digest in
+    ``recorded`` (:func:`module_digests` when a run or sweep started): its path, that digest and its digest now. A
+    module recorded without a file, or not recorded (a record from before it was kept), is not compared."""
+    recorded = recorded or {}
+    return [(module, recorded[module], now) for module, now in module_digests(sources).items()
+            if recorded.get(module) not in (None, now, "no file") and now != "no file"]
+
+
 def environment(backend: Mapping[str, Any], deterministic: bool, modules: Sequence[str] = ()) -> dict[str, Any]:
     """Everything :mod:`fedcomp.verification` compares between an original run and its re-run (``deterministic``:
     ``run.deterministic``; ``modules``: the user's modules the run imports, :func:`module_digests`)."""

@@ -113,15 +113,12 @@ def same_modules(run_dir: Path, earlier: dict[str, Any], config: Config) -> None
     Raises:
         ConfigError: a module's file changed since the run started, naming it and both digests.
     """
-    from fedcomp.platform.environment import module_digests
+    from fedcomp.platform.environment import changed_modules
 
-    recorded = (earlier.get("environment") or {}).get("modules") or {}
-    for module, now in module_digests(config.modules()).items():
-        then = recorded.get(module)
-        if then not in (None, now, "no file") and now != "no file":
-            raise ConfigError(f"{resuming('run', run_dir)}: {module} changed since the run started (sha256 {then} "
-                              f"then, {now} now), so the rounds still to run would run other code than the rounds "
-                              f"kept; put the file back as it was, or start a new run (run.json holds its config)")
+    for module, then, now in changed_modules((earlier.get("environment") or {}).get("modules"), config.modules())[:1]:
+        raise ConfigError(f"{resuming('run', run_dir)}: {module} changed since the run started (sha256 {then} then, "
+                          f"{now} now), so the rounds still to run would run other code than the rounds kept; put the "
+                          f"file back as it was, or start a new run (run.json holds its config)")
 
 
 def open_checkpoint(run_dir: Path, config: Config) -> dict[str, Any]:

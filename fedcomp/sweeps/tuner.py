@@ -28,6 +28,7 @@ from pydantic import ValidationError
 from fedcomp.actors.cluster import fedcomp_env
 from fedcomp.platform import results, tracking
 from fedcomp.platform.config import Config, folder_of, overrides_of
+from fedcomp.platform.environment import changed_modules, module_digests
 from fedcomp.platform.errors import (
     ConfigError,
     Interrupted,
@@ -268,7 +269,8 @@ def sweep(
     path = out / new_sweep_id(spec, out)
     made = results.missing_parents(path)  # results folders the claim creates
     path = results.claim_folder(path)
-    results.write_json(path / SWEEP_JSON, {"spec": spec.model_dump(mode="json"), "cluster_has_gpus": has_gpus})
+    results.write_json(path / SWEEP_JSON, {"spec": spec.model_dump(mode="json"), "cluster_has_gpus": has_gpus,
+                                           "modules": module_digests(spec.modules)})
     if cap is not None:
         edges_extend.start(path, cap)
     at_once = concurrent_trials(spec, configs, float(cluster.get("CPU", 0.0)), has_gpus)
@@ -471,6 +473,10 @@ def resume_sweep(path: str | Path, ray_address: str | None = None, verbose: int 
     spec = stored_spec(meta, path)
     if _finished(path):  # as a finished run's resume: its results, without starting Ray
         return load_sweep(path)
+    for module, then, now in changed_modules(meta.get("modules"), spec.modules):
+        print(f"fedcomp: warning: {module} changed since the sweep started (sha256 {then} then, {now} now): the "
+              f"trials still to run or to continue run it as it is now; finished trials keep the numbers of the code "
+              f"they ran", file=sys.stderr, flush=True)
     edges_extend.check_record(path)
     _repair(path)
     # tuner.pkl without a state (killed before Tune's first save): Tune ran a new experiment of one trial from it

@@ -262,6 +262,34 @@ def test_a_sweep_records_the_module_and_its_trials_import_it(ray_session, tmp_pa
     pd.testing.assert_frame_equal(rows[METRICS], alone.metrics[METRICS], check_dtype=False, check_exact=True)
 
 
+@pytest.mark.ray
+@pytest.mark.slow
+def test_a_resumed_sweep_warns_of_a_module_or_helper_edited_since_it_started(ray_session, tmp_path, capfd):
+    """A resume is how a sweep continues after its module was fixed (failed trials run again), so it is not refused
+    as a run's is; but the trials not yet finished then run other code than the finished ones, and it said nothing."""
+    (tmp_path / "sweep_helper.py").write_text("SCALE = 1.0\n")
+    module = tmp_path / "swept.py"
+    module.write_text(EXAMPLE.read_text()
+                      .replace("from __future__ import annotations\n", "from __future__ import annotations\n\nfrom sweep_helper import SCALE\n")
+                      .replace('"least-squares"', '"least-squares-swept"').replace('"fedavg-hb"', '"fedavg-hb-swept"'))
+    base = {"task": {"name": "least-squares-swept", "module": str(module), "dim": 10, "rows": 200},
+            "algorithm": {"name": "fedavg-hb-swept", "module": str(module), "lr": 0.05}}
+    result = fedcomp.sweep({"base": base, "set": {**TINY, "federation.backend": "local", "run.out": str(tmp_path)},
+                            "grid": {"algorithm.lr": [0.02, 0.05]}})
+    recorded = json.loads((result.path / "sweep.json").read_text())["modules"]
+    assert set(recorded) == {str(module), str(tmp_path / "sweep_helper.py")}
+    (result.path / "trials.parquet").unlink()  # written at the end only: as a sweep killed before its end
+    capfd.readouterr()
+    fedcomp.resume_sweep(result.path)
+    assert "changed since the sweep started" not in capfd.readouterr().err
+    (result.path / "trials.parquet").unlink()
+    (tmp_path / "sweep_helper.py").write_text("SCALE = 2.0\n")
+    fedcomp.resume_sweep(result.path)
+    warnings = [line for line in capfd.readouterr().err.splitlines() if "changed since the sweep started" in line]
+    assert len(warnings) == 1 and warnings[0].startswith(f"fedcomp: warning: {tmp_path / 'sweep_helper.py'} changed "
+                                                          f"since the sweep started (sha256 "), warnings
+
+
 @pytest.fixture
 def in_script():
     """The example's task registered again as the running script would register it (its module ``__main__``)."""
