@@ -455,11 +455,19 @@ def _validate(section: str, model: type[BaseModel], raw: Mapping[str, Any]) -> A
 
 def _import_modules(raw: Mapping[str, Any], overrides: Mapping[str, Any]) -> None:
     """Import the modules that the task and algorithm sections name (``module``, an override's first), so that a
-    user's task or algorithm is known by name before the names are looked up."""
+    user's task or algorithm is known by name before the names are looked up; where a section names none, the module
+    of a task or algorithm of the user's that the caller imported, so that it is imported again where it was edited
+    (:func:`~fedcomp.platform.catalog.import_source`)."""
     for section in ("task", "algorithm"):
-        block = raw.get(section)
-        given = overrides.get(f"{section}.module", block.get("module") if isinstance(block, Mapping) else None)
+        block: Mapping[str, Any] = raw[section] if isinstance(raw.get(section), Mapping) else {}
+        given = overrides.get(f"{section}.module", block.get("module"))
         if given is None:
+            name = overrides.get(f"{section}.name", block.get("name"))
+            declared = (catalog.tasks() if section == "task" else catalog.algorithms()).get(name) if isinstance(
+                name, str) else None
+            source = catalog.source_of(declared.module) if declared is not None else None
+            if source is not None:
+                import_user_module(source, f"{section}.name = {name!r}")
             continue
         given = os.fspath(given) if isinstance(given, os.PathLike) else given
         if isinstance(given, str) and not given.endswith(".py") and ("/" in given or os.sep in given):

@@ -99,6 +99,31 @@ def test_a_module_edited_in_a_long_lived_process_is_imported_again_and_run_json_
     pd.testing.assert_frame_equal(third.metrics[METRICS], second.metrics[METRICS], check_exact=True)
 
 
+def test_a_module_the_caller_imported_and_then_edited_is_imported_again_by_a_config_that_names_none(
+        tmp_path, capfd, monkeypatch):
+    """``import mine`` then ``fedcomp.run`` with no ``module`` key (the name is enough): the edit was not imported
+    again, so the local backend ran the old code while run.json recorded the edited file's digest, and a verify in
+    a fresh process differed ("environment: same as the original's")."""
+    module = tmp_path / "caller_imported.py"
+    source = EXAMPLE.read_text().replace('"least-squares"', '"least-squares-caller"').replace('"fedavg-hb"', '"fedavg-hb-caller"')
+    module.write_text(source)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "caller_imported", raising=False)
+    __import__("caller_imported")
+    config = {"task": {"name": "least-squares-caller", "dim": 10, "rows": 200},
+              "algorithm": {"name": "fedavg-hb-caller", "lr": 0.05}}
+    over = {**TINY, "federation.backend": "local", "run.out": str(tmp_path / "runs")}
+    first = fedcomp.run(config, over)
+    module.write_text(source.replace("return 0.5 * (features @ x - targets)", "return 5.0 * (features @ x - targets)"))
+    capfd.readouterr()
+    second = fedcomp.run(config, over)
+    assert capfd.readouterr().err.splitlines() == [
+        f"fedcomp: note: {module} changed since this process imported it; imported again"]
+    assert second.metrics["train_loss"].iloc[1] > 5 * first.metrics["train_loss"].iloc[1]  # the edited loss
+    recorded = json.loads((second.run_dir / "run.json").read_text())["environment"]["modules"]
+    assert recorded == {str(module): hashlib.sha256(module.read_bytes()).hexdigest()[:16]}
+
+
 def test_a_neighbour_module_edited_in_a_long_lived_process_is_imported_again_before_the_module(tmp_path, capfd):
     """``mine.py`` takes a constant from ``helper.py`` beside it: an edit of the helper alone went unseen."""
     (tmp_path / "scale_helper.py").write_text("SCALE = 1.0\n")
