@@ -372,11 +372,39 @@ def _base_file(base: Any, folder: Path) -> Any:
     """A ``base`` that names a run YAML file, made absolute, so that the sweep folder's ``sweep.json`` names it from
     anywhere (a report, a resume): relative to ``folder`` -- a sweep file's, as a config file's modules are to it --
     or, where it is not there but is in the working directory, to that (sweep files written before)."""
-    if not isinstance(base, str) or not base.endswith((".yaml", ".yml")):
-        return base
-    path = Path(base).expanduser()
+    return _beside(base, folder, (".yaml", ".yml"))
+
+
+def _beside(value: Any, folder: Path, suffixes: tuple[str, ...]) -> Any:
+    """A file's path ending in one of ``suffixes``, made absolute: relative to ``folder``, or, where it is not there
+    but is in the working directory, to that; any other value as it is."""
+    if not isinstance(value, str) or not value.endswith(suffixes):
+        return value
+    path = Path(value).expanduser()
     beside = folder / path
     return str((path if path.is_absolute() or (not beside.is_file() and path.is_file()) else beside).absolute())
+
+
+def _modules_beside(raw: dict[str, Any], folder: Path) -> None:
+    """A sweep file's ``.py`` modules -- its ``modules`` list, a ``task.module`` / ``algorithm.module`` in its
+    ``base`` sections, in ``set`` or on a grid axis -- relative to its folder (:func:`_beside`), as a run config
+    file's are to it."""
+    def at(value: Any) -> Any:
+        return _beside(value, folder, (".py",))
+
+    for block in (raw["base"].get(s) for s in ("task", "algorithm")) if isinstance(raw.get("base"), dict) else ():
+        if isinstance(block, dict) and "module" in block:
+            block["module"] = at(block["module"])
+
+    if isinstance(raw.get("modules"), list):
+        raw["modules"] = [at(m) for m in raw["modules"]]
+    if isinstance(raw.get("set"), dict):
+        raw["set"] = {k: at(v) if str(k).endswith("module") else v for k, v in raw["set"].items()}
+    grids = raw.get("grid")
+    for grid in [g for g in (grids if isinstance(grids, list) else [grids]) if isinstance(g, dict)]:
+        for key, values in grid.items():
+            if str(key).endswith("module") and isinstance(values, list):
+                grid[key] = [at(v) for v in values]
 
 
 def load_spec(source: str | Path | Mapping[str, Any] | SweepSpec, **changes: Any) -> SweepSpec:
@@ -400,6 +428,7 @@ def load_spec(source: str | Path | Mapping[str, Any] | SweepSpec, **changes: Any
             default_name = path.stem
             if isinstance(raw, dict):
                 raw["base"] = _base_file(raw.get("base", "quickstart"), path.parent)
+                _modules_beside(raw, path.parent)
                 raw.setdefault("description", first_comment(path.read_text(errors="replace")))
         elif text in preset_names():
             raw = parse_yaml(preset_text(text), f"sweep preset {text!r}")

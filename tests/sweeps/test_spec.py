@@ -182,6 +182,31 @@ def test_a_sweep_files_base_is_the_run_file_beside_it_kept_absolute_and_its_firs
     assert load_spec("quick").description.startswith("Small README sweep: FCSG vs FCSG-M")
 
 
+def test_a_sweep_files_modules_in_set_grid_and_modules_are_the_files_beside_it(tmp_path, monkeypatch):
+    """Two algorithms of the user's, each in its own file beside the sweep file, compared on a grid axis: from another
+    working directory the sweep looked for them there ("no such file '/a.py'")."""
+    example = (Path(__file__).resolve().parents[2] / "examples" / "extension.py").read_text()
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    for tag in ("a", "b"):
+        (mine / f"algo_{tag}.py").write_text(example.replace('"least-squares"', f'"least-squares-{tag}"')
+                                            .replace('"fedavg-hb"', f'"fedavg-hb-{tag}"'))
+    (mine / "sweep.yaml").write_text(
+        "base: {task: {name: least-squares-a, module: algo_a.py, dim: 10, rows: 200}}\n"
+        "modules: [algo_b.py]\n"
+        "set: {algorithm.module: algo_a.py, algorithm.name: fedavg-hb-a, federation.backend: local}\n"
+        "grid:\n"
+        "  - {algorithm.name: [fedavg-hb-a], algorithm.module: [algo_a.py], algorithm.lr: [0.01]}\n"
+        "  - {algorithm.name: [fedavg-hb-b], algorithm.module: [algo_b.py], algorithm.lr: [0.01]}\n")
+    monkeypatch.chdir(tmp_path)
+    spec = load_spec(mine / "sweep.yaml")
+    assert spec.set["algorithm.module"] == str(mine / "algo_a.py") and spec.modules[0] == str(mine / "algo_b.py")
+    assert spec.base["task"]["module"] == str(mine / "algo_a.py")
+    assert [spec.trial_config(point).algorithm_name for point in spec.points()] == ["fedavg-hb-a", "fedavg-hb-b"]
+    assert {p["algorithm.module"] for p in spec.points()} == {str(mine / "algo_a.py"), str(mine / "algo_b.py")}
+    assert load_spec(spec.model_dump()) == spec  # as sweep.json gives it back, from anywhere
+
+
 def _written(path, text):
     path.write_text(text)
     return path
