@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from fedcomp.platform.config import Config, load_config, preset_names
     from fedcomp.platform.errors import (
         ActorLost,
+        AlgorithmError,
         ClientFailure,
         ConfigError,
         Diverged,
@@ -62,6 +63,7 @@ _HOME = {
     "Verification": "fedcomp.verification", "verify": "fedcomp.verification",
     "Conformance": "fedcomp.conformance", "check": "fedcomp.conformance",
     "ActorLost": "fedcomp.platform.errors", "TaskError": "fedcomp.platform.errors",
+    "AlgorithmError": "fedcomp.platform.errors",
     "TrialsFailed": "fedcomp.platform.errors", "load_sweep": "fedcomp.sweeps.tuner",
 }  # fmt: skip
 """Where each public name lives. They are imported on first use: a process that only hosts clients (a Ray
@@ -86,6 +88,7 @@ __all__ = [
     "ALGORITHMS",
     "TASKS",
     "ActorLost",
+    "AlgorithmError",
     "ClientFailure",
     "Config",
     "ConfigError",

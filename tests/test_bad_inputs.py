@@ -44,6 +44,32 @@ class Misnamed(catalog.task_class("least-squares")):
     metrics = ("distance", "objective_gap")
 """
 """A user's module whose task declares a metric its evaluator does not report."""
+NO_JOIN = f"""
+from dataclasses import dataclass
+
+from torch import Tensor
+
+from fedcomp.platform import catalog
+from fedcomp.platform.registry import register_algorithm
+from fedcomp.platform.state import State
+
+catalog.import_source({str(EXAMPLES / "extension.py")!r})
+
+
+@dataclass(frozen=True)
+class WithU(State):
+    x: Tensor
+    velocity: Tensor
+    u: Tensor
+
+
+@register_algorithm("fedavg-hb-no-join")
+class NoJoin(catalog.algorithm_class("fedavg-hb")):
+    Client = WithU
+"""
+"""A user's algorithm with a private client field (u) that neither the server sends nor a join starts."""
+NO_JOIN_NEEDLE = ("NoJoin: its Client record WithU has u, which the server does not send (the broadcast holds x) and "
+                  "which no join starts: override join(broadcast)")
 
 
 @dataclass(frozen=True)
@@ -466,6 +492,15 @@ CASES = [
                                          "task.name=least-squares-misnamed", *LOCAL_TINY, "--set", "run.out={out}"),
          "task 'least-squares-misnamed' declares metrics distance, objective_gap, but its evaluator does not report "
          "distance (it reported distance_to_optimum, objective_gap)", file("misnamed.py", MISNAMED)),
+    Case("module-algorithm-private-field-never-started", (
+        "run", str(EXAMPLES / "extension.yaml"), "--set", "algorithm.module={file}", "--set",
+        "algorithm.name=fedavg-hb-no-join", *LOCAL_TINY, "--set", "run.out={out}"), NO_JOIN_NEEDLE,
+        file("nojoin.py", NO_JOIN)),
+    Case("module-algorithm-private-field-never-started-in-an-actor", (
+        "run", str(EXAMPLES / "extension.yaml"), "--set", "algorithm.module={file}", "--set",
+        "algorithm.name=fedavg-hb-no-join-actor", "--set", "federation.backend=ray", "--set", "run.rounds=1", "--set",
+        "run.progress=none", "--set", "run.out={out}"), NO_JOIN_NEEDLE,
+        file("nojoin_actor.py", NO_JOIN.replace('"fedavg-hb-no-join"', '"fedavg-hb-no-join-actor"')), ray=True),
     Case("batchnorm-policy", ("run", "auc-table1-offline", "--set", "federation.backend=local", "--set",
                               "task.batchnorm=sometimes", "--set", "run.out={out}"),
          "task.batchnorm = 'sometimes': Input should be 'averaged', 'local' or 'batch'"),

@@ -43,6 +43,11 @@ class TaskError(PlatformError):
     built-ins are tested for it)."""
 
 
+class AlgorithmError(PlatformError):
+    """An algorithm's records do not fit together: a client's first state lacks a private field that the server
+    does not send and its ``join`` does not start (a user's algorithm; the built-ins are tested for it)."""
+
+
 class TrialsFailed(PlatformError):
     """Every trial of a sweep failed; the message gives the first one's error and how to continue once it is fixed
     (:attr:`path`: the sweep's folder, whose ``trials.parquet`` holds what they reported)."""

@@ -96,7 +96,8 @@ def register_algorithm(name: str | AlgorithmDeclaration) -> Callable[[T], T]:
             _require(cls, "kind", lambda v: isinstance(v, str), "the problem kind it runs on, a str")
             _not_a_misspelt_kind(cls, "kind", [cls.kind])  # type: ignore[attr-defined]
             for record in ("Client", "Server"):
-                _require(cls, record, _is_state, "a subclass of fedcomp.platform.state.State (a typed record of tensors)")
+                _require(cls, record, _is_state, "a subclass of fedcomp.platform.state.State declared with "
+                         "@dataclass(frozen=True) (a typed record of tensors)")
             declared = AlgorithmDeclaration(name, cls.HParams, cls.kind,  # type: ignore[attr-defined]
                                             getattr(cls, "description", ""), cls.__module__)
         _enter(ALGORITHMS, DECLARED_ALGORITHMS, "algorithm", declared, cls)
@@ -163,9 +164,16 @@ def _not_a_misspelt_kind(cls: type, attribute: str, names: Any) -> None:
 
 
 def _is_state(value: Any) -> bool:
+    """A State record whose every field is a dataclass field: a subclass that declares fields without its own
+    ``@dataclass(frozen=True)`` would fail only when a run first builds one."""
     from fedcomp.platform.state import State
 
-    return isinstance(value, type) and issubclass(value, State)
+    if not (isinstance(value, type) and issubclass(value, State)):
+        return False
+    names = {f.name for f in fields(value)}
+    declared = {name for klass in value.__mro__ for name, kind in vars(klass).get("__annotations__", {}).items()
+                if "ClassVar" not in str(kind)}
+    return declared <= names
 
 
 def _is_params(value: Any) -> bool:

@@ -23,15 +23,15 @@ from ray import tune
 from ray.exceptions import RayError, RayTaskError
 from ray.tune import Callback
 
-from fedcomp.platform.errors import ConfigError, PlatformError, TaskError
+from fedcomp.platform.errors import AlgorithmError, ConfigError, PlatformError, TaskError
 from fedcomp.sweeps.staging import staging_folder
 
 FINAL_ERROR = "final_error"
 """The key of the result a trial reports just before it raises a deterministic error (1.0, beside the metric at its
 latest value, nan before the first): the mark :class:`FinalErrors` acts on."""
 
-DETERMINISTIC_PLATFORM_ERRORS = (ConfigError, TaskError)
-"""fedcomp's own errors about the input: a value out of range, a task that breaks its contract. Its others
+DETERMINISTIC_PLATFORM_ERRORS = (ConfigError, TaskError, AlgorithmError)
+"""fedcomp's own errors about the input: a value out of range, a task or algorithm that breaks its contract. Its others
 (``ClientFailure``, ``ActorLost``, ``ResourceError``, ``StorageError``) are about actors, the cluster and the disk."""
 
 

@@ -388,6 +388,14 @@ def test_a_class_that_cannot_be_declared_is_refused_at_registration_in_one_line(
     assert "bad" not in TASKS and "bad" not in catalog.algorithms()
     with pytest.raises(TypeError, match=r"^Bad.Client = <class 'dict'>: must be a subclass of fedcomp.platform.state.State"):
         register_algorithm("bad")(type("Bad", (), {"HParams": Params, "kind": "plain", "Client": dict}))
+    class Undecorated(Model):  # fields declared without @dataclass(frozen=True): Model's __init__ takes x only
+        x: torch.Tensor
+        u: torch.Tensor
+
+    with pytest.raises(TypeError, match=r"^Bad.Client = <class '.*Undecorated'>: must be a subclass of "
+                                        r"fedcomp.platform.state.State declared with @dataclass\(frozen=True\)"):
+        register_algorithm("bad")(type("Bad", (), {"HParams": Params, "kind": "plain", "Client": Undecorated,
+                                                   "Server": Model}))
     register_algorithm("kind-of-my-own")(type("Mine", (), {"HParams": Params, "kind": "graph-signal", "Client": Model,
                                                            "Server": Model}))  # a kind far from fedcomp's
     assert ALGORITHMS.pop("kind-of-my-own") and DECLARED_ALGORITHMS.pop("kind-of-my-own").kind == "graph-signal"

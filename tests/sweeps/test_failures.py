@@ -13,6 +13,7 @@ from ray.exceptions import ActorDiedError, OutOfMemoryError, RayTaskError
 import fedcomp
 from fedcomp.platform.errors import (
     ActorLost,
+    AlgorithmError,
     ClientFailure,
     ConfigError,
     ResourceError,
@@ -42,6 +43,7 @@ def in_an_actor(error: BaseException) -> RayTaskError:
 @pytest.mark.parametrize("error", [
     ValueError("a user's algorithm"), KeyError("x"), ZeroDivisionError(), ImportError("no module"),
     ConfigError("lr = -1"), TaskError("does not report distance"), in_an_actor(TypeError("a user's task")),
+    in_an_actor(AlgorithmError("its Client record has u, which no join starts")),
 ])
 def test_a_bad_input_or_a_users_bug_is_deterministic(error):
     assert deterministic(error)

@@ -39,6 +39,7 @@ from torch import Tensor
 
 # re-exported: algorithms import them from here (and a user's hyperparameters subclass CommonHParams)
 from fedcomp.platform.algorithms.builtins import CommonHParams as CommonHParams
+from fedcomp.platform.errors import AlgorithmError
 from fedcomp.platform.oracles import (
     LOCKSTEP as LOCKSTEP,
     Pieces as Pieces,
@@ -200,8 +201,20 @@ class Algorithm(ABC, Generic[C, S]):
     def join(self, broadcast: Tensors) -> C:
         """A client's state the first time it takes part, from the first broadcast it receives; by default the
         broadcast fields themselves: no program writes the tensors it is given (an in-place step copies the
-        fields it writes first). An algorithm with private fields that start otherwise overrides this."""
-        return self.Client.of(self.begin(dict(broadcast)))  # type: ignore[return-value]
+        fields it writes first). An algorithm with private fields that start otherwise overrides this.
+
+        Raises:
+            AlgorithmError: a private field is in neither the broadcast nor :attr:`round_local`, naming it.
+        """
+        state = self.begin(dict(broadcast))
+        missing = [name for name in self.Client.names() if name not in state]
+        if missing:
+            raise AlgorithmError(
+                f"{type(self).__qualname__}: its Client record {self.Client.__name__} has {', '.join(missing)}, which "
+                f"the server does not send (the broadcast holds {', '.join(sorted(broadcast)) or 'nothing'}) and which "
+                f"no join starts: override join(broadcast) to give a client's first value (unsent() for one that its "
+                f"first step makes), or add it to the Server record")
+        return self.Client.of(state)  # type: ignore[return-value]
 
     @abstractmethod
     def round(self, fed: Round, server: S) -> S:
