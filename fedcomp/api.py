@@ -8,7 +8,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fedcomp.platform.config import Config, folder_of, load_config, overrides_of, placement_only
+from fedcomp.platform.config import Config, folder_of, load_config, overrides_of, placed_on, placement_only
 from fedcomp.platform.errors import resuming
 
 if TYPE_CHECKING:  # the runner and the backends import torch: a config is checked before they load
@@ -100,6 +100,7 @@ def resume(run_dir: str | Path, overrides: Mapping[str, Any] | None = None) -> R
     run_dir = folder_of(run_dir, "run_dir", "a run folder's path")
     changes = placement_only(overrides, f"{resuming('run', run_dir)}: setting", more=("run.progress",))
     config = resume_config(run_dir)
+    placed_on(changes, changes.get("federation.backend", config.federation.backend), f"{resuming('run', run_dir)}: setting")
     if changes:
         config = load_config(config.to_dict(), changes)
     done = completed_result(run_dir, config)

@@ -24,7 +24,7 @@ import numpy as np
 import pandas as pd
 
 from fedcomp.platform import results
-from fedcomp.platform.config import folder_of, load_config, placement_only
+from fedcomp.platform.config import folder_of, load_config, placed_on, placement_only
 from fedcomp.platform.environment import differences, summary
 from fedcomp.platform.errors import ConfigError, Interrupted, to_continue
 
@@ -66,7 +66,7 @@ class Verification:
 
     def report(self) -> str:
         """The lines ``fedcomp verify`` prints."""
-        where, before = backend_text(self.backend), backend_text(self.original_backend)
+        where, before = backend_text(self.backend, self.original_backend), backend_text(self.original_backend, self.backend)
         lines = [f"verify {self.run_dir.name}: re-ran on {where} in {self.seconds:.1f} s"
                  + (f" (the original ran on {before})" if before != where else "")]
         if self.identical:
@@ -89,11 +89,16 @@ class Verification:
         return "\n".join(lines)
 
 
-def backend_text(backend: Mapping[str, Any]) -> str:
-    """``local`` or ``ray (4 client actors, clients_per_actor=4)``, from run.json's ``backend``."""
+def backend_text(backend: Mapping[str, Any], against: Mapping[str, Any] | None = None) -> str:
+    """``local`` or ``ray (4 client actors, clients_per_actor=4)``, from run.json's ``backend``; with its server,
+    transport and routing where they differ from those of the Ray backend ``against`` (``server actor``)."""
     name: str = backend.get("name", "?")
     if name == "ray":
-        name += f" ({backend.get('client_actors')} client actors, clients_per_actor={backend.get('clients_per_actor')})"
+        other = against if against is not None and against.get("name") == "ray" else None
+        placed = [f"{backend.get('client_actors')} client actors", f"clients_per_actor={backend.get('clients_per_actor')}",
+                  *(f"{key} {backend[key]}" for key in ("server", "transport", "routing")
+                    if other is not None and backend.get(key) and backend.get(key) != other.get(key))]
+        name += f" ({', '.join(placed)})"
     return name
 
 
@@ -177,6 +182,7 @@ def verify(
     changes = placement_only(overrides, "verify --set")
     if backend is not None:
         changes["federation.backend"] = backend
+    placed_on(changes, changes.get("federation.backend", meta["config"]["federation"].get("backend")), "verify --set")
     if out is not None and run_dir.resolve() in (out.resolve(), *out.resolve().parents):
         raise ConfigError(f"verify --out {str(out)!r}: lies in the run folder it verifies ({str(run_dir)!r}); a re-run "
                           f"goes beside a run, never into it (it would then hold another run)")

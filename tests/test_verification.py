@@ -106,7 +106,7 @@ def test_a_missing_row_is_reported(tmp_path):
 
 @pytest.mark.parametrize("args, needle", [
     (["--set", "algorithm.lr=0.5"], "verify --set algorithm.lr: only settings that leave the numbers unchanged"),
-    (["--set", "federation.clients_per_actor=0"], "federation.clients_per_actor = 0"),
+    (["--backend", "ray", "--set", "federation.clients_per_actor=0"], "federation.clients_per_actor = 0"),
     (["--backend", "gpu"], None),
 ])
 def test_bad_verify_input_is_one_line_exit_2(tmp_path, capsys, monkeypatch, args, needle):
@@ -171,3 +171,33 @@ def test_the_re_run_prints_progress_as_the_run_did_unless_told(tmp_path, capsys,
     captured = capsys.readouterr()
     assert captured.out.splitlines()[0].startswith(f"verify {run_dir.name}: re-ran on local in ")
     assert sum(line.startswith("round ") for line in captured.err.splitlines()) == lines, captured.err
+
+
+def test_the_re_run_line_names_a_server_transport_or_routing_that_differs():
+    """A re-run moved to the server actor said only "re-ran on ray (2 client actors, clients_per_actor=2)"."""
+    from fedcomp.verification import Verification
+
+    ray = {"name": "ray", "client_actors": 2, "clients_per_actor": 2, "server": "replicated", "transport": "collective",
+           "routing": "server"}
+    outcome = Verification(Path("r"), None, ["x"], 1, backend={**ray, "server": "actor", "transport": "objects"},
+                           original_backend=ray)
+    assert outcome.report().splitlines()[0] == (
+        "verify r: re-ran on ray (2 client actors, clients_per_actor=2, server actor, transport objects) in 0.0 s (the "
+        "original ran on ray (2 client actors, clients_per_actor=2, server replicated, transport collective))")
+    same = Verification(Path("r"), None, ["x"], 1, backend=ray, original_backend=ray).report().splitlines()[0]
+    assert same == "verify r: re-ran on ray (2 client actors, clients_per_actor=2) in 0.0 s"
+
+
+@pytest.mark.parametrize("argv", [["--set", "federation.server=actor"], ["--backend", "local", "--set",
+                                                                          "federation.transport=graph"]])
+def test_a_ray_placement_for_a_re_run_on_the_local_backend_is_refused(tmp_path, capsys, argv):
+    """It re-ran on the local backend as before, the setting silently ignored."""
+    run_dir = finished_run(tmp_path)
+    capsys.readouterr()
+    assert main(["verify", str(run_dir), *argv]) == 2
+    key = argv[-1].split("=")[0]
+    assert capsys.readouterr().err == (
+        f"fedcomp: error: verify --set {key}: places the Ray backend's clients, and this runs on the local backend, "
+        f"which has none to place; ask for the Ray backend too (federation.backend=ray), or drop it\n")
+    assert main(["run", "--resume", str(run_dir), *argv[-2:]]) == 2
+    assert f"setting {key}: places the Ray backend's clients" in capsys.readouterr().err

@@ -407,6 +407,20 @@ def placement_only(changes: Mapping[str, Any] | None, where: str, more: tuple[st
     return changes
 
 
+def placed_on(changes: Mapping[str, Any], backend: str, where: str) -> None:
+    """Refuse :data:`PLACEMENT` settings of the Ray backend among ``changes`` where the run goes on ``backend``
+    ``local``, which has no actors, server or transport to place: it would run as before, the setting ignored.
+
+    Raises:
+        ConfigError: naming the first such setting; ``where`` names the input (``verify --set``).
+    """
+    for key in changes:
+        if backend == "local" and key in PLACEMENT and key != "federation.backend":
+            raise ConfigError(f"{where} {key}: places the Ray backend's clients, and this runs on the local backend, "
+                              f"which has none to place; ask for the Ray backend too (federation.backend=ray), or drop "
+                              f"it")
+
+
 def apply_overrides(raw: dict[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
     """Set ``section.key`` (also spelt ``section__key`` for Python keyword arguments) in ``raw``."""
     for dotted, value in overrides.items():
