@@ -77,8 +77,8 @@ def differing_settings(metas: Mapping[str, Mapping[str, Any]], run_ids: Sequence
 def summary_table(df: pd.DataFrame, metric: str | None = None, statuses: dict[str, str] | None = None,
                   settings: dict[str, dict[str, Any]] | None = None) -> str:
     """Markdown table: one row per run with the ``settings`` that tell it from the others
-    (:func:`differing_settings`), its status (``run.json``'s: completed, diverged, interrupted, running), its metric's
-    final and best value (best in the metric's direction)."""
+    (:func:`differing_settings`), its status (``run.json``'s: completed, diverged, interrupted by Ctrl-C or SIGTERM,
+    failed on an error, running), its metric's final and best value (best in the metric's direction)."""
     shown = _metric_per_run(df, metric)
     keys = list(next(iter(settings.values()))) if settings else []
     lines = [

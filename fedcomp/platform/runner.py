@@ -318,13 +318,14 @@ def execute(
                 discard()
             elif (run_dir / results.RUN_JSON).is_file():
                 note = f"{type(error).__name__}: {error}"[:500]
+                status = "interrupted" if isinstance(error, KeyboardInterrupt) else "failed"  # Ctrl-C, SIGTERM; an error
                 # the disk that stopped the run may not take these either; the checkpoint is what counts. The
                 # tracker is finished even when run.json could not be written: else its writer's pending events
                 # meet the full disk at exit, a traceback after the one line
                 with contextlib.suppress(StorageError):
-                    log.write("interrupted", error=note, resume=command("run", "--resume", run_dir))
+                    log.write(status, error=note, resume=command("run", "--resume", run_dir))
                 with contextlib.suppress(StorageError):
-                    tracker.finish("interrupted", log.meta, [run_dir / results.RUN_JSON, run_dir / results.METRICS])
+                    tracker.finish(status, log.meta, [run_dir / results.RUN_JSON, run_dir / results.METRICS])
             kept = None if created else run_dir
             if isinstance(error, StorageError):
                 tail = ("nothing was kept" if created else

@@ -196,7 +196,7 @@ def test_a_run_stopped_by_its_disk_finishes_its_tracker_even_when_run_json_canno
         return real_checkpoint(path, payload)
 
     def write(self, status, **fields):
-        if status == "interrupted":
+        if status == "failed":
             raise StorageError("cannot write run.json: No space left on device")
         return real_write(self, status, **fields)
 
@@ -206,7 +206,7 @@ def test_a_run_stopped_by_its_disk_finishes_its_tracker_even_when_run_json_canno
     monkeypatch.setattr(tracking, "open_tracker", lambda *args: Recording())
     with pytest.raises(StorageError, match="the run stopped after round 1"):
         fedcomp.run("quickstart", small(**{"run.checkpoint_every": 1, "run.out": str(tmp_path)}))
-    assert finished == ["interrupted"]
+    assert finished == ["failed"]
 
 
 @pytest.mark.slow

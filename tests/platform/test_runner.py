@@ -190,7 +190,7 @@ def test_failure_after_a_checkpoint_keeps_a_resumable_folder(tmp_path, monkeypat
         fedcomp.run("quickstart", over)
     (run_dir,) = tmp_path.iterdir()
     meta = json.loads((run_dir / "run.json").read_text())
-    assert meta["status"] == "interrupted" and "power cut" in meta["error"]
+    assert meta["status"] == "failed" and "power cut" in meta["error"]  # not Ctrl-C's "interrupted"
     # a bug's traceback ends with what was kept and how to continue
     assert failed.value.__notes__ == [f"fedcomp: round 2 is checkpointed; continue the run with: fedcomp.resume({str(run_dir)!r})"]
     monkeypatch.setattr(Server, "run_round", real)
