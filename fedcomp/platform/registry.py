@@ -98,6 +98,11 @@ def register_algorithm(name: str | AlgorithmDeclaration) -> Callable[[T], T]:
             for record in ("Client", "Server"):
                 _require(cls, record, _is_state, "a subclass of fedcomp.platform.state.State declared with "
                          "@dataclass(frozen=True) (a typed record of tensors)")
+            fields = cls.Client.names()  # type: ignore[attr-defined]
+            local: Any = getattr(cls, "round_local", frozenset())
+            if not (isinstance(local, (set, frozenset)) and local <= set(fields)):
+                raise TypeError(f"{cls.__qualname__}.round_local = {local!r}: must be a set of the Client record's "
+                                f"fields ({', '.join(fields)})")
             declared = AlgorithmDeclaration(name, cls.HParams, cls.kind,  # type: ignore[attr-defined]
                                             getattr(cls, "description", ""), cls.__module__)
         _enter(ALGORITHMS, DECLARED_ALGORITHMS, "algorithm", declared, cls)

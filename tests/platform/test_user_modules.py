@@ -396,6 +396,10 @@ def test_a_class_that_cannot_be_declared_is_refused_at_registration_in_one_line(
                                         r"fedcomp.platform.state.State declared with @dataclass\(frozen=True\)"):
         register_algorithm("bad")(type("Bad", (), {"HParams": Params, "kind": "plain", "Client": Undecorated,
                                                    "Server": Model}))
+    with pytest.raises(TypeError, match=r"^Bad.round_local = frozenset\(\{'velocity'\}\): must be a set of the Client "
+                                        r"record's fields \(x\)$"):  # a field the record lacks was not begun, silently
+        register_algorithm("bad")(type("Bad", (), {"HParams": Params, "kind": "plain", "Client": Model, "Server": Model,
+                                                   "round_local": frozenset({"velocity"})}))
     register_algorithm("kind-of-my-own")(type("Mine", (), {"HParams": Params, "kind": "graph-signal", "Client": Model,
                                                            "Server": Model}))  # a kind far from fedcomp's
     assert ALGORITHMS.pop("kind-of-my-own") and DECLARED_ALGORITHMS.pop("kind-of-my-own").kind == "graph-signal"
