@@ -467,6 +467,10 @@ CASES = [
     Case("fewshot-fewer-classes-than-ways", ("run", "maml-fewshot-mnist", *LOCAL_TINY, "--set", "task.train_digits=[0]",
                                              "--set", "task.ways=2", "--set", "task.rotations=false", "--set",
                                              "run.out={out}"), "task.ways = 2: only 1 meta-training classes"),
+    Case("optional-number-the-word-none", ("run", "maml-fewshot-mnist", "--set", "task.tasks_per_client=None", "--set",
+                                            "run.out={out}"),
+         "task.tasks_per_client = 'None': Input should be a valid integer, unable to parse string as an integer (or "
+         "null, for none)"),
     Case("task-objective", run("task.objective=mine"), "task.objective = 'mine': Input should be 'paper' or 'official-code'"),
     Case("lr-empty", run("algorithm.lr="), "algorithm.lr = '': Input should be a valid number"),
     Case("rounds-a-boolean", run("run.rounds=true"), "run.rounds = True: a boolean where a number or a word is wanted"),

@@ -12,6 +12,7 @@ import copy
 import functools
 import math
 import os
+import typing
 from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib import resources
@@ -453,6 +454,9 @@ def _describe(error: ValidationError, section: str, model: type[BaseModel], raw:
         msg = f"{msg} (or {others[0]['ctx']['expected']})"
     if msg.startswith("Value error, "):
         msg = msg[len("Value error, ") :]
+    declared = model.model_fields.get(field)
+    if declared is not None and type(None) in typing.get_args(declared.annotation) and first["input"] is not None:
+        msg = f"{msg} (or null, for none)"  # ``--set key=None`` is the word None, not YAML's null
     if not field and msg.split(" = ")[0] in model.model_fields:
         return f"{section}.{msg}"  # a cross-field check that names its field itself
     if field and field in raw:
