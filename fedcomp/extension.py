@@ -8,17 +8,23 @@ holds here: the two registration decorators; the base classes of a task (:class:
 an algorithm (:class:`LocalSteps` -- ``draw`` and a pure ``update`` -- or :class:`Algorithm` with a ``round`` of its
 own, their hyperparameters :class:`CommonHParams`); the typed records of state (:class:`State`, :class:`Model`,
 :class:`MinimaxModel`, :func:`unsent`); a round's federation (:class:`Round`) and a client program's context
-(:class:`ClientContext`); the problem kinds' names (the module :mod:`kinds`: ``kind = kinds.PLAIN``) and their
-protocols; the oracles an update differentiates through; the descent step every built-in takes (:func:`descend`);
-and the seeded generator (:func:`generator`).
+(:class:`ClientContext`), what a client program of an algorithm's own ``round`` returns besides its state and
+outputs (:class:`StepInfo`) and what a call gives back (:class:`Means`, readable as attributes); the problem kinds'
+names (the module :mod:`kinds`: ``kind = kinds.PLAIN``) and their protocols; the oracles an update differentiates
+through -- ``torch.func`` ones (:func:`grad_and_loss`, :func:`inner_value_vjp`, :func:`outer_grad`) and plain
+autograd's first and second order ones of a two-variable loss (:func:`grad_x`, :func:`grad_y`, :func:`grad_xy`,
+:func:`hvp_yy`, :func:`jvp_xy`; an ``update`` that takes these sets ``vectorisable = False``, since ``vmap`` cannot
+batch them); the descent step every built-in takes (:func:`descend`); and the seeded generator (:func:`generator`).
+Algorithms with a ``round`` of their own to read: ``fedcomp/platform/algorithms/fednest/`` (sub-rounds of client
+programs) and ``fedcomp/platform/algorithms/feddro.py`` (they import these names from the modules they live in).
 """
 
 from __future__ import annotations
 
 from fedcomp.platform import kinds
-from fedcomp.platform.algorithms.base import Algorithm, ClientContext, CommonHParams, LocalSteps, Tensors
+from fedcomp.platform.algorithms.base import Algorithm, ClientContext, CommonHParams, LocalSteps, StepInfo, Tensors
 from fedcomp.platform.algorithms.steps import descend
-from fedcomp.platform.oracles import grad_and_loss, grad_xy, inner_value_vjp, outer_grad
+from fedcomp.platform.oracles import grad_and_loss, grad_x, grad_xy, grad_y, hvp_yy, inner_value_vjp, jvp_xy, outer_grad
 from fedcomp.platform.params import Params
 from fedcomp.platform.problems import (
     BilevelProblem,
@@ -32,7 +38,7 @@ from fedcomp.platform.problems import (
 from fedcomp.platform.registry import register_algorithm, register_task
 from fedcomp.platform.rng import generator
 from fedcomp.platform.rounds import Round
-from fedcomp.platform.state import MinimaxModel, Model, State, unsent
+from fedcomp.platform.state import Means, MinimaxModel, Model, State, unsent
 from fedcomp.platform.tasks.base import Task
 
 __all__ = [
@@ -45,6 +51,7 @@ __all__ = [
     "ConditionalProblem",
     "GlobalCompositionalProblem",
     "LocalSteps",
+    "Means",
     "MinimaxModel",
     "MinimaxProblem",
     "Model",
@@ -52,13 +59,18 @@ __all__ = [
     "PlainProblem",
     "Round",
     "State",
+    "StepInfo",
     "Task",
     "Tensors",
     "descend",
     "generator",
     "grad_and_loss",
+    "grad_x",
     "grad_xy",
+    "grad_y",
+    "hvp_yy",
     "inner_value_vjp",
+    "jvp_xy",
     "kinds",
     "outer_grad",
     "register_algorithm",

@@ -20,6 +20,10 @@ def test_it_re_exports_fedcomps_own_objects_and_lists_each_once():
     assert public == set(extension.__all__)
     assert extension.LocalSteps is base.LocalSteps and extension.register_task is registry.register_task
     assert extension.State is state.State and extension.inner_value_vjp is oracles.inner_value_vjp
+    # what an algorithm with a round of its own needs (the audit read fednest/ to find them)
+    assert extension.StepInfo is base.StepInfo and extension.Means is state.Means
+    assert [getattr(extension, n) for n in ("grad_x", "grad_y", "hvp_yy", "jvp_xy")] == [
+        oracles.grad_x, oracles.grad_y, oracles.hvp_yy, oracles.jvp_xy]
 
 
 @pytest.mark.parametrize("name", ["extension.py", "portfolio.py"])
