@@ -9,6 +9,7 @@ allowed, as a :class:`ConfigError`, before any work starts.
 from __future__ import annotations
 
 import copy
+import difflib
 import functools
 import math
 import os
@@ -515,9 +516,21 @@ def _named(section: str, raw: Mapping[str, Any], table: Mapping[str, T]) -> tupl
     if name is None:
         raise ConfigError(f"{section}.name is missing; allowed: {', '.join(sorted(table))}")
     if not isinstance(name, str) or name not in table:
-        yours = "" if module else f"; a {section} of your own: name its module in {section}.module"
-        raise ConfigError(f"{section}.name = {name!r} is unknown; allowed: {', '.join(sorted(table))}{yours}")
+        near = difflib.get_close_matches(name, list(table), n=1) if isinstance(name, str) else []
+        if isinstance(module, str):
+            named = _registered_by(module, table)
+            yours = f"; {section}.module {module!r} registered {', '.join(named) if named else 'none'}"
+        else:
+            yours = f"; {'an' if section == 'algorithm' else 'a'} {section} of your own: name its module in {section}.module"
+        raise ConfigError(f"{section}.name = {name!r} is unknown" + (f" (did you mean {near[0]!r}?)" if near else "")
+                          + f"; allowed: {', '.join(sorted(table))}{yours}")
     return name, table[name], body
+
+
+def _registered_by(module: str, table: Mapping[str, Any]) -> list[str]:
+    """The names in ``table`` (declarations) that the user's ``module`` (a ``.py`` file or a dotted name) registered."""
+    target = str(Path(module).expanduser().resolve()) if module.endswith(".py") else catalog.source_of(module)
+    return sorted(n for n, d in table.items() if target is not None and catalog.source_of(d.module) == target)
 
 
 def load_config(
