@@ -108,6 +108,9 @@ def _load_idx_dataset(
         if images_shape[0] != labels_shape[0]:
             raise ValueError(f"{labels_file}: holds {labels_shape[0]} labels but {images_file} holds {images_shape[0]} "
                              "images; expected one label per image")
+        if images_shape[0] == 0 or images_shape[1:] != (28, 28):
+            raise ValueError(f"{images_file}: holds {images_shape[0]} images of {images_shape[1]} x {images_shape[2]} "
+                             f"pixels; expected {name}'s images of 28 x 28 (at least one)")
         source, expected = raw, "uncompressed IDX files"
     import torchvision.datasets
 
@@ -115,7 +118,8 @@ def _load_idx_dataset(
         dataset = getattr(torchvision.datasets, name)(str(root), train=split == "train", download=False)
     images, labels = dataset.data, dataset.targets
     if not (isinstance(images, Tensor) and isinstance(labels, Tensor) and images.dtype == torch.uint8
-            and images.ndim == 3 and labels.shape == images.shape[:1] and not labels.is_floating_point()):
+            and images.ndim == 3 and images.shape[1:] == (28, 28) and labels.shape == images.shape[:1]
+            and not labels.is_floating_point()):
         described = ", ".join(f"{tuple(t.shape)} {t.dtype}" if isinstance(t, Tensor) else type(t).__name__
                               for t in (images, labels))
         raise ValueError(f"{source}: holds {described}; expected {expected}")

@@ -124,6 +124,21 @@ def test_write_idx_rejects_bad_input_and_writes_nothing(tmp_path, images, labels
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("shape", [(10, 32, 32), (0, 28, 28)])
+def test_images_not_of_mnists_size_are_one_line_naming_the_file(tmp_path, shape):
+    """32 x 32 images loaded, and the hyper-representation task failed later in a matrix product; none at all gave
+    NumPy's words about an offset."""
+    for split in ("train", "test"):
+        write_idx(tmp_path, torch.zeros(1, *shape[1:], dtype=torch.uint8), torch.zeros(1, dtype=torch.uint8), split)
+    images_file = tmp_path / "MNIST" / "raw" / "train-images-idx3-ubyte"
+    images_file.write_bytes(struct.pack(">IIII", 0x803, *shape) + bytes(int(np.prod(shape))))  # as IDX writes them
+    (tmp_path / "MNIST" / "raw" / "train-labels-idx1-ubyte").write_bytes(struct.pack(">II", 0x801, shape[0])
+                                                                        + bytes(shape[0]))
+    with pytest.raises(ValueError, match=rf"^{images_file}: holds {shape[0]} images of {shape[1]} x {shape[2]} pixels; "
+                                         r"expected MNIST's images of 28 x 28 \(at least one\)$"):
+        load_mnist("train", tmp_path)
+
+
 def test_load_mnist_rejects_bad_split(tmp_path):
     with pytest.raises(ValueError, match=r"^split = 'training': allowed: 'train', 'test'$"):
         load_mnist("training", tmp_path)
