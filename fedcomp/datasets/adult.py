@@ -211,10 +211,11 @@ def load_adult(
         )
     train_rows = _read(folder / "adult.data")
     test_rows = _read(folder / "adult.test")
-    if not train_rows:
-        empty = (folder / "adult.data").stat().st_size == 0
-        raise ValueError(f"{folder / 'adult.data'}: {'is empty (0 bytes)' if empty else 'holds no data rows'}; "
-                         f"expected lines of {len(COLUMNS)} comma-separated fields")
+    for name, read in (("adult.data", train_rows), ("adult.test", test_rows)):  # an empty test file shrank the pool
+        if not read:
+            empty = (folder / name).stat().st_size == 0
+            raise ValueError(f"{folder / name}: {'is empty (0 bytes)' if empty else 'holds no data rows'}; "
+                             f"expected lines of {len(COLUMNS)} comma-separated fields")
     rows = train_rows + test_rows
     ages = np.array([r[0] for r in train_rows], dtype=np.float64)
     quartiles = tuple(np.quantile(ages, [0, 0.25, 0.5, 0.75, 1]).tolist())

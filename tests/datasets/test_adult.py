@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -152,6 +154,12 @@ def test_missing_files_and_bad_lines_are_one_line_errors(tmp_path, fake_root):
     path.write_text("39, State-gov\n")
     with pytest.raises(ValueError, match="2 comma-separated fields; expected 15"):
         load_adult(bad)
+    test = bad / "adult" / "adult.test"
+    write_adult(bad, [ROW], [ROW])
+    for content, said in (("", "is empty (0 bytes)"), ("|1x3 Cross validator\n\n", "holds no data rows")):
+        test.write_text(content)  # accepted before: the pool was adult.data's rows alone, no longer GCIVR's
+        with pytest.raises(ValueError, match=rf"^{test}: {re.escape(said)}; expected lines of 15 comma-separated"):
+            load_adult(bad)
     with pytest.raises(ValueError, match="train_fraction = 1"):
         load_adult(fake_root, train_fraction=1)
     with pytest.raises(ValueError, match="variant = 'pandas'"):
