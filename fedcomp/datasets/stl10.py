@@ -72,6 +72,9 @@ def load_stl10(
     if size % image_bytes:
         raise ValueError(f"stl10: {images_file} is not a whole number of 3 x 96 x 96 uint8 images ({size} bytes, "
                          f"{image_bytes} per image); is it cut short?")
+    if 0 < size // image_bytes < labels_size:  # cut at an image's end, as a copy cut in half often is
+        raise ValueError(f"stl10: {images_file} holds {size // image_bytes} images and {labels_file.name} "
+                         f"{labels_size} labels, one per image; is {images_file.name} cut short?")
     if labels_size != size // image_bytes:
         state = "is empty (0 bytes); expected" if labels_size == 0 else "must hold"
         raise ValueError(f"stl10: {labels_file} {state} one label in 1..10 per image of {images_file.name} "
@@ -86,11 +89,14 @@ def load_stl10(
         raise
     images = torch.from_numpy(np.ascontiguousarray(dataset.data))
     labels = torch.from_numpy(dataset.labels.astype(np.int64))
-    if labels.numel() != images.shape[0] or (labels.numel() and not 0 <= int(labels.min()) <= int(labels.max()) < 10):
-        raise ValueError(
-            f"stl10: {folder / f'{split}_y.bin'} must hold one label in 1..10 per image of {split}_X.bin "
-            f"({images.shape[0]} images, {labels.numel()} labels)"
-        )
+    if labels.numel() != images.shape[0]:
+        raise ValueError(f"stl10: {labels_file} must hold one label in 1..10 per image of {images_file.name} "
+                         f"({images.shape[0]} images, {labels.numel()} labels)")
+    if labels.numel() and not 0 <= int(labels.min()) <= int(labels.max()) < 10:
+        written = np.fromfile(labels_file, dtype=np.uint8)  # torchvision's labels are these less one, wrapped
+        bad = int(written[(written < 1) | (written > 10)][0])
+        raise ValueError(f"stl10: {labels_file} holds the label {bad}; STL-10's labels are 1..10 (0..9 written as is "
+                         f"are one too low)")
     return images, labels
 
 

@@ -79,6 +79,13 @@ def test_truncated_files_and_bad_arguments(fake_root):
     (root / "stl10_binary" / "train_y.bin").write_bytes(bytes([1, 2, 3]))
     with pytest.raises(ValueError, match=r"\(9 images, 3 labels\)$"):
         load_stl10("train", root, verify_md5=False)
+    (root / "stl10_binary" / "train_y.bin").write_bytes(bytes([1] * 9 + [2] * 3))  # X cut at an image's end
+    with pytest.raises(ValueError, match=r"train_X.bin holds 9 images and train_y.bin 12 labels, one per image; is "
+                                         r"train_X.bin cut short\?$"):  # it blamed the labels file
+        load_stl10("train", root, verify_md5=False)
+    (root / "stl10_binary" / "train_y.bin").write_bytes(bytes(range(9)))  # 0..8: written as class ids, not 1..10
+    with pytest.raises(ValueError, match=r"train_y.bin holds the label 0; STL-10's labels are 1..10"):
+        load_stl10("train", root, verify_md5=False)
     with pytest.raises(ValueError, match=r"^split = 'unlabeled': allowed: 'train', 'test'$"):
         load_stl10("unlabeled", root)
     with pytest.raises(ValueError, match=r"^train images of shape \(2, 3, 32, 32\): must be \[N, 3, 96, 96\]"):
