@@ -7,9 +7,9 @@ from __future__ import annotations
 import os
 import types
 import typing
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, ValidationInfo, field_validator
 
 
 class Params(BaseModel):
@@ -28,6 +28,15 @@ class Params(BaseModel):
         if isinstance(value, os.PathLike):  # a data root given as a pathlib.Path: the path it names
             return os.fspath(value)
         return value
+
+
+def _absolute(path: str | None) -> str | None:
+    return None if path is None else os.path.abspath(os.path.expanduser(path))
+
+
+DataRoot = Annotated[str | None, AfterValidator(_absolute)]
+"""A task's data root: ``~`` expanded and made absolute against the working directory, so that ``run.json`` names
+the folder the run read wherever it is verified, resumed or reported from (None: ``$FEDCOMP_DATA`` or the cache)."""
 
 
 def _takes_bool(annotation: Any) -> bool:

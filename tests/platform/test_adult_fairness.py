@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pandas as pd
 import pytest
 
 import fedcomp
@@ -23,8 +24,11 @@ def run(**task):
                         "run": {"rounds": 10, "progress": "none", "out": results_root()}})
 
 
-def test_feddro_on_adult_fairness(adult_root):
+def test_feddro_on_adult_fairness(adult_root, monkeypatch):
     metrics = run().metrics
+    monkeypatch.delenv("FEDCOMP_DATA")  # task.root instead (the task took $FEDCOMP_DATA only)
+    pd.testing.assert_frame_equal(run(root=str(adult_root)).metrics.drop(columns="wall_time"),
+                                  metrics.drop(columns="wall_time"))
     assert set(adult.AdultSplit._fields) >= {"groups", "proxy_groups"}
     assert metrics["objective"].iloc[-1] < metrics["objective"].iloc[0]
     for column in ("test_accuracy", "test_violation", "train_violation"):

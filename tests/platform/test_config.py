@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -123,3 +125,16 @@ def test_torch_compile_on_a_torch_before_2_7_is_refused_in_one_line(monkeypatch)
 
 def test_torch_release_is_the_installed_torchs():
     assert environment.torch_release() == tuple(int(part) for part in torch.__version__.split(".")[:2])
+
+
+@pytest.mark.parametrize("preset", ["auc-table1", "feddro-cifar10-st", "maml-omniglot-1shot", "fednest-hr",
+                                    "feddro-adult"])
+def test_a_data_root_is_kept_absolute_and_every_task_reading_files_takes_one(preset, tmp_path, monkeypatch):
+    """``task.root=../data`` went into run.json as typed, so a verify or resume from another folder looked elsewhere;
+    hyper-representation, loss-tuning and adult-fairness read $FEDCOMP_DATA only (task.root was an unknown key)."""
+    monkeypatch.chdir(tmp_path)
+    config = load_config(preset, {"task.root": "data"})
+    assert config.task.root == str(tmp_path / "data")
+    assert load_config(preset, {"task.root": "~/data"}).task.root == str(Path("~/data").expanduser())
+    assert load_config(config.to_dict()).task.root == str(tmp_path / "data")  # as run.json gives it back
+    assert load_config(preset).task.root is None  # $FEDCOMP_DATA or the cache, decided where the data is read

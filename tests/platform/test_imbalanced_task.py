@@ -203,7 +203,7 @@ def test_image_models_on_digits_and_mismatches_are_one_line():
         ({"task.model": "vgg"}, r"^task.model = 'vgg': Input should be 'auto', 'linear'"),
         ({"task.positives_per_batch": 0}, r"^task.positives_per_batch = 0: Input should be greater than or equal to 1"),
         ({"task.dataset": "imagenet"}, r"^task.dataset = 'imagenet': Input should be 'breast-cancer'"),
-        ({"task.prior": 1.0}, r"^task.prior = 1.0: Input should be less than 1$"),
+        ({"task.prior": 1.0}, r"^task.prior = 1.0: Input should be less than 1 \(or null, for none\)$"),
         ({"task.colour": 1}, r"^task.colour: unknown key; allowed keys: name, dataset"),
     ],
 )

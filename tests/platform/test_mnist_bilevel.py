@@ -159,6 +159,9 @@ def test_source_mnist_reads_real_idx_files_from_the_data_root(tmp_path, monkeypa
          "run.out": str(tmp_path / "runs")},
     )
     assert 0.0 <= result.final["test_accuracy"] <= 1.0 and result.final["comm_rounds"] >= 4
+    monkeypatch.delenv("FEDCOMP_DATA")  # task.root instead (the task took $FEDCOMP_DATA only)
+    rooted, _ = make_task("hyper-representation", per_client=200, source="mnist", root=str(tmp_path))
+    assert torch.equal(rooted.images, from_files.images)
 
 
 def test_missing_data_root_is_a_one_line_config_error_naming_the_folder(tmp_path, monkeypatch):

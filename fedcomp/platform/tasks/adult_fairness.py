@@ -35,7 +35,7 @@ class AdultFairness(Task):
     def __init__(self, params: AdultFairnessParams, seed: int, clients: int, device: str = "cpu") -> None:
         super().__init__(params, seed, clients, device)
         try:
-            data = adult.load_adult(noise_level=params.noise_level, proxy_seed=params.data_seed)
+            data = adult.load_adult(params.root, noise_level=params.noise_level, proxy_seed=params.data_seed)
         except (FileNotFoundError, ValueError) as error:  # missing files, or a file empty, cut short or damaged
             raise ConfigError(f"task.name = 'adult-fairness': {error}") from None
         self.train, self.test = data.train, data.test

@@ -21,7 +21,7 @@ from fedcomp.platform.kinds import (
     MINIMAX,
     PLAIN,
 )
-from fedcomp.platform.params import Params
+from fedcomp.platform.params import DataRoot, Params
 from fedcomp.platform.registry import TaskDeclaration, declare_task
 
 BatchNorm = Literal["averaged", "local", "batch"]
@@ -119,7 +119,7 @@ class OmniglotParams(FewShotParams):
     source: Literal["omniglot", "omniglot-small"] = Field(
         "omniglot", description="the full set under the data root (the paper's), or the two small background subsets shipped in the package"
     )
-    root: str | None = Field(
+    root: DataRoot = Field(
         None,
         description="omniglot: data root holding omniglot-py/ (default $FEDCOMP_DATA or ~/.cache/fedcomp); "
         "omniglot-small: folder holding images_background_small{1,2}.zip (default the package's copy)",
@@ -180,7 +180,7 @@ class ImbalancedBinaryParams(Params):
     monitor_per_class: int = Field(32, ge=1, description="examples per class of the Ratio Loss monitor's batches")
     eval_batch: int = Field(1000, ge=1, description="test examples per forward pass in evaluation")
     data_seed: int = Field(0, ge=0, description="seed of the construction, client split and monitor batches")
-    root: str | None = Field(None, description="data root (default FEDCOMP_DATA or ~/.cache/fedcomp)")
+    root: DataRoot = Field(None, description="data root (default FEDCOMP_DATA or ~/.cache/fedcomp)")
     verify_md5: bool = Field(True, description="torchvision's md5 check of CIFAR/STL10 files")
     image_size: int | None = Field(None, ge=8, description="resize images to this side; null = the dataset's own")
     batchnorm: BatchNorm = Field(
@@ -210,6 +210,8 @@ class MnistClientsParams(Params):
     per_client: int | None = Field(None, ge=2, description="images per client; null = all training images split equally")
     train_fraction: float = Field(0.5, gt=0, lt=1, description="local training share (rest: validation)")
     data_seed: int = Field(0, ge=0, description="seed of the partition")
+    root: DataRoot = Field(None, description="source mnist: data root holding MNIST/raw/ (default FEDCOMP_DATA or "
+                           "~/.cache/fedcomp)")
 
 
 class HyperRepresentationParams(MnistClientsParams):
@@ -263,6 +265,8 @@ class AdultFairnessParams(Params):
     constrained: bool = Field(True, description="false: the unconstrained baseline (h only)")
     noise_level: float = Field(0.3, ge=0, lt=1, description="share of rows with a wrong proxy group")
     data_seed: int = Field(0, ge=0, description="seed of the proxy noise and the client split")
+    root: DataRoot = Field(None, description="data root holding adult/adult.data and adult.test (default "
+                           "FEDCOMP_DATA or ~/.cache/fedcomp)")
 
 
 # ---------------------------------------------------------------------------------------------------------------- dro
@@ -280,7 +284,7 @@ class DROClassificationParams(Params):
     model: Literal["auto", "linear", "mlp", "resnet20"] = Field("auto", description="auto: resnet20 for CIFAR, else linear")
     hidden: int = Field(64, ge=1, description="hidden width of model: mlp")
     verify_md5: bool = Field(True, description="CIFAR: torchvision's md5 check of the files")
-    root: str | None = Field(None, description="CIFAR: data root (default FEDCOMP_DATA or ~/.cache/fedcomp)")
+    root: DataRoot = Field(None, description="CIFAR: data root (default FEDCOMP_DATA or ~/.cache/fedcomp)")
     batchnorm: BatchNorm = Field("averaged", description="BatchNorm running statistics (resnet20): averaged, local or batch")
     data_seed: int = Field(0, ge=0)
     remainder: Literal["drop", "spread"] = Field(

@@ -50,7 +50,7 @@ def _load(params: MnistClientsParams) -> tuple[tuple[Tensor, Tensor], tuple[Tens
     if params.source == "mnist5k":
         return mnist.load_mnist5k_split("train"), mnist.load_mnist5k_split("test")
     try:
-        return mnist.load_mnist("train"), mnist.load_mnist("test")
+        return mnist.load_mnist("train", params.root), mnist.load_mnist("test", params.root)
     except (FileNotFoundError, ValueError) as error:  # missing files, or a file empty, cut short or damaged
         raise ConfigError(f"task.source = 'mnist': {error}") from None
 
