@@ -59,7 +59,7 @@ def md5_failure(name: str, folder: Path, error: ValueError, verify_md5: bool) ->
     came first), as one line naming the folder; None for another error."""
     if verify_md5 and "corrupted" in str(error):
         return ValueError(f"{name} files in {folder} fail torchvision's md5 check; replace them with the published "
-                          f"files, or pass verify_md5=False for generated test files")
+                          f"files, or set verify_md5 false (a config's task.verify_md5) for files you generated")
     return None
 
 

@@ -147,7 +147,7 @@ def _decode(paths: list[Path], size: int | None) -> Tensor:
         return torch.zeros((0, 3, side, side), dtype=torch.uint8)
     shapes = {tuple(i.shape) for i in images}
     if len(shapes) > 1:
-        raise ValueError(f"melanoma: images of {len(shapes)} different sizes; pass size= to resize them to one")
+        raise ValueError(f"melanoma: images of {len(shapes)} different sizes; set a size (a config's task.image_size) to resize them to one")
     return torch.stack(images)
 
 

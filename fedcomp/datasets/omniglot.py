@@ -137,9 +137,10 @@ def _load(root: str, verify_md5: bool) -> OmniglotData:
         try:
             datasets.append((name, cls(root, background=name == "images_background", download=False)))
         except RuntimeError as error:
+            said = str(error).replace(" You can use download=True to download it", "")  # nothing is downloaded
             raise FileNotFoundError(
-                f"{folder / name}: {error} (torchvision checks {name}.zip's md5 next to the folder; "
-                "set verify_md5 false for an extracted folder alone)"
+                f"{folder / name}: {said} (torchvision checks {name}.zip's md5 next to the folder; "
+                "set verify_md5 false, a config's task.verify_md5, for an extracted folder alone)"
             ) from None
     entries = []  # (name, dataset, positions of its images)
     for name, ds in datasets:

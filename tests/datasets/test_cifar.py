@@ -73,7 +73,7 @@ def test_md5_is_verified_by_default_and_generated_files_fail_it(fake_root):
     name, root, _, _ = fake_root
     with pytest.raises(ValueError, match="md5") as info:
         load_cifar(name, "train", root)
-    assert "\n" not in str(info.value) and "verify_md5=False" in str(info.value)
+    assert "\n" not in str(info.value) and "set verify_md5 false (a config's task.verify_md5)" in str(info.value)
 
 
 def test_unchecked_class_only_drops_md5_entries():
