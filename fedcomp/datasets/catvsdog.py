@@ -50,7 +50,7 @@ def load_catvsdog(
         raise ValueError(f"test_size = {test_size!r}: must be a positive integer")
     root = data_root() if root is None else Path(root).expanduser()
     folder = root / CATVSDOG_FOLDER
-    require_files("catvsdog", folder, CATVSDOG_FILES, "extract LibAUC's cat_vs_dog archive into the data root")
+    require_files("catvsdog", folder, CATVSDOG_FILES, "extract LibAUC's cat_vs_dog archive into the data root", root)
     images = _load_npy(folder / CATVSDOG_FILES[0], "uint8 images [n, H, W, 3]", mmap=True)
     labels = _load_npy(folder / CATVSDOG_FILES[1], "0/1 labels [n]", mmap=False)
     n = images.shape[0] if images.ndim else 0

@@ -43,15 +43,32 @@ def check_split(split: object) -> None:
         raise ValueError(f"split = {split!r}: allowed: 'train', 'test'")
 
 
-def require_files(name: str, folder: Path, files: Sequence[str], hint: str) -> None:
+def require_files(name: str, folder: Path, files: Sequence[str], hint: str, root: Path | None = None) -> None:
     """One-line ``FileNotFoundError`` naming the folder and the files it lacks (the loaders' first check, so that
-    torchvision's download hint never shows)."""
+    torchvision's download hint never shows). With the data ``root`` that ``folder`` lies under: where the files are
+    in a folder below it that ends the way ``folder`` does (the root given as ``MNIST/`` or ``MNIST/raw/`` itself, not
+    the folder above), the hint is the root to give instead."""
     missing = [f for f in files if not (folder / f).is_file()]
     if missing:
         raise FileNotFoundError(
             f"{name} not found: {folder} must hold {', '.join(files)} "
-            f"({'none is there' if len(missing) == len(files) else 'missing: ' + ', '.join(missing)}); {hint}"
+            f"({'none is there' if len(missing) == len(files) else 'missing: ' + ', '.join(missing)}); "
+            f"{_root_above(folder, files, root) or hint}"
         )
+
+
+def _root_above(folder: Path, files: Sequence[str], root: Path | None) -> str | None:
+    """``the data root is the folder above ...: give <root>`` where the files lie in ``root`` itself or in a folder
+    of it named as ``folder``'s last parts are (``root/raw`` for ``root/MNIST/raw``), else None."""
+    if root is None:
+        return None
+    below = folder.relative_to(root).parts
+    for k in range(1, len(below) + 1):
+        there = root.joinpath(*below[k:])
+        if all((there / f).is_file() for f in files):
+            above = root.parents[k - 1]
+            return f"they are in {there}: the data root is the folder above {'/'.join(below[:k])}/, give {above}"
+    return None
 
 
 def md5_failure(name: str, folder: Path, error: ValueError, verify_md5: bool) -> ValueError | None:

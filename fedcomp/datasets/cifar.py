@@ -100,7 +100,8 @@ def load_cifar(
     files = CIFAR_FILES[name]
     expected = [*files["train"], *files["test"], files["meta"]]
     require_files(name, folder, expected,
-                  "extract the python-version archive from https://www.cs.toronto.edu/~kriz/cifar.html into the data root")
+                  "extract the python-version archive from https://www.cs.toronto.edu/~kriz/cifar.html into the data root",
+                  root)
     cls = _dataset_class(name, verify_md5)
     try:
         with reading(folder, f"{name}'s python-version batches"):

@@ -102,7 +102,7 @@ def _load_idx_dataset(
         source = labels_file = processed / ("training.pt" if split == "train" else "test.pt")
         expected = "torchvision's legacy processed file (a torch.save of the pair uint8 images [N, 28, 28], labels [N])"
     else:
-        require_files(name, raw, IDX_FILES, hint)
+        require_files(name, raw, IDX_FILES, hint, root)
         images_file, labels_file = (raw / f"{_PREFIX[split]}-{kind}" for kind in ("images-idx3-ubyte", "labels-idx1-ubyte"))
         images_shape, labels_shape = _idx_shape(images_file, 3), _idx_shape(labels_file, 1)
         if images_shape[0] != labels_shape[0]:

@@ -62,7 +62,7 @@ def load_stl10(
     root = data_root() if root is None else Path(root).expanduser()
     folder = root / STL10_FOLDER
     require_files("stl10", folder, STL10_FILES,
-                  "extract the binary archive from https://cs.stanford.edu/~acoates/stl10/ into the data root")
+                  "extract the binary archive from https://cs.stanford.edu/~acoates/stl10/ into the data root", root)
     images_file, labels_file = folder / f"{split}_X.bin", folder / f"{split}_y.bin"
     image_bytes = 3 * _SIDE * _SIDE
     expected = f"{image_bytes} bytes (3 x 96 x 96) per image"

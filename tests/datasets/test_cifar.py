@@ -93,6 +93,10 @@ def test_missing_files_are_a_one_line_error_naming_the_folder(tmp_path, fake_roo
     message = str(info.value)
     assert "\n" not in message and "cifar-10-batches-py" in message and "none is there" in message
     name, root, _, _ = fake_root
+    inner = root / CIFAR_FOLDERS[name]  # the root given as the extracted folder itself
+    with pytest.raises(FileNotFoundError, match=rf"; they are in {inner}: the data root is the folder above "
+                                                rf"{CIFAR_FOLDERS[name]}/, give {root}$"):
+        load_cifar(name, "train", inner, verify_md5=False)
     (root / CIFAR_FOLDERS[name] / CIFAR_FILES[name]["test"][0]).unlink()
     with pytest.raises(FileNotFoundError, match=f"missing: {CIFAR_FILES[name]['test'][0]}"):
         load_cifar(name, "train", root, verify_md5=False)

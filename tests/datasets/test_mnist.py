@@ -101,6 +101,15 @@ def test_missing_files_give_one_line_error(tmp_path):
     assert "mnist5k" in message and "none is there" in message
 
 
+@pytest.mark.parametrize("given", ["MNIST", "MNIST/raw"])
+def test_a_root_given_as_the_datasets_own_folder_says_which_root_to_give(fake_root, given):
+    """It said only that <given>/MNIST/raw held none of the files."""
+    root, _, _ = fake_root
+    with pytest.raises(FileNotFoundError, match=rf"\(none is there\); they are in {root / 'MNIST' / 'raw'}: the data "
+                                                rf"root is the folder above {given}/, give {root}$"):
+        load_mnist("train", root / given)
+
+
 def test_one_split_is_not_enough_for_torchvision(tmp_path):
     write_idx(tmp_path, *random_mnist(10, 0), "train")
     with pytest.raises(FileNotFoundError, match=r"\(missing: t10k-images-idx3-ubyte, t10k-labels-idx1-ubyte\);"):
