@@ -68,6 +68,22 @@ class NoJoin(catalog.algorithm_class("fedavg-hb")):
     Client = WithU
 """
 """A user's algorithm with a private client field (u) that neither the server sends nor a join starts."""
+MISSPELT_PROGRAM = f"""
+from fedcomp.platform import catalog
+from fedcomp.platform.registry import register_algorithm
+
+catalog.import_source({str(EXAMPLES / "extension.py")!r})
+
+
+@register_algorithm("fedavg-hb-misspelt")
+class Misspelt(catalog.algorithm_class("fedavg-hb")):
+    def round(self, fed, server):
+        means = fed.call("local_stepz", fed.cohort(), {{"x": server.x}})
+        return server.replace(x=means.x)
+"""
+"""A user's round that calls a client program it does not define (a misspelling of local_steps)."""
+MISSPELT_NEEDLE = ("Misspelt: a round calls the client program 'local_stepz', which it does not define (did you mean "
+                   "'local_steps'?)")
 NO_JOIN_NEEDLE = ("NoJoin: its Client record WithU has u, which the server does not send (the broadcast holds x) and "
                   "which no join starts: override join(broadcast)")
 
@@ -505,6 +521,16 @@ CASES = [
         "algorithm.name=fedavg-hb-no-join-actor", "--set", "federation.backend=ray", "--set", "run.rounds=1", "--set",
         "run.progress=none", "--set", "run.out={out}"), NO_JOIN_NEEDLE,
         file("nojoin_actor.py", NO_JOIN.replace('"fedavg-hb-no-join"', '"fedavg-hb-no-join-actor"')), ray=True),
+    Case("module-round-calls-a-program-it-lacks", (
+        "run", str(EXAMPLES / "extension.yaml"), "--set", "algorithm.module={file}", "--set",
+        "algorithm.name=fedavg-hb-misspelt", *LOCAL_TINY, "--set", "run.out={out}"), MISSPELT_NEEDLE,
+        file("misspelt.py", MISSPELT_PROGRAM)),
+    Case("module-round-calls-a-program-it-lacks-in-an-actor", (
+        "run", str(EXAMPLES / "extension.yaml"), "--set", "algorithm.module={file}", "--set",
+        "algorithm.name=fedavg-hb-misspelt-actor", "--set", "federation.backend=ray", "--set", "run.rounds=1", "--set",
+        "run.progress=none", "--set", "run.out={out}"), MISSPELT_NEEDLE,
+        file("misspelt_actor.py", MISSPELT_PROGRAM.replace('"fedavg-hb-misspelt"', '"fedavg-hb-misspelt-actor"')),
+        ray=True),
     Case("batchnorm-policy", ("run", "auc-table1-offline", "--set", "federation.backend=local", "--set",
                               "task.batchnorm=sometimes", "--set", "run.out={out}"),
          "task.batchnorm = 'sometimes': Input should be 'averaged', 'local' or 'batch'"),

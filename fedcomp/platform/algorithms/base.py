@@ -26,6 +26,7 @@ model's parameter gradients as autograd makes them), so that a step assembles an
 
 from __future__ import annotations
 
+import difflib
 import functools
 import inspect
 import typing
@@ -245,7 +246,13 @@ class Algorithm(ABC, Generic[C, S]):
         """The client program ``name`` on the wire form of the client state: it gets its :meth:`reads` record;
         the fields it does not read stay as they are (a generator stays a generator: what it yields and
         receives passes through)."""
-        method, record = getattr(self, name), self.reads(name)
+        method = getattr(self, name, None)
+        if not callable(method):  # a misspelt fed.call("...")
+            methods = [n for n in dir(type(self)) if not n.startswith("_") and callable(getattr(type(self), n))]
+            near = difflib.get_close_matches(name, methods, n=1)
+            raise AlgorithmError(f"{type(self).__qualname__}: a round calls the client program {name!r}, which it "
+                                 f"does not define" + (f" (did you mean {near[0]!r}?)" if near else ""))
+        record = self.reads(name)
         if inspect.isgeneratorfunction(method):
 
             def exchange(problem: Any, state: Tensors, ctx: ClientContext) -> Generator[Any, Any, tuple[Tensors, Tensors, StepInfo]]:
