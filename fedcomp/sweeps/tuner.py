@@ -570,7 +570,8 @@ def _finish(grid: ResultGrid, spec: SweepSpec, path: Path) -> SweepResult:
         count = frame["trial"].nunique() if len(frame) else len(errors)  # configurations (a pack is one Tune trial)
         raise TrialsFailed(f"every trial of the sweep failed ({count}); the first: {error_line(cast(Exception, errors[0]))}; "
                            f"each trial's error.txt is under {path}; once it is fixed, continue with: "
-                           f"{to_continue('sweep', path)}", path)
+                           f"{to_continue('sweep', path)} (a module or data files mended; a setting of the sweep's own "
+                           f"is changed by running the sweep again)", path)
     return SweepResult(path, spec, frame)
 
 

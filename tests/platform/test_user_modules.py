@@ -442,7 +442,8 @@ def test_a_sweep_whose_every_trial_fails_says_why_in_one_line_and_keeps_its_fold
     with pytest.raises(TrialsFailed, match=r"^every trial of the sweep failed \(2\); the first: task "
                                            r"'least-squares-misreported' declares metrics distance, objective_gap, but its "
                                            r"evaluator does not report distance .*; once it is fixed, continue with: "
-                                           r"fedcomp.resume_sweep\('"):
+                                           r"fedcomp.resume_sweep\('.*'\) \(a module or data files mended; a setting of "
+                                           r"the sweep's own is changed by running the sweep again\)$"):
         fedcomp.sweep({"base": str(EXAMPLE_YAML), "set": overrides, "grid": {"algorithm.lr": [0.02, 0.05]},
                        "max_failures": 0, "name": "failing"})
     [folder] = (tmp_path / "out").iterdir()
