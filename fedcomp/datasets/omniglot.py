@@ -146,14 +146,18 @@ def _load(root: str, verify_md5: bool) -> OmniglotData:
     for name, ds in datasets:
         start = 0  # torchvision's flat image list is the characters' image lists, concatenated in order
         for character, files in zip(ds._characters, ds._character_images):
-            order = sorted(range(len(files)), key=lambda j: files[j][0])
+            drawn = [j for j in range(len(files)) if not files[j][0].startswith("._")]  # macOS's AppleDouble files
+            order = sorted(drawn, key=lambda j: files[j][0])
             entries.append((f"{name}/{character.replace(os.sep, '/')}", ds, [start + j for j in order]))
             start += len(files)
     entries.sort(key=lambda e: e[0])
     characters = [e[0] for e in entries]
     counts = {len(e[2]) for e in entries}
     if len(counts) != 1 or 0 in counts:
-        raise ValueError(f"{folder}: every character must have the same number (> 0) of drawings, found {sorted(counts)}")
+        usual = max(counts, key=lambda c: sum(len(e[2]) == c for e in entries))
+        odd = next(e for e in entries if len(e[2]) != usual or not e[2])
+        raise ValueError(f"{folder}: every character must have the same number (> 0) of drawings, found "
+                         f"{sorted(counts)}: {odd[0]} has {len(odd[2])}, most have {usual}")
     drawings = counts.pop()
     paths = [[_image_path(ds, position) for position in positions] for _, ds, positions in entries]
     files = _fingerprint(folder, [path for drawn in paths for path in drawn])

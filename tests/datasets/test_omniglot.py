@@ -131,6 +131,22 @@ def test_a_data_root_that_takes_no_cache_still_loads_and_keeps_nothing_beside_it
     assert torch.equal(load_omniglot(tmp_path, verify_md5=False).images, data.images)
 
 
+def test_macos_appledouble_files_are_not_drawings_and_an_odd_character_is_named(tmp_path):
+    """A copy made on a Mac held ._<name>.png beside each drawing: "found [20, 21]" and no character named."""
+    folder = write_omniglot(tmp_path, TINY, drawings=3, size=10)
+    expected = load_omniglot(tmp_path, verify_md5=False)
+    character = folder / "images_background" / "Latin" / "character01"
+    (character / "._0001_01.png").write_bytes(b"\x00\x05\x16\x07 AppleDouble")
+    from fedcomp.datasets import omniglot
+
+    omniglot._load.cache_clear()
+    assert torch.equal(load_omniglot(tmp_path, verify_md5=False).images, expected.images)
+    next(iter(character.glob("0*.png"))).unlink()
+    omniglot._load.cache_clear()
+    with pytest.raises(ValueError, match=r"found \[2, 3\]: images_background/Latin/character01 has 2, most have 3$"):
+        load_omniglot(tmp_path, verify_md5=False)
+
+
 @pytest.mark.parametrize("damage", ["text", "cut"])
 def test_an_unreadable_png_is_one_line_naming_it(tmp_path, damage):
     folder = write_omniglot(tmp_path, TINY, drawings=2, size=10)
