@@ -97,7 +97,8 @@ def _load_idx_dataset(
     check_split(split)
     root = data_root() if root is None else Path(root).expanduser()
     raw, processed = root / name / "raw", root / name / "processed"
-    legacy = all((processed / file).is_file() for file in ("training.pt", "test.pt"))  # torchvision's legacy pair
+    legacy = (all((processed / file).is_file() for file in ("training.pt", "test.pt"))  # torchvision's legacy pair,
+              and not all((raw / file).is_file() for file in IDX_FILES))  # read where the raw files are not there
     if legacy:
         source = labels_file = processed / ("training.pt" if split == "train" else "test.pt")
         expected = "torchvision's legacy processed file (a torch.save of the pair uint8 images [N, 28, 28], labels [N])"
@@ -112,10 +113,8 @@ def _load_idx_dataset(
             raise ValueError(f"{images_file}: holds {images_shape[0]} images of {images_shape[1]} x {images_shape[2]} "
                              f"pixels; expected {name}'s images of 28 x 28 (at least one)")
         source, expected = raw, "uncompressed IDX files"
-    import torchvision.datasets
-
     with reading(source, expected):
-        dataset = getattr(torchvision.datasets, name)(str(root), train=split == "train", download=False)
+        dataset = _reader(name, legacy)(str(root), train=split == "train", download=False)
     images, labels = dataset.data, dataset.targets
     if not (isinstance(images, Tensor) and isinstance(labels, Tensor) and images.dtype == torch.uint8
             and images.ndim == 3 and images.shape[1:] == (28, 28) and labels.shape == images.shape[:1]
@@ -127,6 +126,17 @@ def _load_idx_dataset(
         bad = int(labels.max()) if int(labels.max()) > 9 else int(labels.min())
         raise ValueError(f"{labels_file}: holds the label {bad}; {name} labels are 0..9")
     return images, labels.long()
+
+
+@functools.cache
+def _reader(name: str, legacy: bool) -> type:
+    """torchvision's class for the MNIST-family set ``name``; where the raw files are read, one that does not look at
+    the legacy ``processed/`` pair, which torchvision reads first wherever it is (a stale, unreadable leftover)."""
+    import torchvision.datasets
+
+    cls: type = getattr(torchvision.datasets, name)
+    # named as torchvision's own: its folders are named by the class (<root>/MNIST/raw)
+    return cls if legacy else type(name, (cls,), {"_check_legacy_exist": lambda self: False})
 
 
 def _idx_shape(path: Path, dims: int) -> tuple[int, ...]:

@@ -110,6 +110,18 @@ def test_a_root_given_as_the_datasets_own_folder_says_which_root_to_give(fake_ro
         load_mnist("train", root / given)
 
 
+def test_the_raw_files_are_read_before_a_leftover_legacy_pair(fake_root):
+    """torchvision reads processed/{training,test}.pt first wherever they are: a stale, unreadable pair beside good
+    raw files failed the run."""
+    root, train, _ = fake_root
+    processed = root / "MNIST" / "processed"
+    processed.mkdir()
+    for name in ("training.pt", "test.pt"):
+        (processed / name).write_bytes(b"left over from an old torchvision")
+    images, labels = load_mnist("train", root)
+    assert torch.equal(images, train[0]) and torch.equal(labels, train[1])
+
+
 def test_one_split_is_not_enough_for_torchvision(tmp_path):
     write_idx(tmp_path, *random_mnist(10, 0), "train")
     with pytest.raises(FileNotFoundError, match=r"\(missing: t10k-images-idx3-ubyte, t10k-labels-idx1-ubyte\);"):
