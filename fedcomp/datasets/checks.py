@@ -53,8 +53,15 @@ def require_files(name: str, folder: Path, files: Sequence[str], hint: str, root
         raise FileNotFoundError(
             f"{name} not found: {folder} must hold {', '.join(files)} "
             f"({'none is there' if len(missing) == len(files) else 'missing: ' + ', '.join(missing)}); "
-            f"{_root_above(folder, files, root) or hint}"
+            f"{_root_above(folder, files, root) or _compressed(folder, missing) or hint}"
         )
+
+
+def _compressed(folder: Path, missing: Sequence[str]) -> str | None:
+    """``gunzip`` advice where the missing files are in ``folder`` gzip-compressed (``<name>.gz``, as published)."""
+    there = [f"{name}.gz" for name in missing if (folder / f"{name}.gz").is_file()]
+    return f"{', '.join(there)} {'is' if len(there) == 1 else 'are'} there: gunzip {'it' if len(there) == 1 else 'them'}" \
+        if there else None
 
 
 def _root_above(folder: Path, files: Sequence[str], root: Path | None) -> str | None:

@@ -122,6 +122,19 @@ def test_the_raw_files_are_read_before_a_leftover_legacy_pair(fake_root):
     assert torch.equal(images, train[0]) and torch.equal(labels, train[1])
 
 
+def test_files_left_gzip_compressed_say_gunzip(fake_root):
+    import gzip
+
+    root, _, _ = fake_root
+    raw = root / "MNIST" / "raw"
+    for name in IDX_FILES:
+        (raw / f"{name}.gz").write_bytes(gzip.compress((raw / name).read_bytes()))
+        (raw / name).unlink()
+    with pytest.raises(FileNotFoundError, match=r"\(none is there\); .*train-images-idx3-ubyte.gz.* are there: gunzip "
+                                                r"them$"):
+        load_mnist("train", root)
+
+
 def test_one_split_is_not_enough_for_torchvision(tmp_path):
     write_idx(tmp_path, *random_mnist(10, 0), "train")
     with pytest.raises(FileNotFoundError, match=r"\(missing: t10k-images-idx3-ubyte, t10k-labels-idx1-ubyte\);"):
