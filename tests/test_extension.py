@@ -26,7 +26,7 @@ def test_it_re_exports_fedcomps_own_objects_and_lists_each_once():
         oracles.grad_x, oracles.grad_y, oracles.hvp_yy, oracles.jvp_xy]
 
 
-@pytest.mark.parametrize("name", ["extension.py", "portfolio.py"])
+@pytest.mark.parametrize("name", ["extension.py", "portfolio.py", "two_phase_gda.py"])
 def test_the_examples_import_nothing_else_of_fedcomp(name):
     example = Path(__file__).resolve().parents[1] / "examples" / name
     modules = {node.module for node in ast.walk(ast.parse(example.read_text()))
