@@ -219,6 +219,14 @@ def test_bad_data_requests_are_one_config_error(tmp_path, monkeypatch):
     assert "\n" not in str(error.value)
     with pytest.raises(fedcomp.ConfigError, match=r"^federation.clients = 40: client \d+ gets 0 positives"):
         make(clients=40)
+    from fedcomp.datasets.melanoma import write_melanoma
+
+    # Kaggle's fold files 0..5, the last one the test split: its two images (6 and 8) both negative
+    write_melanoma(tmp_path, torch.zeros(12, 3, 8, 8, dtype=torch.uint8), [0, 1, 0, 0, 1, 0, 0, 0, 0, 0, 1, 1],
+                   [0, 1, 2, 3, 4, -1, 5, 0, 5, 2, -1, 4])
+    with pytest.raises(fedcomp.ConfigError, match=r"^task.dataset = 'melanoma': its test split holds 0 positives and 2 "
+                                                  r"negatives; test_auroc and test_ap need both"):  # nan every evaluation
+        make(dataset="melanoma", root=str(tmp_path), clients=1)
 
 
 def e2e_cases() -> list:

@@ -101,6 +101,11 @@ class ImbalancedBinary(Task):
         super().__init__(params, seed, clients, device)
         split = self._load(params)
         self.x_train, self.y_train, self.x_test, self.y_test = split.x_train, split.y_train, split.x_test, split.y_test
+        held = int(self.y_test.sum())
+        if held in (0, self.y_test.numel()):  # every evaluation would be nan (and scikit-learn warn each time)
+            raise ConfigError(f"task.dataset = {params.dataset!r}: its test split holds {held} positives and "
+                              f"{self.y_test.numel() - held} negatives; test_auroc and test_ap need both (a larger "
+                              f"set, or one with both classes in its test split)")
         self.prior = float(params.prior if params.prior is not None else split.prior)
         """p of the AUC loss: the training positive ratio unless the parameters fix it."""
         self.shards = self._partition(self.y_train, clients, params)
