@@ -59,13 +59,18 @@ def load_catvsdog(
             f"catvsdog: {folder / CATVSDOG_FILES[0]} holds {images.dtype} {images.shape}; expected uint8 [n, H, W, 3]"
         )
     labels = labels.reshape(-1) if labels.ndim == 2 and labels.shape[1] == 1 else labels
-    if labels.shape != (n,) or labels.dtype.kind not in "iufb" or not np.all((labels == 0) | (labels == 1)):
+    if labels.shape != (n,) or labels.dtype.kind not in "iufb":
         raise ValueError(
             f"catvsdog: {folder / CATVSDOG_FILES[1]} holds {labels.dtype} {labels.shape}; "
             f"expected {n} labels, each 0 or 1"
         )
+    other = labels[(labels != 0) & (labels != 1)]
+    if other.size:
+        raise ValueError(f"catvsdog: {folder / CATVSDOG_FILES[1]} holds the label {other[0].item()!r}; expected 0 or 1")
     if test_size >= n:
-        raise ValueError(f"test_size = {test_size}: must be below the {n} rows of {folder / CATVSDOG_FILES[0]}")
+        say = "" if test_size != CATVSDOG_TEST_SIZE else " (LibAUC's split: the last 5,000 rows are the test set)"
+        raise ValueError(f"catvsdog: {folder / CATVSDOG_FILES[0]} holds {n} rows; test_size = {test_size} must be "
+                         f"below that{say}")
     rows = slice(n - test_size, n) if split == "test" else slice(0, n - test_size)
     part = np.array(images[rows])  # a writable copy of the memory-mapped rows
     part = part[:, None] if part.ndim == 3 else part.transpose(0, 3, 1, 2)

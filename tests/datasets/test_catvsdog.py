@@ -39,7 +39,8 @@ def test_stored_arrays_follow_libaucs_layout(fake):
 
 def test_default_test_size_is_5000(fake, monkeypatch):
     root, _, _ = fake
-    with pytest.raises(ValueError, match=r"^test_size = 5000: must be below the 30 rows of "):
+    with pytest.raises(ValueError, match=r"cat_vs_dog_data.npy holds 30 rows; test_size = 5000 must be below that "
+                                         r"\(LibAUC's split: the last 5,000 rows are the test set\)$"):
         load_catvsdog("train", root)
     monkeypatch.setenv("FEDCOMP_DATA", str(root))
     assert load_catvsdog("test", test_size=1)[0].shape == (1, 3, 50, 50)
@@ -60,7 +61,7 @@ def test_missing_and_malformed_files_are_one_line(fake, tmp_path_factory):
     assert "\n" not in str(info.value) and "cat_vs_dog" in str(info.value) and "none is there" in str(info.value)
     root, _, _ = fake
     np.save(root / "cat_vs_dog" / "cat_vs_dog_label.npy", np.full(30, 2))
-    with pytest.raises(ValueError, match=r"expected 30 labels, each 0 or 1$"):
+    with pytest.raises(ValueError, match=r"cat_vs_dog_label.npy holds the label 2; expected 0 or 1$"):  # named
         load_catvsdog("train", root, test_size=5)
     (root / "cat_vs_dog" / "cat_vs_dog_label.npy").unlink()
     with pytest.raises(FileNotFoundError, match=r"\(missing: cat_vs_dog_label.npy\);"):
