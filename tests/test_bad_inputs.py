@@ -84,6 +84,19 @@ class Misspelt(catalog.algorithm_class("fedavg-hb")):
 """A user's round that calls a client program it does not define (a misspelling of local_steps)."""
 MISSPELT_NEEDLE = ("Misspelt: a round calls the client program 'local_stepz', which it does not define (did you mean "
                    "'local_steps'?)")
+COLUMN_INIT = f"""
+from fedcomp.platform import catalog
+from fedcomp.platform.registry import register_algorithm
+
+catalog.import_source({str(EXAMPLES / "extension.py")!r})
+
+
+@register_algorithm("fedavg-hb-column")
+class Column(catalog.algorithm_class("fedavg-hb")):
+    def init(self, variables):
+        return self.Server(x=variables["x"].reshape(-1, 1).double())
+"""
+"""A user's init that reshapes and casts the task's x (it ran, broadcasting a column of float64)."""
 NO_JOIN_NEEDLE = ("NoJoin: its Client record WithU has u, which the server does not send (the broadcast holds x) and "
                   "which no join starts: override join(broadcast)")
 
@@ -531,6 +544,11 @@ CASES = [
         "run.progress=none", "--set", "run.out={out}"), MISSPELT_NEEDLE,
         file("misspelt_actor.py", MISSPELT_PROGRAM.replace('"fedavg-hb-misspelt"', '"fedavg-hb-misspelt-actor"')),
         ray=True),
+    Case("module-algorithm-init-reshapes-x", (
+        "run", str(EXAMPLES / "extension.yaml"), "--set", "algorithm.module={file}", "--set",
+        "algorithm.name=fedavg-hb-column", *LOCAL_TINY, "--set", "run.out={out}"),
+        "Column.init: its x is torch.float64 of shape (10, 1), the task's x torch.float32 of shape (10,); start from "
+        "the task's variables as they are (variables['x'].clone())", file("column.py", COLUMN_INIT)),
     Case("batchnorm-policy", ("run", "auc-table1-offline", "--set", "federation.backend=local", "--set",
                               "task.batchnorm=sometimes", "--set", "run.out={out}"),
          "task.batchnorm = 'sometimes': Input should be 'averaged', 'local' or 'batch'"),

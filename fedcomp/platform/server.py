@@ -17,7 +17,7 @@ from fedcomp.platform.accelerator import one_thread
 from fedcomp.platform.algorithms.base import Federation, Tensors
 from fedcomp.platform.config import Config
 from fedcomp.platform.counters import Counters
-from fedcomp.platform.errors import ConfigError, NotThisRun, TaskError
+from fedcomp.platform.errors import AlgorithmError, ConfigError, NotThisRun, TaskError
 from fedcomp.platform.federation import build_algorithm, build_task
 from fedcomp.platform.problems import PROTOCOLS, lacks
 from fedcomp.platform.results import checkpoint_bytes
@@ -53,6 +53,13 @@ class Server:
         self.state: State = self.algorithm.init(params)
         """The global state: the algorithm's typed ``Server`` record (before round 0: what ``init`` returns,
         which ``Algorithm.start`` completes in round 0)."""
+        for name, given in params.items():  # a user's init that reshapes or casts the task's variables
+            made = getattr(self.state, name, None)
+            if isinstance(made, torch.Tensor) and (made.shape != given.shape or made.dtype != given.dtype):
+                raise AlgorithmError(
+                    f"{type(self.algorithm).__qualname__}.init: its {name} is {made.dtype} of shape {tuple(made.shape)}, "
+                    f"the task's {name} {given.dtype} of shape {tuple(given.shape)}; start from the task's variables "
+                    f"as they are (variables[{name!r}].clone())")
         self.counters = Counters()
         self.train_loss = float("nan")
         with one_thread(config.run.deterministic):  # what the evaluator computes once (a task's optimum) too
