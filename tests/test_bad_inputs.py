@@ -122,6 +122,21 @@ def run(*overrides: str) -> tuple[str, ...]:
     return ("run", "quickstart", *FAST, "--set", "run.out={out}", *sets)
 
 
+def algorithm_of_yours(case: str, name: str, source: str, needle: str, *, in_an_actor: bool = False) -> list[Case]:
+    """The example's config run with the algorithm ``name`` of a user's module ``source`` that fails with ``needle``:
+    on the local backend and, ``in_an_actor``, raised in a Ray actor too (from a module file and a name of its own:
+    a process registers a name from one module)."""
+    def case_of(id: str, algorithm: str, settings: tuple[str, ...], ray: bool) -> Case:
+        argv = ("run", str(EXAMPLES / "extension.yaml"), "--set", "algorithm.module={file}", "--set",
+                f"algorithm.name={algorithm}", *settings, "--set", "run.out={out}")
+        text = source.replace(f'"{name}"', f'"{algorithm}"')
+        return Case(id, argv, needle, file(f"{algorithm.replace('-', '_')}.py", text), ray=ray)
+
+    on_ray = ("--set", "federation.backend=ray", "--set", "run.rounds=1", "--set", "run.progress=none")
+    return [case_of(case, name, tuple(LOCAL_TINY), False)] + (
+        [case_of(f"{case}-in-an-actor", f"{name}-actor", on_ray, True)] if in_an_actor else [])
+
+
 def link(name: str, target: str) -> Callable[[Path, dict], dict[str, str]]:
     """Setup: a symbolic link ``{tmp}/name`` to ``target`` (under ``{tmp}``; not there unless made); the path is
     ``{link}``."""
@@ -525,30 +540,13 @@ CASES = [
                                          "task.name=least-squares-misnamed", *LOCAL_TINY, "--set", "run.out={out}"),
          "task 'least-squares-misnamed' declares metrics distance, objective_gap, but its evaluator does not report "
          "distance (it reported distance_to_optimum, objective_gap)", file("misnamed.py", MISNAMED)),
-    Case("module-algorithm-private-field-never-started", (
-        "run", str(EXAMPLES / "extension.yaml"), "--set", "algorithm.module={file}", "--set",
-        "algorithm.name=fedavg-hb-no-join", *LOCAL_TINY, "--set", "run.out={out}"), NO_JOIN_NEEDLE,
-        file("nojoin.py", NO_JOIN)),
-    Case("module-algorithm-private-field-never-started-in-an-actor", (
-        "run", str(EXAMPLES / "extension.yaml"), "--set", "algorithm.module={file}", "--set",
-        "algorithm.name=fedavg-hb-no-join-actor", "--set", "federation.backend=ray", "--set", "run.rounds=1", "--set",
-        "run.progress=none", "--set", "run.out={out}"), NO_JOIN_NEEDLE,
-        file("nojoin_actor.py", NO_JOIN.replace('"fedavg-hb-no-join"', '"fedavg-hb-no-join-actor"')), ray=True),
-    Case("module-round-calls-a-program-it-lacks", (
-        "run", str(EXAMPLES / "extension.yaml"), "--set", "algorithm.module={file}", "--set",
-        "algorithm.name=fedavg-hb-misspelt", *LOCAL_TINY, "--set", "run.out={out}"), MISSPELT_NEEDLE,
-        file("misspelt.py", MISSPELT_PROGRAM)),
-    Case("module-round-calls-a-program-it-lacks-in-an-actor", (
-        "run", str(EXAMPLES / "extension.yaml"), "--set", "algorithm.module={file}", "--set",
-        "algorithm.name=fedavg-hb-misspelt-actor", "--set", "federation.backend=ray", "--set", "run.rounds=1", "--set",
-        "run.progress=none", "--set", "run.out={out}"), MISSPELT_NEEDLE,
-        file("misspelt_actor.py", MISSPELT_PROGRAM.replace('"fedavg-hb-misspelt"', '"fedavg-hb-misspelt-actor"')),
-        ray=True),
-    Case("module-algorithm-init-reshapes-x", (
-        "run", str(EXAMPLES / "extension.yaml"), "--set", "algorithm.module={file}", "--set",
-        "algorithm.name=fedavg-hb-column", *LOCAL_TINY, "--set", "run.out={out}"),
-        "Column.init: its x is torch.float64 of shape (10, 1), the task's x torch.float32 of shape (10,); start from "
-        "the task's variables as they are (variables['x'].clone())", file("column.py", COLUMN_INIT)),
+    *algorithm_of_yours("module-algorithm-private-field-never-started", "fedavg-hb-no-join", NO_JOIN, NO_JOIN_NEEDLE,
+                        in_an_actor=True),
+    *algorithm_of_yours("module-round-calls-a-program-it-lacks", "fedavg-hb-misspelt", MISSPELT_PROGRAM,
+                        MISSPELT_NEEDLE, in_an_actor=True),
+    *algorithm_of_yours("module-algorithm-init-reshapes-x", "fedavg-hb-column", COLUMN_INIT,
+                        "Column.init: its x is torch.float64 of shape (10, 1), the task's x torch.float32 of shape "
+                        "(10,); start from the task's variables as they are (variables['x'].clone())"),
     Case("batchnorm-policy", ("run", "auc-table1-offline", "--set", "federation.backend=local", "--set",
                               "task.batchnorm=sometimes", "--set", "run.out={out}"),
          "task.batchnorm = 'sometimes': Input should be 'averaged', 'local' or 'batch'"),

@@ -197,7 +197,8 @@ def test_a_ray_placement_for_a_re_run_on_the_local_backend_is_refused(tmp_path, 
     assert main(["verify", str(run_dir), *argv]) == 2
     key = argv[-1].split("=")[0]
     assert capsys.readouterr().err == (
-        f"fedcomp: error: verify --set {key}: places the Ray backend's clients, and this runs on the local backend, "
-        f"which has none to place; ask for the Ray backend too (federation.backend=ray), or drop it\n")
+        f"fedcomp: error: verify --set {key}: says where and how the Ray backend's clients run, and this runs on the "
+        f"local backend, where it would change nothing; ask for the Ray backend too (federation.backend=ray), or drop "
+        f"it\n")
     assert main(["run", "--resume", str(run_dir), *argv[-2:]]) == 2
-    assert f"setting {key}: places the Ray backend's clients" in capsys.readouterr().err
+    assert f"setting {key}: says where and how the Ray backend's clients run" in capsys.readouterr().err

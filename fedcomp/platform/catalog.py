@@ -174,16 +174,19 @@ def imports_beside(source: str) -> list[str]:
             if other is not None and id(other) not in seen and _users(name, other, root):
                 seen.add(id(other))
                 todo.append(other)
-                found.append(str(_file_of(other, ".py")))
-    return sorted(file for file in found if file != "None")
+                file = _file_of(other, ".py")
+                found += [str(file)] if file is not None else []  # a compiled module of theirs: no source to hash
+    return sorted(found)
 
 
 def _imported_names(module: Any) -> set[str]:
     """The dotted names a module's source imports (``from pkg import mod`` names ``pkg`` and ``pkg.mod``), read from
     its file; none where it has no readable Python source."""
     file = _file_of(module, ".py")
+    if file is None:
+        return set()
     try:
-        tree = ast.parse(file.read_bytes()) if file is not None else ast.Module(body=[], type_ignores=[])
+        tree = ast.parse(file.read_bytes())
     except (OSError, SyntaxError, ValueError):
         return set()
     names: set[str] = set()

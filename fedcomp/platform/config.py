@@ -418,9 +418,9 @@ def placed_on(changes: Mapping[str, Any], backend: str, where: str) -> None:
     """
     for key in changes:
         if backend == "local" and key in PLACEMENT and key != "federation.backend":
-            raise ConfigError(f"{where} {key}: places the Ray backend's clients, and this runs on the local backend, "
-                              f"which has none to place; ask for the Ray backend too (federation.backend=ray), or drop "
-                              f"it")
+            raise ConfigError(f"{where} {key}: says where and how the Ray backend's clients run, and this runs on "
+                              f"the local backend, where it would change nothing; ask for the Ray backend too "
+                              f"(federation.backend=ray), or drop it")
 
 
 def apply_overrides(raw: dict[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:

@@ -392,10 +392,10 @@ def _modules_beside(raw: dict[str, Any], folder: Path) -> None:
     def at(value: Any) -> Any:
         return _beside(value, folder, (".py",))
 
-    for block in (raw["base"].get(s) for s in ("task", "algorithm")) if isinstance(raw.get("base"), dict) else ():
+    base: dict[str, Any] = raw["base"] if isinstance(raw.get("base"), dict) else {}
+    for block in (base.get(section) for section in ("task", "algorithm")):
         if isinstance(block, dict) and "module" in block:
             block["module"] = at(block["module"])
-
     if isinstance(raw.get("modules"), list):
         raw["modules"] = [at(m) for m in raw["modules"]]
     if isinstance(raw.get("set"), dict):
