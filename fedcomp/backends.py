@@ -24,7 +24,8 @@ def make_server(config: Config) -> ServerLike:
         try:
             return ReplicatedServer(config)
         except GroupUnavailable as error:  # the same numbers with the server here (and no more processes to place)
-            print(f"fedcomp: warning: the client actors could not form a group to replicate the server on ({error}); "
+            # (the actors could not form their group, or a Ray Client's driver cannot wait on their stream)
+            print(f"fedcomp: warning: the server cannot be replicated on the client actors here ({error}); "
                   f"this run's server runs in the driver and reaches them by actor calls (federation.server: driver, "
                   f"transport: calls; the same numbers)", file=sys.stderr, flush=True)
             config = config.replace(**{"federation.server": "driver", "federation.transport": "calls"})

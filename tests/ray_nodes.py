@@ -47,6 +47,7 @@ class Cluster:
         self.procs: list[subprocess.Popen] = []
         self.jobs = ""
         self.port = 0
+        self.client = ""
         self._start_until_up(lambda: self._start(head=True, dashboard=dashboard), self._answers, "the head's GCS port")
         self.address = f"127.0.0.1:{self.port}"
         self._start_until_up(lambda: self._start(head=False), self._joined, "the second node")
@@ -74,6 +75,7 @@ class Cluster:
                 "--object-store-memory", str(100 * 1024**2), "--disable-usage-stats"]
         if head:
             self.port = ports[7]
+            self.client = f"ray://127.0.0.1:{ports[8]}"  # the head's Ray Client server
             args += ["--head", "--port", str(ports[7]), "--ray-client-server-port", str(ports[8]),
                      "--temp-dir", str(Path(self.tmp) / "ray")]  # RAY_TMPDIR's default
             if dashboard:

@@ -85,6 +85,14 @@ def connect(address: str | None = None, worker_log_level: str | None = None, mod
 _STARTING = threading.Lock()
 
 
+def through_ray_client() -> bool:
+    """Whether this process reaches its cluster through a Ray Client connection (``ray://HOST:PORT``): its driver
+    cannot wait on an actor's streamed results, nor build a compiled graph."""
+    from ray.util.client import ray as client
+
+    return bool(client.is_connected())
+
+
 def _same_cluster(address: str | None, field: str) -> None:
     """Check that the Ray this process is connected to already is the one ``address`` names (None: any).
 

@@ -47,6 +47,7 @@ from fedcomp.actors.cluster import (
     describe_resources,
     plan_actors,
     probe_footprint_on_cluster,
+    through_ray_client,
 )
 from fedcomp.actors.graph import ActorGraph
 from fedcomp.actors.group_terms import JOIN_TIMEOUT_S, GroupBroken
@@ -151,6 +152,12 @@ class RayFederation:
         """Seconds spent per phase of ``call`` since the start (see :data:`PHASES`)."""
         self.transport = config.federation.transport
         """``collective``, ``calls`` or ``graph`` (``federation.transport``): read at every call."""
+        if self.transport == "graph" and through_ray_client():  # a compiled graph is built where the driver runs
+            print("fedcomp: warning: federation.transport = 'graph': a driver connected through a Ray Client (ray://) "
+                  "cannot build a compiled graph; this run's calls go as actor calls (transport: calls; the same "
+                  "numbers; the graph works with server: actor, which builds it on the cluster)",
+                  file=sys.stderr, flush=True)
+            self.transport = "calls"
         self.graph: ActorGraph | None = None
         """The compiled graph over the actors (``federation.transport: graph``; built at its first use)."""
         self.graph_calls = 0

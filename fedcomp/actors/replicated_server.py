@@ -21,7 +21,7 @@ from typing import Any
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 
-from fedcomp.actors.cluster import connect
+from fedcomp.actors.cluster import connect, through_ray_client
 from fedcomp.actors.federation import RayFederation, _cause, _death, first_line, unwrap
 from fedcomp.actors.group_terms import GroupBroken
 from fedcomp.platform.config import Config
@@ -30,7 +30,8 @@ from fedcomp.platform.server_like import RoundReply
 
 
 class GroupUnavailable(ClientFailure):
-    """The client actors could not form their group (e.g. a firewall between nodes); they have been let go."""
+    """The server cannot be replicated on the client actors: they could not form their group (e.g. a firewall between
+    nodes; they have been let go), or the driver reaches the cluster through a Ray Client (none started)."""
 
 
 class _Broken(Exception):
@@ -46,6 +47,8 @@ class ReplicatedServer:
 
     def __init__(self, config: Config) -> None:
         connect(config.federation.ray_address, modules=config.modules())
+        if through_ray_client():  # before any actor starts: the rounds come back as a stream, which it cannot wait on
+            raise GroupUnavailable("a Ray Client connection (ray://) cannot wait on the replicas' streamed rounds")
         self.config = config
         self.actors = RayFederation(config)
         """The client actors (started, placed, replaced and closed as for the other Ray servers)."""

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, cast
 import pandas as pd
 from pydantic import ValidationError
 
-from fedcomp.actors.cluster import fedcomp_env
+from fedcomp.actors.cluster import fedcomp_env, through_ray_client
 from fedcomp.platform import results, tracking
 from fedcomp.platform.config import Config, folder_of, overrides_of
 from fedcomp.platform.environment import changed_modules, module_digests
@@ -374,7 +374,8 @@ def _fitted(tuner: Any, sweep: Path) -> ResultGrid:
                           f"{to_continue('sweep', sweep)}", sweep)
     before = signal.getsignal(signal.SIGINT)
     catching = threading.current_thread() is threading.main_thread() and not int(
-        os.environ.get("TUNE_DISABLE_SIGINT_HANDLER", "0"))
+        os.environ.get("TUNE_DISABLE_SIGINT_HANDLER", "0")) and not through_ray_client()  # (a Ray Client's fit
+    # runs in an actor on the cluster, which puts no handler here)
     try:
         # farewell: the local Ray went with a SIGTERM, so the sweep ends at once and resumes as after a kill
         with no_auto_loggers(), no_callback_census(), tune_environment(), farewell(lambda: str(stopped)):

@@ -333,6 +333,47 @@ def test_feddro_exchanges_among_the_actors_across_both_nodes_with_the_local_numb
 
 
 @pytest.mark.ray
+@pytest.mark.slow
+@pytest.mark.parametrize("placement, warned, ran", [
+    ((), "the server cannot be replicated on the client actors here (a Ray Client connection (ray://) cannot wait on "
+         "the replicas' streamed rounds)", ("driver", "calls")),
+    (("--set", "federation.server=driver", "--set", "federation.transport=graph"),
+     "federation.transport = 'graph': a driver connected through a Ray Client (ray://) cannot build a compiled graph",
+     ("driver", "calls")),
+    (("--set", "federation.server=actor", "--set", "federation.transport=graph"), None, ("actor", "graph")),
+], ids=["default", "driver-graph", "actor-graph"])
+def test_a_run_through_a_ray_client_has_the_local_numbers(two_nodes, tmp_path, placement, warned, ran):
+    """``--ray-address ray://HOST:PORT`` as the README shows it: the default (server replicated) and a driver's graph
+    failed with a traceback (the Ray Client cannot wait on a streamed result, nor build a compiled graph)."""
+    done = cli("run", "quickstart", *FAST, *placement, "--ray-address", two_nodes.client, "--set",
+               f"run.out={tmp_path / 'ray'}", env={"RAY_TMPDIR": two_nodes.tmp})
+    assert done.returncode == 0, done.stderr[-3000:]
+    warnings = [line for line in done.stderr.splitlines() if line.startswith("fedcomp: warning:")]
+    assert [w for w in warnings if warned in w] if warned else not warnings, done.stderr[-3000:]
+    (run_dir,) = (tmp_path / "ray").iterdir()
+    backend = json.loads((run_dir / "run.json").read_text())["backend"]
+    assert (backend["server"], backend["transport"]) == ran
+    local = fedcomp.run("quickstart", {**overrides(FAST), "federation.backend": "local", "run.out": str(tmp_path / "local")})
+    pd.testing.assert_frame_equal(metrics(run_dir), local.metrics.drop(columns="wall_time"), check_exact=True)
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_a_sweep_through_a_ray_client_finishes_with_its_trials_table(two_nodes, tmp_path):
+    """Every trial completed, then it said it was interrupted (exit 130, no trials.parquet): the fit runs in an actor
+    on the cluster and puts no SIGINT handler in the driver, whose unchanged handler read as a caught Ctrl-C."""
+    spec = tmp_path / "tiny.yaml"
+    spec.write_text(json.dumps({"base": "quickstart", "set": {**overrides(FAST), "run.out": str(tmp_path / "out"),
+                                                              "run.track": "none"},
+                                "grid": {"algorithm.lr": [0.1, 0.03]}}))
+    done = cli("sweep", str(spec), "--verbose", "0", "--ray-address", two_nodes.client, env={"RAY_TMPDIR": two_nodes.tmp})
+    assert done.returncode == 0 and "interrupted" not in done.stderr, done.stderr[-3000:]
+    assert "2 trials, 0 failed" in done.stdout
+    (sweep_dir,) = (tmp_path / "out").iterdir()
+    assert pd.read_parquet(sweep_dir / "trials.parquet")["status"].eq("completed").all()
+
+
+@pytest.mark.ray
 def test_an_address_other_than_the_ray_this_process_is_on_is_refused_not_ignored(ray_session, tmp_path):
     """A run naming a cluster while this process is connected to another Ray ran on the first, silently; naming the
     one it is on (by any of its addresses) is fine."""

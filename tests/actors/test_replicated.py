@@ -118,7 +118,7 @@ def test_actors_that_cannot_form_a_group_run_the_server_in_the_driver_after_one_
     on_ray = fedcomp.run(raw, {"federation.backend": "ray", "federation.server": "replicated"})
     pd.testing.assert_frame_equal(_metrics(on_ray), _metrics(local), check_exact=True)
     err = capfd.readouterr().err.splitlines()
-    warnings = [line for line in err if "could not form a group to replicate the server" in line]
+    warnings = [line for line in err if "the server cannot be replicated on the client actors here" in line]
     assert len(warnings) == 1 and FAULT_JOIN in warnings[0] and "runs in the driver" in warnings[0], err
     assert not [line for line in err if "could not form a process group for collective exchanges" in line]
     backend = json.loads((on_ray.run_dir / "run.json").read_text())["backend"]
