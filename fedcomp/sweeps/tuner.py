@@ -110,19 +110,52 @@ def _check_fits(spec: SweepSpec, cluster: Mapping[str, float], has_gpus: bool) -
         configs.append(config)
         res = trial_resources(spec, config, has_gpus)
         what = f"trial {point}" if point else "a trial"
+        parts = "trial, server, client actors" if config.federation.server == "actor" else "trial, client actors"
         for key, need in res.total.items():
             have = float(cluster.get(key, 0.0))
             if need > have + 1e-9:
-                parts = "trial, server, client actors" if config.federation.server == "actor" else "trial, client actors"
-                raise ResourceError(
-                    f"{what} needs {key}={need:g} ({len(res.bundles)} bundles: {parts}) but the "
-                    f"cluster has {key}={have:g}; lower cpus_per_trial/gpus_per_trial or raise "
-                    f"federation.clients_per_actor"
-                )
+                raise ResourceError(f"{what} needs {key}={need:g} ({len(res.bundles)} bundles: {parts}) but the "
+                                    f"cluster has {key}={have:g}; {_fewer(key, have)}")
         for bundle in res.bundles:
             if not any(all(node.get(k, 0.0) + 1e-9 >= v for k, v in bundle.items()) for node in nodes):
                 raise ResourceError(f"{what}: no node can hold the bundle {bundle}; nodes have {nodes}")
+        if not _placeable(res.bundles, nodes):  # each fits some node, not all of them together: Tune waited forever
+            shown = ", ".join(f"CPU={n.get('CPU', 0.0):g}" + (f" GPU={n['GPU']:g}" if n.get("GPU") else "") for n in nodes)
+            raise ResourceError(f"{what}: its {len(res.bundles)} bundles ({parts}: "
+                                f"{', '.join(str(dict(b)) for b in res.bundles)}) do not fit on the nodes together "
+                                f"({shown}); {_fewer('CPU', 1.0)}")
     return configs
+
+
+def _fewer(key: str, have: float) -> str:
+    """What lowers a trial's need of ``key`` (CPU or GPU) on a cluster with ``have`` of it."""
+    if key == "GPU":
+        return ("set federation.gpus_per_client to 0 or 'auto' and gpus_per_trial to 0 (the cluster has no GPU)"
+                if have == 0 else "lower gpus_per_trial or federation.gpus_per_client")
+    return ("lower cpus_per_trial or federation.cpus_per_actor, or raise federation.clients_per_actor (fewer client "
+            "actors)")
+
+
+def _placeable(bundles: Sequence[Mapping[str, float]], nodes: Sequence[Mapping[str, float]]) -> bool:
+    """Whether the bundles can all be placed on the nodes at once (what a trial's placement group needs, packed or
+    spread): a search over bundles, largest first, that tries each distinct free capacity once."""
+    order = sorted(bundles, key=lambda b: sorted(b.items(), reverse=True), reverse=True)
+    keys = sorted({k for b in bundles for k in b})
+
+    @functools.cache
+    def place(i: int, free: tuple[tuple[float, ...], ...]) -> bool:
+        if i == len(order):
+            return True
+        need = tuple(order[i].get(k, 0.0) for k in keys)
+        for j, left in enumerate(free):
+            if left in free[:j] or any(n > f + 1e-9 for n, f in zip(need, left)):
+                continue
+            rest = tuple(round(f - n, 6) for f, n in zip(left, need))
+            if place(i + 1, tuple(sorted((*free[:j], rest, *free[j + 1:])))):
+                return True
+        return False
+
+    return place(0, tuple(sorted(tuple(float(node.get(k, 0.0)) for k in keys) for node in nodes)))
 
 
 def _trainable(spec: SweepSpec, has_gpus: bool) -> Any:

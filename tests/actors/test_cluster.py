@@ -374,6 +374,25 @@ def test_a_sweep_through_a_ray_client_finishes_with_its_trials_table(two_nodes, 
 
 
 @pytest.mark.ray
+@pytest.mark.slow
+def test_a_sweep_whose_trial_fits_the_cluster_in_total_but_not_its_nodes_is_one_line(two_nodes, tmp_path):
+    """Three bundles of 0.6 CPU on two nodes of 1 CPU: the totals fit, so the sweep started and Tune waited for ever
+    (a run checks each node; the sweep only the totals and each bundle alone)."""
+    spec = tmp_path / "tiny.yaml"
+    spec.write_text(json.dumps({"base": "quickstart", "set": {**overrides(FAST), "run.out": str(tmp_path / "out"),
+                                                              "federation.cpus_per_actor": 0.6,
+                                                              "federation.clients_per_actor": 4},
+                                "grid": {"algorithm.lr": [0.1]}, "cpus_per_trial": 1.8}))
+    done = cli("sweep", str(spec), "--verbose", "0", "--ray-address", two_nodes.address, env={"RAY_TMPDIR": two_nodes.tmp},
+               timeout=300)
+    errors = [line for line in done.stderr.splitlines() if line.startswith("fedcomp: error: ")]
+    assert done.returncode == 2 and len(errors) == 1 and done.stderr.endswith(errors[0] + "\n"), done.stderr[-3000:]
+    assert "do not fit on the nodes together (CPU=1, CPU=1); lower cpus_per_trial or federation.cpus_per_actor" in \
+        done.stderr, done.stderr
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.ray
 def test_an_address_other_than_the_ray_this_process_is_on_is_refused_not_ignored(ray_session, tmp_path):
     """A run naming a cluster while this process is connected to another Ray ran on the first, silently; naming the
     one it is on (by any of its addresses) is fine."""

@@ -190,9 +190,22 @@ def test_a_trial_that_cannot_fit_fails_at_once_and_writes_nothing(ray_session, t
         fedcomp.sweep(tiny(tmp_path, cpus_per_trial=4.0))  # three shares of 4/3 CPU, rounded down
     with pytest.raises(ResourceError, match=r"needs CPU=4 \(4 bundles: trial, server, client actors\) but the cluster"):
         fedcomp.sweep(tiny(tmp_path, set={"federation.server": "actor"}, cpus_per_trial=4.0))
-    with pytest.raises(ResourceError, match="GPU"):
+    with pytest.raises(ResourceError, match=r"but the cluster has GPU=0; set federation.gpus_per_client to 0 or 'auto' "
+                                            r"and gpus_per_trial to 0 \(the cluster has no GPU\)$"):  # not clients_per_actor
         fedcomp.sweep(tiny(tmp_path, set={"federation.gpus_per_client": 0.5}))
     assert not any(tmp_path.iterdir())
+
+
+def test_bundles_are_placeable_only_where_they_fit_the_nodes_together():
+    from fedcomp.sweeps.tuner import _placeable
+
+    two = [{"CPU": 1.0}, {"CPU": 1.0}]
+    assert not _placeable([{"CPU": 0.6}] * 3, two)  # each fits a node; three do not fit two nodes
+    assert _placeable([{"CPU": 0.6}, {"CPU": 0.6}, {"CPU": 0.4}], two)
+    assert _placeable([{"CPU": 0.5}] * 4, two) and not _placeable([{"CPU": 0.5}] * 5, two)
+    assert not _placeable([{"CPU": 0.5, "GPU": 1.0}] * 2, [{"CPU": 2.0, "GPU": 1.0}, {"CPU": 2.0}])
+    assert _placeable([{"CPU": 1.0}] * 16, [{"CPU": 4.0}] * 4) and not _placeable([{"CPU": 1.0}] * 17, [{"CPU": 4.0}] * 4)
+    assert _placeable([], two)
 
 
 def test_a_failing_trial_is_retried_from_its_checkpoint_with_fresh_actors(ray_session, tmp_path, monkeypatch):
