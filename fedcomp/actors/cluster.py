@@ -99,9 +99,7 @@ def _same_cluster(address: str | None, field: str) -> None:
     Raises:
         ResourceError: it is another: Ray joins one cluster a process, and a run would have gone to the first one.
     """
-    from ray.util.client import ray as client
-
-    if not address or client.is_connected() or ray.get_runtime_context().worker.mode != ray.SCRIPT_MODE:
+    if not address or through_ray_client() or ray.get_runtime_context().worker.mode != ray.SCRIPT_MODE:
         return  # a Ray Client's driver (no GCS address to compare), or a Ray worker (a trial, an actor): on its job's
         # cluster, however the config names it
     current = ray.get_runtime_context().gcs_address

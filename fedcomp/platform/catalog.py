@@ -106,10 +106,10 @@ def import_source(source: str) -> None:
     if not path.is_file():  # another node's file system (a job's working directory unpacked elsewhere): by its name
         _import_by_name(path)
         return
-    for module in list(sys.modules.values()):
-        if _file_of(module, path.name) == path:  # imported already, by whatever name (``import mine`` beside it)
-            _as_on_disk(module)
-            return
+    module = _imported_from(path)
+    if module is not None:  # imported already, by whatever name (``import mine`` beside it)
+        _as_on_disk(module)
+        return
     packages, root = _in_packages(path)
     name = ".".join(packages if package else [*packages, path.stem])
     if name in sys.modules:
@@ -163,7 +163,7 @@ def imports_beside(source: str) -> list[str]:
     as this process has them imported: run.json records their digests with the module's, so a re-run on an edited
     helper is told which file changed, and a resume on one is refused. Empty where ``source`` is no imported file."""
     path = Path(source)
-    module = next((m for m in list(sys.modules.values()) if _file_of(m, path.name) == path), None)
+    module = _imported_from(path)
     if module is None:
         return []
     root = str(_in_packages(path)[1]) + os.sep
@@ -223,6 +223,11 @@ def _in_packages(path: Path) -> tuple[list[str], Path]:
         packages.insert(0, root.name)
         root = root.parent
     return packages, root
+
+
+def _imported_from(path: Path) -> Any:
+    """The module this process imported from the file ``path`` (resolved), by whatever name; None if none."""
+    return next((m for m in list(sys.modules.values()) if _file_of(m, path.name) == path), None)
 
 
 def _file_of(module: Any, named: str | None) -> Path | None:

@@ -505,8 +505,9 @@ def resume_sweep(path: str | Path, ray_address: str | None = None, verbose: int 
     path = folder_of(path, "path").resolve()
     meta = read_sweep_json(path)
     spec = stored_spec(meta, path)
-    if _finished(path):  # as a finished run's resume: its results, without starting Ray
-        return load_sweep(path)
+    finished = _finished(path)
+    if finished is not None:  # as a finished run's resume: its results, without starting Ray
+        return SweepResult(path, spec, finished)
     for module, then, now in changed_modules(meta.get("modules"), spec.modules):
         print(f"fedcomp: warning: {module} changed since the sweep started (sha256 {then} then, {now} now): the "
               f"trials still to run or to continue run it as it is now; finished trials keep the numbers of the code "
@@ -527,17 +528,17 @@ def resume_sweep(path: str | Path, ray_address: str | None = None, verbose: int 
     return _extended(_fit(tuner, spec, path, verbose), cluster, meta["cluster_has_gpus"], verbose)
 
 
-def _finished(path: Path) -> bool:
-    """Whether the sweep in ``path`` ended with every trial completed: its trials table written (at the end only),
-    none failed (a resume retries those) and no ``--extend-edges`` steps (their own record says how far they got).
-    A table that cannot be read is rewritten by the resume."""
+def _finished(path: Path) -> pd.DataFrame | None:
+    """The trials table of the sweep in ``path`` where it ended with every trial completed: the table written (at the
+    end only), none failed (a resume retries those) and no ``--extend-edges`` steps (their own record says how far
+    they got); else None. A table that cannot be read is rewritten by the resume."""
     if not (path / TRIALS).is_file() or (path / EXTEND_JSON).is_file():
-        return False
+        return None
     try:
         trials = results.read_parquet(path / TRIALS)
     except StorageError:
-        return False
-    return "status" in trials and not (trials["status"] == "error").any()
+        return None
+    return trials if "status" in trials and not (trials["status"] == "error").any() else None
 
 
 def _shown_at(tuner: Any, verbose: int) -> None:
