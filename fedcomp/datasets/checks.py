@@ -60,8 +60,9 @@ def require_files(name: str, folder: Path, files: Sequence[str], hint: str, root
 def _compressed(folder: Path, missing: Sequence[str]) -> str | None:
     """``gunzip`` advice where the missing files are in ``folder`` gzip-compressed (``<name>.gz``, as published)."""
     there = [f"{name}.gz" for name in missing if (folder / f"{name}.gz").is_file()]
-    return f"{', '.join(there)} {'is' if len(there) == 1 else 'are'} there: gunzip {'it' if len(there) == 1 else 'them'}" \
-        if there else None
+    if not there:
+        return None
+    return f"{', '.join(there)} {'is' if len(there) == 1 else 'are'} there: gunzip {'it' if len(there) == 1 else 'them'}"
 
 
 def _root_above(folder: Path, files: Sequence[str], root: Path | None) -> str | None:
