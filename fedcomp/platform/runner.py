@@ -16,7 +16,7 @@ import platform as _stdlib_platform
 import sys
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, cast
@@ -122,7 +122,8 @@ class RoundDone:
     """One finished round as :func:`drive` yields it: the evaluation row if the round was evaluated and the
     checkpoint's file content if one is due (``rows`` is every evaluation row so far, also stored in the
     checkpoint); ``loss`` is the round's training loss (None when no round was run: a resumed run that had
-    finished)."""
+    finished); ``replaced``: the client actors the backend replaced since the previous round (each a dict of round,
+    actor, clients, reason; :func:`replacement_line` says one)."""
 
     round: int
     row: dict[str, Any] | None
@@ -130,6 +131,22 @@ class RoundDone:
     rows: list[dict[str, Any]]
     wall_time: float
     loss: float | None = None
+    replaced: list[dict[str, Any]] = field(default_factory=list)
+
+
+def replacement_line(event: dict[str, Any]) -> str:
+    """What a user is told of one replaced client actor (an event of :attr:`RoundDone.replaced`)."""
+    clients = event["clients"]
+    span = f"client {clients[0]}" if len(clients) == 1 else f"clients {clients[0]}-{clients[-1]}"
+    return (f"round {event['round']}: client actor {event['actor']} ({span}) died ({event['reason']}); replaced it "
+            f"and {event.get('rerun', 're-ran its share of the round')}")
+
+
+def _replaced(server: ServerLike) -> list[dict[str, Any]]:
+    """The client actors ``server`` replaced since last asked (a backend that replaces actors offers
+    ``take_replacements()``)."""
+    take = getattr(server, "take_replacements", None)
+    return list(take()) if callable(take) else []
 
 
 def drive(config: Config, server: ServerLike, checkpoint: dict[str, Any] | None = None) -> Iterator[RoundDone]:
@@ -170,7 +187,7 @@ def drive(config: Config, server: ServerLike, checkpoint: dict[str, Any] | None 
             ckpt = None
             if r == last:
                 ckpt = server.checkpoint_file({"rows": rows, "wall_time": wall, "identity": identity})
-            yield RoundDone(r, row, ckpt, rows, wall, float(record["train_loss"]))
+            yield RoundDone(r, row, ckpt, rows, wall, float(record["train_loss"]), _replaced(server))
 
 
 class _RunLog:
@@ -192,19 +209,10 @@ class _RunLog:
         results.write_json(self.run_dir / results.RUN_JSON, meta)
         self.meta = meta
 
-    def note_replacements(self, server: ServerLike) -> None:
-        """Say on stderr, and record in ``run.json``, every client actor the backend replaced since last asked
-        (a backend that replaces actors offers ``take_replacements()``)."""
-        take = getattr(server, "take_replacements", None)
-        events = take() if callable(take) else []
+    def note_replacements(self, events: list[dict[str, Any]]) -> None:
+        """Say on stderr, and record in ``run.json``, the client actors the backend replaced (``RoundDone.replaced``)."""
         for event in events:
-            clients = event["clients"]
-            span = f"client {clients[0]}" if len(clients) == 1 else f"clients {clients[0]}-{clients[-1]}"
-            print(
-                f"fedcomp: round {event['round']}: client actor {event['actor']} ({span}) died "
-                f"({event['reason']}); replaced it and {event.get('rerun', 're-ran its share of the round')}",
-                file=sys.stderr, flush=True,
-            )
+            print(f"fedcomp: {replacement_line(event)}", file=sys.stderr, flush=True)
         if events:
             self.replacements.extend(events)
             self.write("running")
@@ -249,6 +257,9 @@ def execute(
     done = saved = checkpoint["server"]["counters"]["round"] if checkpoint else 0
     t_start = time.perf_counter()
     with output_mode(config.run.progress):  # "starting local Ray ..." follows run.progress
+        if checkpoint is not None:
+            announce(f"resuming {run_dir} from its checkpoint at round {done} of {config.run.rounds}"
+                     + (" (no round left to run)" if done >= config.run.rounds else ""))
         if config.federation.torch_compile:
             announce("federation.torch_compile: every client process compiles the gradients at its first steps "
                      "(seconds to a minute on a 2-core CPU before inductor's cache holds the graphs)")
@@ -286,7 +297,7 @@ def execute(
             logged = len(checkpoint["rows"]) if checkpoint else 0  # rows the tracker already has
             try:
                 for step in drive(config, server, checkpoint):
-                    log.note_replacements(server)
+                    log.note_replacements(step.replaced)
                     reason = run_checks.divergence(step.loss, server) if step.loss is not None else None
                     if reason is not None:
                         _diverged(config, log, step, reason)

@@ -24,7 +24,7 @@ from ray.tune import Callback
 
 from fedcomp.platform import tracking
 from fedcomp.platform.progress import duration, resolve, write_line
-from fedcomp.sweeps.failures import FINAL_ERROR
+from fedcomp.sweeps.failures import ACTOR_REPLACEMENTS, FINAL_ERROR
 
 
 def tracking_environment(track: str) -> None:
@@ -148,6 +148,8 @@ class TrialProgress(Callback):
         self.shown_at(verbose)
         self.done = self.failed = 0
         self.best = math.nan
+        self.replaced: dict[str, int] = {}
+        """Per trial id: the client actors it replaced, as it last reported."""
         self.t0: float | None = None
         self._bar: Any = None
 
@@ -210,6 +212,27 @@ class TrialProgress(Callback):
         why = f"  {_last_line(getattr(trial, 'error_file', None))}" if status == "failed" else ""
         write_line(f"trial {self.done}/{self.total} {status}  {trial_label(trial.config)}  {shown}  "
                    f"elapsed {duration(elapsed)}{eta}{why}")
+
+    def on_trial_start(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
+        self._replaced_in(trial, 0)  # a trial started again (after a failure) counts its replacements afresh
+
+    def on_trial_result(self, iteration: int, trials: list[Any], trial: Any, result: dict[str, Any], **info: Any) -> None:
+        """Say, whatever the progress style, that a client actor of the trial died and was replaced (a run says
+        it as it happens; a trial's own line is in its log)."""
+        count = result.get(ACTOR_REPLACEMENTS, 0)
+        new = count - self._replaced_in(trial, count)
+        if new > 0:
+            actors = "a client actor" if new == 1 else f"{new} client actors"
+            write_line(f"fedcomp: trial {trial_label(trial.config)}: {actors} died by round {result.get('trial_round')} "
+                       f"and {'was' if new == 1 else 'were'} replaced; the work since ran again, to the same numbers "
+                       f"({count} in this trial; its process's own line says which actor and why)")
+
+    def _replaced_in(self, trial: Any, count: int) -> int:
+        """The replacements last reported by ``trial``, which are ``count`` from now on."""
+        replaced = self.__dict__.setdefault("replaced", {})  # not in the callback of a sweep started before it was kept
+        before: int = replaced.get(trial.trial_id, 0)
+        replaced[trial.trial_id] = count
+        return before
 
     def on_trial_complete(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
         last = trial.last_result or {}

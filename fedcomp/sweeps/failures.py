@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -24,11 +25,16 @@ from ray.exceptions import RayError, RayTaskError
 from ray.tune import Callback
 
 from fedcomp.platform.errors import AlgorithmError, ConfigError, PlatformError, TaskError
+from fedcomp.platform.runner import replacement_line
 from fedcomp.sweeps.staging import staging_folder
 
 FINAL_ERROR = "final_error"
 """The key of the result a trial reports just before it raises a deterministic error (1.0, beside the metric at its
 latest value, nan before the first): the mark :class:`FinalErrors` acts on."""
+
+ACTOR_REPLACEMENTS = "actor_replacements"
+"""The key, in every result a trial reports, of the client actors its run replaced so far in this process (each died
+and was replaced, and its share of the round ran again: the numbers are the same; the driver says so as it rises)."""
 
 DETERMINISTIC_PLATFORM_ERRORS = (ConfigError, TaskError, AlgorithmError)
 """fedcomp's own errors about the input: a value out of range, a task or algorithm that breaks its contract. Its others
@@ -55,15 +61,23 @@ def deterministic(error: BaseException) -> bool:
 class Reports:
     """A trainable's ``tune.report``, which keeps the latest value of the sweep's ``metric`` for the mark of a final
     error (Tune checks that every result holds the metric; the trial's latest value, not nan, is what the progress
-    line and the searcher then see)."""
+    line and the searcher then see), and adds the count of replaced client actors (:data:`ACTOR_REPLACEMENTS`)."""
 
     def __init__(self, metric: str) -> None:
         self.metric = metric
         self.latest = math.nan
+        self.replaced = 0
 
     def report(self, metrics: dict[str, Any], checkpoint: tune.Checkpoint | None = None) -> None:
-        tune.report(metrics, checkpoint=checkpoint)
+        tune.report({**metrics, ACTOR_REPLACEMENTS: self.replaced}, checkpoint=checkpoint)
         self.latest = metrics.get(self.metric, self.latest)
+
+    def note_replaced(self, events: list[dict[str, Any]]) -> None:
+        """Count the client actors the run replaced (``RoundDone.replaced``), each said in the trial's log as a run
+        says it; the results reported next carry the count."""
+        for event in events:
+            print(f"fedcomp: {replacement_line(event)}", file=sys.stderr, flush=True)
+        self.replaced += len(events)
 
     def report_saved(self, rows: list[dict[str, Any]], save: Callable[[Path], tune.Checkpoint]) -> None:
         """Report ``rows``, the last one with the checkpoint ``save`` writes into a staging folder."""

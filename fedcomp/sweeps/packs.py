@@ -217,6 +217,7 @@ def _run_pack(trial: dict[str, Any], spec_json: str, cluster_has_gpus: bool, env
         for k, step in batch:
             if step.round == exit_round:
                 os._exit(1)  # fault injection for tests: the trial's process dies mid-run
+            reports.note_replaced(step.replaced)
             new = [r for r in step.rows if r["round"] > reported.get(k, -1)]
             pending += [{**r, "member": k, "trial_round": r["round"]} for r in new]
             reported[k] = max(reported.get(k, -1), step.rows[-1]["round"])

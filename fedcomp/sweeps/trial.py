@@ -240,6 +240,7 @@ def _run_trial(trial: dict[str, Any], spec_json: str, cluster_has_gpus: bool, en
         for step in drive(config, server, checkpoint):
             if step.round == exit_round:
                 os._exit(1)  # fault injection for tests: the trial's process dies mid-run
+            reports.note_replaced(step.replaced)
             if config.run.on_divergence == "stop" and step.loss is not None and run_checks.divergence(step.loss, server):
                 # as a run stops: the rounds before it are the trial's (tuner.collect reads the last row as the mark)
                 for row in step.rows:

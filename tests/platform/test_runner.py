@@ -174,7 +174,7 @@ def test_resuming_a_run_checkpointed_at_its_end_writes_its_metrics_again(tmp_pat
     assert json.loads((done.run_dir / results.RUN_JSON).read_text())["status"] == "completed"
 
 
-def test_failure_after_a_checkpoint_keeps_a_resumable_folder(tmp_path, monkeypatch):
+def test_failure_after_a_checkpoint_keeps_a_resumable_folder(tmp_path, monkeypatch, capsys):
     from fedcomp.platform.server import Server
 
     real = Server.run_round
@@ -194,7 +194,9 @@ def test_failure_after_a_checkpoint_keeps_a_resumable_folder(tmp_path, monkeypat
     # a bug's traceback ends with what was kept and how to continue
     assert failed.value.__notes__ == [f"fedcomp: round 2 is checkpointed; continue the run with: fedcomp.resume({str(run_dir)!r})"]
     monkeypatch.setattr(Server, "run_round", real)
-    resumed = fedcomp.resume(run_dir)
+    capsys.readouterr()
+    resumed = fedcomp.resume(run_dir, {"run.progress": "log"})
+    assert f"fedcomp: resuming {run_dir} from its checkpoint at round 2 of 5" in capsys.readouterr().err.splitlines()
     full = fedcomp.run("quickstart", {**over, "run.out": str(tmp_path / "ref")})
     pd.testing.assert_frame_equal(resumed.metrics.drop(columns="wall_time"), full.metrics.drop(columns="wall_time"))
 

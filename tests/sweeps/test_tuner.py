@@ -219,6 +219,24 @@ def test_a_failing_trial_is_retried_from_its_checkpoint_with_fresh_actors(ray_se
     assert list(result.path.glob("*/error.txt")), "the first attempt did not fail"
 
 
+def test_a_client_actor_dying_in_a_trial_is_replaced_and_the_user_told(ray_session, tmp_path, monkeypatch, capsys):
+    """As in a run: the actor of clients 0-1 exits in round 3 (a real process death) and is replaced, its share of
+    the round runs again, and the trial's rows are the run's; not a trial failure. The driver names the trial, and
+    Tune's results count the replacement from the round it happened in."""
+    monkeypatch.setenv("FEDCOMP_FAULT_KILL", "2:0")  # round index 2, the actor whose first client is 0
+    result = fedcomp.sweep(tiny(tmp_path))
+    trials = result.trials
+    assert set(trials["status"]) == {"completed"} and not list(result.path.glob("*/error.txt"))
+    swept, alone = reference(trials, trials["trial"].iloc[0])
+    pd.testing.assert_frame_equal(swept, alone, check_dtype=False, check_exact=True)
+    [told] = [line for line in capsys.readouterr().err.splitlines() if line.startswith("fedcomp: trial ")]
+    assert told == ("fedcomp: trial run.seed=0: a client actor died by round 3 and was replaced; the work since ran "
+                    "again, to the same numbers (1 in this trial; its process's own line says which actor and why)")
+    [results_file] = result.path.glob("*/result.json")
+    reported = [json.loads(line) for line in results_file.read_text().splitlines()]
+    assert [(r["trial_round"], r["actor_replacements"]) for r in reported] == [(0, 0), (1, 0), (2, 0), (3, 1), (4, 1)]
+
+
 def test_a_killed_sweep_resumes_without_redoing_finished_trials(ray_session, tmp_path):
     spec = tiny(tmp_path, backend="local", grid={"algorithm.lr": [0.1, 0.05, 0.02, 0.01]}, max_concurrent=1,
                 set={"run.rounds": 30, "run.checkpoint_every": 5})
