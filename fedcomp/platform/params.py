@@ -31,7 +31,12 @@ class Params(BaseModel):
 
 
 def _absolute(path: str | None) -> str | None:
-    return None if path is None else os.path.abspath(os.path.expanduser(path))
+    if path is None:
+        return None
+    path = os.path.abspath(os.path.expanduser(path))
+    if os.path.exists(path) and not os.path.isdir(path):  # every dataset would be "not found" under it
+        raise ValueError("a file, not a folder: give the folder that holds the dataset's folder (README, Data)")
+    return path
 
 
 DataRoot = Annotated[str | None, AfterValidator(_absolute)]
