@@ -7,15 +7,19 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import os
 import platform
 import re
 import subprocess
 from collections.abc import Mapping, Sequence
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fedcomp.platform.catalog import imports_beside
+
+if TYPE_CHECKING:
+    from fedcomp.platform.config import Config
 
 PACKAGES = ("fedcomp", "torch", "numpy", "ray", "pandas", "pyarrow", "scikit-learn", "torchvision")
 """Distributions whose versions can change a run's numbers or its files."""
@@ -120,9 +124,24 @@ def changed_modules(recorded: Mapping[str, str] | None, sources: Sequence[str]) 
             if recorded.get(module) not in (None, now, "no file") and now != "no file"]
 
 
-def environment(backend: Mapping[str, Any], deterministic: bool, modules: Sequence[str] = ()) -> dict[str, Any]:
+def default_data_root() -> str:
+    """The folder a task given no ``task.root`` reads its files under, here: ``$FEDCOMP_DATA``, else
+    ``~/.cache/fedcomp`` (:func:`fedcomp.datasets.mnist.data_root`'s rule; that module imports torch), absolute."""
+    return os.path.abspath(os.path.expanduser(os.environ.get("FEDCOMP_DATA") or "~/.cache/fedcomp"))
+
+
+def reads_default_root(config: Config) -> bool:
+    """Whether a run of ``config`` reads its data under :func:`default_data_root`: its task takes a ``root`` and
+    was given none."""
+    return "root" in type(config.task).model_fields and getattr(config.task, "root", None) is None
+
+
+def environment(backend: Mapping[str, Any], deterministic: bool, modules: Sequence[str] = (),
+                data_root: str | None = None) -> dict[str, Any]:
     """Everything :mod:`fedcomp.verification` compares between an original run and its re-run (``deterministic``:
-    ``run.deterministic``; ``modules``: the user's modules the run imports, :func:`module_digests`)."""
+    ``run.deterministic``; ``modules``: the user's modules the run imports, :func:`module_digests`; ``data_root``: the
+    folder its task read, where no ``task.root`` named it -- a shell without the same ``$FEDCOMP_DATA`` reads
+    another)."""
     env: dict[str, Any] = {
         "packages": package_versions(),
         "git": git_revision(),
@@ -139,6 +158,8 @@ def environment(backend: Mapping[str, Any], deterministic: bool, modules: Sequen
     }
     if modules:
         env["modules"] = module_digests(modules)
+    if data_root is not None:
+        env["data_root"] = data_root
     if any(d.startswith("cuda") for d in env["devices"]):
         import torch
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -119,6 +120,18 @@ def same_modules(run_dir: Path, earlier: dict[str, Any], config: Config) -> None
         raise ConfigError(f"{resuming('run', run_dir)}: {module} changed since the run started (sha256 {then} then, "
                           f"{now} now), so the rounds still to run would run other code than the rounds kept; put the "
                           f"file back as it was, or start a new run (run.json holds its config)")
+
+
+def same_data_root(run_dir: Path, earlier: dict[str, Any], config: Config) -> None:
+    """Warn where a resumed run whose task reads the default data root (no ``task.root``) would read another folder
+    than it started with: ``$FEDCOMP_DATA`` differs in this shell. Not refused: the data may have moved whole."""
+    from fedcomp.platform.environment import default_data_root, reads_default_root
+
+    then = (earlier.get("environment") or {}).get("data_root")
+    if then is not None and reads_default_root(config) and then != default_data_root():
+        print(f"fedcomp: warning: {resuming('run', run_dir)}: it read its data under {then} (no task.root: "
+              f"$FEDCOMP_DATA or ~/.cache/fedcomp), this shell under {default_data_root()}; for the same data, "
+              f"resume with FEDCOMP_DATA={then}", file=sys.stderr, flush=True)
 
 
 def open_checkpoint(run_dir: Path, config: Config) -> dict[str, Any]:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import shutil
+
 import pandas as pd
 import pytest
 
@@ -53,3 +56,37 @@ def test_missing_adult_files_is_one_config_error(tmp_path, monkeypatch):
     monkeypatch.setenv("FEDCOMP_DATA", str(tmp_path))
     with pytest.raises(fedcomp.ConfigError, match=r"task.name = 'adult-fairness': .*adult"):
         run()
+
+
+def test_the_data_root_a_run_read_is_recorded_and_a_resume_elsewhere_warned(adult_root, tmp_path, monkeypatch, capsys):
+    """No task.root: the run reads $FEDCOMP_DATA, and run.json says which folder that was; a resume in a shell whose
+    $FEDCOMP_DATA names another folder is told (the data may have moved whole, so it is not refused)."""
+    from fedcomp.platform.server import Server
+
+    real = Server.run_round
+
+    def fail_in_round_4(self):
+        if self.counters.round == 3:
+            raise RuntimeError("power cut")
+        return real(self)
+
+    monkeypatch.setattr(Server, "run_round", fail_in_round_4)
+    with pytest.raises(RuntimeError, match="power cut"):
+        fedcomp.run({"task": {"name": "adult-fairness"}, "algorithm": {"name": "feddro", "local_steps": 2},
+                     "federation": {"clients": 4, "backend": "local"},
+                     "run": {"rounds": 5, "checkpoint_every": 2, "progress": "none", "out": str(tmp_path / "runs")}})
+    monkeypatch.setattr(Server, "run_round", real)
+    [run_dir] = (tmp_path / "runs").iterdir()
+    assert json.loads((run_dir / "run.json").read_text())["environment"]["data_root"] == str(adult_root)
+    moved = tmp_path / "moved"
+    shutil.copytree(adult_root / "adult", moved / "adult")
+    monkeypatch.setenv("FEDCOMP_DATA", str(moved))
+    capsys.readouterr()
+    fedcomp.resume(run_dir)
+    assert capsys.readouterr().err.splitlines() == [
+        f"fedcomp: warning: fedcomp.resume({str(run_dir)!r}): it read its data under {adult_root} (no task.root: "
+        f"$FEDCOMP_DATA or ~/.cache/fedcomp), this shell under {moved}; for the same data, resume with "
+        f"FEDCOMP_DATA={adult_root}"]
+    assert json.loads((run_dir / "run.json").read_text())["environment"]["data_root"] == str(moved)
+    given = run(root=str(adult_root))  # a root given: recorded in the config, not here
+    assert "data_root" not in json.loads((given.run_dir / "run.json").read_text())["environment"]
