@@ -103,6 +103,17 @@ class Cluster:
     def _log(self, index: int) -> Path:
         return Path(self.tmp) / f"start-{index}.log"
 
+    def kill_worker(self) -> None:
+        """Kill the worker node: its `ray start` and everything it started (its raylet, its actors), as a machine that
+        goes away."""
+        worker = self.procs.pop(1)
+        os.killpg(worker.pid, signal.SIGKILL)
+        worker.wait()
+
+    def add_worker(self) -> None:
+        """Start a worker node (in place of one killed)."""
+        self._start_until_up(lambda: self._start(head=False), self._joined, "a new worker node")
+
     def running(self) -> bool:
         return all(p.poll() is None for p in self.procs)
 

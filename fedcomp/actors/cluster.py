@@ -688,6 +688,17 @@ def actor_options(resources: Mapping[str, float]) -> dict[str, Any]:
     return options
 
 
+def node_gone(node_id: str | None) -> str | None:
+    """``node 10.0.0.7 (id 3f2a9c1e)`` where the cluster lists ``node_id`` as dead (Ray marks a node dead some seconds
+    after it went: its health checks fail first), else None."""
+    if node_id is None:
+        return None
+    for node in ray.nodes():
+        if node.get("NodeID") == node_id and not node.get("Alive", True):
+            return f"node {node.get('NodeManagerAddress', '?')} (id {node_id[:8]})"
+    return None
+
+
 def describe_resources() -> str:
     avail = ray.available_resources()
     return ", ".join(f"{k}={avail.get(k, 0):g}" for k in ("CPU", "GPU") if k in ray.cluster_resources() or k == "CPU")

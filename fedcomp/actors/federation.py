@@ -45,6 +45,7 @@ from fedcomp.actors.cluster import (
     actor_options,
     cluster_nodes,
     describe_resources,
+    node_gone,
     plan_actors,
     probe_footprint_on_cluster,
     through_ray_client,
@@ -102,8 +103,9 @@ def first_line(error: BaseException) -> str:
     return (lines[0] if lines else type(error).__name__)[:200]
 
 
-def wait_ready(actors: list[Any], what: list[str], timeout: float) -> list[Any]:
+def wait_ready(actors: list[Any], what: list[str], timeout: float, waiting: Callable[[], str | None] | None = None) -> list[Any]:
     """Block until every actor answers ``ready`` (returns the answers); name the ones not placed in time.
+    ``waiting``: asked every second while they are not all placed, for why they may wait (said in the error).
 
     Raises:
         ResourceError: an actor was not placed within ``timeout``.
@@ -111,12 +113,19 @@ def wait_ready(actors: list[Any], what: list[str], timeout: float) -> list[Any]:
         ClientFailure: an actor's process died while starting.
     """
     refs = [a.ready.remote() for a in actors]
-    done, pending = ray.wait(refs, num_returns=len(refs), timeout=timeout)
+    deadline, why = time.monotonic() + timeout, None
+    while True:
+        left = deadline - time.monotonic()
+        done, pending = ray.wait(refs, num_returns=len(refs), timeout=max(0.0, min(left, 1.0) if waiting else left))
+        if not pending or left <= 1.0 or waiting is None:
+            break
+        why = why or waiting()
     if pending:
         missing = [what[refs.index(r)] for r in pending]
         raise ResourceError(
             f"{len(pending)} of {len(refs)} actors did not start within {timeout:g}s "
-            f"({'; '.join(missing[:3])}{' ...' if len(missing) > 3 else ''}); available now: {describe_resources()}"
+            f"({'; '.join(missing[:3])}{' ...' if len(missing) > 3 else ''}){f', after {why}' if why else ''}; "
+            f"available now: {describe_resources()}"
         )
     try:
         return ray.get(refs)
@@ -196,13 +205,32 @@ class RayFederation:
         self.replacements.append({"round": round + 1, "actor": i, "clients": list(self.plan.groups[i]),
                                   "incarnation": self.incarnations[i], "reason": reason})
         self.actors[i] = self._spawn(i)
-        self.placement[i] = wait_ready([self.actors[i]], [self._describe(i)], self.timeout)[0]
+        self.placement[i] = wait_ready([self.actors[i]], [self._describe(i)], self.timeout,
+                                       self._node_lost(i, self.placement[i].get("node"), round))[0]
         mine = self._private_of(self.router.held_by(i))
         if mine:
             ray.get(self.actors[i].load_private.remote(mine))
         for members, submit in self.replay:  # catch up on the steps since the last saving call
             if i in members:
                 ray.get(submit(self.actors[i], members[i])[0], timeout=self.timeout)
+
+    def _node_lost(self, i: int, node: str | None, round: int) -> Callable[[], str | None]:
+        """While actor ``i``'s replacement waits for room: whether the node the dead actor was on left the cluster,
+        said once as found (else the wait is silent until the deadline, 120 s by default, and its error would not
+        say why no room came free)."""
+
+        def lost() -> str | None:
+            gone = node_gone(node)
+            if gone is not None:
+                print(f"fedcomp: warning: round {round + 1}: {gone} left the cluster with client actor {i}; its "
+                      f"replacement asks for {self.plan.resources(i)} and waits up to federation.actor_timeout_s = "
+                      f"{self.timeout:g} s for a node with room (available now: {describe_resources()})",
+                      file=sys.stderr, flush=True)
+                return (f"{gone} left the cluster (start a node in its place; or continue with fewer actors, a larger "
+                        f"federation.clients_per_actor, or on the local backend)")
+            return None
+
+        return lost
 
     def _message(self, method: str, payload: Tensors, **args: Any) -> tuple[bytes, Any, Layout]:
         """One call's arguments for every actor: ``method`` and ``args`` with the payload's layout (and the payload
