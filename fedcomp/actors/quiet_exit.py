@@ -17,6 +17,8 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from fedcomp.platform.progress import in_a_ray_worker
+
 
 class DropLostExits:
     """An unraisable hook that drops lost ``SystemExit``\\ s and hands everything else to ``previous``."""
@@ -43,10 +45,3 @@ def drop_lost_exits_in_a_worker() -> None:
     trial (once, at the end of a 12-run sweep in ``benchmarks/sweep_overhead.py``)."""
     if in_a_ray_worker():
         drop_lost_exits()
-
-
-def in_a_ray_worker() -> bool:
-    """Whether this process is a Ray worker (an actor's or a task's process), not a driver."""
-    import ray
-
-    return ray.is_initialized() and ray.get_runtime_context().worker.mode == ray.WORKER_MODE

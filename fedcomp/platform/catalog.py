@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
+from fedcomp.platform.progress import in_a_ray_worker
 from fedcomp.platform.registry import (
     ALGORITHMS,
     DECLARED_ALGORITHMS,
@@ -135,18 +136,11 @@ def _as_on_disk(module: Any) -> None:
     root = str(_in_packages(file)[1]) + os.sep
     neighbours = [m for name, m in list(sys.modules.items()) if m is not module and _users(name, m, root)]
     changed = [m for m in [*neighbours, module] if _changed(m)]
-    for again in changed if not _a_ray_worker() else []:  # a kept actor's note would repeat the driver's
+    for again in changed if not in_a_ray_worker() else []:  # a kept actor's note would repeat the driver's
         print(f"fedcomp: note: {again.__file__} changed since this process imported it; imported again",
               file=sys.stderr, flush=True)
     for again in [m for m in changed if m is not module] + ([module] if changed else []):
         importlib.reload(again)
-
-
-def _a_ray_worker() -> bool:
-    """Whether this process is one of Ray's workers (an actor kept between a notebook's runs, a trial), whose output
-    Ray forwards to the driver -- without importing Ray where this process has not."""
-    ray = sys.modules.get("ray")
-    return ray is not None and ray.is_initialized() and ray.get_runtime_context().worker.mode == ray.WORKER_MODE
 
 
 def _users(name: str, module: Any, root: str) -> bool:

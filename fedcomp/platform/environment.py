@@ -14,12 +14,9 @@ import subprocess
 from collections.abc import Mapping, Sequence
 from importlib import metadata
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from fedcomp.platform.catalog import imports_beside
-
-if TYPE_CHECKING:
-    from fedcomp.platform.config import Config
 
 PACKAGES = ("fedcomp", "torch", "numpy", "ray", "pandas", "pyarrow", "scikit-learn", "torchvision")
 """Distributions whose versions can change a run's numbers or its files."""
@@ -128,12 +125,6 @@ def default_data_root() -> str:
     """The folder a task given no ``task.root`` reads its files under, here: ``$FEDCOMP_DATA``, else
     ``~/.cache/fedcomp`` (:func:`fedcomp.datasets.mnist.data_root`'s rule; that module imports torch), absolute."""
     return os.path.abspath(os.path.expanduser(os.environ.get("FEDCOMP_DATA") or "~/.cache/fedcomp"))
-
-
-def reads_default_root(config: Config) -> bool:
-    """Whether a run of ``config`` reads its data under :func:`default_data_root`: its task takes a ``root`` and
-    was given none."""
-    return "root" in type(config.task).model_fields and getattr(config.task, "root", None) is None
 
 
 def environment(backend: Mapping[str, Any], deterministic: bool, modules: Sequence[str] = (),

@@ -47,6 +47,13 @@ def output_mode(mode: str) -> Iterator[None]:
         _mode.reset(token)
 
 
+def in_a_ray_worker() -> bool:
+    """Whether this process is one of Ray's workers (an actor's, a trial's), whose output Ray forwards to the
+    driver's terminal -- without importing Ray where this process has not."""
+    ray = sys.modules.get("ray")
+    return ray is not None and ray.is_initialized() and ray.get_runtime_context().worker.mode == ray.WORKER_MODE
+
+
 def write_line(line: str, stream: TextIO | None = None) -> None:
     """Write one line to stderr without breaking an active tqdm bar."""
     from tqdm import tqdm

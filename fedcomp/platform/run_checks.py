@@ -122,10 +122,16 @@ def same_modules(run_dir: Path, earlier: dict[str, Any], config: Config) -> None
                           f"file back as it was, or start a new run (run.json holds its config)")
 
 
+def reads_default_root(config: Config) -> bool:
+    """Whether a run of ``config`` reads its data under the default root
+    (:func:`~fedcomp.platform.environment.default_data_root`): its task takes a ``root`` and was given none."""
+    return "root" in type(config.task).model_fields and getattr(config.task, "root", None) is None
+
+
 def same_data_root(run_dir: Path, earlier: dict[str, Any], config: Config) -> None:
     """Warn where a resumed run whose task reads the default data root (no ``task.root``) would read another folder
     than it started with: ``$FEDCOMP_DATA`` differs in this shell. Not refused: the data may have moved whole."""
-    from fedcomp.platform.environment import default_data_root, reads_default_root
+    from fedcomp.platform.environment import default_data_root
 
     then = (earlier.get("environment") or {}).get("data_root")
     if then is not None and reads_default_root(config) and then != default_data_root():

@@ -27,7 +27,7 @@ from fedcomp.platform import catalog, results, run_checks, tracking
 from fedcomp.platform.config import Config, load_config
 from fedcomp.platform.counters import Counters
 from fedcomp.platform.curves import CURVES, write_curves
-from fedcomp.platform.environment import default_data_root, environment, reads_default_root, torch_build
+from fedcomp.platform.environment import default_data_root, environment, torch_build
 from fedcomp.platform.errors import (
     ConfigError,
     Diverged,
@@ -196,7 +196,7 @@ class _RunLog:
     def __init__(self, config: Config, run_dir: Path, backend: dict[str, Any], earlier: dict[str, Any]):
         self.config, self.run_dir, self.backend = config, run_dir, backend
         self.environment = environment(backend, config.run.deterministic, config.modules(),
-                                       default_data_root() if reads_default_root(config) else None)
+                                       default_data_root() if run_checks.reads_default_root(config) else None)
         self.meta: dict[str, Any] = {}
         """What :meth:`write` wrote last (the tracker's copy of ``run.json``)."""
         self.replacements: list[dict[str, Any]] = list(earlier.get("actor_replacements", []))
