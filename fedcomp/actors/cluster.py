@@ -383,13 +383,14 @@ def probe(address: str, field: str = "federation.ray_address", timeout: float = 
     """
     target, join = parse_address(address, field), address
     if target is None:
-        from ray._private.utils import read_ray_address  # what `ray start` wrote (/tmp/ray/ray_current_cluster)
+        from ray._private.utils import get_ray_address_file, read_ray_address  # /tmp/ray/ray_current_cluster
 
         found = read_ray_address()
         if not found:
             raise ResourceError(
                 f"{field} = 'auto': no cluster started with `ray start` on this machine; give its HOST:PORT, or drop "
-                f"the address to run on a fresh local Ray"
+                f"the address to run on a fresh local Ray (none is recorded in {get_ray_address_file(None)}, where "
+                f"`ray start` writes it unless given --temp-dir)"
             )
         target, join = parse_address(found, field), found
         assert target is not None

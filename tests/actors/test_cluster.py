@@ -691,7 +691,9 @@ def test_auto_means_the_cluster_ray_start_recorded_not_any_ray_running_here(tmp_
     user's session, a test's private one): fedcomp's reads only what ``ray start`` wrote."""
     monkeypatch.setenv("RAY_TMPDIR", str(tmp_path))  # where Ray keeps the address `ray start` recorded
     with pytest.raises(ResourceError, match=r"^federation.ray_address = 'auto': no cluster started with `ray start` "
-                                            r"on this machine; give its HOST:PORT"):
+                                            r"on this machine; give its HOST:PORT, .* \(none is recorded in "
+                                            + re.escape(str(tmp_path / "ray" / "ray_current_cluster"))
+                                            + r", where `ray start` writes it unless given --temp-dir\)$"):
         probe("auto")
     (tmp_path / "ray").mkdir()
     with socket.socket() as unused:
