@@ -193,8 +193,13 @@ def drive(config: Config, server: ServerLike, checkpoint: dict[str, Any] | None 
 class _RunLog:
     """The run's ``run.json`` and its notices: status, timings, replaced client actors, divergence."""
 
-    def __init__(self, config: Config, run_dir: Path, backend: dict[str, Any], earlier: dict[str, Any]):
+    def __init__(self, config: Config, run_dir: Path, backend: dict[str, Any], earlier: dict[str, Any], resumed_at: int):
+        """``earlier``: the ``run.json`` of a run resumed from its checkpoint at round ``resumed_at`` (else empty)."""
         self.config, self.run_dir, self.backend = config, run_dir, backend
+        self.earlier_legs: list[dict[str, Any]] = [*earlier.get("earlier_legs", []), {
+            "until_round": resumed_at, **{key: earlier.get(key) for key in ("status", "host", "written", "backend")},
+        }] if earlier else []
+        """Where and how the rounds before each resume ran (a resume may move a run to another cluster or backend)."""
         self.environment = environment(backend, config.run.deterministic, config.modules(),
                                        default_data_root() if run_checks.reads_default_root(config) else None)
         self.meta: dict[str, Any] = {}
@@ -204,6 +209,8 @@ class _RunLog:
 
     def write(self, status: str, **extra: Any) -> None:
         notes: dict[str, Any] = {"actor_replacements": self.replacements} if self.replacements else {}
+        if self.earlier_legs:
+            notes["earlier_legs"] = self.earlier_legs
         if self.diverged is not None:
             notes["diverged"] = self.diverged
         meta = _meta(self.config, self.run_dir.name, self.backend, status, environment=self.environment, **notes, **extra)
@@ -270,7 +277,7 @@ def execute(
         except KeyboardInterrupt as stop:  # Ctrl-C during start-up: nothing started, the folder as it was
             raise stop if isinstance(stop, Interrupted) else Interrupted(_kept(created, saved, run_dir)) from None
     startup_s = time.perf_counter() - t_start
-    log = _RunLog(config, run_dir, server.describe(), earlier)
+    log = _RunLog(config, run_dir, server.describe(), earlier, done)
     if log.backend.get("lockstep_off"):
         print(f"fedcomp: warning: federation.vectorise: algorithm {config.algorithm_name!r} on task {config.task_name!r}: "
               f"{log.backend['lockstep_off']}; its clients step one at a time (the numbers without it)",

@@ -197,6 +197,9 @@ def test_failure_after_a_checkpoint_keeps_a_resumable_folder(tmp_path, monkeypat
     capsys.readouterr()
     resumed = fedcomp.resume(run_dir, {"run.progress": "log"})
     assert f"fedcomp: resuming {run_dir} from its checkpoint at round 2 of 5" in capsys.readouterr().err.splitlines()
+    resumed_meta = json.loads((run_dir / "run.json").read_text())
+    assert resumed_meta["status"] == "completed"  # and where the rounds before the resume ran
+    assert resumed_meta["earlier_legs"] == [{k: meta[k] for k in ("status", "host", "written", "backend")} | {"until_round": 2}]
     full = fedcomp.run("quickstart", {**over, "run.out": str(tmp_path / "ref")})
     pd.testing.assert_frame_equal(resumed.metrics.drop(columns="wall_time"), full.metrics.drop(columns="wall_time"))
 
