@@ -383,13 +383,14 @@ def probe(address: str, field: str = "federation.ray_address", timeout: float = 
     """
     target, join = parse_address(address, field), address
     if target is None:
-        from ray._private.utils import get_ray_address_file, read_ray_address  # /tmp/ray/ray_current_cluster
+        from ray._private import utils as ray_utils  # what `ray start` wrote: /tmp/ray/ray_current_cluster
 
-        found = read_ray_address()
+        found = ray_utils.read_ray_address()
+        recorded_in = ray_utils.get_ray_address_file(None)  # type: ignore[attr-defined]  # (imported there)
         if not found:
             raise ResourceError(
                 f"{field} = 'auto': no cluster started with `ray start` on this machine; give its HOST:PORT, or drop "
-                f"the address to run on a fresh local Ray (none is recorded in {get_ray_address_file(None)}, where "
+                f"the address to run on a fresh local Ray (none is recorded in {recorded_in}, where "
                 f"`ray start` writes it unless given --temp-dir)"
             )
         target, join = parse_address(found, field), found

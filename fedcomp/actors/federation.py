@@ -55,6 +55,7 @@ from fedcomp.actors.group_terms import JOIN_TIMEOUT_S, GroupBroken
 from fedcomp.actors.routing import Router
 from fedcomp.platform.config import Config
 from fedcomp.platform.errors import ClientFailure, PlatformError, ResourceError, add_note
+from fedcomp.platform.results import first_line
 
 if TYPE_CHECKING:
     from fedcomp.actors.collective import History
@@ -96,11 +97,6 @@ def _cause(error: RayTaskError) -> BaseException | None:
     while isinstance(cause, RayTaskError):
         cause = getattr(cause, "cause", None)
     return cast(BaseException | None, cause)
-
-
-def first_line(error: BaseException) -> str:
-    lines = str(error).strip().splitlines()
-    return (lines[0] if lines else type(error).__name__)[:200]
 
 
 def wait_ready(actors: list[Any], what: list[str], timeout: float, waiting: Callable[[], str | None] | None = None) -> list[Any]:

@@ -22,10 +22,11 @@ import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 
 from fedcomp.actors.cluster import connect, through_ray_client
-from fedcomp.actors.federation import RayFederation, _cause, _death, first_line, unwrap
+from fedcomp.actors.federation import RayFederation, _cause, _death, unwrap
 from fedcomp.actors.group_terms import GroupBroken
 from fedcomp.platform.config import Config
 from fedcomp.platform.errors import ClientFailure
+from fedcomp.platform.results import first_line
 from fedcomp.platform.server_like import RoundReply
 
 

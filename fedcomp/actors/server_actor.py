@@ -17,10 +17,11 @@ from ray.exceptions import RayActorError, RayTaskError
 
 from fedcomp.actors import kept
 from fedcomp.actors.cluster import actor_options, cluster_nodes, config_here, connect, plan_actors
-from fedcomp.actors.federation import first_line, unwrap, wait_ready
+from fedcomp.actors.federation import unwrap, wait_ready
 from fedcomp.actors.quiet_exit import drop_lost_exits_in_a_worker
 from fedcomp.platform.config import Config
 from fedcomp.platform.errors import ActorLost
+from fedcomp.platform.results import first_line
 from fedcomp.platform.server_like import RoundReply
 
 drop_lost_exits_in_a_worker()  # a server actor stopped with SIGTERM, even before its constructor ran, goes without a traceback

@@ -87,10 +87,14 @@ def describe_os_error(error: OSError) -> str:
     return error.strerror or str(error)
 
 
-def first_line(error: BaseException, limit: int = 160) -> str:
-    """The first line of an exception's message (its type name if it has none), cut to ``limit`` characters."""
+def first_line(error: BaseException, limit: int = 200) -> str:
+    """The first line of an exception's message (its type name if it has none), cut after a whole word to at most
+    ``limit`` characters, `` ...`` marking the cut."""
     lines = str(error).strip().splitlines()
-    return (lines[0] if lines else type(error).__name__)[:limit]
+    line = lines[0] if lines else type(error).__name__
+    if len(line) <= limit:
+        return line
+    return (line[:limit - 3].rsplit(" ", 1)[0] or line[:limit - 3]) + " ..."
 
 
 def new_folder_name(parent: Path, prefix: str) -> str:

@@ -75,3 +75,13 @@ def test_paths_may_be_pathlib_paths_wherever_a_path_is_wanted(tmp_path):
     assert config.algorithm_name == "fedavg-hb" and config.run.out == str(tmp_path)
     rooted = load_config("auc-table1", {"task.root": tmp_path})
     assert rooted.task.root == str(tmp_path)
+
+
+def test_an_errors_first_line_is_cut_after_a_whole_word():
+    from fedcomp.platform.results import first_line
+
+    reason = RuntimeError("The actor died because its node died. " * 8 + "\nsecond line")
+    cut = first_line(reason, 60)
+    assert cut == "The actor died because its node died. The actor died ..." and len(cut) <= 60
+    assert first_line(RuntimeError("short\nmore")) == "short" and first_line(RuntimeError()) == "RuntimeError"
+    assert first_line(RuntimeError("x" * 300), 50) == "x" * 47 + " ..."  # no space to cut at
