@@ -69,10 +69,11 @@ class ClientActor:
         # Fault injection for the reliability tests: FEDCOMP_FAULT_KILL="<round>:<first client of the actor>"
         # (or "<round>:<client>:<sub>", or "<round>:<client>:<sub>:<step>" for a step of an exchange: 0 =
         # begin, k = the k-th answer) makes the first incarnation of that actor die (a real process exit) there;
-        # "join<n>:<client>" at its n-th joining of the actors' group (2: as the group forms again after a death).
+        # "join<n>:<client>" at its n-th joining of the actors' group (2: as the group forms again after a death);
+        # "ckpt<n>:<client>" as it hands its replica's part of the n-th checkpoint (after the rounds before it).
         # Several faults: comma-separated.
         self._kill = set(os.environ.get("FEDCOMP_FAULT_KILL", "").split(","))
-        self._joins = 0
+        self._joins = self._checkpoints = 0
 
     def ready(self) -> dict[str, Any]:
         """Where this actor landed: its clients, node, process id, assigned GPU ids, the torch device it computes on
@@ -246,6 +247,9 @@ class ClientActor:
         return self._replica().server.evaluate()
 
     def replica_checkpoint(self, with_state: bool) -> dict[str, Any]:
+        self._checkpoints += 1
+        if self.incarnation == 0 and f"ckpt{self._checkpoints}:{self.host.clients[0]}" in self._kill:
+            os._exit(1)
         return self._replica().checkpoint(with_state)
 
     @ray.method(num_returns=2)

@@ -36,7 +36,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, cast
 
 import ray
-from ray.exceptions import RayActorError, RayChannelError, RayChannelTimeoutError, RayTaskError
+from ray.exceptions import ActorUnavailableError, RayActorError, RayChannelError, RayChannelTimeoutError, RayTaskError
 
 from fedcomp.actors import kept
 from fedcomp.actors.client_actor import ClientActor
@@ -616,6 +616,8 @@ def _read_error(ref: Any) -> None:
 
 def _death(error: RayActorError) -> str:
     """A short reason for an actor's death, from Ray's multi-line message (its exit detail where given)."""
+    if isinstance(error, ActorUnavailableError):  # Ray's text: the actor's id and the RPC's error code
+        return "unreachable: its process or node stopped answering"
     text = str(error)
     for line in text.splitlines():
         if "exit detail" in line.lower():

@@ -14,9 +14,10 @@ same numbers, since every random draw is keyed by (seed, client, round, step).
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Iterator, Sequence
-from typing import Any
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, TypeVar
 
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
@@ -28,6 +29,8 @@ from fedcomp.platform.config import Config
 from fedcomp.platform.errors import ClientFailure
 from fedcomp.platform.results import first_line
 from fedcomp.platform.server_like import RoundReply
+
+T = TypeVar("T")
 
 
 class GroupUnavailable(ClientFailure):
@@ -208,6 +211,7 @@ class ReplicatedServer:
             ClientFailure: more deaths than ``federation.max_retries`` allows, or a failure with no actor dead.
         """
         first, replaced = len(self.actors.replacements), set[int]()
+        dead = {**self._dead(), **dead}  # a node that went took all its actors: the others' calls may have ended first
         while True:
             if retries == self.config.federation.max_retries:
                 raise ClientFailure(f"client actors {sorted(dead)} died in round {self.round + 1}, after {retries} "
@@ -252,26 +256,46 @@ class ReplicatedServer:
     def take_replacements(self) -> list[dict[str, Any]]:
         return self.actors.take_replacements()
 
+    def _surviving(self, read: Callable[[], T]) -> T:
+        """``read()`` of the replicas' state at :attr:`round` (an evaluation, a checkpoint), done again where client
+        actors died meanwhile -- between the rounds and the read, as a node that goes takes its actors and the calls
+        that needed them: the dead are replaced, every replica restored to the restore point, and the rounds since
+        run again before the read (the same numbers)."""
+        retries = 0
+        while True:
+            try:
+                self._catch_up()
+                return read()
+            except Exception:
+                dead = self._dead()
+                if not dead:
+                    raise
+                retries = self._recover(dead, retries)
+                self.ahead = True  # the replicas are at the restore point: _catch_up runs the rounds since
+
     def evaluate(self) -> dict[str, float]:
-        self._catch_up()
-        return self._get([self.actors.actors[0].replica_evaluate.remote()])[0]
+        return self._surviving(lambda: self._get([self.actors.actors[0].replica_evaluate.remote()])[0])
 
     def _gather(self) -> Any:
         """Replica 0's checkpoint with every actor's clients' private states, gathered on actor 0 and kept in the
         object store as the restore point; the driver reads its round only (a Ray run's driver imports no torch)."""
-        self._catch_up()
         parts = [actor.replica_checkpoint.remote(i == 0) for i, actor in enumerate(self.actors.actors)]
         checkpoint, round = self.actors.actors[0].replica_merge.remote(*parts)
-        [self.restore_round] = self._get([round])
+        try:
+            [self.restore_round] = self._get([round])
+        except Exception:
+            with contextlib.suppress(Exception):  # its error is the round's: read here, or Ray prints it when it goes
+                ray.get(checkpoint, timeout=0)
+            raise
         self.restore_point = checkpoint
         return checkpoint
 
     def checkpoint(self) -> dict[str, Any]:
         """Replica 0's checkpoint with every actor's clients' private states; kept as the restore point."""
-        return self._get([self._gather()])[0]
+        return self._surviving(lambda: self._get([self._gather()])[0])
 
     def checkpoint_file(self, extra: dict[str, Any]) -> bytes:
-        return self._get([self.actors.actors[0].replica_save.remote(self._gather(), extra)])[0]
+        return self._surviving(lambda: self._get([self.actors.actors[0].replica_save.remote(self._gather(), extra)])[0])
 
     def restore(self, checkpoint: dict[str, Any]) -> None:
         point = ray.put(checkpoint)

@@ -366,10 +366,10 @@ def test_a_sweep_through_a_ray_client_finishes_with_its_trials_table(two_nodes, 
     spec = tmp_path / "tiny.yaml"
     spec.write_text(json.dumps({"base": "quickstart", "set": {**overrides(FAST), "run.out": str(tmp_path / "out"),
                                                               "run.track": "none"},
-                                "grid": {"algorithm.lr": [0.1, 0.03]}}))
+                                "grid": {"algorithm.lr": [0.1]}}))
     done = cli("sweep", str(spec), "--verbose", "0", "--ray-address", two_nodes.client, env={"RAY_TMPDIR": two_nodes.tmp})
     assert done.returncode == 0 and "interrupted" not in done.stderr, done.stderr[-3000:]
-    assert "2 trials, 0 failed" in done.stdout
+    assert "1 trial, 0 failed" in done.stdout, done.stdout
     (sweep_dir,) = (tmp_path / "out").iterdir()
     assert pd.read_parquet(sweep_dir / "trials.parquet")["status"].eq("completed").all()
 
@@ -563,7 +563,7 @@ def test_a_node_lost_mid_run_is_named_at_once_and_a_node_in_its_place_lets_the_r
     run replaces the actors it held and says, as soon as Ray marks the node dead, that it left and what the
     replacements wait for (it said nothing until the 120 s deadline, and then not why); a node started in its
     place takes them, and the run ends with the local numbers. Last of the cluster's tests: it ends with a new node."""
-    args = [*FAST, "--set", "run.rounds=40", "--set", "run.checkpoint_every=2", "--ray-address", two_nodes.address,
+    args = [*FAST, "--set", "run.rounds=100", "--set", "run.checkpoint_every=2", "--ray-address", two_nodes.address,
             "--set", f"run.out={tmp_path / 'ray'}"]
     err = tmp_path / "stderr.txt"
     with err.open("w") as stream:
@@ -584,14 +584,15 @@ def test_a_node_lost_mid_run_is_named_at_once_and_a_node_in_its_place_lets_the_r
     finally:
         proc.kill()
     warned = [line for line in err.read_text().splitlines() if "left the cluster" in line]
-    assert warned and all(re.fullmatch(
+    assert warned, err.read_text()[-3000:]
+    assert all(re.fullmatch(
         r"fedcomp: warning: round \d+: node [\d.]+ \(id [0-9a-f]{8}\) left the cluster with client actor \d; its "
         r"replacement asks for \{'CPU': 0.5\} and waits up to federation.actor_timeout_s = 120 s for a node with room "
         r"\(available now: CPU=[\d.]+\)", line) for line in warned), warned
     (run_dir,) = (tmp_path / "ray").iterdir()
     assert {event["actor"] for event in json.loads((run_dir / "run.json").read_text())["actor_replacements"]} == {
         int(re.search(r"client actor (\d)", line)[1]) for line in warned}
-    local = fedcomp.run("quickstart", {**overrides(FAST), "run.rounds": 40, "run.checkpoint_every": 2,
+    local = fedcomp.run("quickstart", {**overrides(FAST), "run.rounds": 100, "run.checkpoint_every": 2,
                                        "federation.backend": "local", "run.out": str(tmp_path / "local")})
     pd.testing.assert_frame_equal(metrics(run_dir), local.metrics.drop(columns="wall_time"), check_exact=True)
 
