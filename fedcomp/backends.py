@@ -23,12 +23,17 @@ def make_server(config: Config) -> ServerLike:
 
         try:
             return ReplicatedServer(config)
-        except GroupUnavailable as error:  # the same numbers with the server here (and no more processes to place)
+        except GroupUnavailable as error:  # the same numbers with the server elsewhere
             # (the actors could not form their group, or a Ray Client's driver cannot wait on their stream)
+            if error.server == "actor":
+                where, instead = "in a server actor on the cluster", {"server": "actor"}
+            else:
+                where, instead = "in the driver", {"server": "driver", "transport": "calls"}
+            settings = ", ".join(f"{key}: {value}" for key, value in instead.items())
             print(f"fedcomp: warning: the server cannot be replicated on the client actors here ({error}); "
-                  f"this run's server runs in the driver and reaches them by actor calls (federation.server: driver, "
-                  f"transport: calls; the same numbers)", file=sys.stderr, flush=True)
-            config = config.replace(**{"federation.server": "driver", "federation.transport": "calls"})
+                  f"this run's server runs {where} and reaches them by actor calls ({settings}; the same numbers)",
+                  file=sys.stderr, flush=True)
+            config = config.replace(**{f"federation.{key}": value for key, value in instead.items()})
     from fedcomp.actors.server_actor import RayServer
 
     return RayServer(config)

@@ -337,7 +337,8 @@ def test_feddro_exchanges_among_the_actors_across_both_nodes_with_the_local_numb
 @pytest.mark.slow
 @pytest.mark.parametrize("placement, warned, ran", [
     ((), "the server cannot be replicated on the client actors here (a Ray Client connection (ray://) cannot wait on "
-         "the replicas' streamed rounds)", ("driver", "calls")),
+         "the replicas' streamed rounds); this run's server runs in a server actor on the cluster and reaches them by "
+         "actor calls (server: actor; the same numbers)", ("actor", "collective")),
     (("--set", "federation.server=driver", "--set", "federation.transport=graph"),
      "federation.transport = 'graph': a driver connected through a Ray Client (ray://) cannot build a compiled graph",
      ("driver", "calls")),
