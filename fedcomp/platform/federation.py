@@ -31,7 +31,7 @@ from fedcomp.platform.accelerator import ExactSum, configure, exact_sums, one_th
 from fedcomp.platform.algorithms.base import Algorithm, ClientContext, Exchanged, Outcome, StepInfo, Tensors
 from fedcomp.platform.catalog import algorithm_class, task_class
 from fedcomp.platform.config import Config, FederationConfig
-from fedcomp.platform.errors import ResourceError
+from fedcomp.platform.errors import PlatformError, ResourceError, add_note
 from fedcomp.platform.oracles import FUSED_SGD
 from fedcomp.platform.rng import generator
 from fedcomp.platform.state import BUFFERS, Means
@@ -223,6 +223,11 @@ def _host_entry(method: Callable[Concatenate[ClientHost, P], T]) -> Callable[Con
             eager = host.not_compiled if fed.torch_compile else None
             with one_thread(host.config.run.deterministic), compiled.enabled(eager):
                 return method(host, *args, **kwargs)
+        except PlatformError:
+            raise  # fedcomp's own one line says what and where
+        except Exception as error:  # a bug in an algorithm or task: its traceback, and which program met it
+            add_note(error, host.program_note(method.__name__, tuple(args)))
+            raise
         finally:
             FUSED_SGD.reset(token)
 
@@ -252,6 +257,18 @@ class ClientHost:
         self.not_compiled: set[object] = set()
         """Under ``federation.torch_compile``: the (oracle, function) pairs found not to compile, which run eagerly
         from then on (:mod:`fedcomp.platform.compiled`)."""
+
+    def program_note(self, entry: str, args: tuple[Any, ...]) -> str:
+        """Which client program a bug in the algorithm or task met, said beside its traceback: the host's ``entry``
+        (``run``, ``begin``, ``resume``) and its arguments (a program's name, its round, the cohort members here)."""
+        if entry == "resume" and self.session is not None:
+            program, round, cohort = self.session.program, self.session.round, sorted(self.session.programs)
+        else:
+            program, round, cohort = args[0], args[1], list(args[2])
+        members = ", ".join(map(str, cohort)) if len(cohort) <= 6 else f"{cohort[0]}, {cohort[1]}, ..., {cohort[-1]}"
+        return (f"fedcomp: raised in client program {program!r} of algorithm {self.config.algorithm_name!r} on task "
+                f"{self.config.task_name!r}, round {round + 1}, for {len(cohort)} client{'s' if len(cohort) != 1 else ''} "
+                f"({members})")
 
     def load_private(self, states: dict[int, Tensors]) -> None:
         """Restore private states (after a checkpoint or when this host replaces a dead one), copied into memory of

@@ -658,9 +658,14 @@ def test_a_bug_in_a_users_algorithm_is_the_same_exception_on_ray_as_on_the_local
             fedcomp.run("quickstart", {**over, "federation.backend": backend})
         raised[backend] = error.value
     assert type(raised["ray"]) is ValueError  # the user's own exception, not Ray's wrapper of it
-    [note] = raised["ray"].__notes__
+    where, note = raised["ray"].__notes__
     assert note.startswith("raised in a Ray actor: ") and "update exploded at step 0" in note and "\x1b[" not in note
     assert 'in update' in note  # the actor's traceback, down to the user's line
+    # and which program met it: all four clients on the local backend, the actor's two on Ray
+    assert raised["local"].__notes__ == ["fedcomp: raised in client program 'local_steps' of algorithm 'fedavg-exploding' "
+                                         "on task 'synthetic-classification', round 1, for 4 clients (0, 1, 2, 3)"]
+    assert where.startswith("fedcomp: raised in client program 'local_steps' of algorithm 'fedavg-exploding' on task "
+                            "'synthetic-classification', round 1, for 2 clients (")
 
 
 @pytest.mark.ray

@@ -77,7 +77,9 @@ def test_an_error_in_a_client_program_comes_through_the_graph_which_then_goes_on
     try:
         with pytest.raises(KeyError, match="'y'") as raised:  # a broadcast without FedDRO's y, as the local backend raises
             server.federation.call("no_such_program", 0, [0, 1, 2, 3], {"x": torch.zeros(10)})  # type: ignore[attr-defined]
-        assert "in graph_step" in raised.value.__notes__[0]  # the actor's traceback
+        where, traceback = raised.value.__notes__  # which program met it, and the actor's traceback
+        assert where.startswith("fedcomp: raised in client program 'no_such_program' of algorithm 'feddro'")
+        assert "in graph_step" in traceback
         assert server.run_round() == expected
     finally:
         server.close()
