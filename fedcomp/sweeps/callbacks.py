@@ -24,7 +24,7 @@ from ray.tune import Callback
 
 from fedcomp.platform import tracking
 from fedcomp.platform.progress import duration, resolve, write_line
-from fedcomp.sweeps.failures import ACTOR_REPLACEMENTS, FINAL_ERROR
+from fedcomp.sweeps.failures import ACTOR_REPLACEMENTS, FINAL_ERROR, last_error_line
 
 
 def tracking_environment(track: str) -> None:
@@ -129,15 +129,6 @@ def trial_label(config: Mapping[str, Any]) -> str:
     return " ".join(f"{k}={v}" for k, v in flat.items())
 
 
-def _last_line(path: str | None) -> str:
-    """The last line of a failed trial's ``error.txt`` (its exception), or nothing where it cannot be read."""
-    try:
-        lines = [line for line in Path(path).read_text().splitlines() if line.strip()] if path else []
-    except OSError:
-        return ""
-    return lines[-1].strip()[:300] if lines else ""
-
-
 class TrialProgress(Callback):
     """One line per finished trial (its configuration, final metric, trials done, ETA), or a tqdm bar
     over trials in a terminal when Tune's own output is off (``--verbose 0``)."""
@@ -209,7 +200,7 @@ class TrialProgress(Callback):
         left, here = self.total - self.done, self.done - (getattr(self, "before", None) or 0)  # here: since it started
         eta = f"  eta {duration(elapsed / here * left)}" if left > 0 and here > 0 else ""
         shown = f"{self.metric}={value:.4f}" if isinstance(value, (int, float)) else f"{self.metric}=?"
-        why = f"  {_last_line(getattr(trial, 'error_file', None))}" if status == "failed" else ""
+        why = f"  {last_error_line(trial)}" if status == "failed" else ""
         write_line(f"trial {self.done}/{self.total} {status}  {trial_label(trial.config)}  {shown}  "
                    f"elapsed {duration(elapsed)}{eta}{why}")
 

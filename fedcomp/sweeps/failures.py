@@ -9,6 +9,7 @@ whole sweep), and decides on the driver, from a count: a failed trial is retried
 :data:`FINAL_ERROR`; Tune hands that result to the driver's callbacks before it asks the trainable for more (which
 then raises), and :class:`FinalErrors` lowers that trial's ``max_failures`` to the failures it has had, so that this
 one is past it. The sweep's own value comes back as the trial ends, or starts again (``--resume`` after a fix).
+Where the first trials to end all fail with one deterministic error, the sweep stops (:data:`ALIKE_TO_STOP`).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from ray import tune
+from ray import cloudpickle, tune
 from ray.exceptions import RayError, RayTaskError
 from ray.tune import Callback
 
@@ -98,22 +99,89 @@ class Reports:
             raise
 
 
+ALIKE_TO_STOP = 3
+"""Trials failing with the same deterministic error, before any trial of the sweep completed, after which it stops:
+the others would meet that error too (a data root that is not there, a bug in a module) -- each after starting its
+process and actors, a quarter of an hour of failures for the FCSG paper's 486-run grid."""
+
+
+class FailingAlike(Exception):
+    """Raised by :class:`FinalErrors` to stop Tune's fit: the sweep's first trials failed with one error. Tune's
+    controller raises it on as a ``TuneError`` holding its traceback (a Ray Client's fit, wrapped once more):
+    :func:`failing_alike` finds it there."""
+
+    def __init__(self, line: str, count: int) -> None:
+        super().__init__(f"the first {count} trials of the sweep failed alike: {line}")
+
+
+def failing_alike(error: BaseException) -> str | None:
+    """What a :class:`FailingAlike` said, where ``error`` is it or carries its traceback; else None."""
+    marker = f"{FailingAlike.__module__}.{FailingAlike.__qualname__}: "
+    for line in reversed(str(error).splitlines()):
+        if line.startswith(marker):
+            return line[len(marker):]
+    return str(error) if isinstance(error, FailingAlike) else None
+
+
+def error_line(error: BaseException) -> str:
+    """A trial's error in one line: what the trial raised (a Ray task error's cause), as fedcomp's own errors say
+    it, or its type and the first line of its message (not the notes after it)."""
+    cause = getattr(error, "cause", None) or error
+    text = (str(cause).strip().splitlines() or [""])[0]
+    return text if isinstance(cause, PlatformError) else f"{type(cause).__name__}: {text}"
+
+
+def last_error_line(trial: Any) -> str:
+    """A failed trial's error in one line (:func:`error_line`) from the exception Tune kept; where that cannot be
+    read back (a class the driver cannot import), the last line of its ``error.txt``; nothing where neither can."""
+    try:  # what Tune pickled beside error.txt as the trial failed (read from storage, it may not be there yet)
+        with open(trial.pickled_error_file, "rb") as file:
+            error = cloudpickle.load(file)
+    except Exception:
+        error = None
+    if isinstance(error, BaseException):
+        return error_line(error)[:300]
+    path = getattr(trial, "error_file", None)
+    try:
+        lines = [line for line in Path(path).read_text().splitlines() if line.strip()] if path else []
+    except OSError:
+        return ""
+    return lines[-1].strip()[:300] if lines else ""
+
+
 class FinalErrors(Callback):
     """The driver's half: a trial whose result is marked :data:`FINAL_ERROR` is not retried when it fails next (its
-    ``max_failures`` lowered to its failures so far); ``max_failures`` (the sweep's) is put back as it ends or starts."""
+    ``max_failures`` lowered to its failures so far); ``max_failures`` (the sweep's) is put back as it ends or starts.
+    The first :data:`ALIKE_TO_STOP` such failures with one error, no trial completed, stop the sweep
+    (:class:`FailingAlike`); its state is kept, and a resume after the fix runs every trial not completed."""
 
     def __init__(self, max_failures: int) -> None:
         self.max_failures = max_failures
+        self.final: set[str] = set()
+        """The trials marked as failing deterministically in this fit."""
+        self.alike: list[str] = []
+        """Their errors' lines, in the order they failed."""
+
+    def setup(
+        self, stop: Any = None, num_samples: int | None = None, total_num_samples: int | None = None, **info: Any
+    ) -> None:
+        self.final, self.alike = set(), []  # this fit's (a resumed sweep's callback comes back with the last fit's)
 
     def on_trial_result(self, iteration: int, trials: list[Any], trial: Any, result: dict[str, Any], **info: Any) -> None:
         if result.get(FINAL_ERROR) == 1.0:
             trial.max_failures = trial.run_metadata.num_failures
+            self.final.add(trial.trial_id)
 
     def on_trial_start(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
         trial.max_failures = self.max_failures
 
     def on_trial_error(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
         trial.max_failures = self.max_failures
+        if trial.trial_id not in self.final or any(t.status == "TERMINATED" for t in trials):
+            return
+        self.alike.append(last_error_line(trial))
+        if len(self.alike) >= ALIKE_TO_STOP and len(set(self.alike)) == 1 and self.alike[0]:
+            raise FailingAlike(self.alike[0], len(self.alike))
 
     def on_trial_complete(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
         trial.max_failures = self.max_failures

@@ -33,7 +33,6 @@ from fedcomp.platform.errors import (
     ConfigError,
     Interrupted,
     NoResults,
-    PlatformError,
     ResourceError,
     StorageError,
     TrialsFailed,
@@ -51,7 +50,7 @@ from fedcomp.sweeps.callbacks import (
     tracking_environment,
 )
 from fedcomp.sweeps.edges import EXTEND_JSON
-from fedcomp.sweeps.failures import FinalErrors
+from fedcomp.sweeps.failures import FinalErrors, error_line, failing_alike
 from fedcomp.sweeps.packs import make_packs, read_pack_rows, run_pack
 from fedcomp.sweeps.spec import SweepSpec, axis_not_in_sweep, corners, load_spec
 from fedcomp.sweeps.trial import (
@@ -415,6 +414,13 @@ def _fitted(tuner: Any, sweep: Path) -> ResultGrid:
             grid = tuner.fit()
     except KeyboardInterrupt:  # a second Ctrl-C, or SIGTERM (fedcomp.platform.signals): fedcomp's copy of Tune's state
         raise stopped from None
+    except Exception as error:
+        alike = failing_alike(error)
+        if alike is None:
+            raise
+        raise TrialsFailed(f"{alike}; it stopped there, the others not run (each would meet it too); once it is fixed, "
+                           f"continue with: {to_continue('sweep', sweep)} (a module or data files mended; a setting of "
+                           f"the sweep's own is changed by running the sweep again)", sweep) from None
     finally:
         after = signal.getsignal(signal.SIGINT)
         if catching:
@@ -608,14 +614,6 @@ def _finish(grid: ResultGrid, spec: SweepSpec, path: Path) -> SweepResult:
                            f"{to_continue('sweep', path)} (a module or data files mended; a setting of the sweep's own "
                            f"is changed by running the sweep again)", path)
     return SweepResult(path, spec, frame)
-
-
-def error_line(error: BaseException) -> str:
-    """A trial's error in one line: what the trial raised (a Ray task error's cause), as fedcomp's own errors say
-    it, or its type and the first line of its message."""
-    cause = getattr(error, "cause", None) or error
-    text = (str(cause).strip().splitlines() or [""])[0]
-    return text if isinstance(cause, PlatformError) else f"{type(cause).__name__}: {text}"
 
 
 def collect(grid: ResultGrid, spec: SweepSpec) -> pd.DataFrame:

@@ -451,6 +451,41 @@ def test_a_sweep_whose_every_trial_fails_says_why_in_one_line_and_keeps_its_fold
     assert set(trials["status"]) == {"error"} and trials["trial"].nunique() == 2
 
 
+BUGGY = """
+from fedcomp.platform import catalog
+from fedcomp.platform.registry import register_algorithm
+
+
+@register_algorithm("fedavg-mended")
+class Mended(catalog.algorithm_class("fedavg")):
+    def update(self, problem, state, batch, step):
+        {body}
+"""
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_a_sweep_whose_first_trials_fail_alike_stops_and_its_resume_after_the_fix_runs_them_all(ray_session, tmp_path):
+    """Six configurations of an algorithm module with a bug: every trial would fail alike, each after starting its
+    process; the sweep stops after the first three, one line saying so. Mended, the module's resume runs all six
+    (the failed ones again, the others for the first time)."""
+    module = tmp_path / "mended.py"
+    module.write_text(BUGGY.format(body='raise ValueError("a bug in update")'))
+    overrides = {**TINY, "algorithm.module": str(module), "algorithm.name": "fedavg-mended",
+                 "run.out": str(tmp_path / "out")}
+    spec = {"base": "quickstart", "set": overrides, "grid": {"algorithm.lr": [0.01, 0.02, 0.03, 0.04, 0.05, 0.06]},
+            "max_failures": 0, "max_concurrent": 1, "name": "alike"}
+    with pytest.raises(TrialsFailed, match=r"^the first 3 trials of the sweep failed alike: ValueError: a bug in "
+                                           r"update; it stopped there, the others not run \(each would meet it too\); "
+                                           r"once it is fixed, continue with: fedcomp.resume_sweep\('.*'\)"):
+        fedcomp.sweep(spec)
+    [folder] = (tmp_path / "out").iterdir()
+    assert not (folder / "trials.parquet").exists()
+    module.write_text(BUGGY.format(body="return super().update(problem, state, batch, step)"))
+    trials = fedcomp.resume_sweep(folder).trials
+    assert set(trials["status"]) == {"completed"} and trials["trial"].nunique() == 6
+
+
 @pytest.mark.ray
 @pytest.mark.slow
 def test_fedcomp_check_finds_the_example_conformant_on_every_backend_packing_and_resume(ray_session):
