@@ -101,8 +101,8 @@ class Reports:
 
 ALIKE_TO_STOP = 3
 """Trials failing with the same deterministic error, before any trial of the sweep completed, after which it stops:
-the others would meet that error too (a data root that is not there, a bug in a module) -- each after starting its
-process and actors, a quarter of an hour of failures for the FCSG paper's 486-run grid."""
+the others would meet that error too (a data root that is not there, a bug in a module), each after starting its
+process and actors."""
 
 
 class FailingAlike(Exception):
