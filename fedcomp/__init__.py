@@ -79,7 +79,11 @@ def __getattr__(name: str) -> Any:
             if error.name != f"fedcomp.{name}":
                 raise
             raise AttributeError(f"module 'fedcomp' has no attribute {name!r}") from None
-    value = getattr(importlib.import_module(home), name)
+    from fedcomp.platform.signals import whole_imports
+
+    with whole_imports():  # the sweep layer imports Ray: a Ctrl-C inside that import would break it for good
+        module = importlib.import_module(home)
+    value = getattr(module, name)
     globals()[name] = value
     return value
 

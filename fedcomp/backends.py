@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import importlib
 import sys
 
 from fedcomp.platform.config import Config
 from fedcomp.platform.server_like import ServerLike
+from fedcomp.platform.signals import whole_imports
 
 
 def make_server(config: Config) -> ServerLike:
@@ -13,6 +15,7 @@ def make_server(config: Config) -> ServerLike:
     process, ``federation.server: driver``), or replicas of the server on the client actors (``replicated``).
     Each is imported here, when chosen: a Ray run's driver with the server replicated or in an actor imports no
     torch."""
+    _import_whole(config)
     if config.federation.backend == "local":
         from fedcomp.platform.federation import LocalFederation
         from fedcomp.platform.server import Server
@@ -37,3 +40,16 @@ def make_server(config: Config) -> ServerLike:
     from fedcomp.actors.server_actor import RayServer
 
     return RayServer(config)
+
+
+def _import_whole(config: Config) -> None:
+    """Import the modules the run's server needs -- Ray's, and torch where this process computes -- with Ctrl-C held
+    back until they are whole (:func:`~fedcomp.platform.signals.whole_imports`): the first call of a notebook's
+    process imports them, and one cut short would break every later run in it."""
+    fed = config.federation
+    names = ["fedcomp.actors.replicated_server", "fedcomp.actors.server_actor"] if fed.backend == "ray" else []
+    if fed.backend == "local" or fed.server == "driver":
+        names += ["fedcomp.platform.federation", "fedcomp.platform.server"]
+    with whole_imports():
+        for name in names:
+            importlib.import_module(name)

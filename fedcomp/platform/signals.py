@@ -49,6 +49,26 @@ _before: list[Any] = [None]  # the SIGTERM handler before the outermost fedcomp 
 _calls = [0]  # fedcomp's calls under way in this process (nested: a check's runs)
 
 
+@contextmanager
+def whole_imports() -> Iterator[None]:
+    """Hold Ctrl-C (SIGINT) back while modules are imported that an import cut short breaks for the process's life --
+    torch's and Ray's first (in a notebook, an early Ctrl-C left every later run failing: "partially initialized
+    module 'ray' has no attribute '_private'"); a Ctrl-C that came meanwhile is raised as it ends. Only in the main
+    thread with Python's own handler in place (elsewhere nothing changes)."""
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        yield
+        return
+    caught: list[int] = []
+    signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    if caught:
+        raise KeyboardInterrupt
+
+
 def stop_on_sigterm() -> None:
     """Answer SIGTERM in this process as Ctrl-C while a fedcomp call is under way (:func:`answering_sigterm`; from
     the main thread only, as Python allows; again after ``ray.init``, which puts its own handlers in place), and

@@ -164,3 +164,50 @@ print("not watched")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 130, done.stdout + done.stderr
     assert done.stderr.strip().splitlines()[-1] == "fedcomp: interrupted: kept what a kill keeps"
+
+
+def test_a_ctrl_c_inside_an_import_held_whole_comes_after_it(handlers):
+    from fedcomp.platform.signals import whole_imports
+
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    finished = []
+    with pytest.raises(KeyboardInterrupt), whole_imports():
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.05)  # a KeyboardInterrupt would have come here
+        finished.append(True)
+    assert finished and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # another handler than Python's: left as it is, nothing held
+    with whole_imports():
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+
+
+CUT_IMPORT = """
+import os, signal, sys
+import fedcomp
+
+class Interrupting:  # Ctrl-C as torch is half imported (its C part loaded, torch.nn looked up)
+    fired = False
+
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch.nn" and not Interrupting.fired:
+            Interrupting.fired = True
+            os.kill(os.getpid(), signal.SIGINT)
+        return None
+
+sys.meta_path.insert(0, Interrupting())
+over = {"federation.backend": "local", "run.rounds": 2, "federation.clients": 4, "run.progress": "none",
+        "run.out": sys.argv[1]}
+try:
+    fedcomp.run("quickstart", over)
+except KeyboardInterrupt as error:
+    print("INTERRUPTED", type(error).__name__, error)
+print("AGAIN", fedcomp.run("quickstart", over).final["round"])
+"""
+
+
+def test_a_ctrl_c_during_a_notebooks_first_torch_import_leaves_the_next_run_working(tmp_path):
+    """It broke torch for the process's life: every later run failed ("partially initialized module 'torch' has no
+    attribute 'cuda'")."""
+    done = subprocess.run([sys.executable, "-c", CUT_IMPORT, str(tmp_path)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.splitlines() == ["INTERRUPTED Interrupted nothing was kept (no checkpoint yet)", "AGAIN 2"], done.stdout
