@@ -188,6 +188,9 @@ def _stop_partial_start(before: set[int]) -> None:
     for pid in started:
         with contextlib.suppress(OSError):
             os.kill(pid, signal.SIGKILL)
+    for pid in started:  # this process's own children (the GCS, the raylet): reaped, not left as zombies
+        with contextlib.suppress(OSError):
+            os.waitpid(pid, 0)
 
 
 def _descendants() -> set[int]:
