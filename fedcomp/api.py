@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fedcomp.platform.config import Config, folder_of, load_config, overrides_of, placed_on, placement_only
-from fedcomp.platform.errors import resuming
+from fedcomp.platform.errors import ConfigError, resuming
 
 if TYPE_CHECKING:  # the runner and the backends import torch: a config is checked before they load
     from fedcomp.backends import make_server
@@ -44,7 +44,12 @@ def run(
         >>> result = fedcomp.run("quickstart", federation__backend="local", run__rounds=2)  # doctest: +SKIP
         >>> result.final["test_accuracy"]  # doctest: +SKIP
     """
-    all_overrides = {**overrides_of(overrides), **kwargs}
+    given = {key.replace("__", "."): value for key, value in overrides_of(overrides).items()}
+    for key, value in kwargs.items():
+        dotted = key.replace("__", ".")
+        if dotted in given and given[dotted] != value:
+            raise ConfigError(f"{dotted} given twice: {given[dotted]!r} in overrides and {key}={value!r}; give it once")
+    all_overrides = {**given, **kwargs}
     if isinstance(config, Config):
         config = config.replace(**all_overrides) if all_overrides else config
     else:

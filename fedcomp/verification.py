@@ -64,6 +64,12 @@ class Verification:
     def identical(self) -> bool:
         return not self.differences and not self.problems
 
+    def __repr__(self) -> str:
+        """One line: the verdict, over what, and where the rest is (:meth:`report`); not the environments."""
+        verdict = "identical" if self.identical else f"DIFFERENT in {len(self.differences)} columns"
+        return (f"Verification({verdict}: {len(self.compared)} metric columns over {self.rows} rows of "
+                f"{self.run_dir.name}, re-run in {self.seconds:.1f} s; .report() says all)")
+
     def report(self) -> str:
         """The lines ``fedcomp verify`` prints."""
         where, before = backend_text(self.backend, self.original_backend), backend_text(self.original_backend, self.backend)

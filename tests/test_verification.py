@@ -41,6 +41,9 @@ def test_a_verified_run_is_identical_and_nothing_is_left_behind(tmp_path, capsys
     assert "environment: same as the original's" in out
     assert sorted(p.name for p in run_dir.iterdir()) == before
     assert [p.name for p in (tmp_path / "runs").iterdir()] == [run_dir.name]
+    shown = repr(fedcomp.verify(run_dir))  # in a notebook: one line, not the dataclass's 800 characters
+    assert shown.startswith(f"Verification(identical: 12 metric columns over 3 rows of {run_dir.name}, re-run in ")
+    assert shown.endswith(" s; .report() says all)")
 
 
 @pytest.mark.ray

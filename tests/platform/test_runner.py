@@ -284,6 +284,9 @@ def test_resuming_a_completed_run_reads_it_back_and_rewrites_nothing(tmp_path):
 def test_the_apis_arguments_of_the_wrong_type_are_one_line():
     from fedcomp.platform.errors import ConfigError
 
+    with pytest.raises(ConfigError, match=r"^run.rounds given twice: 2 in overrides and run__rounds=3; give it once$"):
+        fedcomp.run("quickstart", {"run.rounds": 2}, run__rounds=3)  # the keyword won, silently
+
     with pytest.raises(ConfigError, match=r"^overrides = \['run.rounds', 2\]: must be a mapping of 'section.key'"):
         fedcomp.run("quickstart", ["run.rounds", 2])  # type: ignore[arg-type]
     for bad in (3, None):
