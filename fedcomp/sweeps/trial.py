@@ -30,6 +30,7 @@ from fedcomp.actors.quiet_exit import drop_lost_exits, drop_lost_exits_in_a_work
 from fedcomp.platform import results, run_checks
 from fedcomp.platform.config import Config
 from fedcomp.platform.errors import ResourceError
+from fedcomp.platform.progress import in_a_ray_worker
 from fedcomp.platform.runner import drive
 from fedcomp.sweeps import on_disk
 from fedcomp.sweeps.failures import Reports
@@ -38,6 +39,17 @@ from fedcomp.sweeps.spec import SweepSpec
 FAULT_EXIT = "FEDCOMP_FAULT_TRIAL_EXIT"  # "ROUND": a fresh (not restored) trial process exits at that round
 
 drop_lost_exits_in_a_worker()  # Tune stops trial processes with SIGTERM (all on Ctrl-C), some before they run a trial
+
+
+def quiet_tune_logs() -> None:
+    """Tune's and Train's INFO lines off in this trial process (one "checkpoint created" per save; "Restored on
+    <node> from checkpoint" as a retried or resumed trial starts, even at ``--verbose 0``): their warnings stay."""
+    logging.getLogger("ray.train").setLevel(logging.WARNING)
+    logging.getLogger("ray.tune").setLevel(logging.WARNING)
+
+
+if in_a_ray_worker():  # as Ray loads the trainable into a trial process, before Tune restores the trial's checkpoint
+    quiet_tune_logs()
 
 
 @dataclass(frozen=True)
@@ -186,8 +198,7 @@ def trial_process(spec_json: str, env: dict[str, str]) -> SweepSpec:
 
     drop_lost_exits()  # also where the module was loaded outside a Ray worker
     os.environ.update(env)  # the driver's FEDCOMP_* settings, passed on to the actors this trial starts
-    logging.getLogger("ray.train").setLevel(logging.WARNING)  # one "checkpoint created" line per save is noise
-    logging.getLogger("ray.tune").setLevel(logging.WARNING)
+    quiet_tune_logs()
     spec = SweepSpec.model_validate_json(spec_json)
     with own_streams():  # the user's modules (their configs import them again: a no-op then) may import torch
         spec.import_modules()

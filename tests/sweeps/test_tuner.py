@@ -208,9 +208,10 @@ def test_bundles_are_placeable_only_where_they_fit_the_nodes_together():
     assert _placeable([], two)
 
 
-def test_a_failing_trial_is_retried_from_its_checkpoint_with_fresh_actors(ray_session, tmp_path, monkeypatch):
+def test_a_failing_trial_is_retried_from_its_checkpoint_with_fresh_actors(ray_session, tmp_path, monkeypatch, capfd):
     monkeypatch.setenv(FAULT_EXIT, "3")  # the trial's process dies at round 3; its last checkpoint is round 2
     result = fedcomp.sweep(tiny(tmp_path, set={"federation.clients_per_actor": 4}))  # one client actor a trial
+    assert "Restored on" not in capfd.readouterr().err  # Tune's INFO line in the retried trial's process
     trials = result.trials
     assert set(trials["status"]) == {"completed"}
     assert_rows_once(trials, 4)
