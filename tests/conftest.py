@@ -192,6 +192,22 @@ def record_routing(server):
     return calls
 
 
+def failing_in_round(monkeypatch, index: int, error: BaseException | None = None):
+    """Make ``Server.run_round`` raise ``error`` (default ``RuntimeError("power cut")``) as round index ``index``
+    starts, the rounds before it run as ever: a run stopped after a checkpoint. Returns what puts the real one back."""
+    from fedcomp.platform.server import Server
+
+    real = Server.run_round
+
+    def run_round(self):
+        if self.counters.round == index:
+            raise error if error is not None else RuntimeError("power cut")
+        return real(self)
+
+    monkeypatch.setattr(Server, "run_round", run_round)
+    return lambda: monkeypatch.setattr(Server, "run_round", real)
+
+
 def small(**overrides):
     """Overrides for a fast invariant-logreg run (4 clients, q = 5, 3 rounds, local backend)."""
     base = {

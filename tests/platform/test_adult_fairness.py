@@ -10,7 +10,7 @@ import pytest
 
 import fedcomp
 from fedcomp.datasets import adult
-from tests.conftest import results_root
+from tests.conftest import failing_in_round, results_root
 
 
 @pytest.fixture
@@ -61,21 +61,12 @@ def test_missing_adult_files_is_one_config_error(tmp_path, monkeypatch):
 def test_the_data_root_a_run_read_is_recorded_and_a_resume_elsewhere_warned(adult_root, tmp_path, monkeypatch, capsys):
     """No task.root: the run reads $FEDCOMP_DATA, and run.json says which folder that was; a resume in a shell whose
     $FEDCOMP_DATA names another folder is told (the data may have moved whole, so it is not refused)."""
-    from fedcomp.platform.server import Server
-
-    real = Server.run_round
-
-    def fail_in_round_4(self):
-        if self.counters.round == 3:
-            raise RuntimeError("power cut")
-        return real(self)
-
-    monkeypatch.setattr(Server, "run_round", fail_in_round_4)
+    mended = failing_in_round(monkeypatch, 3)
     with pytest.raises(RuntimeError, match="power cut"):
         fedcomp.run({"task": {"name": "adult-fairness"}, "algorithm": {"name": "feddro", "local_steps": 2},
                      "federation": {"clients": 4, "backend": "local"},
                      "run": {"rounds": 5, "checkpoint_every": 2, "progress": "none", "out": str(tmp_path / "runs")}})
-    monkeypatch.setattr(Server, "run_round", real)
+    mended()
     [run_dir] = (tmp_path / "runs").iterdir()
     assert json.loads((run_dir / "run.json").read_text())["environment"]["data_root"] == str(adult_root)
     moved = tmp_path / "moved"

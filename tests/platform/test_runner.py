@@ -11,7 +11,7 @@ import pytest
 import fedcomp
 from fedcomp.platform import results
 from fedcomp.platform.errors import StorageError
-from tests.conftest import small
+from tests.conftest import failing_in_round, small
 
 
 def test_run_writes_parquet_and_run_json(tmp_path):
@@ -175,17 +175,8 @@ def test_resuming_a_run_checkpointed_at_its_end_writes_its_metrics_again(tmp_pat
 
 
 def test_failure_after_a_checkpoint_keeps_a_resumable_folder(tmp_path, monkeypatch, capsys):
-    from fedcomp.platform.server import Server
-
-    real = Server.run_round
-
-    def fail_in_round_4(self):
-        if self.counters.round == 3:
-            raise RuntimeError("power cut")
-        return real(self)
-
     over = small(**{"run.out": str(tmp_path), "run.rounds": 5, "run.checkpoint_every": 2})
-    monkeypatch.setattr(Server, "run_round", fail_in_round_4)
+    mended = failing_in_round(monkeypatch, 3)
     with pytest.raises(RuntimeError, match="power cut") as failed:
         fedcomp.run("quickstart", over)
     (run_dir,) = tmp_path.iterdir()
@@ -193,7 +184,7 @@ def test_failure_after_a_checkpoint_keeps_a_resumable_folder(tmp_path, monkeypat
     assert meta["status"] == "failed" and "power cut" in meta["error"]  # not Ctrl-C's "interrupted"
     # a bug's traceback ends with what was kept and how to continue
     assert failed.value.__notes__ == [f"fedcomp: round 2 is checkpointed; continue the run with: fedcomp.resume({str(run_dir)!r})"]
-    monkeypatch.setattr(Server, "run_round", real)
+    mended()
     capsys.readouterr()
     resumed = fedcomp.resume(run_dir, {"run.progress": "log"})
     assert f"fedcomp: resuming {run_dir} from its checkpoint at round 2 of 5" in capsys.readouterr().err.splitlines()
@@ -206,16 +197,8 @@ def test_failure_after_a_checkpoint_keeps_a_resumable_folder(tmp_path, monkeypat
 
 def test_a_platform_error_after_a_checkpoint_says_how_to_continue_the_run(tmp_path, monkeypatch):
     from fedcomp.platform.errors import ClientFailure
-    from fedcomp.platform.server import Server
 
-    real = Server.run_round
-
-    def fail_in_round_4(self):
-        if self.counters.round == 3:
-            raise ClientFailure("client 2 kept failing")
-        return real(self)
-
-    monkeypatch.setattr(Server, "run_round", fail_in_round_4)
+    failing_in_round(monkeypatch, 3, ClientFailure("client 2 kept failing"))
     with pytest.raises(ClientFailure, match=r"^client 2 kept failing; round 2 is checkpointed; continue the run with: "
                                             r"fedcomp.resume\('.*'\)$") as failed:
         fedcomp.run("quickstart", small(**{"run.out": str(tmp_path), "run.rounds": 5, "run.checkpoint_every": 2}))

@@ -14,7 +14,7 @@ import pytest
 import fedcomp
 from fedcomp.cli import main
 from fedcomp.platform import tracking
-from tests.conftest import small
+from tests.conftest import failing_in_round, small
 from tests.platform.wandb_log import read_offline_run
 
 COUNTERS = ["comm_rounds", "local_steps", "samples", "floats_up", "floats_down"]
@@ -72,26 +72,16 @@ def test_mlflow_store_holds_params_metrics_artifacts_and_status(tmp_path):
 
 @pytest.mark.slow
 def test_mlflow_run_of_a_resumed_run_continues_and_a_failed_start_is_deleted(tmp_path, monkeypatch):
-    from fedcomp.platform.server import Server
-
-    real = Server.run_round
-
-    def fail_in_round(n):
-        def run_round(self):
-            if self.counters.round == n:
-                raise RuntimeError("power cut")
-            return real(self)
-        return run_round
-
     over = {"run.rounds": 6, "run.checkpoint_every": 2, "run.eval_every": 1}
-    monkeypatch.setattr(Server, "run_round", fail_in_round(0))  # before the first checkpoint
+    mended = failing_in_round(monkeypatch, 0)  # before the first checkpoint
     with pytest.raises(RuntimeError):
         tracked(tmp_path, "mlflow", **over)
-    monkeypatch.setattr(Server, "run_round", fail_in_round(3))  # after the checkpoint of round 2
+    mended()
+    mended = failing_in_round(monkeypatch, 3)  # after the checkpoint of round 2
     with pytest.raises(RuntimeError):
         tracked(tmp_path, "mlflow", **over)
     (run_dir,) = [p for p in tmp_path.iterdir() if p.name != "mlflow"]
-    monkeypatch.setattr(Server, "run_round", real)
+    mended()
     fedcomp.resume(run_dir)
 
     client = tracking.mlflow_client(tmp_path)
