@@ -219,6 +219,7 @@ def _host_entry(method: Callable[Concatenate[ClientHost, P], T]) -> Callable[Con
     def wrapper(host: ClientHost, /, *args: P.args, **kwargs: P.kwargs) -> T:
         fed = host.config.federation
         token = FUSED_SGD.set(fed.fused_sgd)
+        session = host.session  # a resumed exchange's, as it was: the call may end it before it raises
         try:
             eager = host.not_compiled if fed.torch_compile else None
             with one_thread(host.config.run.deterministic), compiled.enabled(eager):
@@ -226,7 +227,7 @@ def _host_entry(method: Callable[Concatenate[ClientHost, P], T]) -> Callable[Con
         except PlatformError:
             raise  # fedcomp's own one line says what and where
         except Exception as error:  # a bug in an algorithm or task: its traceback, and which program met it
-            add_note(error, host.program_note(method.__name__, tuple(args)))
+            add_note(error, host.program_note(method.__name__, tuple(args), session))
             raise
         finally:
             FUSED_SGD.reset(token)
@@ -258,11 +259,14 @@ class ClientHost:
         """Under ``federation.torch_compile``: the (oracle, function) pairs found not to compile, which run eagerly
         from then on (:mod:`fedcomp.platform.compiled`)."""
 
-    def program_note(self, entry: str, args: tuple[Any, ...]) -> str:
+    def program_note(self, entry: str, args: tuple[Any, ...], session: Session | None) -> str:
         """Which client program a bug in the algorithm or task met, said beside its traceback: the host's ``entry``
-        (``run``, ``begin``, ``resume``) and its arguments (a program's name, its round, the cohort members here)."""
-        if entry == "resume" and self.session is not None:
-            program, round, cohort = self.session.program, self.session.round, sorted(self.session.programs)
+        (``run`` and ``begin``: from their arguments, a program's name, its round and the cohort members here;
+        ``resume``: from the exchange's ``session`` as the call found it)."""
+        if entry == "resume":
+            if session is None:
+                return "fedcomp: raised in a client program resumed with no exchange under way"
+            program, round, cohort = session.program, session.round, sorted(session.programs)
         else:
             program, round, cohort = args[0], args[1], list(args[2])
         members = ", ".join(map(str, cohort)) if len(cohort) <= 6 else f"{cohort[0]}, {cohort[1]}, ..., {cohort[-1]}"

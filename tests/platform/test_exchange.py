@@ -107,6 +107,8 @@ def test_a_program_without_yields_is_a_plain_model_round():
 def test_a_program_out_of_step_with_the_round_is_an_error_naming_it(yields, steps):
     fed, x0 = federation(yields=yields)
     r = a_round(fed)
-    with pytest.raises(RuntimeError, match="client program 'talk' is out of step"):
+    with pytest.raises(RuntimeError, match="client program 'talk' is out of step") as raised:
         r.exchange("talk", r.cohort(), {"x": x0}, steps)
     assert fed.host.session is None  # and nothing is left half-run
+    [note] = raised.value.__notes__  # named as the exchange was, though it ended as it raised
+    assert note.startswith("fedcomp: raised in client program 'talk' of algorithm ")

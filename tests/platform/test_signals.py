@@ -185,6 +185,9 @@ CUT_IMPORT = """
 import os, signal, sys
 import fedcomp
 
+signal.signal(signal.SIGINT, signal.default_int_handler)  # a Jupyter kernel's (a process started from one that
+# ignores SIGINT, a test worker's, inherits SIG_IGN, and fedcomp then leaves it alone)
+
 class Interrupting:  # Ctrl-C as torch is half imported (its C part loaded, torch.nn looked up)
     fired = False
 
