@@ -137,7 +137,8 @@ class ReplicatedServer:
                         yield self._take(reply)
                     return
                 except _Broken as broken:
-                    retries = self._recover(broken.dead, retries)
+                    # a node that went took all its actors: the others' calls may have ended before they died
+                    retries = self._recover({**self._dead(), **broken.dead}, retries)
                     skip = self.round - self.restore_round
                     plan = [False] * skip + evaluated[done:]
         finally:
@@ -219,7 +220,6 @@ class ReplicatedServer:
             ClientFailure: more deaths than ``federation.max_retries`` allows, or a failure with no actor dead.
         """
         first, replaced = len(self.actors.replacements), set[int]()
-        dead = {**self._dead(), **dead}  # a node that went took all its actors: the others' calls may have ended first
         while True:
             if retries == self.config.federation.max_retries:
                 raise ClientFailure(f"client actors {sorted(dead)} died in round {self.round + 1}, after {retries} "
