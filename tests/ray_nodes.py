@@ -33,10 +33,11 @@ class Cluster:
     """Two `ray start` processes (head and worker, 1 CPU each) on their own ports and temp dir.
 
     ``dashboard`` gives the head its dashboard and job agent, at :attr:`jobs` (``ray job submit --address``); a
-    cluster without them starts faster and costs less CPU while it idles.
+    cluster without them starts faster and costs less CPU while it idles. ``head_cpus = 0`` puts every actor on the
+    worker node.
     """
 
-    def __init__(self, dashboard: bool = False) -> None:
+    def __init__(self, dashboard: bool = False, head_cpus: int = 1) -> None:
         if not Path(RAY).is_file():
             pytest.skip("the ray command is not installed next to this Python")
         self.tmp = tempfile.mkdtemp(prefix="fcr", dir="/tmp")  # short: Ray's socket paths have a length limit
@@ -50,6 +51,7 @@ class Cluster:
         self.jobs = ""
         self.port = 0
         self.client = ""
+        self.head_cpus = head_cpus
         self._start_until_up(lambda: self._start(head=True, dashboard=dashboard), self._answers, "the head's GCS port")
         self.address = f"127.0.0.1:{self.port}"
         self._start_until_up(lambda: self._start(head=False), self._joined, "the second node")
@@ -69,7 +71,7 @@ class Cluster:
         ports = free_ports(10)
         while any(ports[2] <= port <= ports[2] + 60 for i, port in enumerate(ports) if i != 2):
             ports = free_ports(10)  # Ray refuses a component port inside the worker ports' range
-        args = [RAY, "start", "--block", "--num-cpus", "1", "--num-gpus", "0", "--node-ip-address", "127.0.0.1",
+        args = [RAY, "start", "--block", "--num-cpus", str(self.head_cpus if head else 1), "--num-gpus", "0", "--node-ip-address", "127.0.0.1",
                 "--object-manager-port", str(ports[0]), "--node-manager-port", str(ports[1]),
                 "--min-worker-port", str(ports[2]), "--max-worker-port", str(ports[2] + 60),
                 "--dashboard-agent-listen-port", str(ports[3]), "--dashboard-agent-grpc-port", str(ports[4]),

@@ -267,8 +267,14 @@ class ClientActor:
 
         return checkpoint_bytes({"server": checkpoint, **extra})
 
-    def replica_restore(self, checkpoint: dict[str, Any]) -> None:
-        self._replica().server.restore(checkpoint)
+    def replica_restore(self, checkpoint: dict[str, Any] | bytes) -> None:
+        """Back to ``checkpoint``: the server's, or a checkpoint file's content (:meth:`replica_save`)."""
+        if isinstance(checkpoint, bytes):
+            from fedcomp.platform.results import checkpoint_from_bytes
+
+            self._replica().server.restore(checkpoint_from_bytes(checkpoint)["server"])
+        else:
+            self._replica().server.restore(checkpoint)
 
     def replica_profile(self) -> dict[str, float]:
         return self._replica().profile()

@@ -6,10 +6,12 @@ the others answer once, at the end. Checkpoints gather the server state from rep
 private states; a restore goes to every replica.
 
 Recovery is by chunks. The last checkpoint (or restore, or the start) is kept in the object store as the restore
-point. When an actor dies mid-run, the others' next gather fails at once (gloo reads the end of its socket); the
-dead actors are replaced, the group formed again, every replica restored from the restore point, and the rounds
-since then run again -- the ones already handed to the caller silently, without evaluations -- which gives the
-same numbers, since every random draw is keyed by (seed, client, round, step).
+point, put there by the driver -- its file content, which the driver holds anyway: an object a client actor made
+lives on that actor's node, and would go with the node. When an actor dies mid-run, the others' next gather fails
+at once (gloo reads the end of its socket); the dead actors are replaced, the group formed again, every replica
+restored from the restore point, and the rounds since then run again -- the ones already handed to the caller
+silently, without evaluations -- which gives the same numbers, since every random draw is keyed by (seed, client,
+round, step).
 """
 
 from __future__ import annotations
@@ -75,11 +77,12 @@ class ReplicatedServer:
         """Whether the replicas may have run past :attr:`round`: a caller stopped taking a run's replies early, or the
         run failed. The next use brings them back (:meth:`_catch_up`)."""
         self.restore_point: Any = None
-        """The object holding the checkpoint the replicas go back to after a failure (never fetched here)."""
+        """The object the replicas go back to after a failure: a checkpoint's file content or, after a restore, the
+        checkpoint (never read here). The driver's own, in its node's object store: it outlives any worker node."""
         self.restore_round = 0
         try:
             self._form(range(len(self.actors.actors)))
-            self._gather()
+            self._save({"rows": [], "wall_time": 0.0})
         except BaseException:
             self.actors.close()
             raise
@@ -284,26 +287,31 @@ class ReplicatedServer:
     def evaluate(self) -> dict[str, float]:
         return self._surviving(lambda: self._get([self.actors.actors[0].replica_evaluate.remote()])[0])
 
-    def _gather(self) -> Any:
-        """Replica 0's checkpoint with every actor's clients' private states, gathered on actor 0 and kept in the
-        object store as the restore point; the driver reads its round only (a Ray run's driver imports no torch)."""
+    def _gather(self) -> tuple[Any, int]:
+        """Replica 0's checkpoint with every actor's clients' private states, gathered on actor 0 and left in the
+        object store, and its round (a Ray run's driver imports no torch)."""
         parts = [actor.replica_checkpoint.remote(i == 0) for i, actor in enumerate(self.actors.actors)]
         checkpoint, round = self.actors.actors[0].replica_merge.remote(*parts)
         try:
-            [self.restore_round] = self._get([round])
+            return checkpoint, self._get([round])[0]
         except Exception:
             with contextlib.suppress(Exception):  # its error is the round's: read here, or Ray prints it when it goes
                 ray.get(checkpoint, timeout=0)
             raise
-        self.restore_point = checkpoint
-        return checkpoint
 
     def checkpoint(self) -> dict[str, Any]:
-        """Replica 0's checkpoint with every actor's clients' private states; kept as the restore point."""
-        return self._surviving(lambda: self._get([self._gather()])[0])
+        """Replica 0's checkpoint with every actor's clients' private states."""
+        return self._surviving(lambda: self._get([self._gather()[0]])[0])
 
     def checkpoint_file(self, extra: dict[str, Any]) -> bytes:
-        return self._surviving(lambda: self._get([self.actors.actors[0].replica_save.remote(self._gather(), extra)])[0])
+        return self._surviving(lambda: self._save(extra))
+
+    def _save(self, extra: dict[str, Any]) -> bytes:
+        """A checkpoint file's content, saved by actor 0 and kept as the restore point."""
+        checkpoint, round = self._gather()
+        [content] = self._get([self.actors.actors[0].replica_save.remote(checkpoint, extra)])
+        self.restore_point, self.restore_round = ray.put(content), round
+        return content
 
     def restore(self, checkpoint: dict[str, Any]) -> None:
         point = ray.put(checkpoint)
