@@ -17,11 +17,10 @@ from ray.exceptions import RayActorError, RayTaskError
 
 from fedcomp.actors import kept
 from fedcomp.actors.cluster import actor_options, cluster_nodes, config_here, connect, plan_actors
-from fedcomp.actors.federation import unwrap, wait_ready
+from fedcomp.actors.federation import _death, unwrap, wait_ready
 from fedcomp.actors.quiet_exit import drop_lost_exits_in_a_worker
 from fedcomp.platform.config import Config
 from fedcomp.platform.errors import ActorLost
-from fedcomp.platform.results import first_line
 from fedcomp.platform.server_like import RoundReply
 
 drop_lost_exits_in_a_worker()  # a server actor stopped with SIGTERM, even before its constructor ran, goes without a traceback
@@ -236,5 +235,5 @@ class RayServer:
 def _lost(error: RayActorError) -> ActorLost:
     """The server actor's death as one line (its process was killed, or its node went): the server's state lives
     there, so the run stops and resumes from its checkpoint."""
-    return ActorLost(f"federation.server = 'actor': the server actor died ({first_line(error)}); the server's state "
+    return ActorLost(f"federation.server = 'actor': the server actor died ({_death(error)}); the server's state "
                      f"lived there")
