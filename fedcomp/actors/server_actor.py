@@ -7,16 +7,27 @@ imports torch.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import sys
 import time
 from collections import deque
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import ray
 from ray.exceptions import RayActorError, RayTaskError
 
 from fedcomp.actors import kept
-from fedcomp.actors.cluster import actor_options, cluster_nodes, config_here, connect, plan_actors
+from fedcomp.actors.cluster import (
+    actor_options,
+    cluster_nodes,
+    config_here,
+    connect,
+    describe_resources,
+    node_gone,
+    plan_actors,
+)
 from fedcomp.actors.federation import _death, unwrap, wait_ready
 from fedcomp.actors.quiet_exit import drop_lost_exits_in_a_worker
 from fedcomp.platform.config import Config
@@ -29,13 +40,16 @@ drop_lost_exits_in_a_worker()  # a server actor stopped with SIGTERM, even befor
 class ServerActor:
     """Holds the :class:`Server` (global state, evaluation data) and the client actors it starts."""
 
-    def __init__(self, config: Config | Mapping[str, Any], in_actor: bool = True, keep: bool = False) -> None:
-        self.setup(config, in_actor, keep)
+    def __init__(self, config: Config | Mapping[str, Any], in_actor: bool = True, keep: bool = False,
+                 incarnation: int = 0) -> None:
+        self.setup(config, in_actor, keep, incarnation)
 
-    def setup(self, config: Config | Mapping[str, Any], in_actor: bool = True, keep: bool = False) -> None:
+    def setup(self, config: Config | Mapping[str, Any], in_actor: bool = True, keep: bool = False,
+              incarnation: int = 0) -> None:
         """Build the server and start (or, ``keep``, take kept) client actors: the constructor, and a kept
         server actor's rebuild for the next run (:mod:`fedcomp.actors.kept`); ``config`` as its dict in an actor
-        (:func:`~fedcomp.actors.cluster.config_here`)."""
+        (:func:`~fedcomp.actors.cluster.config_here`). ``incarnation``: server actors of this run started before it
+        (the ones that died)."""
         import torch
 
         from fedcomp.actors.federation import RayFederation
@@ -52,11 +66,15 @@ class ServerActor:
             self.server = Server(config_here(config), RayFederation)
         except Exception as error:
             self.error = error
+        # Fault injection for the reliability tests: FEDCOMP_FAULT_KILL="server<r>" makes the run's first server
+        # actor exit (a real process exit) as it is asked to run round r.
+        self.exit_at = {item for item in os.environ.get("FEDCOMP_FAULT_KILL", "").split(",") if incarnation == 0}
 
-    def ready(self) -> int:
+    def ready(self) -> str:
+        """The node this server runs on (once it and its client actors are up)."""
         if self.error is not None:
             raise self.error
-        return len(self.server.federation.actors)  # type: ignore[attr-defined]
+        return str(ray.get_runtime_context().get_node_id())
 
     def placement(self) -> list[dict[str, Any]]:
         return list(self.server.federation.placement)  # type: ignore[attr-defined]
@@ -67,6 +85,8 @@ class ServerActor:
         evaluation after the round and the seconds it took (one driver -> server actor hop, not two)."""
         from fedcomp.platform.run_checks import state_finite
 
+        if f"server{self.server.counters.round + 1}" in self.exit_at:
+            os._exit(1)
         record, evaluation, evaluate_s = self.server.one_round(evaluate)
         return {
             "record": record,
@@ -85,8 +105,14 @@ class ServerActor:
     def checkpoint_file(self, extra: dict[str, Any]) -> bytes:
         return self.server.checkpoint_file(extra)
 
-    def restore(self, checkpoint: dict[str, Any]) -> None:
-        self.server.restore(checkpoint)
+    def restore(self, checkpoint: dict[str, Any] | bytes) -> None:
+        """Back to ``checkpoint``: the server's, or a checkpoint file's content (:meth:`checkpoint_file`)."""
+        if isinstance(checkpoint, bytes):
+            from fedcomp.platform.results import checkpoint_from_bytes
+
+            self.server.restore(checkpoint_from_bytes(checkpoint)["server"])
+        else:
+            self.server.restore(checkpoint)
 
     def restarts(self) -> int:
         return self.server.federation.restarts  # type: ignore[attr-defined]
@@ -106,45 +132,127 @@ RemoteServer = ray.remote(ServerActor)
 
 class RayServer:
     """Driver-side proxy with the :class:`~fedcomp.platform.server.ServerLike` interface: to a server actor, or
-    (``federation.server: driver``) to the same :class:`ServerActor` held in this process."""
+    (``federation.server: driver``) to the same :class:`ServerActor` held in this process.
+
+    A server actor that dies (its process killed, its node gone: its client actors go with it) is started again, up
+    to ``federation.max_retries`` times, from the last checkpoint the driver received (or from the start), and the
+    rounds since then run again, unseen: the same numbers, since every random draw is keyed by (seed, client,
+    round, step).
+    """
 
     def __init__(self, config: Config) -> None:
         cluster = connect(config.federation.ray_address, modules=config.modules())
         plan = plan_actors(config.federation, cluster, cluster_nodes())  # fail here, at once, on a shortfall
+        self.config = config
         self.driver_s = 0.0
         self.finite = True
         self.replacements: list[dict[str, Any]] = []
         self.actor: Any = None
         self.options: dict[str, Any] = {}
         self.here: ServerActor | None = None
+        self.round = 0
+        """Rounds run and handed to the caller."""
+        self.asked = 0
+        """Rounds the server actor has been asked to run: its round once it has run them (a caller that stops early
+        leaves one asked for, untaken)."""
+        self.saved: tuple[int, dict[str, Any] | bytes] | None = None
+        """The round and content of the last checkpoint file the server actor saved (or of the checkpoint it was
+        restored from): where a new server actor starts from, if this one dies."""
+        self.incarnation = 0
+        self.node: str | None = None
+        """The node the server actor runs on."""
         if config.federation.server == "driver":
             # The CPU share planned for the server stays unasked: the driver's process does that work here.
             self.here = ServerActor(config, in_actor=False)
             self.here.ready()
             return
         self.options = actor_options({"CPU": plan.server_cpus})
-        self.actor = kept.start("server", RemoteServer, self.options, config.to_dict(), keep=kept.keeping())
+        self._start()
+
+    def _start(self, waiting: Callable[[], str | None] | None = None) -> None:
+        """Start the server actor (``waiting``: see :func:`~fedcomp.actors.federation.wait_ready`)."""
+        self.actor = kept.start("server", RemoteServer, self.options, self.config.to_dict(), keep=kept.keeping(),
+                                incarnation=self.incarnation)
         kept.release()  # kept actors this run could not use would hold resources its own actors wait for
         try:
             # The server's constructor starts and awaits the client actors under the same deadline.
-            wait_ready([self.actor], ["the server actor"], 2 * config.federation.actor_timeout_s + 60)
+            [self.node] = wait_ready([self.actor], ["the server actor"], self.start_s, waiting)
         except BaseException:
             ray.kill(self.actor)
             raise
 
+    @property
+    def start_s(self) -> float:
+        """How long a server actor may take to start, with its client actors."""
+        return 2 * self.config.federation.actor_timeout_s + 60
+
+    def _node_lost(self) -> Callable[[], str | None]:
+        """While a server actor in place of a dead one waits for room: whether the dead one's node left the cluster,
+        said once as found (else the wait is silent until its deadline)."""
+        node, round = self.node, self.round + 1
+
+        def lost() -> str | None:
+            gone = node_gone(node)
+            if gone is not None:
+                print(f"fedcomp: warning: round {round}: {gone} left the cluster with the server actor; the one in its "
+                      f"place asks for {self.options.get('num_cpus', 0):g} CPU, and its client actors for theirs, and "
+                      f"waits up to {self.start_s:g} s for room (available now: {describe_resources()})",
+                      file=sys.stderr, flush=True)
+                return f"{gone} left the cluster (start a node in its place, or continue on the local backend)"
+            return None
+
+        return lost
+
     def _call(self, method: str, *args: Any) -> Any:
         if self.here is not None:
             return getattr(self.here, method)(*args)
-        try:
-            return ray.get(getattr(self.actor, method).remote(*args))
-        except RayTaskError as error:
-            raise unwrap(error) from None
-        except RayActorError as error:
-            raise _lost(error) from None
+        while True:
+            try:
+                return ray.get(getattr(self.actor, method).remote(*args))
+            except RayTaskError as error:
+                raise unwrap(error) from None
+            except RayActorError as error:
+                self._revive(error)
+
+    def _revive(self, error: RayActorError) -> None:
+        """Start another server actor in place of the dead one, at the caller's round: from the last checkpoint,
+        the rounds since run again (one that dies meanwhile is started again in turn).
+
+        Raises:
+            ActorLost: ``federation.max_retries`` server actors have been started again already.
+        """
+        retries = self.config.federation.max_retries
+        while True:
+            reason = _death(error)
+            if self.incarnation == retries:
+                raise ActorLost(f"federation.server = 'actor': the server actor died ({reason}); the server's state "
+                                f"lived there" + (f" (started again {retries} times: federation.max_retries = "
+                                                  f"{retries})" if retries else ""))
+            with contextlib.suppress(Exception):  # gone already, or its node: let go of what Ray still holds for it
+                ray.kill(self.actor)
+            self.incarnation += 1
+            self._start(self._node_lost())
+            start, content = self.saved or (0, None)
+            try:
+                if content is not None:
+                    ray.get(self.actor.restore.remote(content))
+                for _ in range(start, self.asked):  # the rounds since, unseen; their client actors' replacements told
+                    self.replacements.extend(ray.get(self.actor.run_round.remote(False))["replacements"])
+                break
+            except RayTaskError as failed:
+                raise unwrap(failed) from None
+            except RayActorError as again:
+                error = again
+        self.replacements.append({
+            "round": self.round + 1, "actor": "server", "clients": [], "incarnation": self.incarnation,
+            "reason": reason, "rerun": f"from round {start}'s checkpoint, and re-ran the rounds since" if start else
+            "from the start, and re-ran the rounds since"})
 
     def run_round(self) -> dict[str, Any]:
         started = time.perf_counter()
-        return self._take(self._call("run_round", False), started)[0]
+        reply = self._call("run_round", False)
+        self.asked += 1
+        return self._take(reply, started)[0]
 
     def run_rounds(self, evaluated: Sequence[bool]) -> Iterator[RoundReply]:
         """The rounds (see :class:`~fedcomp.platform.server.ServerLike`), each with its evaluation in the same call
@@ -157,28 +265,31 @@ class RayServer:
                 started = time.perf_counter()
                 yield self._take(self._call("run_round", evaluate), started)
             return
-        plan, pending = iter(evaluated), deque[Any]()
-
-        def submit() -> None:
-            evaluate = next(plan, None)
-            if evaluate is not None:
-                pending.append(self.actor.run_round.remote(evaluate))
-
-        submit()
-        while pending:
-            submit()  # queued behind the round the server actor runs now: at most one round ahead of the caller
-            started = time.perf_counter()
+        evaluated = list(evaluated)
+        done = 0
+        while done < len(evaluated):
+            pending = deque([self.actor.run_round.remote(evaluated[done])])
+            self.asked += 1
             try:
-                reply = ray.get(pending.popleft())
+                while pending:
+                    submitted = done + len(pending)
+                    if submitted < len(evaluated):  # queued behind the round the server actor runs now: at most
+                        pending.append(self.actor.run_round.remote(evaluated[submitted]))  # one round ahead of the caller
+                        self.asked += 1
+                    started = time.perf_counter()
+                    reply = ray.get(pending.popleft())
+                    done += 1
+                    yield self._take(reply, started)
             except RayTaskError as error:
                 raise unwrap(error) from None
             except RayActorError as error:
-                raise _lost(error) from None
-            yield self._take(reply, started)
+                self.asked = self.round  # the rounds left go to the new server actor, from the caller's round
+                self._revive(error)
 
     def _take(self, reply: dict[str, Any], started: float) -> RoundReply:
         """Note what the driver checks after every round (finite model, replaced actors) and the seconds it waited
         for the reply beyond the evaluation (``profile``'s driver -> server actor hop)."""
+        self.round += 1
         self.driver_s += time.perf_counter() - started - reply["evaluate_s"]
         self.finite = reply["model_finite"]
         self.replacements.extend(reply["replacements"])
@@ -207,10 +318,14 @@ class RayServer:
         return self._call("checkpoint")
 
     def checkpoint_file(self, extra: dict[str, Any]) -> bytes:
-        return self._call("checkpoint_file", extra)  # saved in the server actor: the driver gets bytes
+        content: bytes = self._call("checkpoint_file", extra)  # saved in the server actor: the driver gets bytes
+        self.saved = (self.asked, content)  # calls run in order: the rounds asked for ran first
+        return content
 
     def restore(self, checkpoint: dict[str, Any]) -> None:
         self._call("restore", checkpoint)
+        self.round = self.asked = int(checkpoint["counters"]["round"])
+        self.saved = (self.round, checkpoint)
 
     def restarts(self) -> int:
         """Client actors replaced after dying, so far."""
@@ -224,16 +339,10 @@ class RayServer:
         return self._call("placement")
 
     def close(self) -> None:
-        try:
-            self._call("close")
-        except Exception:  # the actor may already be gone; killing it below is what matters
-            pass
+        if self.here is not None:
+            self.here.close()
+            return
+        with contextlib.suppress(Exception):  # the actor may already be gone; killing it below is what matters
+            ray.get(self.actor.close.remote())
         if self.actor is not None:
             kept.give_back("server", self.options, self.actor)
-
-
-def _lost(error: RayActorError) -> ActorLost:
-    """The server actor's death as one line (its process was killed, or its node went): the server's state lives
-    there, so the run stops and resumes from its checkpoint."""
-    return ActorLost(f"federation.server = 'actor': the server actor died ({_death(error)}); the server's state "
-                     f"lived there")

@@ -135,7 +135,10 @@ class RoundDone:
 
 
 def replacement_line(event: dict[str, Any]) -> str:
-    """What a user is told of one replaced client actor (an event of :attr:`RoundDone.replaced`)."""
+    """What a user is told of one replaced client actor, or server actor (an event of :attr:`RoundDone.replaced`)."""
+    if event["actor"] == "server":
+        return (f"round {event['round']}: the server actor died ({event['reason']}); started another, with new client "
+                f"actors, {event['rerun']}")
     clients = event["clients"]
     span = f"client {clients[0]}" if len(clients) == 1 else f"clients {clients[0]}-{clients[-1]}"
     return (f"round {event['round']}: client actor {event['actor']} ({span}) died ({event['reason']}); replaced it "

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import json
+
+import pandas as pd
 import pytest
 
+import fedcomp
 from fedcomp.actors.server_actor import RayServer
 from fedcomp.platform.config import load_config
 from fedcomp.platform.federation import LocalFederation
@@ -81,16 +85,52 @@ def test_loading_the_actor_modules_in_a_worker_drops_lost_exits_before_any_const
         assert before != "DropLostExits" and after == "DropLostExits", module
 
 
+ACC = {"algorithm.name": "acc-fcsg-m", "federation.clients": 8, "federation.clients_per_actor": 4, "run.rounds": 8,
+       "run.checkpoint_every": 3}
+"""Acc-FCSG-M keeps each client's previous iterate on its client actor: a new server actor's get it back from the
+checkpoint."""
+
+
 @pytest.mark.slow
-def test_a_server_actor_that_dies_mid_run_is_one_line(ray_session):
-    """Its process killed (the server's state lived there): :class:`ActorLost`, whose line the runner completes with
-    how to resume, not Ray's traceback -- in a pipelined stretch of rounds and in a single call alike."""
+@pytest.mark.parametrize(("kill", "lines"), [
+    ("server4", ["round 4: the server actor died (Worker unexpectedly exits with a connection error code 2); started "
+                 "another, with new client actors, from round 3's checkpoint, and re-ran the rounds since"]),
+    ("server1,3:4", ["round 1: the server actor died (Worker unexpectedly exits with a connection error code 2); "
+                     "started another, with new client actors, from the start, and re-ran the rounds since",
+                     "round 4: client actor 1 (clients 4-7) died (Worker unexpectedly exits with a connection error "
+                     "code 2); replaced it and re-ran its share of the round"]),
+])
+def test_a_server_actor_that_dies_is_started_again_and_the_run_ends_with_the_local_numbers(
+    ray_session, tmp_path, monkeypatch, capsys, kill, lines
+):
+    """Its process exits as it is asked for round 4 (after round 3's checkpoint), or round 1 (before any checkpoint;
+    a client actor of the new one dies in round 4 too): another server actor, with new client actors, goes back to
+    the checkpoint the driver holds (or the start) and runs the rounds since again; the user is told, run.json
+    keeps it, and the numbers are the local backend's. It stopped the run (ActorLost: resume by hand)."""
+    reference = fedcomp.run("quickstart", small(**ACC, **{"run.out": str(tmp_path / "local")}))
+    monkeypatch.setenv("FEDCOMP_FAULT_KILL", kill)
+    capsys.readouterr()
+    result = fedcomp.run("quickstart", small(**ACC, **{"run.out": str(tmp_path / "ray"), "federation.backend": "ray",
+                                                       "federation.server": "actor"}))
+    pd.testing.assert_frame_equal(result.metrics.drop(columns="wall_time"), reference.metrics.drop(columns="wall_time"),
+                                  check_exact=True)
+    told = [line.removeprefix("fedcomp: ") for line in capsys.readouterr().err.splitlines() if line.startswith("fedcomp:")]
+    assert told == lines
+    events = json.loads((result.run_dir / "run.json").read_text())["actor_replacements"]
+    assert [(event["round"], event["actor"]) for event in events] == [
+        (int(line.split(":")[0].split()[1]), "server" if "server" in line else 1) for line in lines]
+
+
+@pytest.mark.slow
+def test_a_server_actor_that_dies_once_more_than_max_retries_allows_is_one_line(ray_session):
+    """Killed with ``federation.max_retries = 0`` (no new one): :class:`ActorLost`, whose line the runner completes
+    with how to resume, not Ray's traceback -- in a pipelined stretch of rounds and in a single call alike."""
     import ray
 
     from fedcomp.platform.errors import ActorLost
 
     server = RayServer(load_config("quickstart", small(**{"federation.backend": "ray", "federation.clients_per_actor": 2,
-                                                          "federation.server": "actor"})))
+                                                          "federation.server": "actor", "federation.max_retries": 0})))
     try:
         next(server.run_rounds([False]))
         ray.kill(server.actor)
