@@ -12,7 +12,7 @@ from typing import NoReturn
 
 from fedcomp.platform import catalog
 from fedcomp.platform.config import parse_value
-from fedcomp.platform.errors import PlatformError, command_line
+from fedcomp.platform.errors import PlatformError, command_line, shortened
 from fedcomp.platform.signals import answering_sigterm
 
 
@@ -328,7 +328,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (MemoryError, RuntimeError) as error:  # a size too large for the machine, whichever field it was
         if not isinstance(error, MemoryError) and not OUT_OF_MEMORY.search(str(error)):
             raise
-        print(f"fedcomp: error: out of memory ({type(error).__name__}: {one_line(error)[:200]}): a size in the config is "
+        print(f"fedcomp: error: out of memory ({type(error).__name__}: {shortened(one_line(error), 200)}): a size in the config is "
               f"too large for this machine (federation.clients, a batch size, the task's or model's dimensions)",
               file=sys.stderr)
         return 2

@@ -34,7 +34,7 @@ import ray
 from fedcomp.actors.quiet import quiet_ray_start
 from fedcomp.platform import catalog
 from fedcomp.platform.config import Config, FederationConfig, load_config
-from fedcomp.platform.errors import ConfigError, ResourceError
+from fedcomp.platform.errors import ConfigError, ResourceError, shortened
 from fedcomp.platform.gpu_packing import Footprint, pick_clients_per_actor
 from fedcomp.platform.progress import announce
 from fedcomp.platform.signals import depends_on, stop_on_sigterm
@@ -431,7 +431,7 @@ def _gcs_problem(host: str, port: int, timeout: float) -> str | None:
     if done.returncode == 0:
         return None
     lines = [line for line in done.stderr.strip().splitlines() if line.strip() and not line.startswith("[")]
-    return (lines[-1] if lines else f"exit code {done.returncode}")[:160]
+    return shortened(lines[-1], 160) if lines else f"exit code {done.returncode}"
 
 
 def cluster_nodes() -> list[dict[str, float]]:

@@ -35,6 +35,7 @@ import ray
 
 from fedcomp.actors.group_terms import JOIN_TIMEOUT_S, GroupBroken
 from fedcomp.platform.algorithms.base import Outcome
+from fedcomp.platform.errors import shortened
 from fedcomp.platform.federation import Averages, ClientHost, Layout, Partial, mean_of
 
 FAULT_JOIN = "FEDCOMP_FAULT_GROUP_JOIN"
@@ -258,7 +259,7 @@ class Group:
         except (OSError, ConnectionError) as error:
             self.leave()  # so that the others' exchanges fail at once too
             reason = "timed out" if isinstance(error, TimeoutError) else str(error) or type(error).__name__
-            raise GroupBroken(f"an exchange of the actors' group failed: {reason[:160]}") from None
+            raise GroupBroken(f"an exchange of the actors' group failed: {shortened(reason, 160)}") from None
         raise RuntimeError(out_of_step)
 
     def _splits(self, floats: int) -> bool:

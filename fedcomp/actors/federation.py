@@ -54,8 +54,7 @@ from fedcomp.actors.graph import ActorGraph
 from fedcomp.actors.group_terms import JOIN_TIMEOUT_S, GroupBroken
 from fedcomp.actors.routing import Router
 from fedcomp.platform.config import Config
-from fedcomp.platform.errors import ClientFailure, PlatformError, ResourceError, add_note
-from fedcomp.platform.results import first_line
+from fedcomp.platform.errors import ClientFailure, PlatformError, ResourceError, add_note, first_line, shortened
 
 if TYPE_CHECKING:
     from fedcomp.actors.collective import History
@@ -622,5 +621,5 @@ def _death(error: RayActorError) -> str:
     for line in text.splitlines():
         if "exit detail" in line.lower():
             detail = line.split("detail:", 1)[-1].strip().split(". ")[0].rstrip(".")
-            return detail[:160] or "the actor process died"
+            return shortened(detail, 160) or "the actor process died"
     return first_line(error) if text.strip() else "the actor process died"

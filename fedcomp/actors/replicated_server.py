@@ -28,8 +28,7 @@ from fedcomp.actors.cluster import connect, through_ray_client
 from fedcomp.actors.federation import RayFederation, _cause, _death, unwrap
 from fedcomp.actors.group_terms import GroupBroken
 from fedcomp.platform.config import Config
-from fedcomp.platform.errors import ClientFailure
-from fedcomp.platform.results import first_line
+from fedcomp.platform.errors import ClientFailure, first_line
 from fedcomp.platform.server_like import RoundReply
 
 T = TypeVar("T")

@@ -33,6 +33,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from fedcomp.platform.errors import first_line
+
 ENABLED: ContextVar[set[object] | None] = ContextVar("torch_compile", default=None)
 """While a host runs client programs under ``federation.torch_compile`` (:func:`enabled`): its run's (oracle, function)
 pairs that did not compile (they run eagerly); None otherwise."""
@@ -151,7 +153,7 @@ def _compiled(oracle: Callable[..., Any], key: object, name: str, *args: Any) ->
         if isinstance(error, FailOnRecompileLimitHit):
             reason = f"this process would hold more than {RECOMPILE_LIMIT} of its graphs"
         else:
-            reason = (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
+            reason = first_line(error)
         warnings.warn(f"federation.torch_compile: {name} does not compile into one graph ({reason}); "
                       "it runs eagerly", RuntimeWarning, stacklevel=4)
         return None

@@ -144,3 +144,16 @@ def shown(value: object) -> str:
     """``repr(value)`` for a message that names a value the user gave, abridged with ``...`` past 20 items or 2
     levels: a YAML file's aliases can expand a few lines into millions of items, whose full repr takes seconds."""
     return _SHOWN.repr(value)
+
+
+def first_line(error: BaseException, limit: int = 200) -> str:
+    """The first line of an exception's message (its type name if it has none), :func:`shortened` to ``limit``."""
+    lines = str(error).strip().splitlines()
+    return shortened(lines[0] if lines else type(error).__name__, limit)
+
+
+def shortened(text: str, limit: int) -> str:
+    """``text`` cut after a whole word to at most ``limit`` characters, `` ...`` marking the cut."""
+    if len(text) <= limit:
+        return text
+    return (text[:limit - 4].rsplit(" ", 1)[0] or text[:limit - 4]) + " ..."

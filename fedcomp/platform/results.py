@@ -19,7 +19,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-from fedcomp.platform.errors import NoResults, StorageError
+from fedcomp.platform.errors import NoResults, StorageError, first_line
 
 if TYPE_CHECKING:  # pandas (and pyarrow) load where frames are written or read, not in every actor process, and
     # torch where checkpoints are saved or read: a Ray run's driver writes the bytes its server saved
@@ -85,16 +85,6 @@ def remove_temporaries(folder: Path, names: tuple[str, ...]) -> None:
 def describe_os_error(error: OSError) -> str:
     """``No space left on device`` rather than ``[Errno 28] No space left on device: '/x/.tmp1234'``."""
     return error.strerror or str(error)
-
-
-def first_line(error: BaseException, limit: int = 200) -> str:
-    """The first line of an exception's message (its type name if it has none), cut after a whole word to at most
-    ``limit`` characters, `` ...`` marking the cut."""
-    lines = str(error).strip().splitlines()
-    line = lines[0] if lines else type(error).__name__
-    if len(line) <= limit:
-        return line
-    return (line[:limit - 3].rsplit(" ", 1)[0] or line[:limit - 3]) + " ..."
 
 
 def new_folder_name(parent: Path, prefix: str) -> str:

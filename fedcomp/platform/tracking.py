@@ -38,8 +38,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any, cast
 
-from fedcomp.platform.errors import ConfigError, StorageError
-from fedcomp.platform.results import first_line
+from fedcomp.platform.errors import ConfigError, StorageError, first_line
 
 TRACKERS = ("none", "tensorboard", "mlflow", "wandb")
 EXTRA = "fedcomp[track]"

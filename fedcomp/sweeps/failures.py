@@ -25,7 +25,7 @@ from ray import cloudpickle, tune
 from ray.exceptions import RayError, RayTaskError
 from ray.tune import Callback
 
-from fedcomp.platform.errors import AlgorithmError, ConfigError, PlatformError, TaskError
+from fedcomp.platform.errors import AlgorithmError, ConfigError, PlatformError, TaskError, shortened
 from fedcomp.platform.runner import replacement_line
 from fedcomp.sweeps.staging import staging_folder
 
@@ -131,6 +131,10 @@ def error_line(error: BaseException) -> str:
     return text if isinstance(cause, PlatformError) else f"{type(cause).__name__}: {text}"
 
 
+ERROR_LINE_LIMIT = 500
+"""Characters of a trial's error line in the sweep's messages (a data root's, say, is up to 350: whole)."""
+
+
 def last_error_line(trial: Any) -> str:
     """A failed trial's error in one line (:func:`error_line`) from the exception Tune kept; where that cannot be
     read back (a class the driver cannot import), the last line of its ``error.txt``; nothing where neither can."""
@@ -140,13 +144,13 @@ def last_error_line(trial: Any) -> str:
     except Exception:
         error = None
     if isinstance(error, BaseException):
-        return error_line(error)[:300]
+        return shortened(error_line(error), ERROR_LINE_LIMIT)
     path = getattr(trial, "error_file", None)
     try:
         lines = [line for line in Path(path).read_text().splitlines() if line.strip()] if path else []
     except OSError:
         return ""
-    return lines[-1].strip()[:300] if lines else ""
+    return shortened(lines[-1].strip(), ERROR_LINE_LIMIT) if lines else ""
 
 
 class FinalErrors(Callback):

@@ -36,6 +36,7 @@ from fedcomp.platform.errors import (
     ResourceError,
     StorageError,
     TrialsFailed,
+    first_line,
     resuming,
     to_continue,
 )
@@ -314,7 +315,7 @@ def sweep(
     except Exception as error:  # its tracking store: MLflow's database damaged, its folder a file
         results.unclaim(path, made)
         raise StorageError(f"run.track = {run.track!r}: the sweep's tracking could not start ({type(error).__name__}: "
-                           f"{results.first_line(error)}); nothing was kept") from None
+                           f"{first_line(error)}); nothing was kept") from None
     tuner = tune.Tuner(
         _trainable(spec, has_gpus),
         param_space=_param_space(spec),

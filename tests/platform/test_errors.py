@@ -78,10 +78,19 @@ def test_paths_may_be_pathlib_paths_wherever_a_path_is_wanted(tmp_path):
 
 
 def test_an_errors_first_line_is_cut_after_a_whole_word():
-    from fedcomp.platform.results import first_line
+    from fedcomp.platform.errors import first_line
 
     reason = RuntimeError("The actor died because its node died. " * 8 + "\nsecond line")
     cut = first_line(reason, 60)
     assert cut == "The actor died because its node died. The actor died ..." and len(cut) <= 60
     assert first_line(RuntimeError("short\nmore")) == "short" and first_line(RuntimeError()) == "RuntimeError"
-    assert first_line(RuntimeError("x" * 300), 50) == "x" * 47 + " ..."  # no space to cut at
+    assert first_line(RuntimeError("x" * 300), 50) == "x" * 46 + " ..."  # no space to cut at: still 50 at most
+
+
+def test_a_long_text_is_shortened_after_a_whole_word_and_a_short_one_kept():
+    from fedcomp.platform.errors import shortened
+
+    line = "cifar10 not found: extract the python-version archive into the data root"
+    assert shortened(line, len(line)) == line
+    assert shortened(line, 70) == "cifar10 not found: extract the python-version archive into the ..."
+    assert all(len(shortened(line, n)) <= n for n in range(8, len(line) + 1))
