@@ -34,7 +34,7 @@ import ray
 from fedcomp.actors.quiet import quiet_ray_start
 from fedcomp.platform import catalog
 from fedcomp.platform.config import Config, FederationConfig, load_config
-from fedcomp.platform.errors import ConfigError, ResourceError, shortened
+from fedcomp.platform.errors import ConfigError, ResourceError, first_line, shortened
 from fedcomp.platform.gpu_packing import Footprint, pick_clients_per_actor
 from fedcomp.platform.progress import announce
 from fedcomp.platform.signals import depends_on, stop_on_sigterm
@@ -157,8 +157,7 @@ def _start_or_join(address: str | None, field: str, worker_log_level: str | None
                 warnings.simplefilter("ignore", UserWarning)
                 ray.init(address=address, **kwargs)
         except (ConnectionError, TimeoutError, RuntimeError, ValueError) as error:
-            first = (str(error).strip().splitlines() or [type(error).__name__])[0]
-            raise ResourceError(f"{field} = {address!r}: Ray could not join that cluster: {first}") from None
+            raise ResourceError(f"{field} = {address!r}: Ray could not join that cluster: {first_line(error)}") from None
     else:
         # "local": a new instance even when `ray start` left a cluster on this machine (a bare ray.init()
         # would join the latest one, and die with it).
@@ -407,13 +406,18 @@ def probe(address: str, field: str = "federation.ray_address", timeout: float = 
             f"{field} = {address!r}: cannot reach {host}:{port} ({reason}) within {timeout:g}s; start the cluster "
             f"(`ray start --head`) or drop the address to run on a fresh local Ray"
         ) from None
-    if not join.strip().startswith("ray://"):
-        problem = _gcs_problem(host, port, 2 * timeout)
-        if problem:
-            raise ResourceError(
-                f"{field} = {address!r}: {host}:{port} is not a Ray head answering ({problem}); give the head's GCS "
-                f"port (6379 unless `ray start --port` said otherwise) or ray://HOST:10001"
-            )
+    problem = _gcs_problem(host, port, 2 * timeout)  # 0.4 s either way
+    if not join.strip().startswith("ray://") and problem:
+        raise ResourceError(
+            f"{field} = {address!r}: {host}:{port} is not a Ray head answering ({problem}); give the head's GCS "
+            f"port (6379 unless `ray start --port` said otherwise) or ray://HOST:10001"
+        )
+    if join.strip().startswith("ray://") and not problem:  # a Ray Client there timed out after 30 s, saying no more
+        raise ResourceError(
+            f"{field} = {address!r}: {host}:{port} is the head's GCS port, not its Ray Client server's: give "
+            f"{host}:{port} without ray:// (from a machine of the cluster), or ray://{host}:10001 (unless `ray start "
+            f"--ray-client-server-port` said otherwise)"
+        )
     return join
 
 
