@@ -133,8 +133,11 @@ class TrialProgress(Callback):
     """One line per finished trial (its configuration, final metric, trials done, ETA), or a tqdm bar
     over trials in a terminal when Tune's own output is off (``--verbose 0``)."""
 
-    def __init__(self, total: int, metric: str, mode: str, progress: str = "auto", verbose: int = 0) -> None:
+    def __init__(self, total: int, metric: str, mode: str, progress: str = "auto", verbose: int = 0,
+                 rounds: int | None = None) -> None:
         self.total, self.metric, self.mode = total, metric, mode
+        self.rounds = rounds
+        """The trials' ``run.rounds`` (a trial's own where swept) where a scheduler may stop them, else None."""
         self.progress = progress
         self.shown_at(verbose)
         self.done = self.failed = 0
@@ -208,12 +211,12 @@ class TrialProgress(Callback):
         self._replaced_in(trial, 0)  # a trial started again (after a failure) counts its replacements afresh
 
     def on_trial_result(self, iteration: int, trials: list[Any], trial: Any, result: dict[str, Any], **info: Any) -> None:
-        """Say, whatever the progress style, that a client actor of the trial died and was replaced (a run says
-        it as it happens; a trial's own line is in its log)."""
+        """Say, whatever the progress style, that an actor of the trial died and was replaced (a run says it as it
+        happens; a trial's own line is in its log)."""
         count = result.get(ACTOR_REPLACEMENTS, 0)
         new = count - self._replaced_in(trial, count)
         if new > 0:
-            actors = "a client actor" if new == 1 else f"{new} client actors"
+            actors = "an actor" if new == 1 else f"{new} actors"  # client actors, or a server actor with its own
             write_line(f"fedcomp: trial {trial_label(trial.config)}: {actors} died by round {result.get('trial_round')} "
                        f"and {'was' if new == 1 else 'were'} replaced; the work since ran again, to the same numbers "
                        f"({count} in this trial; its process's own line says which actor and why)")
@@ -229,8 +232,11 @@ class TrialProgress(Callback):
         last = trial.last_result or {}
         if last.get("diverged") == 1.0:  # sweeps.trial.DIVERGED: a trial's stop mark
             self._finished(trial, "diverged")
-        else:  # a trial that ran to its end returned, and Tune marked its last result done; one a scheduler stopped, not
-            self._finished(trial, "completed" if last.get("done") else "stopped early")
+        else:  # Tune marks the last result of a trial a scheduler stopped "done" too: its rounds tell
+            rounds = getattr(self, "rounds", None)  # (a callback saved by a sweep started before it was kept: None)
+            planned = (trial.config.get("point") or {}).get("run.rounds", rounds) if rounds else None
+            short = planned is not None and last.get("trial_round", planned) < planned
+            self._finished(trial, "stopped early" if short else "completed")
 
     def on_trial_error(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
         self._finished(trial, "failed")

@@ -34,8 +34,9 @@ FINAL_ERROR = "final_error"
 latest value, nan before the first): the mark :class:`FinalErrors` acts on."""
 
 ACTOR_REPLACEMENTS = "actor_replacements"
-"""The key, in every result a trial reports, of the client actors its run replaced so far in this process (each died
-and was replaced, and its share of the round ran again: the numbers are the same; the driver says so as it rises)."""
+"""The key, in every result a trial reports, of the actors its run replaced so far in this process (client actors, and
+server actors with theirs: each died and was replaced, and the work since ran again: the numbers are the same; the
+driver says so as it rises)."""
 
 DETERMINISTIC_PLATFORM_ERRORS = (ConfigError, TaskError, AlgorithmError)
 """fedcomp's own errors about the input: a value out of range, a task or algorithm that breaks its contract. Its others

@@ -65,10 +65,7 @@ def outcome_counts(trials: pd.DataFrame, spec: SweepSpec) -> str:
     runs = trials["trial"].nunique()
     failed = trials.loc[trials["status"] == "error", "trial"].nunique()
     diverged = trials.loc[trials["status"] == "diverged", "trial"].nunique()
-    stopped = 0
-    if spec.scheduler == "asha" and "round" in trials:
-        last = _last_rows(trials)
-        stopped = int(((last["status"] == "completed") & _short(last)).sum())
+    stopped = trials.loc[trials["status"] == "stopped", "trial"].nunique()
     if spec.pack != "none" and spec.search == "grid":
         packs = trials["trial"].str.rsplit("-", n=1).str[0].nunique()
         counted = f"{runs} configurations in {packs} packed trial{'s' * (packs != 1)}"

@@ -224,7 +224,8 @@ def _run_config(spec: SweepSpec, path: Path, verbose: int) -> tune.RunConfig:
         failure_config=tune.FailureConfig(max_failures=spec.max_failures),  # no num_to_keep: tune_state prunes
         verbose=verbose,
         callbacks=[FinalErrors(spec.max_failures), *logger_callbacks(run.track, path, spec.model_dump_json()),
-                   TrialProgress(trials, metric, mode, run.progress, verbose), tune_state.StateCopy()],
+                   TrialProgress(trials, metric, mode, run.progress, verbose,
+                                 run.rounds if spec.scheduler == "asha" else None), tune_state.StateCopy()],
         log_to_file=not verbose,  # at verbose 0 the trials' own output goes to files in their folders
     )
 
@@ -618,7 +619,8 @@ def _finish(grid: ResultGrid, spec: SweepSpec, path: Path) -> SweepResult:
 
 
 def collect(grid: ResultGrid, spec: SweepSpec) -> pd.DataFrame:
-    """One row per trial and evaluation round: trial id and status, the trial's full config flattened
+    """One row per trial and evaluation round: trial id and status (``completed``, ``stopped`` by the scheduler,
+    ``diverged``, ``error``), the trial's full config flattened
     to ``section.key`` columns, then its metric columns.
 
     Rows come from the trial's latest checkpoint (exactly the run's rows, once each even after retries
@@ -646,6 +648,8 @@ def collect(grid: ResultGrid, spec: SweepSpec) -> pd.DataFrame:
             metric_columns.update(dict.fromkeys(frame.columns))
             name = f"{trial_id}-{k}" if packed else trial_id
             shown = "diverged" if diverged and status == "completed" else status
+            if shown == "completed" and rows and rows[-1].get("round", 0) < config["run.rounds"]:
+                shown = "stopped"  # by the scheduler (ASHA), its rounds kept
             head = pd.DataFrame([{"trial": name, "status": shown, **config}] * len(frame))
             frames.append(pd.concat([head, frame.reset_index(drop=True)], axis=1))
     if not frames:

@@ -16,19 +16,20 @@ class Terminal(io.StringIO):
         return True
 
 
-def trial(lr: float, value: float, metric: str = "test_accuracy", done: bool = True) -> SimpleNamespace:
-    """A finished trial; ``done``: it returned (Tune marks its last result so), not stopped by a scheduler."""
-    return SimpleNamespace(config={"point": {"algorithm.lr": lr}, "run.seed": 0}, last_result={metric: value, "done": done})
+def trial(lr: float, value: float, metric: str = "test_accuracy", ran: int = 6) -> SimpleNamespace:
+    """A finished trial that ran ``ran`` rounds; Tune marks its last result done, stopped by a scheduler or not."""
+    return SimpleNamespace(config={"point": {"algorithm.lr": lr}, "run.seed": 0},
+                           last_result={metric: value, "done": True, "trial_round": ran})
 
 
 def test_a_line_per_finished_trial_with_counts_metric_and_eta(monkeypatch):
     err = io.StringIO()
     monkeypatch.setattr(sys, "stderr", err)
-    progress = TrialProgress(4, "test_accuracy", "max", progress="auto", verbose=1)
+    progress = TrialProgress(4, "test_accuracy", "max", progress="auto", verbose=1, rounds=6)
     progress.setup()
     progress.on_trial_complete(1, [], trial(0.1, 0.9))
     progress.on_trial_error(2, [], trial(0.5, float("nan")))
-    progress.on_trial_complete(3, [], trial(0.03, 0.6, done=False))  # ASHA stopped it
+    progress.on_trial_complete(3, [], trial(0.03, 0.6, ran=2))  # ASHA stopped it (it showed as completed)
     progress.on_trial_complete(4, [], trial(0.01, 0.7))
     lines = err.getvalue().splitlines()
     assert [line.split("  ")[0] for line in lines] == ["trial 1/4 completed", "trial 2/4 failed",

@@ -171,7 +171,9 @@ def test_optuna_search_is_seeded_and_repeats_each_configuration_over_seeds(ray_s
     assert lrs(tmp_path / "a") == lrs(tmp_path / "b")
 
 
-def test_asha_stops_weak_trials_and_the_report_ranks_full_runs(ray_session, tmp_path):
+def test_asha_stops_weak_trials_and_the_report_ranks_full_runs(ray_session, tmp_path, capfd):
+    """ASHA stops the weak trials and the report ranks the full runs; a trial it stopped says so, in its line and in
+    trials.parquet (both said completed: Tune marks the last result of a stopped trial done too)."""
     result = fedcomp.sweep(tiny(tmp_path, backend="local", grid={"algorithm.lr": [0.1, 1e-5, 2e-5, 3e-5]},
                                 scheduler="asha", grace_rounds=1, max_concurrent=1,
                                 set={"run.rounds": 6}))
@@ -181,6 +183,11 @@ def test_asha_stops_weak_trials_and_the_report_ranks_full_runs(ray_session, tmp_
         assert rows["round"].tolist() == list(range(len(rows)))
     assert best_configurations(result.trials, result.spec)["algorithm.lr"].tolist() == [0.1]
     stopped = int((lengths < 6).sum())
+    said = [line.split("  ")[0].split(" ", 2)[2] for line in capfd.readouterr().err.splitlines()
+            if line.startswith("trial ")]
+    assert sorted(said) == sorted(["completed"] * (4 - stopped) + ["stopped early"] * stopped)
+    last = result.trials.groupby("trial").tail(1)
+    assert (last["status"] == last["round"].map(lambda ran: "completed" if ran == 6 else "stopped")).all()
     assert outcome_counts(result.trials, result.spec) == (
         f"4 trials, 0 failed, {stopped} stopped early by ASHA (their rounds kept; not in the tables of final values)")
 
@@ -231,7 +238,7 @@ def test_a_client_actor_dying_in_a_trial_is_replaced_and_the_user_told(ray_sessi
     swept, alone = reference(trials, trials["trial"].iloc[0])
     pd.testing.assert_frame_equal(swept, alone, check_dtype=False, check_exact=True)
     [told] = [line for line in capsys.readouterr().err.splitlines() if line.startswith("fedcomp: trial ")]
-    assert told == ("fedcomp: trial run.seed=0: a client actor died by round 3 and was replaced; the work since ran "
+    assert told == ("fedcomp: trial run.seed=0: an actor died by round 3 and was replaced; the work since ran "
                     "again, to the same numbers (1 in this trial; its process's own line says which actor and why)")
     [results_file] = result.path.glob("*/result.json")
     reported = [json.loads(line) for line in results_file.read_text().splitlines()]
