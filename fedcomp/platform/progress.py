@@ -147,10 +147,10 @@ class RunProgress:
         changed = latest is not None and latest is not self.latest
         if latest is not None:
             self.latest = latest
-        if self.bar is not None:
-            self.bar.update(round - self.bar.n)
+        if self.bar is not None:  # the round's evaluation set first: update() draws the bar
             if changed and latest is not None and self.headline in latest:
                 self.bar.set_postfix({self.headline: _value(latest[self.headline])}, refresh=False)
+            self.bar.update(round - self.bar.n)
             return
         if self.mode != "log":
             return

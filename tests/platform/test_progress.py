@@ -91,6 +91,19 @@ def test_the_bar_shows_round_metric_and_eta():
     assert "<" in text  # tqdm's elapsed<remaining
 
 
+def test_each_frame_of_the_bar_shows_its_own_rounds_evaluation():
+    """At 2/4 the bar showed round 1's value: it was drawn before the round's evaluation was set."""
+    out = Terminal()
+    progress = RunProgress(4, 0, "test_accuracy", "auto", label="fcsg-m", stream=out)
+    progress.bar.mininterval, progress.bar.miniters = 0, 1  # every update drawn (tqdm draws ten a second at most)
+    for r in range(1, 5):
+        progress.update(r, row(r, 0.25 * r))
+    progress.close()
+    frames = [frame for frame in out.getvalue().split("\r") if "test_accuracy" in frame]
+    assert [frame.split("|")[2].split()[0] for frame in frames][:4] == ["1/4", "2/4", "3/4", "4/4"]
+    assert all(f"test_accuracy={0.25 * r:.4f}" in frame for r, frame in zip(range(1, 5), frames, strict=False))
+
+
 def test_announce_follows_run_progress(capsys):
     with output_mode("log"):
         announce("starting local Ray ...")
