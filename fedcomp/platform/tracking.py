@@ -346,13 +346,20 @@ def where(track: str, folder: str | Path, sweep: bool = False) -> str:
     line -- or "" for ``none``."""
     folder = Path(folder)
     if track == "tensorboard":
-        return f"tensorboard --logdir {folder if sweep else folder / TENSORBOARD_DIR}"
-    if track == "mlflow":
-        return f"mlflow ui --backend-store-uri {mlflow_uri(folder.parent)}"
+        return f"tensorboard --logdir {folder if sweep else folder / TENSORBOARD_DIR}" + _viewer("tensorboard", "tensorboard")
+    if track == "mlflow":  # mlflow-skinny writes the store but serves no UI (it has no flask)
+        return f"mlflow ui --backend-store-uri {mlflow_uri(folder.parent)}" + _viewer("flask", "mlflow")
     if track == "wandb":
         runs = folder / "*" / "wandb" / "offline-run-*" if sweep else folder / "wandb" / "offline-run-*"
         return f"wandb sync {runs}"
     return ""
+
+
+def _viewer(module: str, package: str) -> str:
+    """What a viewer's command line needs installed first, where ``module`` (which it imports) is missing."""
+    import importlib.util
+
+    return "" if importlib.util.find_spec(module) is not None else f"  (after: pip install {package})"
 
 
 def written(track: str, run_dir: str | Path) -> bool:

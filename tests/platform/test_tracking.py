@@ -177,6 +177,22 @@ def test_cli_names_where_to_open_the_tracking(tmp_path, capsys):
     assert f"tracking: tensorboard --logdir {run_dir / 'tensorboard'}" in out
 
 
+def test_a_viewers_command_says_what_to_install_where_it_is_missing(tmp_path, monkeypatch):
+    """The tracking line's ``mlflow ui`` failed with "No module named 'flask'" under the ``track`` extra (its
+    mlflow-skinny writes the store and serves no UI): a viewer whose module is missing here says what to install."""
+    import importlib.util
+
+    found = importlib.util.find_spec
+    assert tracking.where("mlflow", tmp_path / "run") == (
+        f"mlflow ui --backend-store-uri {tracking.mlflow_uri(tmp_path)}"
+        + ("" if found("flask") else "  (after: pip install mlflow)"))
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "tensorboard" else found(name, *a))
+    assert tracking.where("tensorboard", tmp_path / "run") == (
+        f"tensorboard --logdir {tmp_path / 'run' / 'tensorboard'}  (after: pip install tensorboard)")
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object())
+    assert tracking.where("mlflow", tmp_path / "run") == f"mlflow ui --backend-store-uri {tracking.mlflow_uri(tmp_path)}"
+
+
 def test_cli_names_no_tracking_to_open_where_the_tracker_could_not_start(tmp_path, capsys):
     """It pointed at a store that held nothing of the run (a damaged MLflow database)."""
     (tmp_path / "mlflow").mkdir()
