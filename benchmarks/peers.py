@@ -1,6 +1,6 @@
 """Side by side with the peers: one FedAvg workload matrix in fedcomp (Ray, local), a plain PyTorch loop, the
 same loop with ``torch.optim.SGD`` stepping an ``nn.Module`` in place, pfl 0.6 and Flower 1.42 (Ray simulation),
-each run in its own process; writes ``benchmarks/RESULTS.md``.
+each run in its own process; writes ``benchmarks/RESULTS.md`` (``--quick`` prints its report only).
 
     python benchmarks/peers.py [--quick] [--repeats N]
         [--runners ray ray-driver ray-home ray-graph ray-vmap ray-driver-vmap ray-replicated ray-replicated-vmap
@@ -139,6 +139,9 @@ FULL_MATRIX: tuple[tuple[Workload, tuple[int, ...]], ...] = (
 """(workload, worker counts) of ``python benchmarks/peers.py``."""
 QUICK_MATRIX: tuple[tuple[Workload, tuple[int, ...]], ...] = ((Workload("small", 100, 5), (2,)),)
 """``--quick``: one small workload, 5 rounds, 2 workers (and one repeat unless ``--repeats`` says more)."""
+QUICK_RUNNERS = ("ray-replicated", "local", "plain", "optim", "pfl", "flower")
+"""``--quick``'s runners unless ``--runners`` names others: fedcomp's defaults (the Ray backend's, the local one), the
+plain loops and the peers."""
 MEMORY_MATRIX: tuple[tuple[Workload, tuple[int, ...]], ...] = ((Workload("small", 1000, 20), (2,)),)
 """``--memory``: the memory target's workload alone (1,000 clients, 2 workers), e.g. under another torch build."""
 
@@ -405,6 +408,10 @@ def watch(cmd: list[str], env: dict[str, str], log: Path, timeout_s: float,
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
                 return None, memory
+            except BaseException:  # the harness stopped (Ctrl-C, SIGTERM): its runner and the Ray it started go too
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+                raise
 
 
 def run_peer(runner: str, workload: Workload, workers: int, repeat: int, spec: Any, work: Any,
@@ -595,11 +602,17 @@ def _plan(args: argparse.Namespace) -> tuple[tuple[tuple[Workload, tuple[int, ..
         matrix = tuple((w, workers) for w, workers in matrix if w.model in args.models)
         if not matrix:
             raise PlatformError(f"--models {' '.join(args.models)}: none of this run's workloads has that model")
-    runners = [r for r in PEER_RUNNERS if r in (args.runners or PEER_RUNNERS)]
+    runners = [r for r in PEER_RUNNERS if r in (args.runners or (QUICK_RUNNERS if args.quick else PEER_RUNNERS))]
     repeats = args.repeats if args.repeats is not None else (1 if args.quick or args.memory else 3)
     if repeats < 1:
         raise PlatformError(f"--repeats = {repeats}: must be >= 1")
     return matrix, runners, repeats
+
+
+def report_path(args: argparse.Namespace) -> Path:
+    """Where the report goes: ``--results``, else RESULTS.md -- but for ``--quick``, a check whose report is printed
+    only (it wrote over the full matrix's RESULTS.md, which README cites) -- ``-`` naming none."""
+    return Path(args.results) if args.results else Path("-") if args.quick else HERE / "RESULTS.md"
 
 
 def run_all(args: argparse.Namespace) -> int:
@@ -607,7 +620,7 @@ def run_all(args: argparse.Namespace) -> int:
     matrix, runners, repeats = _plan(args)
     torch.set_num_threads(1)  # the harness draws the workloads and evaluates the final weights
     bench_dir = Path(args.bench_dir) if args.bench_dir else REPO / ".bench"
-    results = Path(args.results) if args.results else HERE / "RESULTS.md"
+    results = report_path(args)
     bench_dir.mkdir(parents=True, exist_ok=True)
     # fail before any work if a peer is missing (and --no-install forbids installing it)
     pfl_site = ensure_pfl(bench_dir, not args.no_install) if "pfl" in runners else None
@@ -708,8 +721,10 @@ def render_peer_report(args: argparse.Namespace, runs: list[PeerRun], rows: list
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python benchmarks/peers.py", description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="one small workload, 5 rounds, 1 repeat")
+    parser = argparse.ArgumentParser(prog="python benchmarks/peers.py", description=" ".join(__doc__.split("\n\n")[0].split()))
+    parser.add_argument("--quick", action="store_true",
+                        help=f"one small workload, 5 rounds, 1 repeat, runners {' '.join(QUICK_RUNNERS)} unless --runners "
+                             f"says; the report printed only, unless --results names a file")
     parser.add_argument("--memory", action="store_true",
                         help="the memory target's workload alone (small MLP, 1,000 clients, 2 workers), 1 repeat and its memory run, and `fedcomp run` of it")
     parser.add_argument("--repeats", type=int, help="runs per configuration (default: 3; 1 with --quick)")
@@ -719,17 +734,25 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--no-install", action="store_true",
                         help="fail (one line, exit 2) instead of installing a missing peer")
     parser.add_argument("--bench-dir", help="peers' installs and work files (default: .bench in the checkout)")
-    parser.add_argument("--results", help="where to write the report (default: benchmarks/RESULTS.md; - for none)")
+    parser.add_argument("--results", help="where to write the report (default: benchmarks/RESULTS.md, with --quick "
+                                           "none; - for none)")
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    before = signal.signal(signal.SIGTERM, _stopped)  # as Ctrl-C: the runner running then is stopped with the harness
     try:
         return run_all(args)
     except PlatformError as error:
         print(f"peers: error: {error}", file=sys.stderr)
         return 2
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
+def _stopped(signum: int, frame: Any) -> None:
+    raise SystemExit(128 + signum)
 
 
 if __name__ == "__main__":

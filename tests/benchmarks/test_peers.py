@@ -3,10 +3,14 @@ peers themselves are never installed by the tests)."""
 
 from __future__ import annotations
 
+import _thread
 import os
+import signal
 import subprocess
 import sys
+import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import peers
@@ -133,6 +137,43 @@ def test_peers_bad_flags(tmp_path, capsys, argv, says):
     assert exit_code([*argv, "--bench-dir", str(tmp_path)]) == 2
     assert says in capsys.readouterr().err
     assert not (tmp_path / "work").exists()
+
+
+def test_quick_runs_the_default_runners_and_peers_and_writes_no_report_file():
+    """``--quick`` ran all 18 runners twice over (5 minutes and more, not the README's minute) and wrote its one
+    workload's report over RESULTS.md."""
+    args = peers.build_parser().parse_args(["--quick"])
+    matrix, runners, repeats = peers._plan(args)
+    assert runners == ["ray-replicated", "local", "plain", "optim", "pfl", "flower"] and repeats == 1
+    assert str(peers.report_path(args)) == "-" and peers.report_path(peers.build_parser().parse_args([])).name == "RESULTS.md"
+    named = peers.build_parser().parse_args(["--quick", "--runners", "local", "--results", "q.md"])
+    assert peers._plan(named)[1] == ["local"] and str(peers.report_path(named)) == "q.md"
+
+
+def test_a_stopped_harness_stops_the_runner_it_waits_for_with_what_it_started(tmp_path):
+    """A SIGTERM (``timeout``'s) left the runner running -- in a session of its own -- with the Ray it had started."""
+    script = ("import subprocess, sys, time; child = subprocess.Popen([sys.executable, '-c', 'import time; "
+              "time.sleep(60)']); print(child.pid, flush=True); time.sleep(60)")
+    log = tmp_path / "runner.log"
+    before = signal.signal(signal.SIGTERM, peers._stopped)  # as main() has it
+    try:
+        threading.Timer(3.0, _thread.interrupt_main, (signal.SIGTERM,)).start()
+        with pytest.raises(SystemExit):
+            peers.watch([sys.executable, "-c", script], dict(os.environ), log, 60, False)
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    started = int(log.read_text().split()[0])
+
+    def alive(pid: int) -> bool:
+        try:
+            return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
+        except OSError:
+            return False
+
+    deadline = time.monotonic() + 10
+    while alive(started) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not alive(started)
 
 
 def test_memory_flag_runs_the_memory_targets_workload_once():
