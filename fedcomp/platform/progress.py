@@ -84,10 +84,17 @@ def duration(seconds: float) -> str:
 
 
 def _value(value: Any) -> str:
+    """A metric in a line: 4 decimals; one below 0.001 (a distance to an optimum, say) in 3 significant digits."""
     try:
-        return f"{float(value):.4f}"
+        number = float(value)
     except (TypeError, ValueError):
         return str(value)
+    return f"{number:.3g}" if 0 < abs(number) < 1e-3 else f"{number:.4f}"
+
+
+def shown(value: float) -> float:
+    """A metric as a run's closing line shows it (rounded as :func:`_value` writes it)."""
+    return float(_value(value))
 
 
 def _finite(value: Any) -> bool:
