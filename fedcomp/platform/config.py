@@ -107,7 +107,7 @@ class FederationConfig(Params):
         description="Ray backend: how a federation call reaches the client actors: 'collective' (default), one actor "
         "call per actor (payloads over 100 KB through the object store), except that an exchange (fed.exchange: "
         "FedDRO's local steps) goes to the actors in one call and they average each step among themselves (a "
-        "torch.distributed gloo group; by calls where they cannot form one); 'calls', every step of an exchange by "
+        "process group of their own over TCP sockets; by calls where they cannot form one); 'calls', every step of an exchange by "
         "calls too; 'graph', a compiled Ray graph (ray.dag) over the actors for calls with smaller payloads (a lower "
         "latency per call; its idle actors poll their channels). The same numbers every way",
     )

@@ -391,6 +391,7 @@ def _diverged(config: Config, log: _RunLog, step: RoundDone, reason: str) -> Non
         return
     kept = [row for row in step.rows if row["round"] < step.round]
     results.write_metrics(log.run_dir / results.METRICS, kept)
+    _draw_curves(log.run_dir, kept, build_task_metrics(config)[0])  # the rounds up to it, as a finished run's
     log.write("diverged")
     diverged = Diverged(
         f"the run diverged in round {step.round}: {reason}; kept rounds 0-{kept[-1]['round']} in {log.run_dir}; "

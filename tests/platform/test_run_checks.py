@@ -54,6 +54,7 @@ def test_a_diverged_run_stops_keeps_its_finite_rounds_and_exits_3(tmp_path, caps
     assert all(torch.isfinite(v).all() for v in checkpoint["server"]["state"].values())
     meta = json.loads((run_dir / results.RUN_JSON).read_text())
     assert meta["status"] == "diverged" and meta["diverged"]["round"] == bad
+    assert (run_dir / "curves.png").stat().st_size > 1000  # the finite rounds drawn, as a finished run's (none was)
 
     # The same run told to go on: it finishes, says so once, and its first non-finite round is the one above.
     assert main([*MINIMAX, "--set", f"run.out={tmp_path / 'go'}", "--set", "run.on_divergence=continue"]) == 0
