@@ -586,8 +586,8 @@ def test_a_node_lost_mid_run_is_named_at_once_and_a_node_in_its_place_lets_the_r
     node, actor 0 too, which made the restore point: over Ray's 100 KB inline size (dim 4,000), it lived in that
     node's object store, and went with it (the restore failed: ObjectReconstructionFailedError)."""
     cluster = Cluster(head_cpus=0)
-    lost = [*FAST, "--set", "federation.clients_per_actor=4", "--set", "task.dim=4000", "--set", "run.rounds=100",
-            "--set", "run.checkpoint_every=2"]
+    lost = [*FAST, "--set", "federation.clients_per_actor=4", "--set", "task.dim=4000", "--set", "run.rounds=30",
+            "--set", "run.checkpoint_every=2", "--set", "task.test_samples=500"]
     err = tmp_path / "stderr.txt"
     try:
         with err.open("w") as stream:
