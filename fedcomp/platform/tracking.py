@@ -29,6 +29,7 @@ import math
 import numbers
 import os
 import re
+import shlex
 import shutil
 import sys
 import time
@@ -342,23 +343,21 @@ def mlflow_last_step(client: Any, run_id: str) -> int:
 
 
 def where(track: str, folder: str | Path, sweep: bool = False) -> str:
-    """How to open the tracking of the run (or, with ``sweep``, the sweep) in ``folder`` -- a command
-    line -- or "" for ``none``."""
+    """How to open the tracking of the run (or, with ``sweep``, the sweep) in ``folder`` -- a command line, its paths
+    quoted for the shell (a results folder may hold a space) -- or "" for ``none``."""
     folder = Path(folder)
     if track == "tensorboard":
-        return f"tensorboard --logdir {folder if sweep else folder / TENSORBOARD_DIR}" + _viewer("tensorboard", "tensorboard")
+        logs = shlex.quote(str(folder if sweep else folder / TENSORBOARD_DIR))
+        return f"tensorboard --logdir {logs}" + _viewer("tensorboard", "tensorboard")
     if track == "mlflow":  # mlflow-skinny writes the store but serves no UI (it has no flask)
-        return f"mlflow ui --backend-store-uri {mlflow_uri(folder.parent)}" + _viewer("flask", "mlflow")
-    if track == "wandb":
-        runs = folder / "*" / "wandb" / "offline-run-*" if sweep else folder / "wandb" / "offline-run-*"
-        return f"wandb sync {runs}"
+        return f"mlflow ui --backend-store-uri {shlex.quote(mlflow_uri(folder.parent))}" + _viewer("flask", "mlflow")
+    if track == "wandb":  # the stars left to the shell
+        return f"wandb sync {shlex.quote(str(folder))}{'/*' if sweep else ''}/wandb/offline-run-*"
     return ""
 
 
 def _viewer(module: str, package: str) -> str:
     """What a viewer's command line needs installed first, where ``module`` (which it imports) is missing."""
-    import importlib.util
-
     return "" if importlib.util.find_spec(module) is not None else f"  (after: pip install {package})"
 
 

@@ -193,6 +193,19 @@ def test_a_viewers_command_says_what_to_install_where_it_is_missing(tmp_path, mo
     assert tracking.where("mlflow", tmp_path / "run") == f"mlflow ui --backend-store-uri {tracking.mlflow_uri(tmp_path)}"
 
 
+def test_a_viewers_command_quotes_a_folder_with_a_space(tmp_path):
+    """Pasted, ``tensorboard --logdir /x/my runs/...`` failed: "invalid choice: 'runs/...'"."""
+    import shlex
+
+    spaced = tmp_path / "my runs" / "run"
+    assert shlex.split(tracking.where("tensorboard", spaced).split("  (")[0]) == [
+        "tensorboard", "--logdir", str(spaced / "tensorboard")]
+    assert shlex.split(tracking.where("mlflow", spaced).split("  (")[0]) == [
+        "mlflow", "ui", "--backend-store-uri", tracking.mlflow_uri(spaced.parent)]
+    assert shlex.split(tracking.where("wandb", spaced)) == ["wandb", "sync", f"{spaced}/wandb/offline-run-*"]
+    assert tracking.where("wandb", spaced, sweep=True).endswith("'/*/wandb/offline-run-*")
+
+
 def test_cli_names_no_tracking_to_open_where_the_tracker_could_not_start(tmp_path, capsys):
     """It pointed at a store that held nothing of the run (a damaged MLflow database)."""
     (tmp_path / "mlflow").mkdir()
