@@ -794,7 +794,7 @@ CASES = [
          "the config in run.json is not valid: algorithm.lr = 'inf': Input should be a finite number",
          run_copy(edit_json(lambda meta: meta["config"]["algorithm"].update(lr="inf")))),
     Case("resume-no-checkpoint", ("run", "--resume", "{run}"), "no checkpoint.pt there: the run stopped before its "
-         "first checkpoint (round 10), so there is nothing to continue; run its config again (run.json holds it)",
+         "first checkpoint (round 10), so there is nothing to continue; run its config again: fedcomp run ",
          run_copy(remove("checkpoint.pt"))),
     Case("resume-truncated-checkpoint", ("run", "--resume", "{run}"),
          "checkpoint.pt cannot be read (truncated or corrupt: ", run_copy(truncate("checkpoint.pt"))),

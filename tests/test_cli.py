@@ -62,6 +62,24 @@ def test_run_and_report(tmp_path, capsys):
     assert "- zz-metrics: " in (tmp_path / "report.md").read_text()
 
 
+def test_a_run_without_a_checkpoint_runs_again_from_its_run_json_as_its_resume_says(tmp_path, capsys):
+    """The resume's advice, "run its config again (run.json holds it)", had no command: `fedcomp run .../run.json`
+    said "section 'backend' is unknown". It is the command now, and it runs that config: the same numbers."""
+    assert main(["run", "quickstart", *FAST, "--set", f"run.out={tmp_path / 'first'}"]) == 0
+    (run_dir,) = (tmp_path / "first").iterdir()
+    (run_dir / "checkpoint.pt").unlink()
+    capsys.readouterr()
+    assert main(["run", "--resume", str(run_dir)]) == 2
+    advice = capsys.readouterr().err.strip().split("run its config again: ")[1]
+    assert advice == f"fedcomp run {run_dir / 'run.json'}"
+    assert main([*shlex.split(advice)[1:], "--set", f"run.out={tmp_path / 'again'}"]) == 0
+    (again,) = (tmp_path / "again").iterdir()
+    pd.testing.assert_frame_equal(pd.read_parquet(again / "metrics.parquet").drop(columns="wall_time"),
+                                  pd.read_parquet(run_dir / "metrics.parquet").drop(columns="wall_time"))
+    assert fedcomp.run(str(run_dir / "run.json"), {"run.out": str(tmp_path / "py")}).config.to_dict()["algorithm"] == (
+        json.loads((run_dir / "run.json").read_text())["config"]["algorithm"])
+
+
 def test_report_of_unknown_metric_is_one_line(tmp_path, capsys):
     main(["run", "quickstart", *FAST, "--set", f"run.out={tmp_path}"])
     capsys.readouterr()

@@ -310,9 +310,11 @@ def _read_source(source: str | Path | Mapping[str, Any] | None) -> dict[str, Any
         return copy.deepcopy(dict(source))
     text = str(source)
     path = Path(text)
-    if text.endswith((".yaml", ".yml")) or path.exists():
+    if text.endswith((".yaml", ".yml", ".json")) or path.exists():
         raw = read_yaml_file(path, "config file")
-        if isinstance(raw, dict):
+        if isinstance(raw, dict) and path.suffix == ".json" and isinstance(raw.get("config"), dict):
+            raw = raw["config"]  # a run's run.json: the config it ran (its module paths absolute already)
+        elif isinstance(raw, dict):
             _modules_beside(raw, path.parent)
     elif text in preset_names():
         raw = copy.deepcopy(_preset(text))

@@ -117,6 +117,12 @@ def resuming(kind: str, path: object) -> str:
     return f"--resume {str(path)!r}" if _on_command_line[0] else _python_call(kind, path)
 
 
+def to_run_again(run_json: object) -> str:
+    """How to start a run anew from the config in a run's ``run.json``: the command inside the ``fedcomp`` command,
+    else the Python call."""
+    return command("run", run_json) if _on_command_line[0] else f"fedcomp.run({str(run_json)!r})"
+
+
 def _python_call(kind: str, path: object) -> str:
     return f"fedcomp.{'resume' if kind == 'run' else 'resume_sweep'}({str(path)!r})"
 

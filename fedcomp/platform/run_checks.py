@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from fedcomp.platform import catalog, results
 from fedcomp.platform.config import Config
-from fedcomp.platform.errors import ConfigError, StorageError, TaskError, resuming
+from fedcomp.platform.errors import ConfigError, StorageError, TaskError, resuming, to_run_again
 
 if TYPE_CHECKING:  # loaded by the servers that check their state, not by a Ray run's driver
     import torch
@@ -119,7 +119,7 @@ def same_modules(run_dir: Path, earlier: dict[str, Any], config: Config) -> None
     for module, then, now in changed_modules((earlier.get("environment") or {}).get("modules"), config.modules())[:1]:
         raise ConfigError(f"{resuming('run', run_dir)}: {module} changed since the run started (sha256 {then} then, "
                           f"{now} now), so the rounds still to run would run other code than the rounds kept; put the "
-                          f"file back as it was, or start a new run (run.json holds its config)")
+                          f"file back as it was, or start a new run of its config: {to_run_again(run_dir / results.RUN_JSON)}")
 
 
 def reads_default_root(config: Config) -> bool:
@@ -151,7 +151,7 @@ def open_checkpoint(run_dir: Path, config: Config) -> dict[str, Any]:
     if not (run_dir / results.CHECKPOINT).is_file() and (run_dir / results.RUN_JSON).is_file():
         raise ConfigError(f"{where}: no {results.CHECKPOINT} there: the run stopped before its first checkpoint "
                           f"(round {config.run.checkpoint_every}), so there is nothing to continue; run its config "
-                          f"again (run.json holds it)")
+                          f"again: {to_run_again(run_dir / results.RUN_JSON)}")
     checkpoint = read_resume_file(run_dir, results.CHECKPOINT, results.read_checkpoint, "a resumable run folder",
                                   "; the run cannot continue from it")
     stored = checkpoint.get("identity")
