@@ -68,9 +68,14 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if args.max_concurrent is not None and args.max_concurrent < 1:
         raise PlatformError(f"--max-concurrent = {args.max_concurrent}: must be >= 1")
     if args.resume:
-        if (args.spec or args.set or args.search or args.num_samples or args.seeds or args.scheduler or args.pack
-                or args.extend_edges or args.edge_cap is not None or args.max_concurrent is not None):
-            raise PlatformError("--resume SWEEP_DIR continues a sweep with its stored spec; drop the preset and flags")
+        given = [name for name, value in (
+            ("the spec", args.spec), ("--set", args.set), ("--search", args.search), ("--num-samples", args.num_samples),
+            ("--seeds", args.seeds), ("--scheduler", args.scheduler), ("--pack", args.pack),
+            ("--extend-edges", args.extend_edges), ("--edge-cap", args.edge_cap),
+            ("--max-concurrent", args.max_concurrent)) if value is not None and value is not False and value != []]
+        if given:
+            raise PlatformError(f"--resume SWEEP_DIR continues a sweep with its stored spec; drop {', '.join(given)} "
+                                f"(--ray-address and --verbose may stay)")
         result = fedcomp.resume_sweep(args.resume, ray_address=args.ray_address, verbose=args.verbose)
     else:
         result = fedcomp.sweep(

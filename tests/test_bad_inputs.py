@@ -769,7 +769,8 @@ CASES = [
          "run.track = 'mlflow': '{tmp}/mlflow/mlflow.db' cannot be read as MLflow's database (file is not a database)",
          file("mlflow/mlflow.db", b"not a database" * 100)),
     Case("sweep-resume-max-concurrent", ("sweep", "--resume", "{sweep}", "--max-concurrent", "2"),
-         "--resume SWEEP_DIR continues a sweep with its stored spec; drop the preset and flags", sweep_folder(None)),
+         "--resume SWEEP_DIR continues a sweep with its stored spec; drop --max-concurrent (--ray-address and --verbose "
+         "may stay)", sweep_folder(None)),
     Case("sweep-resume-not-a-sweep", ("sweep", "--resume", "{sweep}"), "no sweep.json there; not a fedcomp sweep folder",
          sweep_folder(None)),
     Case("sweep-resume-corrupt-json", ("sweep", "--resume", "{sweep}"), "sweep.json cannot be read (Unterminated string",
@@ -890,7 +891,8 @@ CASES = [
     Case("mnist-images-cut", binary("mnist"), f"task.dataset = 'mnist': {MNIST_RAW}/train-images-idx3-ubyte: holds 5000 "
          "bytes but its header (60 x 28 x 28) needs 47056; is it cut short?",
          data_root(mnist(lambda raw: cut(raw / "train-images-idx3-ubyte", 5000)))),
-    Case("mnist-images-gzipped", binary("mnist"), f"{MNIST_RAW}/train-images-idx3-ubyte: is gzip-compressed; {IDX_IMAGES} (gunzip it)",
+    Case("mnist-images-gzipped", binary("mnist"), f"{MNIST_RAW}/train-images-idx3-ubyte: is gzip-compressed; {IDX_IMAGES} (in its folder: "
+         "mv train-images-idx3-ubyte train-images-idx3-ubyte.gz && gunzip train-images-idx3-ubyte.gz)",
          data_root(mnist(lambda raw: (raw / "train-images-idx3-ubyte").write_bytes(
              gzip.compress((raw / "train-images-idx3-ubyte").read_bytes()))))),
     Case("mnist-images-wrong-magic", binary("mnist"), f"{MNIST_RAW}/t10k-images-idx3-ubyte: magic number 0x00000801; {IDX_IMAGES}",

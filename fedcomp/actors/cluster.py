@@ -404,7 +404,7 @@ def probe(address: str, field: str = "federation.ray_address", timeout: float = 
         reason = "no answer" if isinstance(error, socket.timeout) else (error.strerror or str(error))
         raise ResourceError(
             f"{field} = {address!r}: cannot reach {host}:{port} ({reason}) within {timeout:g}s; start the cluster "
-            f"(`ray start --head`) or drop the address to run on a fresh local Ray"
+            f"(`ray start --head`) or run on a fresh local Ray: {field} = local (a resume too)"
         ) from None
     problem = _gcs_problem(host, port, 2 * timeout)  # 0.4 s either way
     if not join.strip().startswith("ray://") and problem:

@@ -150,7 +150,8 @@ def _idx_shape(path: Path, dims: int) -> tuple[int, ...]:
     if not head:
         raise ValueError(f"{path}: is empty (0 bytes); expected {expected}")
     if head[:2] == b"\x1f\x8b":
-        raise ValueError(f"{path}: is gzip-compressed; expected {expected} (gunzip it)")
+        unpack = f"gunzip {path.name}" if path.suffix == ".gz" else f"mv {path.name} {path.name}.gz && gunzip {path.name}.gz"
+        raise ValueError(f"{path}: is gzip-compressed; expected {expected} (in its folder: {unpack})")
     if len(head) < header:
         raise ValueError(f"{path}: is cut short ({size} bytes, less than the {header}-byte header); expected {expected}")
     magic = int.from_bytes(head[:4], "big")

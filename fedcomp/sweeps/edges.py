@@ -105,6 +105,8 @@ class Edge:
     bound: str | None = None
     """Why there is no next value: the validated bound the best sits at (e.g. ``algorithm.beta <= 1``)."""
     log: bool = False
+    choice: bool = False
+    """A grid edge among an Optuna ``choice`` axis's values (widened in ``space:``, not ``grid:``)."""
 
     @property
     def two_values(self) -> bool:
@@ -138,7 +140,7 @@ class Edge:
             text = f"{head} is the {'largest' if self.side == 'high' else 'smallest'} value tried"
             if self.two_values:
                 text += " (only two values tried, so always an edge)"
-            text += "; widen the grid"
+            text += "; widen its choices in space:" if self.choice else "; widen the grid"
         if self.next is not None:
             return f"{text} (next: {_fmt(self.next)})"
         return f"{text} -- at the bound ({self.bound})" if self.bound else text
@@ -270,7 +272,7 @@ def find_edges(table: pd.DataFrame, best: pd.DataFrame, spec: SweepSpec, by: Seq
                 tried: tuple[Any, ...] = axis.values if axis.kind == "choice" else tuple(sorted({_plain(v) for v in line[axis.name] if not missing(v)}))
                 if len(tried) >= 2 and value in (tried[0], tried[-1]):
                     end: Side = "high" if value == tried[-1] else "low"
-                    found = Edge(label, axis.name, value, end, "grid", tried)
+                    found = Edge(label, axis.name, value, end, "grid", tried, choice=axis.kind == "choice")
                     if axis.kind == "grid":
                         candidate = _next_value(tried, end, axis.integer)
                         nxt, bound = _clamp(spec, point, axis.name, value, candidate, end)

@@ -54,7 +54,8 @@ def check_options(spec: SweepSpec, extend_edges: bool, edge_cap: int | None) -> 
         raise ConfigError(f"edge_cap = {edge_cap!r}: must be an integer >= 1")
     if spec.search != "grid":
         raise ConfigError(f"extend_edges with search = {spec.search!r}: extends grid axes only; widen the Optuna "
-                          f"space: ranges instead, or use --search grid")
+                          f"space: ranges instead" + (", or use --search grid" if spec.grids else
+                                                      ", or give the axes' values under `grid:` for --search grid"))
     return DEFAULT_CAP if edge_cap is None else edge_cap
 
 

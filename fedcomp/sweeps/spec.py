@@ -272,7 +272,8 @@ def validate(spec: SweepSpec) -> list[str]:
         if spec.num_samples != 1:
             raise ConfigError(
                 f"num_samples = {spec.num_samples}: a grid search tries every point once; repeat it with "
-                f"seeds: N (or --seeds N), or use --search optuna"
+                f"seeds: N (or --seeds N)" + (", or give the axes as distributions under `space:` for --search optuna"
+                                              if spec.grids else ", or use --search optuna")
             )
         for grid in spec.grids:
             for axis in grid:
@@ -311,7 +312,8 @@ def validate(spec: SweepSpec) -> list[str]:
     rounds, where = shortest
     if spec.scheduler == "asha" and spec.grace_rounds > rounds:
         raise ConfigError(f"{where}grace_rounds = {spec.grace_rounds}: ASHA gives every trial that many rounds before it "
-                          f"may stop one, more than run.rounds = {rounds}; use grace_rounds <= {rounds} or more rounds")
+                          f"may stop one, more than run.rounds = {rounds}; use grace_rounds <= {rounds} (in the sweep's "
+                          f"file: grace_rounds: {rounds}) or more rounds")
     metric, _ = spec.resolved_metric()
     reported = {task: catalog.tasks()[task].metrics for task in tasks}
     shared = [m for m in next(iter(reported.values())) if all(m in r for r in reported.values())]

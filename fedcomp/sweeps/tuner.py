@@ -195,6 +195,7 @@ def _tune_config(spec: SweepSpec, max_concurrent: int | None) -> tune.TuneConfig
         from ray.tune.search import Repeater
         from ray.tune.search.optuna import OptunaSearch
 
+        optuna.logging.set_verbosity(optuna.logging.WARNING)  # its "[I ...] A new study created in memory" line
         search_alg = OptunaSearch(metric=metric, mode=mode, sampler=optuna.samplers.TPESampler(seed=spec.seed))
         if spec.seeds > 1:
             search_alg = Repeater(search_alg, repeat=spec.seeds, set_index=True)

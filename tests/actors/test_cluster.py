@@ -169,7 +169,8 @@ def test_an_address_nothing_listens_on_fails_in_seconds(tmp_path):
     assert time.monotonic() - started < 60  # the command's own start-up included; Ray alone retried for minutes
     assert done.stderr.strip().splitlines() == [
         f"fedcomp: error: federation.ray_address = '127.0.0.1:{port}': cannot reach 127.0.0.1:{port} (Connection "
-        f"refused) within 5s; start the cluster (`ray start --head`) or drop the address to run on a fresh local Ray"
+        f"refused) within 5s; start the cluster (`ray start --head`) or run on a fresh local Ray: "
+        f"federation.ray_address = local (a resume too)"
     ]
     assert list(tmp_path.iterdir()) == []
 

@@ -126,6 +126,16 @@ def test_several_groups_and_grids_judged_on_the_best_configurations_line():
         ("algorithm.local_steps", 8, "high", True), ("algorithm.lr", 1.0, "low", False)}
 
 
+def test_an_optuna_choice_edge_says_to_widen_its_choices_not_the_grid():
+    """An Optuna sweep, which has no grid, said "widen the grid" at a choice axis' edge."""
+    spec = load_spec({**BASE, "search": "optuna", "num_samples": 4,
+                      "space": {"algorithm.lr": {"choice": [0.01, 0.1, 1.0]}}})
+    (edge,) = best_and_edges(frame({"algorithm.name": ["fcsg"], "algorithm.lr": [0.01, 0.1, 1.0]},
+                                   lambda p: p["algorithm.lr"]), spec)[1]
+    assert edge.warning() == ("edge: fcsg's best algorithm.lr = 1 is the largest value tried; widen its choices in "
+                              "space:")
+
+
 def test_optuna_log_range_edges_are_measured_in_log_space():
     spec = load_spec({**BASE, "search": "optuna", "num_samples": 4,
                       "space": {"algorithm.lr": {"loguniform": [0.001, 1.0]}, "task.objective": {"choice": ["paper", "official-code"]}}})
