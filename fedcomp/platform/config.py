@@ -14,7 +14,7 @@ import functools
 import math
 import os
 import typing
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -511,14 +511,21 @@ def import_user_module(source: str, where: str) -> None:
         raise ConfigError(f"{where}: cannot be imported: {type(error).__name__}: {error}") from None
 
 
-def _named(section: str, raw: Mapping[str, Any], table: Mapping[str, T]) -> tuple[str, T, dict[str, Any]]:
+def _named(
+    section: str, raw: Mapping[str, Any], table: Mapping[str, T], fits: Callable[[str], bool] = lambda name: True
+) -> tuple[str, T, dict[str, Any]]:
+    """The section's name, its declaration and the rest of the section; an unknown name suggests the nearest one,
+    of those that ``fits`` (an algorithm for the task) where one is near."""
     body = dict(raw)
     module = body.pop("module", None)  # imported already (_import_modules)
     name = body.pop("name", None)
     if name is None:
         raise ConfigError(f"{section}.name is missing; allowed: {', '.join(sorted(table))}")
     if not isinstance(name, str) or name not in table:
-        near = difflib.get_close_matches(name, list(table), n=1) if isinstance(name, str) else []
+        near = []
+        if isinstance(name, str):
+            near = (difflib.get_close_matches(name, [n for n in table if fits(n)], n=1)
+                    or difflib.get_close_matches(name, list(table), n=1))
         if isinstance(module, str):
             named = _registered_by(module, table)
             yours = f"; {section}.module {module!r} registered {', '.join(named) if named else 'none'}"
@@ -564,7 +571,8 @@ def load_config(
             raise ConfigError(f"section {section!r} must be a mapping, got {raw[section]!r}")
 
     task_name, task_declared, task_body = _named("task", raw.get("task", {}), tasks)
-    algo_name, algo_declared, algo_body = _named("algorithm", raw.get("algorithm", {}), algorithms)
+    algo_name, algo_declared, algo_body = _named("algorithm", raw.get("algorithm", {}), algorithms,
+                                                 lambda name: algorithms[name].kind in task_declared.kinds)
     task = _validate("task", task_declared.Params, task_body)
     algorithm = _validate("algorithm", algo_declared.HParams, algo_body)
     federation = _validate("federation", FederationConfig, raw.get("federation", {}))
