@@ -574,8 +574,8 @@ CASES = [
          "allowed: "),
     Case("algorithm-unknown-far-from-any", run("algorithm.name=zzz"), "algorithm.name = 'zzz' is unknown; allowed: "),
     # the nearest of those that run on the task (it said 'fedavg-s', a minimax algorithm, for quickstart's task)
-    Case("algorithm-unknown-near-one-for-the-task", run("algorithm.name=fedavg-hb"),
-         "algorithm.name = 'fedavg-hb' is unknown (did you mean 'fedavg'?); allowed: "),
+    Case("algorithm-unknown-near-one-for-the-task", run("algorithm.name=fedavgs"),
+         "algorithm.name = 'fedavgs' is unknown (did you mean 'fedavg'?); allowed: "),
     Case("algorithm-misspelt-beside-its-module", ("run", str(EXAMPLES / "extension.yaml"), "--set",
                                                   "algorithm.name=fedavg-hbb", *LOCAL_TINY, "--set", "run.out={out}"),
          "algorithm.name = 'fedavg-hbb' is unknown (did you mean 'fedavg-hb'?); allowed: "),
