@@ -708,6 +708,21 @@ def node_gone(node_id: str | None) -> str | None:
     return None
 
 
+def node_lost_notice(node: str | None, warning: Callable[[str], str], advice: str) -> Callable[[], str | None]:
+    """A ``waiting`` callback (:func:`~fedcomp.actors.federation.wait_ready`) for a dead actor's replacement: once
+    Ray marks ``node``, where the dead actor was, dead, it prints ``fedcomp: warning: <warning(the node)>`` and
+    returns why the replacement may wait, with ``advice`` (said once: the wait asks no more after an answer)."""
+
+    def lost() -> str | None:
+        gone = node_gone(node)
+        if gone is None:
+            return None
+        print(f"fedcomp: warning: {warning(gone)}", file=sys.stderr, flush=True)
+        return f"{gone} left the cluster ({advice})"
+
+    return lost
+
+
 def describe_resources() -> str:
     avail = ray.available_resources()
     return ", ".join(f"{k}={avail.get(k, 0):g}" for k in ("CPU", "GPU") if k in ray.cluster_resources() or k == "CPU")

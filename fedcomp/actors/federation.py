@@ -45,7 +45,7 @@ from fedcomp.actors.cluster import (
     actor_options,
     cluster_nodes,
     describe_resources,
-    node_gone,
+    node_lost_notice,
     plan_actors,
     probe_footprint_on_cluster,
     through_ray_client,
@@ -214,18 +214,12 @@ class RayFederation:
         said once as found (else the wait is silent until the deadline, 120 s by default, and its error would not
         say why no room came free)."""
 
-        def lost() -> str | None:
-            gone = node_gone(node)
-            if gone is not None:
-                print(f"fedcomp: warning: round {round + 1}: {gone} left the cluster with client actor {i}; its "
-                      f"replacement asks for {self.plan.resources(i)} and waits up to federation.actor_timeout_s = "
-                      f"{self.timeout:g} s for a node with room (available now: {describe_resources()})",
-                      file=sys.stderr, flush=True)
-                return (f"{gone} left the cluster (start a node in its place; or continue with fewer actors, a larger "
-                        f"federation.clients_per_actor, or on the local backend)")
-            return None
-
-        return lost
+        return node_lost_notice(
+            node, lambda gone: f"round {round + 1}: {gone} left the cluster with client actor {i}; its replacement asks "
+            f"for {self.plan.resources(i)} and waits up to federation.actor_timeout_s = {self.timeout:g} s for a node "
+            f"with room (available now: {describe_resources()})",
+            "start a node in its place; or continue with fewer actors, a larger federation.clients_per_actor, or on "
+            "the local backend")
 
     def _message(self, method: str, payload: Tensors, **args: Any) -> tuple[bytes, Any, Layout]:
         """One call's arguments for every actor: ``method`` and ``args`` with the payload's layout (and the payload

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import sys
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -25,7 +24,7 @@ from fedcomp.actors.cluster import (
     config_here,
     connect,
     describe_resources,
-    node_gone,
+    node_lost_notice,
     plan_actors,
 )
 from fedcomp.actors.federation import _death, unwrap, wait_ready
@@ -189,19 +188,12 @@ class RayServer:
     def _node_lost(self) -> Callable[[], str | None]:
         """While a server actor in place of a dead one waits for room: whether the dead one's node left the cluster,
         said once as found (else the wait is silent until its deadline)."""
-        node, round = self.node, self.round + 1
-
-        def lost() -> str | None:
-            gone = node_gone(node)
-            if gone is not None:
-                print(f"fedcomp: warning: round {round}: {gone} left the cluster with the server actor; the one in its "
-                      f"place asks for {self.options.get('num_cpus', 0):g} CPU, and its client actors for theirs, and "
-                      f"waits up to {self.start_s:g} s for room (available now: {describe_resources()})",
-                      file=sys.stderr, flush=True)
-                return f"{gone} left the cluster (start a node in its place, or continue on the local backend)"
-            return None
-
-        return lost
+        round = self.round + 1
+        return node_lost_notice(
+            self.node, lambda gone: f"round {round}: {gone} left the cluster with the server actor; the one in its "
+            f"place asks for {self.options.get('num_cpus', 0):g} CPU, and its client actors for theirs, and waits up "
+            f"to {self.start_s:g} s for room (available now: {describe_resources()})",
+            "start a node in its place, or continue on the local backend")
 
     def _call(self, method: str, *args: Any) -> Any:
         if self.here is not None:
