@@ -13,7 +13,7 @@ from typing import NoReturn
 from fedcomp.platform import catalog
 from fedcomp.platform.config import parse_value
 from fedcomp.platform.errors import PlatformError, command_line, shortened
-from fedcomp.platform.progress import shown
+from fedcomp.platform.progress import rounded_metric
 from fedcomp.platform.signals import answering_sigterm
 
 
@@ -45,7 +45,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     final = result.final
     metrics = {k: final[k] for k in ("round", "comm_rounds") if k in final}
     reported = catalog.tasks()[result.config.task_name].metrics
-    headline = {k: shown(v) for k, v in final.items() if k in reported or k.startswith(("test_", "train_"))}
+    headline = {k: rounded_metric(v) for k, v in final.items() if k in reported or k.startswith(("test_", "train_"))}
     print(f"run {result.run_dir.name} done: {metrics} {headline}")
     print(f"results: {result.run_dir}")
     from fedcomp.platform.curves import CURVES

@@ -92,7 +92,7 @@ def _value(value: Any) -> str:
     return f"{number:.3g}" if 0 < abs(number) < 1e-3 else f"{number:.4f}"
 
 
-def shown(value: float) -> float:
+def rounded_metric(value: float) -> float:
     """A metric as a run's closing line shows it (rounded as :func:`_value` writes it)."""
     return float(_value(value))
 

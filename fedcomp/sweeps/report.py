@@ -66,6 +66,9 @@ def outcome_counts(trials: pd.DataFrame, spec: SweepSpec) -> str:
     failed = trials.loc[trials["status"] == "error", "trial"].nunique()
     diverged = trials.loc[trials["status"] == "diverged", "trial"].nunique()
     stopped = trials.loc[trials["status"] == "stopped", "trial"].nunique()
+    if spec.scheduler == "asha" and "round" in trials:  # a sweep's trials.parquet from before 'stopped' was a status
+        last = _last_rows(trials)
+        stopped += int(((last["status"] == "completed") & _short(last)).sum())
     if spec.pack != "none" and spec.search == "grid":
         packs = trials["trial"].str.rsplit("-", n=1).str[0].nunique()
         counted = f"{runs} configurations in {packs} packed trial{'s' * (packs != 1)}"

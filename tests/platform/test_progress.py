@@ -114,11 +114,11 @@ def test_announce_follows_run_progress(capsys):
 
 def test_a_metric_below_a_thousandth_keeps_its_significant_digits():
     """A distance to the saddle point of 4.95e-16 showed as 0.0000 in the lines and 0.0 in the closing line."""
-    from fedcomp.platform.progress import _value, shown
+    from fedcomp.platform.progress import _value, rounded_metric
 
     assert [_value(v) for v in (0.93926, 4.951e-16, -2.5e-4, 0.0, 12.3456789, float("nan"))] == [
         "0.9393", "4.95e-16", "-0.00025", "0.0000", "12.3457", "nan"]
-    assert shown(4.951e-16) == 4.95e-16 and shown(0.93926) == 0.9393
+    assert rounded_metric(4.951e-16) == 4.95e-16 and rounded_metric(0.93926) == 0.9393
 
 
 def test_durations_read_well():
