@@ -157,7 +157,8 @@ def _start_or_join(address: str | None, field: str, worker_log_level: str | None
                 warnings.simplefilter("ignore", UserWarning)
                 ray.init(address=address, **kwargs)
         except (ConnectionError, TimeoutError, RuntimeError, ValueError) as error:
-            raise ResourceError(f"{field} = {address!r}: Ray could not join that cluster: {first_line(error)}") from None
+            raise ResourceError(f"{field} = {address!r}: Ray could not join that cluster: {first_line(error)}"
+                                f"{_which_port(address, field)}") from None
     else:
         # "local": a new instance even when `ray start` left a cluster on this machine (a bare ray.init()
         # would join the latest one, and die with it).
@@ -406,19 +407,27 @@ def probe(address: str, field: str = "federation.ray_address", timeout: float = 
             f"{field} = {address!r}: cannot reach {host}:{port} ({reason}) within {timeout:g}s; start the cluster "
             f"(`ray start --head`) or run on a fresh local Ray: {field} = local (a resume too)"
         ) from None
-    problem = _gcs_problem(host, port, 2 * timeout)  # 0.4 s either way
-    if not join.strip().startswith("ray://") and problem:
-        raise ResourceError(
-            f"{field} = {address!r}: {host}:{port} is not a Ray head answering ({problem}); give the head's GCS "
-            f"port (6379 unless `ray start --port` said otherwise) or ray://HOST:10001"
-        )
-    if join.strip().startswith("ray://") and not problem:  # a Ray Client there timed out after 30 s, saying no more
-        raise ResourceError(
-            f"{field} = {address!r}: {host}:{port} is the head's GCS port, not its Ray Client server's: give "
-            f"{host}:{port} without ray:// (from a machine of the cluster), or ray://{host}:10001 (unless `ray start "
-            f"--ray-client-server-port` said otherwise)"
-        )
+    if not join.strip().startswith("ray://"):
+        problem = _gcs_problem(host, port, 2 * timeout)
+        if problem:
+            raise ResourceError(
+                f"{field} = {address!r}: {host}:{port} is not a Ray head answering ({problem}); give the head's GCS "
+                f"port (6379 unless `ray start --port` said otherwise) or ray://HOST:10001"
+            )
     return join
+
+
+def _which_port(address: str, field: str) -> str:
+    """Why a Ray Client (``ray://``) could not connect, where ``address``'s port is a head's GCS port (the client times
+    out there after 30 s, saying no more): asked after the failure, so that a Ray Client server is never asked a GCS's
+    question before a client's connection."""
+    target = parse_address(address, field) if address.strip().startswith("ray://") else None
+    if target is None or _gcs_problem(*target, timeout=10.0) is not None:
+        return ""
+    host, port = target
+    return (f"; {host}:{port} is the head's GCS port, not its Ray Client server's: give {host}:{port} without ray:// "
+            f"(from a machine of the cluster), or ray://{host}:10001 (unless `ray start --ray-client-server-port` "
+            f"said otherwise)")
 
 
 def _gcs_problem(host: str, port: int, timeout: float) -> str | None:
