@@ -155,7 +155,16 @@ def _start_or_join(address: str | None, field: str, worker_log_level: str | None
         try:
             with warnings.catch_warnings():  # Ray Client's own "connection timed out" warning before its error
                 warnings.simplefilter("ignore", UserWarning)
-                ray.init(address=address, **kwargs)
+                try:
+                    ray.init(address=address, **kwargs)
+                except ConnectionAbortedError as aborted:
+                    # A Ray Client server's session that failed to start answers the client's Init with nothing
+                    # ("Initialization failure from server:"), its next one starting as it should: once more.
+                    if not str(aborted).startswith("Initialization failure from server"):
+                        raise
+                    ray.shutdown()
+                    time.sleep(1.0)
+                    ray.init(address=address, **kwargs)
         except (ConnectionError, TimeoutError, RuntimeError, ValueError) as error:
             raise ResourceError(f"{field} = {address!r}: Ray could not join that cluster: {first_line(error)}"
                                 f"{_which_port(address, field)}") from None
