@@ -269,12 +269,9 @@ class ClientActor:
 
     def replica_restore(self, checkpoint: dict[str, Any] | bytes) -> None:
         """Back to ``checkpoint``: the server's, or a checkpoint file's content (:meth:`replica_save`)."""
-        if isinstance(checkpoint, bytes):
-            from fedcomp.platform.results import checkpoint_from_bytes
+        from fedcomp.platform.results import server_checkpoint
 
-            self._replica().server.restore(checkpoint_from_bytes(checkpoint)["server"])
-        else:
-            self._replica().server.restore(checkpoint)
+        self._replica().server.restore(server_checkpoint(checkpoint))
 
     def replica_profile(self) -> dict[str, float]:
         return self._replica().profile()

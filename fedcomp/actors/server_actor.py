@@ -106,12 +106,9 @@ class ServerActor:
 
     def restore(self, checkpoint: dict[str, Any] | bytes) -> None:
         """Back to ``checkpoint``: the server's, or a checkpoint file's content (:meth:`checkpoint_file`)."""
-        if isinstance(checkpoint, bytes):
-            from fedcomp.platform.results import checkpoint_from_bytes
+        from fedcomp.platform.results import server_checkpoint
 
-            self.server.restore(checkpoint_from_bytes(checkpoint)["server"])
-        else:
-            self.server.restore(checkpoint)
+        self.server.restore(server_checkpoint(checkpoint))
 
     def restarts(self) -> int:
         return self.server.federation.restarts  # type: ignore[attr-defined]
@@ -336,5 +333,4 @@ class RayServer:
             return
         with contextlib.suppress(Exception):  # the actor may already be gone; killing it below is what matters
             ray.get(self.actor.close.remote())
-        if self.actor is not None:
-            kept.give_back("server", self.options, self.actor)
+        kept.give_back("server", self.options, self.actor)

@@ -223,6 +223,12 @@ def read_checkpoint(path: Path) -> dict[str, Any]:
     return checkpoint_from_bytes(content, str(path))
 
 
+def server_checkpoint(checkpoint: dict[str, Any] | bytes) -> dict[str, Any]:
+    """A server's checkpoint: as given, or the one in a run checkpoint file's content (:func:`checkpoint_bytes`), the
+    form a Ray run's driver holds and keeps for its actors' recovery (it imports no torch to read it)."""
+    return checkpoint_from_bytes(checkpoint)["server"] if isinstance(checkpoint, bytes) else checkpoint
+
+
 def checkpoint_from_bytes(content: bytes, where: str = "the checkpoint") -> dict[str, Any]:
     """A run checkpoint from its file content (:func:`checkpoint_bytes`); ``where`` names it in errors.
 
