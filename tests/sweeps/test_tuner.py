@@ -253,9 +253,19 @@ def test_a_killed_sweep_resumes_without_redoing_finished_trials(ray_session, tmp
     address = ray_session.get_runtime_context().gcs_address
     cmd = [sys.executable, "-m", "fedcomp", "sweep", str(spec_file), "--ray-address", address, "--verbose", "0"]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    # Checkpoints at rounds 5, 10, ..., 30 are numbered 0..5: a trial with checkpoint 5 had finished.
+    # Checkpoints at rounds 5, 10, ..., 30 are numbered 0..5: a trial with checkpoint 5 had finished. Tune makes the
+    # folder, then copies the files in: killed at once, the folder could be half-filled (read back below, it failed
+    # once: a trial that finished as killed is the next test's case), so the kill waits for its files.
+    def whole(folder: Path) -> bool:
+        try:
+            json.loads((folder / TRIAL_JSON).read_text())
+            pd.read_parquet(folder / results.METRICS)
+            return True
+        except Exception:
+            return False
+
     deadline = time.time() + 240
-    while time.time() < deadline and not list(tmp_path.glob("*/*/checkpoint_000005")):
+    while time.time() < deadline and not any(whole(folder) for folder in tmp_path.glob("*/*/checkpoint_000005")):
         time.sleep(0.02)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
