@@ -72,6 +72,7 @@ __all__ = [
     "fake_adult_rows",
     "feature_names",
     "load_adult",
+    "require_adult",
     "write_adult",
 ]
 
@@ -201,14 +202,7 @@ def load_adult(
         raise ValueError(f"proxies_in_features = {proxies_in_features!r}: must be True or False")
     if variant not in ("clean", "code"):
         raise ValueError(f"variant = {variant!r}: allowed: 'clean', 'code'")
-    root = data_root() if root is None else Path(root).expanduser()
-    folder = root / "adult"
-    missing = [f for f in ADULT_FILES if not (folder / f).is_file()]
-    if missing:
-        raise FileNotFoundError(
-            f"Adult not found: {folder} must hold {', '.join(ADULT_FILES)} (missing: {', '.join(missing)}); "
-            "copy adult.data and adult.test from https://archive.ics.uci.edu/dataset/2/adult there"
-        )
+    folder = require_adult(root) / "adult"
     train_rows = _read(folder / "adult.data")
     test_rows = _read(folder / "adult.test")
     for name, read in (("adult.data", train_rows), ("adult.test", test_rows)):  # an empty test file shrank the pool
@@ -263,6 +257,20 @@ def load_adult(
         )
 
     return AdultData(part(perm[:cut]), part(perm[cut:]), feature_names(proxies_in_features))
+
+
+def require_adult(root: str | os.PathLike[str] | None = None) -> Path:
+    """The data root (``root``, default :func:`data_root`), checked to hold ``adult/adult.data`` and ``adult.test``
+    without reading them: the one-line ``FileNotFoundError`` :func:`load_adult` raises first."""
+    root = data_root() if root is None else Path(root).expanduser()
+    folder = root / "adult"
+    missing = [f for f in ADULT_FILES if not (folder / f).is_file()]
+    if missing:
+        raise FileNotFoundError(
+            f"Adult not found: {folder} must hold {', '.join(ADULT_FILES)} (missing: {', '.join(missing)}); "
+            "copy adult.data and adult.test from https://archive.ics.uci.edu/dataset/2/adult there"
+        )
+    return root
 
 
 def write_adult(

@@ -42,7 +42,7 @@ from torch import Tensor
 
 from fedcomp.datasets.imbalance import POSITIVE_RULES, binarize, drop_positives, positive_classes, ratio_keep
 
-__all__ = ["CONSTRUCTIONS", "DATASETS", "OFFLINE_DATASETS", "BinarySplit", "load_binary"]
+__all__ = ["CONSTRUCTIONS", "DATASETS", "OFFLINE_DATASETS", "BinarySplit", "load_binary", "require_binary"]
 
 Construction = Literal["ratio", "drop"]
 
@@ -172,6 +172,27 @@ def load_binary(
     return BinarySplit(
         x_train.contiguous(), y_train, x_test.contiguous(), y_test, prior=float(y_train.double().mean())
     )
+
+
+def require_binary(name: str, root: str | os.PathLike[str] | None = None) -> None:
+    """Check that the files of ``name`` are under the data root (``root``, default ``$FEDCOMP_DATA`` or
+    ``~/.cache/fedcomp``) without reading them: the one-line ``FileNotFoundError`` :func:`load_binary` raises
+    first; nothing for the :data:`OFFLINE_DATASETS`."""
+    from fedcomp.datasets import catvsdog, cifar, melanoma, mnist, stl10
+
+    if name not in DATASETS:
+        raise ValueError(f"name = {name!r}: allowed: {', '.join(map(repr, DATASETS))}")
+    requires: dict[str, Callable[[str | os.PathLike[str] | None], object]] = {
+        "mnist": lambda r: mnist.require_idx("MNIST", r),
+        "fashionmnist": lambda r: mnist.require_idx("FashionMNIST", r),
+        "cifar10": lambda r: cifar.require_cifar("cifar10", r),
+        "cifar100": lambda r: cifar.require_cifar("cifar100", r),
+        "stl10": stl10.require_stl10,
+        "catvsdog": catvsdog.require_catvsdog,
+        "melanoma": melanoma.require_melanoma,
+    }
+    if name not in OFFLINE_DATASETS:
+        requires[name](root)
 
 
 def _to_float(x: Tensor) -> Tensor:

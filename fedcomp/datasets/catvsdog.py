@@ -21,7 +21,7 @@ from torch import Tensor
 from fedcomp.datasets.checks import check_split, file_start, reading, require_files
 from fedcomp.datasets.mnist import data_root
 
-__all__ = ["CATVSDOG_FILES", "CATVSDOG_FOLDER", "CATVSDOG_TEST_SIZE", "load_catvsdog", "write_catvsdog"]
+__all__ = ["CATVSDOG_FILES", "CATVSDOG_FOLDER", "CATVSDOG_TEST_SIZE", "load_catvsdog", "require_catvsdog", "write_catvsdog"]
 
 Split = Literal["train", "test"]
 
@@ -48,9 +48,7 @@ def load_catvsdog(
     check_split(split)
     if isinstance(test_size, bool) or not isinstance(test_size, int) or test_size < 1:
         raise ValueError(f"test_size = {test_size!r}: must be a positive integer")
-    root = data_root() if root is None else Path(root).expanduser()
-    folder = root / CATVSDOG_FOLDER
-    require_files("catvsdog", folder, CATVSDOG_FILES, "extract LibAUC's cat_vs_dog archive into the data root", root)
+    folder = require_catvsdog(root) / CATVSDOG_FOLDER
     images = _load_npy(folder / CATVSDOG_FILES[0], "uint8 images [n, H, W, 3]", mmap=True)
     labels = _load_npy(folder / CATVSDOG_FILES[1], "0/1 labels [n]", mmap=False)
     n = images.shape[0] if images.ndim else 0
@@ -75,6 +73,15 @@ def load_catvsdog(
     part = np.array(images[rows])  # a writable copy of the memory-mapped rows
     part = part[:, None] if part.ndim == 3 else part.transpose(0, 3, 1, 2)
     return torch.from_numpy(np.ascontiguousarray(part)), torch.from_numpy(labels[rows].astype(np.int64))
+
+
+def require_catvsdog(root: str | os.PathLike[str] | None = None) -> Path:
+    """The data root (``root``, default :func:`~fedcomp.datasets.mnist.data_root`), checked to hold both arrays
+    without reading them: the one-line ``FileNotFoundError`` :func:`load_catvsdog` raises first."""
+    root = data_root() if root is None else Path(root).expanduser()
+    require_files("catvsdog", root / CATVSDOG_FOLDER, CATVSDOG_FILES,
+                  "extract LibAUC's cat_vs_dog archive into the data root", root)
+    return root
 
 
 def _load_npy(path: Path, what: str, *, mmap: bool) -> np.ndarray:

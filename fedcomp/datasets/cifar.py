@@ -39,6 +39,7 @@ __all__ = [
     "CIFAR_ST_RATIOS",
     "cifar_st",
     "load_cifar",
+    "require_cifar",
     "step_counts",
     "step_imbalance",
     "write_cifar_batches",
@@ -95,13 +96,8 @@ def load_cifar(
     check_split(split)
     if not isinstance(verify_md5, bool):
         raise ValueError(f"verify_md5 = {verify_md5!r}: must be True or False")
-    root = data_root() if root is None else Path(root).expanduser()
+    root = require_cifar(name, root)
     folder = root / CIFAR_FOLDERS[name]
-    files = CIFAR_FILES[name]
-    expected = [*files["train"], *files["test"], files["meta"]]
-    require_files(name, folder, expected,
-                  "extract the python-version archive from https://www.cs.toronto.edu/~kriz/cifar.html into the data root",
-                  root)
     cls = _dataset_class(name, verify_md5)
     try:
         with reading(folder, f"{name}'s python-version batches"):
@@ -124,6 +120,18 @@ def load_cifar(
                          f"{len(targets)} labels; expected uint8 images, one label in 0..{classes - 1} each")
     images = torch.from_numpy(np.ascontiguousarray(data.transpose(0, 3, 1, 2)))
     return images, torch.as_tensor(targets, dtype=torch.int64)
+
+
+def require_cifar(name: Name, root: str | os.PathLike[str] | None = None) -> Path:
+    """The data root (``root``, default :func:`data_root`), checked to hold every file of ``name``'s folder
+    without reading one: the one-line ``FileNotFoundError`` :func:`load_cifar` raises first."""
+    _check_name(name)
+    root = data_root() if root is None else Path(root).expanduser()
+    files = CIFAR_FILES[name]
+    require_files(name, root / CIFAR_FOLDERS[name], [*files["train"], *files["test"], files["meta"]],
+                  "extract the python-version archive from https://www.cs.toronto.edu/~kriz/cifar.html into the data root",
+                  root)
+    return root
 
 
 def _check_files(name: Name, folder: Path, split: Split) -> None:

@@ -32,7 +32,7 @@ from torch import Tensor
 from fedcomp.datasets.checks import check_split, read_text
 from fedcomp.datasets.mnist import data_root
 
-__all__ = ["MELANOMA_COLUMNS", "MELANOMA_FOLDER", "load_melanoma", "melanoma_split", "write_melanoma"]
+__all__ = ["MELANOMA_COLUMNS", "MELANOMA_FOLDER", "load_melanoma", "melanoma_split", "require_melanoma", "write_melanoma"]
 
 Split = Literal["train", "test"]
 
@@ -83,14 +83,8 @@ def load_melanoma(
     check_split(split)
     if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
         raise ValueError(f"size = {size!r}: must be a positive integer or None (keep the stored size)")
-    root = data_root() if root is None else Path(root).expanduser()
-    folder = root / MELANOMA_FOLDER
+    folder = require_melanoma(root) / MELANOMA_FOLDER
     table = folder / "train.csv"
-    if not table.is_file():
-        raise FileNotFoundError(
-            f"melanoma not found: {folder} must hold train.csv (columns {', '.join(MELANOMA_COLUMNS)}) and "
-            "train/<image_name>.jpg; place Kaggle's 256 x 256 JPEG version of SIIM-ISIC 2020 there"
-        )
     names, targets, tfrecords = _read_table(table)
     train, test = melanoma_split(tfrecords, test_fraction)
     rows = train if split == "train" else test
@@ -103,6 +97,20 @@ def load_melanoma(
         )
     images = _decode(paths, size)
     return images, torch.tensor([targets[i] for i in rows], dtype=torch.int64)
+
+
+def require_melanoma(root: str | os.PathLike[str] | None = None) -> Path:
+    """The data root (``root``, default :func:`~fedcomp.datasets.mnist.data_root`), checked to hold
+    ``melanoma/train.csv`` without reading it: the one-line ``FileNotFoundError`` :func:`load_melanoma` raises first
+    (its images are checked as a split lists them)."""
+    root = data_root() if root is None else Path(root).expanduser()
+    folder = root / MELANOMA_FOLDER
+    if not (folder / "train.csv").is_file():
+        raise FileNotFoundError(
+            f"melanoma not found: {folder} must hold train.csv (columns {', '.join(MELANOMA_COLUMNS)}) and "
+            "train/<image_name>.jpg; place Kaggle's 256 x 256 JPEG version of SIIM-ISIC 2020 there"
+        )
+    return root
 
 
 def _read_table(path: Path) -> tuple[list[str], list[int], list[int]]:

@@ -40,6 +40,7 @@ __all__ = [
     "long_tail",
     "long_tail_sizes",
     "per_class_holdout",
+    "require_idx",
     "write_idx",
 ]
 
@@ -71,12 +72,7 @@ def load_mnist(split: Split, root: str | os.PathLike[str] | None = None) -> tupl
     torchvision wants all four IDX files even for one split, so all four are checked up front and a
     missing one is a one-line ``FileNotFoundError`` instead of torchvision's download hint.
     """
-    return _load_idx_dataset(
-        "MNIST",
-        split,
-        root,
-        "place the uncompressed MNIST IDX files there, or use the offline source 'mnist5k', which needs no files",
-    )
+    return _load_idx_dataset("MNIST", split, root)
 
 
 def load_fashion_mnist(split: Split, root: str | os.PathLike[str] | None = None) -> tuple[Tensor, Tensor]:
@@ -85,25 +81,45 @@ def load_fashion_mnist(split: Split, root: str | os.PathLike[str] | None = None)
     Reads ``<root>/FashionMNIST/raw/`` (the four uncompressed IDX files, named as MNIST's) with
     ``torchvision.datasets.FashionMNIST``, which checks only that the files exist (no md5). Never downloads.
     """
-    return _load_idx_dataset(
-        "FashionMNIST", split, root, "place the four uncompressed FashionMNIST IDX files (MNIST's file names) there"
-    )
+    return _load_idx_dataset("FashionMNIST", split, root)
 
 
-def _load_idx_dataset(
-    name: str, split: Split, root: str | os.PathLike[str] | None, hint: str
-) -> tuple[Tensor, Tensor]:
+def require_idx(name: Literal["MNIST", "FashionMNIST"], root: str | os.PathLike[str] | None = None) -> Path:
+    """The data root (``root``, default :func:`data_root`), checked to hold ``name``'s four IDX files in
+    ``<root>/<name>/raw/`` (or torchvision's legacy processed pair) without reading them: the one-line
+    ``FileNotFoundError`` :func:`load_mnist` and :func:`load_fashion_mnist` raise first."""
+    if name not in IDX_FOLDERS:
+        raise ValueError(f"name = {name!r}: allowed: {', '.join(map(repr, IDX_FOLDERS))}")
+    root = data_root() if root is None else Path(root).expanduser()
+    if not _legacy(root, name):
+        require_files(name, root / name / "raw", IDX_FILES, _HINTS[name], root)
+    return root
+
+
+_HINTS = {
+    "MNIST": "place the uncompressed MNIST IDX files there, or use the offline source 'mnist5k', which needs no files",
+    "FashionMNIST": "place the four uncompressed FashionMNIST IDX files (MNIST's file names) there",
+}
+
+
+def _legacy(root: Path, name: str) -> bool:
+    """Whether ``name`` is read from torchvision's legacy processed pair: there, and the raw files are not."""
+    raw, processed = root / name / "raw", root / name / "processed"
+    return (all((processed / file).is_file() for file in ("training.pt", "test.pt"))
+            and not all((raw / file).is_file() for file in IDX_FILES))
+
+
+def _load_idx_dataset(name: Literal["MNIST", "FashionMNIST"], split: Split, root: str | os.PathLike[str] | None
+                      ) -> tuple[Tensor, Tensor]:
     """Read one split of an MNIST-family dataset through its torchvision class, after checking the files."""
     check_split(split)
-    root = data_root() if root is None else Path(root).expanduser()
+    root = require_idx(name, root)
     raw, processed = root / name / "raw", root / name / "processed"
-    legacy = (all((processed / file).is_file() for file in ("training.pt", "test.pt"))  # torchvision's legacy pair,
-              and not all((raw / file).is_file() for file in IDX_FILES))  # read where the raw files are not there
+    legacy = _legacy(root, name)
     if legacy:
         source = labels_file = processed / ("training.pt" if split == "train" else "test.pt")
         expected = "torchvision's legacy processed file (a torch.save of the pair uint8 images [N, 28, 28], labels [N])"
     else:
-        require_files(name, raw, IDX_FILES, hint, root)
         images_file, labels_file = (raw / f"{_PREFIX[split]}-{kind}" for kind in ("images-idx3-ubyte", "labels-idx1-ubyte"))
         images_shape, labels_shape = _idx_shape(images_file, 3), _idx_shape(labels_file, 1)
         if images_shape[0] != labels_shape[0]:

@@ -43,6 +43,7 @@ __all__ = [
     "OmniglotData",
     "load_omniglot",
     "mnist5k_pool",
+    "require_omniglot",
     "to_28px",
     "vinyals_split",
     "write_omniglot",
@@ -111,8 +112,23 @@ def _number(character: str) -> int:
 
 def load_omniglot(root: str | os.PathLike[str] | None = None, *, verify_md5: bool = True) -> OmniglotData:
     """Both Omniglot sets read by ``torchvision.datasets.Omniglot`` (see the module docstring)."""
+    return _load(str(require_omniglot(root)), verify_md5)
+
+
+def require_omniglot(root: str | os.PathLike[str] | None = None) -> Path:
+    """The data root (``root``, default :func:`~fedcomp.datasets.mnist.data_root`), checked to hold the extracted
+    folders of ``omniglot-py/`` without reading them: the one-line ``FileNotFoundError`` :func:`load_omniglot`
+    raises first."""
     root = data_root() if root is None else Path(root).expanduser()
-    return _load(str(root), verify_md5)
+    folder = root / "omniglot-py"
+    missing = [s for s in _SETS if not (folder / s).is_dir()]
+    if missing:
+        raise FileNotFoundError(
+            f"Omniglot not found: {folder} must hold the extracted folders {', '.join(_SETS)} "
+            f"(missing: {', '.join(missing)}) and, unless verify_md5 is off, the zips next to them; "
+            "nothing is downloaded"
+        )
+    return root
 
 
 @functools.cache
@@ -124,13 +140,6 @@ def _load(root: str, verify_md5: bool) -> OmniglotData:
             return os.path.isdir(os.path.join(self.root, self._get_target_folder()))
 
     folder = Path(root) / "omniglot-py"
-    missing = [s for s in _SETS if not (folder / s).is_dir()]
-    if missing:
-        raise FileNotFoundError(
-            f"Omniglot not found: {folder} must hold the extracted folders {', '.join(_SETS)} "
-            f"(missing: {', '.join(missing)}) and, unless verify_md5 is off, the zips next to them; "
-            "nothing is downloaded"
-        )
     cls = Omniglot if verify_md5 else _Unverified
     datasets = []
     for name in _SETS:

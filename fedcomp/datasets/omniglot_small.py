@@ -38,7 +38,7 @@ from fedcomp.datasets.omniglot import OmniglotData, to_28px
 if TYPE_CHECKING:
     from PIL import Image
 
-__all__ = ["SMALL_ALPHABETS", "SMALL_SPLIT", "SMALL_ZIPS", "load_omniglot_small", "shipped_root", "small_split"]
+__all__ = ["SMALL_ALPHABETS", "SMALL_SPLIT", "SMALL_ZIPS", "load_omniglot_small", "require_omniglot_small", "shipped_root", "small_split"]
 
 SmallSplitName = Literal["train", "val", "test"]
 
@@ -83,8 +83,19 @@ def load_omniglot_small(root: str | os.PathLike[str] | None = None, *, verify_md
     md5 (unless ``verify_md5`` is off), holds an unreadable image, or disagrees with the other zip about
     a character both hold; each message is one line naming the file.
     """
+    return _load(str(require_omniglot_small(root)), verify_md5)
+
+
+def require_omniglot_small(root: str | os.PathLike[str] | None = None) -> Path:
+    """The folder (``root``, default :func:`shipped_root`), checked to hold both zips without reading them: the
+    one-line ``FileNotFoundError`` :func:`load_omniglot_small` raises first."""
     folder = shipped_root() if root is None else Path(root).expanduser()
-    return _load(str(folder), verify_md5)
+    for name in SMALL_ZIPS:
+        if not (folder / name).is_file():
+            raise FileNotFoundError(
+                f"{folder / name}: no such file; the Omniglot small subsets need {' and '.join(SMALL_ZIPS)} in {folder}"
+            )
+    return folder
 
 
 @functools.cache
@@ -92,10 +103,6 @@ def _load(folder: str, verify_md5: bool) -> OmniglotData:
     drawings: dict[str, dict[str, bytes]] = {}  # character name -> {file name: PNG bytes}
     for name, md5 in SMALL_ZIPS.items():
         path = Path(folder) / name
-        if not path.is_file():
-            raise FileNotFoundError(
-                f"{path}: no such file; the Omniglot small subsets need {' and '.join(SMALL_ZIPS)} in {folder}"
-            )
         blob = path.read_bytes()
         digest = hashlib.md5(blob).hexdigest()
         if verify_md5 and digest != md5:

@@ -27,7 +27,7 @@ from torch import Tensor
 from fedcomp.datasets.checks import check_split, md5_failure, reading, require_files
 from fedcomp.datasets.mnist import data_root
 
-__all__ = ["STL10_CLASSES", "STL10_FILES", "STL10_FOLDER", "load_stl10", "write_stl10"]
+__all__ = ["STL10_CLASSES", "STL10_FILES", "STL10_FOLDER", "load_stl10", "require_stl10", "write_stl10"]
 
 Split = Literal["train", "test"]
 
@@ -59,10 +59,8 @@ def load_stl10(
     check_split(split)
     if not isinstance(verify_md5, bool):
         raise ValueError(f"verify_md5 = {verify_md5!r}: must be True or False")
-    root = data_root() if root is None else Path(root).expanduser()
+    root = require_stl10(root)
     folder = root / STL10_FOLDER
-    require_files("stl10", folder, STL10_FILES,
-                  "extract the binary archive from https://cs.stanford.edu/~acoates/stl10/ into the data root", root)
     images_file, labels_file = folder / f"{split}_X.bin", folder / f"{split}_y.bin"
     image_bytes = 3 * _SIDE * _SIDE
     expected = f"{image_bytes} bytes (3 x 96 x 96) per image"
@@ -98,6 +96,15 @@ def load_stl10(
         raise ValueError(f"stl10: {labels_file} holds the label {bad}; STL-10's labels are 1..10 (0..9 written as is "
                          f"are one too low)")
     return images, labels
+
+
+def require_stl10(root: str | os.PathLike[str] | None = None) -> Path:
+    """The data root (``root``, default :func:`~fedcomp.datasets.mnist.data_root`), checked to hold the five files
+    of ``stl10_binary/`` without reading one: the one-line ``FileNotFoundError`` :func:`load_stl10` raises first."""
+    root = data_root() if root is None else Path(root).expanduser()
+    require_files("stl10", root / STL10_FOLDER, STL10_FILES,
+                  "extract the binary archive from https://cs.stanford.edu/~acoates/stl10/ into the data root", root)
+    return root
 
 
 @functools.cache

@@ -6,9 +6,10 @@ the user can fix in the input, the files or the cluster, 3 for a run that diverg
 
 from __future__ import annotations
 
+import difflib
 import reprlib
 import shlex
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 
 
@@ -105,6 +106,16 @@ def command_line() -> Iterator[None]:
         _on_command_line[0] = before
 
 
+@contextmanager
+def config_field(field: str) -> Iterator[None]:
+    """A dataset loader's ``FileNotFoundError`` or ``ValueError`` (files missing, empty, cut short or damaged)
+    raised inside as the ``ConfigError`` ``"<field>: <its message>"``: the config setting that led to the files."""
+    try:
+        yield
+    except (FileNotFoundError, ValueError) as error:
+        raise ConfigError(f"{field}: {error}") from None
+
+
 def to_continue(kind: str, path: object) -> str:
     """How to continue the run (``kind="run"``) or sweep (``"sweep"``) kept in ``path``: the command to type
     (:func:`command`) inside the ``fedcomp`` command, else the Python call (``fedcomp.resume('...')``)."""
@@ -150,6 +161,20 @@ def shown(value: object) -> str:
     """``repr(value)`` for a message that names a value the user gave, abridged with ``...`` past 20 items or 2
     levels: a YAML file's aliases can expand a few lines into millions of items, whose full repr takes seconds."""
     return _SHOWN.repr(value)
+
+
+def nearest(word: object, choices: Iterable[str]) -> str | None:
+    """The choice nearest a misspelt ``word`` (``difflib``'s closest, at a similarity of 0.7 or more: a typo, not
+    a word that shares a part, as ``noise_ratio`` and ``separation``), else None."""
+    near = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.7) if isinstance(word, str) else []
+    return near[0] if near else None
+
+
+def did_you_mean(word: object, choices: Iterable[str]) -> str:
+    """`` (did you mean 'x'?)`` for the choice :func:`nearest` ``word``, else nothing: the suggestion a message adds
+    before it lists what is allowed."""
+    near = nearest(word, choices)
+    return f" (did you mean {near!r}?)" if near else ""
 
 
 def first_line(error: BaseException, limit: int = 200) -> str:

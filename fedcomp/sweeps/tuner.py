@@ -50,6 +50,7 @@ from fedcomp.sweeps.callbacks import (
     no_callback_census,
     tracking_environment,
 )
+from fedcomp.sweeps.data_check import check_data
 from fedcomp.sweeps.edges import EXTEND_JSON
 from fedcomp.sweeps.failures import FinalErrors, error_line, failing_alike
 from fedcomp.sweeps.packs import make_packs, read_pack_rows, run_pack
@@ -300,6 +301,7 @@ def sweep(
     tracking.check_store(run.track, run.out)
     cluster, has_gpus = _connect(ray_address, verbose, spec.modules)
     configs = _check_fits(spec, cluster, has_gpus)
+    check_data(configs)
     out = Path(run.out).resolve()
     path = out / new_sweep_id(spec, out)
     made = results.missing_parents(path)  # results folders the claim creates
@@ -527,7 +529,7 @@ def resume_sweep(path: str | Path, ray_address: str | None = None, verbose: int 
     if not tune.Tuner.can_restore(str(path)) or not any(path.glob(tune_state.STATE_GLOB)):
         raise ConfigError(f"{resuming('sweep', path)}: Tune's experiment state is missing; the sweep never started")
     cluster, has_gpus = _connect(ray_address, verbose, spec.modules)
-    _check_fits(spec, cluster, has_gpus)
+    check_data(_check_fits(spec, cluster, has_gpus))  # mended since, as the alike-stop's advice says, or not
     tracking_environment(spec.base_config().run.track)  # for the tracking callback Tune restores with the sweep
     with _quiet_tune(verbose):  # restoring reads the trials' Tune results too
         tuner = tune.Tuner.restore(

@@ -24,7 +24,7 @@ from torch import Tensor
 
 from fedcomp.datasets import adult, partition
 from fedcomp.losses import dro as dro_losses
-from fedcomp.platform.errors import ConfigError
+from fedcomp.platform.errors import ConfigError, config_field
 from fedcomp.platform.registry import register_task
 from fedcomp.platform.tasks.base import Task
 from fedcomp.platform.tasks.builtins import ADULT_FAIRNESS, AdultFairnessParams
@@ -32,12 +32,15 @@ from fedcomp.platform.tasks.builtins import ADULT_FAIRNESS, AdultFairnessParams
 
 @register_task(ADULT_FAIRNESS)
 class AdultFairness(Task):
+    @classmethod
+    def check_data(cls, params: AdultFairnessParams) -> None:
+        with config_field("task.name = 'adult-fairness'"):
+            adult.require_adult(params.root)
+
     def __init__(self, params: AdultFairnessParams, seed: int, clients: int, device: str = "cpu") -> None:
         super().__init__(params, seed, clients, device)
-        try:
+        with config_field("task.name = 'adult-fairness'"):
             data = adult.load_adult(params.root, noise_level=params.noise_level, proxy_seed=params.data_seed)
-        except (FileNotFoundError, ValueError) as error:  # missing files, or a file empty, cut short or damaged
-            raise ConfigError(f"task.name = 'adult-fairness': {error}") from None
         self.train, self.test = data.train, data.test
         rows = self.train.labels.numel()
         if clients > rows:

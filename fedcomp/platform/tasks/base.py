@@ -44,6 +44,13 @@ class Task(ABC):
         """Where oracles compute. Random draws are always made on the CPU (same numbers everywhere); a task that
         holds client data keeps it here (:meth:`resident`), so a step moves only the drawn index vector."""
 
+    @classmethod
+    def check_data(cls, params: Any) -> None:
+        """Raise the ``ConfigError`` that building the task with ``params`` would raise for data files that are not
+        there, without reading any: a sweep checks this once before its trials start (each would fail alike). A
+        task that reads no files (the default) has nothing to check."""
+        return None
+
     def resident(self, *tensors: Tensor) -> tuple[Tensor, ...]:
         """``tensors`` placed on the task's device once, at construction, so that no step copies data from
         the host: on the CPU these are the very same tensors (no copy, same numbers); on a GPU each client

@@ -28,7 +28,7 @@ from fedcomp.datasets import cifar, offline, partition
 from fedcomp.losses import dro as dro_losses
 from fedcomp.models.functional import FlatModel
 from fedcomp.models.mlp import mlp
-from fedcomp.platform.errors import ConfigError
+from fedcomp.platform.errors import ConfigError, config_field
 from fedcomp.platform.registry import register_task
 from fedcomp.platform.tasks.base import Task
 from fedcomp.platform.tasks.builtins import DRO_CLASSIFICATION, DROClassificationParams
@@ -59,6 +59,12 @@ class DROClassification(Task):
         self._warned_chi2 = False
 
     # -- construction ------------------------------------------------------------------------------------------
+    @classmethod
+    def check_data(cls, params: DROClassificationParams) -> None:
+        if params.dataset.endswith("-st") and params.dataset != "digits-st":  # the others ship with scikit-learn
+            with config_field(f"task.dataset = {params.dataset!r}"):
+                cifar.require_cifar(cast(cifar.Name, params.dataset.removesuffix("-st")), params.root)
+
     @staticmethod
     def _load(p: DROClassificationParams) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         if p.dataset == "digits-st":
@@ -66,11 +72,9 @@ class DROClassification(Task):
         if p.dataset == "breast-cancer":
             return tuple(offline.breast_cancer(p.data_seed))  # type: ignore[return-value]
         name = cast(cifar.Name, p.dataset.removesuffix("-st"))
-        try:
+        with config_field(f"task.dataset = {p.dataset!r}"):
             train_images, train_labels = cifar.load_cifar(name, "train", p.root, verify_md5=p.verify_md5)
             test_images, test_labels = cifar.load_cifar(name, "test", p.root, verify_md5=p.verify_md5)
-        except (FileNotFoundError, ValueError) as error:
-            raise ConfigError(f"task.dataset = {p.dataset!r}: {error}") from None
         keep = cifar.cifar_st(train_labels, variant=p.st_variant, seed=p.data_seed)
 
         def scale(images: Tensor) -> Tensor:

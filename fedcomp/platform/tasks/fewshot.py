@@ -32,10 +32,10 @@ from torch import Tensor
 
 from fedcomp.datasets import omniglot as omniglot_data, omniglot_small
 from fedcomp.models.functional import FlatModel
-from fedcomp.platform.errors import ConfigError
+from fedcomp.platform.errors import ConfigError, config_field
 from fedcomp.platform.registry import register_task
 from fedcomp.platform.rng import generator
-from fedcomp.platform.tasks.builtins import FEWSHOT_MNIST, OMNIGLOT, FewShotParams
+from fedcomp.platform.tasks.builtins import FEWSHOT_MNIST, OMNIGLOT, FewShotParams, OmniglotParams
 from fedcomp.platform.tasks.meta import Conv4, Episodes, MetaTask, cross_entropy, init_flat_kaiming
 
 
@@ -156,16 +156,24 @@ class _FewShot(MetaTask):
 
 @register_task(OMNIGLOT)
 class OmniglotFewShot(_FewShot):
+    @classmethod
+    def check_data(cls, params: OmniglotParams) -> None:
+        require = omniglot_small.require_omniglot_small if params.source == "omniglot-small" else omniglot_data.require_omniglot
+        with config_field(cls._data_field(params)):
+            require(params.root)
+
+    @staticmethod
+    def _data_field(p: OmniglotParams) -> str:
+        """The setting that named the files: ``task.root``, else ``task.source`` (read under the default root)."""
+        return f"task.root = {p.root!r}" if p.root else f"task.source = {p.source!r}"
+
     def _pool(self) -> tuple[Tensor, list[int], list[int]]:
         p = self.params
         small = p.source == "omniglot-small"
         load = omniglot_small.load_omniglot_small if small else omniglot_data.load_omniglot
         split = omniglot_small.small_split if small else omniglot_data.vinyals_split
-        try:
+        with config_field(self._data_field(p)):
             data = load(p.root, verify_md5=p.verify_md5)
-        except (FileNotFoundError, ValueError) as error:
-            field = f"task.root = {p.root!r}" if p.root else f"task.source = {p.source!r}"  # root unset: the data root
-            raise ConfigError(f"{field}: {error}") from None
         return data.images, split(data.characters, "train"), split(data.characters, p.eval_split)
 
 

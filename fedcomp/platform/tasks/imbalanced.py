@@ -63,7 +63,7 @@ from fedcomp.losses import auc as auc_losses
 from fedcomp.models import convnets
 from fedcomp.models.functional import FlatModel
 from fedcomp.models.mlp import mlp
-from fedcomp.platform.errors import ConfigError
+from fedcomp.platform.errors import ConfigError, config_field
 from fedcomp.platform.kinds import COMPOSITIONAL_MINIMAX, CONDITIONAL, MINIMAX
 from fedcomp.platform.registry import register_task
 from fedcomp.platform.rng import generator
@@ -133,11 +133,18 @@ class ImbalancedBinary(Task):
         self._monitor: list[Batch] | None = None
 
     # -- construction ------------------------------------------------------------------------------------------
+    @classmethod
+    def check_data(cls, params: ImbalancedBinaryParams) -> None:
+        from fedcomp.datasets import binary
+
+        with config_field(f"task.dataset = {params.dataset!r}"):
+            binary.require_binary(params.dataset, params.root)
+
     @staticmethod
     def _load(p: ImbalancedBinaryParams) -> Any:
         from fedcomp.datasets import binary
 
-        try:
+        with config_field(f"task.dataset = {p.dataset!r}"):
             return binary.load_binary(
                 p.dataset,
                 construction=p.construction,
@@ -149,8 +156,6 @@ class ImbalancedBinary(Task):
                 verify_md5=p.verify_md5,
                 image_size=p.image_size,
             )
-        except (FileNotFoundError, ValueError) as error:
-            raise ConfigError(f"task.dataset = {p.dataset!r}: {error}") from None
 
     @staticmethod
     def _partition(labels: Tensor, clients: int, p: ImbalancedBinaryParams) -> list[Tensor]:

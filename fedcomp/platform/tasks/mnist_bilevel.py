@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from fedcomp.datasets import mnist, partition
-from fedcomp.platform.errors import ConfigError
+from fedcomp.platform.errors import ConfigError, config_field
 from fedcomp.platform.registry import register_task
 from fedcomp.platform.tasks.base import Task
 from fedcomp.platform.tasks.builtins import (
@@ -49,10 +49,8 @@ MEAN, STD = 0.1307, 0.3081
 def _load(params: MnistClientsParams) -> tuple[tuple[Tensor, Tensor], tuple[Tensor, Tensor]]:
     if params.source == "mnist5k":
         return mnist.load_mnist5k_split("train"), mnist.load_mnist5k_split("test")
-    try:
+    with config_field("task.source = 'mnist'"):
         return mnist.load_mnist("train", params.root), mnist.load_mnist("test", params.root)
-    except (FileNotFoundError, ValueError) as error:  # missing files, or a file empty, cut short or damaged
-        raise ConfigError(f"task.source = 'mnist': {error}") from None
 
 
 def _features(images: Tensor) -> Tensor:
@@ -63,6 +61,12 @@ class _MnistBilevel(Task):
     """Clients holding (training, validation) parts of an MNIST source; the model split into x and y."""
 
     minimax = False
+
+    @classmethod
+    def check_data(cls, params: MnistClientsParams) -> None:
+        if params.source == "mnist":
+            with config_field("task.source = 'mnist'"):
+                mnist.require_idx("MNIST", params.root)
 
     def __init__(self, params: Any, seed: int, clients: int, device: str = "cpu") -> None:
         super().__init__(params, seed, clients, device)
