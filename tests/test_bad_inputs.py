@@ -504,6 +504,7 @@ CASES = [
     Case("local-steps-float", run("algorithm.local_steps=2.5"), "algorithm.local_steps = 2.5: Input should be a valid integer"),
     Case("task-noise-inf", run("task.noise_ratio=inf"), "task.noise_ratio = 'inf': Input should be a finite number"),
     Case("task-unknown-key", run("task.dimension=3"), "task.dimension: unknown key; allowed keys: name, dim"),
+    Case("run-key-misspelt", run("run.round=3"), "run.round: unknown key (did you mean run.rounds?); allowed keys: seed,"),
     Case("task-dim-too-large-for-memory", run("task.dim=1000000000000"),
          "out of memory (RuntimeError: [enforce fail at alloc_cpu.cpp"),
     Case("task-inner-dim-not-below-dim", ("run", "feddro-drift", *LOCAL_TINY, "--set", "task.inner_dim=50", "--set",
@@ -623,6 +624,8 @@ CASES = [
     Case("progress", run("run.progress=loud"), "run.progress = 'loud': Input should be 'auto', 'bar', 'log' or 'none'"),
     Case("on-divergence", run("run.on_divergence=maybe"), "run.on_divergence = 'maybe': Input should be 'stop' or 'continue'"),
     Case("unknown-section", run("model.depth=3"), "override 'model.depth' is not of the form section.key with section one of"),
+    Case("section-misspelt", run("algoritm.lr=0.1"), "override 'algoritm.lr' is not of the form section.key with section "
+         "one of task, algorithm, federation, run (did you mean 'algorithm.lr'?)"),
     Case("override-no-section", run("lr=0.1"), "override 'lr' is not of the form section.key"),
     Case("override-no-value", ("run", "quickstart", "--set", "algorithm.lr", "--set", "run.out={out}"),
          "--set 'algorithm.lr': expected section.key=value"),
@@ -657,6 +660,8 @@ CASES = [
          "'{link}' is a link to '{tmp}/gone', which is not there", link("out", "gone")),
     # -- config files ------------------------------------------------------------------------------------------
     Case("preset-unknown", ("run", "nope", "--set", "run.out={out}"), "preset 'nope' is unknown; allowed: "),
+    Case("preset-misspelt", ("run", "quikstart", "--set", "run.out={out}"),
+         "preset 'quikstart' is unknown (did you mean 'quickstart'?); allowed: "),
     Case("file-missing", ("run", "{tmp}/missing.yaml", "--set", "run.out={out}"), "config file '{tmp}/missing.yaml' does not exist"),
     Case("file-is-folder", ("run", "{file}", "--set", "run.out={out}"), "config file '{file}' is a folder, not a YAML file",
          folder("dir.yaml")),
@@ -720,6 +725,11 @@ CASES = [
          "federation.backend = 'gpu': Input should be 'ray' or 'local'", run_copy()),
     # -- sweep files -------------------------------------------------------------------------------------------
     Case("sweep-unknown", ("sweep", "nosuch", "--set", "run.out={out}"), "sweep 'nosuch' is unknown; allowed:"),
+    Case("sweep-misspelt", ("sweep", "fcsg-invariant-l", "--set", "run.out={out}"),
+         "sweep 'fcsg-invariant-l' is unknown (did you mean 'fcsg-invariant-lr'?); allowed:"),
+    Case("sweep-key-misspelt", ("sweep", "{file}", "--set", "run.out={out}"),
+         "sweep key 'grids' is unknown (did you mean 'grid'?); allowed: name,",
+         file("grids-sweep.yaml", "base: quickstart\ngrids: {algorithm.lr: [0.1]}\n")),
     Case("sweep-asha-grace-over-rounds", ("sweep", "quick", "--scheduler", "asha", "--set", "run.rounds=3", "--set",
                                           "run.out={out}"),
          "grace_rounds = 5: ASHA gives every trial that many rounds before it may stop one, more than run.rounds = 3"),
@@ -951,6 +961,13 @@ CASES = [
                                        "federation.clients=2", "federation.clients_per_actor=1"),
          f"task.dataset = 'cifar10': {CIFAR10}/data_batch_1: cannot be read (UnpicklingError: pickle data was truncated)",
          data_root(cifar10(lambda folder: cut(folder / "data_batch_1", 1000))), ray=True),
+    # a sweep checks every trial's data files before Tune starts one (each would fail alike) -- in a Ray task
+    Case("ray-sweep-data-missing", ("sweep", "auc-table1", "--set", "run.out={out}"),
+         "task.dataset = 'cifar10': cifar10 not found: {root}/cifar-10-batches-py must hold data_batch_1",
+         data_root(lambda root: None), env=DATA, ray=True),
+    Case("ray-sweep-data-of-a-later-point-missing", ("sweep", "auc-table1", "--set", "run.out={out}"),
+         "task.dataset = 'cifar100': cifar100 not found: {root}/cifar-100-python must hold train, test, meta",
+         data_root(cifar10(lambda folder: None)), env=DATA, ray=True),
 ]
 
 

@@ -9,7 +9,6 @@ allowed, as a :class:`ConfigError`, before any work starts.
 from __future__ import annotations
 
 import copy
-import difflib
 import functools
 import math
 import os
@@ -24,7 +23,7 @@ import yaml
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
 from fedcomp.platform import catalog, environment
-from fedcomp.platform.errors import ConfigError, shown
+from fedcomp.platform.errors import ConfigError, did_you_mean, nearest, shown
 from fedcomp.platform.params import Params
 from fedcomp.platform.yamlfile import first_comment, parse_yaml, read_yaml_file
 
@@ -319,7 +318,8 @@ def _read_source(source: str | Path | Mapping[str, Any] | None) -> dict[str, Any
     elif text in preset_names():
         raw = copy.deepcopy(_preset(text))
     else:
-        raise ConfigError(f"preset {text!r} is unknown; allowed: {', '.join(preset_names())} or a .yaml file")
+        raise ConfigError(f"preset {text!r} is unknown{did_you_mean(text, preset_names())}; allowed: "
+                          f"{', '.join(preset_names())} or a .yaml file")
     if not isinstance(raw, dict):
         raise ConfigError(f"config {text!r} must be a mapping with sections {', '.join(SECTIONS)}")
     return raw
@@ -431,8 +431,10 @@ def apply_overrides(raw: dict[str, Any], overrides: Mapping[str, Any]) -> dict[s
         key = dotted.replace("__", ".")
         section, _, field = key.partition(".")
         if section not in SECTIONS or not field or "." in field:
+            near = nearest(section, SECTIONS) if field and "." not in field else None
             raise ConfigError(
                 f"override {dotted!r} is not of the form section.key with section one of {', '.join(SECTIONS)}"
+                + (f" (did you mean '{near}.{field}'?)" if near else "")
             )
         block = raw.setdefault(section, {})
         if not isinstance(block, dict):
@@ -450,7 +452,8 @@ def _describe(error: ValidationError, section: str, model: type[BaseModel], raw:
         allowed = ", ".join(["name", *model.model_fields, "module"]) if section in ("task", "algorithm") else ", ".join(
             model.model_fields
         )
-        return f"{where}: unknown key; allowed keys: {allowed}"
+        near = nearest(field, allowed.split(", "))
+        return f"{where}: unknown key{f' (did you mean {section}.{near}?)' if near else ''}; allowed keys: {allowed}"
     msg = first["msg"]
     others = [e for e in error.errors()[1:] if e["loc"][:1] == first["loc"][:1] and e["type"] == "literal_error"]
     if others:  # a number-or-word field (``int | Literal["auto"]``): say both what the number lacks and the word
@@ -522,17 +525,13 @@ def _named(
     if name is None:
         raise ConfigError(f"{section}.name is missing; allowed: {', '.join(sorted(table))}")
     if not isinstance(name, str) or name not in table:
-        near = []
-        if isinstance(name, str):
-            near = (difflib.get_close_matches(name, [n for n in table if fits(n)], n=1)
-                    or difflib.get_close_matches(name, list(table), n=1))
+        near = did_you_mean(name, [n for n in table if fits(n)]) or did_you_mean(name, table)
         if isinstance(module, str):
             named = _registered_by(module, table)
             yours = f"; {section}.module {module!r} registered {', '.join(named) if named else 'none'}"
         else:
             yours = f"; {'an' if section == 'algorithm' else 'a'} {section} of your own: name its module in {section}.module"
-        raise ConfigError(f"{section}.name = {name!r} is unknown" + (f" (did you mean {near[0]!r}?)" if near else "")
-                          + f"; allowed: {', '.join(sorted(table))}{yours}")
+        raise ConfigError(f"{section}.name = {name!r} is unknown{near}; allowed: {', '.join(sorted(table))}{yours}")
     return name, table[name], body
 
 
@@ -565,7 +564,8 @@ def load_config(
     raw = apply_overrides(raw, overrides)
     unknown = sorted(set(raw) - set(SECTIONS))
     if unknown:
-        raise ConfigError(f"section {unknown[0]!r} is unknown; allowed sections: {', '.join(SECTIONS)}")
+        raise ConfigError(f"section {unknown[0]!r} is unknown{did_you_mean(unknown[0], SECTIONS)}; allowed sections: "
+                          f"{', '.join(SECTIONS)}")
     for section in SECTIONS:
         if not isinstance(raw.get(section, {}), Mapping):
             raise ConfigError(f"section {section!r} must be a mapping, got {raw[section]!r}")

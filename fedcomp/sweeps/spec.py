@@ -38,7 +38,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from fedcomp.platform import catalog
 from fedcomp.platform.config import SECTIONS, Config, import_user_module, load_config, plain_name
-from fedcomp.platform.errors import ConfigError, shown
+from fedcomp.platform.errors import ConfigError, did_you_mean, shown
 from fedcomp.platform.params import Params
 from fedcomp.platform.report import metric_mode
 from fedcomp.platform.yamlfile import first_comment, parse_yaml, read_yaml_file
@@ -438,7 +438,8 @@ def load_spec(source: str | Path | Mapping[str, Any] | SweepSpec, **changes: Any
             if isinstance(raw, dict):
                 raw.setdefault("description", preset_description(text))
         else:
-            raise ConfigError(f"sweep {text!r} is unknown; allowed: {', '.join(preset_names())} or a .yaml file")
+            raise ConfigError(f"sweep {text!r} is unknown{did_you_mean(text, preset_names())}; allowed: "
+                              f"{', '.join(preset_names())} or a .yaml file")
         if not isinstance(raw, dict):
             raise ConfigError(f"sweep {text!r} must be a mapping with keys such as base, grid, seeds")
         raw.setdefault("name", default_name)
@@ -453,7 +454,8 @@ def load_spec(source: str | Path | Mapping[str, Any] | SweepSpec, **changes: Any
         field = ".".join(str(p) for p in first["loc"][:1])
         msg = first["msg"].removeprefix("Value error, ")
         if first["type"] == "extra_forbidden":
-            raise ConfigError(f"sweep key {field!r} is unknown; allowed: {', '.join(SweepSpec.model_fields)}") from None
+            raise ConfigError(f"sweep key {field!r} is unknown{did_you_mean(field, SweepSpec.model_fields)}; allowed: "
+                              f"{', '.join(SweepSpec.model_fields)}") from None
         value = raw.get(field)
         if msg.startswith(("grid", "space")):
             raise ConfigError(msg) from None

@@ -46,7 +46,7 @@ def test_parse_value_types():
     "source, overrides, needle",
     [
         ("no-such-preset", {}, "preset 'no-such-preset' is unknown; allowed: "),
-        ("quickstart", {"algorithm.lrr": 0.1}, "algorithm.lrr: unknown key; allowed keys: name, lr,"),
+        ("quickstart", {"algorithm.lrr": 0.1}, "algorithm.lrr: unknown key (did you mean algorithm.lr?); allowed keys: name, lr,"),
         ("quickstart", {"federation.clientz": 3}, "federation.clientz: unknown key"),
         ("quickstart", {"bogus.key": 1}, "override 'bogus.key' is not of the form section.key"),
         ("quickstart", {"algorithm.lr": "fast"}, "algorithm.lr = 'fast': Input should be a valid number"),

@@ -9,7 +9,7 @@ import pytest
 
 import fedcomp
 from fedcomp.cli import main
-from fedcomp.platform.errors import NoResults, PlatformError, command_line, resuming, to_continue
+from fedcomp.platform.errors import NoResults, PlatformError, command_line, did_you_mean, nearest, resuming, to_continue
 
 
 def test_how_to_continue_is_said_in_the_language_of_the_caller(tmp_path):
@@ -94,3 +94,16 @@ def test_a_long_text_is_shortened_after_a_whole_word_and_a_short_one_kept():
     assert shortened(line, len(line)) == line
     assert shortened(line, 70) == "cifar10 not found: extract the python-version archive into the ..."
     assert all(len(shortened(line, n)) <= n for n in range(8, len(line) + 1))
+
+
+@pytest.mark.parametrize(("word", "choices", "near"), [
+    ("quikstart", ["quick", "quickstart"], "quickstart"),
+    ("round", ["seed", "rounds", "out"], "rounds"),
+    ("grdi", ["grid", "space"], "grid"),
+    ("noise_ratio", ["separation", "features"], None),  # shares "ratio", no typo of it
+    ("zzz", ["lr", "beta"], None),
+    (["fcsg"], ["fcsg"], None),  # not a word
+])
+def test_a_suggestion_is_the_nearest_choice_of_a_typo_and_none_otherwise(word, choices, near):
+    assert nearest(word, choices) == near
+    assert did_you_mean(word, choices) == (f" (did you mean {near!r}?)" if near else "")

@@ -68,7 +68,7 @@ def test_paper_grid_preset_is_the_papers_grid():
 @pytest.mark.parametrize(
     "changes, message",
     [
-        ({"grdi": {}}, "sweep key 'grdi' is unknown; allowed: name, description, base"),
+        ({"grdi": {}}, "sweep key 'grdi' is unknown (did you mean 'grid'?); allowed: name, description, base"),
         ({"grid": []}, "grid = []: an empty list of grids has no points"),
         ({"grid": {"algorithm.lr": []}}, "grid axis algorithm.lr = []: must be a non-empty list of values"),
         ({"grid": {"algorithm.lr": 0.1}}, "grid axis algorithm.lr = 0.1: must be a non-empty list of values"),
@@ -95,7 +95,7 @@ def test_paper_grid_preset_is_the_papers_grid():
         ({"metric": "auroc"}, "metric = 'auroc' is not reported by task 'invariant-logreg'; allowed: test_accuracy"),
         ({"panels": ["algorithm.lr"]}, "panels: 'algorithm.lr' is not an axis of this sweep"),
         ({"set": {"run.rounds": 0}}, "run.rounds = 0:"),
-        ({"set": {"run.roundz": 3}}, "^run.roundz: unknown key; allowed keys: seed,"),  # the set's, not a point's
+        ({"set": {"run.roundz": 3}}, "^run.roundz: unknown key (did you mean run.rounds?); allowed keys: seed,"),  # the set's, not a point's
         ({"set": {"rounds": 3}}, "set key 'rounds': not of the form section.key"),
         ({"base": "nosuch"}, "preset 'nosuch' is unknown; allowed:"),
     ],

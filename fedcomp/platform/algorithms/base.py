@@ -26,7 +26,6 @@ model's parameter gradients as autograd makes them), so that a step assembles an
 
 from __future__ import annotations
 
-import difflib
 import functools
 import inspect
 import typing
@@ -40,7 +39,7 @@ from torch import Tensor
 
 # re-exported: algorithms import them from here (and a user's hyperparameters subclass CommonHParams)
 from fedcomp.platform.algorithms.builtins import CommonHParams as CommonHParams
-from fedcomp.platform.errors import AlgorithmError
+from fedcomp.platform.errors import AlgorithmError, did_you_mean
 from fedcomp.platform.oracles import (
     LOCKSTEP as LOCKSTEP,
     Pieces as Pieces,
@@ -249,9 +248,8 @@ class Algorithm(ABC, Generic[C, S]):
         method = getattr(self, name, None)
         if not callable(method):  # a misspelt fed.call("...")
             methods = [n for n in dir(type(self)) if not n.startswith("_") and callable(getattr(type(self), n))]
-            near = difflib.get_close_matches(name, methods, n=1)
             raise AlgorithmError(f"{type(self).__qualname__}: a round calls the client program {name!r}, which it "
-                                 f"does not define" + (f" (did you mean {near[0]!r}?)" if near else ""))
+                                 f"does not define{did_you_mean(name, methods)}")
         record = self.reads(name)
         if inspect.isgeneratorfunction(method):
 
