@@ -10,6 +10,7 @@ import torch
 import fedcomp
 from fedcomp.models.functional import FlatModel
 from fedcomp.models.mlp import mlp
+from fedcomp.platform import catalog
 from fedcomp.platform.config import load_config
 from fedcomp.platform.errors import ConfigError
 from fedcomp.platform.federation import LocalFederation, build_algorithm, build_task
@@ -272,8 +273,25 @@ def test_bad_config_is_one_clear_line(overrides, message):
 
 
 def test_too_few_classes_per_client_is_a_config_error(tmp_path):
-    with pytest.raises(ConfigError, match=r"task\.client_split = 'classes'.*fewer than ways = 5"):
+    with pytest.raises(ConfigError, match=r"task\.client_split = 'classes'.*fewer than ways = 5; use federation.clients "
+                                          r"= 4 or fewer, or task.client_split = 'images'$"):
         fedcomp.run(fewshot(**{"task.client_split": "classes", "federation.clients": 16, "run.out": str(tmp_path)}))
+
+
+@pytest.mark.parametrize(("split", "most", "advice"), [
+    ("classes", 4, "use federation.clients = 4 or fewer, or task.client_split = 'images' with 31 clients or fewer"),
+    ("images", 31, "use federation.clients = 31 or fewer, or task.client_split = 'classes' with 4 clients or fewer"),
+])
+def test_a_split_that_does_not_fit_names_the_client_counts_that_do(split, most, advice):
+    """20 meta-training classes (5 digits, 4 rotations) of 500 images: 5 ways, 1 shot + 15 queries."""
+    cls = catalog.task_class("fewshot-mnist")
+    params = cls.Params(client_split=split)
+    with pytest.raises(ConfigError) as error:
+        cls(params, seed=0, clients=40)
+    assert str(error.value).endswith(advice)
+    cls(params, seed=0, clients=most)  # the advice, followed
+    with pytest.raises(ConfigError):
+        cls(params, seed=0, clients=most + 1)
 
 
 def test_conv4_has_the_code_architecture():

@@ -76,21 +76,26 @@ class _FewShot(MetaTask):
         if len(self.train_classes) < p.ways:  # a task draws ways distinct classes
             raise ConfigError(f"task.ways = {p.ways}: only {len(self.train_classes)} meta-training classes (the "
                               f"task's training digits or alphabets, with their rotations where those are on)")
+        # the most clients each split fits: every client ways classes, or shots + queries images of a class
+        most = {"classes": len(self.train_classes) // p.ways, "images": drawings // per_task}
+        other = "images" if p.client_split == "classes" else "classes"
+        instead = (f"use federation.clients = {most[p.client_split]} or fewer, or task.client_split = {other!r}"
+                   + ("" if most[other] >= clients else
+                      f" with {most[other]} client{'s' if most[other] != 1 else ''} or fewer"))
         if p.client_split == "classes":
             order = torch.randperm(len(self.train_classes), generator=gen).numpy()
             chunks = np.array_split(np.asarray(self.train_classes)[order], clients)
             if min(len(c) for c in chunks) < p.ways:
                 raise ConfigError(
                     f"task.client_split = 'classes': {len(self.train_classes)} meta-training classes over "
-                    f"{clients} clients leave some with fewer than ways = {p.ways}; use client_split: images "
-                    f"or fewer clients"
+                    f"{clients} clients leave some with fewer than ways = {p.ways}; {instead}"
                 )
             return [(sorted(c.tolist()), None) for c in chunks]
         share = drawings // clients
         if share < per_task:
             raise ConfigError(
                 f"task.client_split = 'images': {drawings} images a class over {clients} clients leave {share} "
-                f"each, fewer than shots + queries = {per_task}; use fewer clients or client_split: classes"
+                f"each, fewer than shots + queries = {per_task}; {instead}"
             )
         images = torch.stack([torch.randperm(drawings, generator=gen) for _ in range(self.pool.shape[0])])
         return [(list(self.train_classes), images[:, k * share : (k + 1) * share]) for k in range(clients)]
