@@ -504,6 +504,8 @@ CASES = [
     Case("local-steps-float", run("algorithm.local_steps=2.5"), "algorithm.local_steps = 2.5: Input should be a valid integer"),
     Case("task-noise-inf", run("task.noise_ratio=inf"), "task.noise_ratio = 'inf': Input should be a finite number"),
     Case("task-unknown-key", run("task.dimension=3"), "task.dimension: unknown key; allowed keys: name, dim"),
+    Case("algorithm-of-another-kind-before-its-values", run("algorithm.name=parallel-pdsgd"),  # local_steps=5 > 1 too
+         "algorithm.name = 'parallel-pdsgd' needs a 'compositional-global' problem but task 'invariant-logreg' offers"),
     Case("run-key-misspelt", run("run.round=3"), "run.round: unknown key (did you mean run.rounds?); allowed keys: seed,"),
     Case("task-dim-too-large-for-memory", run("task.dim=1000000000000"),
          "out of memory (RuntimeError: [enforce fail at alloc_cpu.cpp"),

@@ -573,15 +573,15 @@ def load_config(
     task_name, task_declared, task_body = _named("task", raw.get("task", {}), tasks)
     algo_name, algo_declared, algo_body = _named("algorithm", raw.get("algorithm", {}), algorithms,
                                                  lambda name: algorithms[name].kind in task_declared.kinds)
-    task = _validate("task", task_declared.Params, task_body)
-    algorithm = _validate("algorithm", algo_declared.HParams, algo_body)
-    federation = _validate("federation", FederationConfig, raw.get("federation", {}))
-    run = _validate("run", RunConfig, raw.get("run", {}))
-
-    if algo_declared.kind not in task_declared.kinds:
+    if algo_declared.kind not in task_declared.kinds:  # before the algorithm's values: another algorithm is needed
         raise ConfigError(
             f"algorithm.name = {algo_name!r} needs a {algo_declared.kind!r} problem but task {task_name!r} offers "
             f"{', '.join(sorted(task_declared.kinds))}; algorithms that run on it: "
             f"{', '.join(sorted(n for n, a in algorithms.items() if a.kind in task_declared.kinds))}"
         )
+    task = _validate("task", task_declared.Params, task_body)
+    algorithm = _validate("algorithm", algo_declared.HParams, algo_body)
+    federation = _validate("federation", FederationConfig, raw.get("federation", {}))
+    run = _validate("run", RunConfig, raw.get("run", {}))
+
     return Config(task_name, task, algo_name, algorithm, federation, run)
