@@ -569,7 +569,7 @@ CASES = [
     Case("omniglot-small-zip-corrupt", omniglot_small("task.root={file}", "task.verify_md5=false"),
          "task.root = '{file}': {file}/images_background_small1.zip: not a readable zip file", omniglot_zips(b"not a zip")),
     Case("data-root-a-file", omniglot_small("task.root={file}"),
-         "task.root = '{file}': a file, not a folder: give the folder that holds the dataset's folder (README, Data)",
+         "task.root = '{file}': a file, not a folder: give the folder the dataset's files are under (README, Data)",
          file("data.tar", "not a folder")),
     Case("omniglot-source", omniglot_small("task.source=omniglot-tiny"),
          "task.source = 'omniglot-tiny': Input should be 'omniglot' or 'omniglot-small'"),

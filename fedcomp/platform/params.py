@@ -35,7 +35,7 @@ def _absolute(path: str | None) -> str | None:
         return None
     path = os.path.abspath(os.path.expanduser(path))
     if os.path.exists(path) and not os.path.isdir(path):  # every dataset would be "not found" under it
-        raise ValueError("a file, not a folder: give the folder that holds the dataset's folder (README, Data)")
+        raise ValueError("a file, not a folder: give the folder the dataset's files are under (README, Data)")
     return path
 
 
