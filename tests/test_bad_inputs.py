@@ -654,10 +654,15 @@ CASES = [
     Case("out-a-loop-of-links", ("run", "quickstart", *FAST, "--set", "run.out={link}"), "run.out = '{link}': ",
          link("out", "out")),
     Case("out-a-name-too-long", ("run", "quickstart", *FAST, "--set", "run.out={tmp}/" + "x" * 300),
-         "cannot create the folder {tmp}/" + "x" * 300),
+         "run.out = '{tmp}/" + "x" * 300 + "': the name 'xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx ...' is 300 bytes long; "
+         "this file system's names are at most 255"),
     Case("verify-out-a-link-to-nothing", ("verify", "{run}", "--backend", "local", "--out", "{link}"),
          "'{link}' is a link to '{tmp}/gone', which is not there",
          lambda tmp, runs: {**run_copy()(tmp, runs), **link("out", "gone")(tmp, runs)}),
+    Case("out-a-name-too-long-above", run("run.out={tmp}/" + "a" * 300 + "/runs"),
+         "' is 300 bytes long; this file system's names are at most 255"),
+    Case("sweep-out-a-name-too-long", ("sweep", "quick", "--set", "federation.backend=local", "--set",
+                                     "run.out={tmp}/" + "b" * 300), "' is 300 bytes long; this file system's names are at most 255"),
     Case("sweep-out-a-link-to-nothing", ("sweep", "quick", "--set", "federation.backend=local", "--set", "run.out={link}"),
          "'{link}' is a link to '{tmp}/gone', which is not there", link("out", "gone")),
     # -- config files ------------------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-from fedcomp.platform.errors import NoResults, StorageError, first_line
+from fedcomp.platform.errors import NoResults, StorageError, first_line, shortened
 
 if TYPE_CHECKING:  # pandas (and pyarrow) load where frames are written or read, not in every actor process, and
     # torch where checkpoints are saved or read: a Ray run's driver writes the bytes its server saved
@@ -161,8 +161,21 @@ def check_writable(folder: str | Path, label: str | None = None) -> None:
             raise StorageError(f"{label}: {str(probe)!r} is a file, not a folder")
         if probe.is_dir() and not os.access(probe, os.W_OK | os.X_OK):
             raise StorageError(f"{label}: the folder {str(probe)!r} is not writable")
-    except OSError as error:  # a name longer than the file system allows
+        limit = _longest_name(probe)
+        for part in folder.parts:
+            if len(os.fsencode(part)) > limit:
+                raise StorageError(f"{label}: the name {shortened(part, 40)!r} is {len(os.fsencode(part))} bytes long; "
+                                   f"this file system's names are at most {limit}")
+    except OSError as error:
         raise StorageError(f"{label}: {describe_os_error(error)}") from None
+
+
+def _longest_name(folder: Path) -> int:
+    """The longest file name (in bytes) the file system of ``folder`` takes (255 where it does not say)."""
+    try:
+        return os.pathconf(folder, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        return 255
 
 
 def write_json(path: Path, obj: Any) -> None:
