@@ -781,6 +781,11 @@ CASES = [
          "sweep point {{'task.name': 'sinewave'}}: metric = 'test_accuracy' is not reported by task 'sinewave'; allowed: "
          "test_loss, train_loss (what every task of the sweep reports)",
          file("two-tasks.yaml", "base: quickstart\ngrid: {task.name: [invariant-logreg, sinewave]}\n")),
+    Case("mlflow-store-a-file", run("run.out={tmp}", "run.track=mlflow"),
+         "run.track = 'mlflow': '{tmp}/mlflow' is a file, where MLflow's store goes", file("mlflow", "not a folder")),
+    Case("mlflow-database-damaged", run("run.out={tmp}", "run.track=mlflow"),
+         "run.track = 'mlflow': '{tmp}/mlflow/mlflow.db' cannot be read as MLflow's database (file is not a database)",
+         file("mlflow/mlflow.db", b"not a database" * 100)),
     Case("sweep-mlflow-store-a-file", ("sweep", "quick", "--set", "federation.backend=local", "--set", "run.out={tmp}",
                                        "--set", "run.track=mlflow"),
          "run.track = 'mlflow': '{tmp}/mlflow' is a file, where MLflow's store goes", file("mlflow", "not a folder")),

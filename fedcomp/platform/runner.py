@@ -265,6 +265,7 @@ def execute(
         results.check_writable(run_dir.parent)
 
     tracking.require(config.run.track)
+    tracking.check_store(config.run.track, run_dir.parent)
     created = checkpoint is None
     done = saved = checkpoint["server"]["counters"]["round"] if checkpoint else 0
     t_start = time.perf_counter()

@@ -74,8 +74,8 @@ def require(track: str) -> None:
 
 def check_store(track: str, out: str | Path) -> None:
     """Fail at once when the tracking store under the results root ``out`` cannot be used: MLflow's folder a file,
-    its database not one. (A run warns and goes on without tracking; a sweep, whose callbacks open the store after
-    Ray has started, checks it first.)
+    its database not one: a run and a sweep check it before any work, as they check ``run.out``. (A store that fails
+    later all the same -- taken away mid-run -- a run warns about and goes on without.)
 
     Raises:
         StorageError: naming ``run.track``, the file and what is wrong with it.

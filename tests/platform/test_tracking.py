@@ -4,8 +4,11 @@ the offline W&B run through its transaction log."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import sqlite3
 import time
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -144,9 +147,18 @@ def test_an_unknown_wandb_mode_is_one_line_before_any_work(tmp_path, capsys, mon
     assert list(tmp_path.iterdir()) == []
 
 
-def test_a_damaged_mlflow_store_warns_in_one_line(tmp_path, capsys):
-    (tmp_path / "mlflow").mkdir()
-    (tmp_path / "mlflow" / "mlflow.db").write_bytes(b"not a database" * 100)
+def store_of_another_mlflow(out: Path) -> None:
+    """An MLflow database at a schema revision this MLflow does not know (written by a later one): readable as a
+    database, so the run starts, and refused by MLflow's migration as the tracker starts."""
+    (out / "mlflow").mkdir()
+    with contextlib.closing(sqlite3.connect(out / "mlflow" / "mlflow.db")) as db:
+        db.execute("CREATE TABLE alembic_version (version_num VARCHAR(32) NOT NULL)")
+        db.execute("INSERT INTO alembic_version VALUES ('f0000000000f')")
+        db.commit()
+
+
+def test_an_mlflow_store_that_fails_as_the_run_starts_warns_in_one_line(tmp_path, capsys):
+    store_of_another_mlflow(tmp_path)
     result = tracked(tmp_path, "mlflow")
     assert result.final["round"] == 4
     warnings = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
@@ -207,9 +219,8 @@ def test_a_viewers_command_quotes_a_folder_with_a_space(tmp_path):
 
 
 def test_cli_names_no_tracking_to_open_where_the_tracker_could_not_start(tmp_path, capsys):
-    """It pointed at a store that held nothing of the run (a damaged MLflow database)."""
-    (tmp_path / "mlflow").mkdir()
-    (tmp_path / "mlflow" / "mlflow.db").write_bytes(b"not a database" * 100)
+    """It pointed at a store that held nothing of the run (MLflow's database of another version)."""
+    store_of_another_mlflow(tmp_path)
     assert main(["run", "quickstart", "--set", "federation.backend=local", "--set", "federation.clients=4",
                  "--set", "algorithm.local_steps=5", "--set", "run.rounds=1", "--set", "run.progress=none",
                  "--set", f"run.out={tmp_path}", "--set", "run.track=mlflow"]) == 0
