@@ -346,6 +346,9 @@ sweep, and Tune's restore alone would not."""
 TRIAL_TRACEBACK = "Trial task failed for trial"
 """Tune's line with a failed trial's traceback (each attempt's): fedcomp's line for the failed trial names its error,
 and the trial's ``error.txt`` keeps the traceback."""
+STOP_SIGNAL = "Stop signal received"
+"""Tune's warning at Ctrl-C that it saves its state and a second Ctrl-C skips that: fedcomp's line follows it, saying
+what was kept and how to continue."""
 INCOMPLETE = "Trials did not complete"
 """Tune's closing list of the failed trials (their ids, the job's and the node's): fedcomp's closing lines count and
 name them."""
@@ -358,7 +361,8 @@ def _quiet_tune(verbose: int) -> Iterator[None]:
     Always: Tune's warning that it could not read a trial's own metrics files (``result.json``, e.g. of a
     trial killed before its first report, on ``--resume``) -- fedcomp takes every trial's rows from its
     checkpoints -- and its advice to resume an interrupted sweep with ``Tuner.restore`` (:data:`RESTORE_HINT`).
-    Below ``verbose=2``: a failed trial's traceback and Tune's list of the trials that failed. At ``verbose=0`` also: Tune's newer console output (it prints its experiment box and TensorBoard hint at
+    Below ``verbose=2``: a failed trial's traceback, Tune's list of the trials that failed and its warning at Ctrl-C
+    (:data:`STOP_SIGNAL`). At ``verbose=0`` also: Tune's newer console output (it prints its experiment box and TensorBoard hint at
     every verbosity; its older reporter honours 0), its driver-side warnings and Optuna's notes ("A new study
     created in memory")."""
     names = ["ray.tune.analysis.experiment_analysis"] + ([] if verbose else ["ray.tune", "ray.train", "optuna"])
@@ -369,7 +373,7 @@ def _quiet_tune(verbose: int) -> Iterator[None]:
         os.environ["RAY_AIR_NEW_OUTPUT"] = "0"
     for logger in loggers:
         logger.setLevel(logging.ERROR)
-    hint, drop = logging.getLogger("ray.tune.tune"), Drop(RESTORE_HINT, *([INCOMPLETE] if verbose < 2 else []))
+    hint, drop = logging.getLogger("ray.tune.tune"), Drop(RESTORE_HINT, *([INCOMPLETE, STOP_SIGNAL] if verbose < 2 else []))
     controller, tracebacks = logging.getLogger("ray.tune.execution.tune_controller"), Drop(TRIAL_TRACEBACK)
     hint.addFilter(drop)
     if verbose < 2:

@@ -344,7 +344,7 @@ def test_ctrl_c_stops_a_sweep_with_one_line_that_says_how_to_continue_it(ray_ses
     spec_file = tmp_path / "spec.yaml"
     spec_file.write_text(yaml.safe_dump(spec))
     address = ray_session.get_runtime_context().gcs_address
-    cmd = [sys.executable, "-m", "fedcomp", "sweep", str(spec_file), "--ray-address", address, "--verbose", "0"]
+    cmd = [sys.executable, "-m", "fedcomp", "sweep", str(spec_file), "--ray-address", address]  # --verbose 1
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         deadline = time.time() + 240
@@ -359,6 +359,7 @@ def test_ctrl_c_stops_a_sweep_with_one_line_that_says_how_to_continue_it(ray_ses
     lines = err.strip().splitlines()
     assert lines[-1] == (f"fedcomp: interrupted: finished trials and the others' checkpoints are kept; continue the "
                          f"sweep with: fedcomp sweep --resume {sweep_dir}"), lines
+    assert not any("Stop signal received" in line for line in lines)  # Tune's "press Ctrl-C again to skip ..."
     assert not (sweep_dir / "trials.parquet").exists()  # no table of trials cut short, as if they had finished
     assert main(["sweep", "--resume", str(sweep_dir)]) == 0  # the command it printed
     trials = pd.read_parquet(sweep_dir / "trials.parquet")
