@@ -553,7 +553,7 @@ def plan_actors(
             have = "has no GPUs" if not total_gpus else f"has {total_gpus:g}"
             raise ResourceError(
                 f"federation.gpus_per_client = {gpc:g} needs {need:g} GPUs for {k} clients but the cluster {have}; "
-                f"use gpus_per_client: 0 or 'auto'"
+                f"use federation.gpus_per_client = 0 or 'auto'"
             )
         if gpc * per > 1 and not float(gpc * per).is_integer():
             raise ResourceError(
@@ -565,7 +565,7 @@ def plan_actors(
             fits = _auto_gpus(units, n, per, min(1.0, total_gpus / k))
             raise ResourceError(
                 f"federation.gpus_per_client = {gpc:g} asks {gpc * per:g} GPU per client actor; {_describe(nodes, 'GPU')} "
-                f"hold {held} such actors, the run has {n}; use gpus_per_client <= {fits:g} or 'auto'"
+                f"hold {held} such actors, the run has {n}; use federation.gpus_per_client <= {fits:g} or 'auto'"
             )
     gpu_units = _units(floor_share(gpc * per))
     memory = float(cluster.get("memory", 0.0))
@@ -575,7 +575,7 @@ def plan_actors(
             f"federation.clients = {k} with clients_per_actor = {per} makes {n} client actors, each a process that "
             f"imports torch (at least {ACTOR_MEMORY_FLOOR / 2**20:.0f} MiB of its own: "
             f"{(n + server) * ACTOR_MEMORY_FLOOR / 2**30:.1f} GiB in all), more than the cluster's "
-            f"{memory / 2**30:.1f} GiB of memory for actors; use clients_per_actor: auto ({auto} "
+            f"{memory / 2**30:.1f} GiB of memory for actors; use federation.clients_per_actor = 'auto' ({auto} "
             f"actor{'s' if auto > 1 else ''} here) or a larger number"
         )
 

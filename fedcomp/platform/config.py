@@ -166,7 +166,7 @@ class FederationConfig(Params):
             raise ValueError(f"torch_compile = true: needs torch {environment.release_name(TORCH_COMPILE_SINCE)} or later, "
                              f"whose compiler takes every algorithm's oracles; this is torch {environment.torch_build()}")
         if self.gpu_packing == "auto" and self.gpus_per_client == 0:
-            raise ValueError("gpu_packing = 'auto': needs GPUs but gpus_per_client = 0; use gpus_per_client: 'auto' or > 0")
+            raise ValueError("gpu_packing = 'auto': needs GPUs but gpus_per_client = 0; use gpus_per_client = 'auto' or > 0")
         return self
 
     @property

@@ -455,7 +455,7 @@ def local_device(fed: FederationConfig, deterministic: bool = True) -> str:
     if fed.gpus_per_client != "auto" and fed.gpus_per_client > 0 and not has_cuda:
         raise ResourceError(
             f"federation.gpus_per_client = {fed.gpus_per_client:g} but this machine has no CUDA GPU for the "
-            f"local backend; use gpus_per_client: 0 or 'auto'"
+            f"local backend; use federation.gpus_per_client = 0 or 'auto'"
         )
     wanted = has_cuda if fed.gpus_per_client == "auto" else fed.gpus_per_client > 0
     device = "cuda" if wanted else "cpu"

@@ -55,7 +55,7 @@ def importable(config: Config) -> None:
         try:
             config.in_script("Ray's actors")
         except ConfigError as error:
-            raise ConfigError(f"{error} or use federation.backend: local") from None
+            raise ConfigError(f"{error} or use federation.backend = 'local'") from None
 
 
 def reports_declared(metrics: dict[str, Any], config: Config) -> dict[str, Any]:

@@ -233,16 +233,16 @@ def _check_pack(spec: SweepSpec, backends: set[str]) -> None:
     the sweep's points use)."""
     if spec.pack == "none":
         if spec.pack_size is not None:
-            raise ConfigError(f"pack_size = {spec.pack_size}: only with pack: sequential or lockstep")
+            raise ConfigError(f"pack_size = {spec.pack_size}: only with pack = 'sequential' or 'lockstep'")
         return
     if spec.search != "grid":
-        raise ConfigError(f"pack = {spec.pack!r}: packs grid configurations; with search = 'optuna' use pack: none")
+        raise ConfigError(f"pack = {spec.pack!r}: packs grid configurations; with search = 'optuna' use pack = 'none'")
     if spec.scheduler != "none":
         raise ConfigError(f"pack = {spec.pack!r}: ASHA stops whole trials, not one configuration of a pack; "
-                          f"use scheduler: none or pack: none")
+                          f"use scheduler = 'none' or pack = 'none'")
     if spec.pack == "lockstep" and backends != {"local"}:
         raise ConfigError("pack = 'lockstep' runs a trial's configurations in one process: set "
-                          "federation.backend: local (or use pack: sequential)")
+                          "federation.backend = 'local' (or use pack = 'sequential')")
 
 
 def validate(spec: SweepSpec) -> list[str]:
@@ -305,7 +305,7 @@ def validate(spec: SweepSpec) -> list[str]:
         shortest = min(shortest, (config.run.rounds, where))
         if config.federation.gpu_packing == "auto":
             raise ConfigError(f"{where}federation.gpu_packing = 'auto': a trial's placement group is sized from "
-                              f"federation.clients_per_actor before the trial starts; use gpu_packing: fixed in sweeps")
+                              f"federation.clients_per_actor before the trial starts; use federation.gpu_packing = 'fixed' in sweeps")
         backends.add(config.federation.backend)
         tasks.setdefault(config.task_name, where)
     _check_pack(spec, backends)

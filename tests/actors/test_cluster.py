@@ -104,7 +104,7 @@ def test_gpu_shares_fit_the_gpu_nodes():
     # Every client actor needs the GPU node: six of them and maybe the server share its one CPU.
     assert plan.gpus_per_client == pytest.approx(0.3333) and plan.cpus == pytest.approx(1 / 7, abs=1e-4)
     with pytest.raises(ResourceError, match=r"gpus_per_client = 0.75 asks 0.75 GPU per client actor; 2 nodes with GPU 1, 2 "
-                                            r"hold 3 such actors, the run has 4; use gpus_per_client <= 0.6666"):
+                                            r"hold 3 such actors, the run has 4; use federation.gpus_per_client <= 0.6666"):
         plan_actors(FederationConfig(clients=4, clients_per_actor=1, gpus_per_client=0.75), {"CPU": 4.0, "GPU": 3.0},
                     [{"CPU": 2.0, "GPU": 1.0}, {"CPU": 2.0, "GPU": 2.0}])
 
@@ -142,7 +142,7 @@ def test_more_actors_than_the_memory_holds_fail_at_once_pointing_to_auto():
     with pytest.raises(ResourceError, match=r"^federation.clients = 1000 with clients_per_actor = 4 makes 250 client "
                                             r"actors, each a process that imports torch \(at least 100 MiB of its own: "
                                             r"24.4 GiB in all\), more than the cluster's 16.4 GiB of memory for actors; "
-                                            r"use clients_per_actor: auto \(2 actors here\) or a larger number$"):
+                                            r"use federation.clients_per_actor = 'auto' \(2 actors here\) or a larger number$"):
         plan_actors(FederationConfig(clients=1000, clients_per_actor=4), cluster)
     assert len(plan_actors(FederationConfig(clients=1000), cluster).groups) == 2
     assert len(plan_actors(FederationConfig(clients=1000, clients_per_actor=7), cluster).groups) == 143  # 14 GiB

@@ -257,7 +257,7 @@ def test_gpu_request_on_a_cluster_without_gpus_fails_at_once(ray_session, tmp_pa
     assert code == 2
     assert err == [
         "fedcomp: error: federation.gpus_per_client = 0.5 needs 8 GPUs for 16 clients but the cluster has no GPUs; "
-        "use gpus_per_client: 0 or 'auto'"
+        "use federation.gpus_per_client = 0 or 'auto'"
     ]
     assert list(tmp_path.iterdir()) == []
 
@@ -271,7 +271,7 @@ def test_more_client_actors_than_the_memory_holds_fail_at_once(ray_session, tmp_
     assert code == 2
     assert err.startswith("fedcomp: error: federation.clients = 10000 with clients_per_actor = 1 makes 10000 client "
                           "actors, each a process that imports torch (at least 100 MiB of its own: 976.6 GiB in all)")
-    assert err.endswith("use clients_per_actor: auto (2 actors here) or a larger number")
+    assert err.endswith("use federation.clients_per_actor = 'auto' (2 actors here) or a larger number")
     assert list(tmp_path.iterdir()) == []
 
 
@@ -349,7 +349,7 @@ def test_actors_are_scheduled_on_declared_gpus(tmp_path):
     assert "PLACEMENT [(1, 'cpu'), (1, 'cpu')]" in out.stdout
     errors = [line for line in out.stdout.splitlines() if line.startswith("ERROR")]
     assert errors == ["ERROR federation.gpus_per_client = 0.5 needs 4 GPUs for 8 clients but the cluster has 2; "
-                      "use gpus_per_client: 0 or 'auto'",
+                      "use federation.gpus_per_client = 0 or 'auto'",
                       "ERROR federation.gpu_packing = 'auto' measures a client on a GPU, but none is visible here"]
 
 

@@ -122,7 +122,7 @@ FAST = ["--set", "federation.backend=local", "--set", "federation.clients=4", "-
 
 @pytest.mark.parametrize(("sets", "message"), [
     (["federation.gpu_packing=auto", "federation.gpus_per_client=0"],
-     "federation.gpu_packing = 'auto': needs GPUs but gpus_per_client = 0; use gpus_per_client: 'auto' or > 0"),
+     "federation.gpu_packing = 'auto': needs GPUs but gpus_per_client = 0; use gpus_per_client = 'auto' or > 0"),
     (["federation.gpu_packing=some"], "federation.gpu_packing = 'some': Input should be 'fixed' or 'auto'"),
     (["federation.actors_per_gpu=0"], "federation.actors_per_gpu = 0: Input should be greater than or equal to 1"),
     (["run.deterministic=maybe"], "run.deterministic = 'maybe': Input should be a valid boolean"),

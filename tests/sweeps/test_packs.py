@@ -175,8 +175,8 @@ def test_a_failed_lockstep_trial_resumes_every_configuration_from_its_checkpoint
     ({"pack": "sequential", "search": "optuna", "grid": {}, "space": {"algorithm.lr": {"loguniform": [0.01, 0.1]}}},
      "pack = 'sequential': packs grid configurations"),
     ({"pack": "lockstep", "scheduler": "asha"}, "ASHA stops whole trials"),
-    ({"pack": "lockstep", "set": {**TINY, "federation.backend": "ray"}}, "set federation.backend: local"),
-    ({"pack_size": 4}, "pack_size = 4: only with pack: sequential or lockstep"),
+    ({"pack": "lockstep", "set": {**TINY, "federation.backend": "ray"}}, "set federation.backend = 'local'"),
+    ({"pack_size": 4}, "pack_size = 4: only with pack = 'sequential' or 'lockstep'"),
     ({"pack": "vmap"}, "sweep pack = 'vmap'"),
     ({"set": {**TINY, "federation.gpu_packing": "auto"}}, "federation.gpu_packing = 'auto': a trial's placement group"),
 ])
