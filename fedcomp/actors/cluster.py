@@ -726,7 +726,24 @@ def node_gone(node_id: str | None) -> str | None:
     return None
 
 
-def node_lost_notice(node: str | None, warning: Callable[[str], str], advice: str) -> Callable[[], str | None]:
+def packing_that_fits(clients: int, cpus_per_actor: float, cpus: float) -> int | None:
+    """The fewest clients per actor whose client actors, ``cpus_per_actor`` each, fit in ``cpus`` (what is left of a
+    cluster after a node went), or None where not even one such actor fits."""
+    actors = math.floor(cpus / cpus_per_actor + 1e-9) if cpus_per_actor > 0 else clients
+    return -(-clients // min(actors, clients)) if actors >= 1 else None
+
+
+def resume_advice(clients: int, cpus_per_actor: float, server_cpus: float = 0.0) -> str:
+    """What to do when a node left with actors and no room is left for them: a node in its place, or a resume that
+    fits the nodes left -- the clients per actor that fit the CPUs the cluster has now, or the local backend."""
+    left = float(ray.cluster_resources().get("CPU", 0.0)) - server_cpus
+    per = packing_that_fits(clients, cpus_per_actor, left) if left > 0 else None
+    fits = (f"--set federation.clients_per_actor={per} (its {-(-clients // per)} client actors of {cpus_per_actor:g} "
+            f"CPU fit the {left:g} CPUs left) or " if per is not None else "")
+    return f"start a node in its place; or resume the run with {fits}--set federation.backend=local"
+
+
+def node_lost_notice(node: str | None, warning: Callable[[str], str], advice: Callable[[], str]) -> Callable[[], str | None]:
     """A ``waiting`` callback (:func:`~fedcomp.actors.federation.wait_ready`) for a dead actor's replacement: once
     Ray marks ``node``, where the dead actor was, dead, it prints ``fedcomp: warning: <warning(the node)>`` and
     returns why the replacement may wait, with ``advice`` (said once: the wait asks no more after an answer)."""
@@ -736,7 +753,7 @@ def node_lost_notice(node: str | None, warning: Callable[[str], str], advice: st
         if gone is None:
             return None
         print(f"fedcomp: warning: {warning(gone)}", file=sys.stderr, flush=True)
-        return f"{gone} left the cluster ({advice})"
+        return f"{gone} left the cluster ({advice()})"
 
     return lost
 

@@ -48,6 +48,7 @@ from fedcomp.actors.cluster import (
     node_lost_notice,
     plan_actors,
     probe_footprint_on_cluster,
+    resume_advice,
     through_ray_client,
 )
 from fedcomp.actors.graph import ActorGraph
@@ -218,8 +219,7 @@ class RayFederation:
             node, lambda gone: f"round {round + 1}: {gone} left the cluster with client actor {i}; its replacement asks "
             f"for {self.plan.resources(i)} and waits up to federation.actor_timeout_s = {self.timeout:g} s for a node "
             f"with room (available now: {describe_resources()})",
-            "start a node in its place; or continue with fewer actors, a larger federation.clients_per_actor, or on "
-            "the local backend")
+            lambda: resume_advice(self.config.federation.clients, self.plan.cpus, self.plan.server_cpus))
 
     def _message(self, method: str, payload: Tensors, **args: Any) -> tuple[bytes, Any, Layout]:
         """One call's arguments for every actor: ``method`` and ``args`` with the payload's layout (and the payload

@@ -26,6 +26,7 @@ from fedcomp.actors.cluster import (
     describe_resources,
     node_lost_notice,
     plan_actors,
+    resume_advice,
 )
 from fedcomp.actors.federation import _death, unwrap, wait_ready
 from fedcomp.actors.quiet_exit import drop_lost_exits_in_a_worker
@@ -139,7 +140,7 @@ class RayServer:
     def __init__(self, config: Config) -> None:
         cluster = connect(config.federation.ray_address, modules=config.modules())
         plan = plan_actors(config.federation, cluster, cluster_nodes())  # fail here, at once, on a shortfall
-        self.config = config
+        self.config, self.plan = config, plan
         self.driver_s = 0.0
         self.finite = True
         self.replacements: list[dict[str, Any]] = []
@@ -190,7 +191,7 @@ class RayServer:
             self.node, lambda gone: f"round {round}: {gone} left the cluster with the server actor; the one in its "
             f"place asks for {self.options.get('num_cpus', 0):g} CPU, and its client actors for theirs, and waits up "
             f"to {self.start_s:g} s for room (available now: {describe_resources()})",
-            "start a node in its place, or continue on the local backend")
+            lambda: resume_advice(self.config.federation.clients, self.plan.cpus, self.plan.server_cpus))
 
     def _call(self, method: str, *args: Any) -> Any:
         if self.here is not None:

@@ -30,8 +30,10 @@ from fedcomp.actors.cluster import (
     auto_clients_per_actor,
     connect,
     idle_daemons_not_started,
+    packing_that_fits,
     plan_actors,
     probe,
+    resume_advice,
     shipped,
     started_daemons,
 )
@@ -156,6 +158,27 @@ def test_planning_many_actors_on_many_nodes_is_quick():
                        [{"CPU": 2.0}] * 100)
     assert time.perf_counter() - started < 2.0
     assert 100 * int(2.0 / plan.cpus + 1e-9) >= 1001
+
+
+@pytest.mark.parametrize(("clients", "share", "cpus"), [(16, 0.5, 2.0), (16, 1.0, 3.0), (16, 0.25, 7.5), (3, 0.5, 4.0),
+                                                      (16, 0.5, 0.4), (1, 1.0, 1.0)])
+def test_the_packing_that_fits_is_the_fewest_clients_per_actor_whose_actors_fit(clients, share, cpus):
+    per = packing_that_fits(clients, share, cpus)
+    if cpus < share:
+        assert per is None
+        return
+    assert -(-clients // per) * share <= cpus + 1e-9  # its actors fit
+    assert per == 1 or -(-clients // (per - 1)) * share > cpus  # one fewer a client actor would not
+
+
+@pytest.mark.ray
+def test_the_advice_after_a_lost_node_names_a_packing_that_fits_the_cpus_left(ray_session):
+    """The session's Ray has 2 CPUs; with no room for even one actor, only the node and the local backend are left."""
+    assert resume_advice(16, 0.5) == (
+        "start a node in its place; or resume the run with --set federation.clients_per_actor=4 (its 4 client actors "
+        "of 0.5 CPU fit the 2 CPUs left) or --set federation.backend=local")
+    assert resume_advice(16, 0.5, server_cpus=2.0) == (
+        "start a node in its place; or resume the run with --set federation.backend=local")
 
 
 # -- addresses ------------------------------------------------------------------------------------------------
