@@ -58,7 +58,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from fedcomp.datasets.checks import read_text
+from fedcomp.datasets.checks import read_text, require_files
 from fedcomp.datasets.mnist import data_root
 
 __all__ = [
@@ -263,13 +263,8 @@ def require_adult(root: str | os.PathLike[str] | None = None) -> Path:
     """The data root (``root``, default :func:`data_root`), checked to hold ``adult/adult.data`` and ``adult.test``
     without reading them: the one-line ``FileNotFoundError`` :func:`load_adult` raises first."""
     root = data_root() if root is None else Path(root).expanduser()
-    folder = root / "adult"
-    missing = [f for f in ADULT_FILES if not (folder / f).is_file()]
-    if missing:
-        raise FileNotFoundError(
-            f"Adult not found: {folder} must hold {', '.join(ADULT_FILES)} (missing: {', '.join(missing)}); "
-            "copy adult.data and adult.test from https://archive.ics.uci.edu/dataset/2/adult there"
-        )
+    require_files("Adult", root / "adult", ADULT_FILES,
+                  "copy adult.data and adult.test from https://archive.ics.uci.edu/dataset/2/adult there", root)
     return root
 
 
