@@ -370,12 +370,22 @@ def written(track: str, run_dir: str | Path) -> bool:
     if track == "wandb":
         return any((run_dir / "wandb").glob("*run-*"))
     if track == "mlflow":
-        try:
-            check_store(track, run_dir.parent)
-        except StorageError:
-            return False
-        return (run_dir.parent / MLFLOW_DIR / "mlflow.db").is_file()
+        return _in_mlflow_store(run_dir.parent / MLFLOW_DIR / "mlflow.db", run_dir.name)
     return False
+
+
+def _in_mlflow_store(db: Path, run_id: str) -> bool:
+    """Whether MLflow's database ``db`` holds a run named ``run_id`` (one of another MLflow version's schema, which
+    the tracker could not open, holds none)."""
+    import sqlite3
+
+    if not db.is_file():
+        return False
+    try:
+        with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as connection:
+            return connection.execute("SELECT 1 FROM runs WHERE name = ? LIMIT 1", (run_id,)).fetchone() is not None
+    except sqlite3.Error:
+        return False
 
 
 def wandb_id(run_id: str) -> str:

@@ -157,25 +157,17 @@ def store_of_another_mlflow(out: Path) -> None:
         db.commit()
 
 
-def test_an_mlflow_store_that_fails_as_the_run_starts_warns_in_one_line(tmp_path, capsys):
-    store_of_another_mlflow(tmp_path)
-    result = tracked(tmp_path, "mlflow")
-    assert result.final["round"] == 4
-    warnings = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
-    assert len(warnings) == 1 and warnings[0].startswith("fedcomp: warning: mlflow tracking could not start"), warnings
-
-
 def test_an_unknown_tracker_is_a_config_error(tmp_path):
     with pytest.raises(fedcomp.ConfigError, match=r"run\.track"):
         tracked(tmp_path, "neptune")
 
 
 def test_a_tracker_that_fails_warns_once_and_the_run_goes_on(tmp_path, capsys):
-    (tmp_path / "mlflow").write_text("a file where MLflow's folder would go")
+    store_of_another_mlflow(tmp_path)
     result = tracked(tmp_path, "mlflow")
     assert result.final["round"] == 4 and (result.run_dir / "metrics.parquet").is_file()
     warnings = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
-    assert len(warnings) == 1 and "mlflow tracking" in warnings[0]
+    assert len(warnings) == 1 and warnings[0].startswith("fedcomp: warning: mlflow tracking could not start"), warnings
     assert json.loads((result.run_dir / "run.json").read_text())["status"] == "completed"
 
 
@@ -187,6 +179,14 @@ def test_cli_names_where_to_open_the_tracking(tmp_path, capsys):
     (run_dir,) = tmp_path.iterdir()
     assert f"curves: {run_dir / 'curves.png'}" in out
     assert f"tracking: tensorboard --logdir {run_dir / 'tensorboard'}" in out
+
+
+def test_cli_names_the_mlflow_store_that_holds_the_run(tmp_path, capsys):
+    assert main(["run", "quickstart", "--set", "federation.backend=local", "--set", "federation.clients=4",
+                 "--set", "algorithm.local_steps=5", "--set", "run.rounds=1", "--set", "run.progress=none",
+                 "--set", f"run.out={tmp_path}", "--set", "run.track=mlflow"]) == 0
+    out = capsys.readouterr().out
+    assert f"tracking: mlflow ui --backend-store-uri {tracking.mlflow_uri(tmp_path)}" in out, out
 
 
 def test_a_viewers_command_says_what_to_install_where_it_is_missing(tmp_path, monkeypatch):
