@@ -4,6 +4,7 @@ authentication still shows."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import subprocess
@@ -13,11 +14,22 @@ from pathlib import Path
 
 import pytest
 
-from fedcomp.actors.quiet import AUTH_LOGGER, quiet_ray_start
+from fedcomp.actors.quiet import AUTH_LOGGER, CLIENT_LOGS_LOGGER, quiet_ray_start
 from fedcomp.cli import main
 
 OURS = ("fedcomp: ", "round ")
 SMALL = ["--set", "federation.clients=4", "--set", "algorithm.local_steps=5", "--set", "task.test_samples=2000"]
+
+
+@contextlib.contextmanager
+def caught(caplog, name: str):
+    """caplog's handler on the logger ``name`` itself: Ray's loggers may not propagate to the root, where it is."""
+    logger = logging.getLogger(name)
+    logger.addHandler(caplog.handler)
+    try:
+        yield
+    finally:
+        logger.removeHandler(caplog.handler)
 
 
 def test_only_the_token_auth_enabled_notice_is_dropped(caplog):
@@ -26,11 +38,25 @@ def test_only_the_token_auth_enabled_notice_is_dropped(caplog):
     quiet_ray_start()
     quiet_ray_start()  # idempotent
     assert len(logging.getLogger(AUTH_LOGGER).filters) == 1
-    with caplog.at_level(logging.WARNING, logger=AUTH_LOGGER):
+    with caught(caplog, AUTH_LOGGER):
         setup._warn_token_auth_enabled()
         setup._warn_token_auth_disabled()
     messages = [r.getMessage() for r in caplog.records]
     assert len(messages) == 1 and messages[0].startswith("Token authentication is disabled")
+
+
+def test_only_the_ray_client_servers_sigterm_notice_is_dropped(caplog):
+    """What a ``ray://`` run's console got from the cluster's process that serves the job, as it started."""
+    import ray.util.client.logsclient  # noqa: F401  # as a ray:// run has it: its logger does not propagate
+
+    quiet_ray_start()
+    quiet_ray_start()
+    logger = logging.getLogger(CLIENT_LOGS_LOGGER)
+    assert len(logger.filters) == 1
+    with caught(caplog, CLIENT_LOGS_LOGGER):
+        logger.warning("SIGTERM handler is not set because current thread is not the main thread.")
+        logger.warning("Log channel dropped, retrying.")
+    assert [r.getMessage() for r in caplog.records] == ["Log channel dropped, retrying."]
 
 
 def test_a_local_run_prints_nothing_but_its_progress_and_results(tmp_path, capsys):

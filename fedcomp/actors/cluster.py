@@ -163,6 +163,8 @@ def _start_or_join(address: str | None, field: str, worker_log_level: str | None
                     if not str(aborted).startswith("Initialization failure from server"):
                         raise
                     ray.shutdown()
+                    announce("the cluster's Ray Client server did not start this job's session (it answered with an "
+                             "empty failure, as where the session is slower to start than it waits); trying once more")
                     time.sleep(1.0)
                     ray.init(address=address, **kwargs)
         except (ConnectionError, TimeoutError, RuntimeError, ValueError) as error:

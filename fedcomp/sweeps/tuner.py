@@ -26,6 +26,7 @@ import pandas as pd
 from pydantic import ValidationError
 
 from fedcomp.actors.cluster import fedcomp_env, through_ray_client
+from fedcomp.actors.quiet import Drop
 from fedcomp.platform import results, tracking
 from fedcomp.platform.config import Config, folder_of, overrides_of
 from fedcomp.platform.environment import changed_modules, module_digests
@@ -327,17 +328,6 @@ def sweep(
         run_config=run_config,
     )
     return _extended(_fit(tuner, spec, path, verbose), cluster, has_gpus, verbose)
-
-
-class Drop(logging.Filter):
-    """Drops a logger's records whose message starts with one of ``prefixes``: what fedcomp says itself."""
-
-    def __init__(self, *prefixes: str) -> None:
-        super().__init__()
-        self.prefixes = prefixes
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not record.getMessage().startswith(self.prefixes)
 
 
 RESTORE_HINT = "Experiment has been interrupted"
