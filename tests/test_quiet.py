@@ -23,13 +23,16 @@ SMALL = ["--set", "federation.clients=4", "--set", "algorithm.local_steps=5", "-
 
 @contextlib.contextmanager
 def caught(caplog, name: str):
-    """caplog's handler on the logger ``name`` itself: Ray's loggers may not propagate to the root, where it is."""
-    logger = logging.getLogger(name)
+    """caplog's handler on the logger ``name`` itself, the logger's records going nowhere else meanwhile: whether
+    Ray's loggers propagate to the root (caplog's place) depends on what configured Ray's logging before."""
+    logger, propagate = logging.getLogger(name), logging.getLogger(name).propagate
     logger.addHandler(caplog.handler)
+    logger.propagate = False
     try:
         yield
     finally:
         logger.removeHandler(caplog.handler)
+        logger.propagate = propagate
 
 
 def test_only_the_token_auth_enabled_notice_is_dropped(caplog):
