@@ -4,7 +4,10 @@ Without it, a sweep of a task whose files are not under the data root started it
 and the sweep ended after three of them (:mod:`fedcomp.sweeps.failures`), half a minute later, leaving a sweep
 folder to resume. The check reads no file (:meth:`~fedcomp.platform.tasks.base.Task.check_data`: whether the files
 are there) and runs as one Ray task that asks for a CPU as a trial does: on a cluster, on a node a trial could run
-on, with its file system and this process's ``$FEDCOMP_DATA`` (as the trials get it). A sweep whose tasks read no files starts no such task.
+on, with its file system and this process's ``$FEDCOMP_DATA`` (as the trials get it). A sweep whose tasks read no
+files starts no such task. On a cluster whose CPUs are all taken (another job's), the check gives up after
+:data:`CHECK_TIMEOUT_S` and the sweep goes on, its trials queued by Tune as before (they meet missing files as they
+did before the check).
 """
 
 from __future__ import annotations
@@ -13,15 +16,19 @@ import json
 from collections.abc import Sequence
 
 import ray
-from ray.exceptions import RayTaskError
+from ray.exceptions import GetTimeoutError, RayTaskError
 
 from fedcomp.actors.cluster import fedcomp_env
 from fedcomp.actors.federation import unwrap
 from fedcomp.platform.config import Config
 from fedcomp.platform.errors import ConfigError
+from fedcomp.platform.progress import announce
+
+CHECK_TIMEOUT_S = 30.0
+"""How long the check waits for a CPU to run on before the sweep goes on without it."""
 
 
-def check_data(configs: Sequence[Config]) -> None:
+def check_data(configs: Sequence[Config], timeout: float = CHECK_TIMEOUT_S) -> None:
     """Raise the ``ConfigError`` the first of ``configs`` (a sweep's grid points or Optuna corners) whose task's data
     files are not there would fail its trial with, before any trial starts.
 
@@ -32,11 +39,17 @@ def check_data(configs: Sequence[Config]) -> None:
     reading = _reading_files(configs)
     if not reading:
         return
+    env = fedcomp_env()  # $FEDCOMP_DATA of this process, as the trials get it
+    ref = _first_missing.options(runtime_env={"env_vars": env} if env else None).remote(reading)
     try:
-        env = fedcomp_env()  # $FEDCOMP_DATA of this process, as the trials get it
-        line = ray.get(_first_missing.options(runtime_env={"env_vars": env} if env else None).remote(reading))
+        line = ray.get(ref, timeout=timeout)
     except RayTaskError as error:
         raise unwrap(error) from None
+    except GetTimeoutError:
+        ray.cancel(ref, force=True)
+        announce(f"the check of the trials' data files found no free CPU within {timeout:g} s; the sweep goes on "
+                 f"without it")
+        return
     if line is not None:
         raise ConfigError(line)
 
