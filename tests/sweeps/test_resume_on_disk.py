@@ -21,6 +21,7 @@ import fedcomp
 from fedcomp.platform import results
 from fedcomp.platform.errors import StorageError
 from fedcomp.sweeps.on_disk import TRIAL_JSON
+from fedcomp.sweeps.packs import PACK_JSON
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
@@ -82,18 +83,24 @@ def evaluations(folder: Path) -> collections.Counter[int]:
 
 def on_disk(sweep_dir: Path) -> dict[int, int]:
     """Per seed, the round of its latest whole checkpoint in the sweep's trial folders (a trial's Tune config is
-    in each of its checkpoint folders; a packed trial's holds one checkpoint per configuration, ``member-<k>``)."""
+    in each of its checkpoint folders; a packed trial's holds one checkpoint per configuration it has started,
+    ``member-<k>``, listed in its ``pack.json``, and is whole only with all of them: a resume passes over a folder
+    whose files do not all read back, as one the kill cut short while Tune filled it)."""
     rounds: dict[int, int] = {}
     for folder in sweep_dir.glob("*/checkpoint_*"):
         try:
             trial = json.loads((folder / TRIAL_JSON).read_text())
-            runs = {folder / f"member-{k}": m for k, m in enumerate(trial["pack"])} if "pack" in trial else {folder: trial}
-            for path, config in runs.items():
-                if (path / results.CHECKPOINT).is_file():
-                    taken = results.read_checkpoint(path / results.CHECKPOINT)["server"]["counters"]["round"]
-                    rounds[config["run.seed"]] = max(rounds.get(config["run.seed"], -1), taken)
+            if "pack" in trial:
+                listed = json.loads((folder / PACK_JSON).read_text())["members"]
+                runs = {folder / f"member-{k}": trial["pack"][k] for k in listed}
+            else:
+                runs = {folder: trial}
+            taken = {config["run.seed"]: results.read_checkpoint(path / results.CHECKPOINT)["server"]["counters"]["round"]
+                     for path, config in runs.items()}
         except (OSError, ValueError, StorageError):
             continue  # being written
+        for seed, round in taken.items():
+            rounds[seed] = max(rounds.get(seed, -1), round)
     return rounds
 
 
