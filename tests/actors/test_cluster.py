@@ -48,6 +48,11 @@ FAST = ["--set", "federation.clients=8", "--set", "federation.clients_per_actor=
         "--set", "run.progress=none", "--set", "algorithm.name=acc-fcsg-m"]
 
 
+THROUGH_A_CLIENT = [*FAST, "--set", "federation.clients_per_actor=4"]
+"""FAST in 2 client actors: a Ray Client test's subject is the connection, not the placement (each actor more is a
+process more, importing torch)."""
+
+
 def overrides(args: list[str]) -> dict[str, str]:
     return dict(a.split("=", 1) for a in args[1::2])
 
@@ -371,7 +376,7 @@ def test_feddro_exchanges_among_the_actors_across_both_nodes_with_the_local_numb
 def test_a_run_through_a_ray_client_has_the_local_numbers(two_nodes, tmp_path, placement, warned, ran):
     """``--ray-address ray://HOST:PORT`` as the README shows it: the default (server replicated) and a driver's graph
     failed with a traceback (the Ray Client cannot wait on a streamed result, nor build a compiled graph)."""
-    done = cli("run", "quickstart", *FAST, *placement, "--ray-address", two_nodes.client, "--set",
+    done = cli("run", "quickstart", *THROUGH_A_CLIENT, *placement, "--ray-address", two_nodes.client, "--set",
                f"run.out={tmp_path / 'ray'}", env={"RAY_TMPDIR": two_nodes.tmp})
     assert done.returncode == 0, done.stderr[-3000:]
     warnings = [line for line in done.stderr.splitlines() if line.startswith("fedcomp: warning:")]
@@ -380,6 +385,7 @@ def test_a_run_through_a_ray_client_has_the_local_numbers(two_nodes, tmp_path, p
     backend = json.loads((run_dir / "run.json").read_text())["backend"]
     assert (backend["server"], backend["transport"]) == ran
     local = fedcomp.run("quickstart", {**overrides(FAST), "federation.backend": "local", "run.out": str(tmp_path / "local")})
+    assert backend["client_actors"] == 2
     pd.testing.assert_frame_equal(metrics(run_dir), local.metrics.drop(columns="wall_time"), check_exact=True)
 
 
@@ -406,7 +412,7 @@ def test_a_sweep_through_a_ray_client_finishes_with_its_trials_table(two_nodes, 
     """Every trial completed, then it said it was interrupted (exit 130, no trials.parquet): the fit runs in an actor
     on the cluster and puts no SIGINT handler in the driver, whose unchanged handler read as a caught Ctrl-C."""
     spec = tmp_path / "tiny.yaml"
-    spec.write_text(json.dumps({"base": "quickstart", "set": {**overrides(FAST), "run.out": str(tmp_path / "out"),
+    spec.write_text(json.dumps({"base": "quickstart", "set": {**overrides(THROUGH_A_CLIENT), "run.out": str(tmp_path / "out"),
                                                               "run.track": "none"},
                                 "grid": {"algorithm.lr": [0.1]}}))
     done = cli("sweep", str(spec), "--verbose", "0", "--ray-address", two_nodes.client, env={"RAY_TMPDIR": two_nodes.tmp})
