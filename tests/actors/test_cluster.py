@@ -467,8 +467,9 @@ def test_ray_starts_from_the_main_thread_and_runs_in_threads_join_it(tmp_path):
     script = (
         "import fedcomp, threading\n"
         "from concurrent.futures import ThreadPoolExecutor\n"
-        "over = {'run.rounds': 1, 'federation.clients': 2, 'federation.cpus_per_actor': 0.5, 'run.progress': 'none',\n"
-        "        'run.out': 'out'}  # two runs at once fit the 2 CPUs (each holding one would wait on the other)\n"
+        "over = {'run.rounds': 1, 'federation.clients': 2, 'federation.clients_per_actor': 2,\n"
+        "        'federation.cpus_per_actor': 0.5, 'run.progress': 'none', 'run.out': 'out'}\n"
+        "# two runs at once fit the 2 CPUs (each holding one would wait on the other)\n"
         "def run(seed):\n"
         "    return fedcomp.run('quickstart', {**over, 'run.seed': seed})\n"
         "with ThreadPoolExecutor(1) as pool:\n"
