@@ -33,6 +33,7 @@ and the imbalance subset.
 
 from __future__ import annotations
 
+import importlib
 import os
 from collections.abc import Callable
 from typing import Literal, NamedTuple
@@ -143,7 +144,7 @@ def load_binary(
     if name == "breast-cancer" and image_size is not None:
         raise ValueError(f"image_size = {image_size!r}: breast-cancer is tabular; leave image_size None")
 
-    raw = _SOURCES[name](seed=seed, root=root, verify_md5=verify_md5, image_size=image_size)
+    raw = _SOURCES[name].load(seed=seed, root=root, verify_md5=verify_md5, image_size=image_size)
     classes = _CLASSES.get(name)
     positives = (1,) if classes is None else positive_classes(classes, positive_rule)
     y_train, y_test = binarize(raw.y_train, positives), binarize(raw.y_test, positives)
@@ -178,21 +179,11 @@ def require_binary(name: str, root: str | os.PathLike[str] | None = None) -> Non
     """Check that the files of ``name`` are under the data root (``root``, default ``$FEDCOMP_DATA`` or
     ``~/.cache/fedcomp``) without reading them: the one-line ``FileNotFoundError`` :func:`load_binary` raises
     first; nothing for the :data:`OFFLINE_DATASETS`."""
-    from fedcomp.datasets import catvsdog, cifar, melanoma, mnist, stl10
-
     if name not in DATASETS:
         raise ValueError(f"name = {name!r}: allowed: {', '.join(map(repr, DATASETS))}")
-    requires: dict[str, Callable[[str | os.PathLike[str] | None], object]] = {
-        "mnist": lambda r: mnist.require_idx("MNIST", r),
-        "fashionmnist": lambda r: mnist.require_idx("FashionMNIST", r),
-        "cifar10": lambda r: cifar.require_cifar("cifar10", r),
-        "cifar100": lambda r: cifar.require_cifar("cifar100", r),
-        "stl10": stl10.require_stl10,
-        "catvsdog": catvsdog.require_catvsdog,
-        "melanoma": melanoma.require_melanoma,
-    }
-    if name not in OFFLINE_DATASETS:
-        requires[name](root)
+    require = _SOURCES[name].require
+    if require is not None:
+        require(root)
 
 
 def _to_float(x: Tensor) -> Tensor:
@@ -277,15 +268,32 @@ def _melanoma(*, root: str | os.PathLike[str] | None, image_size: int | None, **
     return _Raw(*load_melanoma("train", root, size=size), *load_melanoma("test", root, size=size))
 
 
-_SOURCES: dict[str, Callable[..., _Raw]] = {
-    "breast-cancer": _breast_cancer,
-    "digits": _digits,
-    "mnist5k": _mnist5k,
-    "mnist": _mnist,
-    "fashionmnist": _fashion_mnist,
-    "cifar10": _cifar("cifar10"),
-    "cifar100": _cifar("cifar100"),
-    "stl10": _stl10,
-    "catvsdog": _catvsdog,
-    "melanoma": _melanoma,
+class _Source(NamedTuple):
+    """How to load a dataset (its :class:`_Raw`) and, for a file-based one, how to check that its files are there
+    without reading them (the loader's own first check)."""
+
+    load: Callable[..., _Raw]
+    require: Callable[[str | os.PathLike[str] | None], object] | None = None
+
+
+def _required(module: str, check: str, *names: str) -> Callable[[str | os.PathLike[str] | None], object]:
+    """``fedcomp.datasets.<module>.<check>(*names, root)``, the module imported when the check runs."""
+
+    def require(root: str | os.PathLike[str] | None) -> object:
+        return getattr(importlib.import_module(f"fedcomp.datasets.{module}"), check)(*names, root)
+
+    return require
+
+
+_SOURCES: dict[str, _Source] = {
+    "breast-cancer": _Source(_breast_cancer),
+    "digits": _Source(_digits),
+    "mnist5k": _Source(_mnist5k),
+    "mnist": _Source(_mnist, _required("mnist", "require_idx", "MNIST")),
+    "fashionmnist": _Source(_fashion_mnist, _required("mnist", "require_idx", "FashionMNIST")),
+    "cifar10": _Source(_cifar("cifar10"), _required("cifar", "require_cifar", "cifar10")),
+    "cifar100": _Source(_cifar("cifar100"), _required("cifar", "require_cifar", "cifar100")),
+    "stl10": _Source(_stl10, _required("stl10", "require_stl10")),
+    "catvsdog": _Source(_catvsdog, _required("catvsdog", "require_catvsdog")),
+    "melanoma": _Source(_melanoma, _required("melanoma", "require_melanoma")),
 }
