@@ -163,8 +163,8 @@ def check_writable(folder: str | Path, label: str | None = None) -> None:
             raise StorageError(f"{label}: the folder {str(probe)!r} is not writable")
         limit = _longest_name(probe)
         for part in folder.parts:
-            if len(os.fsencode(part)) > limit:
-                raise StorageError(f"{label}: the name {shortened(part, 40)!r} is {len(os.fsencode(part))} bytes long; "
+            if (size := len(os.fsencode(part))) > limit:
+                raise StorageError(f"{label}: the name {shortened(part, 40)!r} is {size} bytes long; "
                                    f"this file system's names are at most {limit}")
     except OSError as error:
         raise StorageError(f"{label}: {describe_os_error(error)}") from None
