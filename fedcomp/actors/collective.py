@@ -58,6 +58,9 @@ are split among the actors) and extra (a pickled layout, the first time the acto
 NOT_KEPT = np.zeros(0, np.float64)
 History = list[tuple[Layout, np.ndarray]]
 """Each step's cohort means as one actor formed them: their layout and the float32 values."""
+REFUSED_GRACE_S = 2.0
+"""How long a member retries a connection its peer refuses: a listener that :meth:`Group.join` opens anew on the
+held rendezvous port (after :meth:`Group.leave`) takes a moment; a peer that died refuses for ever."""
 
 
 class Group:
@@ -157,6 +160,8 @@ class Group:
         except (OSError, ConnectionError, ValueError) as error:
             for peer in peers.values():
                 peer.close()
+            if isinstance(error, ConnectionRefusedError):
+                raise RuntimeError(f"the actors did not meet at {address}: a member's process is gone ({error})") from None
             raise RuntimeError(f"the actors did not meet at {address} within {JOIN_TIMEOUT_S:g}s ({error})") from None
         for peer in peers.values():
             peer.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -328,12 +333,16 @@ def _accept(listener: socket.socket, peers: int, deadline: float) -> dict[int, t
 
 
 def _connect(host: str, port: int, deadline: float) -> socket.socket:
-    """A connection to the actor listening at ``host:port`` (retried until it listens)."""
+    """A connection to the actor listening at ``host:port``. Every member listens before its port is handed out
+    (rank 0 from :meth:`Group.address` on), so a refused connection means that actor's process is gone: the
+    join fails after :data:`REFUSED_GRACE_S` of refusals, not at the group's deadline, and the federation replaces
+    the dead actor at once (it waited 20 s for the rest of the group)."""
+    refused_until = min(time.monotonic() + REFUSED_GRACE_S, deadline)
     while True:
         try:
             return socket.create_connection((host, port), timeout=max(deadline - time.monotonic(), 0.001))
         except ConnectionRefusedError:
-            if time.monotonic() > deadline:
+            if time.monotonic() > refused_until:
                 raise
             time.sleep(0.02)
 

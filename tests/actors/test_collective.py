@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -209,3 +210,16 @@ def test_an_exchange_waits_the_deadline_and_the_rendezvous_its_own():
             lonely.join(_address(), 1, 2, 5.0)  # no member 0 listens
         finally:
             collective.JOIN_TIMEOUT_S = saved
+
+
+def test_a_member_whose_peer_is_gone_gives_up_at_once_not_at_the_deadline():
+    """Member 0 died as the group formed (its held rendezvous listener closed with its process): the others' connections
+    are refused, and they gave up only at the rendezvous deadline (20 s), the federation waiting for them before it
+    replaced the dead actor."""
+    gone = Group()
+    address = gone.address()
+    gone.leave()  # the listener closed, as a dead process's is
+    started = time.monotonic()
+    with pytest.raises(RuntimeError, match=r"did not meet at .*: a member's process is gone"):
+        Group().join(address, 1, 2, 5.0)
+    assert time.monotonic() - started < JOIN_TIMEOUT_S / 4
