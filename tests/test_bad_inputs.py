@@ -506,6 +506,9 @@ CASES = [
     Case("task-unknown-key", run("task.dimension=3"), "task.dimension: unknown key; allowed keys: name, dim"),
     Case("algorithm-of-another-kind-before-its-values", run("algorithm.name=parallel-pdsgd"),  # local_steps=5 > 1 too
          "algorithm.name = 'parallel-pdsgd' needs a 'compositional-global' problem but task 'invariant-logreg' offers"),
+    Case("algorithm-needing-oracles-the-task-lacks", run("task.name=synthetic-classification", "algorithm.name=local-sgdm-rl"),
+         "algorithm.name = 'local-sgdm-rl' with weights 'monitor' needs a task that offers class_weighted_loss, "
+         "monitor_batches, monitor_slice; the task's problem SyntheticClassification lacks"),
     Case("run-key-misspelt", run("run.round=3"), "run.round: unknown key (did you mean run.rounds?); allowed keys: seed,"),
     Case("task-dim-too-large-for-memory", run("task.dim=1000000000000"),
          "out of memory (RuntimeError: [enforce fail at alloc_cpu.cpp"),

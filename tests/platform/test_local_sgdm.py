@@ -195,15 +195,15 @@ def test_rl_one_client_period_one_is_centralised_sgdm_on_the_ratio_loss():
 
 @pytest.mark.parametrize("weights, missing", [("monitor", "monitor_batches"), ("prior", "prior")])
 def test_rl_on_a_task_without_the_ratio_loss_oracles_is_one_config_error(weights, missing):
+    """Said as the server is built (it was said at the first round, after a Ray run's actors had started)."""
     cfg = load_config(
         {"task": {"name": "synthetic-classification", "hidden": [4], "test_samples": 10},
          "algorithm": {"name": "local-sgdm-rl", "weights": weights},
          "federation": {"clients": 2, "backend": "local"},
          "run": {"seed": SEED, "progress": "none", "out": results_root()}}
     )
-    server = Server(cfg, LocalFederation)
     with pytest.raises(ConfigError, match=missing) as err:
-        server.run_round()
+        Server(cfg, LocalFederation)
     assert "local-sgdm-rl" in str(err.value) and "\n" not in str(err.value)
 
 

@@ -185,24 +185,28 @@ class LocalSGDMRL(LocalSGDM):
     def _loss(self, problem: Any, state: WeightedClient) -> Any:  # type: ignore[override]
         return _Weighted(problem, state.w)
 
+    def check_problem(self, problem: Any) -> None:
+        """The monitor's weights need the task's class-weighted loss and monitor batches; the prior's, its class
+        prior: said when the server is built (it was said at the first round, after the actors started)."""
+        needed: tuple[str, ...] = ("class_weighted_loss", "monitor_batches", "monitor_slice")
+        offered: type = RatioLossProblem
+        if self.hp.weights != "monitor":
+            needed, offered = ("class_weighted_loss", "prior"), ClassPriorProblem
+        if not isinstance(problem, offered):
+            lacking = ", ".join(name for name in needed if not hasattr(problem, name))
+            raise ConfigError(
+                f"algorithm.name = 'local-sgdm-rl' with weights '{self.hp.weights}' needs a task that offers "
+                f"{', '.join(needed)}; the task's problem {type(problem).__name__} lacks {lacking}"
+            )
+
     def class_weights(self, problem: Any, x: Tensor) -> Tensor:
-        """The round's weights w_c = alpha_rl + beta_rl * Ra_c from the monitor at ``x`` or from the prior."""
+        """The round's weights w_c = alpha_rl + beta_rl * Ra_c from the monitor at ``x`` or from the prior (a problem
+        :meth:`check_problem` passed)."""
         if self.hp.weights == "monitor":
-            if not isinstance(problem, RatioLossProblem):
-                raise ConfigError(self._missing(problem, ("class_weighted_loss", "monitor_batches", "monitor_slice")))
             ratios = monitor_ratios(problem, x, self.hp.ratio)
         else:
-            if not isinstance(problem, ClassPriorProblem):
-                raise ConfigError(self._missing(problem, ("class_weighted_loss", "prior")))
             ratios = prior_ratios(float(problem.prior))
         return (self.hp.alpha_rl + self.hp.beta_rl * ratios).to(x.dtype)
-
-    def _missing(self, problem: Any, needed: tuple[str, ...]) -> str:
-        lacking = ", ".join(name for name in needed if not hasattr(problem, name))
-        return (
-            f"algorithm.name = 'local-sgdm-rl' with weights '{self.hp.weights}' needs a task that offers "
-            f"{', '.join(needed)}; the task's problem {type(problem).__name__} lacks {lacking}"
-        )
 
     def round(self, fed: Round, server: State) -> State:
         """The monitor's weights at the global x go out with the model (C more floats down); then LocalSGDM."""
