@@ -161,7 +161,8 @@ class Group:
             for peer in peers.values():
                 peer.close()
             if isinstance(error, ConnectionRefusedError):
-                raise RuntimeError(f"the actors did not meet at {address}: a member's process is gone ({error})") from None
+                raise RuntimeError(f"the actors did not meet at {address}: a member's port refused the connection (its "
+                                   f"process is gone, or a firewall rejects it) ({error})") from None
             raise RuntimeError(f"the actors did not meet at {address} within {JOIN_TIMEOUT_S:g}s ({error})") from None
         for peer in peers.values():
             peer.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -334,9 +335,9 @@ def _accept(listener: socket.socket, peers: int, deadline: float) -> dict[int, t
 
 def _connect(host: str, port: int, deadline: float) -> socket.socket:
     """A connection to the actor listening at ``host:port``. Every member listens before its port is handed out
-    (rank 0 from :meth:`Group.address` on), so a refused connection means that actor's process is gone: the
-    join fails after :data:`REFUSED_GRACE_S` of refusals, not at the group's deadline, and the federation replaces
-    the dead actor at once (it waited 20 s for the rest of the group)."""
+    (rank 0 from :meth:`Group.address` on), so a refused connection means that actor's process is gone (or a
+    firewall rejects the port): the join fails after :data:`REFUSED_GRACE_S` of refusals, not at the group's
+    deadline, and the federation replaces the dead actor (or makes its exchanges by calls) at once."""
     refused_until = min(time.monotonic() + REFUSED_GRACE_S, deadline)
     while True:
         try:
