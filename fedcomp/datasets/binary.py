@@ -33,7 +33,7 @@ and the imbalance subset.
 
 from __future__ import annotations
 
-import importlib
+import functools
 import os
 from collections.abc import Callable
 from typing import Literal, NamedTuple
@@ -41,6 +41,7 @@ from typing import Literal, NamedTuple
 import torch
 from torch import Tensor
 
+from fedcomp.datasets import catvsdog, cifar, melanoma, mnist, stl10
 from fedcomp.datasets.imbalance import POSITIVE_RULES, binarize, drop_positives, positive_classes, ratio_keep
 
 __all__ = ["CONSTRUCTIONS", "DATASETS", "OFFLINE_DATASETS", "BinarySplit", "load_binary", "require_binary"]
@@ -276,24 +277,15 @@ class _Source(NamedTuple):
     require: Callable[[str | os.PathLike[str] | None], object] | None = None
 
 
-def _required(module: str, check: str, *names: str) -> Callable[[str | os.PathLike[str] | None], object]:
-    """``fedcomp.datasets.<module>.<check>(*names, root)``, the module imported when the check runs."""
-
-    def require(root: str | os.PathLike[str] | None) -> object:
-        return getattr(importlib.import_module(f"fedcomp.datasets.{module}"), check)(*names, root)
-
-    return require
-
-
 _SOURCES: dict[str, _Source] = {
     "breast-cancer": _Source(_breast_cancer),
     "digits": _Source(_digits),
     "mnist5k": _Source(_mnist5k),
-    "mnist": _Source(_mnist, _required("mnist", "require_idx", "MNIST")),
-    "fashionmnist": _Source(_fashion_mnist, _required("mnist", "require_idx", "FashionMNIST")),
-    "cifar10": _Source(_cifar("cifar10"), _required("cifar", "require_cifar", "cifar10")),
-    "cifar100": _Source(_cifar("cifar100"), _required("cifar", "require_cifar", "cifar100")),
-    "stl10": _Source(_stl10, _required("stl10", "require_stl10")),
-    "catvsdog": _Source(_catvsdog, _required("catvsdog", "require_catvsdog")),
-    "melanoma": _Source(_melanoma, _required("melanoma", "require_melanoma")),
+    "mnist": _Source(_mnist, functools.partial(mnist.require_idx, "MNIST")),
+    "fashionmnist": _Source(_fashion_mnist, functools.partial(mnist.require_idx, "FashionMNIST")),
+    "cifar10": _Source(_cifar("cifar10"), functools.partial(cifar.require_cifar, "cifar10")),
+    "cifar100": _Source(_cifar("cifar100"), functools.partial(cifar.require_cifar, "cifar100")),
+    "stl10": _Source(_stl10, stl10.require_stl10),
+    "catvsdog": _Source(_catvsdog, catvsdog.require_catvsdog),
+    "melanoma": _Source(_melanoma, melanoma.require_melanoma),
 }
