@@ -43,8 +43,8 @@ class Cluster:
         self.tmp = tempfile.mkdtemp(prefix="fcr", dir="/tmp")  # short: Ray's socket paths have a length limit
         # the venv's commands on PATH: a job's entrypoint (`fedcomp ...`) runs in the head's environment
         # A node that goes is marked dead after 3 missed health checks 0.5 s apart (Ray's default: 5, 3 s apart).
-        # The head's Ray Client server starts a server process for each connecting driver; now and then (5 of 23
-        # first connects tried here) that process dies as it starts, with empty logs, and the driver reconnects once
+        # The head's Ray Client server starts a server process for each connecting driver; now and then (3 of ~16
+        # first connects in one session's tries, 2 of 4 in another's) that process dies as it starts, with empty logs, and the driver reconnects once
         # the server has waited for its channel: 10 s here (Ray's default: 30 s; such a process answers in 3 s).
         self.env = {**os.environ, "RAY_TMPDIR": self.tmp, "RAY_AUTH_MODE": "disabled",
                     "RAY_health_check_period_ms": "500", "RAY_health_check_failure_threshold": "3",
