@@ -8,11 +8,11 @@ import os
 import re
 import sys
 from collections.abc import Sequence
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from fedcomp.platform import catalog
 from fedcomp.platform.config import parse_value
-from fedcomp.platform.errors import PlatformError, command_line, shortened
+from fedcomp.platform.errors import PlatformError, command_line, did_you_mean, shortened
 from fedcomp.platform.progress import rounded_metric
 from fedcomp.platform.signals import answering_sigterm
 
@@ -209,6 +209,14 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"fedcomp: error: {message} (see `{self.prog} --help`)\n")
+
+    def _check_value(self, action: argparse.Action, value: Any) -> None:
+        """A value outside a flag's (or the subcommands') choices says the nearest choice, as a misspelt preset
+        or config key does (``fedcomp swep``: did you mean 'sweep'?), before the choices."""
+        if action.choices is not None and value not in action.choices:
+            choices = ", ".join(map(repr, action.choices))
+            raise argparse.ArgumentError(action, f"invalid choice: {value!r}"
+                                                 f"{did_you_mean(value, map(str, action.choices))} (choose from {choices})")
 
 
 def build_parser() -> argparse.ArgumentParser:

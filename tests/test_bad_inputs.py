@@ -716,12 +716,16 @@ CASES = [
     # -- command-line flags ------------------------------------------------------------------------------------
     Case("no-command", (), "the following arguments are required: {{run,verify,check,list,sweep,report,bench}}"),
     Case("unknown-command", ("train",), "argument {{run,verify,check,list,sweep,report,bench}}: invalid choice: 'train'"),
+    Case("unknown-command-typo", ("swep",), "invalid choice: 'swep' (did you mean 'sweep'?) (choose from 'run', 'verify', "),
     Case("unknown-flag", ("run", "quickstart", "--fast"), "unrecognized arguments: --fast"),
     Case("check-run-out", ("check", "quickstart", "--no-ray", "--set", "run.out={out}"),
          "a check keeps no runs (they go to a temporary folder, removed at its end); leave run.out out"),
     Case("sweep-verbose", ("sweep", "quick", "--verbose", "5"), "argument --verbose: invalid choice: 5 (choose from 0, 1, 2)"),
     Case("sweep-seeds-text", ("sweep", "quick", "--seeds", "x"), "argument --seeds: invalid int value: 'x'"),
-    Case("sweep-search", ("sweep", "quick", "--search", "random"), "argument --search: invalid choice: 'random'"),
+    Case("sweep-search", ("sweep", "quick", "--search", "random"), "argument --search: invalid choice: 'random' (choose "
+         "from 'grid', 'optuna')"),
+    Case("sweep-search-typo", ("sweep", "quick", "--search", "optna"),
+         "argument --search: invalid choice: 'optna' (did you mean 'optuna'?) (choose from 'grid', 'optuna')"),
     Case("sweep-seeds-0", ("sweep", "quick", "--seeds", "0", "--set", "run.out={out}"), "--seeds = 0: must be >= 1"),
     Case("sweep-num-samples-0", ("sweep", "quick", "--num-samples", "0", "--set", "run.out={out}"), "--num-samples = 0: must be >= 1"),
     Case("sweep-concurrent-0", ("sweep", "quick", "--max-concurrent", "0", "--set", "run.out={out}"), "--max-concurrent = 0: must be >= 1"),
