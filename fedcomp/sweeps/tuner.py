@@ -188,6 +188,8 @@ def _param_space(spec: SweepSpec) -> dict[str, Any]:
 def _tune_config(spec: SweepSpec, max_concurrent: int | None) -> tune.TuneConfig:
     from ray import tune
 
+    from fedcomp.sweeps.at_most import AshaAtMost, FifoAtMost
+
     metric, mode = spec.resolved_metric()
     search_alg: Searcher | None = None
     scheduler: TrialScheduler | None = None
@@ -205,9 +207,10 @@ def _tune_config(spec: SweepSpec, max_concurrent: int | None) -> tune.TuneConfig
     if spec.scheduler == "asha":
         from ray.tune.schedulers import ASHAScheduler
 
-        scheduler = ASHAScheduler(
-            time_attr="trial_round", max_t=spec.base_config().run.rounds, grace_period=spec.grace_rounds
-        )
+        asha: dict[str, Any] = {"time_attr": "trial_round", "max_t": spec.base_config().run.rounds, "grace_period": spec.grace_rounds}
+        scheduler = ASHAScheduler(**asha) if max_concurrent is None else AshaAtMost(**asha, at_most=max_concurrent)
+    elif max_concurrent is not None:
+        scheduler = FifoAtMost(at_most=max_concurrent)
     return tune.TuneConfig(
         metric=metric, mode=mode, search_alg=search_alg, scheduler=scheduler, num_samples=num_samples,
         max_concurrent_trials=max_concurrent,

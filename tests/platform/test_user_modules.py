@@ -469,7 +469,9 @@ def test_a_sweep_whose_first_trials_fail_alike_stops_and_its_resume_after_the_fi
     """Four configurations of an algorithm module with a bug: every trial would fail alike, each after starting its
     process; the sweep stops after the first three, one line saying so, with the error's whole line (350
     characters: a data root's is as long; it was cut at 300, mid-word). Mended, the module's resume runs all four
-    (the failed ones again, the fourth for the first time)."""
+    (the failed ones again, the fourth for the first time), still one at a time (``max_concurrent: 1``; Tune
+    started the three failed ones at once, two on 2 CPUs): no trial's steps (36 of 50 ms each) begin before the last
+    one's end."""
     module = tmp_path / "mended.py"
     module.write_text(BUGGY.format(body='raise ValueError("a bug in update " + "and more " * 35 + "to its end")'))
     overrides = {**TINY, "algorithm.module": str(module), "algorithm.name": "fedavg-mended",
@@ -482,9 +484,14 @@ def test_a_sweep_whose_first_trials_fail_alike_stops_and_its_resume_after_the_fi
         fedcomp.sweep(spec)
     [folder] = (tmp_path / "out").iterdir()
     assert not (folder / "trials.parquet").exists()
-    module.write_text(BUGGY.format(body="return super().update(problem, state, batch, step)"))
+    steps = tmp_path / "steps.txt"
+    module.write_text(BUGGY.format(body=f"open({str(steps)!r}, 'a').write(f'{{self.hp.lr}} {{__import__(\"time\").time()}}\\n'); "
+                                        "__import__('time').sleep(0.05); return super().update(problem, state, batch, step)"))
     trials = fedcomp.resume_sweep(folder).trials
     assert set(trials["status"]) == {"completed"} and trials["trial"].nunique() == 4
+    times = pd.DataFrame([line.split() for line in steps.read_text().splitlines()], columns=["lr", "t"]).astype(float)
+    spans = times.groupby("lr")["t"].agg(["min", "max"]).sort_values("min")
+    assert len(spans) == 4 and (spans["min"].iloc[1:].to_numpy() > spans["max"].iloc[:-1].to_numpy()).all(), spans
 
 
 @pytest.mark.ray
