@@ -485,7 +485,7 @@ def test_a_sweep_whose_first_trials_fail_alike_stops_and_its_resume_after_the_fi
     [folder] = (tmp_path / "out").iterdir()
     assert not (folder / "trials.parquet").exists()
     steps = tmp_path / "steps.txt"
-    module.write_text(BUGGY.format(body=f"open({str(steps)!r}, 'a').write(f'{{self.hp.lr}} {{__import__(\"time\").time()}}\\n'); "
+    module.write_text(BUGGY.format(body=f"print(self.hp.lr, __import__('time').time(), file=open({str(steps)!r}, 'a')); "
                                         "__import__('time').sleep(0.05); return super().update(problem, state, batch, step)"))
     trials = fedcomp.resume_sweep(folder).trials
     assert set(trials["status"]) == {"completed"} and trials["trial"].nunique() == 4
