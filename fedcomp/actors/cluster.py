@@ -190,18 +190,53 @@ def _start_or_join(address: str | None, field: str, worker_log_level: str | None
 
 
 def _stop_partial_start(before: set[int]) -> None:
-    """Stop a local Ray whose ``ray.init`` was cut short (Ctrl-C): ``ray.shutdown()``, then every process that began
-    under this one since ``before`` (:func:`_descendants`) and still runs. Cut short before Ray had recorded its node,
-    the shutdown stops nothing, and the raylet's agents outlived the script, adopted by init."""
-    started = _descendants() - before  # read first: a dying raylet's agents stop being this process's descendants
+    """Stop a local Ray whose ``ray.init`` was cut short (Ctrl-C): every process that began under this one since
+    ``before`` (:func:`_descendants`) and still runs, then ``ray.shutdown()``. Cut short before Ray had recorded its
+    node, the shutdown stops nothing, and the raylet's agents outlived the script, adopted by init. The raylet may be
+    starting its agents as the script ends: the processes are stopped (:func:`_frozen`) before any is killed, so that
+    none starts a child after the tree was read -- an agent started so had outlived the script (9 of 48 cut-short
+    starts, four at once on 2 cores)."""
+    end_started(before)
     with contextlib.suppress(Exception):
         ray.shutdown()
+
+
+def end_started(before: set[int]) -> None:
+    """Kill every process that began under this one since ``before`` (:func:`_descendants`), stopped first
+    (:func:`_frozen`), and reap this process's own children among them (not left as zombies)."""
+    started = _frozen(before)
     for pid in started:
         with contextlib.suppress(OSError):
             os.kill(pid, signal.SIGKILL)
-    for pid in started:  # this process's own children (the GCS, the raylet): reaped, not left as zombies
+    for pid in started:
         with contextlib.suppress(OSError):
             os.waitpid(pid, 0)
+
+
+def _frozen(before: set[int], patience: float = 5.0) -> set[int]:
+    """The processes that began under this one since ``before``, each stopped (``SIGSTOP``): read, stopped, waited
+    for until the kernel shows them stopped (a ``fork`` under way has then finished, its child in ``/proc``), and
+    read again, until a reading finds none new. A stopped process starts nothing; ``patience`` seconds bound the
+    wait for any one reading's processes to stop."""
+    frozen: set[int] = set()
+    while new := _descendants() - before - frozen:
+        for pid in new:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGSTOP)
+        frozen |= new
+        deadline = time.monotonic() + patience
+        while any(_running(pid) for pid in new) and time.monotonic() < deadline:
+            time.sleep(0.01)
+    return frozen
+
+
+def _running(pid: int) -> bool:
+    """Whether a process is there and not stopped (state ``T``) or ended (``Z``, ``X``)."""
+    try:
+        _, fields = _stat(Path(f"/proc/{pid}/stat"))
+    except OSError:
+        return False
+    return fields[0] not in ("T", "Z", "X")
 
 
 def _descendants() -> set[int]:

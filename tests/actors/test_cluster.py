@@ -26,9 +26,11 @@ import fedcomp
 from fedcomp.actors.cluster import (
     GCS_EVERY_S,
     IDLE_DAEMONS,
+    _descendants,
     answering,
     auto_clients_per_actor,
     connect,
+    end_started,
     idle_daemons_not_started,
     packing_that_fits,
     plan_actors,
@@ -508,6 +510,27 @@ print("ZOMBIES", len(zombies))
 """
 
 
+def _in_folder(folder: Path) -> list[str]:
+    """The PIDs of the processes whose working directory is ``folder`` (Ray's processes retitle themselves; they keep
+    the script's folder)."""
+    left = []
+    for cwd in Path("/proc").glob("[0-9]*/cwd"):
+        try:
+            if cwd.resolve() == folder.resolve():
+                left.append(cwd.parent.name)
+        except OSError:
+            continue
+    return left
+
+
+def _title(pid: str) -> str:
+    """A process's command line, for the assertion's message (empty where it ended meanwhile)."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:200]
+    except OSError:
+        return ""
+
+
 @pytest.mark.slow
 def test_ctrl_c_while_local_ray_starts_leaves_none_of_its_processes(tmp_path):
     """The raylet's agents outlived a script whose Ctrl-C cut ``ray.init`` short (adopted by init, ignoring SIGTERM)."""
@@ -515,15 +538,30 @@ def test_ctrl_c_while_local_ray_starts_leaves_none_of_its_processes(tmp_path):
     done = subprocess.run([sys.executable, "-c", CUT_SHORT], capture_output=True, text=True, timeout=300, cwd=tmp_path,
                           env={**os.environ, "PYTHONPATH": str(ROOT), "RAY_TMPDIR": ray_tmp})
     assert "INTERRUPTED nothing was kept" in done.stdout and "ZOMBIES 0" in done.stdout, done.stdout + done.stderr[-3000:]
-    time.sleep(3)  # the raylet may be starting an agent as the script ends (found left in 1 of 2 runs, unmended)
-    left = []
-    for cwd in Path("/proc").glob("[0-9]*/cwd"):  # Ray's processes retitle themselves; they keep the script's folder
-        try:
-            if cwd.resolve() == tmp_path.resolve():
-                left.append(cwd.parent.name)
-        except OSError:
-            continue
+    deadline = time.monotonic() + 3  # SIGKILLed processes that were not the script's children end on their own time
+    while (left := _in_folder(tmp_path)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    titles = {pid: _title(pid) for pid in left}
     for pid in left:  # not to outlive the test either
+        os.kill(int(pid), signal.SIGKILL)
+    assert titles == {}
+
+
+def test_a_tree_that_keeps_starting_processes_is_ended_whole(tmp_path):
+    """A process that starts a child every millisecond or so as its tree is ended (the raylet starting its agents as a cut-short
+    script ends): the tree is stopped before any of it is killed, so no child started after the tree was read
+    outlives it. Killed without stopping, the loop's children started between the reading and the kill were left."""
+    before = _descendants()
+    spawner = subprocess.Popen(["bash", "-c", "while :; do sleep 300 & sleep 0.001; done"], cwd=tmp_path)
+    deadline = time.monotonic() + 10
+    while len(_in_folder(tmp_path)) < 20 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    end_started(before)
+    assert spawner.poll() is not None  # reaped: its own child
+    deadline = time.monotonic() + 3
+    while (left := _in_folder(tmp_path)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    for pid in left:
         os.kill(int(pid), signal.SIGKILL)
     assert left == []
 
