@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import ray
 
-from fedcomp.actors.cluster import config_here
+from fedcomp.actors.cluster import adopt_env, config_here
 from fedcomp.actors.quiet_exit import drop_lost_exits_in_a_worker
 
 if TYPE_CHECKING:
@@ -31,18 +31,22 @@ drop_lost_exits_in_a_worker()  # a client actor stopped with SIGTERM, even befor
 class ClientActor:
     """Hosts ``clients`` on the GPU Ray assigned to it, if any, else on the CPU."""
 
-    def __init__(self, config: Mapping[str, Any], clients: Sequence[int], incarnation: int = 0) -> None:
-        self.setup(config, clients, incarnation)
+    def __init__(self, config: Mapping[str, Any], clients: Sequence[int], incarnation: int = 0,
+                 env: Mapping[str, str] | None = None) -> None:
+        self.setup(config, clients, incarnation, env)
 
-    def setup(self, config: Mapping[str, Any], clients: Sequence[int], incarnation: int = 0) -> None:
+    def setup(self, config: Mapping[str, Any], clients: Sequence[int], incarnation: int = 0,
+              env: Mapping[str, str] | None = None) -> None:
         """Build the clients of a run (the constructor, and a kept actor's rebuild for the next run:
-        :mod:`fedcomp.actors.kept`) from the run's config as its dict (:func:`~fedcomp.actors.cluster.config_here`)."""
+        :mod:`fedcomp.actors.kept`) from the run's config as its dict (:func:`~fedcomp.actors.cluster.config_here`),
+        with the driver's ``FEDCOMP_*`` variables ``env`` (:func:`~fedcomp.actors.cluster.adopt_env`)."""
         import torch
 
         from fedcomp.actors.collective import Group
         from fedcomp.platform.accelerator import configure
         from fedcomp.platform.federation import ClientHost
 
+        adopt_env(env)
         torch.set_num_threads(1)
         self.error: Exception | None = None
         """An error building the clients (e.g. a missing data root), raised by :meth:`ready`: an exception

@@ -744,12 +744,32 @@ def fedcomp_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k.startswith("FEDCOMP_")}
 
 
+_node_env: dict[str, str] | None = None
+"""The ``FEDCOMP_*`` variables this actor's process started with (its node's own), recorded at its first
+:func:`adopt_env`."""
+
+
+def adopt_env(env: Mapping[str, str] | None) -> None:
+    """Make this actor's ``FEDCOMP_*`` variables its node's own overridden by ``env``, the driver's
+    (:func:`fedcomp_env`, sent with the actor's arguments; None: leave them be, as in the driver's process) -- what
+    Ray's ``runtime_env`` ``env_vars`` gave, whose workers Ray starts apart from its pool of idle ones (six actors
+    started twice took 14 worker processes with them, 6 without) and never hands an actor of another environment,
+    so a kept actor (:mod:`fedcomp.actors.kept`) also takes the next run's variables, a fault to inject or a data
+    root, and drops the last run's."""
+    global _node_env
+    if env is None:
+        return
+    if _node_env is None:
+        _node_env = fedcomp_env()
+    for name in fedcomp_env():
+        del os.environ[name]
+    os.environ.update({**_node_env, **env})
+
+
 def actor_options(resources: Mapping[str, float]) -> dict[str, Any]:
-    options: dict[str, Any] = {"num_cpus": resources.get("CPU", 0.0), "num_gpus": resources.get("GPU", 0.0), "max_restarts": 0}
-    env = fedcomp_env()
-    if env:
-        options["runtime_env"] = {"env_vars": env}
-    return options
+    """Ray's options for a client or server actor asking for ``resources`` (its ``FEDCOMP_*`` variables go with its
+    arguments: :func:`adopt_env`)."""
+    return {"num_cpus": resources.get("CPU", 0.0), "num_gpus": resources.get("GPU", 0.0), "max_restarts": 0}
 
 
 def node_gone(node_id: str | None) -> str | None:

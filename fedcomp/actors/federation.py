@@ -45,6 +45,7 @@ from fedcomp.actors.cluster import (
     actor_options,
     cluster_nodes,
     describe_resources,
+    fedcomp_env,
     node_lost_notice,
     plan_actors,
     probe_footprint_on_cluster,
@@ -191,7 +192,8 @@ class RayFederation:
 
     def _spawn(self, i: int) -> Any:
         options = actor_options(self.plan.resources(i))
-        return kept.start("client", RemoteClient, options, self.sent_config, self.plan.groups[i], self.incarnations[i])
+        return kept.start("client", RemoteClient, options, self.sent_config, self.plan.groups[i], self.incarnations[i],
+                          fedcomp_env())
 
     def _replace(self, i: int, round: int, reason: str) -> None:
         self._drop_graph()  # rebuilt over the new actor at its next use

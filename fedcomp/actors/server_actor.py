@@ -20,10 +20,12 @@ from ray.exceptions import RayActorError, RayTaskError
 from fedcomp.actors import kept
 from fedcomp.actors.cluster import (
     actor_options,
+    adopt_env,
     cluster_nodes,
     config_here,
     connect,
     describe_resources,
+    fedcomp_env,
     node_lost_notice,
     plan_actors,
     resume_advice,
@@ -41,20 +43,22 @@ class ServerActor:
     """Holds the :class:`Server` (global state, evaluation data) and the client actors it starts."""
 
     def __init__(self, config: Config | Mapping[str, Any], in_actor: bool = True, keep: bool = False,
-                 incarnation: int = 0) -> None:
-        self.setup(config, in_actor, keep, incarnation)
+                 incarnation: int = 0, env: Mapping[str, str] | None = None) -> None:
+        self.setup(config, in_actor, keep, incarnation, env)
 
     def setup(self, config: Config | Mapping[str, Any], in_actor: bool = True, keep: bool = False,
-              incarnation: int = 0) -> None:
+              incarnation: int = 0, env: Mapping[str, str] | None = None) -> None:
         """Build the server and start (or, ``keep``, take kept) client actors: the constructor, and a kept
         server actor's rebuild for the next run (:mod:`fedcomp.actors.kept`); ``config`` as its dict in an actor
         (:func:`~fedcomp.actors.cluster.config_here`). ``incarnation``: server actors of this run started before it
-        (the ones that died)."""
+        (the ones that died). ``env``: the driver's ``FEDCOMP_*`` variables in an actor
+        (:func:`~fedcomp.actors.cluster.adopt_env`), passed on to the client actors it starts."""
         import torch
 
         from fedcomp.actors.federation import RayFederation
         from fedcomp.platform.server import Server
 
+        adopt_env(env)
         if keep:
             kept.keep_between_runs()
         if in_actor:  # in the driver (federation.server: driver) the user's torch settings stay as they are
@@ -169,7 +173,7 @@ class RayServer:
     def _start(self, waiting: Callable[[], str | None] | None = None) -> None:
         """Start the server actor (``waiting``: see :func:`~fedcomp.actors.federation.wait_ready`)."""
         self.actor = kept.start("server", RemoteServer, self.options, self.config.to_dict(), keep=kept.keeping(),
-                                incarnation=self.incarnation)
+                                incarnation=self.incarnation, env=fedcomp_env())
         kept.release()  # kept actors this run could not use would hold resources its own actors wait for
         try:
             # The server's constructor starts and awaits the client actors under the same deadline.

@@ -23,10 +23,12 @@ import pytest
 from ray._private import node as ray_node
 
 import fedcomp
+from fedcomp.actors import cluster
 from fedcomp.actors.cluster import (
     GCS_EVERY_S,
     IDLE_DAEMONS,
     _descendants,
+    adopt_env,
     answering,
     auto_clients_per_actor,
     connect,
@@ -564,6 +566,25 @@ def test_a_tree_that_keeps_starting_processes_is_ended_whole(tmp_path):
     for pid in left:
         os.kill(int(pid), signal.SIGKILL)
     assert left == []
+
+
+def test_an_actor_takes_each_runs_fedcomp_variables_over_its_nodes_own_and_drops_the_last_runs(monkeypatch):
+    """A kept actor's next run sets other ``FEDCOMP_*`` variables (a fault to inject, a data root): each run's are
+    the node's own overridden by the driver's, as Ray's ``runtime_env`` gave them; the driver's process (None) is
+    left as it is."""
+    monkeypatch.setattr(os, "environ", {"PATH": "/bin", "FEDCOMP_DATA": "/node/data"})  # the worker's, at its start
+    monkeypatch.setattr(cluster, "_node_env", None)
+    seen = []
+    for env in ({"FEDCOMP_FAULT_KILL": "1:1"}, {}, {"FEDCOMP_DATA": "/driver/data"}, {}, None):
+        adopt_env(env)
+        seen.append(dict(os.environ))
+    assert seen == [
+        {"PATH": "/bin", "FEDCOMP_DATA": "/node/data", "FEDCOMP_FAULT_KILL": "1:1"},
+        {"PATH": "/bin", "FEDCOMP_DATA": "/node/data"},
+        {"PATH": "/bin", "FEDCOMP_DATA": "/driver/data"},
+        {"PATH": "/bin", "FEDCOMP_DATA": "/node/data"},
+        {"PATH": "/bin", "FEDCOMP_DATA": "/node/data"},
+    ]
 
 
 def test_a_job_submitted_with_py_modules_of_its_own_ships_none_of_fedcomps(tmp_path, monkeypatch):

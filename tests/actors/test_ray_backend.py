@@ -371,7 +371,7 @@ def test_cli_joins_an_existing_cluster(ray_session, tmp_path):
 
 
 @pytest.mark.slow
-def test_killed_client_actor_is_replaced_and_its_round_retried(ray_session, monkeypatch):
+def test_killed_client_actor_is_replaced_and_its_round_retried(keeping, monkeypatch):
     over = small(**{"federation.clients": 8, "federation.clients_per_actor": 4, "algorithm.name": "acc-fcsg-m",
                     "run.rounds": 4})
     local = fedcomp.api.make_server(load_config("quickstart", over))
@@ -398,7 +398,7 @@ def test_killed_client_actor_is_replaced_and_its_round_retried(ray_session, monk
 
 
 @pytest.mark.slow
-def test_actor_killed_between_per_step_exchanges_catches_up_by_replay(ray_session, tmp_path, monkeypatch):
+def test_actor_killed_between_per_step_exchanges_catches_up_by_replay(keeping, tmp_path, monkeypatch):
     """FedDRO keeps its per-step private state (x_local, x_prev) only on the actor; a replacement gets the
     last saved state and replays the round's earlier per-step calls, then the round goes on identically."""
     raw = {"task": {"name": "heterogeneous-composition"}, "algorithm": {"name": "feddro", "local_steps": 4, "lr": 0.3},

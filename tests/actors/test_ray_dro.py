@@ -93,7 +93,7 @@ def test_collective_exchanges_give_the_local_numbers_with_idle_actors_and_on_kep
     ],
 )
 def test_an_actor_killed_mid_exchange_is_replaced_and_replays_to_the_same_bits(
-    ray_session, monkeypatch, clients, per_actor, kill, transport
+    keeping, monkeypatch, clients, per_actor, kill, transport
 ):
     """The replacement re-creates its clients' generators from their saved state (x_prev) and replays the
     means logged so far; the run then goes on as if nothing had happened -- by actor calls (the server in the

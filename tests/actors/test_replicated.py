@@ -39,7 +39,7 @@ def _metrics(result) -> pd.DataFrame:
 @pytest.mark.slow
 @pytest.mark.parametrize("case", ["call", "exchange", "checkpoint"])
 def test_an_actor_killed_mid_run_is_replaced_and_the_run_ends_with_the_local_numbers(
-    ray_session, tmp_path, monkeypatch, capfd, caplog, case
+    keeping, tmp_path, monkeypatch, capfd, caplog, case
 ):
     """A client actor killed mid-run (in a call, at an exchange, as a checkpoint is gathered) is replaced and the run
     ends with the local backend's numbers, with nothing of the failed calls on stderr but the one line (Ray prints an
@@ -68,7 +68,7 @@ def test_an_actor_killed_mid_run_is_replaced_and_the_run_ends_with_the_local_num
 
 
 @pytest.mark.slow
-def test_an_actor_that_dies_while_the_group_forms_again_is_replaced_too(ray_session, tmp_path, monkeypatch, capsys):
+def test_an_actor_that_dies_while_the_group_forms_again_is_replaced_too(keeping, tmp_path, monkeypatch, capsys):
     """The actor of clients 4..7 dies in round index 4; as the group forms again, the other (clients 0..3) dies at
     its second joining: both are replaced, each counting against ``federation.max_retries``, and the run ends with
     the local backend's numbers; with one retry allowed, the second death ends the run in one line."""

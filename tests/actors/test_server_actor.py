@@ -101,7 +101,7 @@ checkpoint."""
                      "code 2); replaced it and re-ran its share of the round"]),
 ])
 def test_a_server_actor_that_dies_is_started_again_and_the_run_ends_with_the_local_numbers(
-    ray_session, tmp_path, monkeypatch, capsys, kill, lines
+    keeping, tmp_path, monkeypatch, capsys, kill, lines
 ):
     """Its process exits as it is asked for round 4 (after round 3's checkpoint), or round 1 (before any checkpoint;
     a client actor of the new one dies in round 4 too): another server actor, with new client actors, goes back to
