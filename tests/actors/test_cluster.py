@@ -718,7 +718,7 @@ def test_a_node_lost_mid_run_is_named_at_once_and_a_node_in_its_place_lets_the_r
 
 @pytest.mark.ray
 @pytest.mark.parametrize("server", ["actor", "driver"])
-def test_a_replaced_client_actor_is_reported_on_stderr_and_in_run_json(ray_session, tmp_path, capsys, monkeypatch, server):
+def test_a_replaced_client_actor_is_reported_on_stderr_and_in_run_json(keeping, tmp_path, capsys, monkeypatch, server):
     monkeypatch.setenv("FEDCOMP_FAULT_KILL", "1:4")  # the actor hosting clients 4 to 7 dies in round index 1
     assert main(["run", "quickstart", *FAST, "--set", "federation.backend=ray", "--set", f"federation.server={server}",
                  "--set", "federation.clients_per_actor=4", "--set", f"run.out={tmp_path / 'ray'}"]) == 0
@@ -736,7 +736,7 @@ def test_a_replaced_client_actor_is_reported_on_stderr_and_in_run_json(ray_sessi
 
 
 @pytest.mark.ray
-def test_an_error_inside_the_actors_is_the_local_backends_one_line(ray_session, tmp_path, capsys, monkeypatch):
+def test_an_error_inside_the_actors_is_the_local_backends_one_line(keeping, tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("FEDCOMP_DATA", str(tmp_path / "no-data"))  # MNIST is not there
     argv = ["run", "fednest-hr", "--set", "run.rounds=1", "--set", "run.progress=none", "--set", f"run.out={tmp_path / 'out'}"]
     assert main([*argv, "--set", "federation.backend=local"]) == 2

@@ -45,7 +45,7 @@ def test_same_numbers_on_local_and_ray(keeping, tmp_path, algorithm, task, extra
     assert local["comm_rounds"].iloc[-1] == 3
 
 
-def test_a_group_that_cannot_form_leaves_the_exchanges_to_calls(ray_session, monkeypatch, tmp_path, capfd):
+def test_a_group_that_cannot_form_leaves_the_exchanges_to_calls(keeping, monkeypatch, tmp_path, capfd):
     """Client actors that cannot meet at the group's rendezvous (fault injected: joining fails) make the run's
     exchanges by calls, with the same numbers, after one warning that says so."""
     raw = {"task": COMPOSITION, "algorithm": {"name": "feddro", "local_steps": 3, "lr": 0.3},

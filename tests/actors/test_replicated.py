@@ -112,7 +112,7 @@ def test_an_error_a_replica_meets_reaches_the_user_as_raised(ray_session):
 
 
 def test_actors_that_cannot_form_a_group_run_the_server_in_the_driver_after_one_warning(
-    ray_session, monkeypatch, tmp_path, capfd
+    keeping, monkeypatch, tmp_path, capfd
 ):
     """Client actors that cannot meet at the group's rendezvous (fault injected: joining fails) cannot hold replicas
     of the server: the run goes on with the server in the driver (no process more to place, say in a Tune trial's

@@ -124,7 +124,7 @@ def test_the_moving_average_of_g_removes_the_bias_of_f_of_a_batch_mean():
 
 @pytest.mark.ray
 @pytest.mark.slow
-def test_fedcomp_check_finds_it_conformant_on_every_backend_packing_and_resume(ray_session):
+def test_fedcomp_check_finds_it_conformant_on_every_backend_packing_and_resume(keeping):
     """The same seed gives the same numbers again, on Ray packed two ways, and stopped and resumed: bit for bit."""
     outcome = check(EXAMPLE_YAML, {"run.rounds": 6, "run.eval_every": 2, "federation.clients": 4})
     assert [c.what.split(" (")[0] for c in outcome.checks] == [

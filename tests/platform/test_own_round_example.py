@@ -90,7 +90,7 @@ def test_a_wrong_hyperparameter_is_one_line_naming_it():
 
 @pytest.mark.ray
 @pytest.mark.slow
-def test_fedcomp_check_finds_it_conformant_on_every_backend_packing_and_resume(ray_session):
+def test_fedcomp_check_finds_it_conformant_on_every_backend_packing_and_resume(keeping):
     """The same seed gives the same numbers again, on Ray packed two ways, and stopped and resumed: bit for bit."""
     catalog.import_source(str(EXAMPLE))
     outcome = check(EXAMPLE_YAML, {"run.rounds": 6, "run.eval_every": 2, "federation.clients": 4})

@@ -496,7 +496,7 @@ def test_a_sweep_whose_first_trials_fail_alike_stops_and_its_resume_after_the_fi
 
 @pytest.mark.ray
 @pytest.mark.slow
-def test_fedcomp_check_finds_the_example_conformant_on_every_backend_packing_and_resume(ray_session):
+def test_fedcomp_check_finds_the_example_conformant_on_every_backend_packing_and_resume(keeping):
     outcome = check(EXAMPLE_YAML, {**TINY, "run.rounds": 6, "run.eval_every": 2})
     assert [c.what for c in outcome.checks] == [
         "the same seed again, local backend", "ray (2 client actors, clients_per_actor=2), packed as configured",

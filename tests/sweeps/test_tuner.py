@@ -126,9 +126,12 @@ def test_a_ray_backend_trials_process_holds_no_torch_and_its_client_actors_do(ra
         except OSError:  # ended meanwhile
             return ""
 
-    def parsed(text: str) -> Any:
+    def parsed(path: Path, first_line: bool = False) -> Any:
         try:
-            return json.loads(text)
+            text = path.read_text()
+            return json.loads(text.split("\n", 1)[0] if first_line else text)
+        except OSError:  # a checkpoint folder Tune has deleted since (it keeps the latest)
+            return None
         except ValueError:  # Tune is still writing it
             return None
 
@@ -136,11 +139,11 @@ def test_a_ray_backend_trials_process_holds_no_torch_and_its_client_actors_do(ra
         deadline = time.time() + 240
         while time.time() < deadline and not (maps["trial"] and maps["actors"]):
             for report in tmp_path.glob("*/*/result.json"):
-                first = parsed(report.read_text().split("\n", 1)[0])
+                first = parsed(report, first_line=True)
                 if first is not None and not maps["trial"]:
                     maps["trial"] = [read(first["pid"])]
             for placement in tmp_path.glob("*/*/checkpoint_*/placement.json"):
-                actors = parsed(placement.read_text())
+                actors = parsed(placement)
                 if actors is not None and not maps["actors"]:
                     maps["actors"] = [read(actor["pid"]) for actor in actors]
             time.sleep(0.02)
