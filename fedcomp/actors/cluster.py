@@ -225,18 +225,9 @@ def _frozen(before: set[int], patience: float = 5.0) -> set[int]:
                 os.kill(pid, signal.SIGSTOP)
         frozen |= new
         deadline = time.monotonic() + patience
-        while any(_running(pid) for pid in new) and time.monotonic() < deadline:
+        while any(_state(pid) not in (None, "T", "Z", "X") for pid in new) and time.monotonic() < deadline:
             time.sleep(0.01)
     return frozen
-
-
-def _running(pid: int) -> bool:
-    """Whether a process is there and not stopped (state ``T``) or ended (``Z``, ``X``)."""
-    try:
-        _, fields = _stat(Path(f"/proc/{pid}/stat"))
-    except OSError:
-        return False
-    return fields[0] not in ("T", "Z", "X")
 
 
 def _descendants() -> set[int]:
@@ -384,11 +375,15 @@ def started_daemons() -> tuple[int, ...]:
 
 def _runs(pid: int) -> bool:
     """Whether process ``pid`` runs: it exists and is not a zombie (a dead child not yet reaped)."""
+    return _state(pid) not in (None, "Z")
+
+
+def _state(pid: int) -> str | None:
+    """Process ``pid``'s state letter (``R``, ``S``, ``T`` stopped, ``Z`` zombie, ...), or None where there is none."""
     try:
-        _, fields = _stat(Path(f"/proc/{pid}/stat"))
+        return _stat(Path(f"/proc/{pid}/stat"))[1][0]
     except OSError:
-        return False
-    return fields[0] != "Z"
+        return None
 
 
 def _stat(path: Path) -> tuple[str, list[str]]:
